@@ -1,0 +1,1 @@
+"""bertjax: BERT pretraining in JAX."""

@@ -1,0 +1,1 @@
+"""Pretraining data: corpus reading, instances, masking, storage and the loader."""
