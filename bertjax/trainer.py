@@ -1,0 +1,570 @@
+"""Pretraining: state creation, the jitted train and eval steps, and the training loop.
+
+`train_and_evaluate(config, workdir)` is the whole job behind `python train.py`: it prepares
+the data when the work directory has none, builds the mesh, creates the train state directly
+sharded, resumes from the latest good checkpoint, trains with periodic evaluation, logging and
+checkpoints, saves and exits cleanly on SIGTERM, and prints a summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import logging
+import os
+import pathlib
+import shutil
+import signal
+import time
+from typing import Any, Callable
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import optax
+from jax.experimental import multihost_utils
+
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import data as data_lib
+from bertjax import losses
+from bertjax import metrics_writer
+from bertjax import optim
+from bertjax import perf
+from bertjax import sharding
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_DIR = "checkpoints"
+DATA_DIR = "data"
+TOKENIZER_FILE = "tokenizer.model"
+MODEL_CONFIG_FILE = "model_config.json"
+
+# Batch features, as google-research/bert names them.
+BATCH_FEATURES = (
+    "input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+    "masked_lm_weights", "next_sentence_labels",
+)
+
+
+class ConfigError(ValueError):
+    """A training config value that cannot work; the message names the field."""
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything that changes during training, as one pytree."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def model_config_from(config: ml_collections.ConfigDict, vocab_size: int) -> BertConfig:
+    """The BertConfig a training config asks for, with the tokenizer's vocabulary size."""
+    overrides = dict(config.model)
+    preset = overrides.pop("preset")
+    requested_vocab = overrides.pop("vocab_size")
+    if requested_vocab and requested_vocab != vocab_size:
+        raise ConfigError(
+            f"config.model.vocab_size={requested_vocab} does not match the tokenizer's "
+            f"vocabulary of {vocab_size}; set it to 0 to take the tokenizer's size")
+    try:
+        return BertConfig.preset(preset, vocab_size=vocab_size, **overrides)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config.model: {e}") from e
+
+
+def optimizer_settings_from(config: ml_collections.ConfigDict) -> optim.OptimizerSettings:
+    try:
+        return optim.OptimizerSettings(total_steps=config.num_train_steps, **dict(config.optimizer))
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config.optimizer: {e}") from e
+
+
+def masking_settings_from(config: ml_collections.ConfigDict) -> data_lib.MaskingSettings:
+    return data_lib.MaskingSettings(
+        masked_lm_prob=config.data.masked_lm_prob,
+        max_predictions_per_seq=config.data.max_predictions_per_seq,
+        whole_word_masking=config.data.whole_word_masking)
+
+
+def validate_config(config: ml_collections.ConfigDict, *, num_devices: int, process_count: int) -> None:
+    """Fails with a ConfigError naming the field when a config value cannot work."""
+
+    def require(ok: bool, field: str, message: str) -> None:
+        if not ok:
+            raise ConfigError(f"config.{field}={config_get(config, field)!r}: {message}")
+
+    for field in ("num_train_steps", "batch_size", "grad_accum_steps", "log_every_steps",
+                  "eval_every_steps", "checkpoint_every_steps", "keep_checkpoints",
+                  "data.max_seq_length", "data.max_predictions_per_seq"):
+        value = config_get(config, field)
+        require(isinstance(value, int) and value > 0, field, "must be a positive integer")
+    require(config.eval_batches >= 0, "eval_batches", "must be >= 0 (0 evaluates the whole split)")
+    require(0.0 < config.data.masked_lm_prob < 1.0, "data.masked_lm_prob", "must be in (0, 1)")
+    require(config.data.max_predictions_per_seq <= config.data.max_seq_length,
+            "data.max_predictions_per_seq", f"must be <= data.max_seq_length={config.data.max_seq_length}")
+    require(config.peak_flops_per_device >= 0, "peak_flops_per_device", "must be >= 0 (0: look up the device)")
+
+    try:
+        mesh_shape = sharding.resolve_mesh_shape(tuple(config.mesh_shape), num_devices)
+    except ValueError as e:
+        raise ConfigError(f"config.mesh_shape={tuple(config.mesh_shape)}: {e}") from e
+    data_parallel = mesh_shape[0] * mesh_shape[1]
+    micro_batch, remainder = divmod(config.batch_size, config.grad_accum_steps)
+    require(remainder == 0, "batch_size", f"must be divisible by grad_accum_steps={config.grad_accum_steps}")
+    require(micro_batch % data_parallel == 0, "batch_size",
+            f"each micro-batch ({micro_batch} = batch_size / grad_accum_steps) must be divisible by "
+            f"the data-parallel size {data_parallel} (mesh data x fsdp of {mesh_shape})")
+    require(config.batch_size % process_count == 0, "batch_size",
+            f"must be divisible by the number of processes ({process_count})")
+
+    # The model config validates its own fields; probe it with a placeholder vocabulary.
+    model_config = model_config_from(config, vocab_size=max(config.model.vocab_size, 8))
+    require(config.data.max_seq_length <= model_config.max_position_embeddings, "data.max_seq_length",
+            f"exceeds the model's max_position_embeddings={model_config.max_position_embeddings}")
+    optimizer_settings_from(config)
+    masking_settings_from(config)
+
+    for path in config.data.input:
+        require(os.path.exists(path) or bool(glob.glob(path, recursive=True)), "data.input",
+                f"{path!r} matches no file or directory")
+    if config.data.tokenizer:
+        require(os.path.isfile(config.data.tokenizer), "data.tokenizer", "no such file")
+    if config.init_from:
+        require(os.path.exists(config.init_from), "init_from", "no such workdir or checkpoint directory")
+
+
+def config_get(config: ml_collections.ConfigDict, dotted: str) -> Any:
+    value = config
+    for part in dotted.split("."):
+        value = value[part]
+    return value
+
+
+# ----------------------------------------------------------------------------- data
+
+
+def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> pathlib.Path:
+    """The prepared data directory, preparing it (on process 0) when it has no manifest."""
+    data_dir = pathlib.Path(config.data.dir or os.path.join(workdir, DATA_DIR))
+    if not (data_dir / data_lib.MANIFEST_FILE).exists():
+        if jax.process_index() == 0:
+            inputs = list(config.data.input)
+            if not inputs:
+                inputs = [str(data_lib.demo_corpus_path(pathlib.Path(workdir) / "corpus"))]
+                print(f"No data.input given: using the built-in demo corpus {inputs[0]}")
+            print(f"Preparing data into {data_dir} ...")
+            data_lib.prepare(
+                inputs, data_dir,
+                max_seq_length=config.data.max_seq_length,
+                max_predictions_per_seq=config.data.max_predictions_per_seq,
+                vocab_size=config.data.vocab_size,
+                tokenizer_path=config.data.tokenizer or None,
+                lowercase=config.data.lowercase,
+                task=config.data.task,
+                dupe_factor=config.data.dupe_factor,
+                short_seq_prob=config.data.short_seq_prob,
+                eval_fraction=config.data.eval_fraction,
+                workers=config.data.workers or None,
+                seed=config.seed)
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("bertjax:data_prepared")
+    manifest = data_lib.read_manifest(data_dir)
+    if manifest["max_seq_length"] != config.data.max_seq_length:
+        raise ConfigError(
+            f"config.data.max_seq_length={config.data.max_seq_length} but {data_dir} was prepared "
+            f"with max_seq_length={manifest['max_seq_length']}; prepare a new directory or match it")
+    return data_dir
+
+
+def global_batch(local_batch: dict[str, np.ndarray], batch_sharding: jax.sharding.Sharding,
+                 process_count: int) -> dict[str, jax.Array]:
+    """Assembles each process's rows into global arrays sharded over the data axes."""
+    out = {}
+    for name in BATCH_FEATURES:
+        local = local_batch[name]
+        global_shape = (local.shape[0] * process_count,) + local.shape[1:]
+        out[name] = jax.make_array_from_process_local_data(batch_sharding, local, global_shape)
+    return out
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
+                    schedule: optax.Schedule, grad_accum_steps: int,
+                    micro_batch_sharding: jax.sharding.NamedSharding | None = None) -> Callable:
+    """Builds the pure `train_step(state, batch, rng) -> (state, metrics)`.
+
+    The loss of every micro-batch is normalised by the prediction and example counts of the
+    whole global batch, so summing micro-batch gradients gives exactly the gradient of one
+    large batch. A step whose loss or gradient is not finite leaves the state unchanged and
+    reports `train/nonfinite`=1; the loop stops on it.
+    """
+
+    def loss_fn(params, batch, mlm_denominator, nsp_denominator, rng):
+        output = model.apply(
+            {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+            batch["masked_lm_positions"], deterministic=False, rngs={"dropout": rng})
+        sums = losses.loss_sums(output.mlm_logits, output.nsp_logits, batch)
+        return losses.total_loss(sums, mlm_denominator, nsp_denominator), sums
+
+    grad_fn = jax.grad(loss_fn, has_aux=True)
+
+    def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
+        step_rng = jax.random.fold_in(rng, state.step)
+        mlm_denominator = jnp.sum(batch["masked_lm_weights"])
+        nsp_denominator = jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32)
+        if grad_accum_steps == 1:
+            grads, sums = grad_fn(state.params, batch, mlm_denominator, nsp_denominator, step_rng)
+        else:
+            micro_batches = jax.tree.map(lambda x: split_micro_batches(x, grad_accum_steps), batch)
+            if micro_batch_sharding is not None:
+                micro_batches = jax.tree.map(
+                    lambda x: jax.lax.with_sharding_constraint(x, micro_batch_sharding), micro_batches)
+
+            def accumulate(carry, micro):
+                grads_acc, sums_acc, index = carry
+                grads, sums = grad_fn(state.params, micro, mlm_denominator, nsp_denominator,
+                                      jax.random.fold_in(step_rng, index))
+                return (jax.tree.map(jnp.add, grads_acc, grads),
+                        jax.tree.map(jnp.add, sums_acc, sums), index + 1), None
+
+            zeros_grads = jax.tree.map(jnp.zeros_like, state.params)
+            zeros_sums = losses.LossSums(*(jnp.zeros((), jnp.float32) for _ in losses.LossSums._fields))
+            (grads, sums, _), _ = jax.lax.scan(accumulate, (zeros_grads, zeros_sums, 0), micro_batches)
+
+        loss = losses.total_loss(sums, mlm_denominator, nsp_denominator)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+        updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+        new_params = optax.apply_updates(state.params, updates)
+        # Keep the last good state on a non-finite step, so no bad value is ever checkpointed.
+        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
+        new_state = TrainState(
+            step=state.step + 1,
+            params=keep(new_params, state.params),
+            opt_state=keep(new_opt_state, state.opt_state))
+        metrics = losses.metrics(sums, "train")
+        metrics.update({
+            "train/loss": loss,
+            "train/learning_rate": schedule(state.step),
+            "train/grad_norm": grad_norm,
+            "train/param_norm": optax.global_norm(new_state.params),
+            "train/nonfinite": 1.0 - finite.astype(jnp.float32),
+        })
+        return new_state, metrics
+
+    return train_step
+
+
+def split_micro_batches(x: jax.Array, num_micro: int) -> jax.Array:
+    """[B, ...] -> [num_micro, B / num_micro, ...], micro-batch k = rows k, k+A, k+2A, ...
+
+    Strided rather than contiguous, so that every device keeps its own rows in every
+    micro-batch and no data moves between devices.
+    """
+    rows = x.shape[0] // num_micro
+    return x.reshape((rows, num_micro) + x.shape[1:]).swapaxes(0, 1)  # [A, B/A, ...]
+
+
+def make_eval_step(model: BertForPreTraining) -> Callable:
+    def eval_step(params, batch) -> losses.LossSums:
+        output = model.apply(
+            {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
+            batch["masked_lm_positions"], deterministic=True)
+        return losses.loss_sums(output.mlm_logits, output.nsp_logits, batch)
+
+    return eval_step
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@dataclasses.dataclass
+class Setup:
+    """What the loop needs, built once: model, optimizer, mesh, shardings, jitted steps."""
+
+    model_config: BertConfig
+    model: BertForPreTraining
+    tx: optax.GradientTransformation
+    schedule: optax.Schedule
+    mesh: jax.sharding.Mesh
+    state_shardings: TrainState
+    abstract_state: TrainState
+    batch_sharding: jax.sharding.NamedSharding
+    init_state: Callable[[jax.Array], TrainState]
+    train_step: Callable
+    eval_step: Callable
+
+
+def build(config: ml_collections.ConfigDict, model_config: BertConfig, devices=None) -> Setup:
+    """Creates the mesh, shardings and jitted functions for a config (nothing is allocated)."""
+    mesh = sharding.make_mesh(tuple(config.mesh_shape), devices=devices)
+    model = BertForPreTraining(model_config)
+    opt_settings = optimizer_settings_from(config)
+    tx = optim.make_optimizer(opt_settings)
+    schedule = optim.make_schedule(opt_settings)
+    seq_len = config.data.max_seq_length
+    num_predictions = config.data.max_predictions_per_seq
+
+    def boxed_state(rng: jax.Array) -> TrainState:
+        ids = jnp.zeros((1, seq_len), jnp.int32)
+        positions = jnp.zeros((1, num_predictions), jnp.int32)
+        params = model.init({"params": rng}, ids, ids, ids, positions)["params"]
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
+
+    with sharding.use_mesh(mesh):
+        boxed_abstract = jax.eval_shape(boxed_state, jax.random.key(0))
+        state_shardings = sharding.logical_shardings(boxed_abstract, mesh)
+    abstract_state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        nn.meta.unbox(boxed_abstract), state_shardings)
+
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    batch_sharding = sharding.batch_sharding(mesh)
+    micro_batch_sharding = jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(None, *batch_sharding.spec))
+    init_state = jax.jit(lambda rng: nn.meta.unbox(boxed_state(rng)), out_shardings=state_shardings)
+    train_step = jax.jit(
+        make_train_step(model, tx, schedule, config.grad_accum_steps, micro_batch_sharding),
+        in_shardings=(state_shardings, batch_sharding, replicated),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=(0,))
+    eval_step = jax.jit(
+        make_eval_step(model),
+        in_shardings=(state_shardings.params, batch_sharding),
+        out_shardings=replicated)
+    return Setup(model_config, model, tx, schedule, mesh, state_shardings, abstract_state,
+                 batch_sharding, init_state, train_step, eval_step)
+
+
+def load_initial_params(init_from: str, setup: Setup) -> Any:
+    """Parameters of another run (phase 1 for phase 2), placed on this run's shardings."""
+    directory = pathlib.Path(init_from)
+    if (directory / CHECKPOINT_DIR).is_dir():
+        directory = directory / CHECKPOINT_DIR
+    _, params, meta = checkpoint_lib.restore_params(directory, abstract_params=setup.abstract_state.params)
+    source = BertConfig.from_dict(meta["model_config"])
+    mine = setup.model_config
+    for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                  "max_position_embeddings", "type_vocab_size", "scan_layers"):
+        if getattr(source, field) != getattr(mine, field):
+            raise ConfigError(
+                f"config.init_from={init_from!r}: its model has {field}={getattr(source, field)}, "
+                f"this run's has {getattr(mine, field)}")
+    return params
+
+
+# ----------------------------------------------------------------------------- loop
+
+
+class PreemptionWatcher:
+    """Tells the loop when to save and stop because the job is being preempted.
+
+    On several processes JAX's preemption sync point makes every host agree on the step
+    (its service catches SIGTERM itself). A single process catches SIGTERM here.
+    """
+
+    def __init__(self, checkpointer: checkpoint_lib.Checkpointer):
+        self._checkpointer = checkpointer
+        self._signalled = False
+        self._previous_handler = None
+        if jax.process_count() == 1:
+            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        self._signalled = True
+
+    def should_stop(self, step: int) -> bool:
+        if jax.process_count() > 1:
+            return self._checkpointer.reached_preemption(step)
+        return self._signalled
+
+    def close(self):
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+
+
+def evaluate(setup: Setup, params, loader_factory: Callable[[], Any], max_batches: int) -> dict[str, float]:
+    """Eval metrics summed over the held-out split (or its first max_batches batches)."""
+    totals = None
+    for index, local_batch in enumerate(loader_factory()):
+        if max_batches and index >= max_batches:
+            break
+        sums = setup.eval_step(params, global_batch(local_batch, setup.batch_sharding, jax.process_count()))
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    if totals is None:
+        return {}
+    return {k: float(v) for k, v in losses.metrics(totals, "eval").items()}
+
+
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
+    """Runs (or resumes) pretraining in workdir; returns the final summary."""
+    start_time = time.time()
+    workdir_path = pathlib.Path(workdir)
+    workdir_path.mkdir(parents=True, exist_ok=True)
+    process_index, process_count = jax.process_index(), jax.process_count()
+    validate_config(config, num_devices=jax.device_count(), process_count=process_count)
+
+    data_dir = ensure_data(config, workdir)
+    tokenizer = Tokenizer.load(data_dir / TOKENIZER_FILE)
+    model_config = model_config_from(config, tokenizer.vocab_size)
+    if process_index == 0:
+        shutil.copyfile(data_dir / TOKENIZER_FILE, workdir_path / TOKENIZER_FILE)
+    setup = build(config, model_config)
+    masking = masking_settings_from(config)
+    local_batch_size = config.batch_size // process_count
+
+    def make_loader(split: str, **kwargs):
+        return data_lib.make_loader(
+            data_dir, split=split, batch_size=local_batch_size, seed=config.seed, masking=masking,
+            expected_max_seq_length=config.data.max_seq_length,
+            expected_tokenizer_fingerprint=tokenizer.fingerprint, **kwargs)
+
+    train_loader = make_loader("train")
+    eval_loader_factory = lambda: make_loader("eval", shuffle=False, num_epochs=1)
+
+    checkpointer = checkpoint_lib.Checkpointer(
+        workdir_path / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints,
+        save_interval_steps=config.checkpoint_every_steps)
+    rng = jax.random.key(config.seed)
+    params_rng, dropout_rng = jax.random.split(rng)
+    restored = checkpointer.restore(
+        abstract_params=setup.abstract_state.params, abstract_opt_state=setup.abstract_state.opt_state)
+    if restored is not None:
+        state = TrainState(step=jax.device_put(jnp.asarray(restored.step, jnp.int32), setup.state_shardings.step),
+                           params=restored.params, opt_state=restored.opt_state)
+        train_loader.set_state(restored.meta["loader_state"])
+        print(f"Resumed from {checkpointer.directory} at step {restored.step}")
+    else:
+        state = setup.init_state(params_rng)
+        if config.init_from:
+            state = state.replace(params=load_initial_params(config.init_from, setup))
+            print(f"Initialised parameters from {config.init_from}")
+
+    writer = metrics_writer.MetricWriter(workdir_path, enabled=process_index == 0)
+    flops_per_seq = perf.training_flops_per_sequence(
+        model_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
+    peak = perf.peak_flops_per_device(
+        jax.devices()[0].device_kind, model_config.dtype, override=config.peak_flops_per_device or None)
+    watcher = PreemptionWatcher(checkpointer)
+    progress = metrics_writer.Progress(
+        total=config.num_train_steps, initial=int(state.step), enabled=process_index == 0)
+
+    def save(step: int, force: bool) -> None:
+        meta = {
+            "loader_state": train_loader.get_state(),
+            "rng": np.asarray(jax.random.key_data(rng)).tolist(),
+            "model_config": model_config.to_dict(),
+            "tokenizer_fingerprint": tokenizer.fingerprint,
+            "config": config.to_dict(),
+        }
+        checkpointer.save(step, params=state.params, opt_state=state.opt_state, meta=meta, force=force)
+
+    step = int(state.step)
+    pending: list[dict[str, jax.Array]] = []
+    interval_start, interval_step = time.time(), step
+    eval_metrics: dict[str, float] = {}
+    preempted = False
+    try:
+        while step < config.num_train_steps:
+            batch = global_batch(next(train_loader), setup.batch_sharding, process_count)
+            state, metrics = setup.train_step(state, batch, dropout_rng)
+            step += 1
+            pending.append(metrics)
+            progress.update(step)
+
+            at_end = step == config.num_train_steps
+            if step % config.log_every_steps == 0 or at_end:
+                summary = summarise(pending, step)  # waits for the device: checks for non-finite steps
+                elapsed = time.time() - interval_start
+                seqs_per_sec = (step - interval_step) * config.batch_size / elapsed
+                summary["perf/sequences_per_sec"] = seqs_per_sec
+                summary["perf/tokens_per_sec"] = seqs_per_sec * config.data.max_seq_length
+                if peak:
+                    summary["perf/mfu"] = flops_per_seq * seqs_per_sec / (peak * jax.device_count())
+                writer.write(step, summary)
+                progress.show(summary)
+                pending, interval_start, interval_step = [], time.time(), step
+            if step % config.eval_every_steps == 0 or at_end:
+                eval_metrics = evaluate(setup, state.params, eval_loader_factory, config.eval_batches)
+                writer.write(step, eval_metrics)
+                progress.show(eval_metrics)
+            if watcher.should_stop(step):
+                if pending:
+                    summarise(pending, step)
+                save(step, force=True)
+                preempted = True
+                print(f"\nPreempted: saved step {step} to {checkpointer.directory}; rerun the same command to resume.")
+                break
+            if step % config.checkpoint_every_steps == 0 or at_end:
+                if pending:
+                    summarise(pending, step)
+                    pending = []
+                save(step, force=at_end)
+    finally:
+        checkpointer.wait_until_finished()
+        checkpointer.close()
+        watcher.close()
+        progress.close()
+        writer.close()
+
+    result = {
+        "steps": step,
+        "preempted": preempted,
+        "wall_time_sec": time.time() - start_time,
+        "eval": eval_metrics,
+        "checkpoint_dir": str(checkpointer.directory),
+        "workdir": str(workdir_path),
+        "data_dir": str(data_dir),
+    }
+    if process_index == 0:
+        print_summary(result)
+    return result
+
+
+class NonFiniteError(FloatingPointError):
+    """Raised when a step produced a non-finite loss or gradient."""
+
+
+def summarise(pending: list[dict[str, jax.Array]], step: int) -> dict[str, float]:
+    """Means of the metrics of the last steps; stops the run on a non-finite step."""
+    host = [jax.device_get(m) for m in pending]
+    for offset, metrics in enumerate(host):
+        if metrics["train/nonfinite"]:
+            bad_step = step - len(host) + offset + 1
+            raise NonFiniteError(
+                f"step {bad_step}: non-finite loss ({metrics['train/loss']}) or gradient norm "
+                f"({metrics['train/grad_norm']}); stopping. The last good checkpoint is kept.")
+    keys = [k for k in host[0] if k != "train/nonfinite"]
+    summary = {k: float(np.mean([m[k] for m in host])) for k in keys}
+    summary["train/learning_rate"] = float(host[-1]["train/learning_rate"])
+    return summary
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    lines = [
+        "",
+        "Training finished" if not result["preempted"] else "Training stopped for preemption",
+        f"  steps:       {result['steps']}",
+        f"  wall time:   {result['wall_time_sec']:.1f} s",
+    ]
+    for key, value in sorted(result["eval"].items()):
+        lines.append(f"  {key + ':':<26}{value:.4f}")
+    lines += [
+        f"  checkpoints: {result['checkpoint_dir']}",
+        f"  metrics:     {os.path.join(result['workdir'], metrics_writer.JSONL_FILE)} (and TensorBoard events)",
+        f"  data:        {result['data_dir']}",
+        f"  load it:     bertjax.load({result['workdir']!r})",
+    ]
+    print("\n".join(lines), flush=True)
