@@ -33,16 +33,16 @@ from bertjax import losses
 from bertjax import metrics_writer
 from bertjax import optim
 from bertjax import perf
+from bertjax import pretrained
 from bertjax import sharding
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_DIR = "checkpoints"
 DATA_DIR = "data"
-TOKENIZER_FILE = "tokenizer.model"
-MODEL_CONFIG_FILE = "model_config.json"
+CHECKPOINT_DIR = pretrained.CHECKPOINT_DIR
+TOKENIZER_FILE = pretrained.TOKENIZER_FILE
 
 # Batch features, as google-research/bert names them.
 BATCH_FEATURES = (
@@ -96,7 +96,7 @@ def masking_settings_from(config: ml_collections.ConfigDict) -> data_lib.Masking
         whole_word_masking=config.data.whole_word_masking)
 
 
-def validate_config(config: ml_collections.ConfigDict, *, num_devices: int, process_count: int) -> None:
+def validate_config(config: ml_collections.ConfigDict, *, devices=None, process_count: int = 1) -> None:
     """Fails with a ConfigError naming the field when a config value cannot work."""
 
     def require(ok: bool, field: str, message: str) -> None:
@@ -115,10 +115,11 @@ def validate_config(config: ml_collections.ConfigDict, *, num_devices: int, proc
     require(config.peak_flops_per_device >= 0, "peak_flops_per_device", "must be >= 0 (0: look up the device)")
 
     try:
-        mesh_shape = sharding.resolve_mesh_shape(tuple(config.mesh_shape), num_devices)
+        mesh = sharding.make_mesh(tuple(config.mesh_shape), devices=devices)
     except ValueError as e:
         raise ConfigError(f"config.mesh_shape={tuple(config.mesh_shape)}: {e}") from e
-    data_parallel = mesh_shape[0] * mesh_shape[1]
+    mesh_shape = tuple(mesh.shape.values())
+    data_parallel = sharding.data_parallel_size(mesh)
     micro_batch, remainder = divmod(config.batch_size, config.grad_accum_steps)
     require(remainder == 0, "batch_size", f"must be divisible by grad_accum_steps={config.grad_accum_steps}")
     require(micro_batch % data_parallel == 0, "batch_size",
@@ -323,7 +324,7 @@ def build(config: ml_collections.ConfigDict, model_config: BertConfig, devices=N
         params = model.init({"params": rng}, ids, ids, ids, positions)["params"]
         return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=tx.init(params))
 
-    with sharding.use_mesh(mesh):
+    with jax.set_mesh(mesh):
         boxed_abstract = jax.eval_shape(boxed_state, jax.random.key(0))
         state_shardings = sharding.logical_shardings(boxed_abstract, mesh)
     abstract_state = jax.tree.map(
@@ -414,7 +415,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     workdir_path = pathlib.Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
     process_index, process_count = jax.process_index(), jax.process_count()
-    validate_config(config, num_devices=jax.device_count(), process_count=process_count)
+    validate_config(config, process_count=process_count)
 
     data_dir = ensure_data(config, workdir)
     tokenizer = Tokenizer.load(data_dir / TOKENIZER_FILE)
