@@ -423,102 +423,104 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     if process_index == 0:
         shutil.copyfile(data_dir / TOKENIZER_FILE, workdir_path / TOKENIZER_FILE)
     setup = build(config, model_config)
-    masking = masking_settings_from(config)
-    local_batch_size = config.batch_size // process_count
+    # Tracing the model needs the mesh in context for its sharding constraints.
+    with jax.set_mesh(setup.mesh):
+        masking = masking_settings_from(config)
+        local_batch_size = config.batch_size // process_count
 
-    def make_loader(split: str, **kwargs):
-        return data_lib.make_loader(
-            data_dir, split=split, batch_size=local_batch_size, seed=config.seed, masking=masking,
-            expected_max_seq_length=config.data.max_seq_length,
-            expected_tokenizer_fingerprint=tokenizer.fingerprint, **kwargs)
+        def make_loader(split: str, **kwargs):
+            return data_lib.make_loader(
+                data_dir, split=split, batch_size=local_batch_size, seed=config.seed, masking=masking,
+                expected_max_seq_length=config.data.max_seq_length,
+                expected_tokenizer_fingerprint=tokenizer.fingerprint, **kwargs)
 
-    train_loader = make_loader("train")
-    eval_loader_factory = lambda: make_loader("eval", shuffle=False, num_epochs=1)
+        train_loader = make_loader("train")
+        eval_loader_factory = lambda: make_loader("eval", shuffle=False, num_epochs=1)
 
-    checkpointer = checkpoint_lib.Checkpointer(
-        workdir_path / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints,
-        save_interval_steps=config.checkpoint_every_steps)
-    rng = jax.random.key(config.seed)
-    params_rng, dropout_rng = jax.random.split(rng)
-    restored = checkpointer.restore(
-        abstract_params=setup.abstract_state.params, abstract_opt_state=setup.abstract_state.opt_state)
-    if restored is not None:
-        state = TrainState(step=jax.device_put(jnp.asarray(restored.step, jnp.int32), setup.state_shardings.step),
-                           params=restored.params, opt_state=restored.opt_state)
-        train_loader.set_state(restored.meta["loader_state"])
-        print(f"Resumed from {checkpointer.directory} at step {restored.step}")
-    else:
-        state = setup.init_state(params_rng)
-        if config.init_from:
-            state = state.replace(params=load_initial_params(config.init_from, setup))
-            print(f"Initialised parameters from {config.init_from}")
+        checkpointer = checkpoint_lib.Checkpointer(
+            workdir_path / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints,
+            save_interval_steps=config.checkpoint_every_steps)
+        rng = jax.random.key(config.seed)
+        params_rng, dropout_rng = jax.random.split(rng)
+        restored = checkpointer.restore(
+            abstract_params=setup.abstract_state.params, abstract_opt_state=setup.abstract_state.opt_state)
+        if restored is not None:
+            state = TrainState(step=jax.device_put(jnp.asarray(restored.step, jnp.int32), setup.state_shardings.step),
+                               params=restored.params, opt_state=restored.opt_state)
+            train_loader.set_state(restored.meta["loader_state"])
+            print(f"Resumed from {checkpointer.directory} at step {restored.step}")
+        else:
+            state = setup.init_state(params_rng)
+            if config.init_from:
+                state = state.replace(params=load_initial_params(config.init_from, setup))
+                print(f"Initialised parameters from {config.init_from}")
 
-    writer = metrics_writer.MetricWriter(workdir_path, enabled=process_index == 0)
-    flops_per_seq = perf.training_flops_per_sequence(
-        model_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
-    peak = perf.peak_flops_per_device(
-        jax.devices()[0].device_kind, model_config.dtype, override=config.peak_flops_per_device or None)
-    watcher = PreemptionWatcher(checkpointer)
-    progress = metrics_writer.Progress(
-        total=config.num_train_steps, initial=int(state.step), enabled=process_index == 0)
+        writer = metrics_writer.MetricWriter(workdir_path, enabled=process_index == 0)
+        flops_per_seq = perf.training_flops_per_sequence(
+            model_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
+        peak = perf.peak_flops_per_device(
+            jax.devices()[0].device_kind, model_config.dtype, override=config.peak_flops_per_device or None)
+        watcher = PreemptionWatcher(checkpointer)
+        progress = metrics_writer.Progress(
+            total=config.num_train_steps, initial=int(state.step), enabled=process_index == 0)
 
-    def save(step: int, force: bool) -> None:
-        meta = {
-            "loader_state": train_loader.get_state(),
-            "rng": np.asarray(jax.random.key_data(rng)).tolist(),
-            "model_config": model_config.to_dict(),
-            "tokenizer_fingerprint": tokenizer.fingerprint,
-            "config": config.to_dict(),
-        }
-        checkpointer.save(step, params=state.params, opt_state=state.opt_state, meta=meta, force=force)
+        def save(step: int, force: bool) -> None:
+            meta = {
+                "loader_state": train_loader.get_state(),
+                "rng": np.asarray(jax.random.key_data(rng)).tolist(),
+                "model_config": model_config.to_dict(),
+                "tokenizer_fingerprint": tokenizer.fingerprint,
+                "config": config.to_dict(),
+            }
+            checkpointer.save(step, params=state.params, opt_state=state.opt_state, meta=meta, force=force)
 
-    step = int(state.step)
-    pending: list[dict[str, jax.Array]] = []
-    interval_start, interval_step = time.time(), step
-    eval_metrics: dict[str, float] = {}
-    preempted = False
-    try:
-        while step < config.num_train_steps:
-            batch = global_batch(next(train_loader), setup.batch_sharding, process_count)
-            state, metrics = setup.train_step(state, batch, dropout_rng)
-            step += 1
-            pending.append(metrics)
-            progress.update(step)
+        step = int(state.step)
+        pending: list[dict[str, jax.Array]] = []
+        interval_start, interval_step = time.time(), step
+        eval_metrics: dict[str, float] = {}
+        preempted = False
+        try:
+            while step < config.num_train_steps:
+                batch = global_batch(next(train_loader), setup.batch_sharding, process_count)
+                state, metrics = setup.train_step(state, batch, dropout_rng)
+                step += 1
+                pending.append(metrics)
+                progress.update(step)
 
-            at_end = step == config.num_train_steps
-            if step % config.log_every_steps == 0 or at_end:
-                summary = summarise(pending, step)  # waits for the device: checks for non-finite steps
-                elapsed = time.time() - interval_start
-                seqs_per_sec = (step - interval_step) * config.batch_size / elapsed
-                summary["perf/sequences_per_sec"] = seqs_per_sec
-                summary["perf/tokens_per_sec"] = seqs_per_sec * config.data.max_seq_length
-                if peak:
-                    summary["perf/mfu"] = flops_per_seq * seqs_per_sec / (peak * jax.device_count())
-                writer.write(step, summary)
-                progress.show(summary)
-                pending, interval_start, interval_step = [], time.time(), step
-            if step % config.eval_every_steps == 0 or at_end:
-                eval_metrics = evaluate(setup, state.params, eval_loader_factory, config.eval_batches)
-                writer.write(step, eval_metrics)
-                progress.show(eval_metrics)
-            if watcher.should_stop(step):
-                if pending:
-                    summarise(pending, step)
-                save(step, force=True)
-                preempted = True
-                print(f"\nPreempted: saved step {step} to {checkpointer.directory}; rerun the same command to resume.")
-                break
-            if step % config.checkpoint_every_steps == 0 or at_end:
-                if pending:
-                    summarise(pending, step)
-                    pending = []
-                save(step, force=at_end)
-    finally:
-        checkpointer.wait_until_finished()
-        checkpointer.close()
-        watcher.close()
-        progress.close()
-        writer.close()
+                at_end = step == config.num_train_steps
+                if step % config.log_every_steps == 0 or at_end:
+                    summary = summarise(pending, step)  # waits for the device: checks for non-finite steps
+                    elapsed = time.time() - interval_start
+                    seqs_per_sec = (step - interval_step) * config.batch_size / elapsed
+                    summary["perf/sequences_per_sec"] = seqs_per_sec
+                    summary["perf/tokens_per_sec"] = seqs_per_sec * config.data.max_seq_length
+                    if peak:
+                        summary["perf/mfu"] = flops_per_seq * seqs_per_sec / (peak * jax.device_count())
+                    writer.write(step, summary)
+                    progress.show(summary)
+                    pending, interval_start, interval_step = [], time.time(), step
+                if step % config.eval_every_steps == 0 or at_end:
+                    eval_metrics = evaluate(setup, state.params, eval_loader_factory, config.eval_batches)
+                    writer.write(step, eval_metrics)
+                    progress.show(eval_metrics)
+                if watcher.should_stop(step):
+                    if pending:
+                        summarise(pending, step)
+                    save(step, force=True)
+                    preempted = True
+                    print(f"\nPreempted: saved step {step} to {checkpointer.directory}; rerun the same command to resume.")
+                    break
+                if step % config.checkpoint_every_steps == 0 or at_end:
+                    if pending:
+                        summarise(pending, step)
+                        pending = []
+                    save(step, force=at_end)
+        finally:
+            checkpointer.wait_until_finished()
+            checkpointer.close()
+            watcher.close()
+            progress.close()
+            writer.close()
 
     result = {
         "steps": step,

@@ -1,0 +1,300 @@
+"""End-to-end pretraining: learning, exact resume, preemption, multi-process, accumulation."""
+
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from synthetic_corpus import write_corpus
+
+import bertjax
+from bertjax import data as data_lib
+from bertjax import trainer
+from configs import tiny
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SEQ_LEN = 64
+PREDICTIONS = 10
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("trainer_data")
+    corpus = write_corpus(root / "corpus.txt")
+    out = root / "prepared"
+    data_lib.prepare([str(corpus)], out, max_seq_length=SEQ_LEN, max_predictions_per_seq=PREDICTIONS,
+                     vocab_size=200, dupe_factor=3, eval_fraction=0.1, workers=1, seed=1)
+    return out
+
+
+def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDict:
+    config = tiny.get_config()
+    config.data.dir = str(data_dir)
+    config.data.max_seq_length = SEQ_LEN
+    config.data.max_predictions_per_seq = PREDICTIONS
+    config.batch_size = 32
+    config.num_train_steps = 20
+    config.log_every_steps = 1
+    config.eval_every_steps = 1000
+    config.eval_batches = 4
+    config.checkpoint_every_steps = 10
+    config.optimizer.warmup_steps = 5
+    for key, value in overrides.items():
+        target = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
+    return config
+
+
+def cli_args(config_overrides: dict, workdir: pathlib.Path) -> list[str]:
+    args = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "tiny.py"),
+            "--workdir", str(workdir)]
+    for key, value in config_overrides.items():
+        args.append(f"--config.{key}={value}")
+    return args
+
+
+def base_overrides(data_dir: pathlib.Path, **extra) -> dict:
+    overrides = {
+        "data.dir": str(data_dir), "data.max_seq_length": SEQ_LEN,
+        "data.max_predictions_per_seq": PREDICTIONS, "batch_size": 32, "num_train_steps": 20,
+        "log_every_steps": 1, "eval_every_steps": 1000, "eval_batches": 2,
+        "checkpoint_every_steps": 10, "optimizer.warmup_steps": 5,
+    }
+    overrides.update(extra)
+    return overrides
+
+
+def read_losses(workdir: pathlib.Path) -> dict[int, float]:
+    """Step -> train/loss; a step logged twice (before a kill and after resuming) keeps the last."""
+    losses = {}
+    for line in (workdir / "metrics.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        if "train/loss" in record:
+            losses[record["step"]] = record["train/loss"]
+    return losses
+
+
+def subprocess_env(device_count: int = 8) -> dict:
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={device_count}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+# ----------------------------------------------------------------------------- learning
+
+
+def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
+    workdir = tmp_path / "run"
+    config = make_config(data_dir, num_train_steps=300, log_every_steps=50, eval_every_steps=300,
+                         eval_batches=0, checkpoint_every_steps=300)
+    config.optimizer.learning_rate = 2e-3
+    config.optimizer.warmup_steps = 30
+    result = trainer.train_and_evaluate(config, str(workdir))
+
+    # Baseline: always predicting the most frequent masked token.
+    loader = data_lib.make_loader(data_dir, split="eval", batch_size=32, shuffle=False, num_epochs=1,
+                                  seed=config.seed, masking=trainer.masking_settings_from(config))
+    ids = np.concatenate([b["masked_lm_ids"][b["masked_lm_weights"] > 0] for b in loader])
+    most_common_frequency = np.bincount(ids).max() / ids.size
+    assert result["steps"] == 300
+    assert result["eval"]["eval/mlm_accuracy"] > most_common_frequency + 0.1
+    assert result["eval"]["eval/nsp_accuracy"] > 0.6
+
+    records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert any("perf/tokens_per_sec" in r and r["perf/tokens_per_sec"] > 0 for r in records)
+    assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
+
+    # The checkpoint was written from 8 devices; a notebook with one device opens it.
+    script = (
+        "import bertjax, jax, numpy as np\n"
+        f"config, params, tokenizer = bertjax.load({str(workdir)!r})\n"
+        "assert jax.device_count() == 1\n"
+        "ids = np.array([tokenizer.encode_batch(['the adj0y1 noun0x2 sees a noun0x3.'])[0]])\n"
+        "out = bertjax.BertForPreTraining(config).apply({'params': params}, ids)\n"
+        "print(config.num_layers, tokenizer.vocab_size, float(np.abs(out.mlm_logits).sum()))\n")
+    completed = subprocess.run([sys.executable, "-c", script], env=subprocess_env(1), capture_output=True,
+                               text=True, timeout=120, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr
+    layers, vocab, logit_sum = completed.stdout.split()
+    assert int(layers) == 2 and int(vocab) == config.model.vocab_size or int(vocab) > 0
+    assert float(logit_sum) > 0
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
+    straight = tmp_path / "straight"
+    subprocess.run(cli_args(base_overrides(data_dir), straight), env=subprocess_env(), check=True,
+                   capture_output=True, timeout=300)
+
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(cli_args(base_overrides(data_dir), killed), env=subprocess_env(),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    checkpoint_10 = killed / "checkpoints" / "10"
+    deadline = time.time() + 240
+    while process.poll() is None and not checkpoint_10.is_dir() and time.time() < deadline:
+        time.sleep(0.05)
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    assert checkpoint_10.is_dir()
+    # If the run finished before the kill landed, remove what a kill before step 20 would not
+    # have left behind, so the resumed run always starts from step 10.
+    for later in (killed / "checkpoints").glob("20*"):
+        subprocess.run(["rm", "-rf", str(later)], check=True)
+
+    completed = subprocess.run(cli_args(base_overrides(data_dir), killed), env=subprocess_env(),
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "Resumed" in completed.stdout and "step 10" in completed.stdout
+
+    expected, resumed = read_losses(straight), read_losses(killed)
+    assert sorted(expected) == list(range(1, 21))
+    for step in range(1, 21):
+        assert resumed[step] == expected[step], f"step {step}: {resumed[step]} != {expected[step]}"
+
+
+def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
+    workdir = tmp_path / "preempted"
+    overrides = base_overrides(data_dir, num_train_steps=400, checkpoint_every_steps=1000)
+    process = subprocess.Popen(cli_args(overrides, workdir), env=subprocess_env(),
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    metrics = workdir / "metrics.jsonl"
+    deadline = time.time() + 240
+    while process.poll() is None and time.time() < deadline:
+        if metrics.exists() and len(metrics.read_text().splitlines()) >= 3:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output[-3000:]
+    assert "Preempted" in output
+    saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    assert len(saved) == 1 and 3 <= saved[0] < 400
+
+    completed = subprocess.run(cli_args(dict(overrides, num_train_steps=saved[0] + 2), workdir),
+                               env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert f"step {saved[0]}" in completed.stdout
+
+
+# ----------------------------------------------------------------------------- multi-process
+
+
+def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
+    overrides = base_overrides(data_dir, num_train_steps=4, checkpoint_every_steps=4, **{
+        "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0})
+    single = tmp_path / "single"
+    subprocess.run(cli_args(overrides, single), env=subprocess_env(4), check=True, capture_output=True,
+                   timeout=300)
+
+    multi = tmp_path / "multi"
+    port = 20000 + os.getpid() % 20000
+    processes = [
+        subprocess.Popen(
+            cli_args(overrides, multi) + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
+                                          f"--process_id={i}"],
+            env=subprocess_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for i in range(2)
+    ]
+    outputs = []
+    try:
+        for process in processes:
+            outputs.append(process.communicate(timeout=300)[0])
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+    for process, output in zip(processes, outputs):
+        assert process.returncode == 0, output[-3000:]
+    expected, got = read_losses(single), read_losses(multi)
+    assert sorted(got) == [1, 2, 3, 4]
+    np.testing.assert_allclose([got[s] for s in range(1, 5)], [expected[s] for s in range(1, 5)], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- the step
+
+
+def _one_update(data_dir, grad_accum_steps: int):
+    config = make_config(data_dir, grad_accum_steps=grad_accum_steps, **{
+        "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0})
+    config.model.vocab_size = 0
+    tokenizer = bertjax.Tokenizer.load(data_dir / "tokenizer.model")
+    setup = trainer.build(config, trainer.model_config_from(config, tokenizer.vocab_size))
+    loader = data_lib.make_loader(data_dir, batch_size=config.batch_size, seed=0,
+                                  masking=trainer.masking_settings_from(config))
+    with jax.set_mesh(setup.mesh):
+        state = setup.init_state(jax.random.key(0))
+        batch = trainer.global_batch(next(loader), setup.batch_sharding, 1)
+        state, metrics = setup.train_step(state, batch, jax.random.key(1))
+    return jax.device_get(state.params), jax.device_get(metrics)
+
+
+def test_gradient_accumulation_equals_one_large_batch(data_dir):
+    params_1, metrics_1 = _one_update(data_dir, 1)
+    params_4, metrics_4 = _one_update(data_dir, 4)
+    np.testing.assert_allclose(metrics_4["train/loss"], metrics_1["train/loss"], rtol=1e-5)
+    np.testing.assert_allclose(metrics_4["train/grad_norm"], metrics_1["train/grad_norm"], rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_4)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_non_finite_step_keeps_the_state_and_stops_naming_the_step(data_dir):
+    config = make_config(data_dir)
+    tokenizer = bertjax.Tokenizer.load(data_dir / "tokenizer.model")
+    setup = trainer.build(config, trainer.model_config_from(config, tokenizer.vocab_size))
+    loader = data_lib.make_loader(data_dir, batch_size=config.batch_size, seed=0,
+                                  masking=trainer.masking_settings_from(config))
+    with jax.set_mesh(setup.mesh):
+        state = setup.init_state(jax.random.key(0))
+        bad_params = jax.tree.map(lambda x: x, state.params)
+        bad_params["nsp_head"]["bias"] = bad_params["nsp_head"]["bias"] * jnp.nan
+        state = state.replace(params=bad_params)
+        before = jax.device_get(state.params)
+        batch = trainer.global_batch(next(loader), setup.batch_sharding, 1)
+        state, metrics = setup.train_step(state, batch, jax.random.key(1))
+    assert metrics["train/nonfinite"] == 1.0
+    np.testing.assert_array_equal(jax.device_get(state.params)["nsp_head"]["kernel"], before["nsp_head"]["kernel"])
+    with pytest.raises(trainer.NonFiniteError, match="step 7"):
+        trainer.summarise([metrics], step=7)
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"batch_size": 12}, "config.batch_size"),                      # not divisible by 8 devices
+    ({"grad_accum_steps": 3}, "config.batch_size"),
+    ({"mesh_shape": (3, 1, 1)}, "config.mesh_shape"),
+    ({"data.max_seq_length": 1024}, "config.data.max_seq_length"),
+    ({"model.vocab_size": 123}, "config.model.vocab_size"),
+    ({"data.input": ["/no/such/corpus.txt"]}, "config.data.input"),
+    ({"model.preset": "huge"}, "config.model"),
+    ({"optimizer.schedule": "sawtooth"}, "config.optimizer"),
+    ({"num_train_steps": 0}, "config.num_train_steps"),
+])
+def test_impossible_configs_fail_naming_the_field(data_dir, tmp_path, overrides, field):
+    config = make_config(data_dir, **overrides)
+    with pytest.raises(trainer.ConfigError, match=field.replace(".", r"\.")):
+        trainer.train_and_evaluate(config, str(tmp_path / "never"))
+    assert not (tmp_path / "never" / "checkpoints").exists()
+
+
+def test_prepared_data_with_another_sequence_length_is_rejected(data_dir, tmp_path):
+    config = make_config(data_dir, **{"data.max_seq_length": 128})
+    with pytest.raises(ValueError, match="max_seq_length"):
+        trainer.train_and_evaluate(config, str(tmp_path / "never"))
