@@ -1,0 +1,519 @@
+"""Hugging Face transformers BERT weights in and out.
+
+`load` reads a transformers BERT directory (config.json plus model.safetensors,
+a sharded model.safetensors.index.json, or pytorch_model.bin) into a `BertConfig` and the
+parameter tree of `bertjax.model.BertForPreTraining`; `save` writes the reverse, a
+directory that `transformers.BertForPreTraining.from_pretrained` loads with nothing
+missing or unexpected.
+
+Safetensors files are read and written with `safetensors.numpy`, so neither torch nor
+transformers is needed at run time; torch is imported only to read pytorch_model.bin.
+
+Layout differences handled here: torch Linear weights are [out, in] and ours are
+[in, out]; the attention projections are split per head, [H, N*D] -> [H, N, D] for
+query/key/value and [N*D, H] -> [N, D, H] for the attention output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import pathlib
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import model as model_lib
+from bertjax.model import BertConfig
+
+try:
+    from safetensors import numpy as safetensors_numpy
+except ImportError:  # the `hf` extra is not installed; `load`/`save` say so when called
+    safetensors_numpy = None
+
+logger = logging.getLogger(__name__)
+
+CONFIG_NAME = "config.json"
+SAFE_WEIGHTS_NAME = "model.safetensors"
+SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
+TORCH_WEIGHTS_NAME = "pytorch_model.bin"
+TORCH_WEIGHTS_INDEX_NAME = "pytorch_model.bin.index.json"
+
+# Parameter groups: the encoder core must be in every checkpoint; each other group is
+# either complete or entirely absent (then freshly initialised and reported).
+CORE = "core"
+POOLER = "pooler"
+MLM_HEAD = "mlm_head"
+NSP_HEAD = "nsp_head"
+
+# HF hidden_act -> ours. "gelu" in HF is the exact erf form, like ours.
+_ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+_ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
+
+# Fields of BertConfig fixed by the checkpoint's shapes and numerics; `load` refuses
+# overrides of these because the weights would no longer mean what they meant.
+_ARCHITECTURE_FIELDS = frozenset({
+    "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+    "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "hidden_act",
+    "position_embedding_type",
+})
+
+# Tensors older transformers versions wrote that carry no parameters of their own.
+_BUFFER_NAMES = frozenset({"bert.embeddings.position_ids"})
+# Tied copies: the MLM decoder shares the word embeddings and the prediction bias.
+_TIED_DECODER_WEIGHT = "cls.predictions.decoder.weight"
+_TIED_DECODER_BIAS = "cls.predictions.decoder.bias"
+_PREDICTION_BIAS = "cls.predictions.bias"
+_WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One HF tensor and the bertjax parameter it maps to."""
+
+    hf_name: str                 # canonical HF name, with the "bert." prefix
+    path: tuple[str, ...]        # key path in the (unstacked) bertjax params tree
+    hf_shape: tuple[int, ...]
+    shape: tuple[int, ...]       # bertjax shape
+    transpose: bool              # torch Linear weight: [out, in] vs our [in, ...out]
+    group: str
+
+    def to_bertjax(self, array: np.ndarray) -> np.ndarray:
+        """Converts the HF tensor to the bertjax layout."""
+        if self.transpose:
+            array = array.T  # [in, out]
+        return np.ascontiguousarray(array.reshape(self.shape))
+
+    def to_hf(self, array: np.ndarray) -> np.ndarray:
+        """Converts the bertjax parameter to the HF layout."""
+        if self.transpose:
+            # Our kernels flatten row-major to [in, out]; HF stores the transpose.
+            return np.ascontiguousarray(array.reshape(self.hf_shape[::-1]).T)  # [out, in]
+        return np.ascontiguousarray(array.reshape(self.hf_shape))
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadReport:
+    """What `load_with_report` did beyond copying tensors."""
+
+    source: str                           # the weights file(s) read
+    initialized: tuple[str, ...]          # bertjax param paths freshly initialised
+    ignored: tuple[str, ...]              # HF tensors skipped (buffers, tied copies)
+
+    def __str__(self) -> str:
+        lines = [f"read {self.source}"]
+        if self.initialized:
+            lines.append("freshly initialised (not in the checkpoint): " + ", ".join(self.initialized))
+        if self.ignored:
+            lines.append("ignored: " + ", ".join(self.ignored))
+        return "\n".join(lines)
+
+
+def tensor_specs(config: BertConfig) -> list[TensorSpec]:
+    """Every HF tensor of BertForPreTraining for `config`, in HF's order."""
+    h, n, f = config.hidden_size, config.num_heads, config.intermediate_size
+    d = h // n
+    v = config.vocab_size
+    specs: list[TensorSpec] = []
+
+    def add(hf_name, path, hf_shape, shape=None, transpose=False, group=CORE):
+        specs.append(TensorSpec(hf_name, tuple(path), tuple(hf_shape), tuple(shape or hf_shape),
+                                transpose, group))
+
+    def layer_norm(hf_prefix, path, group=CORE):
+        add(f"{hf_prefix}.weight", (*path, "scale"), (h,), group=group)
+        add(f"{hf_prefix}.bias", (*path, "bias"), (h,), group=group)
+
+    def dense(hf_prefix, path, n_in, n_out, kernel_shape=None, bias_shape=None, group=CORE):
+        add(f"{hf_prefix}.weight", (*path, "kernel"), (n_out, n_in), kernel_shape or (n_in, n_out),
+            transpose=True, group=group)
+        add(f"{hf_prefix}.bias", (*path, "bias"), (n_out,), bias_shape or (n_out,), group=group)
+
+    emb = ("bert", "embeddings")
+    add("bert.embeddings.word_embeddings.weight", (*emb, "word_embeddings", "embedding"), (v, h))
+    if config.position_embedding_type == "learned":
+        add("bert.embeddings.position_embeddings.weight", (*emb, "position_embeddings", "embedding"),
+            (config.max_position_embeddings, h))
+    add("bert.embeddings.token_type_embeddings.weight", (*emb, "token_type_embeddings", "embedding"),
+        (config.type_vocab_size, h))
+    layer_norm("bert.embeddings.LayerNorm", (*emb, "layer_norm"))
+
+    for i in range(config.num_layers):
+        hf = f"bert.encoder.layer.{i}"
+        ours = ("bert", "encoder", f"layer_{i}")
+        for name in ("query", "key", "value"):
+            dense(f"{hf}.attention.self.{name}", (*ours, "attention", name), h, h,
+                  kernel_shape=(h, n, d), bias_shape=(n, d))
+        dense(f"{hf}.attention.output.dense", (*ours, "attention", "output"), h, h,
+              kernel_shape=(n, d, h))
+        layer_norm(f"{hf}.attention.output.LayerNorm", (*ours, "attention", "layer_norm"))
+        dense(f"{hf}.intermediate.dense", (*ours, "mlp", "intermediate"), h, f)
+        dense(f"{hf}.output.dense", (*ours, "mlp", "output"), f, h)
+        layer_norm(f"{hf}.output.LayerNorm", (*ours, "mlp", "layer_norm"))
+
+    dense("bert.pooler.dense", ("bert", "pooler"), h, h, group=POOLER)
+    # HF's order within cls.predictions: bias first, then the transform.
+    add(_PREDICTION_BIAS, ("mlm_head", "output_bias"), (v,), group=MLM_HEAD)
+    dense("cls.predictions.transform.dense", ("mlm_head", "transform"), h, h, group=MLM_HEAD)
+    layer_norm("cls.predictions.transform.LayerNorm", ("mlm_head", "layer_norm"), group=MLM_HEAD)
+    dense("cls.seq_relationship", ("nsp_head",), h, 2, group=NSP_HEAD)
+    return specs
+
+
+def config_from_hf(hf_config: Mapping[str, Any], **overrides) -> BertConfig:
+    """Builds a BertConfig from a transformers BERT config dict (config.json)."""
+    model_type = hf_config.get("model_type", "bert")
+    if model_type != "bert":
+        raise ValueError(f"config.json: model_type={model_type!r} is not supported; valid: 'bert'")
+    act = hf_config.get("hidden_act", "gelu")
+    if act not in _ACT_FROM_HF:
+        raise ValueError(f"config.json: hidden_act={act!r} is not supported; "
+                         f"valid: {sorted(_ACT_FROM_HF)}")
+    pos_type = hf_config.get("position_embedding_type", "absolute")
+    if pos_type != "absolute":
+        raise ValueError(f"config.json: position_embedding_type={pos_type!r} is not supported; "
+                         "valid: 'absolute'")
+    required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size")
+    for key in required:
+        if key not in hf_config:
+            raise ValueError(f"config.json: missing required field {key!r}")
+    fields = dict(
+        vocab_size=int(hf_config["vocab_size"]),
+        hidden_size=int(hf_config["hidden_size"]),
+        num_layers=int(hf_config["num_hidden_layers"]),
+        num_heads=int(hf_config["num_attention_heads"]),
+        intermediate_size=int(hf_config["intermediate_size"]),
+        max_position_embeddings=int(hf_config.get("max_position_embeddings", 512)),
+        type_vocab_size=int(hf_config.get("type_vocab_size", 2)),
+        hidden_dropout=float(hf_config.get("hidden_dropout_prob", 0.1)),
+        attention_dropout=float(hf_config.get("attention_probs_dropout_prob", 0.1)),
+        layer_norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
+        initializer_range=float(hf_config.get("initializer_range", 0.02)),
+        hidden_act=_ACT_FROM_HF[act],
+        position_embedding_type="learned",
+    )
+    valid = {f.name for f in dataclasses.fields(BertConfig)}
+    for key in overrides:
+        if key in _ARCHITECTURE_FIELDS:
+            raise ValueError(f"override {key}={overrides[key]!r} is not allowed: it is fixed by the "
+                             f"checkpoint; overridable: {sorted(valid - _ARCHITECTURE_FIELDS)}")
+        if key not in valid:
+            raise ValueError(f"override {key!r} is not a BertConfig field; "
+                             f"overridable: {sorted(valid - _ARCHITECTURE_FIELDS)}")
+    return BertConfig(**{**fields, **overrides})
+
+
+def config_to_hf(config: BertConfig) -> dict[str, Any]:
+    """The transformers config.json dict for `config` (architecture BertForPreTraining)."""
+    if config.position_embedding_type != "learned":
+        raise ValueError(
+            f"position_embedding_type={config.position_embedding_type!r} has no transformers "
+            "BERT equivalent; valid for export: 'learned'")
+    return {
+        "architectures": ["BertForPreTraining"],
+        "model_type": "bert",
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "num_hidden_layers": config.num_layers,
+        "num_attention_heads": config.num_heads,
+        "intermediate_size": config.intermediate_size,
+        "hidden_act": _ACT_TO_HF[config.hidden_act],
+        "hidden_dropout_prob": config.hidden_dropout,
+        "attention_probs_dropout_prob": config.attention_dropout,
+        "max_position_embeddings": config.max_position_embeddings,
+        "type_vocab_size": config.type_vocab_size,
+        "initializer_range": config.initializer_range,
+        "layer_norm_eps": config.layer_norm_eps,
+        "position_embedding_type": "absolute",
+        "pad_token_id": 0,
+        "tie_word_embeddings": True,
+        "dtype": str(np.dtype(config.param_dtype)),
+    }
+
+
+def load(path: str | os.PathLike, *, seed: int = 0, **overrides) -> tuple[BertConfig, dict]:
+    """Reads a transformers BERT directory into (BertConfig, params).
+
+    Params are unboxed numpy arrays in BertForPreTraining's tree (stacked when the config
+    has scan_layers=True), in the config's param_dtype. Heads missing from the checkpoint
+    (a BertModel checkpoint has no cls.* tensors) are freshly initialised from `seed` and
+    reported with a logging warning; `load_with_report` also returns the list.
+    `overrides` set non-architecture BertConfig fields (dtype, param_dtype, attention_impl,
+    remat_policy, scan_layers, dropout rates).
+    """
+    config, params, _ = load_with_report(path, seed=seed, **overrides)
+    return config, params
+
+
+def load_with_report(path: str | os.PathLike, *, seed: int = 0,
+                     **overrides) -> tuple[BertConfig, dict, LoadReport]:
+    """Like `load`, also returning a LoadReport of initialised and ignored tensors."""
+    directory = pathlib.Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: not a directory (expected a transformers BERT "
+                                f"directory with {CONFIG_NAME} and {SAFE_WEIGHTS_NAME})")
+    config_path = directory / CONFIG_NAME
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{config_path}: missing; a transformers BERT directory needs it")
+    with open(config_path) as f:
+        config = config_from_hf(json.load(f), **overrides)
+
+    tensors, source = _read_weights(directory)
+    found, ignored = _canonical_tensors(tensors, source)
+    specs = tensor_specs(config)
+    by_name = {spec.hf_name: spec for spec in specs}
+
+    unexpected = sorted(set(found) - set(by_name))
+    if unexpected:
+        raise ValueError(f"{source}: unexpected tensor(s) {_name_list(unexpected)} for a BERT "
+                         f"with {config.num_layers} layers")
+
+    present_groups = {by_name[name].group for name in found}
+    missing_groups = []
+    dtype = np.dtype(config.param_dtype)
+    flat: dict[tuple[str, ...], np.ndarray] = {}
+    for spec in specs:
+        if spec.hf_name not in found:
+            if spec.group == CORE or spec.group in present_groups:
+                raise ValueError(f"{source}: missing tensor {spec.hf_name!r} "
+                                 f"(shape {spec.hf_shape})")
+            if spec.group not in missing_groups:
+                missing_groups.append(spec.group)
+            continue
+        array = found[spec.hf_name]
+        if tuple(array.shape) != spec.hf_shape:
+            raise ValueError(f"{source}: tensor {spec.hf_name!r} has shape {tuple(array.shape)}, "
+                             f"expected {spec.hf_shape} from {config_path}")
+        flat[spec.path] = spec.to_bertjax(array).astype(dtype)
+
+    initialized: list[str] = []
+    if missing_groups:
+        fresh = _fresh_params(config, seed)
+        for spec in specs:
+            if spec.group in missing_groups:
+                flat[spec.path] = np.asarray(_get(fresh, spec.path)).astype(dtype)
+                initialized.append("/".join(spec.path))
+        logger.warning("%s: no tensors for %s; freshly initialised: %s", source,
+                       ", ".join(missing_groups), ", ".join(initialized))
+
+    params = _unflatten(flat)
+    if config.scan_layers:
+        params = model_lib.stack_layers(params, config.num_layers)
+    report = LoadReport(source=source, initialized=tuple(initialized), ignored=tuple(ignored))
+    return config, params, report
+
+
+def save(config: BertConfig, params: Mapping, path: str | os.PathLike) -> None:
+    """Writes config.json and model.safetensors loadable by transformers.BertForPreTraining.
+
+    `params` is BertForPreTraining's tree (boxed or unboxed, stacked per the config's
+    scan_layers, optionally wrapped in {"params": ...}); tensors keep their dtype.
+    """
+    _require_safetensors()
+    params = nn.meta.unbox(params)
+    if set(params) == {"params"}:
+        params = params["params"]
+    if config.scan_layers:
+        params = model_lib.unstack_layers(params, config.num_layers)
+    hf_config = config_to_hf(config)
+    flat = {path: leaf for path, leaf in _flatten(params)}
+    specs = tensor_specs(config)
+    expected = {spec.path for spec in specs}
+    unexpected = sorted("/".join(p) for p in set(flat) - expected)
+    if unexpected:
+        raise ValueError(f"params: unexpected parameter(s) {_name_list(unexpected)} for {config}")
+
+    tensors: dict[str, np.ndarray] = {}
+    dtypes = set()
+    for spec in specs:
+        name = "/".join(spec.path)
+        if spec.path not in flat:
+            raise ValueError(f"params: missing parameter {name!r} (shape {spec.shape})")
+        array = _to_numpy(flat[spec.path])
+        if tuple(array.shape) != spec.shape:
+            raise ValueError(f"params: parameter {name!r} has shape {tuple(array.shape)}, "
+                             f"expected {spec.shape}")
+        tensors[spec.hf_name] = spec.to_hf(array)
+        dtypes.add(array.dtype)
+    if len(dtypes) == 1:
+        hf_config["dtype"] = str(dtypes.pop())
+
+    directory = pathlib.Path(path)
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / CONFIG_NAME, "w") as f:
+        json.dump(hf_config, f, indent=2, sort_keys=True)
+        f.write("\n")
+    # transformers refuses safetensors files whose metadata does not name a known format.
+    safetensors_numpy.save_file(tensors, directory / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
+    for stale in (SAFE_WEIGHTS_INDEX_NAME, TORCH_WEIGHTS_NAME, TORCH_WEIGHTS_INDEX_NAME):
+        if (directory / stale).exists():
+            logger.warning("%s: left in place; %s takes precedence when loading",
+                           directory / stale, SAFE_WEIGHTS_NAME)
+
+
+def _require_safetensors() -> None:
+    if safetensors_numpy is None:
+        raise ImportError("reading and writing transformers weights needs the safetensors "
+                          "package: pip install 'bertjax[hf]'")
+
+
+def _read_weights(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
+    """Reads every tensor of the directory's weights, in the order transformers prefers."""
+    safe = directory / SAFE_WEIGHTS_NAME
+    safe_index = directory / SAFE_WEIGHTS_INDEX_NAME
+    torch_file = directory / TORCH_WEIGHTS_NAME
+    torch_index = directory / TORCH_WEIGHTS_INDEX_NAME
+    if safe.is_file():
+        _require_safetensors()
+        return dict(safetensors_numpy.load_file(safe)), str(safe)
+    if safe_index.is_file():
+        _require_safetensors()
+        tensors = {}
+        for shard in _index_shards(safe_index):
+            tensors.update(safetensors_numpy.load_file(directory / shard))
+        return tensors, str(safe_index)
+    if torch_file.is_file():
+        return _read_torch_file(torch_file), str(torch_file)
+    if torch_index.is_file():
+        tensors = {}
+        for shard in _index_shards(torch_index):
+            tensors.update(_read_torch_file(directory / shard))
+        return tensors, str(torch_index)
+    raise FileNotFoundError(
+        f"{directory}: no weights found; expected one of {SAFE_WEIGHTS_NAME}, "
+        f"{SAFE_WEIGHTS_INDEX_NAME}, {TORCH_WEIGHTS_NAME}, {TORCH_WEIGHTS_INDEX_NAME}")
+
+
+def _index_shards(index_path: pathlib.Path) -> list[str]:
+    with open(index_path) as f:
+        weight_map = json.load(f).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise ValueError(f"{index_path}: no 'weight_map' of tensor name -> shard file")
+    return sorted(set(weight_map.values()))
+
+
+def _read_torch_file(file: pathlib.Path) -> dict[str, np.ndarray]:
+    """Reads a torch state dict; torch is optional, so it is imported only here."""
+    try:
+        torch = importlib.import_module("torch")
+    except ImportError as e:
+        raise ImportError(
+            f"{file}: reading {TORCH_WEIGHTS_NAME} needs torch, which is not installed; "
+            f"install the extra (pip install 'bertjax[hf]') or convert the checkpoint to "
+            f"{SAFE_WEIGHTS_NAME}") from e
+    state = torch.load(file, map_location="cpu", weights_only=True)
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{file}: expected a state dict of tensors, got {type(state).__name__}")
+    tensors = {}
+    for name, tensor in state.items():
+        tensor = tensor.detach().contiguous()
+        if tensor.dtype == torch.bfloat16:
+            # numpy has no native bfloat16: move the bits and view them as ml_dtypes' type.
+            tensors[name] = tensor.view(torch.int16).numpy().view(jnp.bfloat16)
+        else:
+            tensors[name] = tensor.numpy()
+    return tensors
+
+
+def _canonical_name(name: str) -> str:
+    """HF tensor name with the "bert." prefix and weight/bias LayerNorm naming."""
+    if name.endswith("LayerNorm.gamma"):
+        name = name[: -len("gamma")] + "weight"
+    elif name.endswith("LayerNorm.beta"):
+        name = name[: -len("beta")] + "bias"
+    if name.split(".", 1)[0] in ("embeddings", "encoder", "pooler"):
+        name = "bert." + name  # BertModel checkpoints have no prefix
+    return name
+
+
+def _canonical_tensors(tensors: Mapping[str, np.ndarray],
+                       source: str) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Renames tensors to canonical names and drops buffers and tied copies (checked)."""
+    found: dict[str, np.ndarray] = {}
+    original: dict[str, str] = {}
+    for name, array in tensors.items():
+        canonical = _canonical_name(name)
+        if canonical in found:
+            raise ValueError(f"{source}: tensors {original[canonical]!r} and {name!r} are the "
+                             f"same parameter {canonical!r}")
+        found[canonical] = np.asarray(array)
+        original[canonical] = name
+
+    ignored = []
+    for name in sorted(_BUFFER_NAMES & set(found)):
+        del found[name]
+        ignored.append(original[name])
+    if _TIED_DECODER_WEIGHT in found:
+        decoder = found.pop(_TIED_DECODER_WEIGHT)
+        words = found.get(_WORD_EMBEDDINGS)
+        if words is not None and not np.array_equal(decoder, words):
+            raise ValueError(f"{source}: tensor {original[_TIED_DECODER_WEIGHT]!r} differs from "
+                             f"{original[_WORD_EMBEDDINGS]!r}; untied MLM decoder weights are "
+                             "not supported (bertjax ties them to the word embeddings)")
+        ignored.append(original[_TIED_DECODER_WEIGHT])
+    if _TIED_DECODER_BIAS in found:
+        decoder_bias = found.pop(_TIED_DECODER_BIAS)
+        bias = found.setdefault(_PREDICTION_BIAS, decoder_bias)
+        if not np.array_equal(bias, decoder_bias):
+            raise ValueError(f"{source}: tensor {original[_TIED_DECODER_BIAS]!r} differs from "
+                             f"{original[_PREDICTION_BIAS]!r}; they must be the same bias")
+        if _PREDICTION_BIAS not in original:
+            original[_PREDICTION_BIAS] = original[_TIED_DECODER_BIAS]
+        else:
+            ignored.append(original[_TIED_DECODER_BIAS])
+    return found, ignored
+
+
+def _fresh_params(config: BertConfig, seed: int) -> dict:
+    """Freshly initialised, unstacked params; jit drops what the caller never reads."""
+    init_config = dataclasses.replace(config, scan_layers=False, attention_impl="xla",
+                                      remat_policy="none")
+    module = model_lib.BertForPreTraining(init_config)
+    ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
+    variables = jax.jit(module.init)(jax.random.key(seed), ids)
+    return nn.meta.unbox(variables["params"])
+
+
+def _to_numpy(leaf: Any) -> np.ndarray:
+    if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
+        raise ValueError("params hold arrays spread over several processes; gather them first "
+                         "(jax.experimental.multihost_utils.process_allgather) and save from "
+                         "one process")
+    return np.asarray(jax.device_get(leaf))
+
+
+def _flatten(tree: Mapping, prefix: tuple[str, ...] = ()):
+    for key, value in tree.items():
+        if isinstance(value, Mapping):
+            yield from _flatten(value, (*prefix, key))
+        else:
+            yield (*prefix, key), value
+
+
+def _unflatten(flat: Mapping[tuple[str, ...], Any]) -> dict:
+    tree: dict = {}
+    for path, value in flat.items():
+        node = tree
+        for key in path[:-1]:
+            node = node.setdefault(key, {})
+        node[path[-1]] = value
+    return tree
+
+
+def _get(tree: Mapping, path: tuple[str, ...]) -> Any:
+    for key in path:
+        tree = tree[key]
+    return tree
+
+
+def _name_list(names: list[str], limit: int = 8) -> str:
+    shown = ", ".join(repr(n) for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
