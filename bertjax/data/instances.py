@@ -230,7 +230,7 @@ def _document_instances(corpus, doc, settings, draws, rng, spans) -> None:
     i = first
     while i < last:
         # The chunk is sentences i .. end-1: the shortest prefix reaching target tokens.
-        end = bisect.bisect_left(bounds, bounds[i] + target, i + 1 + sop, last)
+        end = bisect.bisect_left(bounds, bounds[i] + target, min(i + 1 + sop, last), last)
         n = end - i
         if sop and n < 2:
             break  # a lone last sentence has no continuation to pair with
