@@ -1,0 +1,296 @@
+"""Scaled dot-product attention on every backend: xla, cuDNN (NVIDIA GPU), splash (TPU).
+
+All implementations take query/key/value as [batch, seq, heads, head_dim] in the compute
+dtype and a key padding mask [batch, seq] (1 = real token, 0 = padding), and return
+[batch, seq, heads, head_dim]. Scores are scaled by 1/sqrt(head_dim); padded keys get zero
+weight; the softmax runs in float32. Rows of padded *queries* carry no meaning but are always
+finite, so nothing NaN can leak into a loss through them.
+
+Choosing an implementation (``resolve_implementation``):
+  "auto"   TPU -> splash when the shapes allow; NVIDIA GPU with bf16/fp16 -> cudnn; else xla.
+  "xla"    jax.nn.dot_product_attention(implementation="xla"); with attention dropout active,
+           an einsum path that drops attention weights explicitly.
+  "cudnn"  the fused cuDNN flash-attention kernel. Padding is passed as key/value sequence
+           lengths (the count of ones in the mask), so the mask must be a prefix of ones, as
+           BERT's input_mask always is.
+  "splash" the Pallas TPU splash-attention kernel, called inside jax.shard_map so batch and
+           heads stay sharded; padding is expressed as segment ids. Off TPU it runs in Pallas
+           interpret mode (correct but slow; meant for tests).
+An explicit "cudnn" or "splash" request is served when the kernel can serve it; otherwise
+the xla path runs and the reason is logged once (python logging, WARNING). The fused
+kernels cannot drop attention weights, so while attention dropout is active (training with
+attention_dropout > 0) every request runs the xla path (logged once at INFO).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental.pallas.ops.tpu import splash_attention as splash
+from jax.sharding import PartitionSpec
+
+from bertjax import sharding
+
+logger = logging.getLogger(__name__)
+
+IMPLEMENTATIONS = ("auto", "xla", "cudnn", "splash")
+
+# Large negative logit for padded keys: finite, so a fully padded row softmaxes to uniform
+# weights instead of NaN, and far enough below any real score to contribute exactly 0.
+_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
+
+_logged: set[str] = set()
+
+
+def _log_once(level: int, message: str) -> None:
+    if message not in _logged:
+        _logged.add(message)
+        logger.log(level, message)
+
+
+def _platform() -> str:
+    """'tpu', 'nvidia' (CUDA GPU), 'gpu' (other GPU) or 'cpu'."""
+    backend = jax.default_backend()
+    if backend == "gpu":
+        version = jax.devices()[0].client.platform_version.lower()
+        return "nvidia" if "cuda" in version else "gpu"
+    return backend
+
+
+def _splash_problem(seq_len: int, batch: int, num_heads: int) -> str | None:
+    """Why splash cannot serve these shapes under the current mesh, or None."""
+    if seq_len % 128:
+        return f"sequence length {seq_len} is not a multiple of 128 (splash block size)"
+    mesh = jax.sharding.get_abstract_mesh()
+    if not mesh.empty:
+        batch_spec, _, heads_spec, _ = _qkv_spec()
+        batch_shards = _axis_size(mesh, batch_spec)
+        head_shards = _axis_size(mesh, heads_spec)
+        if batch % batch_shards or num_heads % head_shards:
+            return (
+                f"batch {batch} / heads {num_heads} do not divide the mesh's "
+                f"{batch_shards} batch shards / {head_shards} head shards"
+            )
+    return None
+
+
+def _cudnn_problem(dtype, head_dim: int) -> str | None:
+    """Why cuDNN flash attention cannot serve this dtype/shape, or None."""
+    if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return f"cuDNN flash attention needs bfloat16 or float16, got {jnp.dtype(dtype).name}"
+    if head_dim % 8 or head_dim > 128:
+        return f"cuDNN flash attention needs head_dim a multiple of 8 and <= 128, got {head_dim}"
+    return None
+
+
+def resolve_implementation(
+    requested: str,
+    *,
+    dtype,
+    batch: int,
+    seq_len: int,
+    num_heads: int,
+    head_dim: int,
+    dropout_active: bool = False,
+) -> str:
+    """The implementation that will actually run ("xla", "cudnn" or "splash")."""
+    if requested not in IMPLEMENTATIONS:
+        raise ValueError(
+            f"attention implementation {requested!r} is not one of {IMPLEMENTATIONS}"
+        )
+    if dropout_active:
+        if requested != "xla":
+            _log_once(
+                logging.INFO,
+                f"attention {requested!r}: attention dropout is active and the fused kernels "
+                "cannot apply it; using the xla path with explicit dropout on the weights",
+            )
+        return "xla"
+    platform = _platform()
+    if requested == "auto":
+        if platform == "tpu" and _splash_problem(seq_len, batch, num_heads) is None:
+            return "splash"
+        if platform == "nvidia" and _cudnn_problem(dtype, head_dim) is None:
+            return "cudnn"
+        return "xla"
+    if requested == "cudnn":
+        problem = (
+            f"cuDNN needs an NVIDIA GPU, the backend is {platform!r}"
+            if platform != "nvidia"
+            else _cudnn_problem(dtype, head_dim)
+        )
+        if problem:
+            _log_once(logging.WARNING, f"attention 'cudnn' falls back to xla: {problem}")
+            return "xla"
+        return "cudnn"
+    if requested == "splash":
+        problem = _splash_problem(seq_len, batch, num_heads)
+        if problem:
+            _log_once(logging.WARNING, f"attention 'splash' falls back to xla: {problem}")
+            return "xla"
+        if platform != "tpu":
+            _log_once(
+                logging.WARNING,
+                f"attention 'splash' on {platform!r} runs in Pallas interpret mode (slow)",
+            )
+        return "splash"
+    return "xla"
+
+
+def reference_attention(query, key, value, attention_mask=None):
+    """Plain einsum attention in float32, the yardstick for every implementation."""
+    scale = 1.0 / math.sqrt(query.shape[-1])
+    logits = jnp.einsum(
+        "bsnd,btnd->bnst", query.astype(jnp.float32), key.astype(jnp.float32)
+    ) * scale  # [batch, heads, q_seq, kv_seq]
+    if attention_mask is not None:
+        keep = attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
+        logits = jnp.where(keep, logits, _MASK_VALUE)
+    weights = jax.nn.softmax(logits, axis=-1)
+    return jnp.einsum("bnst,btnd->bsnd", weights, value.astype(jnp.float32)).astype(query.dtype)
+
+
+def _xla_dropout_attention(query, key, value, attention_mask, dropout_rate, dropout_rng):
+    """Einsum attention that drops attention weights (what the fused kernels cannot do)."""
+    scale = 1.0 / math.sqrt(query.shape[-1])
+    logits = jnp.einsum(
+        "bsnd,btnd->bnst", query, key, preferred_element_type=jnp.float32
+    ) * scale  # [batch, heads, q_seq, kv_seq]
+    if attention_mask is not None:
+        keep = attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
+        logits = jnp.where(keep, logits, _MASK_VALUE)
+    weights = jax.nn.softmax(logits, axis=-1)
+    keep_prob = 1.0 - dropout_rate
+    kept = jax.random.bernoulli(dropout_rng, keep_prob, weights.shape)
+    weights = jnp.where(kept, weights / keep_prob, 0.0).astype(value.dtype)
+    return jnp.einsum("bnst,btnd->bsnd", weights, value)  # [batch, q_seq, heads, head_dim]
+
+
+def _xla_attention(query, key, value, attention_mask):
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
+    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="xla")
+
+
+def _cudnn_attention(query, key, value, attention_mask):
+    lengths = None
+    if attention_mask is not None:
+        # At least one key per row: a fully padded example still gets finite outputs.
+        lengths = jnp.maximum(jnp.sum(attention_mask.astype(jnp.int32), axis=-1), 1)  # [batch]
+    return jax.nn.dot_product_attention(
+        query, key, value, key_value_seq_lengths=lengths, implementation="cudnn"
+    )
+
+
+def _qkv_spec() -> PartitionSpec:
+    return sharding.logical_to_spec(
+        (sharding.BATCH, sharding.LENGTH, sharding.HEADS, sharding.KV)
+    )
+
+
+def _axis_size(mesh, spec_entry) -> int:
+    if spec_entry is None:
+        return 1
+    names = spec_entry if isinstance(spec_entry, tuple) else (spec_entry,)
+    return math.prod(mesh.shape[n] for n in names)
+
+
+def _block_size(seq_len: int) -> int:
+    for block in (512, 256, 128):
+        if seq_len % block == 0:
+            return block
+    raise ValueError(f"splash attention needs a sequence length multiple of 128, got {seq_len}")
+
+
+def _splash_local(query, key, value, segment_ids, *, interpret: bool):
+    """Splash attention on one device's shard: [b, s, n, d] with segment ids [b, s]."""
+    _, seq_len, num_heads, head_dim = query.shape
+    block = _block_size(seq_len)
+    blocks = splash.BlockSizes(
+        block_q=block,
+        block_kv=block,
+        block_kv_compute=block,
+        block_q_dkv=block,
+        block_kv_dkv=block,
+        block_kv_dkv_compute=block,
+        block_q_dq=block,
+        block_kv_dq=block,
+    )
+    mask = splash.MultiHeadMask([splash.FullMask((seq_len, seq_len))] * num_heads)
+    kernel = splash.make_splash_mha(
+        mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret
+    )
+    # The kernel does not scale scores; scale the queries instead.
+    query = query * jnp.asarray(1.0 / math.sqrt(head_dim), query.dtype)
+    q, k, v = (jnp.swapaxes(t, 1, 2) for t in (query, key, value))  # [b, heads, seq, head_dim]
+
+    def one(q1, k1, v1, seg1):
+        return kernel(q1, k1, v1, segment_ids=splash.SegmentIds(q=seg1, kv=seg1))
+
+    out = jax.vmap(one)(q, k, v, segment_ids)  # [b, heads, seq, head_dim]
+    return jnp.swapaxes(out, 1, 2)  # [b, seq, heads, head_dim]
+
+
+def _splash_attention(query, key, value, attention_mask):
+    batch, seq_len = query.shape[:2]
+    if attention_mask is None:
+        segment_ids = jnp.ones((batch, seq_len), jnp.int32)
+    else:
+        # Real tokens are segment 1, padding segment 0: real queries see only real keys, and
+        # padded queries see only padded keys, so no row is empty (no NaN).
+        segment_ids = attention_mask.astype(jnp.int32)  # [batch, seq]
+    local = functools.partial(_splash_local, interpret=_platform() != "tpu")
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return local(query, key, value, segment_ids)
+    qkv = _qkv_spec()
+    seg = PartitionSpec(qkv[0], qkv[1])
+    mapped = jax.shard_map(
+        local, mesh=mesh, in_specs=(qkv, qkv, qkv, seg), out_specs=qkv, check_vma=False
+    )
+    return mapped(query, key, value, segment_ids)
+
+
+def dot_product_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    attention_mask: jax.Array | None = None,
+    *,
+    implementation: str = "auto",
+    dropout_rate: float = 0.0,
+    dropout_rng: jax.Array | None = None,
+    deterministic: bool = True,
+) -> jax.Array:
+    """Multi-head attention [batch, seq, heads, head_dim] with a key padding mask [batch, seq].
+
+    ``dropout_rng`` is required when dropout is active (deterministic=False, rate > 0).
+    """
+    dropout_active = (not deterministic) and dropout_rate > 0.0
+    batch, seq_len, num_heads, head_dim = query.shape
+    impl = resolve_implementation(
+        implementation,
+        dtype=query.dtype,
+        batch=batch,
+        seq_len=seq_len,
+        num_heads=num_heads,
+        head_dim=head_dim,
+        dropout_active=dropout_active,
+    )
+    if dropout_active:
+        if dropout_rng is None:
+            raise ValueError("attention dropout is active but no dropout_rng was given")
+        return _xla_dropout_attention(
+            query, key, value, attention_mask, dropout_rate, dropout_rng
+        )
+    if impl == "cudnn":
+        return _cudnn_attention(query, key, value, attention_mask)
+    if impl == "splash":
+        return _splash_attention(query, key, value, attention_mask)
+    return _xla_attention(query, key, value, attention_mask)

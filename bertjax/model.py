@@ -1,0 +1,561 @@
+"""BERT for pretraining (masked LM + next-sentence prediction) as Flax linen modules.
+
+Einsum letters used throughout:
+  b batch   s sequence (queries)   t sequence (keys)   h hidden size
+  n heads   d head size (h // n)   f FFN intermediate  v vocabulary   p masked-LM predictions
+
+Layout follows google-research/bert: post-LayerNorm residual blocks, a tanh pooler on [CLS],
+an MLM head whose decoder is tied to the word-embedding table, an NSP head on the pooled
+output. Parameters live in ``param_dtype``; matmuls run in ``dtype``; softmax, LayerNorm
+statistics and the logits handed to the losses are float32.
+
+Initialisation: ``jax.nn.initializers.truncated_normal(initializer_range)``, which samples a
+standard normal truncated at +-2 and multiplies by the stddev without rescaling -- the same
+distribution as TensorFlow's ``truncated_normal(stddev=initializer_range)`` used by BERT.
+Biases are zero, LayerNorm scales one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from bertjax import attention as attention_lib
+from bertjax import sharding
+from bertjax.sharding import (
+    ACTIVATION_EMBED,
+    BATCH,
+    CLASSES,
+    EMBED,
+    HEADS,
+    HIDDEN,
+    KV,
+    LAYERS,
+    LENGTH,
+    MLP,
+    POSITION,
+    TOKEN_TYPE,
+    VOCAB,
+)
+
+ACTIVATIONS = ("gelu", "gelu_tanh")
+POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+DTYPES = ("float32", "bfloat16", "float16")
+REMAT_POLICIES = ("none", "full", "dots")
+
+# name -> (hidden_size, num_layers, num_heads, intermediate_size); the intermediate is 4H.
+PRESETS: dict[str, dict] = {
+    name: dict(hidden_size=h, num_layers=l, num_heads=a, intermediate_size=4 * h)
+    for name, (h, l, a) in {
+        "tiny": (128, 2, 2),
+        "mini": (256, 4, 4),
+        "small": (512, 4, 8),
+        "medium": (512, 8, 8),
+        "base": (768, 12, 12),
+        "large": (1024, 24, 16),
+    }.items()
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+    """Architecture and numerics of a BERT model; validated on construction."""
+
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_layers: int = 12
+    num_heads: int = 12
+    intermediate_size: int = 3072
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    layer_norm_eps: float = 1e-12
+    initializer_range: float = 0.02
+    hidden_act: str = "gelu"                  # "gelu" (exact erf) | "gelu_tanh"
+    position_embedding_type: str = "learned"  # "learned" | "sinusoidal"
+    dtype: str = "float32"                    # compute dtype name, e.g. "bfloat16"
+    param_dtype: str = "float32"
+    attention_impl: str = "auto"              # "auto" | "xla" | "cudnn" | "splash"
+    remat_policy: str = "none"                # "none" | "full" | "dots" (save matmul outputs)
+    scan_layers: bool = False
+
+    def __post_init__(self):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+            "type_vocab_size",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"BertConfig.{name}={value!r} is invalid: must be a positive int")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"BertConfig.hidden_size={self.hidden_size} is invalid: must be divisible by "
+                f"num_heads={self.num_heads}"
+            )
+        for name in ("hidden_dropout", "attention_dropout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+                raise ValueError(f"BertConfig.{name}={value!r} is invalid: must be in [0, 1)")
+        for name in ("layer_norm_eps", "initializer_range"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"BertConfig.{name}={value!r} is invalid: must be a positive float")
+        for name, valid in (
+            ("hidden_act", ACTIVATIONS),
+            ("position_embedding_type", POSITION_EMBEDDING_TYPES),
+            ("dtype", DTYPES),
+            ("param_dtype", DTYPES),
+            ("attention_impl", attention_lib.IMPLEMENTATIONS),
+            ("remat_policy", REMAT_POLICIES),
+        ):
+            value = getattr(self, name)
+            if value not in valid:
+                raise ValueError(f"BertConfig.{name}={value!r} is invalid: must be one of {valid}")
+        if not isinstance(self.scan_layers, bool):
+            raise ValueError(
+                f"BertConfig.scan_layers={self.scan_layers!r} is invalid: must be True or False"
+            )
+        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
+            raise ValueError(
+                f"BertConfig.hidden_size={self.hidden_size} is invalid with sinusoidal position "
+                "embeddings: must be even"
+            )
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> "BertConfig":
+        """A named size (tiny/mini/small/medium/base/large) with optional field overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown BERT preset {name!r}: valid presets are {tuple(PRESETS)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable field values."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "BertConfig":
+        """Inverse of ``to_dict``; unknown keys are an error."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown BertConfig fields {unknown}: valid fields are {sorted(known)}")
+        return cls(**d)
+
+
+class BertOutput(NamedTuple):
+    """Outputs of BertForPreTraining; logits are float32."""
+
+    sequence_output: jax.Array  # [batch, seq, hidden]
+    pooled_output: jax.Array    # [batch, hidden]
+    mlm_logits: jax.Array       # [batch, predictions, vocab], or [batch, seq, vocab]
+    nsp_logits: jax.Array       # [batch, 2]
+
+
+def _init(config: BertConfig):
+    return nn.initializers.truncated_normal(config.initializer_range)
+
+
+def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], names, config):
+    """A parameter annotated with logical axis names, stored in param_dtype."""
+    return module.param(
+        name, nn.with_logical_partitioning(init, names), shape, jnp.dtype(config.param_dtype)
+    )
+
+
+def _dense(config: BertConfig, features: int, names, name: str, dtype=None) -> nn.Dense:
+    return nn.Dense(
+        features,
+        dtype=jnp.dtype(dtype or config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        kernel_init=nn.with_logical_partitioning(_init(config), names),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (names[-1],)),
+        name=name,
+    )
+
+
+def _layer_norm(config: BertConfig, name: str = "layer_norm") -> nn.LayerNorm:
+    # flax computes the mean and variance in float32 even for bfloat16 inputs.
+    return nn.LayerNorm(
+        epsilon=config.layer_norm_eps,
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (HIDDEN,)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (HIDDEN,)),
+        name=name,
+    )
+
+
+def _activation(config: BertConfig, x: jax.Array) -> jax.Array:
+    return nn.gelu(x, approximate=config.hidden_act == "gelu_tanh")
+
+
+def sinusoidal_table(length: int, width: int) -> np.ndarray:
+    """The Transformer's fixed position table: sin on even columns, cos on odd ones."""
+    positions = np.arange(length, dtype=np.float64)[:, None]  # [length, 1]
+    rates = 1.0 / np.power(10000.0, np.arange(0, width, 2, dtype=np.float64) / width)
+    angles = positions * rates[None, :]  # [length, width / 2]
+    table = np.zeros((length, width), np.float32)
+    table[:, 0::2] = np.sin(angles)
+    table[:, 1::2] = np.cos(angles)
+    return table
+
+
+class Embeddings(nn.Module):
+    """Word + segment + position embeddings, summed, LayerNorm, dropout."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        table = lambda rows, row_name, name: nn.Embed(  # noqa: E731
+            rows,
+            cfg.hidden_size,
+            dtype=jnp.dtype(cfg.dtype),
+            param_dtype=jnp.dtype(cfg.param_dtype),
+            embedding_init=nn.with_logical_partitioning(_init(cfg), (row_name, EMBED)),
+            name=name,
+        )
+        self.word_embeddings = table(cfg.vocab_size, VOCAB, "word_embeddings")
+        if cfg.position_embedding_type == "learned":
+            self.position_embeddings = table(
+                cfg.max_position_embeddings, POSITION, "position_embeddings"
+            )
+        self.token_type_embeddings = table(cfg.type_vocab_size, TOKEN_TYPE, "token_type_embeddings")
+        self.layer_norm = _layer_norm(cfg)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def __call__(self, input_ids, token_type_ids, deterministic: bool):
+        cfg = self.config
+        seq_len = input_ids.shape[1]
+        if cfg.position_embedding_type == "learned":
+            positions = self.position_embeddings(jnp.arange(seq_len))  # [seq, hidden]
+        else:
+            positions = jnp.asarray(
+                sinusoidal_table(seq_len, cfg.hidden_size), jnp.dtype(cfg.dtype)
+            )  # [seq, hidden]
+        x = (
+            self.word_embeddings(input_ids)
+            + self.token_type_embeddings(token_type_ids)
+            + positions[None]
+        )  # [batch, seq, hidden]
+        x = self.layer_norm(x)
+        x = self.dropout(x, deterministic=deterministic)
+        return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
+
+    def word_table(self) -> jax.Array:
+        """The word-embedding matrix [vocab, hidden] (the MLM decoder is tied to it)."""
+        return self.word_embeddings.embedding
+
+
+class HeadsProjection(nn.Module):
+    """hidden -> [heads, head_dim] projection with bias (query, key or value)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        n, d = cfg.num_heads, cfg.head_dim
+        kernel = _param(self, "kernel", _init(cfg), (cfg.hidden_size, n, d), (EMBED, HEADS, KV), cfg)
+        bias = _param(self, "bias", nn.initializers.zeros_init(), (n, d), (HEADS, KV), cfg)
+        dtype = jnp.dtype(cfg.dtype)
+        y = jnp.einsum("bsh,hnd->bsnd", x.astype(dtype), kernel.astype(dtype))  # [b, s, n, d]
+        return y + bias.astype(dtype)
+
+
+class OutputProjection(nn.Module):
+    """[heads, head_dim] -> hidden projection with bias (attention output)."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        n, d = cfg.num_heads, cfg.head_dim
+        kernel = _param(self, "kernel", _init(cfg), (n, d, cfg.hidden_size), (HEADS, KV, EMBED), cfg)
+        bias = _param(self, "bias", nn.initializers.zeros_init(), (cfg.hidden_size,), (HIDDEN,), cfg)
+        dtype = jnp.dtype(cfg.dtype)
+        y = jnp.einsum("bsnd,ndh->bsh", x.astype(dtype), kernel.astype(dtype))  # [b, s, h]
+        return y + bias.astype(dtype)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention, dropout, residual, post-LayerNorm."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, attention_mask, deterministic: bool):
+        cfg = self.config
+        qkv_names = (BATCH, LENGTH, HEADS, KV)
+        q = sharding.constrain(HeadsProjection(cfg, name="query")(x), qkv_names)  # [b, s, n, d]
+        k = sharding.constrain(HeadsProjection(cfg, name="key")(x), qkv_names)  # [b, t, n, d]
+        v = sharding.constrain(HeadsProjection(cfg, name="value")(x), qkv_names)  # [b, t, n, d]
+        dropout_active = not deterministic and cfg.attention_dropout > 0
+        context = attention_lib.dot_product_attention(
+            q,
+            k,
+            v,
+            attention_mask,
+            implementation=cfg.attention_impl,
+            dropout_rate=cfg.attention_dropout,
+            dropout_rng=self.make_rng("dropout") if dropout_active else None,
+            deterministic=deterministic,
+        )  # [b, s, n, d]
+        context = sharding.constrain(context, qkv_names)
+        y = OutputProjection(cfg, name="output")(context)  # [b, s, h]
+        y = nn.Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
+        return _layer_norm(cfg)(y + x)
+
+
+class FeedForward(nn.Module):
+    """hidden -> intermediate, GELU, -> hidden, dropout, residual, post-LayerNorm."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        cfg = self.config
+        y = _dense(cfg, cfg.intermediate_size, (EMBED, MLP), "intermediate")(x)  # [b, s, f]
+        y = sharding.constrain(_activation(cfg, y), (BATCH, LENGTH, MLP))
+        y = _dense(cfg, cfg.hidden_size, (MLP, HIDDEN), "output")(y)  # [b, s, h]
+        y = nn.Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
+        return _layer_norm(cfg)(y + x)
+
+
+class TransformerLayer(nn.Module):
+    """One encoder layer. ``scanned`` makes it return ``(x, None)`` for nn.scan."""
+
+    config: BertConfig
+    scanned: bool = False
+
+    @nn.compact
+    def __call__(self, x, attention_mask, deterministic: bool):
+        x = SelfAttention(self.config, name="attention")(x, attention_mask, deterministic)
+        x = FeedForward(self.config, name="mlp")(x, deterministic)
+        x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
+        return (x, None) if self.scanned else x
+
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing: recompute the whole layer in the backward pass
+    "dots": jax.checkpoint_policies.dots_saveable,
+}
+
+
+class Encoder(nn.Module):
+    """The stack of layers: plain (layer_0..), rematerialised, and/or nn.scan'd ("layers")."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, attention_mask, deterministic: bool):
+        cfg = self.config
+        layer_cls = TransformerLayer
+        if cfg.remat_policy != "none":
+            # argnum 3 (counting self) is `deterministic`: a Python bool, must stay static.
+            layer_cls = nn.remat(
+                layer_cls, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=(3,)
+            )
+        if cfg.scan_layers:
+            stack = nn.scan(
+                layer_cls,
+                variable_axes={"params": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast, nn.broadcast),
+                length=cfg.num_layers,
+                metadata_params={nn.PARTITION_NAME: LAYERS},
+            )(cfg, scanned=True, name="layers")
+            x, _ = stack(x, attention_mask, deterministic)
+            return x
+        for i in range(cfg.num_layers):
+            x = layer_cls(cfg, name=f"layer_{i}")(x, attention_mask, deterministic)
+        return x
+
+
+def _default_inputs(input_ids, token_type_ids, attention_mask):
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
+    if token_type_ids is None:
+        token_type_ids = jnp.zeros_like(input_ids)
+    if attention_mask is None:
+        attention_mask = jnp.ones_like(input_ids)
+    return token_type_ids, attention_mask
+
+
+class BertModel(nn.Module):
+    """Embeddings, encoder and pooler; returns (sequence_output [B,S,H], pooled_output [B,H])."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embeddings = Embeddings(cfg)
+        self.encoder = Encoder(cfg)
+        self.pooler = _dense(cfg, cfg.hidden_size, (EMBED, HIDDEN), "pooler")
+
+    def __call__(self, input_ids, token_type_ids=None, attention_mask=None, *, deterministic=True):
+        cfg = self.config
+        seq_len = input_ids.shape[-1]
+        if cfg.position_embedding_type == "learned" and seq_len > cfg.max_position_embeddings:
+            raise ValueError(
+                f"sequence length {seq_len} exceeds max_position_embeddings="
+                f"{cfg.max_position_embeddings}"
+            )
+        token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
+        x = self.embeddings(input_ids, token_type_ids, deterministic)  # [b, s, h]
+        x = self.encoder(x, attention_mask, deterministic)  # [b, s, h]
+        pooled = jnp.tanh(self.pooler(x[:, 0]))  # [b, h]
+        return x, sharding.constrain(pooled, (BATCH, ACTIVATION_EMBED))
+
+    def word_table(self) -> jax.Array:
+        """The word-embedding matrix [vocab, hidden]."""
+        return self.embeddings.word_table()
+
+
+class MlmHead(nn.Module):
+    """Dense + GELU + LayerNorm, then logits against the tied word embeddings + bias."""
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(self, x, word_table):
+        cfg = self.config
+        x = _dense(cfg, cfg.hidden_size, (EMBED, HIDDEN), "transform")(x)  # [b, p, h]
+        x = _layer_norm(cfg)(_activation(cfg, x))
+        bias = _param(
+            self, "output_bias", nn.initializers.zeros_init(), (cfg.vocab_size,), (VOCAB,), cfg
+        )
+        dtype = jnp.dtype(cfg.dtype)
+        logits = jnp.einsum(
+            "bph,vh->bpv",
+            x.astype(dtype),
+            word_table.astype(dtype),
+            preferred_element_type=jnp.float32,
+        )  # [b, p, v]
+        logits = logits + bias.astype(jnp.float32)
+        return sharding.constrain(logits, (BATCH, LENGTH, VOCAB))
+
+
+class BertForPreTraining(nn.Module):
+    """BERT with the masked-LM and next-sentence-prediction heads."""
+
+    config: BertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.bert = BertModel(cfg)
+        self.mlm_head = MlmHead(cfg)
+        # float32 compute: the NSP logits feed the loss directly.
+        self.nsp_head = _dense(cfg, 2, (EMBED, CLASSES), "nsp_head", dtype="float32")
+
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        masked_lm_positions=None,
+        *,
+        deterministic=True,
+    ) -> BertOutput:
+        sequence_output, pooled = self.bert(
+            input_ids, token_type_ids, attention_mask, deterministic=deterministic
+        )
+        if masked_lm_positions is None:
+            gathered = sequence_output  # [b, s, h]
+        else:
+            # Run the head only at the predicted positions: skips most of the vocab matmul.
+            gathered = jnp.take_along_axis(
+                sequence_output, masked_lm_positions[..., None].astype(jnp.int32), axis=1
+            )  # [b, p, h]
+        mlm_logits = self.mlm_head(gathered, self.bert.word_table())  # [b, p, v]
+        nsp_logits = self.nsp_head(pooled)  # [b, 2]
+        return BertOutput(sequence_output, pooled, mlm_logits, nsp_logits)
+
+
+# ---------------------------------------------------------------------------------------------
+# Converting params between the plain layout (layer_0..layer_{L-1}) and the scanned one.
+
+
+def _is_box(x: Any) -> bool:
+    return isinstance(x, nn.Partitioned)
+
+
+def _stack_leaves(*leaves):
+    if _is_box(leaves[0]):
+        values = jnp.stack([leaf.value for leaf in leaves])  # [layers, ...]
+        names = (LAYERS, *leaves[0].names)
+        return leaves[0].replace(value=values, names=names)
+    return jnp.stack(leaves)  # [layers, ...]
+
+
+def _unstack_leaf(leaf, i: int):
+    if _is_box(leaf):
+        if leaf.names[0] != LAYERS:
+            raise ValueError(f"expected a leading {LAYERS!r} axis, got names {leaf.names}")
+        return leaf.replace(value=leaf.value[i], names=tuple(leaf.names[1:]))
+    return leaf[i]
+
+
+def _map_encoders(tree: Any, fn) -> Any:
+    """Rebuilds ``tree`` as dicts, applying ``fn`` to every subtree stored under "encoder"."""
+    if hasattr(tree, "items") and not _is_box(tree):
+        return {
+            k: fn(v) if k == "encoder" else _map_encoders(v, fn) for k, v in tree.items()
+        }
+    return tree
+
+
+def stack_layers(params: Any, num_layers: int) -> Any:
+    """Plain-stack params (encoder/layer_i) -> scan layout (encoder/layers with a leading [L])."""
+
+    def stack(encoder):
+        missing = [f"layer_{i}" for i in range(num_layers) if f"layer_{i}" not in encoder]
+        if missing or len(encoder) != num_layers:
+            raise ValueError(
+                f"encoder holds {sorted(encoder)}; expected exactly layer_0..layer_{num_layers - 1}"
+            )
+        layers = [encoder[f"layer_{i}"] for i in range(num_layers)]
+        return {"layers": jax.tree.map(_stack_leaves, *layers, is_leaf=_is_box)}
+
+    return _map_encoders(params, stack)
+
+
+def unstack_layers(params: Any, num_layers: int) -> Any:
+    """Scan-layout params (encoder/layers) -> plain stack (encoder/layer_0..layer_{L-1})."""
+
+    def unstack(encoder):
+        if set(encoder) != {"layers"}:
+            raise ValueError(f"encoder holds {sorted(encoder)}; expected only 'layers'")
+        layers = encoder["layers"]
+        for leaf in jax.tree.leaves(layers, is_leaf=_is_box):
+            length = (leaf.value if _is_box(leaf) else leaf).shape[0]
+            if length != num_layers:
+                raise ValueError(f"stacked layers have length {length}, expected {num_layers}")
+        return {
+            f"layer_{i}": jax.tree.map(lambda x: _unstack_leaf(x, i), layers, is_leaf=_is_box)
+            for i in range(num_layers)
+        }
+
+    return _map_encoders(params, unstack)
+
+
+def count_params(params: Any) -> int:
+    """Number of scalars in a (boxed or unboxed, concrete or abstract) params tree."""
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(params)))
