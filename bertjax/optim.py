@@ -1,0 +1,216 @@
+"""Optimizers (AdamW, LAMB), learning-rate schedules and the weight-decay mask.
+
+Gradient accumulation is not an optimizer concern here: the trainer sums the gradients
+of micro-batches whose losses are already divided by the whole batch's denominators
+(see bertjax.losses), then applies one optimizer update.
+
+AdamW note: google-research/bert's AdamWeightDecayOptimizer has no bias correction of
+the Adam moments. We keep optax's bias-corrected Adam, as NVIDIA's and Hugging Face's
+BERT trainers do; it differs only in the first few thousand steps, which warmup covers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+OPTIMIZERS = ("adamw", "lamb")
+SCHEDULES = ("linear", "polynomial", "cosine", "google", "constant")
+
+# Key of the scanned (stacked) encoder layers: leaves below it carry a leading [layers]
+# axis, and LAMB's trust ratio is computed per layer along it.
+_STACKED_LAYERS_KEY = "layers"
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSettings:
+    """Optimizer, schedule and clipping settings (validated on construction)."""
+
+    name: str = "adamw"  # "adamw" | "lamb"
+    learning_rate: float = 1e-4  # peak, reached at the end of warmup
+    warmup_steps: int = 10_000
+    total_steps: int = 1_000_000
+    schedule: str = "linear"  # "linear" | "polynomial" | "cosine" | "google" | "constant"
+    end_learning_rate: float = 0.0
+    polynomial_power: float = 0.5
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.999
+    eps: float = 1e-6
+    max_grad_norm: float | None = 1.0  # None or 0 disables clipping
+
+    def __post_init__(self):
+        def fail(field: str, valid: str):
+            raise ValueError(
+                f"OptimizerSettings.{field}={getattr(self, field)!r} is invalid; {valid}"
+            )
+
+        if self.name not in OPTIMIZERS:
+            fail("name", f"valid values are {OPTIMIZERS}")
+        if self.schedule not in SCHEDULES:
+            fail("schedule", f"valid values are {SCHEDULES}")
+        if not (math.isfinite(self.learning_rate) and self.learning_rate > 0):
+            fail("learning_rate", "must be a finite number > 0")
+        if not _is_int(self.total_steps) or self.total_steps < 1:
+            fail("total_steps", "must be an integer >= 1")
+        if not _is_int(self.warmup_steps) or not 0 <= self.warmup_steps <= self.total_steps:
+            fail("warmup_steps", f"must be an integer in [0, total_steps={self.total_steps}]")
+        if not 0 <= self.end_learning_rate <= self.learning_rate:
+            fail("end_learning_rate", f"must be in [0, learning_rate={self.learning_rate}]")
+        if not (math.isfinite(self.polynomial_power) and self.polynomial_power > 0):
+            fail("polynomial_power", "must be a finite number > 0")
+        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
+            fail("weight_decay", "must be a finite number >= 0")
+        for field in ("b1", "b2"):
+            if not 0 <= getattr(self, field) < 1:
+                fail(field, "must be in [0, 1)")
+        if not (math.isfinite(self.eps) and self.eps >= 0):
+            fail("eps", "must be a finite number >= 0")
+        if self.max_grad_norm is not None and not (
+            math.isfinite(self.max_grad_norm) and self.max_grad_norm >= 0
+        ):
+            fail("max_grad_norm", "must be None, 0 (no clipping) or a finite number > 0")
+
+
+def make_schedule(s: OptimizerSettings) -> optax.Schedule:
+    """Learning rate as a function of the step (the number of updates applied so far).
+
+    All schedules warm up linearly, lr * step / warmup_steps for step < warmup_steps, then:
+      linear:     end + (lr - end) * (1 - f)             f = (step - W) / (T - W), clipped to [0, 1]
+      polynomial: end + (lr - end) * (1 - f) ** power    (NVIDIA's BERT uses power 0.5)
+      cosine:     end + (lr - end) * (1 + cos(pi f)) / 2
+      constant:   lr
+      google:     end + (lr - end) * (1 - min(step, T) / T)   -- google-research/bert:
+                  the linear decay is counted from step 0, so right after warmup the rate is
+                  lr * (1 - W / T) rather than lr.
+    Past total_steps every decaying schedule stays at end_learning_rate.
+    """
+    lr = float(s.learning_rate)
+    end = float(s.end_learning_rate)
+    warmup = int(s.warmup_steps)
+    total = int(s.total_steps)
+    decay_steps = total - warmup
+    kind = s.schedule
+    power = float(s.polynomial_power)
+
+    def schedule(step):
+        step = jnp.asarray(step, jnp.float32)
+        # google: warmup_percent_done = global_step / num_warmup_steps.
+        warmup_lr = lr * step / max(warmup, 1)
+        if kind == "google":
+            decayed = end + (lr - end) * (1.0 - jnp.minimum(step, total) / total)
+        elif kind == "constant":
+            decayed = jnp.full_like(step, lr)
+        else:
+            if decay_steps > 0:
+                frac = jnp.clip((step - warmup) / decay_steps, 0.0, 1.0)
+            else:
+                frac = jnp.ones_like(step)  # no room to decay: straight to the end rate
+            if kind == "linear":
+                decayed = end + (lr - end) * (1.0 - frac)
+            elif kind == "polynomial":
+                decayed = end + (lr - end) * (1.0 - frac) ** power
+            else:  # cosine
+                decayed = end + (lr - end) * 0.5 * (1.0 + jnp.cos(jnp.pi * frac))
+        return jnp.where(step < warmup, warmup_lr, decayed)
+
+    return schedule
+
+
+def _key_name(entry) -> str | None:
+    """The name of one path entry: a dict key or an attribute; None for sequence indices."""
+    if isinstance(entry, jax.tree_util.DictKey):
+        return str(entry.key)
+    if isinstance(entry, jax.tree_util.GetAttrKey):
+        return entry.name
+    return None
+
+
+def _param_names(path) -> list[str]:
+    """Names along a parameter path, without the `.value` of flax metadata boxes."""
+    if path and isinstance(path[-1], jax.tree_util.GetAttrKey) and path[-1].name == "value":
+        path = path[:-1]
+    return [n for n in map(_key_name, path) if n is not None]
+
+
+def _decays(path) -> bool:
+    names = _param_names(path)
+    if any("layer_norm" in n.lower() or "layernorm" in n.lower() for n in names):
+        return False
+    # google-research/bert excludes any variable whose name contains "bias", which
+    # covers both dense biases and the MLM head's output_bias.
+    return not (names and "bias" in names[-1].lower())
+
+
+def weight_decay_mask(params: Any) -> Any:
+    """Tree of bools: True where weight decay (and LAMB's trust ratio) applies.
+
+    False for biases and LayerNorm parameters, True for kernels and embeddings, as in
+    google-research/bert (which decays embeddings too). Works on plain parameter trees and
+    on trees of flax metadata boxes (nn.Partitioned), keeping the boxes.
+    """
+    return jax.tree_util.tree_map_with_path(lambda path, _: _decays(path), params)
+
+
+def _is_stacked(path) -> bool:
+    return _STACKED_LAYERS_KEY in _param_names(path)
+
+
+def scale_by_layerwise_trust_ratio() -> optax.GradientTransformation:
+    """LAMB's trust ratio ||w|| / ||u||, per parameter tensor and per layer of stacked layers.
+
+    The ratio is 1 where either norm is 0 (fresh zero-initialised tensors keep moving).
+    Leaves under the scanned encoder's "layers" key hold all layers along axis 0, so their
+    norms are taken per layer; this makes LAMB identical for scanned and unrolled layers.
+    """
+
+    def update_fn(updates, state, params=None):
+        if params is None:
+            raise ValueError("scale_by_layerwise_trust_ratio needs params in update()")
+
+        def scale(path, update, param):
+            axes = tuple(range(1, param.ndim)) if _is_stacked(path) and param.ndim > 0 else None
+            p32 = param.astype(jnp.float32)
+            u32 = update.astype(jnp.float32)
+            param_norm = jnp.sqrt(jnp.sum(p32 * p32, axis=axes, keepdims=axes is not None))
+            update_norm = jnp.sqrt(jnp.sum(u32 * u32, axis=axes, keepdims=axes is not None))
+            zero = (param_norm == 0.0) | (update_norm == 0.0)
+            ratio = jnp.where(zero, 1.0, param_norm / jnp.where(zero, 1.0, update_norm))
+            return (u32 * ratio).astype(update.dtype)
+
+        return jax.tree_util.tree_map_with_path(scale, updates, params), state
+
+    return optax.GradientTransformation(lambda params: optax.EmptyState(), update_fn)
+
+
+def make_optimizer(s: OptimizerSettings) -> optax.GradientTransformation:
+    """Global-norm clipping, then AdamW or LAMB with the weight-decay mask and schedule."""
+    schedule = make_schedule(s)
+    if s.name == "adamw":
+        core = optax.adamw(
+            schedule, b1=s.b1, b2=s.b2, eps=s.eps,
+            weight_decay=s.weight_decay, mask=weight_decay_mask,
+        )
+    else:
+        # You et al.'s LAMB as in NVIDIA's BERT: Adam moments, decoupled weight decay, then
+        # the layer-wise trust ratio; parameters excluded from weight decay are also
+        # excluded from layer adaptation (their trust ratio is 1).
+        core = optax.chain(
+            optax.scale_by_adam(b1=s.b1, b2=s.b2, eps=s.eps),
+            optax.add_decayed_weights(s.weight_decay, mask=weight_decay_mask),
+            optax.masked(scale_by_layerwise_trust_ratio(), weight_decay_mask),
+            optax.scale_by_learning_rate(schedule),
+        )
+    if s.max_grad_norm:
+        return optax.chain(optax.clip_by_global_norm(s.max_grad_norm), core)
+    return core
