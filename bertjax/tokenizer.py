@@ -23,6 +23,10 @@ PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = (PAD, UNK, CLS, SEP, MASK)
 
 MODEL_TYPES = ("unigram", "bpe")
+# Sentencepiece's built-in normalizations. "nmt_nfkc" is NFKC plus whitespace clean-up; NFKC
+# folds compatibility forms (full-width "，" becomes ","), so text round-trips up to NFKC.
+# "identity" keeps text byte for byte.
+NORMALIZATIONS = ("nmt_nfkc", "nfkc", "identity")
 # The word-boundary marker sentencepiece puts in front of pieces that follow a space.
 WORD_BOUNDARY = "\u2581"
 # Sentencepiece skips training sentences longer than this many bytes; documents split lines
@@ -37,6 +41,7 @@ class TokenizerSettings:
     vocab_size: int = 8000
     model_type: str = "unigram"  # "unigram" | "bpe"
     lowercase: bool = False
+    normalization: str = "nmt_nfkc"  # one of NORMALIZATIONS
     # Training reads at most this many sentences, a uniform reservoir sample of the input.
     sample_sentences: int = 1_000_000
     character_coverage: float = 0.9995
@@ -49,6 +54,16 @@ class TokenizerSettings:
             raise ValueError(
                 f"TokenizerSettings.model_type={self.model_type!r} is not valid; "
                 f"choose one of {MODEL_TYPES}"
+            )
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(
+                f"TokenizerSettings.normalization={self.normalization!r} is not valid; "
+                f"choose one of {NORMALIZATIONS}"
+            )
+        if self.lowercase and self.normalization == "identity":
+            raise ValueError(
+                "TokenizerSettings.lowercase=True needs normalization 'nmt_nfkc' or 'nfkc' "
+                "(sentencepiece lower-cases as part of NFKC case folding), not 'identity'"
             )
         # 5 specials + 256 byte pieces must fit with room for real pieces.
         if self.vocab_size < 300:
@@ -69,8 +84,8 @@ class TokenizerSettings:
 
     @property
     def normalization_rule(self) -> str:
-        """Sentencepiece normalization: NFKC, plus case folding when lower-casing."""
-        return "nmt_nfkc_cf" if self.lowercase else "nmt_nfkc"
+        """Sentencepiece's normalization rule name, with case folding when lower-casing."""
+        return f"{self.normalization}_cf" if self.lowercase else self.normalization
 
 
 def reservoir_sample(items: Iterable[str], k: int, rng: np.random.Generator) -> list[str]:
@@ -144,8 +159,8 @@ def train_tokenizer(
         )
     except RuntimeError as err:
         raise ValueError(
-            f"sentencepiece training failed with vocab_size={settings.vocab_size} on "
-            f"{len(sample)} sentences: {str(err).rstrip('.')}. A small corpus needs a smaller vocab_size."
+            f"sentencepiece training failed with vocab_size={settings.vocab_size}, "
+            f"model_type={settings.model_type!r} on {len(sample)} sentences: {err}"
         ) from err
     tokenizer = Tokenizer(writer.getvalue(), source=f"trained model for {output_path}")
     tokenizer.save(output_path)
