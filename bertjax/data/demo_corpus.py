@@ -23,7 +23,7 @@ import pydoc_data.topics
 from bertjax.data.sentences import split_sentences
 
 # Bump when the extraction below changes, so that old caches are not reused.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 # Standard-library directories that hold tests, GUI demos or vendored wheels, not prose.
 _SKIP_DIRS = frozenset(
     """
@@ -33,6 +33,8 @@ _SKIP_DIRS = frozenset(
 )
 _RULE_LINE = re.compile(r"^\s*([=\-~*^\"#+`'.:_])\1{2,}\s*$")  # reST underlines: "=====", "****"
 _HAS_LETTER = re.compile(r"[^\W\d_]")
+# Longer "sentences" in the docs are tables and option lists run together, not prose.
+_MAX_SENTENCE_CHARS = 1000
 
 
 def _prose_sentences(text: str) -> list[str]:
@@ -46,7 +48,7 @@ def _prose_sentences(text: str) -> list[str]:
         if lines[0][:1].isspace() or any(line.lstrip().startswith(">>>") for line in lines):
             continue
         for sentence in split_sentences("\n".join(lines)):
-            if len(sentence) > 1 and _HAS_LETTER.search(sentence):
+            if 1 < len(sentence) <= _MAX_SENTENCE_CHARS and _HAS_LETTER.search(sentence):
                 sentences.append(sentence)
     return sentences
 
@@ -63,13 +65,16 @@ def _docstrings(tree: ast.AST) -> Iterator[str]:
 
 def _stdlib_sources() -> list[pathlib.Path]:
     """The standard library's .py files, sorted, without tests and demos."""
-    root = pathlib.Path(sysconfig.get_paths()["stdlib"])
+    root = sysconfig.get_paths()["stdlib"]
     sources = []
-    for path in root.rglob("*.py"):
-        parts = path.relative_to(root).parts
-        if any(part in _SKIP_DIRS or part.startswith(("test_", "config-")) for part in parts):
-            continue
-        sources.append(path)
+    for directory, subdirs, files in os.walk(root):
+        # Prune in place so that site-packages and test trees are never walked.
+        subdirs[:] = [d for d in subdirs if d not in _SKIP_DIRS and not d.startswith("config-")]
+        sources.extend(
+            pathlib.Path(directory, f)
+            for f in files
+            if f.endswith(".py") and not f.startswith("test_")
+        )
     return sorted(sources, key=lambda p: p.relative_to(root).as_posix())
 
 

@@ -1,9 +1,9 @@
 """A small, fast rule-based sentence splitter for English-like and CJK text.
 
 Rules: a sentence ends at . ! ? (followed by whitespace) or at the CJK 。！？ (no whitespace
-needed), including any closing quotes or brackets right after the terminator. A single "." does
-not end a sentence after a common abbreviation ("Mr.", "e.g."), a single-letter initial
-("J. Smith"), or when the next word starts with a lower-case letter. Blank lines always end a
+needed), including any closing quotes or brackets right after the terminator. . ! ? do not end
+a sentence when the next word starts with a lower-case letter, and a single "." does not end
+one after a common abbreviation ("Mr.", "e.g.") or a single-letter initial ("J. Smith"). Blank lines always end a
 sentence; a single line break inside a paragraph is ordinary whitespace.
 """
 
@@ -48,11 +48,11 @@ def _split_paragraph(text: str) -> list[str]:
     for match in _BOUNDARY.finditer(text):
         end = match.end()
         terminator = match.group(0).rstrip(_CLOSERS)
-        if terminator == ".":
-            if _ends_with_abbreviation(text, match.start()):
+        if terminator[-1] in ".!?\u2026":
+            if terminator == "." and _ends_with_abbreviation(text, match.start()):
                 continue
-            following = text[end : end + 8].lstrip()
-            if following[:1].islower():
+            # English sentences do not start in lower case: "approx. five", "(really?) no".
+            if text[end : end + 8].lstrip()[:1].islower():
                 continue
         sentence = " ".join(text[start:end].split())
         if sentence:
