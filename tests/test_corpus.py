@@ -19,27 +19,43 @@ def read(paths, **kwargs):
 # ----------------------------------------------------------------------------- sentences
 
 
-@pytest.mark.parametrize(
-    "text, expected",
-    [
-        ("Hello world. This is a test! Is it? Yes.", ["Hello world.", "This is a test!", "Is it?", "Yes."]),
-        ("Mr. Smith met Dr. Jones. They talked.", ["Mr. Smith met Dr. Jones.", "They talked."]),
-        ("Use a tool, e.g. a hammer. Or i.e. not.", ["Use a tool, e.g. a hammer.", "Or i.e. not."]),
-        ("J. R. R. Tolkien wrote it. The U.S. Army agreed.", ["J. R. R. Tolkien wrote it.", "The U.S. Army agreed."]),
-        ('He said "Stop!" Then he left.', ['He said "Stop!"', "Then he left."]),
-        ("(It ended.) Next one (really?) starts.", ["(It ended.)", "Next one (really?) starts."]),
-        ("Pi is 3.14 exactly. See version 2.0.1 now.", ["Pi is 3.14 exactly.", "See version 2.0.1 now."]),
-        ("Wait... What?! No way... no.", ["Wait...", "What?!", "No way... no."]),
-        ("It costs approx. five dollars. ok then", ["It costs approx. five dollars. ok then"]),
-        ("Line one\ncontinues here. Next.\n\nNew paragraph", ["Line one continues here.", "Next.", "New paragraph"]),
-        ("  spaced   out.   ", ["spaced out."]),
-        ("", []),
-        ("我喜欢机器学习。东京是日本的首都！你好吗？", ["我喜欢机器学习。", "东京是日本的首都！", "你好吗？"]),
-        ("他说：「我很好。」然后走了。", ["他说：「我很好。」", "然后走了。"]),
-        ("東京は日本の首都です。ひらがなとカタカナ！", ["東京は日本の首都です。", "ひらがなとカタカナ！"]),
-        ("Mixed English. 中文句子。More English?", ["Mixed English.", "中文句子。", "More English?"]),
-    ],
-)
+SPLIT_CASES = [
+    ("Hello world. This is a test! Is it? Yes.",
+     ["Hello world.", "This is a test!", "Is it?", "Yes."]),
+    ("Mr. Smith met Dr. Jones. They talked.",
+     ["Mr. Smith met Dr. Jones.", "They talked."]),
+    ("Use a tool, e.g. a hammer. Or i.e. not.",
+     ["Use a tool, e.g. a hammer.", "Or i.e. not."]),
+    ("J. R. R. Tolkien wrote it. The U.S. Army agreed.",
+     ["J. R. R. Tolkien wrote it.", "The U.S. Army agreed."]),
+    ('He said "Stop!" Then he left.',
+     ['He said "Stop!"', "Then he left."]),
+    ("(It ended.) Next one (really?) starts.",
+     ["(It ended.)", "Next one (really?) starts."]),
+    ("Pi is 3.14 exactly. See version 2.0.1 now.",
+     ["Pi is 3.14 exactly.", "See version 2.0.1 now."]),
+    ("Wait... What?! No way... no.",
+     ["Wait...", "What?!", "No way... no."]),
+    ("It costs approx. five dollars. ok then",
+     ["It costs approx. five dollars. ok then"]),
+    ("Line one\ncontinues here. Next.\n\nNew paragraph",
+     ["Line one continues here.", "Next.", "New paragraph"]),
+    ("  spaced   out.   ",
+     ["spaced out."]),
+    ("",
+     []),
+    ("我喜欢机器学习。东京是日本的首都！你好吗？",
+     ["我喜欢机器学习。", "东京是日本的首都！", "你好吗？"]),
+    ("他说：「我很好。」然后走了。",
+     ["他说：「我很好。」", "然后走了。"]),
+    ("東京は日本の首都です。ひらがなとカタカナ！",
+     ["東京は日本の首都です。", "ひらがなとカタカナ！"]),
+    ("Mixed English. 中文句子。More English?",
+     ["Mixed English.", "中文句子。", "More English?"]),
+]
+
+
+@pytest.mark.parametrize("text, expected", SPLIT_CASES)
 def test_split_sentences(text, expected):
     assert split_sentences(text) == expected
 
@@ -62,7 +78,9 @@ def test_bad_bytes_are_replaced_and_counted(tmp_path):
     path = tmp_path / "bad.txt"
     path.write_bytes(b"Good line.\nBad \xff\xfe bytes here.\nAlso \xc3 bad.\n\nFine.\n")
     documents, report = read([path])
-    assert documents == [["Good line.", "Bad \ufffd\ufffd bytes here.", "Also \ufffd bad."], ["Fine."]]
+    assert documents == [
+        ["Good line.", "Bad \ufffd\ufffd bytes here.", "Also \ufffd bad."], ["Fine."]
+    ]
     assert report.invalid_utf8_lines == 2
 
 
@@ -126,7 +144,8 @@ def test_gzip_is_read_transparently_and_truncated_gzip_keeps_what_was_read(tmp_p
         f.write(json.dumps({"text": "From JSON. Compressed."}) + "\n")
     documents, report = read([tmp_path / "a.txt.gz", tmp_path / "b.jsonl.gz"])
     assert len(documents) == 3001 and documents[-1] == ["From JSON.", "Compressed."]
-    assert report.bytes == len(text.encode()) + len(json.dumps({"text": "From JSON. Compressed."})) + 1
+    json_line = json.dumps({"text": "From JSON. Compressed."}) + "\n"
+    assert report.bytes == len(text.encode()) + len(json_line)
     data = (tmp_path / "a.txt.gz").read_bytes()
     (tmp_path / "cut.txt.gz").write_bytes(data[: len(data) // 2])
     documents, report = read([tmp_path / "cut.txt.gz"])

@@ -207,14 +207,10 @@ def test_deterministic_for_a_seed_and_different_across_seeds():
 
 def test_short_sequences_and_empty_inputs():
     documents = make_documents(40, 100, 2, 6, seed=6)
-    long = create_instances(
-        documents, InstanceSettings(max_seq_length=64, short_seq_prob=0.0), np.random.default_rng(0),
-        CLS, SEP,
-    )
-    short = create_instances(
-        documents, InstanceSettings(max_seq_length=64, short_seq_prob=1.0), np.random.default_rng(0),
-        CLS, SEP,
-    )
+    long_settings = InstanceSettings(max_seq_length=64, short_seq_prob=0.0)
+    short_settings = InstanceSettings(max_seq_length=64, short_seq_prob=1.0)
+    long = create_instances(documents, long_settings, np.random.default_rng(0), CLS, SEP)
+    short = create_instances(documents, short_settings, np.random.default_rng(0), CLS, SEP)
     assert np.diff(short.offsets).mean() < 0.7 * np.diff(long.offsets).mean()
     assert np.median(np.diff(long.offsets)) >= 60
     # Empty sentences and documents are ignored; nothing at all gives zero instances.

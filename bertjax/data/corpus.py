@@ -287,7 +287,8 @@ class _Reader:
                 continue
             if not isinstance(record, dict):
                 report.bad_json_lines += 1
-                report.add_error(f"{path}:{line_number}: a JSON {type(record).__name__}, not an object")
+                kind = type(record).__name__
+                report.add_error(f"{path}:{line_number}: a JSON {kind}, not an object")
                 continue
             text = record.get("text")
             if not isinstance(text, str):

@@ -151,7 +151,8 @@ class _Corpus:
                 sentence = np.asarray(sentence)
                 if sentence.ndim != 1:
                     raise ValueError(
-                        f"each sentence must be a 1-D array of token ids, got shape {sentence.shape}"
+                        "each sentence must be a 1-D array of token ids, "
+                        f"got shape {sentence.shape}"
                     )
                 if len(sentence):  # an empty sentence carries no tokens and cannot be A or B
                     pieces.append(sentence)
@@ -181,7 +182,7 @@ def create_instances(
     cls_id: int,
     sep_id: int,
 ) -> Instances:
-    """All instances of all dupe_factor passes over documents (lists of int32 sentences), shuffled."""
+    """All instances of dupe_factor passes over documents (lists of int32 sentences), shuffled."""
     corpus = _Corpus(documents)
     if corpus.num_documents == 0:
         return empty_instances()

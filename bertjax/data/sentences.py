@@ -3,8 +3,8 @@
 Rules: a sentence ends at . ! ? (followed by whitespace) or at the CJK 。！？ (no whitespace
 needed), including any closing quotes or brackets right after the terminator. . ! ? do not end
 a sentence when the next word starts with a lower-case letter, and a single "." does not end
-one after a common abbreviation ("Mr.", "e.g.") or a single-letter initial ("J. Smith"). Blank lines always end a
-sentence; a single line break inside a paragraph is ordinary whitespace.
+one after a common abbreviation ("Mr.", "e.g.") or a single-letter initial ("J. Smith").
+Blank lines always end a sentence; a single line break inside a paragraph is whitespace.
 """
 
 from __future__ import annotations
