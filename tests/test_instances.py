@@ -38,7 +38,7 @@ def split_instance(instances: Instances, i: int):
 
 
 def check_layout(instances: Instances, max_seq_length: int):
-    for i in range(len(instances)):
+    for i in range(instances.num_instances):
         tokens, a, b = split_instance(instances, i)
         assert tokens[0] == CLS
         assert np.count_nonzero(tokens == SEP) == 2
@@ -66,7 +66,7 @@ def test_two_document_toy_exact_layout_and_is_next_continuation():
     sentence_starts = [set(np.cumsum([0] + [len(s) for s in d])[:-1].tolist()) for d in documents]
     labels = instances.next_sentence_labels
     assert set(labels.tolist()) == {0, 1}
-    for i in range(len(instances)):
+    for i in range(instances.num_instances):
         tokens, a, b = split_instance(instances, i)
         doc_a, doc_b = int(a[0] // DOC_STRIDE), int(b[0] // DOC_STRIDE)
         pos_a = int(a[0] % DOC_STRIDE) - 10
@@ -90,7 +90,7 @@ def test_truncation_to_max_seq_length_keeps_both_segments():
     for max_seq_length in (5, 8, 16, 33):
         settings = InstanceSettings(max_seq_length=max_seq_length, dupe_factor=2)
         instances = create_instances(documents, settings, np.random.default_rng(1), CLS, SEP)
-        assert len(instances) > 0
+        assert instances.num_instances > 0
         check_layout(instances, max_seq_length)
         lengths = np.diff(instances.offsets)
         assert lengths.max() == max_seq_length  # long sentences are cut down to exactly the limit
@@ -124,7 +124,7 @@ def test_front_back_removals_have_googles_distribution():
     settings = InstanceSettings(max_seq_length=23, short_seq_prob=0.0, dupe_factor=5)
     instances = create_instances(documents, settings, np.random.default_rng(0), CLS, SEP)
     fronts = []
-    for i in range(len(instances)):
+    for i in range(instances.num_instances):
         _, a, b = split_instance(instances, i)
         assert len(a) == 10 and len(b) == 10  # 80 tokens cut to 20: 30 from each side
         fronts.append(int(a[0] % DOC_STRIDE) - 10)
@@ -140,7 +140,7 @@ def test_nsp_label_rate_and_no_random_next_from_same_document():
     documents = make_documents(200, 300, 2, 6, seed=1)
     settings = InstanceSettings(max_seq_length=32, short_seq_prob=0.0, dupe_factor=2)
     instances = create_instances(documents, settings, np.random.default_rng(5), CLS, SEP)
-    n = len(instances)
+    n = instances.num_instances
     assert n >= 20_000
     labels = instances.next_sentence_labels
     assert abs(labels.mean() - 0.5) < 0.02
@@ -166,11 +166,11 @@ def test_sop_labels_and_swap():
     documents = make_documents(300, 60, 2, 6, seed=2)
     settings = InstanceSettings(max_seq_length=32, short_seq_prob=0.0, task="sop")
     instances = create_instances(documents, settings, np.random.default_rng(3), CLS, SEP)
-    assert len(instances) > 1000
+    assert instances.num_instances > 1000
     check_layout(instances, 32)
     labels = instances.next_sentence_labels
     assert abs(labels.mean() - 0.5) < 0.05
-    for i in range(len(instances)):
+    for i in range(instances.num_instances):
         _, a, b = split_instance(instances, i)
         assert a[0] // DOC_STRIDE == b[0] // DOC_STRIDE  # always one document
         # Truncation may cut A's back or B's front, leaving a gap, never a change of order.
@@ -184,12 +184,12 @@ def test_single_document_pool_never_pairs_a_random_b_from_itself():
     documents = make_documents(1, 200, 1, 5, seed=4)
     settings = InstanceSettings(max_seq_length=16, dupe_factor=3)
     instances = create_instances(documents, settings, np.random.default_rng(0), CLS, SEP)
-    assert len(instances) > 50
+    assert instances.num_instances > 50
     check_layout(instances, 16)
     assert (instances.next_sentence_labels == 0).all()
     # A one-sentence document cannot make any pair at all.
     lone = [[np.array([10, 11, 12], np.int32)]]
-    assert len(create_instances(lone, settings, np.random.default_rng(0), CLS, SEP)) == 0
+    assert create_instances(lone, settings, np.random.default_rng(0), CLS, SEP).num_instances == 0
 
 
 def test_deterministic_for_a_seed_and_different_across_seeds():
@@ -219,7 +219,7 @@ def test_short_sequences_and_empty_inputs():
                             CLS, SEP)
     check_layout(some, 16)
     empty = create_instances([[], []], InstanceSettings(), np.random.default_rng(0), CLS, SEP)
-    assert len(empty) == 0 and empty.offsets.tolist() == [0]
+    assert empty.num_instances == 0 and empty.offsets.tolist() == [0]
 
 
 def test_concat_instances():
@@ -228,9 +228,9 @@ def test_concat_instances():
     x = create_instances(documents, settings, np.random.default_rng(0), CLS, SEP)
     y = create_instances(documents, settings, np.random.default_rng(1), CLS, SEP)
     both = concat_instances([x, y])
-    assert len(both) == len(x) + len(y)
-    np.testing.assert_array_equal(both.instance(len(x)), y.instance(0))
-    np.testing.assert_array_equal(both.instance(len(x) - 1), x.instance(len(x) - 1))
+    assert both.num_instances == x.num_instances + y.num_instances
+    np.testing.assert_array_equal(both.instance(x.num_instances), y.instance(0))
+    np.testing.assert_array_equal(both.instance(x.num_instances - 1), x.instance(x.num_instances - 1))
 
 
 @pytest.mark.parametrize(

@@ -73,7 +73,9 @@ class Instances(NamedTuple):
     segment_b_start: np.ndarray  # int32 [n]: index in the instance of B's first token
     next_sentence_labels: np.ndarray  # int32 [n]: 1 = random next (nsp) or swapped (sop)
 
-    def __len__(self) -> int:  # type: ignore[override]
+    @property
+    def num_instances(self) -> int:
+        """How many instances (len() stays the tuple's length, 4)."""
         return len(self.segment_b_start)
 
     def instance(self, i: int) -> np.ndarray:
@@ -98,7 +100,7 @@ def empty_instances() -> Instances:
 
 def concat_instances(parts: Sequence[Instances]) -> Instances:
     """Joins several Instances into one, in order."""
-    parts = [p for p in parts if len(p)]
+    parts = [p for p in parts if p.num_instances]
     if not parts:
         return empty_instances()
     sizes = np.array([len(p.tokens) for p in parts], dtype=np.int64)
