@@ -6,6 +6,7 @@ import os
 
 import pytest
 
+from bertjax.data import corpus
 from bertjax.data.corpus import InputReport, expand_paths, read_documents
 from bertjax.data.demo_corpus import demo_corpus_path
 from bertjax.data.sentences import split_sentences
@@ -104,6 +105,18 @@ def test_overlong_lines_are_split(tmp_path):
     assert all(len(s) <= 100 for s in document)
     assert " ".join(document[1:-2]) == words  # cut at spaces: no word is broken
     assert "".join(document[-2:]) == cjk
+
+
+def test_file_without_line_breaks_is_read_in_pieces(tmp_path, monkeypatch):
+    monkeypatch.setattr(corpus, "MAX_LINE_BYTES", 4096)
+    text = "".join(f"字{i} 🙂 word{i}" + (". " if i % 7 == 0 else " ") for i in range(20_000))
+    path = tmp_path / "one_line.txt"
+    path.write_text(text, encoding="utf-8")  # about 300 kB, no line break at all
+    documents, report = read([path], max_line_chars=500)
+    sentences = [s for d in documents for s in d]
+    assert report.long_lines_split > 60 and report.invalid_utf8_lines == 0
+    assert all(len(s) <= 500 for s in sentences)
+    assert "".join(sentences).replace(" ", "") == text.replace(" ", "")
 
 
 def test_long_documents_are_split(tmp_path):

@@ -29,6 +29,9 @@ DEFAULT_MAX_LINE_CHARS = 2000
 DEFAULT_MAX_DOCUMENT_SENTENCES = 10_000
 JSON_SUFFIXES = (".jsonl", ".json")
 _MAX_ERROR_MESSAGES = 20
+# Text-format lines are read in pieces of at most this many bytes, so that a file without line
+# breaks never sits in memory whole; each piece is then split like any over-long line.
+MAX_LINE_BYTES = 1 << 20
 
 # C0/C1 control characters except tab, line feed and carriage return (whitespace), plus the
 # byte-order mark and interlinear annotation marks, which carry no text.
@@ -182,6 +185,27 @@ def read_documents(
         raise ValueError(f"input {names} holds no text: no documents were found")
 
 
+def _raw_lines(f, max_bytes: int | None) -> Iterator[bytes]:
+    """Lines of a binary file; with max_bytes, long lines in pieces cut between characters."""
+    if max_bytes is None:
+        yield from f
+        return
+    carry = b""
+    while True:
+        raw = carry + f.readline(max_bytes)
+        carry = b""
+        if not raw:
+            return
+        if not raw.endswith(b"\n") and len(raw) >= max_bytes:
+            # Keep an incomplete UTF-8 character (lead byte + continuation bytes) for the next piece.
+            cut = len(raw) - 1
+            while cut > len(raw) - 4 and raw[cut] & 0xC0 == 0x80:
+                cut -= 1
+            if raw[cut] >= 0xC0:
+                raw, carry = raw[:cut], raw[cut:]
+        yield raw
+
+
 class _Reader:
     """Line cleaning shared by both formats; updates the report as it goes."""
 
@@ -190,16 +214,16 @@ class _Reader:
         self.max_line_chars = max_line_chars
         self.max_document_sentences = max_document_sentences
 
-    def _lines(self, path: pathlib.Path) -> Iterator[str | None]:
+    def _lines(self, path: pathlib.Path, max_bytes: int | None) -> Iterator[str | None]:
         """Decoded, control-free lines of a (possibly gzipped) file.
 
         None stands for a line that held only control characters: it is neither text nor a
-        document separator.
+        document separator. With max_bytes, longer lines come in pieces.
         """
         report = self.report
         opener = gzip.open if path.name.lower().endswith(".gz") else open
         with opener(path, "rb") as f:
-            for raw in f:
+            for raw in _raw_lines(f, max_bytes):
                 report.bytes += len(raw)
                 try:
                     line = raw.decode("utf-8")
@@ -246,7 +270,7 @@ class _Reader:
         limit = self.max_line_chars
         document: list[str] = []
         emptied = False  # the document so far had lines, all of them cleaned away
-        for line in self._lines(path):
+        for line in self._lines(path, MAX_LINE_BYTES):
             if line is None:
                 emptied = not document
                 continue
@@ -276,7 +300,8 @@ class _Reader:
         """JSON Lines: one object per line with a "text" field, split into sentences."""
         report = self.report
         limit = self.max_line_chars
-        for line_number, line in enumerate(self._lines(path), start=1):
+        # A JSON record must be parsed whole: its line is read whole.
+        for line_number, line in enumerate(self._lines(path, None), start=1):
             if line is None or not line.strip():
                 continue
             try:
