@@ -230,7 +230,8 @@ def test_concat_instances():
     both = concat_instances([x, y])
     assert both.num_instances == x.num_instances + y.num_instances
     np.testing.assert_array_equal(both.instance(x.num_instances), y.instance(0))
-    np.testing.assert_array_equal(both.instance(x.num_instances - 1), x.instance(x.num_instances - 1))
+    last = x.num_instances - 1
+    np.testing.assert_array_equal(both.instance(last), x.instance(last))
 
 
 @pytest.mark.parametrize(

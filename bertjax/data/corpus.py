@@ -197,7 +197,7 @@ def _raw_lines(f, max_bytes: int | None) -> Iterator[bytes]:
         if not raw:
             return
         if not raw.endswith(b"\n") and len(raw) >= max_bytes:
-            # Keep an incomplete UTF-8 character (lead byte + continuation bytes) for the next piece.
+            # An incomplete UTF-8 character (lead + continuation bytes) goes to the next piece.
             cut = len(raw) - 1
             while cut > len(raw) - 4 and raw[cut] & 0xC0 == 0x80:
                 cut -= 1
