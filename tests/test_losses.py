@@ -85,42 +85,33 @@ def test_sums_are_additive_across_splits_of_a_batch():
     nsp_logits = jnp.asarray(rng.normal(size=(b, 2)), jnp.float32)
     weights = (rng.random((b, p)) < 0.7).astype(np.float32)
     batch = _batch(rng.integers(0, v, (b, p)), weights, rng.integers(0, 2, b))
-    whole = losses.loss_sums(mlm_logits, nsp_logits, batch)
+    mlm_den, nsp_den = float(weights.sum()), float(b)
 
-    parts = []
-    for lo, hi in [(0, 3), (3, 4), (4, 8)]:
+    def micro_loss(logits, nsp, part):
+        # Global-batch denominators, as the trainer passes them to every micro-batch.
+        return losses.total_loss(losses.loss_sums(logits, nsp, part), mlm_den, nsp_den)
+
+    sums_fn = jax.jit(losses.loss_sums)
+    loss_and_grad = jax.jit(jax.value_and_grad(micro_loss))
+    splits = [(0, 2), (2, 4), (4, 6), (6, 8)]  # equal sizes: one compilation
+    whole = sums_fn(mlm_logits, nsp_logits, batch)
+    whole_loss, whole_grad = loss_and_grad(mlm_logits, nsp_logits, batch)
+
+    parts, part_losses, part_grads = [], [], []
+    for lo, hi in splits:
         part = {k: x[lo:hi] for k, x in batch.items()}
-        parts.append(losses.loss_sums(mlm_logits[lo:hi], nsp_logits[lo:hi], part))
+        parts.append(sums_fn(mlm_logits[lo:hi], nsp_logits[lo:hi], part))
+        loss, grad = loss_and_grad(mlm_logits[lo:hi], nsp_logits[lo:hi], part)
+        part_losses.append(loss)
+        part_grads.append(grad)
     added = jax.tree.map(lambda *xs: sum(xs), *parts)
     for name, a, w in zip(losses.LossSums._fields, added, whole):
         np.testing.assert_allclose(a, w, rtol=1e-5, err_msg=name)
-
-    # Total loss with global denominators, summed over micro-batches, equals the whole-batch
-    # loss, and so do its gradients.
-    def micro_loss(logits, nsp, part, mlm_den, nsp_den):
-        return losses.total_loss(losses.loss_sums(logits, nsp, part), mlm_den, nsp_den)
-
-    mlm_den, nsp_den = float(weights.sum()), float(b)
-    accumulated = sum(
-        micro_loss(mlm_logits[lo:hi], nsp_logits[lo:hi],
-                   {k: x[lo:hi] for k, x in batch.items()}, mlm_den, nsp_den)
-        for lo, hi in [(0, 3), (3, 4), (4, 8)]
-    )
-    np.testing.assert_allclose(accumulated, micro_loss(mlm_logits, nsp_logits, batch,
-                                                       mlm_den, nsp_den), rtol=1e-5)
+    # Accumulated micro-batch losses and gradients equal the whole batch's.
+    np.testing.assert_allclose(sum(part_losses), whole_loss, rtol=1e-5)
+    np.testing.assert_allclose(jnp.concatenate(part_grads), whole_grad, rtol=1e-5, atol=1e-9)
     m = losses.metrics(whole, "train")
-    np.testing.assert_allclose(
-        losses.total_loss(whole, mlm_den, nsp_den),
-        m["train/mlm_loss"] + m["train/nsp_loss"], rtol=1e-6,
-    )
-
-    grad_whole = jax.grad(micro_loss)(mlm_logits, nsp_logits, batch, mlm_den, nsp_den)
-    grad_parts = jnp.concatenate([
-        jax.grad(micro_loss)(mlm_logits[lo:hi], nsp_logits[lo:hi],
-                             {k: x[lo:hi] for k, x in batch.items()}, mlm_den, nsp_den)
-        for lo, hi in [(0, 3), (3, 4), (4, 8)]
-    ])
-    np.testing.assert_allclose(grad_parts, grad_whole, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(whole_loss, m["train/mlm_loss"] + m["train/nsp_loss"], rtol=1e-6)
 
 
 def test_huge_logits_stay_finite_and_bfloat16_is_upcast():
