@@ -1,0 +1,276 @@
+"""The pretraining input pipeline: shuffle, shard by process, batch, mask (on grain).
+
+Order. Epoch ``e`` visits the split in the permutation drawn from ``(seed, e)`` (identity
+when ``shuffle=False``). Global batch ``g`` of the epoch is permutation entries
+``[g*B*P, (g+1)*B*P)`` for per-process batch size ``B`` and ``P`` processes; process ``p``
+takes the ``p``-th run of ``B`` of them, so processes read disjoint examples that together
+cover the epoch. The last incomplete global batch of an epoch is dropped.
+
+Masking is drawn from ``(seed, epoch, g, p)`` per batch, so a batch is a pure function of its
+step number: the output does not depend on prefetch threads, and resuming needs only the
+step. The grain pipeline is a ``MapDataset`` over step numbers whose map gathers and masks a
+whole batch with vectorised numpy (grain's per-record overhead would dominate at the
+rates wanted if every example were its own record).
+"""
+
+from __future__ import annotations
+
+import pathlib
+import sys
+import threading
+
+import grain
+import jax
+import numpy as np
+
+from bertjax.data.masking import MaskingSettings, mask_batch
+from bertjax.data.storage import TOKENIZER_FILE, SplitReader, read_manifest
+from bertjax.tokenizer import Tokenizer
+
+STATE_VERSION = 1
+# Stream tags keep the shuffle and masking random streams apart for the same seed.
+_SHUFFLE_STREAM, _MASKING_STREAM = 0, 1
+
+
+class _BatchMaker:
+    """Step number -> this process's masked batch; pure in the step (safe across threads)."""
+
+    def __init__(
+        self,
+        reader: SplitReader,
+        tokenizer: Tokenizer,
+        *,
+        max_seq_length: int,
+        batch_size: int,
+        seed: int,
+        masking: MaskingSettings,
+        shuffle: bool,
+        process_index: int,
+        process_count: int,
+    ):
+        self.reader = reader
+        self.max_seq_length = max_seq_length
+        self.batch_size = batch_size
+        self.global_batch_size = batch_size * process_count
+        self.batches_per_epoch = len(reader) // self.global_batch_size
+        self.seed = seed
+        self.masking = masking
+        self.shuffle = shuffle
+        self.process_index = process_index
+        self.vocab_size = tokenizer.vocab_size
+        self.special_ids = tuple(tokenizer.special_ids)
+        self.mask_id = tokenizer.mask_id
+        self.is_word_start = np.asarray(tokenizer.is_word_start, dtype=bool)
+        self._lock = threading.Lock()
+        self._orders: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's visiting order of the split (a permutation when shuffling)."""
+        with self._lock:
+            order = self._orders.get(epoch)
+            if order is None:
+                if self.shuffle:
+                    rng = np.random.default_rng([self.seed, _SHUFFLE_STREAM, epoch])
+                    order = rng.permutation(len(self.reader))
+                else:
+                    order = np.arange(len(self.reader))
+                # Keep only the latest epochs: prefetch may straddle an epoch boundary.
+                self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+                self._orders[epoch] = order
+            return order
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        epoch, batch_in_epoch = divmod(int(step), self.batches_per_epoch)
+        first = batch_in_epoch * self.global_batch_size + self.process_index * self.batch_size
+        indices = self.order(epoch)[first : first + self.batch_size]  # [B]
+        features = self.reader.gather(indices, self.max_seq_length)
+        rng = np.random.default_rng(
+            [self.seed, _MASKING_STREAM, epoch, batch_in_epoch, self.process_index]
+        )
+        masked = mask_batch(
+            features["input_ids"],
+            features["input_mask"],
+            rng,
+            self.masking,
+            vocab_size=self.vocab_size,
+            special_ids=self.special_ids,
+            mask_id=self.mask_id,
+            is_word_start=self.is_word_start,
+        )
+        return {
+            "input_ids": masked["input_ids"],
+            "input_mask": features["input_mask"],
+            "segment_ids": features["segment_ids"],
+            "masked_lm_positions": masked["masked_lm_positions"],
+            "masked_lm_ids": masked["masked_lm_ids"],
+            "masked_lm_weights": masked["masked_lm_weights"],
+            "next_sentence_labels": features["next_sentence_labels"],
+        }
+
+
+class Loader:
+    """Iterator of this process's batches; its position is a small JSON-serialisable state.
+
+    A finite loader (``num_epochs`` set) that has been exhausted starts over when iterated
+    again, so ``for batch in eval_loader`` gives the same batches on every pass.
+    """
+
+    def __init__(self, maker: _BatchMaker, tokenizer: Tokenizer, num_epochs: int | None, worker_count: int):
+        self._maker = maker
+        self.tokenizer = tokenizer
+        self.max_seq_length = maker.max_seq_length
+        self.max_predictions_per_seq = maker.masking.max_predictions_per_seq
+        self.num_examples = len(maker.reader)
+        self.batch_size = maker.batch_size
+        self.batches_per_epoch = maker.batches_per_epoch
+        self.num_epochs = num_epochs
+        self.num_steps = sys.maxsize if num_epochs is None else num_epochs * maker.batches_per_epoch
+        dataset = grain.MapDataset.range(self.num_steps).map(maker)
+        read_options = grain.ReadOptions(
+            num_threads=worker_count, prefetch_buffer_size=2 * worker_count
+        )
+        self._iterator = dataset.to_iter_dataset(read_options).__iter__()
+        self._step = 0
+
+    def __iter__(self) -> "Loader":
+        if self._step >= self.num_steps:
+            self._seek(0)
+        return self
+
+    def __next__(self) -> dict[str, np.ndarray]:
+        batch = next(self._iterator)
+        self._step += 1
+        return batch
+
+    def __len__(self) -> int:
+        """Batches in one full pass (all epochs) of a finite loader."""
+        if self.num_epochs is None:
+            raise TypeError("An endless loader (num_epochs=None) has no length.")
+        return self.num_steps
+
+    def _seek(self, step: int) -> None:
+        self._iterator.set_state({"next_index": step})
+        self._step = step
+
+    def get_state(self) -> dict:
+        """The position: the batches handed out so far, as epoch and batch within it."""
+        epoch, batch_in_epoch = divmod(self._step, self.batches_per_epoch)
+        return {
+            "version": STATE_VERSION,
+            "epoch": epoch,
+            "batch_in_epoch": batch_in_epoch,
+            "global_batch_size": self._maker.global_batch_size,
+            "num_examples": self.num_examples,
+            "seed": self._maker.seed,
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Continues with exactly the batches that would have come after the saved state."""
+        expected = {
+            "version": STATE_VERSION,
+            "global_batch_size": self._maker.global_batch_size,
+            "num_examples": self.num_examples,
+            "seed": self._maker.seed,
+        }
+        for key, value in expected.items():
+            if state.get(key) != value:
+                raise ValueError(
+                    f"Loader state has {key}={state.get(key)!r} but this loader has "
+                    f"{key}={value!r}; a position is only meaningful for the same data, "
+                    "seed and global batch size."
+                )
+        batch_in_epoch = int(state["batch_in_epoch"])
+        if not 0 <= batch_in_epoch < self.batches_per_epoch:
+            raise ValueError(
+                f"Loader state has batch_in_epoch={batch_in_epoch}, outside "
+                f"[0, {self.batches_per_epoch})."
+            )
+        step = int(state["epoch"]) * self.batches_per_epoch + batch_in_epoch
+        if not 0 <= step <= self.num_steps:
+            raise ValueError(
+                f"Loader state epoch={state['epoch']} is beyond this loader's "
+                f"num_epochs={self.num_epochs}."
+            )
+        self._seek(step)
+
+
+def make_loader(
+    data_dir,
+    *,
+    split: str = "train",
+    batch_size: int,
+    seed: int = 0,
+    masking: MaskingSettings = MaskingSettings(),
+    shuffle: bool = True,
+    num_epochs: int | None = None,
+    process_index: int | None = None,
+    process_count: int | None = None,
+    expected_max_seq_length: int | None = None,
+    expected_tokenizer_fingerprint: str | None = None,
+    worker_count: int = 0,
+) -> Loader:
+    """A loader of masked batches (this process's ``batch_size`` rows) from a prepared directory.
+
+    ``worker_count`` is the number of prefetch threads (0: batches are made on demand in the
+    calling thread); it never changes the batches.
+    """
+    manifest = read_manifest(data_dir)
+    data_dir = pathlib.Path(data_dir)
+    if expected_max_seq_length is not None and expected_max_seq_length != manifest["max_seq_length"]:
+        raise ValueError(
+            f"{str(data_dir)!r} was prepared with max_seq_length={manifest['max_seq_length']} "
+            f"but this run expects max_seq_length={expected_max_seq_length}; prepare the data "
+            "again with the run's sequence length or change the run."
+        )
+    if (
+        expected_tokenizer_fingerprint is not None
+        and expected_tokenizer_fingerprint != manifest["tokenizer_fingerprint"]
+    ):
+        raise ValueError(
+            f"{str(data_dir)!r} was prepared with the tokenizer of fingerprint "
+            f"{manifest['tokenizer_fingerprint']} but this run expects fingerprint "
+            f"{expected_tokenizer_fingerprint}; prepare the data again with the run's tokenizer."
+        )
+    if split not in manifest["splits"]:
+        raise ValueError(f"split={split!r} is not in {str(data_dir)!r}; valid: {sorted(manifest['splits'])}.")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size={batch_size!r} is invalid: it must be a positive integer.")
+    if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
+        raise ValueError(f"num_epochs={num_epochs!r} is invalid: use a positive integer or None (endless).")
+    if not isinstance(worker_count, int) or worker_count < 0:
+        raise ValueError(f"worker_count={worker_count!r} is invalid: it must be an integer >= 0.")
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+    if not 0 <= process_index < process_count:
+        raise ValueError(
+            f"process_index={process_index} is invalid for process_count={process_count}: "
+            f"valid indices are 0..{process_count - 1}."
+        )
+
+    tokenizer = Tokenizer.load(data_dir / TOKENIZER_FILE)
+    if tokenizer.fingerprint != manifest["tokenizer_fingerprint"]:
+        raise ValueError(
+            f"{str(data_dir / TOKENIZER_FILE)!r} has fingerprint {tokenizer.fingerprint} but the "
+            f"manifest names {manifest['tokenizer_fingerprint']}: the directory was altered; "
+            "prepare the data again."
+        )
+    reader = SplitReader(data_dir, split, manifest["splits"][split]["shards"])
+    global_batch_size = batch_size * process_count
+    if len(reader) < global_batch_size:
+        raise ValueError(
+            f"split {split!r} of {str(data_dir)!r} has {len(reader)} examples, fewer than one "
+            f"global batch (batch_size={batch_size} x process_count={process_count} = "
+            f"{global_batch_size}); use a smaller batch or more data."
+        )
+    maker = _BatchMaker(
+        reader,
+        tokenizer,
+        max_seq_length=int(manifest["max_seq_length"]),
+        batch_size=batch_size,
+        seed=seed,
+        masking=masking,
+        shuffle=shuffle,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    return Loader(maker, tokenizer, num_epochs, worker_count)

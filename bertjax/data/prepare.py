@@ -1,0 +1,334 @@
+"""Raw text -> tokenizer + shards of pretraining instances + manifest (library and CLI).
+
+    python -m bertjax.data.prepare --input corpus/*.txt --output data/ --max_seq_length 128
+
+The parent process streams documents from the input and cuts them into chunks of about
+``chunk_mb`` MB of text; the cut depends only on the content, never on the worker count.
+Each chunk goes to a worker process that tokenizes it, creates instances with a seed drawn
+from ``(seed, chunk index)`` and writes its own shard. As google's tool draws "random next"
+segments from the documents of its input file set, ours draws them from the documents of
+the chunk (and of the same split). At most ``2 * workers`` chunks are in flight, so peak
+memory follows the chunk size, not the corpus size. The held-out split is chosen per
+document by a hash of (seed, document index), so no document is in both splits. The
+manifest is written last, under a temporary name then renamed: a directory without one was
+never finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+from concurrent import futures
+import hashlib
+import multiprocessing
+import os
+import pathlib
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from bertjax.data.corpus import InputReport, expand_paths, read_documents
+from bertjax.data.instances import InstanceSettings, create_instances, tokenize_documents
+from bertjax.data.storage import (
+    FORMAT_VERSION,
+    MANIFEST_FILE,
+    SPLITS,
+    TOKENIZER_FILE,
+    token_dtype,
+    write_manifest,
+    write_shard,
+)
+from bertjax.tokenizer import Tokenizer, TokenizerSettings, train_tokenizer
+
+DEFAULT_CHUNK_MB = 4.0
+# Stream tags of the per-chunk instance seeds, one per split.
+_SPLIT_STREAM = {"train": 0, "eval": 1}
+
+
+def is_eval_document(document_index: int, seed: int, eval_fraction: float) -> bool:
+    """Whether a document is held out, from a hash of (seed, its index in the input)."""
+    if eval_fraction <= 0.0:
+        return False
+    digest = hashlib.blake2b(f"{seed}:{document_index}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") / 2.0**64 < eval_fraction
+
+
+def _chunks(
+    documents: Iterator[list[str]], chunk_chars: int, seed: int, eval_fraction: float
+) -> Iterator[tuple[int, dict[str, list[list[str]]], int]]:
+    """(chunk index, documents per split, characters) in chunks of about chunk_chars."""
+    index = 0
+    parts: dict[str, list[list[str]]] = {split: [] for split in SPLITS}
+    chars = 0
+    for document_index, document in enumerate(documents):
+        split = "eval" if is_eval_document(document_index, seed, eval_fraction) else "train"
+        parts[split].append(document)
+        chars += sum(len(sentence) for sentence in document)
+        if chars >= chunk_chars:
+            yield index, parts, chars
+            index += 1
+            parts = {split: [] for split in SPLITS}
+            chars = 0
+    if chars or any(parts.values()):
+        yield index, parts, chars
+
+
+# Each worker process loads the tokenizer once.
+_worker_tokenizer: Tokenizer | None = None
+
+
+def _init_worker(tokenizer_path: str) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = Tokenizer.load(tokenizer_path)
+
+
+def _process_chunk(
+    data_dir: str,
+    index: int,
+    parts: dict[str, list[list[str]]],
+    settings: InstanceSettings,
+    seed: int,
+    dtype: str,
+) -> dict[str, dict]:
+    """Tokenizes one chunk, creates its instances and writes its shard of each split."""
+    tokenizer = _worker_tokenizer
+    assert tokenizer is not None, "worker tokenizer not initialised"
+    records = {}
+    for split in SPLITS:
+        documents = tokenize_documents(parts[split], tokenizer)
+        rng = np.random.default_rng([seed, index, _SPLIT_STREAM[split]])
+        instances = create_instances(documents, settings, rng, tokenizer.cls_id, tokenizer.sep_id)
+        record = {"num_documents": len(documents), "num_instances": len(instances.offsets) - 1}
+        if record["num_instances"]:
+            record["shard"] = write_shard(
+                data_dir, split, f"shard-{index:05d}", instances, np.dtype(dtype)
+            )
+        records[split] = record
+    return records
+
+
+def _sentences(paths: Sequence[str]) -> Iterator[str]:
+    for document in read_documents(paths, InputReport()):
+        yield from document
+
+
+def _clear_output(data_dir: pathlib.Path) -> None:
+    """Removes a previous manifest first (the directory is unfinished from here on), then shards."""
+    (data_dir / MANIFEST_FILE).unlink(missing_ok=True)
+    for split in SPLITS:
+        if (data_dir / split).is_dir():
+            shutil.rmtree(data_dir / split)
+
+
+def _validate(
+    inputs, max_seq_length, max_predictions_per_seq, dupe_factor, workers, eval_fraction, chunk_mb
+) -> None:
+    if isinstance(inputs, (str, os.PathLike)) or not inputs:
+        raise ValueError(f"inputs={inputs!r} is invalid: give a non-empty list of files, globs or directories.")
+    if max_seq_length < 8:
+        raise ValueError(f"max_seq_length={max_seq_length} is invalid: it must be >= 8.")
+    if not 1 <= max_predictions_per_seq <= max_seq_length:
+        raise ValueError(
+            f"max_predictions_per_seq={max_predictions_per_seq} is invalid: it must lie in "
+            f"[1, max_seq_length={max_seq_length}]."
+        )
+    if dupe_factor < 1:
+        raise ValueError(f"dupe_factor={dupe_factor} is invalid: it must be >= 1.")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers={workers} is invalid: it must be >= 1 (or None for one per CPU).")
+    if not 0.0 <= eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction={eval_fraction} is invalid: it must lie in [0, 1).")
+    if chunk_mb <= 0:
+        raise ValueError(f"chunk_mb={chunk_mb} is invalid: it must be > 0.")
+
+
+def prepare(
+    inputs: Sequence[str | os.PathLike],
+    output_dir: str | os.PathLike,
+    *,
+    max_seq_length: int = 128,
+    max_predictions_per_seq: int = 20,
+    vocab_size: int = 8000,
+    tokenizer_path: str | os.PathLike | None = None,
+    dupe_factor: int = 1,
+    workers: int | None = None,
+    eval_fraction: float = 0.01,
+    seed: int = 12345,
+    short_seq_prob: float = 0.1,
+    task: str = "nsp",
+    lowercase: bool = False,
+    tokenizer_model_type: str = "unigram",
+    tokenizer_sample_sentences: int = 1_000_000,
+    chunk_mb: float = DEFAULT_CHUNK_MB,
+    verbose: bool = True,
+) -> dict:
+    """Prepares ``output_dir`` from raw text; returns the manifest (also in manifest.json).
+
+    Without ``tokenizer_path`` a tokenizer of ``vocab_size`` pieces is trained on a sample
+    of the corpus's sentences; with it, that model is copied in and ``vocab_size`` and
+    ``lowercase`` are ignored (the model decides).
+    """
+    _validate(inputs, max_seq_length, max_predictions_per_seq, dupe_factor, workers, eval_fraction, chunk_mb)
+    inputs = [str(p) for p in inputs]
+    expand_paths(inputs)  # a bad path fails here, before the output directory is touched
+    instance_settings = InstanceSettings(
+        max_seq_length=max_seq_length,
+        short_seq_prob=short_seq_prob,
+        dupe_factor=dupe_factor,
+        task=task,
+    )
+    workers = workers or os.cpu_count() or 1
+    data_dir = pathlib.Path(output_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    _clear_output(data_dir)
+    log = print if verbose else (lambda *args, **kwargs: None)
+
+    tokenizer_file = data_dir / TOKENIZER_FILE
+    start = time.perf_counter()
+    if tokenizer_path is not None:
+        tokenizer = Tokenizer.load(tokenizer_path)
+        tokenizer.save(tokenizer_file)
+    else:
+        tokenizer_settings = TokenizerSettings(
+            vocab_size=vocab_size,
+            model_type=tokenizer_model_type,
+            lowercase=lowercase,
+            sample_sentences=tokenizer_sample_sentences,
+            seed=seed,
+        )
+        tokenizer = train_tokenizer(_sentences(inputs), tokenizer_settings, tokenizer_file)
+        log(f"Trained a {tokenizer.vocab_size}-piece tokenizer in {time.perf_counter() - start:.1f}s")
+    tokenizer_seconds = time.perf_counter() - start
+    dtype = token_dtype(tokenizer.vocab_size)
+
+    report = InputReport()
+    chunks = _chunks(
+        read_documents(inputs, report), int(chunk_mb * 1e6), seed, eval_fraction
+    )
+    task_args = (str(data_dir),)
+    task_kwargs = dict(settings=instance_settings, seed=seed, dtype=dtype.name)
+    results: dict[int, dict[str, dict]] = {}
+    raw_chars = 0
+    start = time.perf_counter()
+    if workers == 1:
+        _init_worker(str(tokenizer_file))
+        for index, parts, chars in chunks:
+            raw_chars += chars
+            results[index] = _process_chunk(*task_args, index, parts, **task_kwargs)
+    else:
+        # Workers fork from a fresh server process: the caller may be multithreaded (jax),
+        # where a plain fork is unsafe, and may run from a notebook, where spawn cannot
+        # re-import the main module.
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([__name__])
+        with futures.ProcessPoolExecutor(
+            workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_file),)
+        ) as pool:
+            pending: collections.deque = collections.deque()
+            for index, parts, chars in chunks:
+                raw_chars += chars
+                pending.append((index, pool.submit(_process_chunk, *task_args, index, parts, **task_kwargs)))
+                while len(pending) >= 2 * workers:
+                    done_index, result = pending.popleft()
+                    results[done_index] = result.result()
+            while pending:
+                done_index, result = pending.popleft()
+                results[done_index] = result.result()
+    seconds = time.perf_counter() - start
+    if not results:
+        raise ValueError(f"inputs {inputs} hold no documents.")
+
+    splits = {}
+    for split in SPLITS:
+        records = [results[i][split] for i in sorted(results)]
+        shards = [r["shard"] for r in records if "shard" in r]
+        splits[split] = {
+            "num_documents": sum(r["num_documents"] for r in records),
+            "num_instances": sum(s["num_instances"] for s in shards),
+            "num_tokens": sum(s["num_tokens"] for s in shards),
+            "shards": shards,
+        }
+    if splits["train"]["num_instances"] == 0:
+        raise ValueError(f"inputs {inputs} produced no training instances (is the corpus empty?).")
+
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "max_seq_length": max_seq_length,
+        "max_predictions_per_seq": max_predictions_per_seq,
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+        "token_dtype": dtype.name,
+        "splits": splits,
+        "input_report": report.to_dict(),
+        "settings": {
+            "inputs": inputs,
+            "dupe_factor": dupe_factor,
+            "short_seq_prob": short_seq_prob,
+            "task": task,
+            "eval_fraction": eval_fraction,
+            "seed": seed,
+            "chunk_mb": chunk_mb,
+            "tokenizer": str(tokenizer_path) if tokenizer_path is not None else None,
+            "lowercase": lowercase if tokenizer_path is None else None,
+        },
+        "num_chunks": len(results),
+        "raw_chars": raw_chars,
+    }
+    write_manifest(data_dir, manifest)
+    log(str(report))
+    log(
+        f"Prepared {splits['train']['num_instances']} train and {splits['eval']['num_instances']} "
+        f"eval instances from {raw_chars / 1e6:.1f} M characters in {seconds:.1f}s with "
+        f"{workers} worker(s) (tokenizer: {tokenizer_seconds:.1f}s) into {data_dir}"
+    )
+    return manifest
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    """Command line entry point."""
+    parser = argparse.ArgumentParser(
+        prog="python -m bertjax.data.prepare",
+        description="Tokenize a raw text corpus and write shards of BERT pretraining instances.",
+    )
+    parser.add_argument("--input", nargs="+", required=True, help="files, globs or directories (.txt, .gz, .jsonl)")
+    parser.add_argument("--output", required=True, help="the directory to write")
+    parser.add_argument("--max_seq_length", type=int, default=128)
+    parser.add_argument("--max_predictions_per_seq", type=int, default=20)
+    vocab = parser.add_mutually_exclusive_group()
+    vocab.add_argument("--vocab_size", type=int, default=8000, help="train a tokenizer of this size")
+    vocab.add_argument("--tokenizer", default=None, help="use this sentencepiece .model instead")
+    parser.add_argument("--dupe_factor", type=int, default=1)
+    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU)")
+    parser.add_argument("--eval_fraction", type=float, default=0.01)
+    parser.add_argument("--short_seq_prob", type=float, default=0.1)
+    parser.add_argument("--task", choices=("nsp", "sop"), default="nsp")
+    parser.add_argument("--lowercase", action="store_true")
+    parser.add_argument("--seed", type=int, default=12345)
+    parser.add_argument("--chunk_mb", type=float, default=DEFAULT_CHUNK_MB)
+    args = parser.parse_args(argv)
+    return prepare(
+        args.input,
+        args.output,
+        max_seq_length=args.max_seq_length,
+        max_predictions_per_seq=args.max_predictions_per_seq,
+        vocab_size=args.vocab_size,
+        tokenizer_path=args.tokenizer,
+        dupe_factor=args.dupe_factor,
+        workers=args.workers,
+        eval_fraction=args.eval_fraction,
+        seed=args.seed,
+        short_seq_prob=args.short_seq_prob,
+        task=args.task,
+        lowercase=args.lowercase,
+        chunk_mb=args.chunk_mb,
+    )
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except (ValueError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")
