@@ -1,1 +1,19 @@
 """Pretraining data: corpus reading, instances, masking, storage and the loader."""
+
+from bertjax.data.demo_corpus import demo_corpus_path
+from bertjax.data.loader import Loader, make_loader
+from bertjax.data.masking import MaskingSettings, mask_batch
+from bertjax.data.prepare import prepare
+from bertjax.data.storage import MANIFEST_FILE, TOKENIZER_FILE, read_manifest
+
+__all__ = [
+    "Loader",
+    "MANIFEST_FILE",
+    "MaskingSettings",
+    "TOKENIZER_FILE",
+    "demo_corpus_path",
+    "make_loader",
+    "mask_batch",
+    "prepare",
+    "read_manifest",
+]
