@@ -30,7 +30,8 @@ def test_flops_proportionality():
     one, two, three = (f(dataclasses.replace(config, num_layers=k * config.num_layers), 128, 20)
                        for k in (1, 2, 3))
     assert three - two == pytest.approx(two - one)
-    assert one - (two - one) == pytest.approx(3 * (2 * h * h + 4 * h + 20 * (2 * h * h + 2 * h * v)))
+    heads = 2 * h * h + 4 * h + 20 * (2 * h * h + 2 * h * v)
+    assert one - (two - one) == pytest.approx(3 * heads)
     # Each extra prediction costs 3 * (2H^2 + 2HV).
     assert f(config, 128, 21) - f(config, 128, 20) == 3 * (2 * h * h + 2 * h * v)
     # The vocabulary only matters through the MLM decoder.
