@@ -1,0 +1,178 @@
+"""Every attention implementation against a plain einsum reference, with padding."""
+
+import functools
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bertjax import attention, sharding
+
+B, S, N, D = 2, 128, 2, 16  # splash needs the sequence to be a multiple of 128
+LENGTHS = (100, 128)  # one padded example, one full
+
+
+def _inputs(dtype=jnp.float32, seq=S, lengths=LENGTHS):
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((B, seq, N, D)), dtype) for _ in range(3))
+    mask = (np.arange(seq)[None, :] < np.array(lengths)[:, None]).astype(np.int32)
+    return q, k, v, jnp.asarray(mask)
+
+
+def _real_rows(x, mask):
+    # Padded query rows may hold anything (finite); compare only real ones.
+    return np.asarray(x)[np.asarray(mask).astype(bool)]
+
+
+def _masked_loss(fn, mask):
+    weights = np.random.default_rng(5).standard_normal((B, S, N, D)) * mask[:, :, None, None]
+
+    def loss(q, k, v):
+        return jnp.sum(fn(q, k, v, mask).astype(jnp.float32) * weights)
+
+    return loss
+
+
+_attend = jax.jit(
+    attention.dot_product_attention,
+    static_argnames=("implementation", "dropout_rate", "deterministic"),
+)
+_reference = jax.jit(attention.reference_attention)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_log_memory(monkeypatch):
+    # Fallback reasons are logged once per process; each test wants to see its own.
+    monkeypatch.setattr(attention, "_logged", set())
+
+
+def test_reference_masks_padded_keys():
+    q, k, v, mask = _inputs()
+    out = _reference(q, k, v, mask)
+    # Changing padded keys/values must not change anything.
+    k2 = k.at[0, 100:].set(7.0)
+    v2 = v.at[0, 100:].set(-3.0)
+    out2 = _reference(q, k2, v2, mask)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(out2))
+    # And the reference is softmax(QK^T/sqrt(d))V on the real keys of example 0.
+    qe, ke, ve = (np.asarray(t[0, :, 0], np.float64) for t in (q, k[:, :100], v[:, :100]))
+    logits = qe @ ke.T / np.sqrt(D)
+    w = np.exp(logits - logits.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)
+    np.testing.assert_allclose(np.asarray(out[0, :, 0]), w @ ve, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["xla", "splash"])
+def test_forward_and_grads_match_reference(impl):
+    q, k, v, mask = _inputs()
+    fn = lambda q, k, v, m: attention.dot_product_attention(q, k, v, m, implementation=impl)  # noqa: E731
+    out = jax.jit(fn)(q, k, v, mask)
+    ref = _reference(q, k, v, mask)
+    assert np.abs(_real_rows(out, mask) - _real_rows(ref, mask)).max() <= 1e-5
+    assert np.isfinite(np.asarray(out)).all()
+    grads = jax.jit(jax.grad(_masked_loss(fn, mask), argnums=(0, 1, 2)))(q, k, v)
+    ref_grads = jax.jit(
+        jax.grad(_masked_loss(attention.reference_attention, mask), argnums=(0, 1, 2))
+    )(q, k, v)
+    for g, r in zip(grads, ref_grads):
+        assert np.isfinite(np.asarray(g)).all()
+        assert np.abs(np.asarray(g) - np.asarray(r)).max() <= 1e-5
+
+
+def test_fully_padded_example_is_finite():
+    q, k, v, mask = _inputs(lengths=(0, 128))
+    for impl in ("xla", "splash"):
+        out = _attend(q, k, v, mask, implementation=impl)
+        assert np.isfinite(np.asarray(out)).all(), impl
+
+
+def test_splash_under_mesh_uses_shard_map_and_matches():
+    q, k, v, mask = _inputs()
+    mesh = sharding.make_mesh((2, 1, 2), jax.devices()[:4])
+    fn = lambda q, k, v, m: attention.dot_product_attention(q, k, v, m, implementation="splash")  # noqa: E731
+    with jax.set_mesh(mesh):
+        assert "shard_map" in str(jax.make_jaxpr(fn)(q, k, v, mask))
+        spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor"))
+        qs, ks, vs = (jax.device_put(t, spec) for t in (q, k, v))
+        out = jax.jit(fn)(qs, ks, vs, mask)
+    assert out.sharding.spec[2] == "tensor"  # heads stayed sharded
+    ref = _reference(q, k, v, mask)
+    assert np.abs(_real_rows(out, mask) - _real_rows(ref, mask)).max() <= 1e-5
+
+
+def test_dropout_path_drops_weights_and_falls_back(caplog):
+    q, k, _, mask = _inputs(seq=16, lengths=(10, 16))
+    # One-hot values (head_dim == seq) make the output equal the dropped attention weights.
+    v = jnp.broadcast_to(jnp.eye(16)[None, :, None, :], (B, 16, N, D))
+    rate = 0.25
+    dropped = functools.partial(
+        _attend, implementation="splash", dropout_rate=rate, deterministic=False
+    )
+    with caplog.at_level(logging.INFO, logger="bertjax.attention"):
+        out = np.asarray(dropped(q, k, v, mask, dropout_rng=jax.random.PRNGKey(3)))
+    assert "attention dropout is active" in caplog.text  # splash cannot drop: xla path
+
+    weights = np.asarray(_reference(q, k, v, mask))  # [b, s, n, t] = softmax weights
+    real_key = np.broadcast_to(np.asarray(mask).astype(bool)[:, None, None, :], out.shape)
+    assert np.all(out[~real_key] == 0.0)  # padded keys: zero weight
+    ratio = out[real_key] / weights[real_key]
+    kept = np.isclose(ratio, 1.0 / (1.0 - rate), rtol=1e-4)
+    assert np.all(kept | (ratio == 0.0))  # each weight is dropped or rescaled by 1/(1-rate)
+    assert 0.65 < kept.mean() < 0.85
+    other = np.asarray(dropped(q, k, v, mask, dropout_rng=jax.random.PRNGKey(4)))
+    assert np.any((other == 0) != (out == 0))
+    # Deterministic calls ignore the rate.
+    det = _attend(q, k, v, mask, implementation="xla", dropout_rate=rate)
+    np.testing.assert_allclose(np.asarray(det), weights, atol=1e-6)
+    with pytest.raises(ValueError, match="dropout_rng"):
+        _attend(q, k, v, mask, dropout_rate=rate, deterministic=False)
+
+
+def test_cudnn_on_cpu_falls_back_to_xla_with_logged_reason(caplog):
+    q, k, v, mask = _inputs(dtype=jnp.bfloat16, seq=16, lengths=(10, 16))
+    with caplog.at_level(logging.WARNING, logger="bertjax.attention"):
+        out = _attend(q, k, v, mask, implementation="cudnn")
+    assert "'cudnn' falls back to xla" in caplog.text and "NVIDIA GPU" in caplog.text
+    ref = _reference(q, k, v, mask)
+    np.testing.assert_allclose(
+        _real_rows(out, mask).astype(np.float32), _real_rows(ref, mask).astype(np.float32),
+        atol=3e-2,
+    )
+
+
+def test_resolution_rules(caplog):
+    kw = dict(batch=2, num_heads=2, head_dim=64)
+    assert jax.default_backend() == "cpu"
+    for dtype in (jnp.float32, jnp.bfloat16):
+        assert attention.resolve_implementation("auto", dtype=dtype, seq_len=128, **kw) == "xla"
+    assert attention.resolve_implementation("xla", dtype=jnp.float32, seq_len=128, **kw) == "xla"
+    # Splash serves multiples of 128 only; other lengths fall back with a logged reason.
+    with caplog.at_level(logging.WARNING, logger="bertjax.attention"):
+        assert (
+            attention.resolve_implementation("splash", dtype=jnp.float32, seq_len=100, **kw)
+            == "xla"
+        )
+    assert "not a multiple of 128" in caplog.text
+    assert attention.resolve_implementation("splash", dtype=jnp.float32, seq_len=256, **kw) == (
+        "splash"
+    )
+    assert (
+        attention.resolve_implementation(
+            "splash", dtype=jnp.float32, seq_len=256, dropout_active=True, **kw
+        )
+        == "xla"
+    )
+    with pytest.raises(ValueError, match="'flash'.*auto"):
+        attention.resolve_implementation("flash", dtype=jnp.float32, seq_len=128, **kw)
+
+
+def test_splash_falls_back_when_heads_do_not_divide_mesh(caplog):
+    mesh = sharding.make_mesh((1, 1, 4), jax.devices()[:4])
+    with jax.set_mesh(mesh), caplog.at_level(logging.WARNING, logger="bertjax.attention"):
+        impl = attention.resolve_implementation(
+            "splash", dtype=jnp.float32, batch=2, seq_len=128, num_heads=2, head_dim=16
+        )
+    assert impl == "xla"
+    assert "head shards" in caplog.text
