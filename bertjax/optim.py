@@ -93,7 +93,9 @@ def make_schedule(s: OptimizerSettings) -> optax.Schedule:
       google:     end + (lr - end) * (1 - min(step, T) / T)   -- google-research/bert:
                   the linear decay is counted from step 0, so right after warmup the rate is
                   lr * (1 - W / T) rather than lr.
-    Past total_steps every decaying schedule stays at end_learning_rate.
+    Past total_steps every decaying schedule stays at end_learning_rate. NVIDIA's
+    PolyWarmUpScheduler measures polynomial progress from step 0; here it starts at the end
+    of warmup, so the rate is continuous at the peak.
     """
     lr = float(s.learning_rate)
     end = float(s.end_learning_rate)
