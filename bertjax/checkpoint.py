@@ -105,9 +105,11 @@ def _finite_flags(leaves: list[jax.Array]) -> jax.Array:
 def check_finite(step: int, params: Any) -> None:
     """Raise ValueError naming the step and the first leaves holding a NaN or infinity.
 
-    Cost: one jitted reduction reading every floating-point parameter once (memory bound,
-    about the time of one optimizer update's read of params) plus one scalar-per-leaf
-    transfer to the host; compiled once per parameter structure.
+    Cost: one jitted reduction that reads every floating-point parameter once (memory bound)
+    and brings one bool per leaf to the host; compiled once per parameter structure. Paid only
+    when a save actually starts. Measured for BERT-base (219 leaves, 109M float32 params) on a
+    2-core CPU: 1.3-2.1 s first call (compile), 0.12-0.23 s after. On an accelerator it should
+    be about the time to read those 436 MB from HBM (under a millisecond; estimated, not measured).
     """
     paths_and_leaves = jax.tree_util.tree_leaves_with_path(params)
     floats = [
@@ -117,7 +119,10 @@ def check_finite(step: int, params: Any) -> None:
     ]
     if not floats:
         return
-    flags = np.asarray(jax.device_get(_finite_flags([leaf for _, leaf in floats])))
+    flags = _finite_flags([leaf for _, leaf in floats])
+    if not (flags.is_fully_replicated or flags.is_fully_addressable):  # multi-process
+        flags = multihost_utils.process_allgather(flags, tiled=True)
+    flags = np.asarray(flags)
     if flags.all():
         return
     bad = [jax.tree_util.keystr(path) for (path, _), ok in zip(floats, flags) if not ok]
@@ -146,7 +151,9 @@ def _candidate_steps(all_steps: list[int], step: int | None, path: epath.Path) -
     return [step]
 
 
-def _restore_with_fallback(path: epath.Path, steps: list[int], restore_one) -> tuple[int, Any, list[int]]:
+def _restore_with_fallback(
+    path: epath.Path, steps: list[int], restore_one
+) -> tuple[int, Any, list[int]]:
     """Try restore_one(step) newest first; returns (step, result, steps that failed).
 
     A failing step is logged with its error; when every step fails, raises
@@ -244,7 +251,9 @@ class Checkpointer:
             return False
         return self._manager.should_save(step)
 
-    def save(self, step: int, *, params: Any, opt_state: Any, meta: dict, force: bool = False) -> bool:
+    def save(
+        self, step: int, *, params: Any, opt_state: Any, meta: dict, force: bool = False
+    ) -> bool:
         """Start an async save of step; returns whether one started.
 
         Saves every `save_interval_steps`, at a preemption sync point, or when force is set.
@@ -304,7 +313,9 @@ class Checkpointer:
         good, restored, bad = _restore_with_fallback(self.directory, candidates, restore_one)
         if bad:
             self._quarantine(bad)
-        return Restored(good, restored[PARAMS_ITEM], restored[OPT_STATE_ITEM], dict(restored[META_ITEM]))
+        return Restored(
+            good, restored[PARAMS_ITEM], restored[OPT_STATE_ITEM], dict(restored[META_ITEM])
+        )
 
     def _quarantine(self, steps: list[int]) -> None:
         """Move unreadable step directories aside (primary host), then resync every host."""

@@ -30,7 +30,7 @@ def mesh():
 
 
 def make_params(mesh, seed=0):
-    """A small BERT-like tree, kernels sharded over 8 devices; big enough to leave OCDBT data files."""
+    """A small BERT-like tree sharded over 8 devices, big enough to leave OCDBT data files."""
     rng = np.random.default_rng(seed)  # numpy: no compilation, the test stays fast
     params = {
         "embeddings": {"embedding": rng.standard_normal((256, 64), np.float32)},
@@ -79,7 +79,9 @@ def save_steps(directory, params, opt_state, steps, **kwargs):
 def test_round_trip_sharded_with_optax_state_and_meta(tmp_path, mesh):
     params, opt_state = make_state(mesh)
     # Make the optimizer state non-trivial so a wrong restore would be visible.
-    opt_state = jax.tree.map(lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.inexact) else x + 3, opt_state)
+    opt_state = jax.tree.map(
+        lambda x: x + 1 if jnp.issubdtype(x.dtype, jnp.inexact) else x + 3, opt_state
+    )
     meta = {"loader": {"epoch": 2, "position": 17}, "rng": [0, 42], "config": {"hidden_size": 64}}
     with ckpt.Checkpointer(tmp_path, save_interval_steps=10) as checkpointer:
         assert checkpointer.latest_step() is None
@@ -102,7 +104,8 @@ def test_round_trip_sharded_with_optax_state_and_meta(tmp_path, mesh):
     assert_trees_equal(restored.opt_state, opt_state)
     assert isinstance(restored.opt_state[0], optax.ScaleByAdamState)
     assert restored.opt_state[0].count.dtype == jnp.int32
-    assert restored.params["embeddings"]["embedding"].sharding == params["embeddings"]["embedding"].sharding
+    embedding = params["embeddings"]["embedding"]
+    assert restored.params["embeddings"]["embedding"].sharding == embedding.sharding
     # The layout promised by the module docstring.
     assert set(ckpt.ITEM_NAMES) <= set(os.listdir(tmp_path / "10"))
     assert os.path.exists(tmp_path / "10" / ckpt.META_ITEM / "metadata")
@@ -111,10 +114,12 @@ def test_round_trip_sharded_with_optax_state_and_meta(tmp_path, mesh):
 def test_interval_force_keep_and_no_overwrite(tmp_path, mesh):
     params, opt_state = make_state(mesh)
     with ckpt.Checkpointer(tmp_path, max_to_keep=2, save_interval_steps=3) as checkpointer:
-        started = [checkpointer.save(s, params=params, opt_state=opt_state, meta={}) for s in range(1, 11)]
+        started = [
+            checkpointer.save(s, params=params, opt_state=opt_state, meta={}) for s in range(1, 11)
+        ]
         assert started == [s % 3 == 0 for s in range(1, 11)]
         # The end-of-training save is forced; an already saved step is never rewritten.
-        assert checkpointer.save(9, params=params, opt_state=opt_state, meta={}, force=True) is False
+        assert not checkpointer.save(9, params=params, opt_state=opt_state, meta={}, force=True)
         assert checkpointer.save(10, params=params, opt_state=opt_state, meta={}, force=True)
         checkpointer.wait_until_finished()
         assert checkpointer.all_steps() == [9, 10]
@@ -204,7 +209,8 @@ def test_corrupt_latest_falls_back_with_warning(tmp_path, mesh, caplog, damage):
             )
         assert restored.step == 1 and restored.meta == {"step": 1}
         assert_trees_equal(restored.params, params1)
-        assert any("step 2" in r.getMessage() and "cannot be restored" in r.getMessage() for r in caplog.records)
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("step 2" in m and "cannot be restored" in m for m in messages), messages
         # The bad step is moved aside, so the resumed run can write step 2 again.
         assert checkpointer.all_steps() == [1]
         assert len(os.listdir(tmp_path / ckpt.CORRUPT_SUBDIR)) == 1
@@ -227,7 +233,9 @@ def test_killed_mid_write_tmp_directory_is_ignored(tmp_path, mesh):
     assert (step, meta) == (2, {"step": 2})
     assert_trees_equal(params, jax.device_get(params1))
     with ckpt.Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
-        restored = checkpointer.restore(abstract_params=abstract(params1), abstract_opt_state=abstract(opt1))
+        restored = checkpointer.restore(
+            abstract_params=abstract(params1), abstract_opt_state=abstract(opt1)
+        )
         assert restored.step == 2
         assert checkpointer.save(3, params=params1, opt_state=opt1, meta={"step": 3})
     assert ckpt.read_meta(tmp_path) == {"step": 3}
@@ -243,8 +251,12 @@ def test_no_restorable_step_raises_instead_of_starting_over(tmp_path, mesh):
     for step in ("1", "2"):
         _delete_params_data(tmp_path / step)
     with ckpt.Checkpointer(tmp_path) as checkpointer:
-        with pytest.raises(ckpt.CheckpointRestoreError, match=r"none could be restored.*step 2.*step 1"):
-            checkpointer.restore(abstract_params=abstract(params), abstract_opt_state=abstract(opt_state))
+        with pytest.raises(
+            ckpt.CheckpointRestoreError, match=r"none could be restored.*step 2.*step 1"
+        ):
+            checkpointer.restore(
+                abstract_params=abstract(params), abstract_opt_state=abstract(opt_state)
+            )
         assert checkpointer.all_steps() == [1, 2]  # nothing moved when nothing restored
     with pytest.raises(ckpt.CheckpointRestoreError):
         ckpt.restore_params(tmp_path)
@@ -262,8 +274,11 @@ def test_restore_params_reads_no_optimizer_state(tmp_path, mesh):
         assert leaf.sharding == jax.sharding.SingleDeviceSharding(jax.devices()[0])
     # With an explicit target on another mesh layout.
     other = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "fsdp"))
+    # Shard the last axis this time (it was the first when saved).
     target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(other, P(*[None] * (x.ndim - 1), "fsdp"))),
+        lambda x: jax.ShapeDtypeStruct(
+            x.shape, x.dtype, sharding=NamedSharding(other, P(*[None] * (x.ndim - 1), "fsdp"))
+        ),
         params,
     )
     _, resharded, _ = ckpt.restore_params(tmp_path, step=5, abstract_params=target)
@@ -279,7 +294,10 @@ def test_close_leaves_no_running_threads(tmp_path, mesh):
     checkpointer.close()
     checkpointer.close()  # idempotent
     assert sorted(os.listdir(tmp_path)) == ["1"]  # finished: no tmp directory left
-    leftover = [t for t in threading.enumerate() if t.ident not in before and not t.daemon and t.is_alive()]
+    leftover = [
+        t for t in threading.enumerate()
+        if t.ident not in before and not t.daemon and t.is_alive()
+    ]
     assert not leftover, leftover
     with pytest.raises(RuntimeError, match="closed"):
         checkpointer.save(2, params=params, opt_state=opt_state, meta={})
@@ -308,9 +326,10 @@ _ONE_DEVICE_SCRIPT = textwrap.dedent(
 
     # Resume path: params and optimizer state onto a 1-device target.
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abs_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), params)
+    on_device = lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device)
+    abs_params = jax.tree.map(on_device, params)
     abs_opt = jax.eval_shape(optax.adamw(1e-3).init, abs_params)
-    abs_opt = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), abs_opt)
+    abs_opt = jax.tree.map(on_device, abs_opt)
     with ckpt.Checkpointer(directory) as checkpointer:
         restored = checkpointer.restore(abstract_params=abs_params, abstract_opt_state=abs_opt)
     assert restored.step == 4
