@@ -17,6 +17,7 @@ query/key/value and [N*D, H] -> [N, D, H] for the attention output.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import json
 import logging
@@ -52,6 +53,7 @@ CORE = "core"
 POOLER = "pooler"
 MLM_HEAD = "mlm_head"
 NSP_HEAD = "nsp_head"
+SINUSOIDAL = "sinusoidal"  # the fixed position table: written by `save`, never a parameter
 
 # HF hidden_act -> ours. "gelu" in HF is the exact erf form, like ours.
 _ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
@@ -117,7 +119,11 @@ class LoadReport:
 
 
 def tensor_specs(config: BertConfig) -> list[TensorSpec]:
-    """Every HF tensor of BertForPreTraining for `config`, in HF's order."""
+    """Every HF tensor of BertForPreTraining for `config`, in HF's order.
+
+    With sinusoidal positions the position table has no bertjax parameter: its spec has
+    group SINUSOIDAL and `save` writes the fixed table as HF's learned embeddings.
+    """
     h, n, f = config.hidden_size, config.num_heads, config.intermediate_size
     d = h // n
     v = config.vocab_size
@@ -138,9 +144,9 @@ def tensor_specs(config: BertConfig) -> list[TensorSpec]:
 
     emb = ("bert", "embeddings")
     add("bert.embeddings.word_embeddings.weight", (*emb, "word_embeddings", "embedding"), (v, h))
-    if config.position_embedding_type == "learned":
-        add("bert.embeddings.position_embeddings.weight", (*emb, "position_embeddings", "embedding"),
-            (config.max_position_embeddings, h))
+    add("bert.embeddings.position_embeddings.weight", (*emb, "position_embeddings", "embedding"),
+        (config.max_position_embeddings, h),
+        group=CORE if config.position_embedding_type == "learned" else SINUSOIDAL)
     add("bert.embeddings.token_type_embeddings.weight", (*emb, "token_type_embeddings", "embedding"),
         (config.type_vocab_size, h))
     layer_norm("bert.embeddings.LayerNorm", (*emb, "layer_norm"))
@@ -212,11 +218,10 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides) -> BertConfig:
 
 
 def config_to_hf(config: BertConfig) -> dict[str, Any]:
-    """The transformers config.json dict for `config` (architecture BertForPreTraining)."""
-    if config.position_embedding_type != "learned":
-        raise ValueError(
-            f"position_embedding_type={config.position_embedding_type!r} has no transformers "
-            "BERT equivalent; valid for export: 'learned'")
+    """The transformers config.json dict for `config` (architecture BertForPreTraining).
+
+    Sinusoidal positions become HF's absolute (learned) ones: `save` writes the table.
+    """
     return {
         "architectures": ["BertForPreTraining"],
         "model_type": "bert",
@@ -296,17 +301,17 @@ def load_with_report(path: str | os.PathLike, *, seed: int = 0,
 
     initialized: list[str] = []
     if missing_groups:
-        fresh = _fresh_params(config, seed)
-        for spec in specs:
-            if spec.group in missing_groups:
-                flat[spec.path] = np.asarray(_get(fresh, spec.path)).astype(dtype)
-                initialized.append("/".join(spec.path))
+        paths = tuple(spec.path for spec in specs if spec.group in missing_groups)
+        for path, value in _fresh_params(config, paths, seed).items():
+            flat[path] = value.astype(dtype)
+            initialized.append("/".join(path))
         logger.warning("%s: no tensors for %s; freshly initialised: %s", source,
                        ", ".join(missing_groups), ", ".join(initialized))
 
     params = _unflatten(flat)
     if config.scan_layers:
-        params = model_lib.stack_layers(params, config.num_layers)
+        # Back to host arrays: stack_layers stacks with jnp.
+        params = jax.tree.map(np.asarray, model_lib.stack_layers(params, config.num_layers))
     report = LoadReport(source=source, initialized=tuple(initialized), ignored=tuple(ignored))
     return config, params, report
 
@@ -326,7 +331,7 @@ def save(config: BertConfig, params: Mapping, path: str | os.PathLike) -> None:
     hf_config = config_to_hf(config)
     flat = {path: leaf for path, leaf in _flatten(params)}
     specs = tensor_specs(config)
-    expected = {spec.path for spec in specs}
+    expected = {spec.path for spec in specs if spec.group != SINUSOIDAL}
     unexpected = sorted("/".join(p) for p in set(flat) - expected)
     if unexpected:
         raise ValueError(f"params: unexpected parameter(s) {_name_list(unexpected)} for {config}")
@@ -335,6 +340,8 @@ def save(config: BertConfig, params: Mapping, path: str | os.PathLike) -> None:
     dtypes = set()
     for spec in specs:
         name = "/".join(spec.path)
+        if spec.group == SINUSOIDAL:
+            continue
         if spec.path not in flat:
             raise ValueError(f"params: missing parameter {name!r} (shape {spec.shape})")
         array = _to_numpy(flat[spec.path])
@@ -344,7 +351,13 @@ def save(config: BertConfig, params: Mapping, path: str | os.PathLike) -> None:
         tensors[spec.hf_name] = spec.to_hf(array)
         dtypes.add(array.dtype)
     if len(dtypes) == 1:
-        hf_config["dtype"] = str(dtypes.pop())
+        hf_config["dtype"] = str(next(iter(dtypes)))
+    for spec in specs:
+        if spec.group == SINUSOIDAL:
+            table = model_lib.sinusoidal_table(config.max_position_embeddings, config.hidden_size)
+            tensors[spec.hf_name] = table.astype(np.dtype(config.param_dtype))
+    # HF's order, which is also the order of the specs.
+    tensors = {spec.hf_name: tensors[spec.hf_name] for spec in specs}
 
     directory = pathlib.Path(path)
     directory.mkdir(parents=True, exist_ok=True)
@@ -472,14 +485,23 @@ def _canonical_tensors(tensors: Mapping[str, np.ndarray],
     return found, ignored
 
 
-def _fresh_params(config: BertConfig, seed: int) -> dict:
-    """Freshly initialised, unstacked params; jit drops what the caller never reads."""
+def _fresh_params(config: BertConfig, paths: tuple[tuple[str, ...], ...],
+                  seed: int) -> dict[tuple[str, ...], np.ndarray]:
+    """The parameters at `paths`, initialised as BertForPreTraining's own init does."""
     init_config = dataclasses.replace(config, scan_layers=False, attention_impl="xla",
                                       remat_policy="none")
-    module = model_lib.BertForPreTraining(init_config)
+    fresh = _init_selected(init_config, paths, jax.random.key(seed))
+    return {path: np.asarray(value) for path, value in zip(paths, fresh)}
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init_selected(config: BertConfig, paths: tuple[tuple[str, ...], ...],
+                   key: jax.Array) -> list[jax.Array]:
+    # Returning only the selected leaves lets XLA drop the rest of the init, which for
+    # the encoder is most of the compile and run time.
     ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
-    variables = jax.jit(module.init)(jax.random.key(seed), ids)
-    return nn.meta.unbox(variables["params"])
+    params = nn.meta.unbox(model_lib.BertForPreTraining(config).init(key, ids)["params"])
+    return [_get(params, path) for path in paths]
 
 
 def _to_numpy(leaf: Any) -> np.ndarray:

@@ -1,5 +1,7 @@
 """Weights in and out of Hugging Face transformers, checked against torch's BERT."""
 
+import copy
+import functools
 import json
 import logging
 import sys
@@ -39,15 +41,27 @@ def _randomize_torch(module, seed):
     return module
 
 
-def _randomize_params(params, seed):
-    leaves, treedef = jax.tree.flatten_with_path(params)
+def _abstract_params(config, boxed=False):
+    """Shapes of BertForPreTraining's params, without compiling its init."""
+    variables = jax.eval_shape(
+        lambda: BertForPreTraining(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))
+    return variables["params"] if boxed else nn.meta.unbox(variables["params"])
+
+
+def _random_params(config, seed, boxed=False):
+    """Every parameter random (biases and LayerNorm too), in BertForPreTraining's tree."""
     rng = np.random.default_rng(seed)
-    out = []
-    for path, leaf in leaves:
-        noise = rng.normal(0, 0.2, np.shape(leaf)).astype(np.float32)
+
+    def fill(path, leaf):
+        noise = rng.normal(0, 0.2, leaf.shape).astype(np.float32)
         is_scale = any(getattr(k, "key", None) == "scale" for k in path)
-        out.append((1.0 + noise) if is_scale else noise)
-    return jax.tree.unflatten(treedef, out)
+        return (1.0 + noise) if is_scale else noise
+
+    abstract = _abstract_params(config, boxed)
+    if boxed:
+        return jax.tree.map_with_path(lambda path, box: box.replace(value=fill(path, box.value)),
+                                      abstract, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+    return jax.tree.map_with_path(fill, abstract)
 
 
 def _hf_pretraining_model(seed=0, **changes):
@@ -79,9 +93,13 @@ def _torch_outputs(model, ids, types, mask):
                 mlm_logits=heads.prediction_logits.numpy(), nsp_logits=heads.seq_relationship_logits.numpy())
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(config, params, ids, types, mask):
+    return BertForPreTraining(config).apply({"params": params}, ids, types, mask, deterministic=True)
+
+
 def _bertjax_outputs(config, params, ids, types, mask):
-    out = BertForPreTraining(config).apply({"params": params}, jnp.asarray(ids), jnp.asarray(types),
-                                           jnp.asarray(mask), deterministic=True)
+    out = _forward(config, params, ids, types, mask)
     return dict(sequence_output=np.asarray(out.sequence_output), pooled_output=np.asarray(out.pooled_output),
                 mlm_logits=np.asarray(out.mlm_logits), nsp_logits=np.asarray(out.nsp_logits))
 
@@ -93,12 +111,6 @@ def _assert_outputs_close(ours, theirs, mask):
         np.testing.assert_allclose(ours[key], theirs[key], atol=ATOL, rtol=0, err_msg=key)
     # The comparison must be about real numbers, not two sets of zeros.
     assert np.abs(theirs["mlm_logits"][mask.astype(bool)]).mean() > 0.1
-
-
-def _init_params(config, seed=0):
-    ids = jnp.zeros((1, 4), jnp.int32)
-    variables = jax.jit(BertForPreTraining(config).init)(jax.random.key(seed), ids)
-    return nn.meta.unbox(variables["params"])
 
 
 def _shapes(tree):
@@ -128,9 +140,7 @@ def test_hf_to_bertjax_matches_torch(tmp_path, hidden_act, scan_layers):
             config.intermediate_size, config.max_position_embeddings) == (99, 32, 2, 4, 48, 40)
     assert config.scan_layers == scan_layers
     assert ("layers" in params["bert"]["encoder"]) == scan_layers
-    expected = _shapes(nn.meta.unbox(jax.eval_shape(
-        lambda: BertForPreTraining(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))))["params"])
-    assert _shapes(params) == expected
+    assert _shapes(params) == _shapes(_abstract_params(config))
     assert all(isinstance(x, np.ndarray) and x.dtype == np.float32 for x in jax.tree.leaves(params))
 
     ids, types, mask = _batch(config.vocab_size)
@@ -138,9 +148,12 @@ def test_hf_to_bertjax_matches_torch(tmp_path, hidden_act, scan_layers):
                           _torch_outputs(model, ids, types, mask), mask)
 
 
-def test_bertjax_to_hf_matches_torch(tmp_path):
-    config = BertConfig.preset("tiny", vocab_size=97, max_position_embeddings=24, attention_impl="xla")
-    params = _randomize_params(_init_params(config), seed=3)
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_bertjax_to_hf_matches_torch(tmp_path, positions):
+    # Sinusoidal positions travel as HF's absolute embeddings holding the fixed table.
+    config = BertConfig.preset("tiny", vocab_size=97, max_position_embeddings=24, attention_impl="xla",
+                               position_embedding_type=positions)
+    params = _random_params(config, seed=3)
     hf.save(config, params, tmp_path)
 
     model, info = transformers.BertForPreTraining.from_pretrained(
@@ -161,7 +174,7 @@ def test_bertjax_to_hf_matches_torch(tmp_path):
 
 def test_save_from_stacked_layers_writes_the_same_tensors(tmp_path):
     config = BertConfig.preset("tiny", vocab_size=97, max_position_embeddings=24, hidden_act="gelu_tanh")
-    params = _randomize_params(_init_params(config), seed=5)
+    params = _random_params(config, seed=5)
     hf.save(config, params, tmp_path / "flat")
     scanned = BertConfig.from_dict({**config.to_dict(), "scan_layers": True})
     hf.save(scanned, model_lib.stack_layers(params, config.num_layers), tmp_path / "stacked")
@@ -179,8 +192,7 @@ def test_hf_bertjax_hf_round_trip_is_bit_identical(tmp_path, hf_dir, dtype):
     source, model = hf_dir
     if dtype == "bfloat16":
         source = tmp_path / "bf16"
-        model.to(torch.bfloat16).save_pretrained(source)
-        model.to(torch.float32)
+        copy.deepcopy(model).to(torch.bfloat16).save_pretrained(source)
     config, params = hf.load(source, param_dtype=dtype)
     assert {np.dtype(x.dtype).name for x in jax.tree.leaves(params)} == {dtype}
     hf.save(config, params, tmp_path / "out")
@@ -327,7 +339,7 @@ def test_bad_configs_and_overrides_are_refused(tmp_path, hf_dir):
 
 def test_save_refuses_wrong_params(tmp_path):
     config = BertConfig.preset("tiny", vocab_size=97, max_position_embeddings=24)
-    params = _init_params(config)
+    params = _random_params(config, seed=9)
     wrong = jax.tree.map(lambda x: x, params)
     wrong["nsp_head"]["kernel"] = np.zeros((config.hidden_size, 3), np.float32)
     with pytest.raises(ValueError, match=r"'nsp_head/kernel' has shape"):
@@ -337,16 +349,18 @@ def test_save_refuses_wrong_params(tmp_path):
     with pytest.raises(ValueError, match=r"missing parameter 'bert/pooler/bias'"):
         hf.save(config, wrong, tmp_path / "b")
     # Boxed params straight from init are accepted too.
-    boxed = BertForPreTraining(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
-    hf.save(config, boxed, tmp_path / "c")
-    assert (tmp_path / "c" / hf.SAFE_WEIGHTS_NAME).is_file()
+    hf.save(config, {"params": _random_params(config, seed=9, boxed=True)}, tmp_path / "c")
+    hf.save(config, params, tmp_path / "d")
+    boxed, plain = _read_dir(tmp_path / "c"), _read_dir(tmp_path / "d")
+    assert boxed.keys() == plain.keys()
+    for name in boxed:
+        np.testing.assert_array_equal(boxed[name], plain[name], err_msg=name)
 
 
 @pytest.mark.parametrize("name", list(model_lib.PRESETS))
 def test_preset_parameter_counts_match_transformers(name):
     config = BertConfig.preset(name)
-    shapes = jax.eval_shape(lambda: BertForPreTraining(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))
-    ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nn.meta.unbox(shapes["params"])))
+    ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(_abstract_params(config)))
     with torch.device("meta"):
         theirs_model = transformers.BertForPreTraining(transformers.BertConfig(**hf.config_to_hf(config)))
     theirs = sum(p.numel() for p in theirs_model.parameters())  # tied weights counted once
