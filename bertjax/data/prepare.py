@@ -223,7 +223,7 @@ def prepare(
         # where a plain fork is unsafe, and may run from a notebook, where spawn cannot
         # re-import the main module.
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload([__name__])
+        context.set_forkserver_preload(["bertjax.data.prepare"])
         with futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_file),)
         ) as pool:
