@@ -245,7 +245,7 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
             (grads, sums, _), _ = jax.lax.scan(accumulate, (zeros_grads, zeros_sums, 0), micro_batches)
 
         loss = losses.total_loss(sums, mlm_denominator, nsp_denominator)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
@@ -260,7 +260,7 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
             "train/loss": loss,
             "train/learning_rate": schedule(state.step),
             "train/grad_norm": grad_norm,
-            "train/param_norm": optax.global_norm(new_state.params),
+            "train/param_norm": optax.tree.norm(new_state.params),
             "train/nonfinite": 1.0 - finite.astype(jnp.float32),
         })
         return new_state, metrics

@@ -17,8 +17,8 @@ def write_corpus(path: pathlib.Path, num_documents: int = 200, sentences_per_doc
                  num_topics: int = 8, seed: int = 0) -> pathlib.Path:
     """Writes google-research/bert's format (a sentence per line, blank line between documents)."""
     rng = np.random.default_rng(seed)
-    topic_nouns = [[f"noun{t}x{i}" for i in range(6)] for t in range(num_topics)]
-    topic_adjectives = [[f"adj{t}y{i}" for i in range(4)] for t in range(num_topics)]
+    topic_nouns = [[_pseudo_word(rng) for _ in range(12)] for _ in range(num_topics)]
+    topic_adjectives = [[_pseudo_word(rng) for _ in range(6)] for _ in range(num_topics)]
     lines = []
     for doc in range(num_documents):
         topic = doc % num_topics
@@ -31,3 +31,10 @@ def write_corpus(path: pathlib.Path, num_documents: int = 200, sentences_per_doc
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+def _pseudo_word(rng: np.random.Generator) -> str:
+    """A pronounceable made-up word: varied enough for a few hundred sentencepiece pieces."""
+    consonants, vowels = "bdfgklmnprstvz", "aeiou"
+    return "".join(rng.choice(list(consonants)) + rng.choice(list(vowels))
+                   for _ in range(int(rng.integers(2, 4))))
