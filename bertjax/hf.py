@@ -55,8 +55,10 @@ MLM_HEAD = "mlm_head"
 NSP_HEAD = "nsp_head"
 SINUSOIDAL = "sinusoidal"  # the fixed position table: written by `save`, never a parameter
 
-# HF hidden_act -> ours. "gelu" in HF is the exact erf form, like ours.
-_ACT_FROM_HF = {"gelu": "gelu", "gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh"}
+# HF hidden_act -> ours. "gelu" in HF is the exact erf form, like ours; "gelu_fast" is the
+# tanh form with sqrt(2/pi) rounded to 10 digits, below float32 resolution.
+_ACT_FROM_HF = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
+                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
 _ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 
 # Fields of BertConfig fixed by the checkpoint's shapes and numerics; `load` refuses

@@ -4,6 +4,9 @@ import copy
 import functools
 import json
 import logging
+import os
+import pathlib
+import subprocess
 import sys
 
 import flax.linen as nn
@@ -165,7 +168,8 @@ def test_bertjax_to_hf_matches_torch(tmp_path, positions):
     assert model.config.hidden_size == config.hidden_size
     assert model.config.num_hidden_layers == config.num_layers
     # Tied as in HF: the decoder is the word embedding matrix itself.
-    assert model.cls.predictions.decoder.weight.data_ptr() == model.bert.embeddings.word_embeddings.weight.data_ptr()
+    decoder, words = model.cls.predictions.decoder.weight, model.bert.embeddings.word_embeddings.weight
+    assert decoder.data_ptr() == words.data_ptr()
 
     ids, types, mask = _batch(config.vocab_size, seed=4)
     _assert_outputs_close(_bertjax_outputs(config, params, ids, types, mask),
@@ -245,6 +249,24 @@ def test_pytorch_model_bin_loads_like_safetensors(tmp_path, hf_dir):
     jax.tree.map(np.testing.assert_array_equal, from_bin, from_safe)
 
 
+def test_sharded_checkpoint_loads_like_single_file(tmp_path, hf_dir):
+    source, model = hf_dir
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    assert not (tmp_path / hf.SAFE_WEIGHTS_NAME).exists()
+    assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1
+    _, sharded, report = hf.load_with_report(tmp_path)
+    assert report.source.endswith(hf.SAFE_WEIGHTS_INDEX_NAME)
+    _, single = hf.load(source)
+    jax.tree.map(np.testing.assert_array_equal, sharded, single)
+
+
+def test_import_needs_neither_torch_nor_transformers():
+    code = ("import sys, bertjax.hf; "
+            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
+                   cwd=pathlib.Path(__file__).resolve().parents[1])
+
+
 def test_pytorch_model_bin_without_torch_fails_clearly(tmp_path, hf_dir, monkeypatch):
     _, model = hf_dir
     torch.save(model.state_dict(), tmp_path / hf.TORCH_WEIGHTS_NAME)
@@ -297,7 +319,8 @@ def test_bad_checkpoints_name_the_tensor(tmp_path, hf_dir):
         hf.load(_write_variant(source, tmp_path / "shape", bad))
 
     bad = {k: v for k, v in tensors.items() if k != "bert.encoder.layer.0.attention.self.key.bias"}
-    with pytest.raises(ValueError, match=r"missing tensor 'bert\.encoder\.layer\.0\.attention\.self\.key\.bias'"):
+    with pytest.raises(ValueError,
+                       match=r"missing tensor 'bert\.encoder\.layer\.0\.attention\.self\.key\.bias'"):
         hf.load(_write_variant(source, tmp_path / "missing", bad))
 
     # A head that is half there is an error, not a silent re-initialisation.
@@ -313,7 +336,8 @@ def test_bad_checkpoints_name_the_tensor(tmp_path, hf_dir):
     with pytest.raises(ValueError, match=r"unexpected tensor\(s\) 'bert\.encoder\.layer\.1\."):
         hf.load(_write_variant(source, tmp_path / "layers", config_changes={"num_hidden_layers": 1}))
 
-    bad = dict(tensors, **{"cls.predictions.decoder.weight": tensors["bert.embeddings.word_embeddings.weight"] + 1})
+    untied = tensors["bert.embeddings.word_embeddings.weight"] + 1
+    bad = dict(tensors, **{"cls.predictions.decoder.weight": untied})
     with pytest.raises(ValueError, match=r"cls\.predictions\.decoder\.weight.*untied"):
         hf.load(_write_variant(source, tmp_path / "untied", bad))
 
@@ -323,7 +347,8 @@ def test_bad_configs_and_overrides_are_refused(tmp_path, hf_dir):
     with pytest.raises(ValueError, match=r"hidden_act='relu'.*gelu_new"):
         hf.load(_write_variant(source, tmp_path / "relu", config_changes={"hidden_act": "relu"}))
     with pytest.raises(ValueError, match=r"position_embedding_type='relative_key'"):
-        hf.load(_write_variant(source, tmp_path / "rel", config_changes={"position_embedding_type": "relative_key"}))
+        hf.load(_write_variant(source, tmp_path / "rel",
+                               config_changes={"position_embedding_type": "relative_key"}))
     with pytest.raises(ValueError, match=r"override hidden_size=64 is not allowed"):
         hf.load(source, hidden_size=64)
     with pytest.raises(ValueError, match=r"override 'no_such_field'"):
