@@ -216,7 +216,7 @@ def test_bert_model_checkpoint_loads_with_fresh_heads(tmp_path, caplog):
     base = _randomize_torch(transformers.BertModel(_hf_config()), seed=6).eval()
     base.save_pretrained(tmp_path)
     with caplog.at_level(logging.WARNING, logger="bertjax.hf"):
-        config, params, report = hf.load_with_report(tmp_path, seed=7)
+        config, params, report = hf.load_with_report(tmp_path, seed=7, attention_impl="xla")
     heads = ["mlm_head/output_bias", "mlm_head/transform/kernel", "mlm_head/transform/bias",
              "mlm_head/layer_norm/scale", "mlm_head/layer_norm/bias", "nsp_head/kernel", "nsp_head/bias"]
     assert sorted(report.initialized) == sorted(heads)
