@@ -497,20 +497,31 @@ def _is_box(x: Any) -> bool:
     return isinstance(x, nn.Partitioned)
 
 
+def _stack_values(values):
+    if isinstance(values[0], jax.ShapeDtypeStruct):  # abstract trees (jax.eval_shape)
+        return jax.ShapeDtypeStruct((len(values), *values[0].shape), values[0].dtype)
+    return jnp.stack(values)  # [layers, ...]
+
+
 def _stack_leaves(*leaves):
     if _is_box(leaves[0]):
-        values = jnp.stack([leaf.value for leaf in leaves])  # [layers, ...]
-        names = (LAYERS, *leaves[0].names)
-        return leaves[0].replace(value=values, names=names)
-    return jnp.stack(leaves)  # [layers, ...]
+        values = _stack_values([leaf.value for leaf in leaves])  # [layers, ...]
+        return leaves[0].replace(value=values, names=(LAYERS, *leaves[0].names))
+    return _stack_values(leaves)
+
+
+def _index_value(value, i: int):
+    if isinstance(value, jax.ShapeDtypeStruct):
+        return jax.ShapeDtypeStruct(value.shape[1:], value.dtype)
+    return value[i]
 
 
 def _unstack_leaf(leaf, i: int):
     if _is_box(leaf):
         if leaf.names[0] != LAYERS:
             raise ValueError(f"expected a leading {LAYERS!r} axis, got names {leaf.names}")
-        return leaf.replace(value=leaf.value[i], names=tuple(leaf.names[1:]))
-    return leaf[i]
+        return leaf.replace(value=_index_value(leaf.value, i), names=tuple(leaf.names[1:]))
+    return _index_value(leaf, i)
 
 
 def _map_encoders(tree: Any, fn) -> Any:

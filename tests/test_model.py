@@ -1,0 +1,306 @@
+"""BERT modules: shapes, heads, padding, presets, config validation, dropout, precision, layouts."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bertjax.model import (
+    PRESETS,
+    BertConfig,
+    BertForPreTraining,
+    BertModel,
+    count_params,
+    sinusoidal_table,
+    stack_layers,
+    unstack_layers,
+)
+
+CFG = BertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=32,
+    attention_impl="xla",
+)
+BATCH, SEQ, PREDS = 2, 16, 3
+
+
+def _batch():
+    rng = np.random.default_rng(0)
+    input_ids = rng.integers(5, CFG.vocab_size, (BATCH, SEQ)).astype(np.int32)
+    lengths = np.array([11, SEQ])
+    mask = (np.arange(SEQ)[None] < lengths[:, None]).astype(np.int32)
+    input_ids = np.where(mask == 1, input_ids, 0)
+    token_types = ((np.arange(SEQ)[None] >= 6) & (mask == 1)).astype(np.int32)
+    positions = np.array([[1, 4, 9], [0, 7, 15]], np.int32)
+    return input_ids, token_types, mask, positions
+
+
+def _apply(config, params, *args, deterministic=True, rngs=None, **kwargs):
+    return BertForPreTraining(config).apply(
+        {"params": params}, *args, deterministic=deterministic, rngs=rngs, **kwargs
+    )
+
+
+_jit_apply = jax.jit(_apply, static_argnums=0, static_argnames="deterministic")
+
+
+@pytest.fixture(scope="module")
+def params():
+    ids, types, mask, _ = _batch()
+    variables = jax.jit(BertForPreTraining(CFG).init)(jax.random.PRNGKey(0), ids, types, mask)
+    return nn.meta.unbox(variables["params"])
+
+
+def test_output_shapes_and_dtypes(params):
+    ids, types, mask, positions = _batch()
+    out = _jit_apply(CFG, params, ids, types, mask, positions)
+    assert out.sequence_output.shape == (BATCH, SEQ, CFG.hidden_size)
+    assert out.pooled_output.shape == (BATCH, CFG.hidden_size)
+    assert out.mlm_logits.shape == (BATCH, PREDS, CFG.vocab_size)
+    assert out.nsp_logits.shape == (BATCH, 2)
+    full = _jit_apply(CFG, params, ids)  # omitted inputs take BERT's defaults
+    assert full.mlm_logits.shape == (BATCH, SEQ, CFG.vocab_size)
+    assert full.mlm_logits.dtype == full.nsp_logits.dtype == jnp.float32
+    # BertModel on its own reads the same parameters under "bert".
+    seq, pooled = jax.jit(BertModel(CFG).apply)({"params": params["bert"]}, ids, types, mask)
+    np.testing.assert_array_equal(np.asarray(seq), np.asarray(out.sequence_output))
+    np.testing.assert_array_equal(np.asarray(pooled), np.asarray(out.pooled_output))
+
+
+def test_omitted_inputs_default_like_bert(params):
+    ids, _, _, _ = _batch()
+    zeros, ones = np.zeros_like(ids), np.ones_like(ids)
+    a = _jit_apply(CFG, params, ids)
+    b = _jit_apply(CFG, params, ids, zeros, ones)
+    np.testing.assert_allclose(np.asarray(a.mlm_logits), np.asarray(b.mlm_logits), atol=1e-6)
+
+
+def test_masked_positions_equal_gathered_full_logits(params):
+    ids, types, mask, positions = _batch()
+    gathered = _jit_apply(CFG, params, ids, types, mask, positions).mlm_logits
+    full = _jit_apply(CFG, params, ids, types, mask).mlm_logits
+    expected = np.take_along_axis(np.asarray(full), positions[..., None], axis=1)
+    np.testing.assert_allclose(np.asarray(gathered), expected, atol=1e-5)
+
+
+def test_padding_invariance(params):
+    ids, types, mask, positions = _batch()
+    other_ids = np.where(mask == 1, ids, 77)  # different tokens at the padded positions
+    other_types = np.where(mask == 1, types, 1)
+    a = _jit_apply(CFG, params, ids, types, mask, positions)
+    b = _jit_apply(CFG, params, other_ids, other_types, mask, positions)
+    real = mask.astype(bool)
+    assert not np.array_equal(other_ids, ids)
+    np.testing.assert_allclose(
+        np.asarray(a.sequence_output)[real], np.asarray(b.sequence_output)[real], atol=1e-5
+    )
+    for name in ("pooled_output", "mlm_logits", "nsp_logits"):  # positions are all real
+        np.testing.assert_allclose(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), atol=1e-5)
+
+
+def test_decoder_is_tied_to_word_embeddings(params):
+    ids, types, mask, positions = _batch()
+    unused = 3  # no input uses token 3
+    assert not (ids == unused).any()
+    before = _jit_apply(CFG, params, ids, types, mask, positions).mlm_logits
+    bumped = jax.tree.map(lambda x: x, params)
+    table = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    # A random direction: a constant shift would vanish against the LayerNorm'd features.
+    shift = np.random.default_rng(1).standard_normal(CFG.hidden_size).astype(np.float32)
+    bumped["bert"]["embeddings"]["word_embeddings"]["embedding"] = table.at[unused].add(shift)
+    after = _jit_apply(CFG, bumped, ids, types, mask, positions).mlm_logits
+    changed = np.abs(np.asarray(after) - np.asarray(before)).max(axis=(0, 1))
+    assert changed[unused] > 1e-3
+    assert np.all(np.delete(changed, unused) < 1e-6)
+
+
+def _expected_count(c: BertConfig) -> int:
+    h, f, v = c.hidden_size, c.intermediate_size, c.vocab_size
+    embeddings = (v + c.max_position_embeddings + c.type_vocab_size) * h + 2 * h
+    layer = 4 * (h * h + h) + 2 * h + (h * f + f) + (f * h + h) + 2 * h
+    pooler = h * h + h
+    heads = (h * h + h) + 2 * h + v + (h * 2 + 2)
+    return embeddings + c.num_layers * layer + pooler + heads
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_preset_parameter_counts(name):
+    config = BertConfig.preset(name)
+    ids = jax.ShapeDtypeStruct((1, 8), jnp.int32)
+    shapes = jax.eval_shape(BertForPreTraining(config).init, jax.random.PRNGKey(0), ids)
+    assert count_params(shapes["params"]) == _expected_count(config)
+    if name == "base":
+        assert count_params(shapes["params"]) == 110_106_428  # bert-base-uncased, pretraining heads
+
+
+def test_presets_have_documented_sizes():
+    sizes = {n: (p["num_layers"], p["hidden_size"], p["num_heads"]) for n, p in PRESETS.items()}
+    assert sizes == {
+        "tiny": (2, 128, 2),
+        "mini": (4, 256, 4),
+        "small": (4, 512, 8),
+        "medium": (8, 512, 8),
+        "base": (12, 768, 12),
+        "large": (24, 1024, 16),
+    }
+    assert all(p["intermediate_size"] == 4 * p["hidden_size"] for p in PRESETS.values())
+    assert BertConfig.preset("base") == BertConfig()
+    assert BertConfig.preset("tiny", dtype="bfloat16").dtype == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(hidden_size=100, num_heads=12), "hidden_size=100"),
+        (dict(num_layers=0), "num_layers=0"),
+        (dict(vocab_size=-5), "vocab_size=-5"),
+        (dict(hidden_size=64.0, num_heads=4), "hidden_size=64.0"),
+        (dict(hidden_dropout=1.0), "hidden_dropout=1.0"),
+        (dict(attention_dropout=-0.1), "attention_dropout=-0.1"),
+        (dict(layer_norm_eps=0.0), "layer_norm_eps=0.0"),
+        (dict(hidden_act="relu"), "hidden_act='relu'.*gelu_tanh"),
+        (dict(position_embedding_type="rotary"), "position_embedding_type='rotary'.*sinusoidal"),
+        (dict(dtype="float64"), "dtype='float64'.*bfloat16"),
+        (dict(param_dtype="int8"), "param_dtype='int8'"),
+        (dict(attention_impl="flash"), "attention_impl='flash'.*splash"),
+        (dict(remat_policy="some"), "remat_policy='some'.*dots"),
+        (dict(scan_layers="yes"), "scan_layers='yes'"),
+    ],
+)
+def test_config_validation(overrides, field):
+    with pytest.raises(ValueError, match=field):
+        BertConfig(**overrides)
+
+
+def test_config_dict_round_trip_and_errors():
+    config = BertConfig.preset("mini", dtype="bfloat16", scan_layers=True)
+    assert BertConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    with pytest.raises(ValueError, match="hiden_size"):
+        BertConfig.from_dict({**config.to_dict(), "hiden_size": 3})
+    with pytest.raises(ValueError, match="'huge'.*tiny"):
+        BertConfig.preset("huge")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.hidden_size = 4  # type: ignore[misc]
+
+
+def test_sequence_longer_than_positions_is_an_error(params):
+    ids = np.ones((1, CFG.max_position_embeddings + 1), np.int32)
+    with pytest.raises(ValueError, match="max_position_embeddings=32"):
+        _apply(CFG, params, ids)
+
+
+def test_dropout_only_when_not_deterministic(params):
+    ids, types, mask, positions = _batch()
+    det = _jit_apply(CFG, params, ids, types, mask, positions)
+    train = [
+        _jit_apply(
+            CFG, params, ids, types, mask, positions, deterministic=False,
+            rngs={"dropout": jax.random.PRNGKey(seed)},
+        ).mlm_logits
+        for seed in (1, 2)
+    ]
+    assert np.abs(np.asarray(train[0]) - np.asarray(det.mlm_logits)).max() > 1e-3
+    assert np.abs(np.asarray(train[0]) - np.asarray(train[1])).max() > 1e-3
+    # With both rates at zero, training mode computes the same function.
+    no_drop = dataclasses.replace(CFG, hidden_dropout=0.0, attention_dropout=0.0)
+    same = _jit_apply(
+        no_drop, params, ids, types, mask, positions, deterministic=False,
+        rngs={"dropout": jax.random.PRNGKey(1)},
+    )
+    np.testing.assert_allclose(np.asarray(same.mlm_logits), np.asarray(det.mlm_logits), atol=1e-6)
+
+
+def test_bfloat16_compute_float32_params_and_logits(params):
+    ids, types, mask, positions = _batch()
+    bf16 = dataclasses.replace(CFG, dtype="bfloat16")
+    variables = jax.eval_shape(BertForPreTraining(bf16).init, jax.random.PRNGKey(0), ids)
+    assert {x.dtype for x in jax.tree.leaves(nn.meta.unbox(variables))} == {jnp.dtype("float32")}
+    out = _jit_apply(bf16, params, ids, types, mask, positions)
+    ref = _jit_apply(CFG, params, ids, types, mask, positions)
+    assert out.sequence_output.dtype == jnp.bfloat16
+    assert out.mlm_logits.dtype == out.nsp_logits.dtype == jnp.float32
+    assert np.abs(np.asarray(out.mlm_logits) - np.asarray(ref.mlm_logits)).max() < 0.1
+
+
+def test_initialisation_follows_bert(params):
+    kernel = np.asarray(params["bert"]["encoder"]["layer_0"]["mlp"]["intermediate"]["kernel"])
+    table = np.asarray(params["bert"]["embeddings"]["word_embeddings"]["embedding"])
+    for w in (kernel, table):
+        assert np.abs(w).max() <= 2 * CFG.initializer_range  # truncated at 2 stddev
+    # TF-style truncation without rescaling: std = 0.88 * stddev.
+    assert 0.8 * CFG.initializer_range < table.std() < 0.95 * CFG.initializer_range
+    layer = params["bert"]["encoder"]["layer_1"]
+    assert np.all(np.asarray(layer["attention"]["query"]["bias"]) == 0)
+    assert np.all(np.asarray(layer["mlp"]["layer_norm"]["scale"]) == 1)
+    assert np.all(np.asarray(params["mlm_head"]["output_bias"]) == 0)
+
+
+def test_sinusoidal_positions_have_no_parameter(params):
+    table = sinusoidal_table(4, 6)
+    np.testing.assert_allclose(table[1, :2], [np.sin(1.0), np.cos(1.0)], rtol=1e-6)
+    np.testing.assert_allclose(table[2, 2:4], [np.sin(2 / 10000 ** (2 / 6)), np.cos(2 / 10000 ** (2 / 6))], rtol=1e-6)
+    sin_cfg = dataclasses.replace(CFG, position_embedding_type="sinusoidal")
+    sin_params = {**params, "bert": {**params["bert"]}}
+    sin_params["bert"]["embeddings"] = {
+        k: v for k, v in params["bert"]["embeddings"].items() if k != "position_embeddings"
+    }
+    ids, types, mask, _ = _batch()
+    shapes = jax.eval_shape(BertForPreTraining(sin_cfg).init, jax.random.PRNGKey(0), ids)
+    assert "position_embeddings" not in shapes["params"]["bert"]["embeddings"]
+    # Identical tokens everywhere: only the position table can tell the rows apart.
+    same = np.full((1, SEQ), 9, np.int32)
+    out = np.asarray(_jit_apply(sin_cfg, sin_params, same).sequence_output)[0]
+    assert np.isfinite(out).all()
+    assert np.abs(out[1:] - out[:1]).max(axis=-1).min() > 1e-3
+
+
+def _loss_and_grads(config, params, ids, types, mask, positions):
+    def loss(p):
+        out = _apply(config, p, ids, types, mask, positions)
+        return jnp.sum(out.mlm_logits**2) * 1e-3 + jnp.sum(out.nsp_logits)
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+def test_scan_and_remat_match_the_plain_stack(params):
+    ids, types, mask, positions = _batch()
+    # Without dropout: scan draws per-layer dropout rngs differently from the plain stack.
+    plain = dataclasses.replace(CFG, hidden_dropout=0.0, attention_dropout=0.0)
+    plain_loss, plain_grads = _loss_and_grads(plain, params, ids, types, mask, positions)
+    remat = dataclasses.replace(plain, remat_policy="dots")
+    loss, grads = _loss_and_grads(remat, params, ids, types, mask, positions)
+    np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads, plain_grads)
+
+    stacked = stack_layers(params, CFG.num_layers)
+    assert set(stacked["bert"]["encoder"]) == {"layers"}
+    q = stacked["bert"]["encoder"]["layers"]["attention"]["query"]["kernel"]
+    assert q.shape == (CFG.num_layers, CFG.hidden_size, CFG.num_heads, CFG.hidden_size // CFG.num_heads)
+    scan = dataclasses.replace(plain, scan_layers=True, remat_policy="full")
+    loss, grads = _loss_and_grads(scan, stacked, ids, types, mask, positions)
+    np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
+    grads = unstack_layers(grads, CFG.num_layers)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads, plain_grads)
+
+
+def test_scan_init_tree_matches_stacked_plain_tree():
+    ids = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32)
+    scan_cfg = dataclasses.replace(CFG, scan_layers=True)
+    plain = jax.eval_shape(BertForPreTraining(CFG).init, jax.random.PRNGKey(0), ids)["params"]
+    scanned = jax.eval_shape(BertForPreTraining(scan_cfg).init, jax.random.PRNGKey(0), ids)["params"]
+    is_box = lambda x: isinstance(x, nn.Partitioned)  # noqa: E731
+    # Boxed trees convert too, and the logical names gain the leading "layers" axis.
+    restacked = stack_layers(plain, CFG.num_layers)
+    to_shape = lambda t: jax.tree.map(lambda x: (x.value.shape, x.names), t, is_leaf=is_box)  # noqa: E731
+    assert to_shape(restacked) == to_shape(scanned)
+    assert to_shape(unstack_layers(scanned, CFG.num_layers)) == to_shape(plain)
+    with pytest.raises(ValueError, match="layer_0"):
+        stack_layers(plain, CFG.num_layers + 1)
