@@ -20,6 +20,7 @@ import argparse
 import collections
 from concurrent import futures
 import hashlib
+import itertools
 import multiprocessing
 import os
 import pathlib
@@ -213,7 +214,10 @@ def prepare(
     results: dict[int, dict[str, dict]] = {}
     raw_chars = 0
     start = time.perf_counter()
-    if workers == 1:
+    # A corpus of a single chunk is done in this process: starting workers would cost more.
+    head = list(itertools.islice(chunks, 2))
+    chunks = itertools.chain(head, chunks)
+    if workers == 1 or len(head) < 2:
         _init_worker(str(tokenizer_file))
         for index, parts, chars in chunks:
             raw_chars += chars
