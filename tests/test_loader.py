@@ -145,8 +145,8 @@ def test_eval_loader_is_identical_across_passes(data_dir):
 
 
 def test_whole_word_masking_through_the_loader(data_dir):
-    loader = make_loader(data_dir, batch_size=64, process_count=1, process_index=0,
-                         masking=MaskingSettings(whole_word_masking=True, max_predictions_per_seq=8))
+    masking = MaskingSettings(whole_word_masking=True, max_predictions_per_seq=8)
+    loader = make_loader(data_dir, batch_size=64, process_count=1, process_index=0, masking=masking)
     batch = next(loader)
     starts = loader.tokenizer.is_word_start
     ids = originals(batch)

@@ -31,7 +31,7 @@ def data_dir(tmp_path_factory) -> pathlib.Path:
     corpus = write_corpus(root / "corpus.txt")
     out = root / "prepared"
     data_lib.prepare([str(corpus)], out, max_seq_length=SEQ_LEN, max_predictions_per_seq=PREDICTIONS,
-                     vocab_size=400, dupe_factor=3, eval_fraction=0.1, workers=1, seed=1)
+                     vocab_size=350, dupe_factor=3, eval_fraction=0.1, workers=1, seed=1)
     return out
 
 
