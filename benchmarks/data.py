@@ -88,7 +88,9 @@ class TreeMemory:
         self._thread.join()
 
 
-def synthetic_corpus(source: pathlib.Path, target_mb: float, path: pathlib.Path, seed: int = 0) -> pathlib.Path:
+def synthetic_corpus(
+    source: pathlib.Path, target_mb: float, path: pathlib.Path, seed: int = 0
+) -> pathlib.Path:
     """A corpus of about target_mb MB: the source's sentences reshuffled into new documents."""
     if path.is_file() and path.stat().st_size >= target_mb * 1e6 * 0.95:
         return path
@@ -105,21 +107,24 @@ def synthetic_corpus(source: pathlib.Path, target_mb: float, path: pathlib.Path,
     return path
 
 
-def bench_prepare(corpus: pathlib.Path, tokenizer: pathlib.Path, out: pathlib.Path, workers: int) -> None:
+def bench_prepare(
+    corpus: pathlib.Path, tokenizer: pathlib.Path, out: pathlib.Path, workers: int
+) -> None:
     size_mb = corpus.stat().st_size / 1e6
     with TreeMemory() as memory:
         start = time.perf_counter()
-        manifest = prepare([str(corpus)], out, tokenizer_path=tokenizer, workers=workers, dupe_factor=1,
-                           max_seq_length=128, verbose=False)
+        manifest = prepare([str(corpus)], out, tokenizer_path=tokenizer, workers=workers,
+                           dupe_factor=1, max_seq_length=128, verbose=False)
         seconds = time.perf_counter() - start
-    instances = manifest["splits"]["train"]["num_instances"] + manifest["splits"]["eval"]["num_instances"]
+    instances = sum(split["num_instances"] for split in manifest["splits"].values())
     own, children = peak_rss_mb()
     print(
         f"prepare {corpus.name} ({size_mb:.1f} MB) workers={workers}: {seconds:.2f}s, "
         f"{size_mb / seconds / workers:.2f} MB/s per worker ({size_mb / seconds:.2f} MB/s total), "
         f"{instances / seconds / workers:.0f} instances/s per worker, {instances} instances; "
         f"peak RSS: self+descendants {memory.peak_total_mb:.0f} MB (sampled), largest single "
-        f"process {memory.peak_single_mb:.0f} MB; getrusage self {own:.0f} MB, reaped children {children:.0f} MB"
+        f"process {memory.peak_single_mb:.0f} MB; getrusage self {own:.0f} MB, "
+        f"reaped children {children:.0f} MB"
     )
 
 
@@ -133,14 +138,16 @@ def bench_loader(data_dir: pathlib.Path, whole_word_masking: bool, seconds: floa
         next(loader)
         count += 1
     rate = count * 256 / (time.perf_counter() - start)
-    print(f"loader S=128 B=256 whole_word_masking={whole_word_masking}: {rate:,.0f} masked sequences/s "
+    print(f"loader S=128 B=256 whole_word_masking={whole_word_masking}: "
+          f"{rate:,.0f} masked sequences/s "
           f"({loader.num_examples} examples)")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work_dir", default="/tmp/bertjax_bench")
-    parser.add_argument("--synthetic_mb", type=float, default=32.0, help="0 to skip the larger corpus")
+    parser.add_argument("--synthetic_mb", type=float, default=32.0,
+                        help="0 to skip the larger corpus")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--vocab_size", type=int, default=8000)
     args = parser.parse_args()
@@ -153,11 +160,13 @@ def main() -> None:
     sentences = (s for doc in read_documents([str(demo)], InputReport()) for s in doc)
     tokenizer = work / "tokenizer.model"
     train_tokenizer(sentences, TokenizerSettings(vocab_size=args.vocab_size), tokenizer)
-    print(f"tokenizer training (vocab {args.vocab_size}, demo corpus): {time.perf_counter() - start:.2f}s")
+    seconds = time.perf_counter() - start
+    print(f"tokenizer training (vocab {args.vocab_size}, demo corpus): {seconds:.2f}s")
 
     corpora = [demo]
     if args.synthetic_mb > 0:
-        corpora.append(synthetic_corpus(demo, args.synthetic_mb, work / "corpus" / f"synthetic_{args.synthetic_mb:g}mb.txt"))
+        synthetic = work / "corpus" / f"synthetic_{args.synthetic_mb:g}mb.txt"
+        corpora.append(synthetic_corpus(demo, args.synthetic_mb, synthetic))
     for corpus in corpora:
         for workers in args.workers:
             bench_prepare(corpus, tokenizer, work / f"prepared_{corpus.stem}_{workers}", workers)

@@ -115,7 +115,9 @@ class Loader:
     again, so ``for batch in eval_loader`` gives the same batches on every pass.
     """
 
-    def __init__(self, maker: _BatchMaker, tokenizer: Tokenizer, num_epochs: int | None, worker_count: int):
+    def __init__(
+        self, maker: _BatchMaker, tokenizer: Tokenizer, num_epochs: int | None, worker_count: int
+    ):
         self._maker = maker
         self.tokenizer = tokenizer
         self.max_seq_length = maker.max_seq_length
@@ -216,7 +218,7 @@ def make_loader(
     """
     manifest = read_manifest(data_dir)
     data_dir = pathlib.Path(data_dir)
-    if expected_max_seq_length is not None and expected_max_seq_length != manifest["max_seq_length"]:
+    if expected_max_seq_length not in (None, manifest["max_seq_length"]):
         raise ValueError(
             f"{str(data_dir)!r} was prepared with max_seq_length={manifest['max_seq_length']} "
             f"but this run expects max_seq_length={expected_max_seq_length}; prepare the data "
@@ -232,11 +234,15 @@ def make_loader(
             f"{expected_tokenizer_fingerprint}; prepare the data again with the run's tokenizer."
         )
     if split not in manifest["splits"]:
-        raise ValueError(f"split={split!r} is not in {str(data_dir)!r}; valid: {sorted(manifest['splits'])}.")
+        raise ValueError(
+            f"split={split!r} is not in {str(data_dir)!r}; valid: {sorted(manifest['splits'])}."
+        )
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} is invalid: it must be a positive integer.")
     if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
-        raise ValueError(f"num_epochs={num_epochs!r} is invalid: use a positive integer or None (endless).")
+        raise ValueError(
+            f"num_epochs={num_epochs!r} is invalid: use a positive integer or None (endless)."
+        )
     if not isinstance(worker_count, int) or worker_count < 0:
         raise ValueError(f"worker_count={worker_count!r} is invalid: it must be an integer >= 0.")
     process_index = jax.process_index() if process_index is None else process_index

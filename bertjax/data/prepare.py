@@ -3,7 +3,8 @@
     python -m bertjax.data.prepare --input corpus/*.txt --output data/ --max_seq_length 128
 
 The parent process streams documents from the input and cuts them into chunks of about
-``chunk_mb`` MB of text; the cut depends only on the content, never on the worker count.
+``chunk_mb`` million characters; the cut depends only on the content, never on the worker
+count (a corpus of one chunk is done in the parent, without workers).
 Each chunk goes to a worker process that tokenizes it, creates instances with a seed drawn
 from ``(seed, chunk index)`` and writes its own shard. As google's tool draws "random next"
 segments from the documents of its input file set, ours draws them from the documents of
@@ -128,7 +129,9 @@ def _validate(
     inputs, max_seq_length, max_predictions_per_seq, dupe_factor, workers, eval_fraction, chunk_mb
 ) -> None:
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
-        raise ValueError(f"inputs={inputs!r} is invalid: give a non-empty list of files, globs or directories.")
+        raise ValueError(
+            f"inputs={inputs!r} is invalid: give a non-empty list of files, globs or directories."
+        )
     if max_seq_length < 8:
         raise ValueError(f"max_seq_length={max_seq_length} is invalid: it must be >= 8.")
     if not 1 <= max_predictions_per_seq <= max_seq_length:
@@ -139,7 +142,9 @@ def _validate(
     if dupe_factor < 1:
         raise ValueError(f"dupe_factor={dupe_factor} is invalid: it must be >= 1.")
     if workers is not None and workers < 1:
-        raise ValueError(f"workers={workers} is invalid: it must be >= 1 (or None for one per CPU).")
+        raise ValueError(
+            f"workers={workers} is invalid: it must be >= 1 (or None for one per CPU)."
+        )
     if not 0.0 <= eval_fraction < 1.0:
         raise ValueError(f"eval_fraction={eval_fraction} is invalid: it must lie in [0, 1).")
     if chunk_mb <= 0:
@@ -172,7 +177,10 @@ def prepare(
     of the corpus's sentences; with it, that model is copied in and ``vocab_size`` and
     ``lowercase`` are ignored (the model decides).
     """
-    _validate(inputs, max_seq_length, max_predictions_per_seq, dupe_factor, workers, eval_fraction, chunk_mb)
+    _validate(
+        inputs, max_seq_length, max_predictions_per_seq, dupe_factor, workers, eval_fraction,
+        chunk_mb,
+    )
     inputs = [str(p) for p in inputs]
     expand_paths(inputs)  # a bad path fails here, before the output directory is touched
     instance_settings = InstanceSettings(
@@ -201,7 +209,8 @@ def prepare(
             seed=seed,
         )
         tokenizer = train_tokenizer(_sentences(inputs), tokenizer_settings, tokenizer_file)
-        log(f"Trained a {tokenizer.vocab_size}-piece tokenizer in {time.perf_counter() - start:.1f}s")
+        seconds = time.perf_counter() - start
+        log(f"Trained a {tokenizer.vocab_size}-piece tokenizer in {seconds:.1f}s")
     tokenizer_seconds = time.perf_counter() - start
     dtype = token_dtype(tokenizer.vocab_size)
 
@@ -234,7 +243,8 @@ def prepare(
             pending: collections.deque = collections.deque()
             for index, parts, chars in chunks:
                 raw_chars += chars
-                pending.append((index, pool.submit(_process_chunk, *task_args, index, parts, **task_kwargs)))
+                future = pool.submit(_process_chunk, *task_args, index, parts, **task_kwargs)
+                pending.append((index, future))
                 while len(pending) >= 2 * workers:
                     done_index, result = pending.popleft()
                     results[done_index] = result.result()
@@ -297,15 +307,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
         prog="python -m bertjax.data.prepare",
         description="Tokenize a raw text corpus and write shards of BERT pretraining instances.",
     )
-    parser.add_argument("--input", nargs="+", required=True, help="files, globs or directories (.txt, .gz, .jsonl)")
+    parser.add_argument(
+        "--input", nargs="+", required=True, help="files, globs or directories (.txt, .gz, .jsonl)"
+    )
     parser.add_argument("--output", required=True, help="the directory to write")
     parser.add_argument("--max_seq_length", type=int, default=128)
     parser.add_argument("--max_predictions_per_seq", type=int, default=20)
     vocab = parser.add_mutually_exclusive_group()
-    vocab.add_argument("--vocab_size", type=int, default=8000, help="train a tokenizer of this size")
+    vocab.add_argument(
+        "--vocab_size", type=int, default=8000, help="train a tokenizer of this size"
+    )
     vocab.add_argument("--tokenizer", default=None, help="use this sentencepiece .model instead")
     parser.add_argument("--dupe_factor", type=int, default=1)
-    parser.add_argument("--workers", type=int, default=None, help="worker processes (default: one per CPU)")
+    parser.add_argument(
+        "--workers", type=int, default=None, help="worker processes (default: one per CPU)"
+    )
     parser.add_argument("--eval_fraction", type=float, default=0.01)
     parser.add_argument("--short_seq_prob", type=float, default=0.1)
     parser.add_argument("--task", choices=("nsp", "sop"), default="nsp")

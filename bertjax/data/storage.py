@@ -52,7 +52,9 @@ def _save_atomic(path: pathlib.Path, array: np.ndarray) -> None:
     os.replace(tmp, path)
 
 
-def shard_paths(data_dir: str | os.PathLike, split: str, name: str) -> tuple[pathlib.Path, pathlib.Path]:
+def shard_paths(
+    data_dir: str | os.PathLike, split: str, name: str
+) -> tuple[pathlib.Path, pathlib.Path]:
     """Paths of a shard's token file and index file."""
     split_dir = pathlib.Path(data_dir) / split
     return split_dir / f"{name}.tokens.npy", split_dir / f"{name}.index.npy"
@@ -137,7 +139,9 @@ class SplitReader:
             index = np.load(index_path)  # [n, 4]: small, so kept in memory
             index_parts.append(index)
             shard_of.append(np.full(len(index), shard_number, dtype=np.int32))
-        index = np.concatenate(index_parts) if index_parts else np.zeros((0, INDEX_COLUMNS), np.int64)
+        if not index_parts:
+            index_parts = [np.zeros((0, INDEX_COLUMNS), np.int64)]
+        index = np.concatenate(index_parts)  # [N, 4]
         self.shard = np.concatenate(shard_of) if shard_of else np.zeros(0, np.int32)  # [N]
         self.start = index[:, START]  # [N]
         self.length = index[:, LENGTH]  # [N]
