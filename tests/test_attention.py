@@ -67,7 +67,7 @@ def test_reference_masks_padded_keys():
 @pytest.mark.parametrize("impl", ["xla", "splash"])
 def test_forward_and_grads_match_reference(impl):
     q, k, v, mask = _inputs()
-    fn = lambda q, k, v, m: attention.dot_product_attention(q, k, v, m, implementation=impl)  # noqa: E731
+    fn = functools.partial(attention.dot_product_attention, implementation=impl)
     out = jax.jit(fn)(q, k, v, mask)
     ref = _reference(q, k, v, mask)
     assert np.abs(_real_rows(out, mask) - _real_rows(ref, mask)).max() <= 1e-5
@@ -91,10 +91,10 @@ def test_fully_padded_example_is_finite():
 def test_splash_under_mesh_uses_shard_map_and_matches():
     q, k, v, mask = _inputs()
     mesh = sharding.make_mesh((2, 1, 2), jax.devices()[:4])
-    fn = lambda q, k, v, m: attention.dot_product_attention(q, k, v, m, implementation="splash")  # noqa: E731
+    fn = functools.partial(attention.dot_product_attention, implementation="splash")
+    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor"))
     with jax.set_mesh(mesh):
         assert "shard_map" in str(jax.make_jaxpr(fn)(q, k, v, mask))
-        spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor"))
         qs, ks, vs = (jax.device_put(t, spec) for t in (q, k, v))
         out = jax.jit(fn)(qs, ks, vs, mask)
     assert out.sharding.spec[2] == "tensor"  # heads stayed sharded

@@ -246,7 +246,8 @@ def test_initialisation_follows_bert(params):
 def test_sinusoidal_positions_have_no_parameter(params):
     table = sinusoidal_table(4, 6)
     np.testing.assert_allclose(table[1, :2], [np.sin(1.0), np.cos(1.0)], rtol=1e-6)
-    np.testing.assert_allclose(table[2, 2:4], [np.sin(2 / 10000 ** (2 / 6)), np.cos(2 / 10000 ** (2 / 6))], rtol=1e-6)
+    angle = 2 / 10000 ** (2 / 6)  # position 2, second frequency
+    np.testing.assert_allclose(table[2, 2:4], [np.sin(angle), np.cos(angle)], rtol=1e-6)
     sin_cfg = dataclasses.replace(CFG, position_embedding_type="sinusoidal")
     sin_params = {**params, "bert": {**params["bert"]}}
     sin_params["bert"]["embeddings"] = {

@@ -89,8 +89,9 @@ def test_init_sharded_splits_kernels_across_devices():
     query = layer["attention"]["query"]["kernel"]  # [H, N, D] = [64, 4, 16]
     assert query.sharding.spec == P("fsdp", "tensor", None)
     assert {s.data.shape for s in query.addressable_shards} == {(64, 1, 16)}
-    assert {s.data.shape for s in layer["mlp"]["intermediate"]["kernel"].addressable_shards} == {(64, 32)}
-    assert {s.data.shape for s in layer["mlp"]["output"]["kernel"].addressable_shards} == {(32, 64)}
+    shard_shapes = lambda x: {s.data.shape for s in x.addressable_shards}  # noqa: E731
+    assert shard_shapes(layer["mlp"]["intermediate"]["kernel"]) == {(64, 32)}
+    assert shard_shapes(layer["mlp"]["output"]["kernel"]) == {(32, 64)}
     # Different devices hold different slices (not copies).
     shards = [np.asarray(s.data) for s in query.addressable_shards if s.index[0] == slice(None)]
     assert not np.array_equal(shards[0], shards[1])
@@ -148,7 +149,9 @@ def test_sharded_forward_and_grads_equal_single_device():
         np.testing.assert_allclose(loss, ref_loss, atol=1e-5, err_msg=str(shape))
         for name, a, b in zip(out._fields, out, ref_out):
             assert np.abs(np.asarray(a) - np.asarray(b)).max() <= 1e-5, (shape, name)
-        diffs = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), grads, ref_grads)
+        diffs = jax.tree.map(
+            lambda a, b: float(np.abs(np.asarray(a) - np.asarray(b)).max()), grads, ref_grads
+        )
         assert max(jax.tree.leaves(diffs)) <= 1e-5, (shape, diffs)
 
 
