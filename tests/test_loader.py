@@ -113,6 +113,17 @@ def test_processes_read_disjoint_shares_that_cover_the_epoch(data_dir):
     assert len(set(seen)) == len(seen) == single.batches_per_epoch * 16
 
 
+def test_masking_does_not_depend_on_the_process_split(data_dir):
+    single = make_loader(data_dir, batch_size=16, num_epochs=1, process_count=1, process_index=0)
+    shares = [
+        make_loader(data_dir, batch_size=8, num_epochs=1, process_count=2, process_index=p)
+        for p in range(2)
+    ]
+    for whole, first, second in zip(single, *shares):
+        for name, value in whole.items():
+            np.testing.assert_array_equal(np.concatenate([first[name], second[name]]), value, err_msg=name)
+
+
 def test_new_order_each_epoch(data_dir):
     loader = make_loader(data_dir, batch_size=32, num_epochs=2, process_count=1, process_index=0)
     epochs = [[originals(next(loader)) for _ in range(loader.batches_per_epoch)] for _ in range(2)]

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bertjax.data.masking import MaskingSettings, mask_batch, num_to_predict
+from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch, num_to_predict
 
 VOCAB = 1000
 SPECIALS = (0, 1, 2, 3, 4)
@@ -23,11 +23,15 @@ def make_batch(rng, batch=512, seq=64):
     return ids, mask.astype(np.int32)
 
 
-def run(ids, mask, seed=0, word_start=None, **settings):
+def run(ids, mask, seed=0, word_start=None, row_random=False, **settings):
+    if row_random:  # the loader's per-example streams
+        rng = RowRandom.from_positions(seed, stream=1, epoch=0, positions=np.arange(len(ids)))
+    else:
+        rng = np.random.default_rng(seed)
     return mask_batch(
         ids,
         mask,
-        np.random.default_rng(seed),
+        rng,
         MaskingSettings(**settings),
         vocab_size=VOCAB,
         special_ids=SPECIALS,
@@ -43,10 +47,11 @@ def test_counts_follow_google():
     np.testing.assert_array_equal(num_to_predict(lengths, settings), expected)
 
 
-def test_rates_specials_positions_and_labels():
+@pytest.mark.parametrize("row_random", [False, True])
+def test_rates_specials_positions_and_labels(row_random):
     rng = np.random.default_rng(0)
     ids, mask = make_batch(rng, batch=4096)
-    out = run(ids, mask, max_predictions_per_seq=20)
+    out = run(ids, mask, row_random=row_random, max_predictions_per_seq=20)
     positions, weights = out["masked_lm_positions"], out["masked_lm_weights"]
     assert positions.shape == weights.shape == (4096, 20)
     assert positions.dtype == np.int32 and weights.dtype == np.float32
@@ -153,3 +158,27 @@ def test_whole_word_masking_needs_word_starts_and_settings_validate():
         MaskingSettings(masked_lm_prob=0.0)
     with pytest.raises(ValueError, match="max_predictions_per_seq"):
         MaskingSettings(max_predictions_per_seq=0)
+
+
+def test_row_random_streams_are_uniform_and_independent_of_the_batch_split():
+    rows = RowRandom.from_positions(seed=3, stream=1, epoch=0, positions=np.arange(2000))
+    values = rows.random((2000, 64))
+    assert 0.0 <= values.min() and values.max() < 1.0
+    assert abs(values.mean() - 0.5) < 0.005
+    assert abs(np.corrcoef(values[:, 0], values[:, 1])[0, 1]) < 0.05
+    integers = rows.integers(5, 9, size=(2000, 64))
+    np.testing.assert_array_equal(np.unique(integers), [5, 6, 7, 8])
+
+    ids = np.random.default_rng(0).integers(10, 100, size=(8, 32)).astype(np.int32)
+    mask = np.ones_like(ids)
+    settings = MaskingSettings(max_predictions_per_seq=6)
+    kwargs = dict(vocab_size=100, special_ids=(0, 1, 2, 3, 4), mask_id=4)
+
+    def masked(positions):
+        rng = RowRandom.from_positions(seed=1, stream=1, epoch=2, positions=positions)
+        return mask_batch(ids[positions], mask[positions], rng, settings, **kwargs)
+
+    whole = masked(np.arange(8))
+    halves = [masked(np.arange(4)), masked(np.arange(4, 8))]
+    for name, value in whole.items():
+        np.testing.assert_array_equal(np.concatenate([h[name] for h in halves]), value)

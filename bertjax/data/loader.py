@@ -6,9 +6,11 @@ when ``shuffle=False``). Global batch ``g`` of the epoch is permutation entries
 takes the ``p``-th run of ``B`` of them, so processes read disjoint examples that together
 cover the epoch. The last incomplete global batch of an epoch is dropped.
 
-Masking is drawn from ``(seed, epoch, g, p)`` per batch, so a batch is a pure function of its
-step number: the output does not depend on prefetch threads, and resuming needs only the
-step. The grain pipeline is a ``MapDataset`` over step numbers whose map gathers and masks a
+Masking is drawn per example from ``(seed, epoch, position in the epoch's order)``, so a
+batch is a pure function of its step number and an example's mask does not depend on how
+the global batch is split over processes (one process with 4 devices and two with 2 each
+see the same batches): the output does not depend on prefetch threads either, and resuming
+needs only the step. The grain pipeline is a ``MapDataset`` over step numbers whose map gathers and masks a
 whole batch with vectorised numpy (grain's per-record overhead would dominate at the
 rates wanted if every example were its own record).
 """
@@ -23,7 +25,7 @@ import grain
 import jax
 import numpy as np
 
-from bertjax.data.masking import MaskingSettings, mask_batch
+from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.data.storage import TOKENIZER_FILE, SplitReader, read_manifest
 from bertjax.tokenizer import Tokenizer
 
@@ -84,8 +86,8 @@ class _BatchMaker:
         first = batch_in_epoch * self.global_batch_size + self.process_index * self.batch_size
         indices = self.order(epoch)[first : first + self.batch_size]  # [B]
         features = self.reader.gather(indices, self.max_seq_length)
-        rng = np.random.default_rng(
-            [self.seed, _MASKING_STREAM, epoch, batch_in_epoch, self.process_index]
+        rng = RowRandom.from_positions(
+            self.seed, _MASKING_STREAM, epoch, np.arange(first, first + self.batch_size)
         )
         masked = mask_batch(
             features["input_ids"],

@@ -5,7 +5,9 @@ tokens (special tokens included in ``n``) gets
 ``min(max_predictions_per_seq, max(1, round(n * masked_lm_prob)))`` predictions; special
 tokens and padding are never chosen; each chosen position becomes [MASK] with probability
 0.8, a random non-special token with probability 0.1 and stays itself otherwise. Masking is
-a pure function of ``(input_ids, input_mask, rng)``: the loader seeds ``rng`` per batch.
+a pure function of ``(input_ids, input_mask, rng)``. The loader passes a ``RowRandom``
+keyed by each example's global position, so an example is masked the same way whichever
+process, batch split or worker count draws it.
 """
 
 from __future__ import annotations
@@ -14,6 +16,55 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: a bijective uint64 hash with good avalanche."""
+    with np.errstate(over="ignore"):
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+class RowRandom:
+    """Counter-based random numbers with an independent stream per batch row.
+
+    Draw ``d``, column ``j`` of row ``i`` is a hash of ``(row_keys[i], d, j)``: vectorised,
+    and independent of which other rows share the batch. Offers the two methods of
+    ``np.random.Generator`` that masking uses, with the batch as the first dimension.
+    """
+
+    def __init__(self, row_keys: np.ndarray):
+        self._keys = _mix64(np.asarray(row_keys, dtype=np.uint64))  # [B]
+        self._draws = 0
+
+    @classmethod
+    def from_positions(cls, seed: int, stream: int, epoch: int, positions: np.ndarray) -> "RowRandom":
+        """Streams keyed by ``(seed, stream, epoch, position)`` for each row's global position."""
+        base = np.random.SeedSequence([seed, stream, epoch]).generate_state(1, np.uint64)  # [1]
+        with np.errstate(over="ignore"):
+            return cls(_mix64(base + np.asarray(positions, dtype=np.uint64) * _GOLDEN))
+
+    def _bits(self, shape: tuple[int, ...]) -> np.ndarray:
+        batch, width = shape
+        if batch != len(self._keys):
+            raise ValueError(f"RowRandom has {len(self._keys)} rows, asked for {batch}")
+        self._draws += 1
+        with np.errstate(over="ignore"):
+            draw_key = self._keys ^ _mix64(np.array([self._draws], dtype=np.uint64))  # [B]
+            counters = draw_key[:, None] + np.arange(width, dtype=np.uint64)[None, :] * _GOLDEN
+        return _mix64(counters)  # [B,W]
+
+    def random(self, shape: tuple[int, int]) -> np.ndarray:
+        """Uniform float64 in [0, 1), shape [B, W]."""
+        return (self._bits(shape) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+    def integers(self, low: int, high: int, size: tuple[int, int]) -> np.ndarray:
+        """Uniform int64 in [low, high), shape [B, W]."""
+        return low + (self.random(size) * (high - low)).astype(np.int64)
+
 
 # Probabilities of the three fates of a chosen position (google's 80/10/10).
 MASK_TOKEN_PROB = 0.8
@@ -48,7 +99,7 @@ def num_to_predict(lengths: np.ndarray, settings: MaskingSettings) -> np.ndarray
 
 
 def _choose_tokens(
-    candidate: np.ndarray, k: np.ndarray, rng: np.random.Generator, width: int
+    candidate: np.ndarray, k: np.ndarray, rng: np.random.Generator | RowRandom, width: int
 ) -> np.ndarray:
     """Chooses min(k_i, candidates_i) random candidate positions per row; bool [B,S]."""
     batch, seq = candidate.shape
@@ -72,7 +123,7 @@ def _choose_words(
     input_ids: np.ndarray,
     candidate: np.ndarray,
     k: np.ndarray,
-    rng: np.random.Generator,
+    rng: np.random.Generator | RowRandom,
     is_word_start: np.ndarray,
 ) -> np.ndarray:
     """Whole-word choice (google's wwm): shuffled words added while they fit in k; bool [B,S]."""
@@ -124,7 +175,7 @@ def _choose_words(
 def mask_batch(
     input_ids: np.ndarray,
     input_mask: np.ndarray,
-    rng: np.random.Generator,
+    rng: np.random.Generator | RowRandom,
     settings: MaskingSettings,
     *,
     vocab_size: int,
