@@ -197,7 +197,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
 
 def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
     overrides = base_overrides(data_dir, num_train_steps=4, checkpoint_every_steps=4, **{
-        "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0})
+        "optimizer.warmup_steps": 2, "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0})
     single = tmp_path / "single"
     subprocess.run(cli_args(overrides, single), env=subprocess_env(4), check=True, capture_output=True,
                    timeout=300)
