@@ -6,11 +6,10 @@ multi-node GPU job, pass --distributed on every host (JAX finds its peers itself
 give --coordinator_address, --num_processes and --process_id.
 """
 
-import logging
 import os
 
 import jax
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bertjax import trainer
@@ -30,6 +29,8 @@ FLAGS = flags.FLAGS
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+    # Library chatter (Orbax logs every save at INFO) would drown the progress bar.
+    logging.set_verbosity(logging.WARNING)
     # The distributed runtime must start before anything touches a device.
     if FLAGS.distributed or FLAGS.coordinator_address:
         jax.distributed.initialize(
@@ -40,5 +41,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.WARNING)
     app.run(main)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import logging
 import os
 import pathlib
 import shutil
@@ -38,7 +37,6 @@ from bertjax import sharding
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tokenizer import Tokenizer
 
-log = logging.getLogger(__name__)
 
 DATA_DIR = "data"
 CHECKPOINT_DIR = pretrained.CHECKPOINT_DIR
@@ -409,118 +407,143 @@ def evaluate(setup: Setup, params, loader_factory: Callable[[], Any], max_batche
     return {k: float(v) for k, v in losses.metrics(totals, "eval").items()}
 
 
+def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
+                    checkpointer: checkpoint_lib.Checkpointer, train_loader: data_lib.Loader,
+                    rng: jax.Array) -> tuple[TrainState, jax.Array]:
+    """(state, dropout key): the latest good checkpoint's (and its loader position), else fresh."""
+    restored = checkpointer.restore(
+        abstract_params=setup.abstract_state.params, abstract_opt_state=setup.abstract_state.opt_state)
+    if restored is not None:
+        train_loader.set_state(restored.meta["loader_state"])
+        print(f"Resumed from {checkpointer.directory} at step {restored.step}")
+        step = jax.device_put(jnp.asarray(restored.step, jnp.int32), setup.state_shardings.step)
+        dropout_rng = jax.random.wrap_key_data(np.asarray(restored.meta["dropout_rng"], np.uint32))
+        return TrainState(step=step, params=restored.params, opt_state=restored.opt_state), dropout_rng
+    params_rng, dropout_rng = jax.random.split(rng)
+    state = setup.init_state(params_rng)
+    if config.init_from:
+        state = state.replace(params=load_initial_params(config.init_from, setup))
+        print(f"Initialised parameters from {config.init_from}")
+    return state, dropout_rng
+
+
+class Throughput:
+    """Sequences/s, tokens/s and MFU over each logging interval, compilation excluded."""
+
+    def __init__(self, config: ml_collections.ConfigDict, model_config: BertConfig, step: int):
+        self._batch_size = config.batch_size
+        self._seq_len = config.data.max_seq_length
+        self._flops_per_sequence = perf.training_flops_per_sequence(
+            model_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
+        peak = perf.peak_flops_per_device(
+            jax.devices()[0].device_kind, model_config.dtype, override=config.peak_flops_per_device or None)
+        self._total_peak = peak * jax.device_count() if peak else None
+        self.restart(step)
+
+    def restart(self, step: int) -> None:
+        self._start, self._step = time.time(), step
+
+    def metrics(self, step: int) -> dict[str, float]:
+        """Figures since the last restart (call after the device has finished `step`)."""
+        elapsed = max(time.time() - self._start, 1e-9)
+        sequences_per_sec = (step - self._step) * self._batch_size / elapsed
+        out = {
+            "perf/sequences_per_sec": sequences_per_sec,
+            "perf/tokens_per_sec": sequences_per_sec * self._seq_len,
+        }
+        if self._total_peak:
+            out["perf/mfu"] = self._flops_per_sequence * sequences_per_sec / self._total_peak
+        self.restart(step)
+        return out
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[str, Any]:
     """Runs (or resumes) pretraining in workdir; returns the final summary."""
     start_time = time.time()
     workdir_path = pathlib.Path(workdir)
     workdir_path.mkdir(parents=True, exist_ok=True)
-    process_index, process_count = jax.process_index(), jax.process_count()
-    validate_config(config, process_count=process_count)
+    is_main_process = jax.process_index() == 0
+    validate_config(config, process_count=jax.process_count())
 
     data_dir = ensure_data(config, workdir)
     tokenizer = Tokenizer.load(data_dir / TOKENIZER_FILE)
     model_config = model_config_from(config, tokenizer.vocab_size)
-    if process_index == 0:
+    if is_main_process:  # bertjax.load finds the tokenizer beside the checkpoints
         shutil.copyfile(data_dir / TOKENIZER_FILE, workdir_path / TOKENIZER_FILE)
     setup = build(config, model_config)
-    # Tracing the model needs the mesh in context for its sharding constraints.
-    with jax.set_mesh(setup.mesh):
-        masking = masking_settings_from(config)
-        local_batch_size = config.batch_size // process_count
 
-        def make_loader(split: str, **kwargs):
-            return data_lib.make_loader(
-                data_dir, split=split, batch_size=local_batch_size, seed=config.seed, masking=masking,
-                expected_max_seq_length=config.data.max_seq_length,
-                expected_tokenizer_fingerprint=tokenizer.fingerprint, **kwargs)
+    def make_loader(split: str, **kwargs) -> data_lib.Loader:
+        return data_lib.make_loader(
+            data_dir, split=split, batch_size=config.batch_size // jax.process_count(), seed=config.seed,
+            masking=masking_settings_from(config), expected_max_seq_length=config.data.max_seq_length,
+            expected_tokenizer_fingerprint=tokenizer.fingerprint, **kwargs)
 
-        train_loader = make_loader("train")
-        eval_loader_factory = lambda: make_loader("eval", shuffle=False, num_epochs=1)
+    train_loader = make_loader("train")
+    checkpointer = checkpoint_lib.Checkpointer(
+        workdir_path / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints,
+        save_interval_steps=config.checkpoint_every_steps)
+    writer = metrics_writer.MetricWriter(workdir_path, enabled=is_main_process)
+    watcher = PreemptionWatcher(checkpointer)
+    eval_metrics: dict[str, float] = {}
+    preempted = False
+    try:
+        # Tracing the model needs the mesh in context for its sharding constraints.
+        with jax.set_mesh(setup.mesh):
+            state, dropout_rng = restore_or_init(
+                config, setup, checkpointer, train_loader, jax.random.key(config.seed))
+            step = first_step = int(state.step)
+            progress = metrics_writer.Progress(config.num_train_steps, initial=step, enabled=is_main_process)
+            throughput = Throughput(config, model_config, step)
+            pending: list[dict[str, jax.Array]] = []  # per-step metrics not yet logged
 
-        checkpointer = checkpoint_lib.Checkpointer(
-            workdir_path / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints,
-            save_interval_steps=config.checkpoint_every_steps)
-        rng = jax.random.key(config.seed)
-        params_rng, dropout_rng = jax.random.split(rng)
-        restored = checkpointer.restore(
-            abstract_params=setup.abstract_state.params, abstract_opt_state=setup.abstract_state.opt_state)
-        if restored is not None:
-            state = TrainState(step=jax.device_put(jnp.asarray(restored.step, jnp.int32), setup.state_shardings.step),
-                               params=restored.params, opt_state=restored.opt_state)
-            train_loader.set_state(restored.meta["loader_state"])
-            print(f"Resumed from {checkpointer.directory} at step {restored.step}")
-        else:
-            state = setup.init_state(params_rng)
-            if config.init_from:
-                state = state.replace(params=load_initial_params(config.init_from, setup))
-                print(f"Initialised parameters from {config.init_from}")
+            def save(force: bool) -> None:
+                raise_if_nonfinite(pending, step)
+                meta = {
+                    "loader_state": train_loader.get_state(),
+                    # Dropout keys are folded from this with the step, so it is all the RNG state.
+                    "dropout_rng": np.asarray(jax.random.key_data(dropout_rng)).tolist(),
+                    "model_config": model_config.to_dict(),
+                    "tokenizer_fingerprint": tokenizer.fingerprint,
+                    "config": config.to_dict(),
+                }
+                checkpointer.save(step, params=state.params, opt_state=state.opt_state, meta=meta, force=force)
 
-        writer = metrics_writer.MetricWriter(workdir_path, enabled=process_index == 0)
-        flops_per_seq = perf.training_flops_per_sequence(
-            model_config, config.data.max_seq_length, config.data.max_predictions_per_seq)
-        peak = perf.peak_flops_per_device(
-            jax.devices()[0].device_kind, model_config.dtype, override=config.peak_flops_per_device or None)
-        watcher = PreemptionWatcher(checkpointer)
-        progress = metrics_writer.Progress(
-            total=config.num_train_steps, initial=int(state.step), enabled=process_index == 0)
-
-        def save(step: int, force: bool) -> None:
-            meta = {
-                "loader_state": train_loader.get_state(),
-                "rng": np.asarray(jax.random.key_data(rng)).tolist(),
-                "model_config": model_config.to_dict(),
-                "tokenizer_fingerprint": tokenizer.fingerprint,
-                "config": config.to_dict(),
-            }
-            checkpointer.save(step, params=state.params, opt_state=state.opt_state, meta=meta, force=force)
-
-        step = int(state.step)
-        pending: list[dict[str, jax.Array]] = []
-        interval_start, interval_step = time.time(), step
-        eval_metrics: dict[str, float] = {}
-        preempted = False
-        try:
             while step < config.num_train_steps:
-                batch = global_batch(next(train_loader), setup.batch_sharding, process_count)
+                batch = global_batch(next(train_loader), setup.batch_sharding, jax.process_count())
                 state, metrics = setup.train_step(state, batch, dropout_rng)
                 step += 1
                 pending.append(metrics)
                 progress.update(step)
+                if step == first_step + 1:  # the first step compiled: time from here on
+                    jax.block_until_ready(metrics)
+                    throughput.restart(step)
 
                 at_end = step == config.num_train_steps
                 if step % config.log_every_steps == 0 or at_end:
-                    summary = summarise(pending, step)  # waits for the device: checks for non-finite steps
-                    elapsed = time.time() - interval_start
-                    seqs_per_sec = (step - interval_step) * config.batch_size / elapsed
-                    summary["perf/sequences_per_sec"] = seqs_per_sec
-                    summary["perf/tokens_per_sec"] = seqs_per_sec * config.data.max_seq_length
-                    if peak:
-                        summary["perf/mfu"] = flops_per_seq * seqs_per_sec / (peak * jax.device_count())
+                    summary = summarise(pending, step)  # waits for the device
+                    summary.update(throughput.metrics(step))
                     writer.write(step, summary)
                     progress.show(summary)
-                    pending, interval_start, interval_step = [], time.time(), step
+                    pending = []
                 if step % config.eval_every_steps == 0 or at_end:
-                    eval_metrics = evaluate(setup, state.params, eval_loader_factory, config.eval_batches)
+                    eval_metrics = evaluate(setup, state.params, lambda: make_loader(
+                        "eval", shuffle=False, num_epochs=1), config.eval_batches)
                     writer.write(step, eval_metrics)
                     progress.show(eval_metrics)
+                    throughput.restart(step)
                 if watcher.should_stop(step):
-                    if pending:
-                        summarise(pending, step)
-                    save(step, force=True)
+                    save(force=True)
                     preempted = True
-                    print(f"\nPreempted: saved step {step} to {checkpointer.directory}; rerun the same command to resume.")
+                    print(f"\nPreempted: saved step {step} to {checkpointer.directory}; "
+                          "rerun the same command to resume.")
                     break
                 if step % config.checkpoint_every_steps == 0 or at_end:
-                    if pending:
-                        summarise(pending, step)
-                        pending = []
-                    save(step, force=at_end)
-        finally:
-            checkpointer.wait_until_finished()
-            checkpointer.close()
-            watcher.close()
+                    save(force=at_end)
             progress.close()
-            writer.close()
+    finally:
+        checkpointer.close()  # waits for the last asynchronous save
+        watcher.close()
+        writer.close()
 
     result = {
         "steps": step,
@@ -531,7 +554,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         "workdir": str(workdir_path),
         "data_dir": str(data_dir),
     }
-    if process_index == 0:
+    if is_main_process:
         print_summary(result)
     return result
 
@@ -540,15 +563,22 @@ class NonFiniteError(FloatingPointError):
     """Raised when a step produced a non-finite loss or gradient."""
 
 
+def raise_if_nonfinite(pending: list[dict[str, jax.Array]], step: int) -> None:
+    """Stops the run, naming the step, if any of the last steps was not finite."""
+    flags = jax.device_get([m["train/nonfinite"] for m in pending])
+    for offset, flag in enumerate(flags):
+        if flag:
+            bad = jax.device_get(pending[offset])
+            raise NonFiniteError(
+                f"step {step - len(pending) + offset + 1}: non-finite loss ({bad['train/loss']}) or "
+                f"gradient norm ({bad['train/grad_norm']}); stopping. Its update was not applied and "
+                "the last good checkpoint is kept.")
+
+
 def summarise(pending: list[dict[str, jax.Array]], step: int) -> dict[str, float]:
     """Means of the metrics of the last steps; stops the run on a non-finite step."""
-    host = [jax.device_get(m) for m in pending]
-    for offset, metrics in enumerate(host):
-        if metrics["train/nonfinite"]:
-            bad_step = step - len(host) + offset + 1
-            raise NonFiniteError(
-                f"step {bad_step}: non-finite loss ({metrics['train/loss']}) or gradient norm "
-                f"({metrics['train/grad_norm']}); stopping. The last good checkpoint is kept.")
+    raise_if_nonfinite(pending, step)
+    host = jax.device_get(pending)
     keys = [k for k in host[0] if k != "train/nonfinite"]
     summary = {k: float(np.mean([m[k] for m in host])) for k in keys}
     summary["train/learning_rate"] = float(host[-1]["train/learning_rate"])
