@@ -113,10 +113,16 @@ def resolve_implementation(
         return "xla"
     platform = _platform()
     if requested == "auto":
-        if platform == "tpu" and _splash_problem(seq_len, batch, num_heads) is None:
-            return "splash"
-        if platform == "nvidia" and _cudnn_problem(dtype, head_dim) is None:
-            return "cudnn"
+        if platform == "tpu":
+            problem = _splash_problem(seq_len, batch, num_heads)
+            if problem is None:
+                return "splash"
+            _log_once(logging.INFO, f"attention 'auto' uses xla, not splash: {problem}")
+        elif platform == "nvidia":
+            problem = _cudnn_problem(dtype, head_dim)
+            if problem is None:
+                return "cudnn"
+            _log_once(logging.INFO, f"attention 'auto' uses xla, not cudnn: {problem}")
         return "xla"
     if requested == "cudnn":
         problem = (

@@ -334,7 +334,7 @@ class FeedForward(nn.Module):
         cfg = self.config
         y = _dense(cfg, cfg.intermediate_size, (EMBED, MLP), "intermediate")(x)  # [b, s, f]
         y = sharding.constrain(_activation(cfg, y), (BATCH, LENGTH, MLP))
-        y = _dense(cfg, cfg.hidden_size, (MLP, HIDDEN), "output")(y)  # [b, s, h]
+        y = _dense(cfg, cfg.hidden_size, (MLP, EMBED), "output")(y)  # [b, s, h]
         y = nn.Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
         return _layer_norm(cfg)(y + x)
 

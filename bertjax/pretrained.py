@@ -1,4 +1,8 @@
-"""Open a training run's checkpoint anywhere: `bertjax.load(workdir)` in a notebook."""
+"""Open a training run's checkpoint anywhere: `bertjax.load(workdir)` in a notebook.
+
+A work directory holds checkpoints/ (Orbax, one directory per step) and a copy of the
+tokenizer under the same file name as in a prepared data directory.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +11,12 @@ import pathlib
 from typing import Any
 
 from bertjax import checkpoint as checkpoint_lib
+from bertjax.data.storage import TOKENIZER_FILE
 from bertjax.model import BertConfig
 from bertjax.tokenizer import Tokenizer
 
 # The layout of a work directory, shared with the trainer that writes it.
 CHECKPOINT_DIR = "checkpoints"
-TOKENIZER_FILE = "tokenizer.model"
 
 
 def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[BertConfig, Any, Tokenizer]:

@@ -39,15 +39,8 @@ from bertjax.tokenizer import Tokenizer
 
 
 DATA_DIR = "data"
+CORPUS_DIR = "corpus"  # the demo corpus cache, inside the workdir
 CHECKPOINT_DIR = pretrained.CHECKPOINT_DIR
-TOKENIZER_FILE = pretrained.TOKENIZER_FILE
-
-# Batch features, as google-research/bert names them.
-BATCH_FEATURES = (
-    "input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
-    "masked_lm_weights", "next_sentence_labels",
-)
-
 
 class ConfigError(ValueError):
     """A training config value that cannot work; the message names the field."""
@@ -125,6 +118,10 @@ def validate_config(config: ml_collections.ConfigDict, *, devices=None, process_
             f"the data-parallel size {data_parallel} (mesh data x fsdp of {mesh_shape})")
     require(config.batch_size % process_count == 0, "batch_size",
             f"must be divisible by the number of processes ({process_count})")
+    # Each process feeds its own rows, so the batch must be split across processes.
+    require(data_parallel % process_count == 0, "mesh_shape",
+            f"the data-parallel size {data_parallel} (data x fsdp) must be a multiple of the "
+            f"{process_count} processes, so that every process holds its own batch rows")
 
     # The model config validates its own fields; probe it with a placeholder vocabulary.
     model_config = model_config_from(config, vocab_size=max(config.model.vocab_size, 8))
@@ -132,14 +129,26 @@ def validate_config(config: ml_collections.ConfigDict, *, devices=None, process_
             f"exceeds the model's max_position_embeddings={model_config.max_position_embeddings}")
     optimizer_settings_from(config)
     masking_settings_from(config)
+    require(config.data.task in TASKS, "data.task", f"must be one of {TASKS}")
+    require(0.0 < config.data.eval_fraction < 1.0, "data.eval_fraction",
+            "must be in (0, 1): evaluation needs a held-out split")
 
-    for path in config.data.input:
+    for path in data_inputs(config):
         require(os.path.exists(path) or bool(glob.glob(path, recursive=True)), "data.input",
                 f"{path!r} matches no file or directory")
+    if config.data.dir and not data_inputs(config):
+        require((pathlib.Path(config.data.dir) / data_lib.MANIFEST_FILE).exists(), "data.dir",
+                "holds no prepared data (no manifest) and data.input names nothing to prepare; "
+                "run python -m bertjax.data.prepare or set data.input")
     if config.data.tokenizer:
         require(os.path.isfile(config.data.tokenizer), "data.tokenizer", "no such file")
+    require(config.init_from is not None, "init_from",
+            "this recipe continues another run: set --config.init_from=<its workdir>")
     if config.init_from:
         require(os.path.exists(config.init_from), "init_from", "no such workdir or checkpoint directory")
+
+
+TASKS = ("nsp", "sop")
 
 
 def config_get(config: ml_collections.ConfigDict, dotted: str) -> Any:
@@ -149,48 +158,99 @@ def config_get(config: ml_collections.ConfigDict, dotted: str) -> Any:
     return value
 
 
+def data_inputs(config: ml_collections.ConfigDict) -> list[str]:
+    """config.data.input as a list: comma-separated files, globs or directories."""
+    return [path.strip() for path in config.data.input.split(",") if path.strip()]
+
+
 # ----------------------------------------------------------------------------- data
 
 
-def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> pathlib.Path:
-    """The prepared data directory, preparing it (on process 0) when it has no manifest."""
+def ensure_data(config: ml_collections.ConfigDict, workdir: str) -> tuple[pathlib.Path, Tokenizer]:
+    """(prepared data directory, its tokenizer), preparing it on process 0 when it has none.
+
+    With neither data.dir nor data.input set, the built-in demo corpus is prepared into
+    <workdir>/data. Every process waits for process 0 (the directories are shared).
+    """
     data_dir = pathlib.Path(config.data.dir or os.path.join(workdir, DATA_DIR))
-    if not (data_dir / data_lib.MANIFEST_FILE).exists():
-        if jax.process_index() == 0:
-            inputs = list(config.data.input)
-            if not inputs:
-                inputs = [str(data_lib.demo_corpus_path(pathlib.Path(workdir) / "corpus"))]
-                print(f"No data.input given: using the built-in demo corpus {inputs[0]}")
-            print(f"Preparing data into {data_dir} ...")
-            data_lib.prepare(
-                inputs, data_dir,
-                max_seq_length=config.data.max_seq_length,
-                max_predictions_per_seq=config.data.max_predictions_per_seq,
-                vocab_size=config.data.vocab_size,
-                tokenizer_path=config.data.tokenizer or None,
-                lowercase=config.data.lowercase,
-                task=config.data.task,
-                dupe_factor=config.data.dupe_factor,
-                short_seq_prob=config.data.short_seq_prob,
-                eval_fraction=config.data.eval_fraction,
-                workers=config.data.workers or None,
-                seed=config.seed)
-        if jax.process_count() > 1:
-            multihost_utils.sync_global_devices("bertjax:data_prepared")
+    if jax.process_index() == 0 and not (data_dir / data_lib.MANIFEST_FILE).exists():
+        inputs = data_inputs(config)
+        if not inputs:
+            inputs = [str(data_lib.demo_corpus_path(pathlib.Path(workdir) / CORPUS_DIR))]
+            print(f"No data.input given: using the built-in demo corpus {inputs[0]}")
+        print(f"Preparing data into {data_dir} ...")
+        data_lib.prepare(
+            inputs, data_dir,
+            max_seq_length=config.data.max_seq_length,
+            max_predictions_per_seq=config.data.max_predictions_per_seq,
+            vocab_size=config.data.vocab_size,
+            tokenizer_path=config.data.tokenizer or None,
+            tokenizer_model_type=config.data.tokenizer_model_type,
+            lowercase=config.data.lowercase,
+            task=config.data.task,
+            dupe_factor=config.data.dupe_factor,
+            short_seq_prob=config.data.short_seq_prob,
+            eval_fraction=config.data.eval_fraction,
+            workers=config.data.workers or None,
+            seed=config.seed)
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("bertjax:data_prepared")
+
     manifest = data_lib.read_manifest(data_dir)
     if manifest["max_seq_length"] != config.data.max_seq_length:
         raise ConfigError(
             f"config.data.max_seq_length={config.data.max_seq_length} but {data_dir} was prepared "
             f"with max_seq_length={manifest['max_seq_length']}; prepare a new directory or match it")
-    return data_dir
+    tokenizer = Tokenizer.load(data_dir / data_lib.TOKENIZER_FILE)
+    if config.data.tokenizer:
+        wanted = Tokenizer.load(config.data.tokenizer)
+        if wanted.fingerprint != tokenizer.fingerprint:
+            raise ConfigError(
+                f"config.data.tokenizer={config.data.tokenizer!r} (fingerprint {wanted.fingerprint[:12]}) "
+                f"is not the tokenizer {data_dir} was prepared with ({tokenizer.fingerprint[:12]})")
+    eval_examples = manifest["splits"]["eval"]["num_instances"]
+    if eval_examples < eval_batch_size(config):
+        raise ConfigError(
+            f"config.data.eval_fraction={config.data.eval_fraction}: {data_dir} holds {eval_examples} "
+            f"eval instances, fewer than one eval batch ({eval_batch_size(config)} = batch_size / "
+            "grad_accum_steps); prepare with a larger eval fraction")
+    return data_dir, tokenizer
+
+
+def eval_batch_size(config: ml_collections.ConfigDict) -> int:
+    """Evaluation runs on micro-batch sized batches: they fit wherever training fits."""
+    return config.batch_size // config.grad_accum_steps
+
+
+# Fields that fix the parameter shapes: a checkpoint must agree on them to be usable.
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
+                       "max_position_embeddings", "type_vocab_size", "position_embedding_type",
+                       "scan_layers")
+
+
+def check_compatible(meta: dict, tokenizer: Tokenizer, model_config: BertConfig, what: str) -> None:
+    """Fails, naming the difference, unless a checkpoint fits this run's tokenizer and model.
+
+    Checked on the checkpoint's small meta item before any array is read, so a config
+    mistake is reported as one rather than as an unreadable checkpoint.
+    """
+    if meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
+        raise ConfigError(
+            f"{what} was trained with tokenizer {meta['tokenizer_fingerprint'][:12]}, but the run's data "
+            f"uses {tokenizer.fingerprint[:12]}; point config.data.dir at the data it was trained on")
+    source = meta["model_config"]
+    for field in ARCHITECTURE_FIELDS:
+        if source[field] != getattr(model_config, field):
+            raise ConfigError(
+                f"{what} has a model with {field}={source[field]!r}, this run's config.model gives "
+                f"{getattr(model_config, field)!r}")
 
 
 def global_batch(local_batch: dict[str, np.ndarray], batch_sharding: jax.sharding.Sharding,
                  process_count: int) -> dict[str, jax.Array]:
     """Assembles each process's rows into global arrays sharded over the data axes."""
     out = {}
-    for name in BATCH_FEATURES:
-        local = local_batch[name]
+    for name, local in local_batch.items():
         global_shape = (local.shape[0] * process_count,) + local.shape[1:]
         out[name] = jax.make_array_from_process_local_data(batch_sharding, local, global_shape)
     return out
@@ -347,20 +407,14 @@ def build(config: ml_collections.ConfigDict, model_config: BertConfig, devices=N
                  batch_sharding, init_state, train_step, eval_step)
 
 
-def load_initial_params(init_from: str, setup: Setup) -> Any:
+def load_initial_params(init_from: str, setup: Setup, tokenizer: Tokenizer) -> Any:
     """Parameters of another run (phase 1 for phase 2), placed on this run's shardings."""
     directory = pathlib.Path(init_from)
     if (directory / CHECKPOINT_DIR).is_dir():
         directory = directory / CHECKPOINT_DIR
-    _, params, meta = checkpoint_lib.restore_params(directory, abstract_params=setup.abstract_state.params)
-    source = BertConfig.from_dict(meta["model_config"])
-    mine = setup.model_config
-    for field in ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                  "max_position_embeddings", "type_vocab_size", "scan_layers"):
-        if getattr(source, field) != getattr(mine, field):
-            raise ConfigError(
-                f"config.init_from={init_from!r}: its model has {field}={getattr(source, field)}, "
-                f"this run's has {getattr(mine, field)}")
+    check_compatible(checkpoint_lib.read_meta(directory), tokenizer, setup.model_config,
+                     f"config.init_from={init_from!r}")
+    _, params, _ = checkpoint_lib.restore_params(directory, abstract_params=setup.abstract_state.params)
     return params
 
 
@@ -409,8 +463,11 @@ def evaluate(setup: Setup, params, loader_factory: Callable[[], Any], max_batche
 
 def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
                     checkpointer: checkpoint_lib.Checkpointer, train_loader: data_lib.Loader,
-                    rng: jax.Array) -> tuple[TrainState, jax.Array]:
+                    tokenizer: Tokenizer, rng: jax.Array) -> tuple[TrainState, jax.Array]:
     """(state, dropout key): the latest good checkpoint's (and its loader position), else fresh."""
+    if checkpointer.latest_step() is not None:
+        check_compatible(checkpoint_lib.read_meta(checkpointer.directory), tokenizer, setup.model_config,
+                         f"the checkpoint in {checkpointer.directory}")
     restored = checkpointer.restore(
         abstract_params=setup.abstract_state.params, abstract_opt_state=setup.abstract_state.opt_state)
     if restored is not None:
@@ -422,7 +479,7 @@ def restore_or_init(config: ml_collections.ConfigDict, setup: Setup,
     params_rng, dropout_rng = jax.random.split(rng)
     state = setup.init_state(params_rng)
     if config.init_from:
-        state = state.replace(params=load_initial_params(config.init_from, setup))
+        state = state.replace(params=load_initial_params(config.init_from, setup, tokenizer))
         print(f"Initialised parameters from {config.init_from}")
     return state, dropout_rng
 
@@ -445,6 +502,8 @@ class Throughput:
 
     def metrics(self, step: int) -> dict[str, float]:
         """Figures since the last restart (call after the device has finished `step`)."""
+        if step == self._step:  # nothing timed yet (the interval was the compiling step)
+            return {}
         elapsed = max(time.time() - self._start, 1e-9)
         sequences_per_sec = (step - self._step) * self._batch_size / elapsed
         out = {
@@ -465,20 +524,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     is_main_process = jax.process_index() == 0
     validate_config(config, process_count=jax.process_count())
 
-    data_dir = ensure_data(config, workdir)
-    tokenizer = Tokenizer.load(data_dir / TOKENIZER_FILE)
+    data_dir, tokenizer = ensure_data(config, workdir)
     model_config = model_config_from(config, tokenizer.vocab_size)
     if is_main_process:  # bertjax.load finds the tokenizer beside the checkpoints
-        shutil.copyfile(data_dir / TOKENIZER_FILE, workdir_path / TOKENIZER_FILE)
+        shutil.copyfile(data_dir / data_lib.TOKENIZER_FILE, workdir_path / pretrained.TOKENIZER_FILE)
     setup = build(config, model_config)
 
-    def make_loader(split: str, **kwargs) -> data_lib.Loader:
+    def make_loader(split: str, global_batch_size: int, **kwargs) -> data_lib.Loader:
         return data_lib.make_loader(
-            data_dir, split=split, batch_size=config.batch_size // jax.process_count(), seed=config.seed,
+            data_dir, split=split, batch_size=global_batch_size // jax.process_count(), seed=config.seed,
             masking=masking_settings_from(config), expected_max_seq_length=config.data.max_seq_length,
             expected_tokenizer_fingerprint=tokenizer.fingerprint, **kwargs)
 
-    train_loader = make_loader("train")
+    train_loader = make_loader("train", config.batch_size)
     checkpointer = checkpoint_lib.Checkpointer(
         workdir_path / CHECKPOINT_DIR, max_to_keep=config.keep_checkpoints,
         save_interval_steps=config.checkpoint_every_steps)
@@ -490,7 +548,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         # Tracing the model needs the mesh in context for its sharding constraints.
         with jax.set_mesh(setup.mesh):
             state, dropout_rng = restore_or_init(
-                config, setup, checkpointer, train_loader, jax.random.key(config.seed))
+                config, setup, checkpointer, train_loader, tokenizer, jax.random.key(config.seed))
             step = first_step = int(state.step)
             progress = metrics_writer.Progress(config.num_train_steps, initial=step, enabled=is_main_process)
             throughput = Throughput(config, model_config, step)
@@ -527,7 +585,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                     pending = []
                 if step % config.eval_every_steps == 0 or at_end:
                     eval_metrics = evaluate(setup, state.params, lambda: make_loader(
-                        "eval", shuffle=False, num_epochs=1), config.eval_batches)
+                        "eval", eval_batch_size(config), shuffle=False, num_epochs=1), config.eval_batches)
                     writer.write(step, eval_metrics)
                     progress.show(eval_metrics)
                     throughput.restart(step)

@@ -7,12 +7,15 @@ Prepare the data at 512 (the prepared directory records its sequence length and 
 rejected if it does not match).
 """
 
+import ml_collections
+
 from configs import base
 
 
 def get_config():
     config = base.get_config()
-    config.init_from = ""               # required: a phase-1 workdir or checkpoint directory
+    # Required: a phase-1 workdir or checkpoint directory (validation says so if unset).
+    config.init_from = ml_collections.config_dict.placeholder(str)
     config.data.max_seq_length = 512
     config.data.max_predictions_per_seq = 80   # ~ 512 * 0.15
     config.optimizer.learning_rate = 1e-4

@@ -27,7 +27,8 @@ def get_config() -> ml_collections.ConfigDict:
     # Data: prepared by bertjax.data.prepare into data.dir when data.dir has no manifest.
     config.data = ml_collections.ConfigDict(dict(
             dir="",                     # empty: <workdir>/data
-            input=[],                   # raw text files/globs/dirs; empty: the built-in demo corpus
+            input="",                   # raw text files/globs/dirs, comma-separated; with dir also
+                                    # empty: the built-in demo corpus
             max_seq_length=128,
             max_predictions_per_seq=20,
             masked_lm_prob=0.15,
@@ -69,6 +70,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.eval_batches = 100         # 0: the whole eval split
     config.checkpoint_every_steps = 10_000
     config.keep_checkpoints = 3
-    config.init_from = ""             # a workdir or checkpoint dir whose params start the run (fresh optimizer)
+    config.init_from = ""             # a workdir or checkpoint dir whose params start the run (fresh optimizer);
+                                      # a recipe that needs one sets it to None (required)
     config.peak_flops_per_device = 0.0  # 0: look up the device in bertjax.perf's table
     return config

@@ -326,6 +326,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--short_seq_prob", type=float, default=0.1)
     parser.add_argument("--task", choices=("nsp", "sop"), default="nsp")
     parser.add_argument("--lowercase", action="store_true")
+    parser.add_argument(
+        "--tokenizer_model_type", choices=("unigram", "bpe"), default="unigram",
+        help="sentencepiece algorithm when training a tokenizer",
+    )
     parser.add_argument("--seed", type=int, default=12345)
     parser.add_argument("--chunk_mb", type=float, default=DEFAULT_CHUNK_MB)
     args = parser.parse_args(argv)
@@ -343,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         short_seq_prob=args.short_seq_prob,
         task=args.task,
         lowercase=args.lowercase,
+        tokenizer_model_type=args.tokenizer_model_type,
         chunk_mb=args.chunk_mb,
     )
 
