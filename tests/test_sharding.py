@@ -112,6 +112,11 @@ def test_init_sharded_splits_kernels_across_devices():
     assert {s.data.shape for s in query.addressable_shards} == {(32, 1, 16)}
     table = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
     assert {s.data.shape for s in table.addressable_shards} == {(128, 32)}
+    # Both FFN kernels are split over fsdp (embed side) and tensor (intermediate side).
+    mlp = params["bert"]["encoder"]["layer_0"]["mlp"]
+    assert mlp["intermediate"]["kernel"].sharding.spec == P("fsdp", "tensor")  # [64, 128]
+    assert mlp["output"]["kernel"].sharding.spec == P("tensor", "fsdp")  # [128, 64]
+    assert {s.data.shape for s in mlp["output"]["kernel"].addressable_shards} == {(32, 32)}
 
 
 def _outputs_and_grads(params, ids, types, mask, positions):
