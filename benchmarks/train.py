@@ -61,10 +61,12 @@ class Timing:
 
     name: str
     seconds: float
+    cpu_seconds: float  # this process's CPU time: how much of the machine the run got
     steps: int
     batch_size: int
     seq_len: int
     flops_per_sequence: float
+    devices: int  # the FLOP rate is over this many devices
 
     @property
     def step_time(self) -> float:
@@ -94,7 +96,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch_size", type=int, default=16, help="global batch size")
     parser.add_argument("--seq_len", type=int, default=128)
     parser.add_argument("--num_predictions", type=int, default=20, help="masked positions per sequence")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES, help="compute dtype (params stay float32)")
+    parser.add_argument("--dtype", default="float32", choices=DTYPES,
+                        help="compute dtype (parameters stay float32)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before timing (after compiling)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -105,13 +108,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--attention_impl", default=None, choices=("auto", "xla", "cudnn", "splash"),
                         help="override config.model.attention_impl")
     parser.add_argument("--no_reference", action="store_true", help="skip the transformers reference")
-    parser.add_argument("--matmul_size", type=int, default=1024, help="side of the square matmul probe")
+    parser.add_argument("--matmul_size", type=int, default=0,
+                        help="side of the square matmul probe (0: 1024 on CPU, 8192 on accelerators)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for name in ("batch_size", "seq_len", "steps", "rounds", "vocab_size", "matmul_size"):
+    for name in ("batch_size", "seq_len", "steps", "rounds", "vocab_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 1")
-    for name in ("warmup", "num_predictions"):
+    for name in ("warmup", "num_predictions", "matmul_size"):
         if getattr(args, name) < 0:
             parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 0")
     if args.num_predictions > args.seq_len // 2 - 1:
@@ -170,7 +174,8 @@ def synthetic_batch(rng: np.random.Generator, batch_size: int, seq_len: int, num
         "input_mask": input_mask,
         "segment_ids": segment_ids,
         "masked_lm_positions": positions,
-        "masked_lm_ids": rng.integers(FIRST_REAL_ID, vocab_size, (batch_size, num_predictions)).astype(np.int32),
+        "masked_lm_ids": rng.integers(
+            FIRST_REAL_ID, vocab_size, (batch_size, num_predictions)).astype(np.int32),
         "masked_lm_weights": np.ones((batch_size, num_predictions), np.float32),
         "next_sentence_labels": rng.integers(0, 2, batch_size).astype(np.int32),
     }
@@ -179,14 +184,14 @@ def synthetic_batch(rng: np.random.Generator, batch_size: int, seq_len: int, num
 # ----------------------------------------------------------------------------- runners
 
 
-def time_steps(step: Callable[[int], Any], finish: Callable[[Any], None], steps: int) -> float:
-    """Seconds for `steps` calls of step(i), waiting for the last result at the end."""
-    start = time.perf_counter()
+def time_steps(step: Callable[[int], Any], finish: Callable[[Any], None], steps: int) -> tuple[float, float]:
+    """(wall, CPU) seconds for `steps` calls of step(i), waiting for the last result at the end."""
+    start, cpu_start = time.perf_counter(), time.process_time()
     out = None
     for i in range(steps):
         out = step(i)
     finish(out)
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu_start
 
 
 class OursRunner:
@@ -306,28 +311,37 @@ def median_timing(timings: list[Timing]) -> Timing:
     return ordered[(len(ordered) - 1) // 2]
 
 
-def print_table(rows: list[tuple[str, Timing]], peak: float | None, matmul_rate: float,
-                num_devices: int) -> None:
-    header = f"{'':<26}" + "".join(f"{name:>16}" for name, _ in rows)
+def print_table(rows: list[Timing], peak: float | None, matmul_fraction: dict[str, float]) -> None:
+    header = f"{'':<26}" + "".join(f"{t.name:>16}" for t in rows)
     lines = [header, "-" * len(header)]
 
     def line(label: str, fn: Callable[[Timing], str]) -> None:
-        lines.append(f"{label:<26}" + "".join(f"{fn(t):>16}" for _, t in rows))
+        lines.append(f"{label:<26}" + "".join(f"{fn(t):>16}" for t in rows))
 
+    line("devices", lambda t: str(t.devices))
     line("step time", lambda t: f"{t.step_time * 1e3:.1f} ms")
+    line("CPU time per step", lambda t: f"{t.cpu_seconds / t.steps:.2f} s")
     line("sequences/s", lambda t: f"{t.sequences_per_sec:.2f}")
     line("tokens/s", lambda t: f"{t.tokens_per_sec:.1f}")
     line("model FLOP/s", lambda t: format_rate(t.flops_per_sec, "FLOP/s"))
     line("MFU (data-sheet peak)",
-         lambda t: f"{100 * t.flops_per_sec / (peak * num_devices):.1f} %" if peak else "n/a")
-    line("of measured matmul rate",
-         lambda t: f"{100 * t.flops_per_sec / (matmul_rate * num_devices):.1f} %")
+         lambda t: f"{100 * t.flops_per_sec / (peak * t.devices):.1f} %" if peak else "n/a")
+    line("of measured matmul rate", lambda t: f"{100 * matmul_fraction[t.name]:.1f} %")
     print("\n".join(lines))
 
 
+def matmul_probe_settings(args: argparse.Namespace) -> tuple[int, int]:
+    """(size, repeats) of the matmul probe: big enough to be compute-bound on the backend."""
+    on_cpu = jax.default_backend() == "cpu"
+    size = args.matmul_size or (1024 if on_cpu else 8192)
+    return size, 20 if on_cpu else 50
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark, prints the report and returns its headline figures."""
     args = parse_args(argv)
-    print("command:", " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv))
+    command = [sys.executable, sys.argv[0]] + (sys.argv[1:] if argv is None else list(argv))
+    print("command:", " ".join(shlex.quote(a) for a in command))
     device = jax.devices()[0]
     print(f"versions: {versions()}")
     print(f"backend: {jax.default_backend()}, {jax.device_count()} x {device.device_kind}, "
@@ -351,7 +365,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
           f"{real_tokens:.1f} real tokens per sequence on average; optimizer {config.optimizer.name}; "
           f"{format_rate(flops_per_seq, 'FLOP')} model FLOPs per sequence")
 
-    runners: list[tuple[str, Any]] = [("bertjax", ours)]
+    runners: list[tuple[str, Any, int]] = [("bertjax", ours, jax.device_count())]
     if not args.no_reference:
         if torch is None:
             print("transformers reference skipped: torch/transformers are not installed")
@@ -359,44 +373,51 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             opt_settings = trainer.optimizer_settings_from(config)
             if opt_settings.name != "adamw":
                 print(f"note: config optimizer is {opt_settings.name}; the reference uses AdamW")
-            runners.append(("transformers", ReferenceRunner(
-                model_config, opt_settings, batches, args.dtype, args.seed)))
+            reference = ReferenceRunner(model_config, opt_settings, batches, args.dtype, args.seed)
+            print(f"reference: transformers BertForPreTraining on {reference.device}, "
+                  f"attention {reference.model.config._attn_implementation}, AdamW, "
+                  f"{torch.get_num_threads()} torch threads")
+            runners.append(("transformers", reference, 1))
 
     # Compile and warm up, then time in rounds so that load changes hit every side alike.
-    for name, runner in runners:
-        start = time.perf_counter()
-        time_steps(runner.step, runner.finish, 1 + args.warmup)
-        print(f"{name}: first {1 + args.warmup} steps (compile + warm-up) {time.perf_counter() - start:.1f} s")
-    timings: dict[str, list[Timing]] = {name: [] for name, _ in runners}
+    for name, runner, _ in runners:
+        seconds, _ = time_steps(runner.step, runner.finish, 1 + args.warmup)
+        print(f"{name}: first {1 + args.warmup} steps (compile + warm-up) {seconds:.1f} s")
+    probe_size, probe_repeats = matmul_probe_settings(args)
+    timings: dict[str, list[Timing]] = {name: [] for name, _, _ in runners}
     matmul_rates: list[float] = []
     for round_index in range(args.rounds):
-        for name, runner in runners:
-            seconds = time_steps(runner.step, runner.finish, args.steps)
-            timings[name].append(Timing(name, seconds, args.steps, args.batch_size, args.seq_len, flops_per_seq))
-        matmul_rates.append(perf.measure_matmul_flops(args.dtype, args.matmul_size, repeats=10))
+        for name, runner, devices in runners:
+            seconds, cpu_seconds = time_steps(runner.step, runner.finish, args.steps)
+            timings[name].append(Timing(name, seconds, cpu_seconds, args.steps, args.batch_size,
+                                        args.seq_len, flops_per_seq, devices))
+        matmul_rates.append(perf.measure_matmul_flops(args.dtype, probe_size, repeats=probe_repeats))
         print(f"round {round_index + 1}/{args.rounds}: "
-              + ", ".join(f"{name} {timings[name][-1].step_time * 1e3:.1f} ms/step" for name, _ in runners)
+              + ", ".join(f"{name} {timings[name][-1].step_time * 1e3:.1f} ms/step" for name, _, _ in runners)
               + f", matmul {format_rate(matmul_rates[-1], 'FLOP/s')}", flush=True)
 
+    # Fractions and ratios are taken within each round (same load), then their median.
+    fractions = {name: [t.flops_per_sec / (m * t.devices) for t, m in zip(ts, matmul_rates)]
+                 for name, ts in timings.items()}
+    matmul_fraction = {name: statistics.median(f) for name, f in fractions.items()}
     peak = perf.peak_flops_per_device(device.device_kind, args.dtype)
-    matmul_rate = statistics.median(matmul_rates)
-    rows = [(name, median_timing(timings[name])) for name, _ in runners]
+    rows = [median_timing(timings[name]) for name, _, _ in runners]
     print()
     print(f"medians over {args.rounds} rounds of {args.steps} steps; matmul probe "
-          f"({args.matmul_size}^3, {args.dtype}): {format_rate(matmul_rate, 'FLOP/s')} per device; "
+          f"({probe_size}^3 {args.dtype}, one device): "
+          f"{format_rate(statistics.median(matmul_rates), 'FLOP/s')}; "
           f"data-sheet peak: {format_rate(peak, 'FLOP/s') if peak else 'unknown for ' + device.device_kind}")
-    print_table(rows, peak, matmul_rate, jax.device_count())
+    print_table(rows, peak, matmul_fraction)
 
-    ours_fraction = [t.flops_per_sec / (m * jax.device_count())
-                     for t, m in zip(timings["bertjax"], matmul_rates)]
+    ours_row = rows[0]
     result: dict[str, Any] = {
-        "ours_tokens_per_sec": rows[0][1].tokens_per_sec,
-        "ours_fraction_of_matmul": statistics.median(ours_fraction),
-        "ours_mfu": rows[0][1].flops_per_sec / (peak * jax.device_count()) if peak else None,
+        "tokens_per_sec": ours_row.tokens_per_sec,
+        "fraction_of_matmul": matmul_fraction["bertjax"],
+        "mfu": ours_row.flops_per_sec / (peak * ours_row.devices) if peak else None,
     }
-    print(f"\nbertjax fraction of the measured matmul rate, per round: "
-          + ", ".join(f"{100 * f:.1f} %" for f in ours_fraction)
-          + f" (median {100 * result['ours_fraction_of_matmul']:.1f} %)")
+    print("\nbertjax fraction of the measured matmul rate, per round: "
+          + ", ".join(f"{100 * f:.1f} %" for f in fractions["bertjax"])
+          + f" (median {100 * result['fraction_of_matmul']:.1f} %)")
     if "transformers" in timings:
         ratios = [r.seconds / o.seconds for o, r in zip(timings["bertjax"], timings["transformers"])]
         result["speedup_vs_transformers"] = statistics.median(ratios)
