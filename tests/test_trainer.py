@@ -134,6 +134,20 @@ def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
     assert np.isfinite(float(logit_sum)) and float(logit_sum) > 0
 
 
+def test_the_default_run_prepares_the_demo_corpus_itself(tmp_path):
+    config = tiny.get_config()  # what `python train.py` runs, shortened
+    config.num_train_steps = 2
+    config.optimizer.warmup_steps = 1
+    config.eval_every_steps = config.checkpoint_every_steps = 2
+    config.eval_batches = 1
+    result = trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    manifest = data_lib.read_manifest(tmp_path / "run" / "data")
+    assert manifest["splits"]["train"]["num_instances"] > 1000
+    assert list((tmp_path / "run" / "corpus").iterdir())
+    assert result["steps"] == 2 and (tmp_path / "run" / "checkpoints" / "2").is_dir()
+    assert set(result["eval"]) == {"eval/mlm_loss", "eval/mlm_accuracy", "eval/nsp_loss", "eval/nsp_accuracy"}
+
+
 # ----------------------------------------------------------------------------- resume
 
 
@@ -232,46 +246,42 @@ def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
 # ----------------------------------------------------------------------------- the step
 
 
-def _one_update(data_dir, grad_accum_steps: int):
-    config = make_config(data_dir, grad_accum_steps=grad_accum_steps, **{
-        "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0})
-    config.model.vocab_size = 0
+def _one_step(data_dir, config, spoil=None):
+    """(params before, params after, metrics) of one train step; `spoil` edits the params first."""
     tokenizer = bertjax.Tokenizer.load(data_dir / "tokenizer.model")
     setup = trainer.build(config, trainer.model_config_from(config, tokenizer.vocab_size))
     loader = data_lib.make_loader(data_dir, batch_size=config.batch_size, seed=0,
                                   masking=trainer.masking_settings_from(config))
     with jax.set_mesh(setup.mesh):
         state = setup.init_state(jax.random.key(0))
+        if spoil is not None:
+            state = state.replace(params=spoil(state.params))
+        before = jax.device_get(state.params)
         batch = trainer.global_batch(next(loader), setup.batch_sharding, 1)
         state, metrics = setup.train_step(state, batch, jax.random.key(1))
-    return jax.device_get(state.params), jax.device_get(metrics)
+    return before, jax.device_get(state.params), jax.device_get(metrics)
 
 
 def test_gradient_accumulation_equals_one_large_batch(data_dir):
-    params_1, metrics_1 = _one_update(data_dir, 1)
-    params_4, metrics_4 = _one_update(data_dir, 4)
+    no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
+    _, params_1, metrics_1 = _one_step(data_dir, make_config(data_dir, grad_accum_steps=1, **no_dropout))
+    _, params_4, metrics_4 = _one_step(data_dir, make_config(data_dir, grad_accum_steps=4, **no_dropout))
     np.testing.assert_allclose(metrics_4["train/loss"], metrics_1["train/loss"], rtol=1e-5)
     np.testing.assert_allclose(metrics_4["train/grad_norm"], metrics_1["train/grad_norm"], rtol=1e-4)
     for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_4)):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
-def test_non_finite_step_keeps_the_state_and_stops_naming_the_step(data_dir):
-    config = make_config(data_dir)
-    tokenizer = bertjax.Tokenizer.load(data_dir / "tokenizer.model")
-    setup = trainer.build(config, trainer.model_config_from(config, tokenizer.vocab_size))
-    loader = data_lib.make_loader(data_dir, batch_size=config.batch_size, seed=0,
-                                  masking=trainer.masking_settings_from(config))
-    with jax.set_mesh(setup.mesh):
-        state = setup.init_state(jax.random.key(0))
-        bad_params = jax.tree.map(lambda x: x, state.params)
-        bad_params["nsp_head"]["bias"] = bad_params["nsp_head"]["bias"] * jnp.nan
-        state = state.replace(params=bad_params)
-        before = jax.device_get(state.params)
-        batch = trainer.global_batch(next(loader), setup.batch_sharding, 1)
-        state, metrics = setup.train_step(state, batch, jax.random.key(1))
+def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):
+    def spoil(params):
+        params = dict(params)
+        params["nsp_head"] = dict(params["nsp_head"], bias=params["nsp_head"]["bias"] * jnp.nan)
+        return params
+
+    before, after, metrics = _one_step(data_dir, make_config(data_dir), spoil)
     assert metrics["train/nonfinite"] == 1.0
-    np.testing.assert_array_equal(jax.device_get(state.params)["nsp_head"]["kernel"], before["nsp_head"]["kernel"])
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
+        np.testing.assert_array_equal(a, b)
     with pytest.raises(trainer.NonFiniteError, match="step 7"):
         trainer.summarise([metrics], step=7)
 
