@@ -29,11 +29,11 @@ import shlex
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import flax
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -42,7 +42,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bertjax import perf, trainer  # noqa: E402
+from bertjax import perf, trainer
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch
@@ -89,27 +89,53 @@ class Timing:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=os.path.join(_REPO, "configs", "small.py"),
-                        help="training config file (configs/*.py) giving the model and optimizer")
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--config",
+        default=os.path.join(_REPO, "configs", "small.py"),
+        help="training config file (configs/*.py) giving the model and optimizer",
+    )
     parser.add_argument("--batch_size", type=int, default=16, help="global batch size")
     parser.add_argument("--seq_len", type=int, default=128)
-    parser.add_argument("--num_predictions", type=int, default=20, help="masked positions per sequence")
-    parser.add_argument("--dtype", default="float32", choices=DTYPES,
-                        help="compute dtype (parameters stay float32)")
+    parser.add_argument(
+        "--num_predictions", type=int, default=20, help="masked positions per sequence"
+    )
+    parser.add_argument(
+        "--dtype", default="float32", choices=DTYPES, help="compute dtype (parameters stay float32)"
+    )
     parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before timing (after compiling)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of (ours, reference, matmul probe); ratios are medians over rounds")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps before timing (after compiling)"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="rounds of (ours, reference, matmul probe); ratios are medians over rounds",
+    )
     parser.add_argument("--vocab_size", type=int, default=30522)
-    parser.add_argument("--mesh_shape", default="",
-                        help="data,fsdp,tensor sizes, e.g. 4,2,1 (default: every device data-parallel)")
-    parser.add_argument("--attention_impl", default=None, choices=("auto", "xla", "cudnn", "splash"),
-                        help="override config.model.attention_impl")
-    parser.add_argument("--no_reference", action="store_true", help="skip the transformers reference")
-    parser.add_argument("--matmul_size", type=int, default=0,
-                        help="side of the square matmul probe (0: 1024 on CPU, 8192 on accelerators)")
+    parser.add_argument(
+        "--mesh_shape",
+        default="",
+        help="data,fsdp,tensor sizes, e.g. 4,2,1 (default: every device data-parallel)",
+    )
+    parser.add_argument(
+        "--attention_impl",
+        default=None,
+        choices=("auto", "xla", "cudnn", "splash"),
+        help="override config.model.attention_impl",
+    )
+    parser.add_argument(
+        "--no_reference", action="store_true", help="skip the transformers reference"
+    )
+    parser.add_argument(
+        "--matmul_size",
+        type=int,
+        default=0,
+        help="side of the square matmul probe (0: 1024 on CPU, 8192 on accelerators)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for name in ("batch_size", "seq_len", "steps", "rounds", "vocab_size"):
@@ -119,13 +145,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 0:
             parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 0")
     if args.num_predictions > args.seq_len // 2 - 1:
-        parser.error(f"--num_predictions={args.num_predictions} is invalid: must be < seq_len/2 - 1 "
-                     f"= {args.seq_len // 2 - 1} so that every synthetic sequence has that many tokens")
+        parser.error(
+            f"--num_predictions={args.num_predictions} is invalid: must be < seq_len/2 - 1 "
+            f"= {args.seq_len // 2 - 1} so that every synthetic sequence has that many tokens"
+        )
     if args.mesh_shape:
         try:
             args.mesh_shape = tuple(int(s) for s in args.mesh_shape.split(","))
         except ValueError:
-            parser.error(f"--mesh_shape={args.mesh_shape!r} is invalid: give three integers like 4,2,1")
+            parser.error(
+                f"--mesh_shape={args.mesh_shape!r} is invalid: give three integers like 4,2,1"
+            )
     else:
         args.mesh_shape = (-1, 1, 1)
     return args
@@ -155,8 +185,9 @@ def load_config(path: str, args: argparse.Namespace):
 # ----------------------------------------------------------------------------- batches
 
 
-def synthetic_batch(rng: np.random.Generator, batch_size: int, seq_len: int, num_predictions: int,
-                    vocab_size: int) -> dict[str, np.ndarray]:
+def synthetic_batch(
+    rng: np.random.Generator, batch_size: int, seq_len: int, num_predictions: int, vocab_size: int
+) -> dict[str, np.ndarray]:
     """A pretraining batch in google's feature layout with realistic padding."""
     input_ids = np.zeros((batch_size, seq_len), np.int32)
     input_mask = np.zeros((batch_size, seq_len), np.int32)
@@ -166,7 +197,7 @@ def synthetic_batch(rng: np.random.Generator, batch_size: int, seq_len: int, num
         length = int(rng.integers(seq_len // 2, seq_len + 1))
         input_ids[row, :length] = rng.integers(FIRST_REAL_ID, vocab_size, length)
         input_mask[row, :length] = 1
-        segment_ids[row, int(rng.integers(2, length - 1)):length] = 1
+        segment_ids[row, int(rng.integers(2, length - 1)) : length] = 1
         # Predictions among the real tokens after [CLS], sorted as google's masking does.
         positions[row] = np.sort(rng.choice(np.arange(1, length), num_predictions, replace=False))
     return {
@@ -175,7 +206,8 @@ def synthetic_batch(rng: np.random.Generator, batch_size: int, seq_len: int, num
         "segment_ids": segment_ids,
         "masked_lm_positions": positions,
         "masked_lm_ids": rng.integers(
-            FIRST_REAL_ID, vocab_size, (batch_size, num_predictions)).astype(np.int32),
+            FIRST_REAL_ID, vocab_size, (batch_size, num_predictions)
+        ).astype(np.int32),
         "masked_lm_weights": np.ones((batch_size, num_predictions), np.float32),
         "next_sentence_labels": rng.integers(0, 2, batch_size).astype(np.int32),
     }
@@ -184,7 +216,9 @@ def synthetic_batch(rng: np.random.Generator, batch_size: int, seq_len: int, num
 # ----------------------------------------------------------------------------- runners
 
 
-def time_steps(step: Callable[[int], Any], finish: Callable[[Any], None], steps: int) -> tuple[float, float]:
+def time_steps(
+    step: Callable[[int], Any], finish: Callable[[Any], None], steps: int
+) -> tuple[float, float]:
     """(wall, CPU) seconds for `steps` calls of step(i), waiting for the last result at the end."""
     start, cpu_start = time.perf_counter(), time.process_time()
     out = None
@@ -209,7 +243,8 @@ class OursRunner:
     def step(self, i: int):
         with jax.set_mesh(self.setup.mesh):
             self.state, metrics = self.setup.train_step(
-                self.state, self.batches[i % len(self.batches)], self.rng)
+                self.state, self.batches[i % len(self.batches)], self.rng
+            )
         return metrics
 
     @staticmethod
@@ -223,8 +258,9 @@ class OursRunner:
 class ReferenceRunner:
     """transformers' BertForPreTraining with torch AdamW, on the same batches."""
 
-    def __init__(self, model_config, opt_config, batches: list[dict[str, np.ndarray]], dtype: str,
-                 seed: int):
+    def __init__(
+        self, model_config, opt_config, batches: list[dict[str, np.ndarray]], dtype: str, seed: int
+    ):
         torch.manual_seed(seed)
         torch.set_num_threads(os.cpu_count() or 1)
         hf_config = transformers.BertConfig(
@@ -245,8 +281,12 @@ class ReferenceRunner:
         self.model = transformers.BertForPreTraining(hf_config).to(self.device)
         self.model.train()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=opt_config.learning_rate, betas=(opt_config.b1, opt_config.b2),
-            eps=opt_config.eps, weight_decay=opt_config.weight_decay)
+            self.model.parameters(),
+            lr=opt_config.learning_rate,
+            betas=(opt_config.b1, opt_config.b2),
+            eps=opt_config.eps,
+            weight_decay=opt_config.weight_decay,
+        )
         self.max_grad_norm = opt_config.max_grad_norm
         self.autocast_dtype = torch.bfloat16 if dtype == "bfloat16" else None
         self.batches = [self._to_torch(b) for b in batches]
@@ -256,7 +296,7 @@ class ReferenceRunner:
         labels = np.full(batch["input_ids"].shape, -100, np.int64)
         rows = np.arange(labels.shape[0])[:, None]
         labels[rows, batch["masked_lm_positions"]] = batch["masked_lm_ids"]
-        as_long = lambda x: torch.from_numpy(np.asarray(x, np.int64)).to(self.device)  # noqa: E731
+        as_long = lambda x: torch.from_numpy(np.asarray(x, np.int64)).to(self.device)
         return {
             "input_ids": as_long(batch["input_ids"]),
             "attention_mask": as_long(batch["input_mask"]),
@@ -289,8 +329,13 @@ class ReferenceRunner:
 
 
 def versions() -> str:
-    parts = [f"python {platform.python_version()}", f"jax {jax.__version__}", f"flax {flax.__version__}",
-             f"optax {optax.__version__}", f"numpy {np.__version__}"]
+    parts = [
+        f"python {platform.python_version()}",
+        f"jax {jax.__version__}",
+        f"flax {flax.__version__}",
+        f"optax {optax.__version__}",
+        f"numpy {np.__version__}",
+    ]
     if torch is not None:
         parts += [f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
     return ", ".join(parts)
@@ -324,8 +369,10 @@ def print_table(rows: list[Timing], peak: float | None, matmul_fraction: dict[st
     line("sequences/s", lambda t: f"{t.sequences_per_sec:.2f}")
     line("tokens/s", lambda t: f"{t.tokens_per_sec:.1f}")
     line("model FLOP/s", lambda t: format_rate(t.flops_per_sec, "FLOP/s"))
-    line("MFU (data-sheet peak)",
-         lambda t: f"{100 * t.flops_per_sec / (peak * t.devices):.1f} %" if peak else "n/a")
+    line(
+        "MFU (data-sheet peak)",
+        lambda t: f"{100 * t.flops_per_sec / (peak * t.devices):.1f} %" if peak else "n/a",
+    )
     line("of measured matmul rate", lambda t: f"{100 * matmul_fraction[t.name]:.1f} %")
     print("\n".join(lines))
 
@@ -344,26 +391,39 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print("command:", " ".join(shlex.quote(a) for a in command))
     device = jax.devices()[0]
     print(f"versions: {versions()}")
-    print(f"backend: {jax.default_backend()}, {jax.device_count()} x {device.device_kind}, "
-          f"{os.cpu_count()} CPU cores, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}")
+    print(
+        f"backend: {jax.default_backend()}, {jax.device_count()} x {device.device_kind}, "
+        f"{os.cpu_count()} CPU cores, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
+    )
     if hasattr(os, "getloadavg"):
         print("load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
 
     config = load_config(args.config, args)
     rng = np.random.default_rng(args.seed)
-    batches = [synthetic_batch(rng, args.batch_size, args.seq_len, args.num_predictions, args.vocab_size)
-               for _ in range(4)]
-    real_tokens = sum(int(b["input_mask"].sum()) for b in batches) / (len(batches) * args.batch_size)
+    batches = [
+        synthetic_batch(rng, args.batch_size, args.seq_len, args.num_predictions, args.vocab_size)
+        for _ in range(4)
+    ]
+    real_tokens = sum(int(b["input_mask"].sum()) for b in batches) / (
+        len(batches) * args.batch_size
+    )
 
     ours = OursRunner(config, batches)
     model_config = ours.model_config
-    flops_per_seq = perf.training_flops_per_sequence(model_config, args.seq_len, args.num_predictions)
-    print(f"model: {config.model.preset} (L{model_config.num_layers}/H{model_config.hidden_size}/"
-          f"A{model_config.num_heads}, V{model_config.vocab_size}), {args.dtype} compute, "
-          f"attention_impl={model_config.attention_impl}, mesh {dict(ours.setup.mesh.shape)}")
-    print(f"batch {args.batch_size} x seq {args.seq_len}, {args.num_predictions} predictions, "
-          f"{real_tokens:.1f} real tokens per sequence on average; optimizer {config.optimizer.name}; "
-          f"{format_rate(flops_per_seq, 'FLOP')} model FLOPs per sequence")
+    flops_per_seq = perf.training_flops_per_sequence(
+        model_config, args.seq_len, args.num_predictions
+    )
+    print(
+        f"model: {config.model.preset} (L{model_config.num_layers}/H{model_config.hidden_size}/"
+        f"A{model_config.num_heads}, V{model_config.vocab_size}), {args.dtype} compute, "
+        f"attention_impl={model_config.attention_impl}, mesh {dict(ours.setup.mesh.shape)}"
+    )
+    print(
+        f"batch {args.batch_size} x seq {args.seq_len}, {args.num_predictions} predictions, "
+        f"{real_tokens:.1f} real tokens per sequence on average; "
+        f"optimizer {config.optimizer.name}; "
+        f"{format_rate(flops_per_seq, 'FLOP')} model FLOPs per sequence"
+    )
 
     runners: list[tuple[str, Any, int]] = [("bertjax", ours, jax.device_count())]
     if not args.no_reference:
@@ -374,9 +434,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if opt_settings.name != "adamw":
                 print(f"note: config optimizer is {opt_settings.name}; the reference uses AdamW")
             reference = ReferenceRunner(model_config, opt_settings, batches, args.dtype, args.seed)
-            print(f"reference: transformers BertForPreTraining on {reference.device}, "
-                  f"attention {reference.model.config._attn_implementation}, AdamW, "
-                  f"{torch.get_num_threads()} torch threads")
+            print(
+                f"reference: transformers BertForPreTraining on {reference.device}, "
+                f"attention {reference.model.config._attn_implementation}, AdamW, "
+                f"{torch.get_num_threads()} torch threads"
+            )
             runners.append(("transformers", reference, 1))
 
     # Compile and warm up, then time in rounds so that load changes hit every side alike.
@@ -389,24 +451,46 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for round_index in range(args.rounds):
         for name, runner, devices in runners:
             seconds, cpu_seconds = time_steps(runner.step, runner.finish, args.steps)
-            timings[name].append(Timing(name, seconds, cpu_seconds, args.steps, args.batch_size,
-                                        args.seq_len, flops_per_seq, devices))
-        matmul_rates.append(perf.measure_matmul_flops(args.dtype, probe_size, repeats=probe_repeats))
-        print(f"round {round_index + 1}/{args.rounds}: "
-              + ", ".join(f"{name} {timings[name][-1].step_time * 1e3:.1f} ms/step" for name, _, _ in runners)
-              + f", matmul {format_rate(matmul_rates[-1], 'FLOP/s')}", flush=True)
+            timings[name].append(
+                Timing(
+                    name,
+                    seconds,
+                    cpu_seconds,
+                    args.steps,
+                    args.batch_size,
+                    args.seq_len,
+                    flops_per_seq,
+                    devices,
+                )
+            )
+        matmul_rates.append(
+            perf.measure_matmul_flops(args.dtype, probe_size, repeats=probe_repeats)
+        )
+        print(
+            f"round {round_index + 1}/{args.rounds}: "
+            + ", ".join(
+                f"{name} {timings[name][-1].step_time * 1e3:.1f} ms/step" for name, _, _ in runners
+            )
+            + f", matmul {format_rate(matmul_rates[-1], 'FLOP/s')}",
+            flush=True,
+        )
 
     # Fractions and ratios are taken within each round (same load), then their median.
-    fractions = {name: [t.flops_per_sec / (m * t.devices) for t, m in zip(ts, matmul_rates)]
-                 for name, ts in timings.items()}
+    fractions = {
+        name: [t.flops_per_sec / (m * t.devices) for t, m in zip(ts, matmul_rates)]
+        for name, ts in timings.items()
+    }
     matmul_fraction = {name: statistics.median(f) for name, f in fractions.items()}
     peak = perf.peak_flops_per_device(device.device_kind, args.dtype)
     rows = [median_timing(timings[name]) for name, _, _ in runners]
     print()
-    print(f"medians over {args.rounds} rounds of {args.steps} steps; matmul probe "
-          f"({probe_size}^3 {args.dtype}, one device): "
-          f"{format_rate(statistics.median(matmul_rates), 'FLOP/s')}; "
-          f"data-sheet peak: {format_rate(peak, 'FLOP/s') if peak else 'unknown for ' + device.device_kind}")
+    print(
+        f"medians over {args.rounds} rounds of {args.steps} steps; matmul probe "
+        f"({probe_size}^3 {args.dtype}, one device): "
+        f"{format_rate(statistics.median(matmul_rates), 'FLOP/s')}; "
+        "data-sheet peak: "
+        + (format_rate(peak, "FLOP/s") if peak else f"unknown for {device.device_kind}")
+    )
     print_table(rows, peak, matmul_fraction)
 
     ours_row = rows[0]
@@ -415,14 +499,21 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "fraction_of_matmul": matmul_fraction["bertjax"],
         "mfu": ours_row.flops_per_sec / (peak * ours_row.devices) if peak else None,
     }
-    print("\nbertjax fraction of the measured matmul rate, per round: "
-          + ", ".join(f"{100 * f:.1f} %" for f in fractions["bertjax"])
-          + f" (median {100 * result['fraction_of_matmul']:.1f} %)")
+    print(
+        "\nbertjax fraction of the measured matmul rate, per round: "
+        + ", ".join(f"{100 * f:.1f} %" for f in fractions["bertjax"])
+        + f" (median {100 * result['fraction_of_matmul']:.1f} %)"
+    )
     if "transformers" in timings:
-        ratios = [r.seconds / o.seconds for o, r in zip(timings["bertjax"], timings["transformers"])]
+        ratios = [
+            r.seconds / o.seconds for o, r in zip(timings["bertjax"], timings["transformers"])
+        ]
         result["speedup_vs_transformers"] = statistics.median(ratios)
-        print("bertjax / transformers tokens/s, per round: " + ", ".join(f"{r:.2f}x" for r in ratios)
-              + f" (median {result['speedup_vs_transformers']:.2f}x)")
+        print(
+            "bertjax / transformers tokens/s, per round: "
+            + ", ".join(f"{r:.2f}x" for r in ratios)
+            + f" (median {result['speedup_vs_transformers']:.2f}x)"
+        )
     return result
 
 
