@@ -305,14 +305,16 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
         loss = losses.total_loss(sums, mlm_denominator, nsp_denominator)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-        new_params = optax.apply_updates(state.params, updates)
-        # Keep the last good state on a non-finite step, so no bad value is ever checkpointed.
-        keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
-        new_state = TrainState(
-            step=state.step + 1,
-            params=keep(new_params, state.params),
-            opt_state=keep(new_opt_state, state.opt_state))
+
+        def apply_update(_):
+            updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+            return optax.apply_updates(state.params, updates), new_opt_state
+
+        # A non-finite step keeps the last good state, so no bad value is ever checkpointed.
+        # A conditional rather than a select: the update is skipped, not computed and discarded.
+        new_params, new_opt_state = jax.lax.cond(
+            finite, apply_update, lambda _: (state.params, state.opt_state), None)
+        new_state = TrainState(step=state.step + 1, params=new_params, opt_state=new_opt_state)
         metrics = losses.metrics(sums, "train")
         metrics.update({
             "train/loss": loss,
