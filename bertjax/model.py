@@ -205,6 +205,20 @@ def _activation(config: BertConfig, x: jax.Array) -> jax.Array:
     return nn.gelu(x, approximate=config.hidden_act == "gelu_tanh")
 
 
+class Dropout(nn.Module):
+    """Inverted dropout drawing 16 random bits per element (attention.dropout_keep_mask)."""
+
+    rate: float
+
+    @nn.compact
+    def __call__(self, x: jax.Array, deterministic: bool) -> jax.Array:
+        if deterministic or self.rate == 0.0:
+            return x
+        keep_prob = 1.0 - self.rate
+        keep = attention_lib.dropout_keep_mask(self.make_rng("dropout"), keep_prob, x.shape)
+        return jnp.where(keep, x / keep_prob, 0).astype(x.dtype)
+
+
 def sinusoidal_table(length: int, width: int) -> np.ndarray:
     """The Transformer's fixed position table: sin on even columns, cos on odd ones."""
     positions = np.arange(length, dtype=np.float64)[:, None]  # [length, 1]
@@ -238,7 +252,7 @@ class Embeddings(nn.Module):
             )
         self.token_type_embeddings = table(cfg.type_vocab_size, TOKEN_TYPE, "token_type_embeddings")
         self.layer_norm = _layer_norm(cfg)
-        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.dropout = Dropout(cfg.hidden_dropout)
 
     def __call__(self, input_ids, token_type_ids, deterministic: bool):
         cfg = self.config
@@ -320,7 +334,7 @@ class SelfAttention(nn.Module):
         )  # [b, s, n, d]
         context = sharding.constrain(context, qkv_names)
         y = OutputProjection(cfg, name="output")(context)  # [b, s, h]
-        y = nn.Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
+        y = Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
         return _layer_norm(cfg)(y + x)
 
 
@@ -335,7 +349,7 @@ class FeedForward(nn.Module):
         y = _dense(cfg, cfg.intermediate_size, (EMBED, MLP), "intermediate")(x)  # [b, s, f]
         y = sharding.constrain(_activation(cfg, y), (BATCH, LENGTH, MLP))
         y = _dense(cfg, cfg.hidden_size, (MLP, EMBED), "output")(y)  # [b, s, h]
-        y = nn.Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
+        y = Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
         return _layer_norm(cfg)(y + x)
 
 

@@ -176,3 +176,15 @@ def test_splash_falls_back_when_heads_do_not_divide_mesh(caplog):
         )
     assert impl == "xla"
     assert "head shards" in caplog.text
+
+
+@pytest.mark.parametrize("shape", [(64, 128, 33), (8, 4, 128, 128)])
+def test_dropout_keep_mask_rate_and_independence(shape):
+    keep = np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(0), 0.9, shape))
+    assert keep.shape == shape and keep.dtype == bool
+    assert abs(keep.mean() - 0.9) < 0.005
+    # Neighbours along the last axis (the two halves of one 32-bit word) are independent.
+    pairs = keep[..., 0:-1:2].ravel(), keep[..., 1::2].ravel()
+    assert abs(np.corrcoef(*pairs)[0, 1]) < 0.02
+    other = np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(1), 0.9, shape))
+    assert (keep != other).mean() > 0.1
