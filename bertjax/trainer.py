@@ -37,10 +37,11 @@ from bertjax import sharding
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tokenizer import Tokenizer
 
-
+# The layout of a work directory (pretrained.py reads the checkpoints and tokenizer).
 DATA_DIR = "data"
-CORPUS_DIR = "corpus"  # the demo corpus cache, inside the workdir
+CORPUS_DIR = "corpus"  # the demo corpus cache
 CHECKPOINT_DIR = pretrained.CHECKPOINT_DIR
+
 
 class ConfigError(ValueError):
     """A training config value that cannot work; the message names the field."""
