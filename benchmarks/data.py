@@ -1,6 +1,6 @@
 """Data pipeline throughput: tokenizer training, prepare (per worker, with peak RSS), loader.
 
-    python benchmarks/data.py [--synthetic_mb 32] [--workers 1 2] [--work_dir /tmp/bertjax_bench]
+    python benchmarks/data.py [--synthetic_mb 32] [--workers 1 2] [--work_dir runs/bench_data]
 
 Uses the demo corpus (the interpreter's own documentation) and, with --synthetic_mb, a larger
 corpus made by reshuffling its sentences into new documents. The loader is measured on one
@@ -145,7 +145,7 @@ def bench_loader(data_dir: pathlib.Path, whole_word_masking: bool, seconds: floa
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--work_dir", default="/tmp/bertjax_bench")
+    parser.add_argument("--work_dir", default="runs/bench_data")
     parser.add_argument("--synthetic_mb", type=float, default=32.0,
                         help="0 to skip the larger corpus")
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
