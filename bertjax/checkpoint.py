@@ -245,12 +245,6 @@ class Checkpointer:
         except Exception:  # noqa: BLE001 - no preemption service configured
             return False
 
-    def should_save(self, step: int) -> bool:
-        """Whether `save(step, ...)` without force would write a checkpoint."""
-        if step in self._manager.all_steps():
-            return False
-        return self._manager.should_save(step)
-
     def save(
         self, step: int, *, params: Any, opt_state: Any, meta: dict, force: bool = False
     ) -> bool:
