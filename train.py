@@ -37,7 +37,11 @@ def main(argv):
             coordinator_address=FLAGS.coordinator_address,
             num_processes=FLAGS.num_processes,
             process_id=FLAGS.process_id)
-    trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    try:
+        trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    except trainer.ConfigError as e:
+        # A config mistake is the user's to fix: say what, without a traceback.
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":
