@@ -46,6 +46,8 @@ from bertjax.sharding import (
 
 ACTIVATIONS = ("gelu", "gelu_tanh")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
+# The encoder's key for all layers stacked along a leading axis (scan_layers=True).
+STACKED_LAYERS = "layers"
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
 
@@ -395,7 +397,7 @@ class Encoder(nn.Module):
                 in_axes=(nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: LAYERS},
-            )(cfg, scanned=True, name="layers")
+            )(cfg, scanned=True, name=STACKED_LAYERS)
             x, _ = stack(x, attention_mask, deterministic)
             return x
         for i in range(cfg.num_layers):
@@ -507,10 +509,6 @@ class BertForPreTraining(nn.Module):
 # Converting params between the plain layout (layer_0..layer_{L-1}) and the scanned one.
 
 
-def _is_box(x: Any) -> bool:
-    return isinstance(x, nn.Partitioned)
-
-
 def _stack_values(values):
     if isinstance(values[0], jax.ShapeDtypeStruct):  # abstract trees (jax.eval_shape)
         return jax.ShapeDtypeStruct((len(values), *values[0].shape), values[0].dtype)
@@ -518,7 +516,7 @@ def _stack_values(values):
 
 
 def _stack_leaves(*leaves):
-    if _is_box(leaves[0]):
+    if sharding.is_box(leaves[0]):
         values = _stack_values([leaf.value for leaf in leaves])  # [layers, ...]
         return leaves[0].replace(value=values, names=(LAYERS, *leaves[0].names))
     return _stack_values(leaves)
@@ -531,7 +529,7 @@ def _index_value(value, i: int):
 
 
 def _unstack_leaf(leaf, i: int):
-    if _is_box(leaf):
+    if sharding.is_box(leaf):
         if leaf.names[0] != LAYERS:
             raise ValueError(f"expected a leading {LAYERS!r} axis, got names {leaf.names}")
         return leaf.replace(value=_index_value(leaf.value, i), names=tuple(leaf.names[1:]))
@@ -540,7 +538,7 @@ def _unstack_leaf(leaf, i: int):
 
 def _map_encoders(tree: Any, fn) -> Any:
     """Rebuilds ``tree`` as dicts, applying ``fn`` to every subtree stored under "encoder"."""
-    if hasattr(tree, "items") and not _is_box(tree):
+    if hasattr(tree, "items") and not sharding.is_box(tree):
         return {
             k: fn(v) if k == "encoder" else _map_encoders(v, fn) for k, v in tree.items()
         }
@@ -557,7 +555,7 @@ def stack_layers(params: Any, num_layers: int) -> Any:
                 f"encoder holds {sorted(encoder)}; expected exactly layer_0..layer_{num_layers - 1}"
             )
         layers = [encoder[f"layer_{i}"] for i in range(num_layers)]
-        return {"layers": jax.tree.map(_stack_leaves, *layers, is_leaf=_is_box)}
+        return {STACKED_LAYERS: jax.tree.map(_stack_leaves, *layers, is_leaf=sharding.is_box)}
 
     return _map_encoders(params, stack)
 
@@ -566,15 +564,15 @@ def unstack_layers(params: Any, num_layers: int) -> Any:
     """Scan-layout params (encoder/layers) -> plain stack (encoder/layer_0..layer_{L-1})."""
 
     def unstack(encoder):
-        if set(encoder) != {"layers"}:
+        if set(encoder) != {STACKED_LAYERS}:
             raise ValueError(f"encoder holds {sorted(encoder)}; expected only 'layers'")
-        layers = encoder["layers"]
-        for leaf in jax.tree.leaves(layers, is_leaf=_is_box):
-            length = (leaf.value if _is_box(leaf) else leaf).shape[0]
+        layers = encoder[STACKED_LAYERS]
+        for leaf in jax.tree.leaves(layers, is_leaf=sharding.is_box):
+            length = (leaf.value if sharding.is_box(leaf) else leaf).shape[0]
             if length != num_layers:
                 raise ValueError(f"stacked layers have length {length}, expected {num_layers}")
         return {
-            f"layer_{i}": jax.tree.map(lambda x: _unstack_leaf(x, i), layers, is_leaf=_is_box)
+            f"layer_{i}": jax.tree.map(lambda x: _unstack_leaf(x, i), layers, is_leaf=sharding.is_box)
             for i in range(num_layers)
         }
 

@@ -20,12 +20,12 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from bertjax.model import STACKED_LAYERS
+
 OPTIMIZERS = ("adamw", "lamb")
 SCHEDULES = ("linear", "polynomial", "cosine", "google", "constant")
-
-# Key of the scanned (stacked) encoder layers: leaves below it carry a leading [layers]
-# axis, and LAMB's trust ratio is computed per layer along it.
-_STACKED_LAYERS_KEY = "layers"
+# Leaves below the scanned encoder's STACKED_LAYERS key carry a leading [layers] axis, and
+# LAMB's trust ratio is computed per layer along it.
 
 
 def _is_int(x) -> bool:
@@ -165,7 +165,7 @@ def weight_decay_mask(params: Any) -> Any:
 
 
 def _is_stacked(path) -> bool:
-    return _STACKED_LAYERS_KEY in _param_names(path)
+    return STACKED_LAYERS in _param_names(path)
 
 
 def scale_by_layerwise_trust_ratio() -> optax.GradientTransformation:

@@ -117,7 +117,8 @@ def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None)
     )
 
 
-def _is_box(x: Any) -> bool:
+def is_box(x: Any) -> bool:
+    """Whether x is a parameter boxed with its logical axis names (nn.Partitioned)."""
     return isinstance(x, nn.Partitioned)
 
 
@@ -128,11 +129,11 @@ def logical_shardings(boxed_abstract_tree: Any, mesh: Mesh, rules=LOGICAL_RULES)
     """
 
     def one(leaf):
-        if _is_box(leaf):
+        if is_box(leaf):
             return NamedSharding(mesh, nn.logical_to_mesh_axes(leaf.names, rules))
         return NamedSharding(mesh, PartitionSpec())
 
-    return jax.tree.map(one, boxed_abstract_tree, is_leaf=_is_box)
+    return jax.tree.map(one, boxed_abstract_tree, is_leaf=is_box)
 
 
 def batch_sharding(mesh: Mesh) -> NamedSharding:
