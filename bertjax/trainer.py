@@ -575,6 +575,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                 step += 1
                 pending.append(metrics)
                 progress.update(step)
+                if len(pending) >= 2:  # the previous step has finished by now: stop on it at once
+                    raise_if_nonfinite(pending[-2:-1], step - 1)
                 if step == first_step + 1:  # the first step compiled: time from here on
                     jax.block_until_ready(metrics)
                     throughput.restart(step)
