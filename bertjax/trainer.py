@@ -34,6 +34,7 @@ from bertjax import optim
 from bertjax import perf
 from bertjax import pretrained
 from bertjax import sharding
+from bertjax.data import instances
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tokenizer import Tokenizer
 
@@ -130,7 +131,7 @@ def validate_config(config: ml_collections.ConfigDict, *, devices=None, process_
             f"exceeds the model's max_position_embeddings={model_config.max_position_embeddings}")
     optimizer_settings_from(config)
     masking_settings_from(config)
-    require(config.data.task in TASKS, "data.task", f"must be one of {TASKS}")
+    require(config.data.task in instances.TASKS, "data.task", f"must be one of {instances.TASKS}")
     require(0.0 < config.data.eval_fraction < 1.0, "data.eval_fraction",
             "must be in (0, 1): evaluation needs a held-out split")
 
@@ -147,9 +148,6 @@ def validate_config(config: ml_collections.ConfigDict, *, devices=None, process_
             "this recipe continues another run: set --config.init_from=<its workdir>")
     if config.init_from:
         require(os.path.exists(config.init_from), "init_from", "no such workdir or checkpoint directory")
-
-
-TASKS = ("nsp", "sop")
 
 
 def config_get(config: ml_collections.ConfigDict, dotted: str) -> Any:
@@ -558,7 +556,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             pending: list[dict[str, jax.Array]] = []  # per-step metrics not yet logged
 
             def save(force: bool) -> None:
-                raise_if_nonfinite(pending, step)
+                raise_if_nonfinite(pending[-1:], step)  # the steps before were checked as they ran
                 meta = {
                     "loader_state": train_loader.get_state(),
                     # Dropout keys are folded from this with the step, so it is all the RNG state.
@@ -626,22 +624,22 @@ class NonFiniteError(FloatingPointError):
     """Raised when a step produced a non-finite loss or gradient."""
 
 
-def raise_if_nonfinite(pending: list[dict[str, jax.Array]], step: int) -> None:
-    """Stops the run, naming the step, if any of the last steps was not finite."""
-    flags = jax.device_get([m["train/nonfinite"] for m in pending])
-    for offset, flag in enumerate(flags):
+def raise_if_nonfinite(metrics: list[dict[str, Any]], step: int) -> None:
+    """Stops the run, naming the step, if any of the steps ending at `step` was not finite."""
+    # Only the flags cross to the host on the per-step path; the rest only when one is bad.
+    for offset, flag in enumerate(jax.device_get([m["train/nonfinite"] for m in metrics])):
         if flag:
-            bad = jax.device_get(pending[offset])
+            values = jax.device_get(metrics[offset])
             raise NonFiniteError(
-                f"step {step - len(pending) + offset + 1}: non-finite loss ({bad['train/loss']}) or "
-                f"gradient norm ({bad['train/grad_norm']}); stopping. Its update was not applied and "
+                f"step {step - len(metrics) + offset + 1}: non-finite loss ({values['train/loss']}) or "
+                f"gradient norm ({values['train/grad_norm']}); stopping. Its update was not applied and "
                 "the last good checkpoint is kept.")
 
 
 def summarise(pending: list[dict[str, jax.Array]], step: int) -> dict[str, float]:
     """Means of the metrics of the last steps; stops the run on a non-finite step."""
-    raise_if_nonfinite(pending, step)
     host = jax.device_get(pending)
+    raise_if_nonfinite(host, step)
     keys = [k for k in host[0] if k != "train/nonfinite"]
     summary = {k: float(np.mean([m[k] for m in host])) for k in keys}
     summary["train/learning_rate"] = float(host[-1]["train/learning_rate"])

@@ -33,7 +33,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from bertjax.data.corpus import InputReport, expand_paths, read_documents
-from bertjax.data.instances import InstanceSettings, create_instances, tokenize_documents
+from bertjax.data.instances import TASKS, InstanceSettings, create_instances, tokenize_documents
 from bertjax.data.storage import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -43,7 +43,7 @@ from bertjax.data.storage import (
     write_manifest,
     write_shard,
 )
-from bertjax.tokenizer import Tokenizer, TokenizerSettings, train_tokenizer
+from bertjax.tokenizer import MODEL_TYPES, Tokenizer, TokenizerSettings, train_tokenizer
 
 DEFAULT_CHUNK_MB = 4.0
 # Stream tags of the per-chunk instance seeds, one per split.
@@ -324,10 +324,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     )
     parser.add_argument("--eval_fraction", type=float, default=0.01)
     parser.add_argument("--short_seq_prob", type=float, default=0.1)
-    parser.add_argument("--task", choices=("nsp", "sop"), default="nsp")
+    parser.add_argument("--task", choices=TASKS, default="nsp")
     parser.add_argument("--lowercase", action="store_true")
     parser.add_argument(
-        "--tokenizer_model_type", choices=("unigram", "bpe"), default="unigram",
+        "--tokenizer_model_type", choices=MODEL_TYPES, default="unigram",
         help="sentencepiece algorithm when training a tokenizer",
     )
     parser.add_argument("--seed", type=int, default=12345)
