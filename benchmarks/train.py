@@ -136,6 +136,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="override config.model.attention_dropout (0 lets the fused cuDNN/splash kernels run)",
     )
     parser.add_argument(
+        "--token_capacity",
+        type=float,
+        default=None,
+        help="config.token_capacity: the fraction of token slots the encoder computes "
+        "(1 = no token packing; default: just above the synthetic batches' fill)",
+    )
+    parser.add_argument(
         "--no_reference", action="store_true", help="skip the transformers reference"
     )
     parser.add_argument(
@@ -152,6 +159,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("warmup", "num_predictions", "matmul_size"):
         if getattr(args, name) < 0:
             parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 0")
+    if args.token_capacity is not None and not 0 < args.token_capacity <= 1:
+        parser.error(f"--token_capacity={args.token_capacity} is invalid: must be in (0, 1]")
     if args.num_predictions > args.seq_len // 2 - 1:
         parser.error(
             f"--num_predictions={args.num_predictions} is invalid: must be < seq_len/2 - 1 "
@@ -169,7 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_config(path: str, args: argparse.Namespace):
+def load_config(path: str, args: argparse.Namespace, token_capacity: float):
     """The config file's get_config(), overridden by the command-line sizes."""
     if not os.path.isfile(path):
         raise SystemExit(f"--config={path!r}: no such file")
@@ -185,6 +194,7 @@ def load_config(path: str, args: argparse.Namespace):
         config.model.attention_dropout = args.attention_dropout
     config.batch_size = args.batch_size
     config.grad_accum_steps = 1
+    config.token_capacity = token_capacity
     config.data.max_seq_length = args.seq_len
     config.data.max_predictions_per_seq = args.num_predictions
     config.mesh_shape = args.mesh_shape
@@ -257,9 +267,10 @@ class OursRunner:
             )
         return metrics
 
-    @staticmethod
-    def finish(metrics) -> None:
+    def finish(self, metrics) -> None:
         jax.block_until_ready(metrics)
+        # The share of the last step's micro-batches that ran with token packing.
+        self.packed = float(metrics.get("train/packed", 0.0))
         loss = float(metrics["train/loss"])
         if not np.isfinite(loss):
             raise FloatingPointError(f"bertjax train step gave a non-finite loss {loss}")
@@ -408,7 +419,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if hasattr(os, "getloadavg"):
         print("load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
 
-    config = load_config(args.config, args)
     rng = np.random.default_rng(args.seed)
     batches = [
         synthetic_batch(rng, args.batch_size, args.seq_len, args.num_predictions, args.vocab_size)
@@ -417,6 +427,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     real_tokens = sum(int(b["input_mask"].sum()) for b in batches) / (
         len(batches) * args.batch_size
     )
+    # The fill of the fullest batch (whole-batch, which on one device is what packing needs),
+    # as a user would read it off train/packed or the data; rounded up to 1/32.
+    fill = max(float(b["input_mask"].mean()) for b in batches)
+    token_capacity = args.token_capacity or min(1.0, np.ceil(fill * 32) / 32)
+    config = load_config(args.config, args, token_capacity)
 
     ours = OursRunner(config, batches)
     model_config = ours.model_config
@@ -430,7 +445,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     print(
         f"batch {args.batch_size} x seq {args.seq_len}, {args.num_predictions} predictions, "
-        f"{real_tokens:.1f} real tokens per sequence on average; "
+        f"{real_tokens:.1f} real tokens per sequence on average (fullest batch {100 * fill:.1f} %), "
+        f"token_capacity {config.token_capacity:g}; "
         f"optimizer {config.optimizer.name}; "
         f"{format_rate(flops_per_seq, 'FLOP')} model FLOPs per sequence"
     )
@@ -502,6 +518,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + (format_rate(peak, "FLOP/s") if peak else f"unknown for {device.device_kind}")
     )
     print_table(rows, peak, matmul_fraction)
+    print(f"bertjax token packing: {'on' if ours.packed else 'off'} in the last timed step "
+          f"(token_capacity {config.token_capacity:g})")
 
     ours_row = rows[0]
     result: dict[str, Any] = {

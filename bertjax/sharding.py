@@ -141,6 +141,18 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec((DATA, FSDP)))
 
 
+def batch_shards() -> int:
+    """Into how many pieces the current mesh (jax.set_mesh) splits the batch; 1 without one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty:
+        return 1
+    axes = logical_to_spec((BATCH,))[0]
+    if axes is None:
+        return 1
+    names = axes if isinstance(axes, tuple) else (axes,)
+    return math.prod(mesh.shape[name] for name in names)
+
+
 def data_parallel_size(mesh: Mesh) -> int:
     """How many ways the batch is split: data * fsdp."""
     return mesh.shape[DATA] * mesh.shape[FSDP]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import math
 import os
 import pathlib
 import shutil
@@ -30,6 +31,7 @@ from bertjax import checkpoint as checkpoint_lib
 from bertjax import data as data_lib
 from bertjax import losses
 from bertjax import metrics_writer
+from bertjax import model as model_lib
 from bertjax import optim
 from bertjax import perf
 from bertjax import pretrained
@@ -106,6 +108,8 @@ def validate_config(config: ml_collections.ConfigDict, *, devices=None, process_
     require(config.data.max_predictions_per_seq <= config.data.max_seq_length,
             "data.max_predictions_per_seq", f"must be <= data.max_seq_length={config.data.max_seq_length}")
     require(config.peak_flops_per_device >= 0, "peak_flops_per_device", "must be >= 0 (0: look up the device)")
+    require(isinstance(config.token_capacity, (int, float)) and 0.0 < config.token_capacity <= 1.0,
+            "token_capacity", "must be in (0, 1] (1 turns token packing off)")
 
     try:
         mesh = sharding.make_mesh(tuple(config.mesh_shape), devices=devices)
@@ -258,25 +262,56 @@ def global_batch(local_batch: dict[str, np.ndarray], batch_sharding: jax.shardin
 # ----------------------------------------------------------------------------- steps
 
 
+def packed_length(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) -> int | None:
+    """Token slots per batch shard when the encoder packs tokens, or None (packing off).
+
+    config.token_capacity of the slots of one shard of a micro-batch, rounded up to a
+    multiple of 8; None when that leaves no padding to skip.
+    """
+    rows = config.batch_size // config.grad_accum_steps // sharding.data_parallel_size(mesh)
+    slots = rows * config.data.max_seq_length
+    length = -(-math.ceil(config.token_capacity * slots) // 8) * 8
+    return length if length < slots else None
+
+
 def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
                     schedule: optax.Schedule, grad_accum_steps: int,
-                    micro_batch_sharding: jax.sharding.NamedSharding | None = None) -> Callable:
+                    micro_batch_sharding: jax.sharding.NamedSharding | None = None,
+                    packed_length: int | None = None) -> Callable:
     """Builds the pure `train_step(state, batch, rng) -> (state, metrics)`.
 
     The loss of every micro-batch is normalised by the prediction and example counts of the
     whole global batch, so summing micro-batch gradients gives exactly the gradient of one
     large batch. A step whose loss or gradient is not finite leaves the state unchanged and
     reports `train/nonfinite`=1; the loop stops on it.
+
+    With `packed_length` the encoder skips padding (BertModel's token packing) for every
+    micro-batch whose real tokens fit in that many slots per batch shard; one that does not
+    fit runs unpacked, with the same result. `train/packed` is the fraction that fit.
     """
 
-    def loss_fn(params, batch, mlm_denominator, nsp_denominator, rng):
+    def fits(input_mask: jax.Array) -> jax.Array:
+        groups = sharding.batch_shards()
+        return jnp.max(model_lib.tokens_per_group(input_mask, groups)) <= packed_length
+
+    def loss_fn(params, batch, mlm_denominator, nsp_denominator, rng, length):
         output = model.apply(
             {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"],
-            batch["masked_lm_positions"], deterministic=False, rngs={"dropout": rng})
+            batch["masked_lm_positions"], deterministic=False, packed_length=length,
+            rngs={"dropout": rng})
         sums = losses.loss_sums(output.mlm_logits, output.nsp_logits, batch)
         return losses.total_loss(sums, mlm_denominator, nsp_denominator), sums
 
-    grad_fn = jax.grad(loss_fn, has_aux=True)
+    def grad_fn(params, batch, mlm_denominator, nsp_denominator, rng):
+        def grads(length: int | None):
+            return lambda params: jax.grad(loss_fn, has_aux=True)(
+                params, batch, mlm_denominator, nsp_denominator, rng, length)
+
+        if packed_length is None:
+            return grads(None)(params)
+        # The conditional is taken around the gradient rather than differentiated through:
+        # a differentiated one would carry both branches' activations.
+        return jax.lax.cond(fits(batch["input_mask"]), grads(packed_length), grads(None), params)
 
     def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
         step_rng = jax.random.fold_in(rng, state.step)
@@ -315,6 +350,9 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
             finite, apply_update, lambda _: (state.params, state.opt_state), None)
         new_state = TrainState(step=state.step + 1, params=new_params, opt_state=new_opt_state)
         metrics = losses.metrics(sums, "train")
+        if packed_length is not None:
+            masks = split_micro_batches(batch["input_mask"], grad_accum_steps)
+            metrics["train/packed"] = jnp.mean(jax.vmap(fits)(masks).astype(jnp.float32))
         metrics.update({
             "train/loss": loss,
             "train/learning_rate": schedule(state.step),
@@ -396,7 +434,8 @@ def build(config: ml_collections.ConfigDict, model_config: BertConfig, devices=N
         mesh, jax.sharding.PartitionSpec(None, *batch_sharding.spec))
     init_state = jax.jit(lambda rng: nn.meta.unbox(boxed_state(rng)), out_shardings=state_shardings)
     train_step = jax.jit(
-        make_train_step(model, tx, schedule, config.grad_accum_steps, micro_batch_sharding),
+        make_train_step(model, tx, schedule, config.grad_accum_steps, micro_batch_sharding,
+                        packed_length(config, mesh)),
         in_shardings=(state_shardings, batch_sharding, replicated),
         out_shardings=(state_shardings, replicated),
         donate_argnums=(0,))

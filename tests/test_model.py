@@ -1,5 +1,6 @@
 """BERT modules: shapes, heads, padding, presets, config validation, dropout, precision, layouts."""
 
+import contextlib
 import dataclasses
 import json
 
@@ -9,14 +10,19 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from bertjax import sharding
 from bertjax.model import (
     PRESETS,
     BertConfig,
     BertForPreTraining,
     BertModel,
     count_params,
+    pack_tokens,
+    packing_index,
     sinusoidal_table,
     stack_layers,
+    tokens_per_group,
+    unpack_tokens,
     unstack_layers,
 )
 
@@ -305,3 +311,65 @@ def test_scan_init_tree_matches_stacked_plain_tree():
     assert to_shape(unstack_layers(scanned, CFG.num_layers)) == to_shape(plain)
     with pytest.raises(ValueError, match="layer_0"):
         stack_layers(plain, CFG.num_layers + 1)
+
+
+# ----------------------------------------------------------------------------- token packing
+
+
+def test_packing_index_pack_and_unpack():
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], np.int32)
+    index = np.asarray(packing_index(jnp.asarray(mask), 6, groups=2))
+    # Group 0 holds rows 0-1 (8 positions), group 1 rows 2-3; unused slots point past the end.
+    np.testing.assert_array_equal(index, [[0, 1, 2, 4, 5, 8], [0, 4, 5, 6, 7, 8]])
+    np.testing.assert_array_equal(tokens_per_group(jnp.asarray(mask), 2), [5, 5])
+    x = jnp.arange(4 * 4 * 3, dtype=jnp.float32).reshape(4, 4, 3) + 1
+    packed = pack_tokens(x, jnp.asarray(index))
+    assert packed.shape == (2, 6, 3)
+    np.testing.assert_array_equal(packed[0, :5], np.asarray(x)[:2][mask[:2] == 1])
+    restored = np.asarray(unpack_tokens(packed, jnp.asarray(index), 4, 4))
+    np.testing.assert_array_equal(restored, np.asarray(x) * mask[..., None])
+
+
+def _packing_batch():
+    rng = np.random.default_rng(3)
+    batch, seq = 8, SEQ
+    lengths = rng.integers(4, seq + 1, batch)
+    lengths[0] = seq
+    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+    ids = np.where(mask == 1, rng.integers(5, CFG.vocab_size, (batch, seq)), 0).astype(np.int32)
+    types = ((np.arange(seq)[None] >= (lengths // 2)[:, None]) & (mask == 1)).astype(np.int32)
+    positions = np.stack([np.sort(rng.choice(np.arange(1, n), PREDS, replace=False)) for n in lengths])
+    return ids, types, mask, positions.astype(np.int32)
+
+
+@pytest.mark.parametrize("mesh_shape", [None, (4, 1, 2), (2, 2, 2)])
+@pytest.mark.parametrize("scan", [False, True])
+def test_token_packing_matches_the_padded_model(params, mesh_shape, scan):
+    ids, types, mask, positions = _packing_batch()
+    config = dataclasses.replace(CFG, scan_layers=scan, remat_policy="full" if scan else "none")
+    weights = stack_layers(params, CFG.num_layers) if scan else params
+
+    def loss_and_grads(packed_length):
+        def loss(p):
+            out = _apply(config, p, ids, types, mask, positions, packed_length=packed_length)
+            return jnp.sum(out.mlm_logits**2) * 1e-3 + jnp.sum(out.nsp_logits), out
+
+        return jax.jit(jax.value_and_grad(loss, has_aux=True))(weights)
+
+    mesh = sharding.make_mesh(mesh_shape) if mesh_shape else None
+    with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
+        groups = sharding.batch_shards()
+        needed = int(np.max(tokens_per_group(jnp.asarray(mask), groups)))
+        assert needed < mask.size // groups  # there is padding to skip
+        (plain_loss, plain), plain_grads = loss_and_grads(None)
+        (loss, packed), grads = loss_and_grads(needed)
+    assert groups == (mesh_shape[0] * mesh_shape[1] if mesh_shape else 1)
+    np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
+    real = mask.astype(bool)
+    np.testing.assert_allclose(
+        np.asarray(packed.sequence_output)[real], np.asarray(plain.sequence_output)[real], atol=1e-5
+    )
+    assert not np.asarray(packed.sequence_output)[~real].any()  # padding is zero when packed
+    for name in ("pooled_output", "mlm_logits", "nsp_logits"):
+        np.testing.assert_allclose(getattr(packed, name), getattr(plain, name), atol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads, plain_grads)

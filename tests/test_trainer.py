@@ -272,6 +272,41 @@ def test_gradient_accumulation_equals_one_large_batch(data_dir):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def short_data_dir(tmp_path_factory) -> pathlib.Path:
+    """Documents of two sentences: most sequences end well before SEQ_LEN."""
+    root = tmp_path_factory.mktemp("short_data")
+    corpus = write_corpus(root / "corpus.txt", num_documents=800, sentences_per_document=2)
+    out = root / "prepared"
+    data_lib.prepare([str(corpus)], out, max_seq_length=SEQ_LEN, max_predictions_per_seq=PREDICTIONS,
+                     vocab_size=350, dupe_factor=1, eval_fraction=0.1, workers=1, seed=1)
+    return out
+
+
+def test_token_packing_trains_like_the_padded_step(short_data_dir):
+    data_dir = short_data_dir
+    no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
+    config = make_config(data_dir, **no_dropout)
+    loader = data_lib.make_loader(data_dir, batch_size=config.batch_size, seed=0,
+                                  masking=trainer.masking_settings_from(config))
+    mask = next(loader)["input_mask"]
+    groups = jax.device_count()  # the default mesh puts every device on the batch
+    slots = mask.size // groups
+    needed = int(mask.reshape(groups, slots).sum(axis=1).max())
+    assert needed <= slots - 16, "the test data leaves no padding to skip"
+    _, plain_params, plain = _one_step(data_dir, config)
+    assert "train/packed" not in plain
+    # A capacity the batch fits in runs packed; a smaller one falls back to the padded path.
+    for capacity, packed in ((needed / slots, 1.0), ((needed - 9) / slots, 0.0)):
+        packed_config = make_config(data_dir, token_capacity=capacity, **no_dropout)
+        _, params, metrics = _one_step(data_dir, packed_config)
+        assert metrics["train/packed"] == packed
+        np.testing.assert_allclose(metrics["train/loss"], plain["train/loss"], rtol=1e-5)
+        np.testing.assert_allclose(metrics["train/grad_norm"], plain["train/grad_norm"], rtol=1e-4)
+        for a, b in zip(jax.tree.leaves(plain_params), jax.tree.leaves(params)):
+            np.testing.assert_allclose(a, b, atol=1e-6)
+
+
 def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):
     def spoil(params):
         params = dict(params)
@@ -303,6 +338,7 @@ def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):
     ({"model.preset": "huge"}, "config.model"),
     ({"optimizer.schedule": "sawtooth"}, "config.optimizer"),
     ({"num_train_steps": 0}, "config.num_train_steps"),
+    ({"token_capacity": 0.0}, "config.token_capacity"),
 ])
 def test_impossible_configs_fail_naming_the_field(data_dir, tmp_path, overrides, field):
     config = make_config(data_dir, **overrides)
