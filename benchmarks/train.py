@@ -12,7 +12,9 @@ when torch and transformers are installed, for `transformers.BertForPreTraining`
 with AdamW on the same sizes and batches. Both sides use the same model-FLOP count
 (bertjax.perf.training_flops_per_sequence, MLM head on the predicted positions only), so
 transformers' extra work -- it runs the vocabulary projection on every position -- is not
-credited to it.
+credited to it. bertjax skips padding (config.token_capacity, set just above the synthetic
+batches' fill; --token_capacity 1 turns it off), while the FLOP count stays per padded
+sequence on both sides: with packing the MFU columns measure throughput, not utilisation.
 
 Shared machines are noisy: the measurement runs in rounds (ours, reference, matmul probe,
 repeated) and the ratios are taken within each round, then their median is quoted.

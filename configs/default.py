@@ -65,8 +65,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.grad_accum_steps = 1       # micro-batches per step; batch_size must divide evenly
     # Skip padding in the encoder: the real tokens of each batch shard are packed into this
     # fraction of its token slots. A micro-batch with more real tokens than fit runs
-    # unpacked, so any value gives the same training; a value just above the data's fill
-    # (real tokens / slots, see train/packed) saves the most. 1.0 turns packing off.
+    # unpacked, so the value changes speed, not results (dropout draws aside); a value just
+    # above the data's fill (real tokens / slots) saves the most, and train/packed logs the
+    # share of micro-batches that fit. 1.0 turns packing off.
     config.token_capacity = 1.0
 
     # Device mesh (data, fsdp, tensor); one -1 takes the remaining devices.
