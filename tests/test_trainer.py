@@ -284,23 +284,25 @@ def short_data_dir(tmp_path_factory) -> pathlib.Path:
 
 
 def test_token_packing_trains_like_the_padded_step(short_data_dir):
-    data_dir = short_data_dir
     no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
-    config = make_config(data_dir, **no_dropout)
-    loader = data_lib.make_loader(data_dir, batch_size=config.batch_size, seed=0,
+    config = make_config(short_data_dir, **no_dropout)
+    loader = data_lib.make_loader(short_data_dir, batch_size=config.batch_size, seed=0,
                                   masking=trainer.masking_settings_from(config))
     mask = next(loader)["input_mask"]
     groups = jax.device_count()  # the default mesh puts every device on the batch
     slots = mask.size // groups
     needed = int(mask.reshape(groups, slots).sum(axis=1).max())
     assert needed <= slots - 16, "the test data leaves no padding to skip"
-    _, plain_params, plain = _one_step(data_dir, config)
+    _, plain_params, plain = _one_step(short_data_dir, config)
     assert "train/packed" not in plain
-    # A capacity the batch fits in runs packed; a smaller one falls back to the padded path.
-    for capacity, packed in ((needed / slots, 1.0), ((needed - 9) / slots, 0.0)):
-        packed_config = make_config(data_dir, token_capacity=capacity, **no_dropout)
-        _, params, metrics = _one_step(data_dir, packed_config)
-        assert metrics["train/packed"] == packed
+    # A capacity the batch fits in runs packed; a smaller one falls back to the padded path;
+    # with two micro-batches each one decides for itself.
+    for capacity, accum, packed in ((needed / slots, 1, {1.0}), ((needed - 9) / slots, 1, {0.0}),
+                                    (needed / slots, 2, {0.0, 0.5, 1.0})):
+        packed_config = make_config(short_data_dir, token_capacity=capacity, grad_accum_steps=accum,
+                                    **no_dropout)
+        _, params, metrics = _one_step(short_data_dir, packed_config)
+        assert float(metrics["train/packed"]) in packed
         np.testing.assert_allclose(metrics["train/loss"], plain["train/loss"], rtol=1e-5)
         np.testing.assert_allclose(metrics["train/grad_norm"], plain["train/grad_norm"], rtol=1e-4)
         for a, b in zip(jax.tree.leaves(plain_params), jax.tree.leaves(params)):
