@@ -68,9 +68,8 @@ def _splash_problem(seq_len: int, batch: int, num_heads: int) -> str | None:
         return f"sequence length {seq_len} is not a multiple of 128 (splash block size)"
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty:
-        batch_spec, _, heads_spec, _ = _qkv_spec()
-        batch_shards = _axis_size(mesh, batch_spec)
-        head_shards = _axis_size(mesh, heads_spec)
+        batch_shards = sharding.shards(sharding.BATCH)
+        head_shards = sharding.shards(sharding.HEADS)
         if batch % batch_shards or num_heads % head_shards:
             return (
                 f"batch {batch} / heads {num_heads} do not divide the mesh's "
@@ -213,13 +212,6 @@ def _qkv_spec() -> PartitionSpec:
     return sharding.logical_to_spec(
         (sharding.BATCH, sharding.LENGTH, sharding.HEADS, sharding.KV)
     )
-
-
-def _axis_size(mesh, spec_entry) -> int:
-    if spec_entry is None:
-        return 1
-    names = spec_entry if isinstance(spec_entry, tuple) else (spec_entry,)
-    return math.prod(mesh.shape[n] for n in names)
 
 
 def _block_size(seq_len: int) -> int:

@@ -526,7 +526,7 @@ class BertModel(nn.Module):
             x = self.encoder(x, attention_mask, deterministic)  # [b, s, h]
         else:
             batch, seq = input_ids.shape
-            index = packing_index(attention_mask, packed_length, sharding.batch_shards())
+            index = packing_index(attention_mask, packed_length, sharding.shards(BATCH))
             x = sharding.constrain(pack_tokens(x, index), (BATCH, LENGTH, ACTIVATION_EMBED))
             x = self.encoder(x, attention_mask, deterministic, index)  # [g, c, h]
             x = sharding.constrain(

@@ -141,16 +141,15 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec((DATA, FSDP)))
 
 
-def batch_shards() -> int:
-    """Into how many pieces the current mesh (jax.set_mesh) splits the batch; 1 without one."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty:
-        return 1
-    axes = logical_to_spec((BATCH,))[0]
-    if axes is None:
+def shards(name: str, mesh: Mesh | None = None) -> int:
+    """Into how many pieces ``mesh`` (default: the current one, jax.set_mesh) splits the
+    logical axis ``name``; 1 without a mesh."""
+    mesh = jax.sharding.get_abstract_mesh() if mesh is None else mesh
+    axes = logical_to_spec((name,))[0]
+    if mesh.empty or axes is None:
         return 1
     names = axes if isinstance(axes, tuple) else (axes,)
-    return math.prod(mesh.shape[name] for name in names)
+    return math.prod(mesh.shape[n] for n in names)
 
 
 def data_parallel_size(mesh: Mesh) -> int:

@@ -268,7 +268,7 @@ def packed_length(config: ml_collections.ConfigDict, mesh: jax.sharding.Mesh) ->
     config.token_capacity of the slots of one shard of a micro-batch, rounded up to a
     multiple of 8; None when that leaves no padding to skip.
     """
-    rows = config.batch_size // config.grad_accum_steps // sharding.data_parallel_size(mesh)
+    rows = config.batch_size // config.grad_accum_steps // sharding.shards(sharding.BATCH, mesh)
     slots = rows * config.data.max_seq_length
     length = -(-math.ceil(config.token_capacity * slots) // 8) * 8
     return length if length < slots else None
@@ -291,7 +291,7 @@ def make_train_step(model: BertForPreTraining, tx: optax.GradientTransformation,
     """
 
     def fits(input_mask: jax.Array) -> jax.Array:
-        groups = sharding.batch_shards()
+        groups = sharding.shards(sharding.BATCH)
         return jnp.max(model_lib.tokens_per_group(input_mask, groups)) <= packed_length
 
     def loss_fn(params, batch, mlm_denominator, nsp_denominator, rng, length):

@@ -358,7 +358,7 @@ def test_token_packing_matches_the_padded_model(params, mesh_shape, scan):
 
     mesh = sharding.make_mesh(mesh_shape) if mesh_shape else None
     with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
-        groups = sharding.batch_shards()
+        groups = sharding.shards(sharding.BATCH)
         needed = int(np.max(tokens_per_group(jnp.asarray(mask), groups)))
         assert needed < mask.size // groups  # there is padding to skip
         (plain_loss, plain), plain_grads = loss_and_grads(None)
