@@ -1,4 +1,4 @@
-"""Pretrain BERT: `python train.py --config configs/tiny.py --workdir runs/tiny [--config.KEY=VALUE ...]`.
+"""Pretrain BERT: `python train.py --config configs/tiny.py --workdir runs/tiny [--config.K=V ...]`.
 
 With no arguments it trains the tiny config on the built-in demo corpus in runs/tiny.
 Rerunning the same command resumes from the latest checkpoint. On a Cloud TPU pod slice or a
@@ -17,7 +17,8 @@ from bertjax import trainer
 _REPO = os.path.dirname(os.path.abspath(__file__))
 
 config_flags.DEFINE_config_file(
-    "config", os.path.join(_REPO, "configs", "tiny.py"), "Training config file.", lock_config=True)
+    "config", os.path.join(_REPO, "configs", "tiny.py"), "Training config file.", lock_config=True
+)
 flags.DEFINE_string("workdir", "runs/tiny", "Where data, checkpoints and metrics go.")
 flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host).")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process runs.")
@@ -36,7 +37,8 @@ def main(argv):
         jax.distributed.initialize(
             coordinator_address=FLAGS.coordinator_address,
             num_processes=FLAGS.num_processes,
-            process_id=FLAGS.process_id)
+            process_id=FLAGS.process_id,
+        )
     try:
         trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
     except trainer.ConfigError as e:

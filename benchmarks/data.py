@@ -113,8 +113,15 @@ def bench_prepare(
     size_mb = corpus.stat().st_size / 1e6
     with TreeMemory() as memory:
         start = time.perf_counter()
-        manifest = prepare([str(corpus)], out, tokenizer_path=tokenizer, workers=workers,
-                           dupe_factor=1, max_seq_length=128, verbose=False)
+        manifest = prepare(
+            [str(corpus)],
+            out,
+            tokenizer_path=tokenizer,
+            workers=workers,
+            dupe_factor=1,
+            max_seq_length=128,
+            verbose=False,
+        )
         seconds = time.perf_counter() - start
     instances = sum(split["num_instances"] for split in manifest["splits"].values())
     own, children = peak_rss_mb()
@@ -129,8 +136,14 @@ def bench_prepare(
 
 
 def bench_loader(data_dir: pathlib.Path, whole_word_masking: bool, seconds: float = 5.0) -> None:
-    loader = make_loader(data_dir, batch_size=256, seed=0, process_index=0, process_count=1,
-                         masking=MaskingSettings(whole_word_masking=whole_word_masking))
+    loader = make_loader(
+        data_dir,
+        batch_size=256,
+        seed=0,
+        process_index=0,
+        process_count=1,
+        masking=MaskingSettings(whole_word_masking=whole_word_masking),
+    )
     next(loader)
     count = 0
     start = time.perf_counter()
@@ -138,16 +151,19 @@ def bench_loader(data_dir: pathlib.Path, whole_word_masking: bool, seconds: floa
         next(loader)
         count += 1
     rate = count * 256 / (time.perf_counter() - start)
-    print(f"loader S=128 B=256 whole_word_masking={whole_word_masking}: "
-          f"{rate:,.0f} masked sequences/s "
-          f"({loader.num_examples} examples)")
+    print(
+        f"loader S=128 B=256 whole_word_masking={whole_word_masking}: "
+        f"{rate:,.0f} masked sequences/s "
+        f"({loader.num_examples} examples)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work_dir", default="runs/bench_data")
-    parser.add_argument("--synthetic_mb", type=float, default=32.0,
-                        help="0 to skip the larger corpus")
+    parser.add_argument(
+        "--synthetic_mb", type=float, default=32.0, help="0 to skip the larger corpus"
+    )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--vocab_size", type=int, default=8000)
     args = parser.parse_args()

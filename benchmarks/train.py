@@ -3,7 +3,7 @@
     python benchmarks/train.py                                   # BERT-small, fp32, B16, S128
     python benchmarks/train.py --config configs/base.py --dtype bfloat16 --batch_size 256
     python benchmarks/train.py --config configs/base.py --dtype bfloat16 --batch_size 256 \
-        --attention_dropout 0 --no_reference                    # GPU/TPU: lets the fused kernels run
+        --attention_dropout 0 --no_reference     # GPU/TPU: lets the fused kernels run
 
 Prints step time, sequences/s, tokens/s, achieved model FLOP/s and MFU (against the
 device's data-sheet peak when bertjax.perf knows it, and against the matmul rate this run
@@ -46,7 +46,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bertjax import perf, trainer
+from bertjax import perf, trainer  # noqa: E402
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch
@@ -319,7 +319,10 @@ class ReferenceRunner:
         labels = np.full(batch["input_ids"].shape, -100, np.int64)
         rows = np.arange(labels.shape[0])[:, None]
         labels[rows, batch["masked_lm_positions"]] = batch["masked_lm_ids"]
-        as_long = lambda x: torch.from_numpy(np.asarray(x, np.int64)).to(self.device)
+
+        def as_long(x):
+            return torch.from_numpy(np.asarray(x, np.int64)).to(self.device)
+
         return {
             "input_ids": as_long(batch["input_ids"]),
             "attention_mask": as_long(batch["input_mask"]),
@@ -447,7 +450,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     )
     print(
         f"batch {args.batch_size} x seq {args.seq_len}, {args.num_predictions} predictions, "
-        f"{real_tokens:.1f} real tokens per sequence on average (fullest batch {100 * fill:.1f} %), "
+        f"{real_tokens:.1f} real tokens per sequence on average "
+        f"(fullest batch {100 * fill:.1f} %), "
         f"token_capacity {config.token_capacity:g}; "
         f"optimizer {config.optimizer.name}; "
         f"{format_rate(flops_per_seq, 'FLOP')} model FLOPs per sequence"
@@ -520,8 +524,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + (format_rate(peak, "FLOP/s") if peak else f"unknown for {device.device_kind}")
     )
     print_table(rows, peak, matmul_fraction)
-    print(f"bertjax token packing: {'on' if ours.packed else 'off'} in the last timed step "
-          f"(token_capacity {config.token_capacity:g})")
+    print(
+        f"bertjax token packing: {'on' if ours.packed else 'off'} in the last timed step "
+        f"(token_capacity {config.token_capacity:g})"
+    )
 
     ours_row = rows[0]
     result: dict[str, Any] = {

@@ -99,9 +99,7 @@ def resolve_implementation(
 ) -> str:
     """The implementation that will actually run ("xla", "cudnn" or "splash")."""
     if requested not in IMPLEMENTATIONS:
-        raise ValueError(
-            f"attention implementation {requested!r} is not one of {IMPLEMENTATIONS}"
-        )
+        raise ValueError(f"attention implementation {requested!r} is not one of {IMPLEMENTATIONS}")
     if dropout_active:
         if requested != "xla":
             _log_once(
@@ -150,9 +148,9 @@ def resolve_implementation(
 def reference_attention(query, key, value, attention_mask=None):
     """Plain einsum attention in float32, the yardstick for every implementation."""
     scale = 1.0 / math.sqrt(query.shape[-1])
-    logits = jnp.einsum(
-        "bsnd,btnd->bnst", query.astype(jnp.float32), key.astype(jnp.float32)
-    ) * scale  # [batch, heads, q_seq, kv_seq]
+    logits = (
+        jnp.einsum("bsnd,btnd->bnst", query.astype(jnp.float32), key.astype(jnp.float32)) * scale
+    )  # [batch, heads, q_seq, kv_seq]
     if attention_mask is not None:
         keep = attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
         logits = jnp.where(keep, logits, _MASK_VALUE)
@@ -178,9 +176,9 @@ def dropout_keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...]) 
 def _xla_dropout_attention(query, key, value, attention_mask, dropout_rate, dropout_rng):
     """Einsum attention that drops attention weights (what the fused kernels cannot do)."""
     scale = 1.0 / math.sqrt(query.shape[-1])
-    logits = jnp.einsum(
-        "bsnd,btnd->bnst", query, key, preferred_element_type=jnp.float32
-    ) * scale  # [batch, heads, q_seq, kv_seq]
+    logits = (
+        jnp.einsum("bsnd,btnd->bnst", query, key, preferred_element_type=jnp.float32) * scale
+    )  # [batch, heads, q_seq, kv_seq]
     if attention_mask is not None:
         keep = attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
         logits = jnp.where(keep, logits, _MASK_VALUE)
@@ -209,9 +207,7 @@ def _cudnn_attention(query, key, value, attention_mask):
 
 
 def _qkv_spec() -> PartitionSpec:
-    return sharding.logical_to_spec(
-        (sharding.BATCH, sharding.LENGTH, sharding.HEADS, sharding.KV)
-    )
+    return sharding.logical_to_spec((sharding.BATCH, sharding.LENGTH, sharding.HEADS, sharding.KV))
 
 
 def _block_size(seq_len: int) -> int:
@@ -299,9 +295,7 @@ def dot_product_attention(
     if dropout_active:
         if dropout_rng is None:
             raise ValueError("attention dropout is active but no dropout_rng was given")
-        return _xla_dropout_attention(
-            query, key, value, attention_mask, dropout_rate, dropout_rng
-        )
+        return _xla_dropout_attention(query, key, value, attention_mask, dropout_rate, dropout_rng)
     if impl == "cudnn":
         return _cudnn_attention(query, key, value, attention_mask)
     if impl == "splash":

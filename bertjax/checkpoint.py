@@ -167,13 +167,17 @@ def _restore_with_fallback(
             failures.append((candidate, error))
             logger.warning(
                 "checkpoint step %d in %s cannot be restored (%s); trying the previous step",
-                candidate, path, _brief(error),
+                candidate,
+                path,
+                _brief(error),
             )
             continue
         if failures:
             logger.warning(
                 "restored checkpoint step %d from %s after skipping unreadable step(s) %s",
-                candidate, path, [s for s, _ in failures],
+                candidate,
+                path,
+                [s for s, _ in failures],
             )
         return candidate, result, [s for s, _ in failures]
     details = "; ".join(f"step {s}: {_brief(e)}" for s, e in failures)
@@ -212,10 +216,12 @@ class Checkpointer:
             max_to_keep=max_to_keep,
             enable_async_checkpointing=async_save,
             # Every N steps or at a preemption sync point; no extra save at the first call.
-            save_decision_policy=policies.AnySavePolicy([
-                policies.FixedIntervalPolicy(save_interval_steps),
-                policies.PreemptionCheckpointingPolicy(),
-            ]),
+            save_decision_policy=policies.AnySavePolicy(
+                [
+                    policies.FixedIntervalPolicy(save_interval_steps),
+                    policies.PreemptionCheckpointingPolicy(),
+                ]
+            ),
             # Leftovers of a save killed mid-write; Orbax never restores from them.
             cleanup_tmp_directories=True,
         )
@@ -224,7 +230,7 @@ class Checkpointer:
         )
         self._closed = False
 
-    def __enter__(self) -> "Checkpointer":
+    def __enter__(self) -> Checkpointer:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -270,11 +276,13 @@ class Checkpointer:
         except (TypeError, ValueError) as error:
             raise ValueError(f"meta for step {step} is not JSON-serialisable: {error}") from error
         check_finite(step, params)
-        args = ocp.args.Composite(**{
-            PARAMS_ITEM: ocp.args.StandardSave(params),
-            OPT_STATE_ITEM: ocp.args.StandardSave(opt_state),
-            META_ITEM: ocp.args.JsonSave(meta),
-        })
+        args = ocp.args.Composite(
+            **{
+                PARAMS_ITEM: ocp.args.StandardSave(params),
+                OPT_STATE_ITEM: ocp.args.StandardSave(opt_state),
+                META_ITEM: ocp.args.JsonSave(meta),
+            }
+        )
         # The decision was taken above (including preemption); force avoids asking twice.
         return bool(self._manager.save(step, args=args, force=True))
 
@@ -297,11 +305,13 @@ class Checkpointer:
         def restore_one(candidate: int):
             return self._manager.restore(
                 candidate,
-                args=ocp.args.Composite(**{
-                    PARAMS_ITEM: ocp.args.StandardRestore(abstract_params),
-                    OPT_STATE_ITEM: ocp.args.StandardRestore(abstract_opt_state),
-                    META_ITEM: ocp.args.JsonRestore(),
-                }),
+                args=ocp.args.Composite(
+                    **{
+                        PARAMS_ITEM: ocp.args.StandardRestore(abstract_params),
+                        OPT_STATE_ITEM: ocp.args.StandardRestore(abstract_opt_state),
+                        META_ITEM: ocp.args.JsonRestore(),
+                    }
+                ),
             )
 
         good, restored, bad = _restore_with_fallback(self.directory, candidates, restore_one)
@@ -385,10 +395,12 @@ def restore_params(
                 target = _single_device_target(stored.tree)
             restored = manager.restore(
                 candidate,
-                args=ocp.args.Composite(**{
-                    PARAMS_ITEM: ocp.args.StandardRestore(target),
-                    META_ITEM: ocp.args.JsonRestore(),
-                }),
+                args=ocp.args.Composite(
+                    **{
+                        PARAMS_ITEM: ocp.args.StandardRestore(target),
+                        META_ITEM: ocp.args.JsonRestore(),
+                    }
+                ),
             )
             return restored[PARAMS_ITEM], dict(restored[META_ITEM])
 

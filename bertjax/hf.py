@@ -57,17 +57,31 @@ SINUSOIDAL = "sinusoidal"  # the fixed position table: written by `save`, never 
 
 # HF hidden_act -> ours. "gelu" in HF is the exact erf form, like ours; "gelu_fast" is the
 # tanh form with sqrt(2/pi) rounded to 10 digits, below float32 resolution.
-_ACT_FROM_HF = {"gelu": "gelu", "gelu_python": "gelu", "gelu_new": "gelu_tanh",
-                "gelu_pytorch_tanh": "gelu_tanh", "gelu_fast": "gelu_tanh"}
+_ACT_FROM_HF = {
+    "gelu": "gelu",
+    "gelu_python": "gelu",
+    "gelu_new": "gelu_tanh",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_fast": "gelu_tanh",
+}
 _ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 
 # Fields of BertConfig fixed by the checkpoint's shapes and numerics; `load` refuses
 # overrides of these because the weights would no longer mean what they meant.
-_ARCHITECTURE_FIELDS = frozenset({
-    "vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-    "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "hidden_act",
-    "position_embedding_type",
-})
+_ARCHITECTURE_FIELDS = frozenset(
+    {
+        "vocab_size",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "intermediate_size",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "layer_norm_eps",
+        "hidden_act",
+        "position_embedding_type",
+    }
+)
 
 # Tensors older transformers versions wrote that carry no parameters of their own.
 _BUFFER_NAMES = frozenset({"bert.embeddings.position_ids"})
@@ -82,11 +96,11 @@ _WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
 class TensorSpec:
     """One HF tensor and the bertjax parameter it maps to."""
 
-    hf_name: str                 # canonical HF name, with the "bert." prefix
-    path: tuple[str, ...]        # key path in the (unstacked) bertjax params tree
+    hf_name: str  # canonical HF name, with the "bert." prefix
+    path: tuple[str, ...]  # key path in the (unstacked) bertjax params tree
     hf_shape: tuple[int, ...]
-    shape: tuple[int, ...]       # bertjax shape
-    transpose: bool              # torch Linear weight: [out, in] vs our [in, ...out]
+    shape: tuple[int, ...]  # bertjax shape
+    transpose: bool  # torch Linear weight: [out, in] vs our [in, ...out]
     group: str
 
     def to_bertjax(self, array: np.ndarray) -> np.ndarray:
@@ -107,14 +121,16 @@ class TensorSpec:
 class LoadReport:
     """What `load_with_report` did beyond copying tensors."""
 
-    source: str                           # the weights file(s) read
-    initialized: tuple[str, ...]          # bertjax param paths freshly initialised
-    ignored: tuple[str, ...]              # HF tensors skipped (buffers, tied copies)
+    source: str  # the weights file(s) read
+    initialized: tuple[str, ...]  # bertjax param paths freshly initialised
+    ignored: tuple[str, ...]  # HF tensors skipped (buffers, tied copies)
 
     def __str__(self) -> str:
         lines = [f"read {self.source}"]
         if self.initialized:
-            lines.append("freshly initialised (not in the checkpoint): " + ", ".join(self.initialized))
+            lines.append(
+                "freshly initialised (not in the checkpoint): " + ", ".join(self.initialized)
+            )
         if self.ignored:
             lines.append("ignored: " + ", ".join(self.ignored))
         return "\n".join(lines)
@@ -132,35 +148,61 @@ def tensor_specs(config: BertConfig) -> list[TensorSpec]:
     specs: list[TensorSpec] = []
 
     def add(hf_name, path, hf_shape, shape=None, transpose=False, group=CORE):
-        specs.append(TensorSpec(hf_name, tuple(path), tuple(hf_shape), tuple(shape or hf_shape),
-                                transpose, group))
+        specs.append(
+            TensorSpec(
+                hf_name, tuple(path), tuple(hf_shape), tuple(shape or hf_shape), transpose, group
+            )
+        )
 
     def layer_norm(hf_prefix, path, group=CORE):
         add(f"{hf_prefix}.weight", (*path, "scale"), (h,), group=group)
         add(f"{hf_prefix}.bias", (*path, "bias"), (h,), group=group)
 
     def dense(hf_prefix, path, n_in, n_out, kernel_shape=None, bias_shape=None, group=CORE):
-        add(f"{hf_prefix}.weight", (*path, "kernel"), (n_out, n_in), kernel_shape or (n_in, n_out),
-            transpose=True, group=group)
+        add(
+            f"{hf_prefix}.weight",
+            (*path, "kernel"),
+            (n_out, n_in),
+            kernel_shape or (n_in, n_out),
+            transpose=True,
+            group=group,
+        )
         add(f"{hf_prefix}.bias", (*path, "bias"), (n_out,), bias_shape or (n_out,), group=group)
 
     emb = ("bert", "embeddings")
     add("bert.embeddings.word_embeddings.weight", (*emb, "word_embeddings", "embedding"), (v, h))
-    add("bert.embeddings.position_embeddings.weight", (*emb, "position_embeddings", "embedding"),
+    add(
+        "bert.embeddings.position_embeddings.weight",
+        (*emb, "position_embeddings", "embedding"),
         (config.max_position_embeddings, h),
-        group=CORE if config.position_embedding_type == "learned" else SINUSOIDAL)
-    add("bert.embeddings.token_type_embeddings.weight", (*emb, "token_type_embeddings", "embedding"),
-        (config.type_vocab_size, h))
+        group=CORE if config.position_embedding_type == "learned" else SINUSOIDAL,
+    )
+    add(
+        "bert.embeddings.token_type_embeddings.weight",
+        (*emb, "token_type_embeddings", "embedding"),
+        (config.type_vocab_size, h),
+    )
     layer_norm("bert.embeddings.LayerNorm", (*emb, "layer_norm"))
 
     for i in range(config.num_layers):
         hf = f"bert.encoder.layer.{i}"
         ours = ("bert", "encoder", f"layer_{i}")
         for name in ("query", "key", "value"):
-            dense(f"{hf}.attention.self.{name}", (*ours, "attention", name), h, h,
-                  kernel_shape=(h, n, d), bias_shape=(n, d))
-        dense(f"{hf}.attention.output.dense", (*ours, "attention", "output"), h, h,
-              kernel_shape=(n, d, h))
+            dense(
+                f"{hf}.attention.self.{name}",
+                (*ours, "attention", name),
+                h,
+                h,
+                kernel_shape=(h, n, d),
+                bias_shape=(n, d),
+            )
+        dense(
+            f"{hf}.attention.output.dense",
+            (*ours, "attention", "output"),
+            h,
+            h,
+            kernel_shape=(n, d, h),
+        )
         layer_norm(f"{hf}.attention.output.LayerNorm", (*ours, "attention", "layer_norm"))
         dense(f"{hf}.intermediate.dense", (*ours, "mlp", "intermediate"), h, f)
         dense(f"{hf}.output.dense", (*ours, "mlp", "output"), f, h)
@@ -182,14 +224,21 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides) -> BertConfig:
         raise ValueError(f"config.json: model_type={model_type!r} is not supported; valid: 'bert'")
     act = hf_config.get("hidden_act", "gelu")
     if act not in _ACT_FROM_HF:
-        raise ValueError(f"config.json: hidden_act={act!r} is not supported; "
-                         f"valid: {sorted(_ACT_FROM_HF)}")
+        raise ValueError(
+            f"config.json: hidden_act={act!r} is not supported; valid: {sorted(_ACT_FROM_HF)}"
+        )
     pos_type = hf_config.get("position_embedding_type", "absolute")
     if pos_type != "absolute":
-        raise ValueError(f"config.json: position_embedding_type={pos_type!r} is not supported; "
-                         "valid: 'absolute'")
-    required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size")
+        raise ValueError(
+            f"config.json: position_embedding_type={pos_type!r} is not supported; valid: 'absolute'"
+        )
+    required = (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+    )
     for key in required:
         if key not in hf_config:
             raise ValueError(f"config.json: missing required field {key!r}")
@@ -211,11 +260,15 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides) -> BertConfig:
     valid = {f.name for f in dataclasses.fields(BertConfig)}
     for key in overrides:
         if key in _ARCHITECTURE_FIELDS:
-            raise ValueError(f"override {key}={overrides[key]!r} is not allowed: it is fixed by the "
-                             f"checkpoint; overridable: {sorted(valid - _ARCHITECTURE_FIELDS)}")
+            raise ValueError(
+                f"override {key}={overrides[key]!r} is not allowed: it is fixed by the "
+                f"checkpoint; overridable: {sorted(valid - _ARCHITECTURE_FIELDS)}"
+            )
         if key not in valid:
-            raise ValueError(f"override {key!r} is not a BertConfig field; "
-                             f"overridable: {sorted(valid - _ARCHITECTURE_FIELDS)}")
+            raise ValueError(
+                f"override {key!r} is not a BertConfig field; "
+                f"overridable: {sorted(valid - _ARCHITECTURE_FIELDS)}"
+            )
     return BertConfig(**{**fields, **overrides})
 
 
@@ -260,13 +313,16 @@ def load(path: str | os.PathLike, *, seed: int = 0, **overrides) -> tuple[BertCo
     return config, params
 
 
-def load_with_report(path: str | os.PathLike, *, seed: int = 0,
-                     **overrides) -> tuple[BertConfig, dict, LoadReport]:
+def load_with_report(
+    path: str | os.PathLike, *, seed: int = 0, **overrides
+) -> tuple[BertConfig, dict, LoadReport]:
     """Like `load`, also returning a LoadReport of initialised and ignored tensors."""
     directory = pathlib.Path(path)
     if not directory.is_dir():
-        raise FileNotFoundError(f"{directory}: not a directory (expected a transformers BERT "
-                                f"directory with {CONFIG_NAME} and {SAFE_WEIGHTS_NAME})")
+        raise FileNotFoundError(
+            f"{directory}: not a directory (expected a transformers BERT "
+            f"directory with {CONFIG_NAME} and {SAFE_WEIGHTS_NAME})"
+        )
     config_path = directory / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path}: missing; a transformers BERT directory needs it")
@@ -280,8 +336,10 @@ def load_with_report(path: str | os.PathLike, *, seed: int = 0,
 
     unexpected = sorted(set(found) - set(by_name))
     if unexpected:
-        raise ValueError(f"{source}: unexpected tensor(s) {_name_list(unexpected)} for a BERT "
-                         f"with {config.num_layers} layers")
+        raise ValueError(
+            f"{source}: unexpected tensor(s) {_name_list(unexpected)} for a BERT "
+            f"with {config.num_layers} layers"
+        )
 
     present_groups = {by_name[name].group for name in found}
     missing_groups = []
@@ -290,15 +348,18 @@ def load_with_report(path: str | os.PathLike, *, seed: int = 0,
     for spec in specs:
         if spec.hf_name not in found:
             if spec.group == CORE or spec.group in present_groups:
-                raise ValueError(f"{source}: missing tensor {spec.hf_name!r} "
-                                 f"(shape {spec.hf_shape})")
+                raise ValueError(
+                    f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})"
+                )
             if spec.group not in missing_groups:
                 missing_groups.append(spec.group)
             continue
         array = found[spec.hf_name]
         if tuple(array.shape) != spec.hf_shape:
-            raise ValueError(f"{source}: tensor {spec.hf_name!r} has shape {tuple(array.shape)}, "
-                             f"expected {spec.hf_shape} from {config_path}")
+            raise ValueError(
+                f"{source}: tensor {spec.hf_name!r} has shape {tuple(array.shape)}, "
+                f"expected {spec.hf_shape} from {config_path}"
+            )
         flat[spec.path] = spec.to_bertjax(array).astype(dtype)
 
     initialized: list[str] = []
@@ -307,8 +368,12 @@ def load_with_report(path: str | os.PathLike, *, seed: int = 0,
         for path, value in _fresh_params(config, paths, seed).items():
             flat[path] = value.astype(dtype)
             initialized.append("/".join(path))
-        logger.warning("%s: no tensors for %s; freshly initialised: %s", source,
-                       ", ".join(missing_groups), ", ".join(initialized))
+        logger.warning(
+            "%s: no tensors for %s; freshly initialised: %s",
+            source,
+            ", ".join(missing_groups),
+            ", ".join(initialized),
+        )
 
     params = _unflatten(flat)
     if config.scan_layers:
@@ -348,8 +413,9 @@ def save(config: BertConfig, params: Mapping, path: str | os.PathLike) -> None:
             raise ValueError(f"params: missing parameter {name!r} (shape {spec.shape})")
         array = _to_numpy(flat[spec.path])
         if tuple(array.shape) != spec.shape:
-            raise ValueError(f"params: parameter {name!r} has shape {tuple(array.shape)}, "
-                             f"expected {spec.shape}")
+            raise ValueError(
+                f"params: parameter {name!r} has shape {tuple(array.shape)}, expected {spec.shape}"
+            )
         tensors[spec.hf_name] = spec.to_hf(array)
         dtypes.add(array.dtype)
     if len(dtypes) == 1:
@@ -370,14 +436,19 @@ def save(config: BertConfig, params: Mapping, path: str | os.PathLike) -> None:
     safetensors_numpy.save_file(tensors, directory / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
     for stale in (SAFE_WEIGHTS_INDEX_NAME, TORCH_WEIGHTS_NAME, TORCH_WEIGHTS_INDEX_NAME):
         if (directory / stale).exists():
-            logger.warning("%s: left in place; %s takes precedence when loading",
-                           directory / stale, SAFE_WEIGHTS_NAME)
+            logger.warning(
+                "%s: left in place; %s takes precedence when loading",
+                directory / stale,
+                SAFE_WEIGHTS_NAME,
+            )
 
 
 def _require_safetensors() -> None:
     if safetensors_numpy is None:
-        raise ImportError("reading and writing transformers weights needs the safetensors "
-                          "package: pip install 'bertjax[hf]'")
+        raise ImportError(
+            "reading and writing transformers weights needs the safetensors "
+            "package: pip install 'bertjax[hf]'"
+        )
 
 
 def _read_weights(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
@@ -404,7 +475,8 @@ def _read_weights(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
         return tensors, str(torch_index)
     raise FileNotFoundError(
         f"{directory}: no weights found; expected one of {SAFE_WEIGHTS_NAME}, "
-        f"{SAFE_WEIGHTS_INDEX_NAME}, {TORCH_WEIGHTS_NAME}, {TORCH_WEIGHTS_INDEX_NAME}")
+        f"{SAFE_WEIGHTS_INDEX_NAME}, {TORCH_WEIGHTS_NAME}, {TORCH_WEIGHTS_INDEX_NAME}"
+    )
 
 
 def _index_shards(index_path: pathlib.Path) -> list[str]:
@@ -423,7 +495,8 @@ def _read_torch_file(file: pathlib.Path) -> dict[str, np.ndarray]:
         raise ImportError(
             f"{file}: reading {TORCH_WEIGHTS_NAME} needs torch, which is not installed; "
             f"install the extra (pip install 'bertjax[hf]') or convert the checkpoint to "
-            f"{SAFE_WEIGHTS_NAME}") from e
+            f"{SAFE_WEIGHTS_NAME}"
+        ) from e
     state = torch.load(file, map_location="cpu", weights_only=True)
     if not isinstance(state, Mapping):
         raise ValueError(f"{file}: expected a state dict of tensors, got {type(state).__name__}")
@@ -449,16 +522,19 @@ def _canonical_name(name: str) -> str:
     return name
 
 
-def _canonical_tensors(tensors: Mapping[str, np.ndarray],
-                       source: str) -> tuple[dict[str, np.ndarray], list[str]]:
+def _canonical_tensors(
+    tensors: Mapping[str, np.ndarray], source: str
+) -> tuple[dict[str, np.ndarray], list[str]]:
     """Renames tensors to canonical names and drops buffers and tied copies (checked)."""
     found: dict[str, np.ndarray] = {}
     original: dict[str, str] = {}
     for name, array in tensors.items():
         canonical = _canonical_name(name)
         if canonical in found:
-            raise ValueError(f"{source}: tensors {original[canonical]!r} and {name!r} are the "
-                             f"same parameter {canonical!r}")
+            raise ValueError(
+                f"{source}: tensors {original[canonical]!r} and {name!r} are the "
+                f"same parameter {canonical!r}"
+            )
         found[canonical] = np.asarray(array)
         original[canonical] = name
 
@@ -470,16 +546,20 @@ def _canonical_tensors(tensors: Mapping[str, np.ndarray],
         decoder = found.pop(_TIED_DECODER_WEIGHT)
         words = found.get(_WORD_EMBEDDINGS)
         if words is not None and not np.array_equal(decoder, words):
-            raise ValueError(f"{source}: tensor {original[_TIED_DECODER_WEIGHT]!r} differs from "
-                             f"{original[_WORD_EMBEDDINGS]!r}; untied MLM decoder weights are "
-                             "not supported (bertjax ties them to the word embeddings)")
+            raise ValueError(
+                f"{source}: tensor {original[_TIED_DECODER_WEIGHT]!r} differs from "
+                f"{original[_WORD_EMBEDDINGS]!r}; untied MLM decoder weights are "
+                "not supported (bertjax ties them to the word embeddings)"
+            )
         ignored.append(original[_TIED_DECODER_WEIGHT])
     if _TIED_DECODER_BIAS in found:
         decoder_bias = found.pop(_TIED_DECODER_BIAS)
         bias = found.setdefault(_PREDICTION_BIAS, decoder_bias)
         if not np.array_equal(bias, decoder_bias):
-            raise ValueError(f"{source}: tensor {original[_TIED_DECODER_BIAS]!r} differs from "
-                             f"{original[_PREDICTION_BIAS]!r}; they must be the same bias")
+            raise ValueError(
+                f"{source}: tensor {original[_TIED_DECODER_BIAS]!r} differs from "
+                f"{original[_PREDICTION_BIAS]!r}; they must be the same bias"
+            )
         if _PREDICTION_BIAS not in original:
             original[_PREDICTION_BIAS] = original[_TIED_DECODER_BIAS]
         else:
@@ -487,18 +567,21 @@ def _canonical_tensors(tensors: Mapping[str, np.ndarray],
     return found, ignored
 
 
-def _fresh_params(config: BertConfig, paths: tuple[tuple[str, ...], ...],
-                  seed: int) -> dict[tuple[str, ...], np.ndarray]:
+def _fresh_params(
+    config: BertConfig, paths: tuple[tuple[str, ...], ...], seed: int
+) -> dict[tuple[str, ...], np.ndarray]:
     """The parameters at `paths`, initialised as BertForPreTraining's own init does."""
-    init_config = dataclasses.replace(config, scan_layers=False, attention_impl="xla",
-                                      remat_policy="none")
+    init_config = dataclasses.replace(
+        config, scan_layers=False, attention_impl="xla", remat_policy="none"
+    )
     fresh = _init_selected(init_config, paths, jax.random.key(seed))
     return {path: np.asarray(value) for path, value in zip(paths, fresh)}
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _init_selected(config: BertConfig, paths: tuple[tuple[str, ...], ...],
-                   key: jax.Array) -> list[jax.Array]:
+def _init_selected(
+    config: BertConfig, paths: tuple[tuple[str, ...], ...], key: jax.Array
+) -> list[jax.Array]:
     # Returning only the selected leaves lets XLA drop the rest of the init, which for
     # the encoder is most of the compile and run time.
     ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
@@ -508,9 +591,11 @@ def _init_selected(config: BertConfig, paths: tuple[tuple[str, ...], ...],
 
 def _to_numpy(leaf: Any) -> np.ndarray:
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
-        raise ValueError("params hold arrays spread over several processes; gather them first "
-                         "(jax.experimental.multihost_utils.process_allgather) and save from "
-                         "one process")
+        raise ValueError(
+            "params hold arrays spread over several processes; gather them first "
+            "(jax.experimental.multihost_utils.process_allgather) and save from "
+            "one process"
+        )
     return np.asarray(jax.device_get(leaf))
 
 

@@ -8,7 +8,8 @@ to the gradient of the large batch.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp

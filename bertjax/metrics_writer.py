@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import pathlib
-from typing import Mapping
+from collections.abc import Mapping
 
 import tqdm
 from tensorboardX import SummaryWriter
@@ -30,7 +30,9 @@ class MetricWriter:
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled or not metrics:
             return
-        self._jsonl.write(json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n")
+        self._jsonl.write(
+            json.dumps({"step": step, **{k: float(v) for k, v in metrics.items()}}) + "\n"
+        )
         self._jsonl.flush()
         for key, value in metrics.items():
             self._tensorboard.add_scalar(key, float(value), step)
@@ -46,8 +48,9 @@ class Progress:
     """A progress bar showing step, loss and sequences/s."""
 
     def __init__(self, total: int, initial: int = 0, enabled: bool = True):
-        self._bar = tqdm.tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True,
-                              disable=not enabled)
+        self._bar = tqdm.tqdm(
+            total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not enabled
+        )
         self._last = initial
 
     def update(self, step: int) -> None:

@@ -18,6 +18,7 @@ Biases are zero, LayerNorm scales one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -53,8 +54,8 @@ REMAT_POLICIES = ("none", "full", "dots")
 
 # name -> (hidden_size, num_layers, num_heads, intermediate_size); the intermediate is 4H.
 PRESETS: dict[str, dict] = {
-    name: dict(hidden_size=h, num_layers=l, num_heads=a, intermediate_size=4 * h)
-    for name, (h, l, a) in {
+    name: dict(hidden_size=h, num_layers=n, num_heads=a, intermediate_size=4 * h)
+    for name, (h, n, a) in {
         "tiny": (128, 2, 2),
         "mini": (256, 4, 4),
         "small": (512, 4, 8),
@@ -80,12 +81,12 @@ class BertConfig:
     attention_dropout: float = 0.1
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
-    hidden_act: str = "gelu"                  # "gelu" (exact erf) | "gelu_tanh"
+    hidden_act: str = "gelu"  # "gelu" (exact erf) | "gelu_tanh"
     position_embedding_type: str = "learned"  # "learned" | "sinusoidal"
-    dtype: str = "float32"                    # compute dtype name, e.g. "bfloat16"
+    dtype: str = "float32"  # compute dtype name, e.g. "bfloat16"
     param_dtype: str = "float32"
-    attention_impl: str = "auto"              # "auto" | "xla" | "cudnn" | "splash"
-    remat_policy: str = "none"                # "none" | "full" | "dots" (save matmul outputs)
+    attention_impl: str = "auto"  # "auto" | "xla" | "cudnn" | "splash"
+    remat_policy: str = "none"  # "none" | "full" | "dots" (save matmul outputs)
     scan_layers: bool = False
 
     def __post_init__(self):
@@ -113,7 +114,9 @@ class BertConfig:
         for name in ("layer_norm_eps", "initializer_range"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"BertConfig.{name}={value!r} is invalid: must be a positive float")
+                raise ValueError(
+                    f"BertConfig.{name}={value!r} is invalid: must be a positive float"
+                )
         for name, valid in (
             ("hidden_act", ACTIVATIONS),
             ("position_embedding_type", POSITION_EMBEDDING_TYPES),
@@ -140,7 +143,7 @@ class BertConfig:
         return self.hidden_size // self.num_heads
 
     @classmethod
-    def preset(cls, name: str, **overrides) -> "BertConfig":
+    def preset(cls, name: str, **overrides) -> BertConfig:
         """A named size (tiny/mini/small/medium/base/large) with optional field overrides."""
         if name not in PRESETS:
             raise ValueError(f"unknown BERT preset {name!r}: valid presets are {tuple(PRESETS)}")
@@ -151,12 +154,14 @@ class BertConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "BertConfig":
+    def from_dict(cls, d: dict) -> BertConfig:
         """Inverse of ``to_dict``; unknown keys are an error."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
-            raise ValueError(f"unknown BertConfig fields {unknown}: valid fields are {sorted(known)}")
+            raise ValueError(
+                f"unknown BertConfig fields {unknown}: valid fields are {sorted(known)}"
+            )
         return cls(**d)
 
 
@@ -164,9 +169,9 @@ class BertOutput(NamedTuple):
     """Outputs of BertForPreTraining; logits are float32."""
 
     sequence_output: jax.Array  # [batch, seq, hidden]
-    pooled_output: jax.Array    # [batch, hidden]
-    mlm_logits: jax.Array       # [batch, predictions, vocab], or [batch, seq, vocab]
-    nsp_logits: jax.Array       # [batch, 2]
+    pooled_output: jax.Array  # [batch, hidden]
+    mlm_logits: jax.Array  # [batch, predictions, vocab], or [batch, seq, vocab]
+    nsp_logits: jax.Array  # [batch, 2]
 
 
 def _init(config: BertConfig):
@@ -348,7 +353,9 @@ class HeadsProjection(nn.Module):
     def __call__(self, x):
         cfg = self.config
         n, d = cfg.num_heads, cfg.head_dim
-        kernel = _param(self, "kernel", _init(cfg), (cfg.hidden_size, n, d), (EMBED, HEADS, KV), cfg)
+        kernel = _param(
+            self, "kernel", _init(cfg), (cfg.hidden_size, n, d), (EMBED, HEADS, KV), cfg
+        )
         bias = _param(self, "bias", nn.initializers.zeros_init(), (n, d), (HEADS, KV), cfg)
         dtype = jnp.dtype(cfg.dtype)
         y = jnp.einsum("bsh,hnd->bsnd", x.astype(dtype), kernel.astype(dtype))  # [b, s, n, d]
@@ -364,8 +371,12 @@ class OutputProjection(nn.Module):
     def __call__(self, x):
         cfg = self.config
         n, d = cfg.num_heads, cfg.head_dim
-        kernel = _param(self, "kernel", _init(cfg), (n, d, cfg.hidden_size), (HEADS, KV, EMBED), cfg)
-        bias = _param(self, "bias", nn.initializers.zeros_init(), (cfg.hidden_size,), (HIDDEN,), cfg)
+        kernel = _param(
+            self, "kernel", _init(cfg), (n, d, cfg.hidden_size), (HEADS, KV, EMBED), cfg
+        )
+        bias = _param(
+            self, "bias", nn.initializers.zeros_init(), (cfg.hidden_size,), (HIDDEN,), cfg
+        )
         dtype = jnp.dtype(cfg.dtype)
         y = jnp.einsum("bsnd,ndh->bsh", x.astype(dtype), kernel.astype(dtype))  # [b, s, h]
         return y + bias.astype(dtype)
@@ -435,7 +446,8 @@ class TransformerLayer(nn.Module):
     @nn.compact
     def __call__(self, x, attention_mask, deterministic: bool, token_index=None):
         x = SelfAttention(self.config, name="attention")(
-            x, attention_mask, deterministic, token_index)
+            x, attention_mask, deterministic, token_index
+        )
         x = FeedForward(self.config, name="mlp")(x, deterministic)
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
         return (x, None) if self.scanned else x
@@ -640,9 +652,7 @@ def _unstack_leaf(leaf, i: int):
 def _map_encoders(tree: Any, fn) -> Any:
     """Rebuilds ``tree`` as dicts, applying ``fn`` to every subtree stored under "encoder"."""
     if hasattr(tree, "items") and not sharding.is_box(tree):
-        return {
-            k: fn(v) if k == "encoder" else _map_encoders(v, fn) for k, v in tree.items()
-        }
+        return {k: fn(v) if k == "encoder" else _map_encoders(v, fn) for k, v in tree.items()}
     return tree
 
 
@@ -673,7 +683,9 @@ def unstack_layers(params: Any, num_layers: int) -> Any:
             if length != num_layers:
                 raise ValueError(f"stacked layers have length {length}, expected {num_layers}")
         return {
-            f"layer_{i}": jax.tree.map(lambda x: _unstack_leaf(x, i), layers, is_leaf=sharding.is_box)
+            f"layer_{i}": jax.tree.map(
+                functools.partial(_unstack_leaf, i=i), layers, is_leaf=sharding.is_box
+            )
             for i in range(num_layers)
         }
 

@@ -200,8 +200,12 @@ def make_optimizer(s: OptimizerSettings) -> optax.GradientTransformation:
     schedule = make_schedule(s)
     if s.name == "adamw":
         core = optax.adamw(
-            schedule, b1=s.b1, b2=s.b2, eps=s.eps,
-            weight_decay=s.weight_decay, mask=weight_decay_mask,
+            schedule,
+            b1=s.b1,
+            b2=s.b2,
+            eps=s.eps,
+            weight_decay=s.weight_decay,
+            mask=weight_decay_mask,
         )
     else:
         # You et al.'s LAMB as in NVIDIA's BERT: Adam moments, decoupled weight decay, then

@@ -49,9 +49,14 @@ _DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
 # jax's matmul precision names -> the number of bfloat16 passes a TPU makes for a float32
 # matmul, and whether a GPU may use tf32 tensor cores (jax.lax.Precision's documentation).
 _PRECISIONS: dict[str, tuple[int, bool]] = {
-    "default": (1, True), "fastest": (1, True), "bfloat16": (1, True),
-    "high": (3, True), "tensorfloat32": (3, True), "bfloat16_3x": (3, True),
-    "highest": (6, False), "float32": (6, False),
+    "default": (1, True),
+    "fastest": (1, True),
+    "bfloat16": (1, True),
+    "high": (3, True),
+    "tensorfloat32": (3, True),
+    "bfloat16_3x": (3, True),
+    "highest": (6, False),
+    "float32": (6, False),
 }
 
 

@@ -28,8 +28,12 @@ def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[BertConfi
     workdir = pathlib.Path(workdir)
     checkpoint_dir = workdir / CHECKPOINT_DIR
     if not checkpoint_dir.is_dir():
-        raise FileNotFoundError(f"{workdir} has no {CHECKPOINT_DIR}/ directory: is it a bertjax work directory?")
+        raise FileNotFoundError(
+            f"{workdir} has no {CHECKPOINT_DIR}/ directory: is it a bertjax work directory?"
+        )
     _, params, meta = checkpoint_lib.restore_params(checkpoint_dir, step=step)
     config = BertConfig.from_dict(meta["model_config"])
-    tokenizer = Tokenizer.load(workdir / TOKENIZER_FILE, expected_fingerprint=meta["tokenizer_fingerprint"])
+    tokenizer = Tokenizer.load(
+        workdir / TOKENIZER_FILE, expected_fingerprint=meta["tokenizer_fingerprint"]
+    )
     return config, params, tokenizer

@@ -29,20 +29,20 @@ TENSOR = "tensor"
 MESH_AXES = (DATA, FSDP, TENSOR)
 
 # Logical axis names of parameters.
-VOCAB = "vocab"            # rows of the word-embedding table, the MLM output bias
-EMBED = "embed"            # the hidden size on the input side of a kernel / the table width
-HIDDEN = "hidden"          # a hidden-size dimension kept whole: biases, LayerNorm, H->H outputs
-HEADS = "heads"            # attention heads
-KV = "kv"                  # size of one attention head
-MLP = "mlp"                # the FFN intermediate size
-POSITION = "position"      # rows of the position-embedding table
+VOCAB = "vocab"  # rows of the word-embedding table, the MLM output bias
+EMBED = "embed"  # the hidden size on the input side of a kernel / the table width
+HIDDEN = "hidden"  # a hidden-size dimension kept whole: biases, LayerNorm, H->H outputs
+HEADS = "heads"  # attention heads
+KV = "kv"  # size of one attention head
+MLP = "mlp"  # the FFN intermediate size
+POSITION = "position"  # rows of the position-embedding table
 TOKEN_TYPE = "token_type"  # rows of the segment-embedding table
-CLASSES = "classes"        # the two NSP classes
-LAYERS = "layers"          # the stacked-layer axis added by nn.scan
+CLASSES = "classes"  # the two NSP classes
+LAYERS = "layers"  # the stacked-layer axis added by nn.scan
 
 # Logical axis names of activations (HEADS, KV, MLP and VOCAB are shared with parameters).
 BATCH = "batch"
-LENGTH = "length"                      # sequence positions, or masked-LM prediction slots
+LENGTH = "length"  # sequence positions, or masked-LM prediction slots
 ACTIVATION_EMBED = "activation_embed"  # hidden size of activations: never sharded
 
 # Rules are tried in order; a mesh axis is used at most once per array (flax semantics).

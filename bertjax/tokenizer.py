@@ -13,7 +13,7 @@ import hashlib
 import io
 import os
 import pathlib
-from typing import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import sentencepiece as spm
@@ -127,7 +127,7 @@ def _reservoir_block(sample, slots, block, block_start, k, rng):
 
 def train_tokenizer(
     sentences: Iterable[str], settings: TokenizerSettings, output_path: str | os.PathLike
-) -> "Tokenizer":
+) -> Tokenizer:
     """Trains a sentencepiece model on (a sample of) sentences and writes it to output_path."""
     rng = np.random.default_rng(settings.seed)
     sample = [s for s in reservoir_sample(sentences, settings.sample_sentences, rng) if s.strip()]
@@ -242,9 +242,7 @@ class Tokenizer:
         return starts
 
     @classmethod
-    def load(
-        cls, path: str | os.PathLike, expected_fingerprint: str | None = None
-    ) -> "Tokenizer":
+    def load(cls, path: str | os.PathLike, expected_fingerprint: str | None = None) -> Tokenizer:
         """Loads a .model file; checks BERT's special ids and, if given, the fingerprint."""
         path = pathlib.Path(path)
         if not path.is_file():

@@ -11,9 +11,9 @@ from configs import default
 def get_config():
     config = default.get_config()
     config.model.preset = "base"
-    config.model.dtype = "bfloat16"    # parameters stay float32; matmuls in bf16 on TPU/GPU
+    config.model.dtype = "bfloat16"  # parameters stay float32; matmuls in bf16 on TPU/GPU
     config.data.max_seq_length = 128
-    config.data.max_predictions_per_seq = 20   # ~ 128 * 0.15
+    config.data.max_predictions_per_seq = 20  # ~ 128 * 0.15
     config.optimizer.name = "adamw"
     config.optimizer.learning_rate = 1e-4
     config.optimizer.warmup_steps = 10_000

@@ -17,7 +17,7 @@ def get_config():
     # Required: a phase-1 workdir or checkpoint directory (validation says so if unset).
     config.init_from = ml_collections.config_dict.placeholder(str)
     config.data.max_seq_length = 512
-    config.data.max_predictions_per_seq = 80   # ~ 512 * 0.15
+    config.data.max_predictions_per_seq = 80  # ~ 512 * 0.15
     config.optimizer.learning_rate = 1e-4
     config.optimizer.warmup_steps = 1_000
     config.num_train_steps = 100_000

@@ -13,56 +13,62 @@ def get_config() -> ml_collections.ConfigDict:
 
     # The model: a preset from bertjax.model.PRESETS plus overrides of BertConfig fields.
     # vocab_size 0 means "take it from the tokenizer"; a non-zero value must match it.
-    config.model = ml_collections.ConfigDict(dict(
-        preset="base",
-        vocab_size=0,
-        dtype="float32",            # compute dtype; bfloat16 on TPU/GPU
-        attention_impl="auto",      # auto | xla | cudnn | splash
-        remat_policy="none",        # none | full | dots
-        scan_layers=False,
-        hidden_dropout=0.1,
-        attention_dropout=0.1,
-    ))
+    config.model = ml_collections.ConfigDict(
+        dict(
+            preset="base",
+            vocab_size=0,
+            dtype="float32",  # compute dtype; bfloat16 on TPU/GPU
+            attention_impl="auto",  # auto | xla | cudnn | splash
+            remat_policy="none",  # none | full | dots
+            scan_layers=False,
+            hidden_dropout=0.1,
+            attention_dropout=0.1,
+        )
+    )
 
     # Data: prepared by bertjax.data.prepare into data.dir when data.dir has no manifest.
-    config.data = ml_collections.ConfigDict(dict(
-        dir="",                     # empty: <workdir>/data
-        # Raw text files, globs or directories, comma-separated. With dir empty too: the
-        # built-in demo corpus.
-        input="",
-        max_seq_length=128,
-        max_predictions_per_seq=20,
-        masked_lm_prob=0.15,
-        whole_word_masking=False,
-        vocab_size=30000,           # for training a tokenizer when none is given
-        tokenizer_model_type="unigram",  # unigram | bpe
-        tokenizer="",               # an existing sentencepiece model to use instead
-        lowercase=False,
-        task="nsp",                 # nsp | sop
-        dupe_factor=5,
-        short_seq_prob=0.1,
-        eval_fraction=0.01,
-        workers=0,                  # 0: one per CPU core
-    ))
+    config.data = ml_collections.ConfigDict(
+        dict(
+            dir="",  # empty: <workdir>/data
+            # Raw text files, globs or directories, comma-separated. With dir empty too: the
+            # built-in demo corpus.
+            input="",
+            max_seq_length=128,
+            max_predictions_per_seq=20,
+            masked_lm_prob=0.15,
+            whole_word_masking=False,
+            vocab_size=30000,  # for training a tokenizer when none is given
+            tokenizer_model_type="unigram",  # unigram | bpe
+            tokenizer="",  # an existing sentencepiece model to use instead
+            lowercase=False,
+            task="nsp",  # nsp | sop
+            dupe_factor=5,
+            short_seq_prob=0.1,
+            eval_fraction=0.01,
+            workers=0,  # 0: one per CPU core
+        )
+    )
 
     # Optimizer and schedule: the fields of bertjax.optim.OptimizerSettings.
-    config.optimizer = ml_collections.ConfigDict(dict(
-        name="adamw",
-        learning_rate=1e-4,
-        warmup_steps=10_000,
-        schedule="linear",
-        end_learning_rate=0.0,
-        polynomial_power=0.5,
-        weight_decay=0.01,
-        b1=0.9,
-        b2=0.999,
-        eps=1e-6,
-        max_grad_norm=1.0,
-    ))
+    config.optimizer = ml_collections.ConfigDict(
+        dict(
+            name="adamw",
+            learning_rate=1e-4,
+            warmup_steps=10_000,
+            schedule="linear",
+            end_learning_rate=0.0,
+            polynomial_power=0.5,
+            weight_decay=0.01,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            max_grad_norm=1.0,
+        )
+    )
 
     config.num_train_steps = 1_000_000
-    config.batch_size = 256           # global, over all processes and devices
-    config.grad_accum_steps = 1       # micro-batches per step; batch_size must divide evenly
+    config.batch_size = 256  # global, over all processes and devices
+    config.grad_accum_steps = 1  # micro-batches per step; batch_size must divide evenly
     # Skip padding in the encoder: the real tokens of each batch shard are packed into this
     # fraction of its token slots. A micro-batch with more real tokens than fit runs
     # unpacked, so the value changes speed, not results (dropout draws aside); a value just
@@ -75,7 +81,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     config.log_every_steps = 100
     config.eval_every_steps = 10_000
-    config.eval_batches = 100         # 0: the whole eval split
+    config.eval_batches = 100  # 0: the whole eval split
     config.checkpoint_every_steps = 10_000
     config.keep_checkpoints = 3
     # A workdir or checkpoint dir whose params start the run (with a fresh optimizer);

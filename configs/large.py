@@ -6,6 +6,6 @@ from configs import base
 def get_config():
     config = base.get_config()
     config.model.preset = "large"
-    config.model.remat_policy = "dots"   # 24 layers: trade some recompute for memory
-    config.model.scan_layers = True      # compile time independent of depth
+    config.model.remat_policy = "dots"  # 24 layers: trade some recompute for memory
+    config.model.scan_layers = True  # compile time independent of depth
     return config

@@ -14,7 +14,7 @@ def get_config():
     config.optimizer.learning_rate = 6e-3
     config.optimizer.schedule = "polynomial"
     config.optimizer.polynomial_power = 0.5
-    config.optimizer.warmup_steps = 2_000    # 0.2843 * 7038
+    config.optimizer.warmup_steps = 2_000  # 0.2843 * 7038
     config.optimizer.weight_decay = 0.01
     config.num_train_steps = 7_038
     config.batch_size = 32_768

@@ -10,7 +10,7 @@ def get_config():
     config = default.get_config()
     config.model.preset = "small"
     config.model.dtype = "bfloat16"
-    config.optimizer.learning_rate = 5e-4   # smaller models take larger rates (Turc et al. 2019)
+    config.optimizer.learning_rate = 5e-4  # smaller models take larger rates (Turc et al. 2019)
     config.optimizer.warmup_steps = 10_000
     config.num_train_steps = 500_000
     config.batch_size = 256

@@ -11,7 +11,7 @@ from configs import default
 def get_config():
     config = default.get_config()
     config.model.preset = "tiny"
-    config.data.vocab_size = 4000      # a ~1.5 MB corpus; a small vocabulary also trains faster
+    config.data.vocab_size = 4000  # a ~1.5 MB corpus; a small vocabulary also trains faster
     config.data.dupe_factor = 2
     config.data.eval_fraction = 0.05
     config.optimizer.learning_rate = 2e-3  # small models tolerate (and need) a larger rate

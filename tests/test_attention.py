@@ -92,7 +92,9 @@ def test_splash_under_mesh_uses_shard_map_and_matches():
     q, k, v, mask = _inputs()
     mesh = sharding.make_mesh((2, 1, 2), jax.devices()[:4])
     fn = functools.partial(attention.dot_product_attention, implementation="splash")
-    spec = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor"))
+    spec = jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor")
+    )
     with jax.set_mesh(mesh):
         assert "shard_map" in str(jax.make_jaxpr(fn)(q, k, v, mask))
         qs, ks, vs = (jax.device_put(t, spec) for t in (q, k, v))
@@ -137,7 +139,8 @@ def test_cudnn_on_cpu_falls_back_to_xla_with_logged_reason(caplog):
     assert "'cudnn' falls back to xla" in caplog.text and "NVIDIA GPU" in caplog.text
     ref = _reference(q, k, v, mask)
     np.testing.assert_allclose(
-        _real_rows(out, mask).astype(np.float32), _real_rows(ref, mask).astype(np.float32),
+        _real_rows(out, mask).astype(np.float32),
+        _real_rows(ref, mask).astype(np.float32),
         atol=3e-2,
     )
 

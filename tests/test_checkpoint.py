@@ -16,7 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from bertjax import checkpoint as ckpt
 
@@ -85,9 +86,12 @@ def test_round_trip_sharded_with_optax_state_and_meta(tmp_path, mesh):
     meta = {"loader": {"epoch": 2, "position": 17}, "rng": [0, 42], "config": {"hidden_size": 64}}
     with ckpt.Checkpointer(tmp_path, save_interval_steps=10) as checkpointer:
         assert checkpointer.latest_step() is None
-        assert checkpointer.restore(
-            abstract_params=abstract(params), abstract_opt_state=abstract(opt_state)
-        ) is None
+        assert (
+            checkpointer.restore(
+                abstract_params=abstract(params), abstract_opt_state=abstract(opt_state)
+            )
+            is None
+        )
         # The trainer donates its state to the next step right after save returns: the save
         # must already hold its own host copy, so freeing the device buffers is harmless.
         params_copy, opt_copy = jax.tree.map(jnp.copy, (params, opt_state))
@@ -295,8 +299,7 @@ def test_close_leaves_no_running_threads(tmp_path, mesh):
     checkpointer.close()  # idempotent
     assert sorted(os.listdir(tmp_path)) == ["1"]  # finished: no tmp directory left
     leftover = [
-        t for t in threading.enumerate()
-        if t.ident not in before and not t.daemon and t.is_alive()
+        t for t in threading.enumerate() if t.ident not in before and not t.daemon and t.is_alive()
     ]
     assert not leftover, leftover
     with pytest.raises(RuntimeError, match="closed"):
@@ -350,9 +353,10 @@ def test_saved_on_8_devices_restores_in_1_device_process(tmp_path, mesh):
     assert len(params["layer_0"]["kernel"].sharding.device_set) == 8
     save_steps(tmp_path / "ckpt", params, opt_state, [4])
     leaves = jax.tree_util.tree_leaves_with_path(params)
-    np.savez(tmp_path / "values.npz", **{
-        jax.tree_util.keystr(k): np.asarray(v.astype(jnp.float32)) for k, v in leaves
-    })
+    np.savez(
+        tmp_path / "values.npz",
+        **{jax.tree_util.keystr(k): np.asarray(v.astype(jnp.float32)) for k, v in leaves},
+    )
     (tmp_path / "dtypes.json").write_text(
         json.dumps({jax.tree_util.keystr(k): str(v.dtype) for k, v in leaves})
     )
@@ -362,6 +366,9 @@ def test_saved_on_8_devices_restores_in_1_device_process(tmp_path, mesh):
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
     result = subprocess.run(
         [sys.executable, "-c", _ONE_DEVICE_SCRIPT, str(tmp_path / "ckpt"), str(tmp_path)],
-        env=env, capture_output=True, text=True, timeout=180,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
     )
     assert result.returncode == 0 and "ONE_DEVICE_OK" in result.stdout, result.stderr[-3000:]

@@ -21,38 +21,40 @@ def read(paths, **kwargs):
 
 
 SPLIT_CASES = [
-    ("Hello world. This is a test! Is it? Yes.",
-     ["Hello world.", "This is a test!", "Is it?", "Yes."]),
-    ("Mr. Smith met Dr. Jones. They talked.",
-     ["Mr. Smith met Dr. Jones.", "They talked."]),
-    ("Use a tool, e.g. a hammer. Or i.e. not.",
-     ["Use a tool, e.g. a hammer.", "Or i.e. not."]),
-    ("J. R. R. Tolkien wrote it. The U.S. Army agreed.",
-     ["J. R. R. Tolkien wrote it.", "The U.S. Army agreed."]),
-    ('He said "Stop!" Then he left.',
-     ['He said "Stop!"', "Then he left."]),
-    ("(It ended.) Next one (really?) starts.",
-     ["(It ended.)", "Next one (really?) starts."]),
-    ("Pi is 3.14 exactly. See version 2.0.1 now.",
-     ["Pi is 3.14 exactly.", "See version 2.0.1 now."]),
-    ("Wait... What?! No way... no.",
-     ["Wait...", "What?!", "No way... no."]),
-    ("It costs approx. five dollars. ok then",
-     ["It costs approx. five dollars. ok then"]),
-    ("Line one\ncontinues here. Next.\n\nNew paragraph",
-     ["Line one continues here.", "Next.", "New paragraph"]),
-    ("  spaced   out.   ",
-     ["spaced out."]),
-    ("",
-     []),
-    ("我喜欢机器学习。东京是日本的首都！你好吗？",
-     ["我喜欢机器学习。", "东京是日本的首都！", "你好吗？"]),
-    ("他说：「我很好。」然后走了。",
-     ["他说：「我很好。」", "然后走了。"]),
-    ("東京は日本の首都です。ひらがなとカタカナ！",
-     ["東京は日本の首都です。", "ひらがなとカタカナ！"]),
-    ("Mixed English. 中文句子。More English?",
-     ["Mixed English.", "中文句子。", "More English?"]),
+    (
+        "Hello world. This is a test! Is it? Yes.",
+        ["Hello world.", "This is a test!", "Is it?", "Yes."],
+    ),
+    ("Mr. Smith met Dr. Jones. They talked.", ["Mr. Smith met Dr. Jones.", "They talked."]),
+    ("Use a tool, e.g. a hammer. Or i.e. not.", ["Use a tool, e.g. a hammer.", "Or i.e. not."]),
+    (
+        "J. R. R. Tolkien wrote it. The U.S. Army agreed.",
+        ["J. R. R. Tolkien wrote it.", "The U.S. Army agreed."],
+    ),
+    ('He said "Stop!" Then he left.', ['He said "Stop!"', "Then he left."]),
+    ("(It ended.) Next one (really?) starts.", ["(It ended.)", "Next one (really?) starts."]),
+    (
+        "Pi is 3.14 exactly. See version 2.0.1 now.",
+        ["Pi is 3.14 exactly.", "See version 2.0.1 now."],
+    ),
+    ("Wait... What?! No way... no.", ["Wait...", "What?!", "No way... no."]),
+    ("It costs approx. five dollars. ok then", ["It costs approx. five dollars. ok then"]),
+    (
+        "Line one\ncontinues here. Next.\n\nNew paragraph",
+        ["Line one continues here.", "Next.", "New paragraph"],
+    ),
+    ("  spaced   out.   ", ["spaced out."]),
+    ("", []),
+    (
+        "我喜欢机器学习。东京是日本的首都！你好吗？",
+        ["我喜欢机器学习。", "东京是日本的首都！", "你好吗？"],
+    ),
+    ("他说：「我很好。」然后走了。", ["他说：「我很好。」", "然后走了。"]),
+    (
+        "東京は日本の首都です。ひらがなとカタカナ！",
+        ["東京は日本の首都です。", "ひらがなとカタカナ！"],
+    ),
+    ("Mixed English. 中文句子。More English?", ["Mixed English.", "中文句子。", "More English?"]),
 ]
 
 
@@ -80,7 +82,8 @@ def test_bad_bytes_are_replaced_and_counted(tmp_path):
     path.write_bytes(b"Good line.\nBad \xff\xfe bytes here.\nAlso \xc3 bad.\n\nFine.\n")
     documents, report = read([path])
     assert documents == [
-        ["Good line.", "Bad \ufffd\ufffd bytes here.", "Also \ufffd bad."], ["Fine."]
+        ["Good line.", "Bad \ufffd\ufffd bytes here.", "Also \ufffd bad."],
+        ["Fine."],
     ]
     assert report.invalid_utf8_lines == 2
 
@@ -174,7 +177,10 @@ def test_globs_and_directories_are_recursive_sorted_and_skip_hidden(tmp_path):
         (tmp_path / name).write_text(f"From {name}.\n", encoding="utf-8")
     documents, report = read([tmp_path])
     assert [d[0] for d in documents] == [
-        "From a/0.txt.", "From a/deep/1.txt.", "From b/1.txt.", "From b/2.txt."
+        "From a/0.txt.",
+        "From a/deep/1.txt.",
+        "From b/1.txt.",
+        "From b/2.txt.",
     ]
     documents, _ = read([str(tmp_path / "b" / "*.txt"), str(tmp_path / "**" / "1.txt")])
     # Sorted per pattern, and a file matched twice is read once.

@@ -25,8 +25,15 @@ from bertjax.model import BertConfig, BertForPreTraining
 ATOL = 1e-4
 
 # A small BERT in transformers' terms; every dimension distinct so a swapped axis shows.
-HF_SMALL = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                intermediate_size=48, max_position_embeddings=40, type_vocab_size=2)
+HF_SMALL = dict(
+    vocab_size=99,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=40,
+    type_vocab_size=2,
+)
 
 
 def _hf_config(**changes):
@@ -47,7 +54,8 @@ def _randomize_torch(module, seed):
 def _abstract_params(config, boxed=False):
     """Shapes of BertForPreTraining's params, without compiling its init."""
     variables = jax.eval_shape(
-        lambda: BertForPreTraining(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32)))
+        lambda: BertForPreTraining(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
+    )
     return variables["params"] if boxed else nn.meta.unbox(variables["params"])
 
 
@@ -62,8 +70,11 @@ def _random_params(config, seed, boxed=False):
 
     abstract = _abstract_params(config, boxed)
     if boxed:
-        return jax.tree.map_with_path(lambda path, box: box.replace(value=fill(path, box.value)),
-                                      abstract, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+        return jax.tree.map_with_path(
+            lambda path, box: box.replace(value=fill(path, box.value)),
+            abstract,
+            is_leaf=lambda x: isinstance(x, nn.Partitioned),
+        )
     return jax.tree.map_with_path(fill, abstract)
 
 
@@ -81,30 +92,43 @@ def _batch(vocab_size, batch=3, seq=16, seed=0):
     mask = np.zeros((batch, seq), np.int32)
     for b, n in enumerate(lengths):
         ids[b, :n] = rng.integers(5, vocab_size, n)
-        types[b, n // 2:n] = 1
+        types[b, n // 2 : n] = 1
         mask[b, :n] = 1
     return ids, types, mask
 
 
 def _torch_outputs(model, ids, types, mask):
-    args = dict(input_ids=torch.from_numpy(ids).long(), token_type_ids=torch.from_numpy(types).long(),
-                attention_mask=torch.from_numpy(mask).long())
+    args = dict(
+        input_ids=torch.from_numpy(ids).long(),
+        token_type_ids=torch.from_numpy(types).long(),
+        attention_mask=torch.from_numpy(mask).long(),
+    )
     with torch.no_grad():
         base = model.bert(**args)
         heads = model(**args)
-    return dict(sequence_output=base.last_hidden_state.numpy(), pooled_output=base.pooler_output.numpy(),
-                mlm_logits=heads.prediction_logits.numpy(), nsp_logits=heads.seq_relationship_logits.numpy())
+    return dict(
+        sequence_output=base.last_hidden_state.numpy(),
+        pooled_output=base.pooler_output.numpy(),
+        mlm_logits=heads.prediction_logits.numpy(),
+        nsp_logits=heads.seq_relationship_logits.numpy(),
+    )
 
 
 @functools.partial(jax.jit, static_argnums=0)
 def _forward(config, params, ids, types, mask):
-    return BertForPreTraining(config).apply({"params": params}, ids, types, mask, deterministic=True)
+    return BertForPreTraining(config).apply(
+        {"params": params}, ids, types, mask, deterministic=True
+    )
 
 
 def _bertjax_outputs(config, params, ids, types, mask):
     out = _forward(config, params, ids, types, mask)
-    return dict(sequence_output=np.asarray(out.sequence_output), pooled_output=np.asarray(out.pooled_output),
-                mlm_logits=np.asarray(out.mlm_logits), nsp_logits=np.asarray(out.nsp_logits))
+    return dict(
+        sequence_output=np.asarray(out.sequence_output),
+        pooled_output=np.asarray(out.pooled_output),
+        mlm_logits=np.asarray(out.mlm_logits),
+        nsp_logits=np.asarray(out.nsp_logits),
+    )
 
 
 def _assert_outputs_close(ours, theirs, mask):
@@ -139,45 +163,72 @@ def test_hf_to_bertjax_matches_torch(tmp_path, hidden_act, scan_layers):
     model.save_pretrained(tmp_path)
     config, params = hf.load(tmp_path, scan_layers=scan_layers, attention_impl="xla")
     assert config.hidden_act == {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}[hidden_act]
-    assert (config.vocab_size, config.hidden_size, config.num_layers, config.num_heads,
-            config.intermediate_size, config.max_position_embeddings) == (99, 32, 2, 4, 48, 40)
+    assert (
+        config.vocab_size,
+        config.hidden_size,
+        config.num_layers,
+        config.num_heads,
+        config.intermediate_size,
+        config.max_position_embeddings,
+    ) == (99, 32, 2, 4, 48, 40)
     assert config.scan_layers == scan_layers
     assert ("layers" in params["bert"]["encoder"]) == scan_layers
     assert _shapes(params) == _shapes(_abstract_params(config))
     assert all(isinstance(x, np.ndarray) and x.dtype == np.float32 for x in jax.tree.leaves(params))
 
     ids, types, mask = _batch(config.vocab_size)
-    _assert_outputs_close(_bertjax_outputs(config, params, ids, types, mask),
-                          _torch_outputs(model, ids, types, mask), mask)
+    _assert_outputs_close(
+        _bertjax_outputs(config, params, ids, types, mask),
+        _torch_outputs(model, ids, types, mask),
+        mask,
+    )
 
 
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
 def test_bertjax_to_hf_matches_torch(tmp_path, positions):
     # Sinusoidal positions travel as HF's absolute embeddings holding the fixed table.
-    config = BertConfig.preset("tiny", vocab_size=97, max_position_embeddings=24, attention_impl="xla",
-                               position_embedding_type=positions)
+    config = BertConfig.preset(
+        "tiny",
+        vocab_size=97,
+        max_position_embeddings=24,
+        attention_impl="xla",
+        position_embedding_type=positions,
+    )
     params = _random_params(config, seed=3)
     hf.save(config, params, tmp_path)
 
     model, info = transformers.BertForPreTraining.from_pretrained(
-        tmp_path, output_loading_info=True, attn_implementation="eager")
+        tmp_path, output_loading_info=True, attn_implementation="eager"
+    )
     assert {k: list(v) for k, v in info.items()} == {
-        "missing_keys": [], "unexpected_keys": [], "mismatched_keys": [], "error_msgs": []}
+        "missing_keys": [],
+        "unexpected_keys": [],
+        "mismatched_keys": [],
+        "error_msgs": [],
+    }
     model.eval()
     assert model.config.hidden_act == "gelu"
     assert model.config.hidden_size == config.hidden_size
     assert model.config.num_hidden_layers == config.num_layers
     # Tied as in HF: the decoder is the word embedding matrix itself.
-    decoder, words = model.cls.predictions.decoder.weight, model.bert.embeddings.word_embeddings.weight
+    decoder, words = (
+        model.cls.predictions.decoder.weight,
+        model.bert.embeddings.word_embeddings.weight,
+    )
     assert decoder.data_ptr() == words.data_ptr()
 
     ids, types, mask = _batch(config.vocab_size, seed=4)
-    _assert_outputs_close(_bertjax_outputs(config, params, ids, types, mask),
-                          _torch_outputs(model, ids, types, mask), mask)
+    _assert_outputs_close(
+        _bertjax_outputs(config, params, ids, types, mask),
+        _torch_outputs(model, ids, types, mask),
+        mask,
+    )
 
 
 def test_save_from_stacked_layers_writes_the_same_tensors(tmp_path):
-    config = BertConfig.preset("tiny", vocab_size=97, max_position_embeddings=24, hidden_act="gelu_tanh")
+    config = BertConfig.preset(
+        "tiny", vocab_size=97, max_position_embeddings=24, hidden_act="gelu_tanh"
+    )
     params = _random_params(config, seed=5)
     hf.save(config, params, tmp_path / "flat")
     scanned = BertConfig.from_dict({**config.to_dict(), "scan_layers": True})
@@ -204,11 +255,23 @@ def test_hf_bertjax_hf_round_trip_is_bit_identical(tmp_path, hf_dir, dtype):
     assert before.keys() == after.keys()
     for name in before:
         assert before[name].dtype == after[name].dtype, name
-        np.testing.assert_array_equal(before[name].view(np.uint8), after[name].view(np.uint8), err_msg=name)
+        np.testing.assert_array_equal(
+            before[name].view(np.uint8), after[name].view(np.uint8), err_msg=name
+        )
     old_cfg = json.loads((source / hf.CONFIG_NAME).read_text())
     new_cfg = json.loads((tmp_path / "out" / hf.CONFIG_NAME).read_text())
-    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-                "hidden_act", "max_position_embeddings", "type_vocab_size", "layer_norm_eps", "dtype"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "intermediate_size",
+        "hidden_act",
+        "max_position_embeddings",
+        "type_vocab_size",
+        "layer_norm_eps",
+        "dtype",
+    ):
         assert old_cfg[key] == new_cfg[key], key
 
 
@@ -217,8 +280,15 @@ def test_bert_model_checkpoint_loads_with_fresh_heads(tmp_path, caplog):
     base.save_pretrained(tmp_path)
     with caplog.at_level(logging.WARNING, logger="bertjax.hf"):
         config, params, report = hf.load_with_report(tmp_path, seed=7, attention_impl="xla")
-    heads = ["mlm_head/output_bias", "mlm_head/transform/kernel", "mlm_head/transform/bias",
-             "mlm_head/layer_norm/scale", "mlm_head/layer_norm/bias", "nsp_head/kernel", "nsp_head/bias"]
+    heads = [
+        "mlm_head/output_bias",
+        "mlm_head/transform/kernel",
+        "mlm_head/transform/bias",
+        "mlm_head/layer_norm/scale",
+        "mlm_head/layer_norm/bias",
+        "nsp_head/kernel",
+        "nsp_head/bias",
+    ]
     assert sorted(report.initialized) == sorted(heads)
     assert "mlm_head/transform/kernel" in caplog.text and "nsp_head/kernel" in caplog.text
     assert params["mlm_head"]["transform"]["kernel"].shape == (32, 32)
@@ -229,10 +299,17 @@ def test_bert_model_checkpoint_loads_with_fresh_heads(tmp_path, caplog):
     ids, types, mask = _batch(config.vocab_size, seed=8)
     ours = _bertjax_outputs(config, params, ids, types, mask)
     with torch.no_grad():
-        theirs = base(input_ids=torch.from_numpy(ids).long(), token_type_ids=torch.from_numpy(types).long(),
-                      attention_mask=torch.from_numpy(mask).long())
-    np.testing.assert_allclose(ours["sequence_output"], theirs.last_hidden_state.numpy(), atol=ATOL, rtol=0)
-    np.testing.assert_allclose(ours["pooled_output"], theirs.pooler_output.numpy(), atol=ATOL, rtol=0)
+        theirs = base(
+            input_ids=torch.from_numpy(ids).long(),
+            token_type_ids=torch.from_numpy(types).long(),
+            attention_mask=torch.from_numpy(mask).long(),
+        )
+    np.testing.assert_allclose(
+        ours["sequence_output"], theirs.last_hidden_state.numpy(), atol=ATOL, rtol=0
+    )
+    np.testing.assert_allclose(
+        ours["pooled_output"], theirs.pooler_output.numpy(), atol=ATOL, rtol=0
+    )
     # Seeded: the same seed gives the same heads.
     _, again = hf.load(tmp_path, seed=7)
     np.testing.assert_array_equal(again["nsp_head"]["kernel"], params["nsp_head"]["kernel"])
@@ -261,10 +338,17 @@ def test_sharded_checkpoint_loads_like_single_file(tmp_path, hf_dir):
 
 
 def test_import_needs_neither_torch_nor_transformers():
-    code = ("import sys, bertjax.hf; "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, sorted(sys.modules)")
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"},
-                   cwd=pathlib.Path(__file__).resolve().parents[1])
+    code = (
+        "import sys, bertjax.hf; "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, "
+        "sorted(sys.modules)"
+    )
+    subprocess.run(
+        [sys.executable, "-c", code],
+        check=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        cwd=pathlib.Path(__file__).resolve().parents[1],
+    )
 
 
 def test_pytorch_model_bin_without_torch_fails_clearly(tmp_path, hf_dir, monkeypatch):
@@ -281,9 +365,11 @@ def test_old_names_and_missing_prefix_load_the_same(tmp_path, hf_dir):
     tensors = _read_dir(source)
     renamed = {}
     for name, array in tensors.items():
-        name = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta")
+        name = name.replace("LayerNorm.weight", "LayerNorm.gamma").replace(
+            "LayerNorm.bias", "LayerNorm.beta"
+        )
         if name.startswith("bert."):
-            name = name[len("bert."):]
+            name = name[len("bert.") :]
         renamed[name] = array
     # Extras older exports carry: the position_ids buffer and the tied decoder copies.
     renamed["embeddings.position_ids"] = np.arange(40, dtype=np.int64)[None]
@@ -295,15 +381,19 @@ def test_old_names_and_missing_prefix_load_the_same(tmp_path, hf_dir):
     _, old_style, report = hf.load_with_report(tmp_path)
     _, canonical = hf.load(source)
     jax.tree.map(np.testing.assert_array_equal, old_style, canonical)
-    assert sorted(report.ignored) == ["cls.predictions.decoder.bias", "cls.predictions.decoder.weight",
-                                      "embeddings.position_ids"]
+    assert sorted(report.ignored) == [
+        "cls.predictions.decoder.bias",
+        "cls.predictions.decoder.weight",
+        "embeddings.position_ids",
+    ]
     assert report.initialized == ()
 
 
 def _write_variant(source, target, tensors=None, config_changes=None):
     target.mkdir()
-    safetensors_numpy.save_file(tensors if tensors is not None else _read_dir(source),
-                                target / hf.SAFE_WEIGHTS_NAME)
+    safetensors_numpy.save_file(
+        tensors if tensors is not None else _read_dir(source), target / hf.SAFE_WEIGHTS_NAME
+    )
     cfg = json.loads((source / hf.CONFIG_NAME).read_text())
     cfg.update(config_changes or {})
     (target / hf.CONFIG_NAME).write_text(json.dumps(cfg))
@@ -314,13 +404,18 @@ def test_bad_checkpoints_name_the_tensor(tmp_path, hf_dir):
     source, _ = hf_dir
     tensors = _read_dir(source)
 
-    bad = dict(tensors, **{"bert.encoder.layer.1.output.dense.weight": np.zeros((32, 47), np.float32)})
-    with pytest.raises(ValueError, match=r"bert\.encoder\.layer\.1\.output\.dense\.weight.*\(32, 47\)"):
+    bad = dict(
+        tensors, **{"bert.encoder.layer.1.output.dense.weight": np.zeros((32, 47), np.float32)}
+    )
+    with pytest.raises(
+        ValueError, match=r"bert\.encoder\.layer\.1\.output\.dense\.weight.*\(32, 47\)"
+    ):
         hf.load(_write_variant(source, tmp_path / "shape", bad))
 
     bad = {k: v for k, v in tensors.items() if k != "bert.encoder.layer.0.attention.self.key.bias"}
-    with pytest.raises(ValueError,
-                       match=r"missing tensor 'bert\.encoder\.layer\.0\.attention\.self\.key\.bias'"):
+    with pytest.raises(
+        ValueError, match=r"missing tensor 'bert\.encoder\.layer\.0\.attention\.self\.key\.bias'"
+    ):
         hf.load(_write_variant(source, tmp_path / "missing", bad))
 
     # A head that is half there is an error, not a silent re-initialisation.
@@ -334,7 +429,9 @@ def test_bad_checkpoints_name_the_tensor(tmp_path, hf_dir):
 
     # config.json says 1 layer: layer 1's tensors are unexpected.
     with pytest.raises(ValueError, match=r"unexpected tensor\(s\) 'bert\.encoder\.layer\.1\."):
-        hf.load(_write_variant(source, tmp_path / "layers", config_changes={"num_hidden_layers": 1}))
+        hf.load(
+            _write_variant(source, tmp_path / "layers", config_changes={"num_hidden_layers": 1})
+        )
 
     untied = tensors["bert.embeddings.word_embeddings.weight"] + 1
     bad = dict(tensors, **{"cls.predictions.decoder.weight": untied})
@@ -347,8 +444,11 @@ def test_bad_configs_and_overrides_are_refused(tmp_path, hf_dir):
     with pytest.raises(ValueError, match=r"hidden_act='relu'.*gelu_new"):
         hf.load(_write_variant(source, tmp_path / "relu", config_changes={"hidden_act": "relu"}))
     with pytest.raises(ValueError, match=r"position_embedding_type='relative_key'"):
-        hf.load(_write_variant(source, tmp_path / "rel",
-                               config_changes={"position_embedding_type": "relative_key"}))
+        hf.load(
+            _write_variant(
+                source, tmp_path / "rel", config_changes={"position_embedding_type": "relative_key"}
+            )
+        )
     with pytest.raises(ValueError, match=r"override hidden_size=64 is not allowed"):
         hf.load(source, hidden_size=64)
     with pytest.raises(ValueError, match=r"override 'no_such_field'"):
@@ -387,7 +487,11 @@ def test_preset_parameter_counts_match_transformers(name):
     config = BertConfig.preset(name)
     ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(_abstract_params(config)))
     with torch.device("meta"):
-        theirs_model = transformers.BertForPreTraining(transformers.BertConfig(**hf.config_to_hf(config)))
+        theirs_model = transformers.BertForPreTraining(
+            transformers.BertConfig(**hf.config_to_hf(config))
+        )
     theirs = sum(p.numel() for p in theirs_model.parameters())  # tied weights counted once
     assert ours == theirs
-    assert len(hf.tensor_specs(config)) == len(theirs_model.state_dict()) - 2  # less the tied decoder copies
+    assert (
+        len(hf.tensor_specs(config)) == len(theirs_model.state_dict()) - 2
+    )  # less the tied decoder copies

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from bertjax.data.instances import (
-    InstanceSettings,
     Instances,
+    InstanceSettings,
     _removals,
     concat_instances,
     create_instances,
@@ -22,8 +22,10 @@ def make_documents(num_docs, sentences_per_doc, min_len, max_len, seed=0):
     rng = np.random.default_rng(seed)
     documents = []
     for d in range(num_docs):
-        count = sentences_per_doc if isinstance(sentences_per_doc, int) else int(
-            rng.integers(*sentences_per_doc)
+        count = (
+            sentences_per_doc
+            if isinstance(sentences_per_doc, int)
+            else int(rng.integers(*sentences_per_doc))
         )
         lengths = rng.integers(min_len, max_len + 1, size=count)
         ids = np.arange(lengths.sum(), dtype=np.int32) + d * DOC_STRIDE + 10
@@ -54,10 +56,17 @@ def check_layout(instances: Instances, max_seq_length: int):
 
 def test_two_document_toy_exact_layout_and_is_next_continuation():
     documents = [
-        [np.array([10, 11, 12], np.int32), np.array([13, 14], np.int32), np.array([15], np.int32),
-         np.array([16, 17, 18, 19], np.int32)],
-        [np.array([100010, 100011], np.int32), np.array([100012, 100013, 100014], np.int32),
-         np.array([100015, 100016], np.int32)],
+        [
+            np.array([10, 11, 12], np.int32),
+            np.array([13, 14], np.int32),
+            np.array([15], np.int32),
+            np.array([16, 17, 18, 19], np.int32),
+        ],
+        [
+            np.array([100010, 100011], np.int32),
+            np.array([100012, 100013, 100014], np.int32),
+            np.array([100015, 100016], np.int32),
+        ],
     ]
     settings = InstanceSettings(max_seq_length=64, short_seq_prob=0.0, dupe_factor=20)
     instances = create_instances(documents, settings, np.random.default_rng(7), CLS, SEP)
@@ -215,8 +224,9 @@ def test_short_sequences_and_empty_inputs():
     assert np.median(np.diff(long.offsets)) >= 60
     # Empty sentences and documents are ignored; nothing at all gives zero instances.
     padded = [[np.zeros(0, np.int32)] + d + [np.zeros(0, np.int32)] for d in documents[:5]] + [[]]
-    some = create_instances(padded, InstanceSettings(max_seq_length=16), np.random.default_rng(0),
-                            CLS, SEP)
+    some = create_instances(
+        padded, InstanceSettings(max_seq_length=16), np.random.default_rng(0), CLS, SEP
+    )
     check_layout(some, 16)
     empty = create_instances([[], []], InstanceSettings(), np.random.default_rng(0), CLS, SEP)
     assert empty.num_instances == 0 and empty.offsets.tolist() == [0]

@@ -28,8 +28,17 @@ def write_corpus(path, num_documents=NUM_DOCUMENTS, seed=1):
 def data_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("loader")
     corpus = write_corpus(root / "corpus.txt")
-    prepare([str(corpus)], root / "data", max_seq_length=48, vocab_size=350, workers=1,
-            eval_fraction=0.15, seed=3, chunk_mb=0.03, verbose=False)
+    prepare(
+        [str(corpus)],
+        root / "data",
+        max_seq_length=48,
+        vocab_size=350,
+        workers=1,
+        eval_fraction=0.15,
+        seed=3,
+        chunk_mb=0.03,
+        verbose=False,
+    )
     return root / "data"
 
 
@@ -57,9 +66,12 @@ def test_batch_features(data_dir):
     loader = make_loader(data_dir, batch_size=8, process_index=0, process_count=1)
     batch = next(loader)
     expected = {
-        "input_ids": ((8, 48), np.int32), "input_mask": ((8, 48), np.int32),
-        "segment_ids": ((8, 48), np.int32), "masked_lm_positions": ((8, 20), np.int32),
-        "masked_lm_ids": ((8, 20), np.int32), "masked_lm_weights": ((8, 20), np.float32),
+        "input_ids": ((8, 48), np.int32),
+        "input_mask": ((8, 48), np.int32),
+        "segment_ids": ((8, 48), np.int32),
+        "masked_lm_positions": ((8, 20), np.int32),
+        "masked_lm_ids": ((8, 20), np.int32),
+        "masked_lm_weights": ((8, 20), np.float32),
         "next_sentence_labels": ((8,), np.int32),
     }
     assert {k: (v.shape, v.dtype) for k, v in batch.items()} == expected
@@ -121,7 +133,9 @@ def test_masking_does_not_depend_on_the_process_split(data_dir):
     ]
     for whole, first, second in zip(single, *shares):
         for name, value in whole.items():
-            np.testing.assert_array_equal(np.concatenate([first[name], second[name]]), value, err_msg=name)
+            np.testing.assert_array_equal(
+                np.concatenate([first[name], second[name]]), value, err_msg=name
+            )
 
 
 def test_new_order_each_epoch(data_dir):
@@ -146,13 +160,32 @@ def test_worker_threads_do_not_change_batches(data_dir):
 
 
 def test_eval_loader_is_identical_across_passes(data_dir):
-    loader = make_loader(data_dir, split="eval", batch_size=8, shuffle=False, num_epochs=1,
-                         process_count=1, process_index=0)
+    loader = make_loader(
+        data_dir,
+        split="eval",
+        batch_size=8,
+        shuffle=False,
+        num_epochs=1,
+        process_count=1,
+        process_index=0,
+    )
     first, second = list(loader), list(loader)
     assert len(first) == loader.num_examples // 8 == len(loader) > 0
     assert_same(first, second)
-    assert_same(first, list(make_loader(data_dir, split="eval", batch_size=8, shuffle=False,
-                                        num_epochs=1, process_count=1, process_index=0)))
+    assert_same(
+        first,
+        list(
+            make_loader(
+                data_dir,
+                split="eval",
+                batch_size=8,
+                shuffle=False,
+                num_epochs=1,
+                process_count=1,
+                process_index=0,
+            )
+        ),
+    )
 
 
 def test_whole_word_masking_through_the_loader(data_dir):

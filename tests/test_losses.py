@@ -30,7 +30,11 @@ def test_uniform_logits_give_log_vocab():
     np.testing.assert_allclose(sums.nsp_count, 2.0)
     m = losses.metrics(sums, "train")
     assert set(m) == {
-        "train/mlm_loss", "train/mlm_accuracy", "train/nsp_loss", "train/nsp_accuracy"}
+        "train/mlm_loss",
+        "train/mlm_accuracy",
+        "train/nsp_loss",
+        "train/nsp_accuracy",
+    }
     np.testing.assert_allclose(m["train/mlm_loss"], math.log(vocab), rtol=1e-6)
     np.testing.assert_allclose(m["train/nsp_loss"], math.log(2), rtol=1e-6)
     np.testing.assert_allclose(

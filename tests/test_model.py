@@ -109,7 +109,9 @@ def test_padding_invariance(params):
         np.asarray(a.sequence_output)[real], np.asarray(b.sequence_output)[real], atol=1e-5
     )
     for name in ("pooled_output", "mlm_logits", "nsp_logits"):  # positions are all real
-        np.testing.assert_allclose(np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), atol=1e-5)
+        np.testing.assert_allclose(
+            np.asarray(getattr(a, name)), np.asarray(getattr(b, name)), atol=1e-5
+        )
 
 
 def test_decoder_is_tied_to_word_embeddings(params):
@@ -208,7 +210,13 @@ def test_dropout_only_when_not_deterministic(params):
     det = _jit_apply(CFG, params, ids, types, mask, positions)
     train = [
         _jit_apply(
-            CFG, params, ids, types, mask, positions, deterministic=False,
+            CFG,
+            params,
+            ids,
+            types,
+            mask,
+            positions,
+            deterministic=False,
             rngs={"dropout": jax.random.PRNGKey(seed)},
         ).mlm_logits
         for seed in (1, 2)
@@ -218,7 +226,13 @@ def test_dropout_only_when_not_deterministic(params):
     # With both rates at zero, training mode computes the same function.
     no_drop = dataclasses.replace(CFG, hidden_dropout=0.0, attention_dropout=0.0)
     same = _jit_apply(
-        no_drop, params, ids, types, mask, positions, deterministic=False,
+        no_drop,
+        params,
+        ids,
+        types,
+        mask,
+        positions,
+        deterministic=False,
         rngs={"dropout": jax.random.PRNGKey(1)},
     )
     np.testing.assert_allclose(np.asarray(same.mlm_logits), np.asarray(det.mlm_logits), atol=1e-6)
@@ -290,7 +304,12 @@ def test_scan_and_remat_match_the_plain_stack(params):
     stacked = stack_layers(params, CFG.num_layers)
     assert set(stacked["bert"]["encoder"]) == {"layers"}
     q = stacked["bert"]["encoder"]["layers"]["attention"]["query"]["kernel"]
-    assert q.shape == (CFG.num_layers, CFG.hidden_size, CFG.num_heads, CFG.hidden_size // CFG.num_heads)
+    assert q.shape == (
+        CFG.num_layers,
+        CFG.hidden_size,
+        CFG.num_heads,
+        CFG.hidden_size // CFG.num_heads,
+    )
     scan = dataclasses.replace(plain, scan_layers=True, remat_policy="full")
     loss, grads = _loss_and_grads(scan, stacked, ids, types, mask, positions)
     np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
@@ -302,7 +321,9 @@ def test_scan_init_tree_matches_stacked_plain_tree():
     ids = jax.ShapeDtypeStruct((BATCH, SEQ), jnp.int32)
     scan_cfg = dataclasses.replace(CFG, scan_layers=True)
     plain = jax.eval_shape(BertForPreTraining(CFG).init, jax.random.PRNGKey(0), ids)["params"]
-    scanned = jax.eval_shape(BertForPreTraining(scan_cfg).init, jax.random.PRNGKey(0), ids)["params"]
+    scanned = jax.eval_shape(BertForPreTraining(scan_cfg).init, jax.random.PRNGKey(0), ids)[
+        "params"
+    ]
     is_box = lambda x: isinstance(x, nn.Partitioned)  # noqa: E731
     # Boxed trees convert too, and the logical names gain the leading "layers" axis.
     restacked = stack_layers(plain, CFG.num_layers)
@@ -338,7 +359,9 @@ def _packing_batch():
     mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
     ids = np.where(mask == 1, rng.integers(5, CFG.vocab_size, (batch, seq)), 0).astype(np.int32)
     types = ((np.arange(seq)[None] >= (lengths // 2)[:, None]) & (mask == 1)).astype(np.int32)
-    positions = np.stack([np.sort(rng.choice(np.arange(1, n), PREDS, replace=False)) for n in lengths])
+    positions = np.stack(
+        [np.sort(rng.choice(np.arange(1, n), PREDS, replace=False)) for n in lengths]
+    )
     return ids, types, mask, positions.astype(np.int32)
 
 

@@ -85,8 +85,13 @@ def _lr(schedule, step):
 
 
 def test_linear_schedule_exact_values():
-    s = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=100, total_steps=1100,
-                                end_learning_rate=1e-5, schedule="linear")
+    s = optim.OptimizerSettings(
+        learning_rate=1e-3,
+        warmup_steps=100,
+        total_steps=1100,
+        end_learning_rate=1e-5,
+        schedule="linear",
+    )
     f = optim.make_schedule(s)
     assert _lr(f, 0) == 0.0
     assert _lr(f, 25) == pytest.approx(2.5e-4, rel=1e-6)
@@ -105,15 +110,16 @@ def test_polynomial_and_cosine_schedules_exact_values():
     assert _lr(poly, 1000) == 0.0
     assert _lr(poly, 5000) == 0.0
     cubic = optim.make_schedule(
-        optim.OptimizerSettings(schedule="polynomial", polynomial_power=3.0, **common))
+        optim.OptimizerSettings(schedule="polynomial", polynomial_power=3.0, **common)
+    )
     assert _lr(cubic, 600) == pytest.approx(2e-3 * 0.5**3, rel=1e-6)
 
     cos = optim.make_schedule(
-        optim.OptimizerSettings(schedule="cosine", **{**common, "end_learning_rate": 1e-4}))
+        optim.OptimizerSettings(schedule="cosine", **{**common, "end_learning_rate": 1e-4})
+    )
     assert _lr(cos, 50) == pytest.approx(5e-4, rel=1e-6)
     assert _lr(cos, 200) == pytest.approx(2e-3, rel=1e-6)
-    assert _lr(cos, 400) == pytest.approx(1e-4 + 1.9e-3 * (1 + math.cos(math.pi / 4)) / 2,
-                                          rel=1e-6)
+    assert _lr(cos, 400) == pytest.approx(1e-4 + 1.9e-3 * (1 + math.cos(math.pi / 4)) / 2, rel=1e-6)
     assert _lr(cos, 600) == pytest.approx(1e-4 + 1.9e-3 * 0.5, rel=1e-6)
     assert _lr(cos, 1000) == pytest.approx(1e-4, rel=1e-6)
     assert _lr(cos, 3000) == pytest.approx(1e-4, rel=1e-6)
@@ -122,8 +128,9 @@ def test_polynomial_and_cosine_schedules_exact_values():
 def test_google_schedule_matches_google_research_bert():
     # google-research/bert: polynomial_decay(init_lr, step, T, end=0, power=1) from step 0,
     # replaced by init_lr * step / W while step < W.
-    s = optim.OptimizerSettings(learning_rate=1e-4, warmup_steps=100, total_steps=1000,
-                                schedule="google")
+    s = optim.OptimizerSettings(
+        learning_rate=1e-4, warmup_steps=100, total_steps=1000, schedule="google"
+    )
     f = optim.make_schedule(s)
     assert _lr(f, 0) == 0.0
     assert _lr(f, 1) == pytest.approx(1e-6, rel=1e-6)
@@ -136,25 +143,33 @@ def test_google_schedule_matches_google_research_bert():
 
 
 def test_constant_schedule_and_edge_cases():
-    const = optim.make_schedule(optim.OptimizerSettings(
-        learning_rate=3e-4, warmup_steps=10, total_steps=20, schedule="constant"))
+    const = optim.make_schedule(
+        optim.OptimizerSettings(
+            learning_rate=3e-4, warmup_steps=10, total_steps=20, schedule="constant"
+        )
+    )
     assert _lr(const, 5) == pytest.approx(1.5e-4, rel=1e-6)
     assert _lr(const, 10) == pytest.approx(3e-4, rel=1e-6)
     assert _lr(const, 10**6) == pytest.approx(3e-4, rel=1e-6)
     # No warmup: the first update uses the peak rate.
-    nowarm = optim.make_schedule(optim.OptimizerSettings(
-        learning_rate=1e-3, warmup_steps=0, total_steps=10))
+    nowarm = optim.make_schedule(
+        optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=10)
+    )
     assert _lr(nowarm, 0) == pytest.approx(1e-3, rel=1e-6)
     assert _lr(nowarm, 5) == pytest.approx(5e-4, rel=1e-6)
     # Warmup spanning the whole run: after it there is nothing left but the end rate.
-    allwarm = optim.make_schedule(optim.OptimizerSettings(
-        learning_rate=1e-3, warmup_steps=10, total_steps=10, end_learning_rate=1e-6))
+    allwarm = optim.make_schedule(
+        optim.OptimizerSettings(
+            learning_rate=1e-3, warmup_steps=10, total_steps=10, end_learning_rate=1e-6
+        )
+    )
     assert _lr(allwarm, 9) == pytest.approx(9e-4, rel=1e-6)
     assert _lr(allwarm, 10) == pytest.approx(1e-6, rel=1e-6)
     # Works on int32 steps under jit, vectorised.
     steps = jnp.arange(0, 30, 5, dtype=jnp.int32)
-    np.testing.assert_allclose(jax.jit(const)(steps), [0, 1.5e-4, 3e-4, 3e-4, 3e-4, 3e-4],
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        jax.jit(const)(steps), [0, 1.5e-4, 3e-4, 3e-4, 3e-4, 3e-4], rtol=1e-6
+    )
 
 
 # --------------------------------------------------------------------------- mask
@@ -230,6 +245,7 @@ def _np_reference(params, grads_per_step, s, lamb=False, clip=None, stacked_leav
 
 def _run(tx, params, grads_per_step):
     """Initialises the optimizer and applies it once per gradient, as one compiled program."""
+
     @jax.jit
     def run(params, grads_per_step):
         state = tx.init(params)
@@ -259,8 +275,14 @@ def test_two_steps_match_numpy_reference(name):
     rng = np.random.default_rng(1)
     params = _tiny_tree(rng)
     grads = [_grads(rng, params), _grads(rng, params, scale=0.1)]
-    s = optim.OptimizerSettings(name=name, learning_rate=1e-2, warmup_steps=0, total_steps=10,
-                                weight_decay=0.1, max_grad_norm=None)
+    s = optim.OptimizerSettings(
+        name=name,
+        learning_rate=1e-2,
+        warmup_steps=0,
+        total_steps=10,
+        weight_decay=0.1,
+        max_grad_norm=None,
+    )
     got = _run(optim.make_optimizer(s), {k: jnp.asarray(x) for k, x in params.items()}, grads)
     want = _np_reference(params, grads, s, lamb=name == "lamb")
     for k in params:
@@ -276,12 +298,21 @@ def test_lamb_trust_ratio_scales_decayed_tensors_only():
     rng = np.random.default_rng(2)
     params = _tiny_tree(rng)
     grads = [_grads(rng, params)]
-    s = optim.OptimizerSettings(name="lamb", learning_rate=0.1, warmup_steps=0, total_steps=10,
-                                weight_decay=0.0, max_grad_norm=None)
+    s = optim.OptimizerSettings(
+        name="lamb",
+        learning_rate=0.1,
+        warmup_steps=0,
+        total_steps=10,
+        weight_decay=0.0,
+        max_grad_norm=None,
+    )
     got = _run(optim.make_optimizer(s), params, grads)
     step = {k: np.asarray(got[k]) - params[k] for k in params}
-    np.testing.assert_allclose(np.linalg.norm(step["dense/kernel"]),
-                               0.1 * np.linalg.norm(params["dense/kernel"]), rtol=1e-5)
+    np.testing.assert_allclose(
+        np.linalg.norm(step["dense/kernel"]),
+        0.1 * np.linalg.norm(params["dense/kernel"]),
+        rtol=1e-5,
+    )
     np.testing.assert_allclose(np.abs(step["dense/bias"]), 0.1, rtol=1e-4)
     np.testing.assert_allclose(np.abs(step["layer_norm/scale"]), 0.1, rtol=1e-4)
     np.testing.assert_allclose(np.abs(step["zero/kernel"]), 0.1, rtol=1e-4)
@@ -289,13 +320,22 @@ def test_lamb_trust_ratio_scales_decayed_tensors_only():
 
 def _layered_tree(rng):
     """A small encoder-shaped tree: unrolled layer_i subtrees plus unstacked neighbours."""
-    def layer():
-        return {"dense": {"kernel": rng.normal(size=(3, 4)).astype(np.float32),
-                          "bias": rng.normal(size=(4,)).astype(np.float32)},
-                "layer_norm": {"scale": np.ones((4,), np.float32)}}
 
-    return {"bert": {"encoder": {f"layer_{i}": layer() for i in range(L)},
-                     "pooler": {"kernel": rng.normal(size=(4, 4)).astype(np.float32)}}}
+    def layer():
+        return {
+            "dense": {
+                "kernel": rng.normal(size=(3, 4)).astype(np.float32),
+                "bias": rng.normal(size=(4,)).astype(np.float32),
+            },
+            "layer_norm": {"scale": np.ones((4,), np.float32)},
+        }
+
+    return {
+        "bert": {
+            "encoder": {f"layer_{i}": layer() for i in range(L)},
+            "pooler": {"kernel": rng.normal(size=(4, 4)).astype(np.float32)},
+        }
+    }
 
 
 def test_lamb_is_per_layer_for_scanned_layers():
@@ -305,8 +345,9 @@ def test_lamb_is_per_layer_for_scanned_layers():
     # give them the wrong step lengths.
     grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
     grads["bert"]["encoder"]["layer_1"]["dense"]["kernel"] *= 50.0
-    s = optim.OptimizerSettings(name="lamb", learning_rate=1e-2, warmup_steps=0, total_steps=10,
-                                max_grad_norm=None)
+    s = optim.OptimizerSettings(
+        name="lamb", learning_rate=1e-2, warmup_steps=0, total_steps=10, max_grad_norm=None
+    )
     tx = optim.make_optimizer(s)
     unrolled = _run(tx, params, [grads, grads])
     scanned = _run(tx, _stack(params), [_stack(grads)] * 2)
@@ -314,13 +355,18 @@ def test_lamb_is_per_layer_for_scanned_layers():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
 
     # And both equal the numpy reference that takes one trust ratio per layer.
-    flat = {jax.tree_util.keystr(k): x
-            for k, x in jax.tree_util.tree_flatten_with_path(_stack(params))[0]}
-    flat_grads = {jax.tree_util.keystr(k): x
-                  for k, x in jax.tree_util.tree_flatten_with_path(_stack(grads))[0]}
-    want = _np_reference(flat, [flat_grads] * 2, s, lamb=True,
-                         stacked_leaves={k for k in flat if "'layers'" in k})
-    for (path, got), key in zip(jax.tree_util.tree_flatten_with_path(scanned)[0], flat):
+    flat = {
+        jax.tree_util.keystr(k): x
+        for k, x in jax.tree_util.tree_flatten_with_path(_stack(params))[0]
+    }
+    flat_grads = {
+        jax.tree_util.keystr(k): x
+        for k, x in jax.tree_util.tree_flatten_with_path(_stack(grads))[0]
+    }
+    want = _np_reference(
+        flat, [flat_grads] * 2, s, lamb=True, stacked_leaves={k for k in flat if "'layers'" in k}
+    )
+    for (_, got), key in zip(jax.tree_util.tree_flatten_with_path(scanned)[0], flat):
         np.testing.assert_allclose(got, want[key], rtol=2e-5, atol=1e-7, err_msg=key)
 
 
@@ -329,8 +375,7 @@ def test_boxed_params_give_the_same_update():
     params = _layered_tree(rng)
     grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
     for name in ("adamw", "lamb"):
-        s = optim.OptimizerSettings(name=name, learning_rate=1e-2, warmup_steps=0,
-                                    total_steps=10)
+        s = optim.OptimizerSettings(name=name, learning_rate=1e-2, warmup_steps=0, total_steps=10)
         tx = optim.make_optimizer(s)
         plain = _run(tx, params, [grads])
         boxed = _run(tx, _box(params), [_box(grads)])
@@ -342,8 +387,10 @@ def test_boxed_params_give_the_same_update():
         boxed_state = jax.eval_shape(tx.init, _box(params))
         plain_state = jax.eval_shape(tx.init, params)
         assert jax.tree.structure(nn.meta.unbox(boxed_state)) == jax.tree.structure(plain_state)
-        assert any(isinstance(x, nn.Partitioned) for x in jax.tree.leaves(
-            boxed_state, is_leaf=lambda x: isinstance(x, nn.Partitioned)))
+        assert any(
+            isinstance(x, nn.Partitioned)
+            for x in jax.tree.leaves(boxed_state, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+        )
 
 
 def test_clipping_caps_the_global_norm():
@@ -371,24 +418,27 @@ def test_clipping_caps_the_global_norm():
 # --------------------------------------------------------------------------- validation
 
 
-@pytest.mark.parametrize("field,value", [
-    ("name", "sgd"),
-    ("schedule", "exponential"),
-    ("learning_rate", 0.0),
-    ("learning_rate", float("nan")),
-    ("warmup_steps", -1),
-    ("warmup_steps", 2_000_000),
-    ("warmup_steps", 1.5),
-    ("total_steps", 0),
-    ("end_learning_rate", -1e-5),
-    ("end_learning_rate", 1.0),
-    ("polynomial_power", 0.0),
-    ("weight_decay", -0.1),
-    ("b1", 1.0),
-    ("b2", -0.5),
-    ("eps", -1e-8),
-    ("max_grad_norm", -1.0),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("name", "sgd"),
+        ("schedule", "exponential"),
+        ("learning_rate", 0.0),
+        ("learning_rate", float("nan")),
+        ("warmup_steps", -1),
+        ("warmup_steps", 2_000_000),
+        ("warmup_steps", 1.5),
+        ("total_steps", 0),
+        ("end_learning_rate", -1e-5),
+        ("end_learning_rate", 1.0),
+        ("polynomial_power", 0.0),
+        ("weight_decay", -0.1),
+        ("b1", 1.0),
+        ("b2", -0.5),
+        ("eps", -1e-8),
+        ("max_grad_norm", -1.0),
+    ],
+)
 def test_invalid_settings_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"OptimizerSettings\.{field}=") as info:
         optim.OptimizerSettings(**{field: value})

@@ -27,8 +27,9 @@ def test_flops_proportionality():
     f = perf.training_flops_per_sequence
     h, v = config.hidden_size, config.vocab_size
     # Layers add equal encoder costs; what is left is the pooler, NSP and MLM heads.
-    one, two, three = (f(dataclasses.replace(config, num_layers=k * config.num_layers), 128, 20)
-                       for k in (1, 2, 3))
+    one, two, three = (
+        f(dataclasses.replace(config, num_layers=k * config.num_layers), 128, 20) for k in (1, 2, 3)
+    )
     assert three - two == pytest.approx(two - one)
     heads = 2 * h * h + 4 * h + 20 * (2 * h * h + 2 * h * v)
     assert one - (two - one) == pytest.approx(3 * heads)
@@ -38,8 +39,10 @@ def test_flops_proportionality():
     assert f(dataclasses.replace(config, vocab_size=7), 64, 0) == f(config, 64, 0)
     # Attention grows quadratically with the sequence, the rest linearly.
     lin = f(config, 256, 0) - 2 * f(config, 128, 0)
-    l, hh = config.num_layers, config.hidden_size
-    assert lin == pytest.approx(3 * (l * 4 * hh * (256**2 - 2 * 128**2) - 2 * hh * hh - 4 * hh))
+    layers, hh = config.num_layers, config.hidden_size
+    assert lin == pytest.approx(
+        3 * (layers * 4 * hh * (256**2 - 2 * 128**2) - 2 * hh * hh - 4 * hh)
+    )
     with pytest.raises(ValueError, match="seq_len"):
         f(config, 0, 1)
     with pytest.raises(ValueError, match="num_predictions"):
@@ -53,8 +56,11 @@ def _dot_flops(jaxpr) -> int:
         if eqn.primitive.name == "dot_general":
             (lhs_contract, _), _ = eqn.params["dimension_numbers"]
             lhs_shape = eqn.invars[0].aval.shape
-            total += 2 * math.prod(eqn.outvars[0].aval.shape) * math.prod(
-                lhs_shape[d] for d in lhs_contract)
+            total += (
+                2
+                * math.prod(eqn.outvars[0].aval.shape)
+                * math.prod(lhs_shape[d] for d in lhs_contract)
+            )
         repeat = eqn.params.get("length", 1) if eqn.primitive.name == "scan" else 1
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else [value]:
@@ -68,8 +74,14 @@ def _dot_flops(jaxpr) -> int:
 def test_flops_equal_the_models_matmuls():
     # The formula must equal the dot products the model really traces: forward = 1/3 of
     # the training count, and forward + gradients = the training count.
-    config = BertConfig(vocab_size=50, hidden_size=32, num_layers=2, num_heads=4,
-                        intermediate_size=64, max_position_embeddings=32)
+    config = BertConfig(
+        vocab_size=50,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+    )
     seq, preds = 16, 5
     model = BertForPreTraining(config)
     ids = jnp.zeros((1, seq), jnp.int32)
@@ -85,28 +97,31 @@ def test_flops_equal_the_models_matmuls():
     assert _dot_flops(jax.make_jaxpr(jax.grad(loss))(params).jaxpr) == expected
 
 
-@pytest.mark.parametrize("kind,family", [
-    ("TPU v2", "TPU v2"),
-    ("TPU v3", "TPU v3"),
-    ("TPU v4", "TPU v4"),
-    ("TPU v5 lite", "TPU v5e"),
-    ("TPU v5e", "TPU v5e"),
-    ("TPU v5litepod", "TPU v5e"),
-    ("TPU v5", "TPU v5p"),
-    ("TPU v5p", "TPU v5p"),
-    ("TPU v6 lite", "TPU v6e"),
-    ("TPU v6e", "TPU v6e"),
-    ("NVIDIA A100-SXM4-80GB", "A100"),
-    ("NVIDIA A100-SXM4-40GB", "A100"),
-    ("NVIDIA A100 80GB PCIe", "A100"),
-    ("NVIDIA H100 80GB HBM3", "H100 SXM"),
-    ("NVIDIA H100 PCIe", "H100 PCIe"),
-    ("NVIDIA H200", "H200"),
-    ("NVIDIA GH200 480GB", "H200"),
-    ("cpu", None),
-    ("TPU v4 lite", None),
-    ("NVIDIA GeForce RTX 3090", None),
-])
+@pytest.mark.parametrize(
+    "kind,family",
+    [
+        ("TPU v2", "TPU v2"),
+        ("TPU v3", "TPU v3"),
+        ("TPU v4", "TPU v4"),
+        ("TPU v5 lite", "TPU v5e"),
+        ("TPU v5e", "TPU v5e"),
+        ("TPU v5litepod", "TPU v5e"),
+        ("TPU v5", "TPU v5p"),
+        ("TPU v5p", "TPU v5p"),
+        ("TPU v6 lite", "TPU v6e"),
+        ("TPU v6e", "TPU v6e"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA A100-SXM4-40GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA GH200 480GB", "H200"),
+        ("cpu", None),
+        ("TPU v4 lite", None),
+        ("NVIDIA GeForce RTX 3090", None),
+    ],
+)
 def test_device_kind_matching(kind, family):
     assert perf.device_family(kind) == family
     for key in perf.PEAK_FLOPS:  # every table key names its own family

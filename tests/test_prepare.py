@@ -40,7 +40,10 @@ def prepared(tmp_path_factory):
     )
     one = prepare_lib.prepare([str(corpus)], root / "one", vocab_size=400, workers=1, **kwargs)
     two = prepare_lib.prepare(
-        [str(corpus)], root / "two", tokenizer_path=root / "one" / "tokenizer.model", workers=2,
+        [str(corpus)],
+        root / "two",
+        tokenizer_path=root / "one" / "tokenizer.model",
+        workers=2,
         **kwargs,
     )
     return root, corpus, one, two
@@ -134,8 +137,22 @@ def test_failed_prepare_leaves_no_manifest(tmp_path, prepared):
     out = tmp_path / "out"
     tokenizer = root / "one" / "tokenizer.model"
     prepare_lib.main(
-        ["--input", str(corpus), "--output", str(out), "--tokenizer", str(tokenizer),
-         "--workers", "1", "--max_seq_length", "32", "--task", "sop", "--dupe_factor", "2"]
+        [
+            "--input",
+            str(corpus),
+            "--output",
+            str(out),
+            "--tokenizer",
+            str(tokenizer),
+            "--workers",
+            "1",
+            "--max_seq_length",
+            "32",
+            "--task",
+            "sop",
+            "--dupe_factor",
+            "2",
+        ]
     )
     manifest = read_manifest(out)
     assert manifest["max_seq_length"] == 32 and manifest["settings"]["task"] == "sop"

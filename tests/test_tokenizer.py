@@ -2,10 +2,10 @@
 
 import dataclasses
 import io
+import pydoc_data.topics
 import unicodedata
 
 import numpy as np
-import pydoc_data.topics
 import pytest
 import sentencepiece as spm
 
@@ -25,8 +25,17 @@ from bertjax.tokenizer import (
     train_tokenizer,
 )
 
-CHINESE = ["我喜欢机器学习。", "北京是中国的首都。", "今天天气很好，我们去公园散步吧。", "他在大学学习计算机科学。"]
-JAPANESE = ["東京は日本の首都です。", "私は毎朝コーヒーを飲みます。", "ひらがなとカタカナと漢字を使います。"]
+CHINESE = [
+    "我喜欢机器学习。",
+    "北京是中国的首都。",
+    "今天天气很好，我们去公园散步吧。",
+    "他在大学学习计算机科学。",
+]
+JAPANESE = [
+    "東京は日本の首都です。",
+    "私は毎朝コーヒーを飲みます。",
+    "ひらがなとカタカナと漢字を使います。",
+]
 
 
 def training_sentences(count=2000):
@@ -66,7 +75,9 @@ def test_special_tokens_typed_in_text_are_ordinary_text(tokenizer):
     assert tok.decode(ids) == text
 
 
-ROUND_TRIP = CHINESE + JAPANESE + ["鬱蒼とした森。龘靐齉。", "emoji 🙂 and ñ, ü, ß.", "全角：ＡＢＣ！"]
+ROUND_TRIP = (
+    CHINESE + JAPANESE + ["鬱蒼とした森。龘靐齉。", "emoji 🙂 and ñ, ü, ß.", "全角：ＡＢＣ！"]
+)
 
 
 @pytest.mark.parametrize("text", ROUND_TRIP)
@@ -79,8 +90,11 @@ def test_round_trip_without_unk(tokenizer, text):
 
 
 def test_identity_normalization_round_trips_exactly(sentences, tmp_path):
-    tok = train_tokenizer(sentences, TokenizerSettings(vocab_size=600, normalization="identity"),
-                          tmp_path / "identity.model")
+    tok = train_tokenizer(
+        sentences,
+        TokenizerSettings(vocab_size=600, normalization="identity"),
+        tmp_path / "identity.model",
+    )
     for text in ROUND_TRIP:
         ids = tok.encode(text)
         assert UNK_ID not in ids and tok.decode(ids) == text
@@ -151,13 +165,15 @@ def test_training_is_deterministic(sentences, tmp_path):
 
 
 def test_bpe_and_lowercase_options(sentences, tmp_path):
-    bpe = train_tokenizer(sentences, TokenizerSettings(vocab_size=500, model_type="bpe"),
-                          tmp_path / "bpe.model")
+    bpe = train_tokenizer(
+        sentences, TokenizerSettings(vocab_size=500, model_type="bpe"), tmp_path / "bpe.model"
+    )
     for text in ["The assert statement.", JAPANESE[0], "龘 🙂"]:
         ids = bpe.encode(text)
         assert UNK_ID not in ids and bpe.decode(ids) == text
-    lower = train_tokenizer(sentences, TokenizerSettings(vocab_size=500, lowercase=True),
-                            tmp_path / "lower.model")
+    lower = train_tokenizer(
+        sentences, TokenizerSettings(vocab_size=500, lowercase=True), tmp_path / "lower.model"
+    )
     assert lower.encode("The ASSERT Statement") == lower.encode("the assert statement")
     assert lower.decode(lower.encode("The ASSERT Statement")) == "the assert statement"
 
@@ -171,8 +187,13 @@ def test_load_rejects_files_that_are_not_bert_sentencepiece_models(tmp_path, sen
         Tokenizer.load(junk)
     # A plain sentencepiece model: <unk>, <s>, </s> at 0..2 and no [CLS]/[SEP]/[MASK].
     writer = io.BytesIO()
-    spm.SentencePieceTrainer.train(sentence_iterator=iter(sentences[:1000]), model_writer=writer,
-                                   vocab_size=300, num_threads=2, minloglevel=2)
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences[:1000]),
+        model_writer=writer,
+        vocab_size=300,
+        num_threads=2,
+        minloglevel=2,
+    )
     plain = tmp_path / "plain.model"
     plain.write_bytes(writer.getvalue())
     with pytest.raises(ValueError, match="special tokens"):

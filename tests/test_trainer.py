@@ -30,8 +30,17 @@ def data_dir(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("trainer_data")
     corpus = write_corpus(root / "corpus.txt")
     out = root / "prepared"
-    data_lib.prepare([str(corpus)], out, max_seq_length=SEQ_LEN, max_predictions_per_seq=PREDICTIONS,
-                     vocab_size=350, dupe_factor=3, eval_fraction=0.1, workers=1, seed=1)
+    data_lib.prepare(
+        [str(corpus)],
+        out,
+        max_seq_length=SEQ_LEN,
+        max_predictions_per_seq=PREDICTIONS,
+        vocab_size=350,
+        dupe_factor=3,
+        eval_fraction=0.1,
+        workers=1,
+        seed=1,
+    )
     return out
 
 
@@ -57,8 +66,14 @@ def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDic
 
 
 def cli_args(config_overrides: dict, workdir: pathlib.Path) -> list[str]:
-    args = [sys.executable, str(REPO / "train.py"), "--config", str(REPO / "configs" / "tiny.py"),
-            "--workdir", str(workdir)]
+    args = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "--config",
+        str(REPO / "configs" / "tiny.py"),
+        "--workdir",
+        str(workdir),
+    ]
     for key, value in config_overrides.items():
         args.append(f"--config.{key}={value}")
     return args
@@ -66,10 +81,16 @@ def cli_args(config_overrides: dict, workdir: pathlib.Path) -> list[str]:
 
 def base_overrides(data_dir: pathlib.Path, **extra) -> dict:
     overrides = {
-        "data.dir": str(data_dir), "data.max_seq_length": SEQ_LEN,
-        "data.max_predictions_per_seq": PREDICTIONS, "batch_size": 32, "num_train_steps": 20,
-        "log_every_steps": 1, "eval_every_steps": 1000, "eval_batches": 2,
-        "checkpoint_every_steps": 10, "optimizer.warmup_steps": 5,
+        "data.dir": str(data_dir),
+        "data.max_seq_length": SEQ_LEN,
+        "data.max_predictions_per_seq": PREDICTIONS,
+        "batch_size": 32,
+        "num_train_steps": 20,
+        "log_every_steps": 1,
+        "eval_every_steps": 1000,
+        "eval_batches": 2,
+        "checkpoint_every_steps": 10,
+        "optimizer.warmup_steps": 5,
     }
     overrides.update(extra)
     return overrides
@@ -98,22 +119,35 @@ def subprocess_env(device_count: int = 2) -> dict:
 
 def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
     workdir = tmp_path / "run"
-    config = make_config(data_dir, num_train_steps=300, log_every_steps=50, eval_every_steps=300,
-                         eval_batches=0, checkpoint_every_steps=300)
+    config = make_config(
+        data_dir,
+        num_train_steps=300,
+        log_every_steps=50,
+        eval_every_steps=300,
+        eval_batches=0,
+        checkpoint_every_steps=300,
+    )
     config.optimizer.learning_rate = 2e-3
     config.optimizer.warmup_steps = 30
     result = trainer.train_and_evaluate(config, str(workdir))
 
     # Baseline: always predicting the most frequent masked token.
-    loader = data_lib.make_loader(data_dir, split="eval", batch_size=32, shuffle=False, num_epochs=1,
-                                  seed=config.seed, masking=trainer.masking_settings_from(config))
+    loader = data_lib.make_loader(
+        data_dir,
+        split="eval",
+        batch_size=32,
+        shuffle=False,
+        num_epochs=1,
+        seed=config.seed,
+        masking=trainer.masking_settings_from(config),
+    )
     ids = np.concatenate([b["masked_lm_ids"][b["masked_lm_weights"] > 0] for b in loader])
     most_common_frequency = np.bincount(ids).max() / ids.size
     assert result["steps"] == 300
     assert result["eval"]["eval/mlm_accuracy"] > most_common_frequency + 0.1
     assert result["eval"]["eval/nsp_accuracy"] > 0.6
 
-    records = [json.loads(l) for l in (workdir / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert any("perf/tokens_per_sec" in r and r["perf/tokens_per_sec"] > 0 for r in records)
     assert list((workdir / "tensorboard").glob("events.out.tfevents.*"))
 
@@ -124,9 +158,16 @@ def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
         "assert jax.device_count() == 1\n"
         "ids = np.array([tokenizer.encode_batch(['the big dog sees a cat.'])[0]])\n"
         "out = bertjax.BertForPreTraining(config).apply({'params': params}, ids)\n"
-        "print(config.num_layers, tokenizer.vocab_size, float(np.abs(out.mlm_logits).sum()))\n")
-    completed = subprocess.run([sys.executable, "-c", script], env=subprocess_env(1), capture_output=True,
-                               text=True, timeout=120, cwd=tmp_path)
+        "print(config.num_layers, tokenizer.vocab_size, float(np.abs(out.mlm_logits).sum()))\n"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(1),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert completed.returncode == 0, completed.stderr
     layers, vocab, logit_sum = completed.stdout.split()
     assert int(layers) == 2
@@ -145,7 +186,12 @@ def test_the_default_run_prepares_the_demo_corpus_itself(tmp_path):
     assert manifest["splits"]["train"]["num_instances"] > 1000
     assert list((tmp_path / "run" / "corpus").iterdir())
     assert result["steps"] == 2 and (tmp_path / "run" / "checkpoints" / "2").is_dir()
-    assert set(result["eval"]) == {"eval/mlm_loss", "eval/mlm_accuracy", "eval/nsp_loss", "eval/nsp_accuracy"}
+    assert set(result["eval"]) == {
+        "eval/mlm_loss",
+        "eval/mlm_accuracy",
+        "eval/nsp_loss",
+        "eval/nsp_accuracy",
+    }
 
 
 # ----------------------------------------------------------------------------- resume
@@ -153,14 +199,23 @@ def test_the_default_run_prepares_the_demo_corpus_itself(tmp_path):
 
 def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
     straight = tmp_path / "straight"
-    subprocess.run(cli_args(base_overrides(data_dir), straight), env=subprocess_env(), check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        cli_args(base_overrides(data_dir), straight),
+        env=subprocess_env(),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
 
     killed = tmp_path / "killed"
     # The first evaluation (step 15) compiles for seconds: a window after checkpoint 10 in
     # which the kill lands. Evaluation does not touch the training state or its batches.
-    process = subprocess.Popen(cli_args(base_overrides(data_dir, eval_every_steps=15), killed), env=subprocess_env(),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        cli_args(base_overrides(data_dir, eval_every_steps=15), killed),
+        env=subprocess_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     checkpoint_10 = killed / "checkpoints" / "10"
     deadline = time.time() + 240
     while process.poll() is None and not checkpoint_10.is_dir() and time.time() < deadline:
@@ -174,8 +229,13 @@ def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
     for later in (killed / "checkpoints").glob("20*"):
         subprocess.run(["rm", "-rf", str(later)], check=True)
 
-    completed = subprocess.run(cli_args(base_overrides(data_dir), killed), env=subprocess_env(),
-                               capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        cli_args(base_overrides(data_dir), killed),
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "Resumed" in completed.stdout and "step 10" in completed.stdout
 
@@ -188,8 +248,13 @@ def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
 def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
     workdir = tmp_path / "preempted"
     overrides = base_overrides(data_dir, num_train_steps=400, checkpoint_every_steps=1000)
-    process = subprocess.Popen(cli_args(overrides, workdir), env=subprocess_env(),
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        cli_args(overrides, workdir),
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     metrics = workdir / "metrics.jsonl"
     deadline = time.time() + 240
     while process.poll() is None and time.time() < deadline:
@@ -203,8 +268,13 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert len(saved) == 1 and 3 <= saved[0] < 400
 
-    completed = subprocess.run(cli_args(dict(overrides, num_train_steps=saved[0] + 2), workdir),
-                               env=subprocess_env(), capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        cli_args(dict(overrides, num_train_steps=saved[0] + 2), workdir),
+        env=subprocess_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert f"step {saved[0]}" in completed.stdout
 
@@ -213,19 +283,36 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
 
 
 def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
-    overrides = base_overrides(data_dir, num_train_steps=4, checkpoint_every_steps=4, **{
-        "optimizer.warmup_steps": 2, "model.hidden_dropout": 0.0, "model.attention_dropout": 0.0})
+    overrides = base_overrides(
+        data_dir,
+        num_train_steps=4,
+        checkpoint_every_steps=4,
+        **{
+            "optimizer.warmup_steps": 2,
+            "model.hidden_dropout": 0.0,
+            "model.attention_dropout": 0.0,
+        },
+    )
     single = tmp_path / "single"
-    subprocess.run(cli_args(overrides, single), env=subprocess_env(4), check=True, capture_output=True,
-                   timeout=300)
+    subprocess.run(
+        cli_args(overrides, single),
+        env=subprocess_env(4),
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
 
     multi = tmp_path / "multi"
     port = 20000 + os.getpid() % 20000
     processes = [
         subprocess.Popen(
-            cli_args(overrides, multi) + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2",
-                                          f"--process_id={i}"],
-            env=subprocess_env(2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            cli_args(overrides, multi)
+            + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
+            env=subprocess_env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for i in range(2)
     ]
     outputs = []
@@ -240,7 +327,9 @@ def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
         assert process.returncode == 0, output[-3000:]
     expected, got = read_losses(single), read_losses(multi)
     assert sorted(got) == [1, 2, 3, 4]
-    np.testing.assert_allclose([got[s] for s in range(1, 5)], [expected[s] for s in range(1, 5)], rtol=1e-5)
+    np.testing.assert_allclose(
+        [got[s] for s in range(1, 5)], [expected[s] for s in range(1, 5)], rtol=1e-5
+    )
 
 
 # ----------------------------------------------------------------------------- the step
@@ -250,8 +339,12 @@ def _one_step(data_dir, config, spoil=None):
     """(params before, params after, metrics) of one train step; `spoil` edits the params first."""
     tokenizer = bertjax.Tokenizer.load(data_dir / "tokenizer.model")
     setup = trainer.build(config, trainer.model_config_from(config, tokenizer.vocab_size))
-    loader = data_lib.make_loader(data_dir, batch_size=config.batch_size, seed=0,
-                                  masking=trainer.masking_settings_from(config))
+    loader = data_lib.make_loader(
+        data_dir,
+        batch_size=config.batch_size,
+        seed=0,
+        masking=trainer.masking_settings_from(config),
+    )
     with jax.set_mesh(setup.mesh):
         state = setup.init_state(jax.random.key(0))
         if spoil is not None:
@@ -264,10 +357,16 @@ def _one_step(data_dir, config, spoil=None):
 
 def test_gradient_accumulation_equals_one_large_batch(data_dir):
     no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
-    _, params_1, metrics_1 = _one_step(data_dir, make_config(data_dir, grad_accum_steps=1, **no_dropout))
-    _, params_4, metrics_4 = _one_step(data_dir, make_config(data_dir, grad_accum_steps=4, **no_dropout))
+    _, params_1, metrics_1 = _one_step(
+        data_dir, make_config(data_dir, grad_accum_steps=1, **no_dropout)
+    )
+    _, params_4, metrics_4 = _one_step(
+        data_dir, make_config(data_dir, grad_accum_steps=4, **no_dropout)
+    )
     np.testing.assert_allclose(metrics_4["train/loss"], metrics_1["train/loss"], rtol=1e-5)
-    np.testing.assert_allclose(metrics_4["train/grad_norm"], metrics_1["train/grad_norm"], rtol=1e-4)
+    np.testing.assert_allclose(
+        metrics_4["train/grad_norm"], metrics_1["train/grad_norm"], rtol=1e-4
+    )
     for a, b in zip(jax.tree.leaves(params_1), jax.tree.leaves(params_4)):
         np.testing.assert_allclose(a, b, atol=1e-6)
 
@@ -278,16 +377,29 @@ def short_data_dir(tmp_path_factory) -> pathlib.Path:
     root = tmp_path_factory.mktemp("short_data")
     corpus = write_corpus(root / "corpus.txt", num_documents=800, sentences_per_document=2)
     out = root / "prepared"
-    data_lib.prepare([str(corpus)], out, max_seq_length=SEQ_LEN, max_predictions_per_seq=PREDICTIONS,
-                     vocab_size=350, dupe_factor=1, eval_fraction=0.1, workers=1, seed=1)
+    data_lib.prepare(
+        [str(corpus)],
+        out,
+        max_seq_length=SEQ_LEN,
+        max_predictions_per_seq=PREDICTIONS,
+        vocab_size=350,
+        dupe_factor=1,
+        eval_fraction=0.1,
+        workers=1,
+        seed=1,
+    )
     return out
 
 
 def test_token_packing_trains_like_the_padded_step(short_data_dir):
     no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
     config = make_config(short_data_dir, **no_dropout)
-    loader = data_lib.make_loader(short_data_dir, batch_size=config.batch_size, seed=0,
-                                  masking=trainer.masking_settings_from(config))
+    loader = data_lib.make_loader(
+        short_data_dir,
+        batch_size=config.batch_size,
+        seed=0,
+        masking=trainer.masking_settings_from(config),
+    )
     mask = next(loader)["input_mask"]
     groups = jax.device_count()  # the default mesh puts every device on the batch
     slots = mask.size // groups
@@ -297,10 +409,14 @@ def test_token_packing_trains_like_the_padded_step(short_data_dir):
     assert "train/packed" not in plain
     # A capacity the batch fits in runs packed; a smaller one falls back to the padded path;
     # with two micro-batches each one decides for itself.
-    for capacity, accum, packed in ((needed / slots, 1, {1.0}), ((needed - 9) / slots, 1, {0.0}),
-                                    (needed / slots, 2, {0.0, 0.5, 1.0})):
-        packed_config = make_config(short_data_dir, token_capacity=capacity, grad_accum_steps=accum,
-                                    **no_dropout)
+    for capacity, accum, packed in (
+        (needed / slots, 1, {1.0}),
+        ((needed - 9) / slots, 1, {0.0}),
+        (needed / slots, 2, {0.0, 0.5, 1.0}),
+    ):
+        packed_config = make_config(
+            short_data_dir, token_capacity=capacity, grad_accum_steps=accum, **no_dropout
+        )
         _, params, metrics = _one_step(short_data_dir, packed_config)
         assert float(metrics["train/packed"]) in packed
         np.testing.assert_allclose(metrics["train/loss"], plain["train/loss"], rtol=1e-5)
@@ -326,22 +442,25 @@ def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):
 # ----------------------------------------------------------------------------- config
 
 
-@pytest.mark.parametrize("overrides, field", [
-    ({"batch_size": 12}, "config.batch_size"),                      # not divisible by 8 devices
-    ({"grad_accum_steps": 3}, "config.batch_size"),
-    ({"mesh_shape": (3, 1, 1)}, "config.mesh_shape"),
-    ({"data.max_seq_length": 1024}, "config.data.max_seq_length"),
-    ({"model.vocab_size": 123}, "config.model.vocab_size"),
-    ({"data.input": "/no/such/corpus.txt"}, "config.data.input"),
-    ({"data.dir": "/no/such/prepared"}, "config.data.dir"),
-    ({"data.eval_fraction": 0.0}, "config.data.eval_fraction"),
-    ({"init_from": None}, "config.init_from"),
-    ({"batch_size": 4096}, "config.data.eval_fraction"),           # eval split smaller than a batch
-    ({"model.preset": "huge"}, "config.model"),
-    ({"optimizer.schedule": "sawtooth"}, "config.optimizer"),
-    ({"num_train_steps": 0}, "config.num_train_steps"),
-    ({"token_capacity": 0.0}, "config.token_capacity"),
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        ({"batch_size": 12}, "config.batch_size"),  # not divisible by 8 devices
+        ({"grad_accum_steps": 3}, "config.batch_size"),
+        ({"mesh_shape": (3, 1, 1)}, "config.mesh_shape"),
+        ({"data.max_seq_length": 1024}, "config.data.max_seq_length"),
+        ({"model.vocab_size": 123}, "config.model.vocab_size"),
+        ({"data.input": "/no/such/corpus.txt"}, "config.data.input"),
+        ({"data.dir": "/no/such/prepared"}, "config.data.dir"),
+        ({"data.eval_fraction": 0.0}, "config.data.eval_fraction"),
+        ({"init_from": None}, "config.init_from"),
+        ({"batch_size": 4096}, "config.data.eval_fraction"),  # eval split smaller than a batch
+        ({"model.preset": "huge"}, "config.model"),
+        ({"optimizer.schedule": "sawtooth"}, "config.optimizer"),
+        ({"num_train_steps": 0}, "config.num_train_steps"),
+        ({"token_capacity": 0.0}, "config.token_capacity"),
+    ],
+)
 def test_impossible_configs_fail_naming_the_field(data_dir, tmp_path, overrides, field):
     config = make_config(data_dir, **overrides)
     with pytest.raises(trainer.ConfigError, match=field.replace(".", r"\.")):
@@ -357,22 +476,37 @@ def test_a_run_stops_naming_the_first_non_finite_step_and_never_saves_it(data_di
     config.optimizer.warmup_steps = 0
     with pytest.raises(trainer.NonFiniteError, match=r"step 2\b"):
         trainer.train_and_evaluate(config, str(tmp_path / "run"))
-    saved = sorted(int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit())
+    saved = sorted(
+        int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()
+    )
     assert saved == [1]
 
 
 def test_resuming_with_data_of_another_tokenizer_is_rejected(data_dir, tmp_path):
     workdir = tmp_path / "run"
-    trainer.train_and_evaluate(make_config(data_dir, num_train_steps=2, checkpoint_every_steps=2,
-                                           **{"optimizer.warmup_steps": 1}), str(workdir))
+    trainer.train_and_evaluate(
+        make_config(
+            data_dir, num_train_steps=2, checkpoint_every_steps=2, **{"optimizer.warmup_steps": 1}
+        ),
+        str(workdir),
+    )
     other = tmp_path / "other"
-    data_lib.prepare([str(write_corpus(tmp_path / "other.txt", seed=5))], other, max_seq_length=SEQ_LEN,
-                     max_predictions_per_seq=PREDICTIONS, vocab_size=340, eval_fraction=0.2, workers=1)
+    data_lib.prepare(
+        [str(write_corpus(tmp_path / "other.txt", seed=5))],
+        other,
+        max_seq_length=SEQ_LEN,
+        max_predictions_per_seq=PREDICTIONS,
+        vocab_size=340,
+        eval_fraction=0.2,
+        workers=1,
+    )
     config = make_config(other, num_train_steps=4, **{"optimizer.warmup_steps": 1})
     with pytest.raises(trainer.ConfigError, match="tokenizer"):
         trainer.train_and_evaluate(config, str(workdir))
     # Another model shape on the same data: also a config error, and the checkpoint stays put.
-    config = make_config(data_dir, num_train_steps=4, **{"optimizer.warmup_steps": 1, "model.preset": "mini"})
+    config = make_config(
+        data_dir, num_train_steps=4, **{"optimizer.warmup_steps": 1, "model.preset": "mini"}
+    )
     with pytest.raises(trainer.ConfigError, match="hidden_size"):
         trainer.train_and_evaluate(config, str(workdir))
     assert (workdir / "checkpoints" / "2").is_dir()

@@ -21,7 +21,7 @@ import os
 import pathlib
 import re
 import zlib
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 from bertjax.data.sentences import split_sentences
 
@@ -67,11 +67,11 @@ class InputReport:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "InputReport":
+    def from_dict(cls, d: dict) -> InputReport:
         """Rebuilds a report from to_dict's output."""
         return cls(**d)
 
-    def merge(self, other: "InputReport") -> "InputReport":
+    def merge(self, other: InputReport) -> InputReport:
         """Adds other's counts into self (e.g. from parallel workers) and returns self."""
         for field in dataclasses.fields(self):
             if field.name == "errors":
@@ -318,7 +318,7 @@ class _Reader:
             text = record.get("text")
             if not isinstance(text, str):
                 report.missing_text_lines += 1
-                report.add_error(f"{path}:{line_number}: no string field \"text\"")
+                report.add_error(f'{path}:{line_number}: no string field "text"')
                 continue
             # JSON escapes can smuggle control characters past the raw-line cleaning.
             if _CONTROL.search(text):

@@ -12,13 +12,12 @@ from __future__ import annotations
 import ast
 import os
 import pathlib
+import pydoc_data.topics
 import re
 import sys
 import sysconfig
 import warnings
-from typing import Iterator
-
-import pydoc_data.topics
+from collections.abc import Iterator
 
 from bertjax.data.sentences import split_sentences
 

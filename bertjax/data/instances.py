@@ -29,7 +29,8 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
-from typing import NamedTuple, Sequence
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 

@@ -10,8 +10,8 @@ Masking is drawn per example from ``(seed, epoch, position in the epoch's order)
 batch is a pure function of its step number and an example's mask does not depend on how
 the global batch is split over processes (one process with 4 devices and two with 2 each
 see the same batches): the output does not depend on prefetch threads either, and resuming
-needs only the step. The grain pipeline is a ``MapDataset`` over step numbers whose map gathers and masks a
-whole batch with vectorised numpy (grain's per-record overhead would dominate at the
+needs only the step. The grain pipeline is a ``MapDataset`` over step numbers whose map gathers
+and masks a whole batch with vectorised numpy (grain's per-record overhead would dominate at the
 rates wanted if every example were its own record).
 """
 
@@ -136,7 +136,7 @@ class Loader:
         self._iterator = dataset.to_iter_dataset(read_options).__iter__()
         self._step = 0
 
-    def __iter__(self) -> "Loader":
+    def __iter__(self) -> Loader:
         if self._step >= self.num_steps:
             self._seek(0)
         return self
@@ -204,7 +204,7 @@ def make_loader(
     split: str = "train",
     batch_size: int,
     seed: int = 0,
-    masking: MaskingSettings = MaskingSettings(),
+    masking: MaskingSettings | None = None,
     shuffle: bool = True,
     num_epochs: int | None = None,
     process_index: int | None = None,
@@ -276,7 +276,7 @@ def make_loader(
         max_seq_length=int(manifest["max_seq_length"]),
         batch_size=batch_size,
         seed=seed,
-        masking=masking,
+        masking=masking or MaskingSettings(),
         shuffle=shuffle,
         process_index=process_index,
         process_count=process_count,

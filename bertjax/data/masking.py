@@ -41,7 +41,7 @@ class RowRandom:
         self._draws = 0
 
     @classmethod
-    def from_positions(cls, seed: int, stream: int, epoch: int, positions: np.ndarray) -> "RowRandom":
+    def from_positions(cls, seed: int, stream: int, epoch: int, positions: np.ndarray) -> RowRandom:
         """Streams keyed by ``(seed, stream, epoch, position)`` for each row's global position."""
         base = np.random.SeedSequence([seed, stream, epoch]).generate_state(1, np.uint64)  # [1]
         with np.errstate(over="ignore"):

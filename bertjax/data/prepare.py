@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-from concurrent import futures
 import hashlib
 import itertools
 import multiprocessing
@@ -29,6 +28,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterator, Sequence
+from concurrent import futures
 
 import numpy as np
 
@@ -178,7 +178,12 @@ def prepare(
     ``lowercase`` are ignored (the model decides).
     """
     _validate(
-        inputs, max_seq_length, max_predictions_per_seq, dupe_factor, workers, eval_fraction,
+        inputs,
+        max_seq_length,
+        max_predictions_per_seq,
+        dupe_factor,
+        workers,
+        eval_fraction,
         chunk_mb,
     )
     inputs = [str(p) for p in inputs]
@@ -215,9 +220,7 @@ def prepare(
     dtype = token_dtype(tokenizer.vocab_size)
 
     report = InputReport()
-    chunks = _chunks(
-        read_documents(inputs, report), int(chunk_mb * 1e6), seed, eval_fraction
-    )
+    chunks = _chunks(read_documents(inputs, report), int(chunk_mb * 1e6), seed, eval_fraction)
     task_args = (str(data_dir),)
     task_kwargs = dict(settings=instance_settings, seed=seed, dtype=dtype.name)
     results: dict[int, dict[str, dict]] = {}
@@ -327,7 +330,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--task", choices=TASKS, default="nsp")
     parser.add_argument("--lowercase", action="store_true")
     parser.add_argument(
-        "--tokenizer_model_type", choices=MODEL_TYPES, default="unigram",
+        "--tokenizer_model_type",
+        choices=MODEL_TYPES,
+        default="unigram",
         help="sentencepiece algorithm when training a tokenizer",
     )
     parser.add_argument("--seed", type=int, default=12345)

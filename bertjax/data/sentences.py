@@ -13,9 +13,7 @@ import re
 
 _CLOSERS = "\"'\u201d\u2019)\\]}\u300d\u300f\u300b\u3009\u3011\uff09\u00bb"
 # A terminator run plus closers; ASCII terminators only count when whitespace follows.
-_BOUNDARY = re.compile(
-    rf"(?:[.!?\u2026]+[{_CLOSERS}]*(?=\s)|[\u3002\uff01\uff1f]+[{_CLOSERS}]*)"
-)
+_BOUNDARY = re.compile(rf"(?:[.!?\u2026]+[{_CLOSERS}]*(?=\s)|[\u3002\uff01\uff1f]+[{_CLOSERS}]*)")
 _PARAGRAPH = re.compile(r"\n\s*\n")
 _OPENERS = "\"'\u201c\u2018([{\u300c\u300e\u300a"
 
