@@ -6,8 +6,8 @@ interop in `bertjax.hf` (needs the `hf` extra), training in `bertjax.trainer`.
 """
 
 from bertjax.model import PRESETS, BertConfig, BertForPreTraining, BertModel, BertOutput
-from bertjax.pretrained import load
 from bertjax.tokenizer import Tokenizer
+from bertjax.workdir import load
 
 __all__ = [
     "PRESETS",

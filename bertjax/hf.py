@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import model as model_lib
-from bertjax.model import BertConfig
+from bertjax.model import ARCHITECTURE_FIELDS, BertConfig
 
 try:
     from safetensors import numpy as safetensors_numpy
@@ -65,23 +65,6 @@ _ACT_FROM_HF = {
     "gelu_fast": "gelu_tanh",
 }
 _ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
-
-# Fields of BertConfig fixed by the checkpoint's shapes and numerics; `load` refuses
-# overrides of these because the weights would no longer mean what they meant.
-_ARCHITECTURE_FIELDS = frozenset(
-    {
-        "vocab_size",
-        "hidden_size",
-        "num_layers",
-        "num_heads",
-        "intermediate_size",
-        "max_position_embeddings",
-        "type_vocab_size",
-        "layer_norm_eps",
-        "hidden_act",
-        "position_embedding_type",
-    }
-)
 
 # Tensors older transformers versions wrote that carry no parameters of their own.
 _BUFFER_NAMES = frozenset({"bert.embeddings.position_ids"})
@@ -259,15 +242,16 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides) -> BertConfig:
     )
     valid = {f.name for f in dataclasses.fields(BertConfig)}
     for key in overrides:
-        if key in _ARCHITECTURE_FIELDS:
+        # These fix what the weights mean: overriding one would reinterpret the checkpoint.
+        if key in ARCHITECTURE_FIELDS:
             raise ValueError(
                 f"override {key}={overrides[key]!r} is not allowed: it is fixed by the "
-                f"checkpoint; overridable: {sorted(valid - _ARCHITECTURE_FIELDS)}"
+                f"checkpoint; overridable: {sorted(valid - set(ARCHITECTURE_FIELDS))}"
             )
         if key not in valid:
             raise ValueError(
                 f"override {key!r} is not a BertConfig field; "
-                f"overridable: {sorted(valid - _ARCHITECTURE_FIELDS)}"
+                f"overridable: {sorted(valid - set(ARCHITECTURE_FIELDS))}"
             )
     return BertConfig(**{**fields, **overrides})
 

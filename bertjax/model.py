@@ -65,6 +65,21 @@ PRESETS: dict[str, dict] = {
     }.items()
 }
 
+# The BertConfig fields that fix what the weights mean (their shapes and numerics): a
+# checkpoint is only usable by a model that agrees on every one of them.
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+    "type_vocab_size",
+    "layer_norm_eps",
+    "hidden_act",
+    "position_embedding_type",
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:

@@ -30,16 +30,16 @@ from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import data as data_lib
-from bertjax import losses, metrics_writer, optim, perf, pretrained, sharding
+from bertjax import losses, metrics_writer, optim, perf, sharding
 from bertjax import model as model_lib
+from bertjax import workdir as workdir_lib
 from bertjax.data import instances
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tokenizer import Tokenizer
 
-# The layout of a work directory (pretrained.py reads the checkpoints and tokenizer).
 DATA_DIR = "data"
 CORPUS_DIR = "corpus"  # the demo corpus cache
-CHECKPOINT_DIR = pretrained.CHECKPOINT_DIR
+CHECKPOINT_DIR = workdir_lib.CHECKPOINT_DIR
 
 
 class ConfigError(ValueError):
@@ -714,7 +714,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     model_config = model_config_from(config, tokenizer.vocab_size)
     if is_main_process:  # bertjax.load finds the tokenizer beside the checkpoints
         shutil.copyfile(
-            data_dir / data_lib.TOKENIZER_FILE, workdir_path / pretrained.TOKENIZER_FILE
+            data_dir / data_lib.TOKENIZER_FILE, workdir_path / workdir_lib.TOKENIZER_COPY
         )
     setup = build(config, model_config)
 
