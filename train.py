@@ -4,27 +4,73 @@ With no arguments it trains the tiny config on the built-in demo corpus in runs/
 Rerunning the same command resumes from the latest checkpoint. On a Cloud TPU pod slice or a
 multi-node GPU job, pass --distributed on every host (JAX finds its peers itself); elsewhere
 give --coordinator_address, --num_processes and --process_id.
+
+Every failure ends in one line naming what went wrong and a non-zero exit; --verbose shows
+the traceback too.
 """
 
+import importlib.util
 import os
 
 import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bertjax import settings as settings_lib
 from bertjax import trainer
 
 _REPO = os.path.dirname(os.path.abspath(__file__))
+_DEFAULT_CONFIG = os.path.join(_REPO, "configs", "tiny.py")
 
 config_flags.DEFINE_config_file(
-    "config", os.path.join(_REPO, "configs", "tiny.py"), "Training config file.", lock_config=True
+    "config", _DEFAULT_CONFIG, "Training config file.", lock_config=True
 )
 flags.DEFINE_string("workdir", "runs/tiny", "Where data, checkpoints and metrics go.")
 flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host).")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process runs.")
 flags.DEFINE_integer("num_processes", None, "Number of processes, for multi-process runs.")
 flags.DEFINE_integer("process_id", None, "This process's index, for multi-process runs.")
+flags.DEFINE_bool("verbose", False, "Show the traceback of a failure, not just its message.")
 FLAGS = flags.FLAGS
+
+
+def _config_path(argv: list[str]) -> str:
+    for index, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+        if arg == "--config" and index + 1 < len(argv):
+            return argv[index + 1]
+    return _DEFAULT_CONFIG
+
+
+def _unknown_field(argv: list[str]) -> str | None:
+    """A message naming the first --config.FIELD override that the config does not have."""
+    spec = importlib.util.spec_from_file_location("_config", _config_path(argv))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    for arg in argv:
+        if not arg.startswith("--config."):
+            continue
+        field = arg[len("--config.") :].split("=", 1)[0]
+        try:
+            settings_lib.config_value(config, field)
+        except (KeyError, AttributeError):
+            guess = settings_lib.suggest_field(config, field)
+            hint = f"; did you mean config.{guess}?" if guess else ""
+            return f"config.{field} is not a field of {_config_path(argv)}{hint}"
+    return None
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a bad config override reported in one line."""
+    try:
+        return FLAGS(argv)
+    except flags.Error as e:
+        raise SystemExit(f"error: {e}") from None
+    except (AttributeError, KeyError, ValueError, TypeError) as e:
+        message = _unknown_field(argv) or f"bad --config override: {e}"
+        raise SystemExit(f"error: {message}") from None
 
 
 def main(argv):
@@ -32,19 +78,28 @@ def main(argv):
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
     # Library chatter (Orbax logs every save at INFO) would drown the progress bar.
     logging.set_verbosity(logging.WARNING)
-    # The distributed runtime must start before anything touches a device.
-    if FLAGS.distributed or FLAGS.coordinator_address:
-        jax.distributed.initialize(
-            coordinator_address=FLAGS.coordinator_address,
-            num_processes=FLAGS.num_processes,
-            process_id=FLAGS.process_id,
-        )
     try:
-        trainer.train_and_evaluate(FLAGS.config, FLAGS.workdir)
-    except trainer.ConfigError as e:
-        # A config mistake is the user's to fix: say what, without a traceback.
-        raise SystemExit(f"error: {e}") from None
+        # The distributed runtime must start before anything touches a device.
+        if FLAGS.distributed or FLAGS.coordinator_address:
+            jax.distributed.initialize(
+                coordinator_address=FLAGS.coordinator_address,
+                num_processes=FLAGS.num_processes,
+                process_id=FLAGS.process_id,
+            )
+        settings = settings_lib.PretrainSettings.from_config(
+            FLAGS.config, process_count=jax.process_count()
+        )
+        trainer.train_and_evaluate(settings, FLAGS.workdir)
+    except KeyboardInterrupt:
+        raise SystemExit("interrupted") from None
+    except Exception as e:
+        if FLAGS.verbose:
+            raise
+        # Expected failures say what to fix; anything else also names its type.
+        expected = isinstance(e, (settings_lib.ConfigError, trainer.NonFiniteError))
+        message = str(e) if expected else f"{type(e).__name__}: {e} (--verbose shows where)"
+        raise SystemExit(f"error: {message}") from None
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(main, flags_parser=parse_flags)

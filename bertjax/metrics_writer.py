@@ -13,19 +13,17 @@ from collections.abc import Mapping
 import tqdm
 from tensorboardX import SummaryWriter
 
-JSONL_FILE = "metrics.jsonl"
-TENSORBOARD_DIR = "tensorboard"
-
 
 class MetricWriter:
-    """Appends {"step": N, metric: value, ...} lines to <workdir>/metrics.jsonl and TensorBoard."""
+    """Appends {"step": N, metric: value, ...} lines to a JSON-lines file and TensorBoard."""
 
-    def __init__(self, workdir: str | pathlib.Path, enabled: bool = True):
+    def __init__(
+        self, jsonl_path: str | pathlib.Path, tensorboard_dir: str | pathlib.Path, enabled=True
+    ):
         self.enabled = enabled
         if enabled:
-            workdir = pathlib.Path(workdir)
-            self._jsonl = open(workdir / JSONL_FILE, "a", encoding="utf-8")
-            self._tensorboard = SummaryWriter(str(workdir / TENSORBOARD_DIR))
+            self._jsonl = open(jsonl_path, "a", encoding="utf-8")
+            self._tensorboard = SummaryWriter(str(tensorboard_dir))
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled or not metrics:

@@ -167,3 +167,41 @@ def measure_matmul_flops(dtype: str = "float32", size: int = 1024, repeats: int 
     out.block_until_ready()
     elapsed = time.perf_counter() - start
     return 2.0 * size**3 * repeats / elapsed
+
+
+class Throughput:
+    """Sequences/s, tokens/s and MFU over each logging interval, compilation excluded."""
+
+    def __init__(
+        self,
+        batch_size: int,
+        seq_len: int,
+        flops_per_sequence: float,
+        peak_flops_per_device: float | None,
+        step: int,
+    ):
+        self._batch_size = batch_size
+        self._seq_len = seq_len
+        self._flops_per_sequence = flops_per_sequence
+        self._total_peak = (
+            peak_flops_per_device * jax.device_count() if peak_flops_per_device else None
+        )
+        self.restart(step)
+
+    def restart(self, step: int) -> None:
+        self._start, self._step = time.time(), step
+
+    def metrics(self, step: int) -> dict[str, float]:
+        """Figures since the last restart (call after the device has finished `step`)."""
+        if step == self._step:  # nothing timed yet (the interval was the compiling step)
+            return {}
+        elapsed = max(time.time() - self._start, 1e-9)
+        sequences_per_sec = (step - self._step) * self._batch_size / elapsed
+        out = {
+            "perf/sequences_per_sec": sequences_per_sec,
+            "perf/tokens_per_sec": sequences_per_sec * self._seq_len,
+        }
+        if self._total_peak:
+            out["perf/mfu"] = self._flops_per_sequence * sequences_per_sec / self._total_peak
+        self.restart(step)
+        return out

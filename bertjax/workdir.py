@@ -8,19 +8,29 @@ A work directory (`--workdir`) is laid out as:
     tokenizer.model    a copy of the data's tokenizer, so the checkpoints open on their own
     metrics.jsonl      one JSON object per logged step
     tensorboard/       TensorBoard event files
+    run.lock           who is training here now (host and process id)
 
 Every other module takes these names from here.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
+import shutil
+import socket
+import time
 from typing import Any
 
+import jax
+from jax.experimental import multihost_utils
+
 from bertjax import checkpoint as checkpoint_lib
+from bertjax import data as data_lib
 from bertjax.data.storage import TOKENIZER_FILE
 from bertjax.model import ARCHITECTURE_FIELDS, BertConfig
+from bertjax.settings import ConfigError, DataSettings
 from bertjax.tokenizer import Tokenizer
 
 DATA_DIR = "data"
@@ -28,12 +38,17 @@ CORPUS_DIR = "corpus"
 CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
+LOCK_FILE = "run.lock"
 # The same file name as in a prepared data directory.
 TOKENIZER_COPY = TOKENIZER_FILE
 
 
-class IncompatibleCheckpointError(ValueError):
+class IncompatibleCheckpointError(ConfigError):
     """A checkpoint that does not fit the run's tokenizer or model; the message says how."""
+
+
+class WorkdirLockedError(RuntimeError):
+    """Another live run holds the work directory."""
 
 
 def checkpoint_dir(path: str | os.PathLike) -> pathlib.Path:
@@ -82,3 +97,154 @@ def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[BertConfi
         workdir / TOKENIZER_COPY, expected_fingerprint=meta["tokenizer_fingerprint"]
     )
     return config, params, tokenizer
+
+
+def ensure_data(
+    data: DataSettings, workdir: str | os.PathLike, *, eval_batch_size: int, seed: int
+) -> tuple[pathlib.Path, Tokenizer]:
+    """(prepared data directory, its tokenizer), preparing it on process 0 when it has none.
+
+    With neither data.dir nor data.input set, the built-in demo corpus is prepared into
+    <workdir>/data. Every process waits for process 0 (the directories are shared). The
+    prepared data must fit the run: its sequence length, its tokenizer (when the config
+    names one) and an eval split of at least one batch.
+    """
+    workdir = pathlib.Path(workdir)
+    data_dir = pathlib.Path(data.dir or workdir / DATA_DIR)
+    if jax.process_index() == 0 and not (data_dir / data_lib.MANIFEST_FILE).exists():
+        inputs = list(data.inputs)
+        if not inputs:
+            inputs = [str(data_lib.demo_corpus_path(workdir / CORPUS_DIR))]
+            print(f"No data.input given: using the built-in demo corpus {inputs[0]}")
+        print(f"Preparing data into {data_dir} ...")
+        data_lib.prepare(
+            inputs,
+            data_dir,
+            max_seq_length=data.max_seq_length,
+            max_predictions_per_seq=data.masking.max_predictions_per_seq,
+            vocab_size=data.vocab_size,
+            tokenizer_path=data.tokenizer or None,
+            tokenizer_model_type=data.tokenizer_model_type,
+            lowercase=data.lowercase,
+            task=data.task,
+            dupe_factor=data.dupe_factor,
+            short_seq_prob=data.short_seq_prob,
+            eval_fraction=data.eval_fraction,
+            workers=data.workers or None,
+            seed=seed,
+        )
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("bertjax:data_prepared")
+
+    manifest = data_lib.read_manifest(data_dir)
+    if manifest["max_seq_length"] != data.max_seq_length:
+        raise ConfigError(
+            f"config.data.max_seq_length={data.max_seq_length} but {data_dir} was prepared "
+            f"with max_seq_length={manifest['max_seq_length']}; prepare a new directory or "
+            "match it"
+        )
+    tokenizer = Tokenizer.load(data_dir / data_lib.TOKENIZER_FILE)
+    if data.tokenizer:
+        wanted = Tokenizer.load(data.tokenizer)
+        if wanted.fingerprint != tokenizer.fingerprint:
+            raise ConfigError(
+                f"config.data.tokenizer={data.tokenizer!r} (fingerprint "
+                f"{wanted.fingerprint[:12]}) is not the tokenizer {data_dir} was prepared with "
+                f"({tokenizer.fingerprint[:12]})"
+            )
+    eval_examples = manifest["splits"]["eval"]["num_instances"]
+    if eval_examples < eval_batch_size:
+        raise ConfigError(
+            f"config.data.eval_fraction={data.eval_fraction}: {data_dir} holds "
+            f"{eval_examples} eval instances, fewer than one eval batch ({eval_batch_size} = "
+            "batch_size / grad_accum_steps); prepare with a larger eval fraction"
+        )
+    if jax.process_index() == 0:  # bertjax.load finds the tokenizer beside the checkpoints
+        shutil.copyfile(data_dir / data_lib.TOKENIZER_FILE, workdir / TOKENIZER_COPY)
+    return data_dir, tokenizer
+
+
+def initial_params(
+    init_from: str | os.PathLike, tokenizer: Tokenizer, model_config: BertConfig, abstract_params
+) -> Any:
+    """Parameters of another run (phase 1 for phase 2), placed as `abstract_params` says."""
+    directory = checkpoint_dir(init_from)
+    check_compatible(
+        checkpoint_lib.read_meta(directory),
+        tokenizer,
+        model_config,
+        f"config.init_from={str(init_from)!r}",
+    )
+    _, params, _ = checkpoint_lib.restore_params(directory, abstract_params=abstract_params)
+    return params
+
+
+class WorkdirLock:
+    """Keeps two runs out of one work directory (a second one would delete the first one's
+    in-progress save). The lock file names the host and process that hold it; a lock whose
+    process is gone (killed on this host) is taken over."""
+
+    def __init__(self, workdir: str | os.PathLike):
+        self.path = pathlib.Path(workdir) / LOCK_FILE
+        self._held = False
+
+    def acquire(self) -> WorkdirLock:
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        while True:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is None and self._age() < 2.0:
+                    time.sleep(0.1)  # just created by another process, not yet written
+                    continue
+                if holder is not None and not self._is_stale(holder):
+                    since = time.strftime(
+                        "%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0))
+                    )
+                    raise WorkdirLockedError(
+                        f"{self.path.parent} is in use by process {holder.get('pid')} on "
+                        f"{holder.get('host')} (since {since}); wait for it to finish or use "
+                        f"another --workdir. If that process is gone, delete {self.path}"
+                    ) from None
+                self.path.unlink(missing_ok=True)  # stale or unreadable: take it over
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self._held = True
+            return self
+
+    def _age(self) -> float:
+        try:
+            return time.time() - self.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def _holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _is_stale(holder: dict) -> bool:
+        if holder.get("host") != socket.gethostname():
+            return False  # another host's process cannot be checked from here
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, KeyError, TypeError, ValueError):
+            return False
+        return False
+
+    def release(self) -> None:
+        if self._held:
+            self.path.unlink(missing_ok=True)
+            self._held = False
+
+    def __enter__(self) -> WorkdirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

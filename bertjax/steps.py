@@ -1,0 +1,363 @@
+"""Train state, sharded state creation, and the jitted train and eval steps.
+
+Shared by every training loop: a loop describes what it minimises as an `Objective` (sums
+over examples, so that micro-batches add up to exactly the full batch), and gets back a pure
+`train_step(state, batch, rng) -> (state, metrics)` and `eval_step(params, batch) -> sums`.
+`build_pretraining` assembles the pretraining instance of all this.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from bertjax import losses, optim, sharding
+from bertjax import model as model_lib
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.settings import PretrainSettings
+
+
+@flax.struct.dataclass
+class TrainState:
+    """Everything that changes during training, as one pytree."""
+
+    step: jax.Array
+    params: Any
+    opt_state: Any
+
+
+# ----------------------------------------------------------------------------- state
+
+
+@dataclasses.dataclass(frozen=True)
+class StateFactory:
+    """How a train state is laid out on the mesh, and a jitted function that creates it there.
+
+    `abstract` holds a `jax.ShapeDtypeStruct` (with its sharding) per leaf: the target for
+    restoring a checkpoint. `init(rng)` allocates every array directly on its shards, so
+    no device ever holds a full replica.
+    """
+
+    abstract: TrainState
+    shardings: TrainState
+    init: Callable[[jax.Array], TrainState]
+
+
+def make_state(
+    init_params: Callable[[jax.Array], Any],
+    tx: optax.GradientTransformation | None,
+    mesh: jax.sharding.Mesh,
+) -> StateFactory:
+    """The one state-initialisation path: shapes first, then shardings, then a jitted init.
+
+    `init_params(rng)` returns the model's parameters boxed with their logical axis names
+    (`model.init(...)["params"]`); the optimizer state inherits their shardings. With
+    `tx=None` the state has no optimizer state (parameters only).
+    """
+
+    def boxed_state(rng: jax.Array) -> TrainState:
+        params = init_params(rng)
+        opt_state = tx.init(params) if tx is not None else None
+        return TrainState(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt_state)
+
+    with jax.set_mesh(mesh):
+        boxed_abstract = jax.eval_shape(boxed_state, jax.random.key(0))
+        shardings = sharding.logical_shardings(boxed_abstract, mesh)
+    abstract = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+        nn.meta.unbox(boxed_abstract),
+        shardings,
+    )
+    init = jax.jit(lambda rng: nn.meta.unbox(boxed_state(rng)), out_shardings=shardings)
+    return StateFactory(abstract=abstract, shardings=shardings, init=init)
+
+
+def pretraining_init(
+    model: nn.Module, seq_len: int, num_predictions: int
+) -> Callable[[jax.Array], Any]:
+    """`rng -> boxed params` of a BertForPreTraining for inputs of these shapes."""
+
+    def init_params(rng: jax.Array) -> Any:
+        ids = jnp.zeros((1, seq_len), jnp.int32)  # [batch, seq]
+        positions = jnp.zeros((1, num_predictions), jnp.int32)  # [batch, predictions]
+        return model.init({"params": rng}, ids, ids, ids, positions)["params"]
+
+    return init_params
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def global_batch(
+    local_batch: dict[str, np.ndarray], batch_sharding: jax.sharding.Sharding, process_count: int
+) -> dict[str, jax.Array]:
+    """Assembles each process's rows into global arrays sharded over the data axes."""
+    out = {}
+    for name, local in local_batch.items():
+        global_shape = (local.shape[0] * process_count,) + local.shape[1:]
+        out[name] = jax.make_array_from_process_local_data(batch_sharding, local, global_shape)
+    return out
+
+
+def split_micro_batches(x: jax.Array, num_micro: int) -> jax.Array:
+    """[B, ...] -> [num_micro, B / num_micro, ...], micro-batch k = rows k, k+A, k+2A, ...
+
+    Strided rather than contiguous, so that every device keeps its own rows in every
+    micro-batch and no data moves between devices.
+    """
+    rows = x.shape[0] // num_micro
+    return x.reshape((rows, num_micro) + x.shape[1:]).swapaxes(0, 1)  # [A, B/A, ...]
+
+
+def packed_length(
+    micro_batch_size: int, seq_len: int, token_capacity: float, mesh: jax.sharding.Mesh
+) -> int | None:
+    """Token slots per batch shard when the encoder packs tokens, or None (packing off).
+
+    `token_capacity` of the slots of one shard of a micro-batch, rounded up to a multiple
+    of 8; None when that leaves no padding to skip.
+    """
+    rows = micro_batch_size // sharding.shards(sharding.BATCH, mesh)
+    slots = rows * seq_len
+    length = -(-math.ceil(token_capacity * slots) // 8) * 8
+    return length if length < slots else None
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+class Objective:
+    """What a step minimises, as sums over the examples of a (micro-)batch.
+
+    The loss of a micro-batch is `loss(sums, denominators)` with the denominators of the
+    whole global batch, so the micro-batch gradients add up to exactly the gradient of one
+    large batch.
+    """
+
+    def sums(self, params, batch, *, rng, deterministic: bool, packed_length=None) -> Any:
+        raise NotImplementedError
+
+    def zero_sums(self) -> Any:
+        raise NotImplementedError
+
+    def denominators(self, batch) -> Any:
+        raise NotImplementedError
+
+    def loss(self, sums, denominators) -> jax.Array:
+        raise NotImplementedError
+
+    def metrics(self, sums, prefix: str) -> dict[str, jax.Array]:
+        raise NotImplementedError
+
+
+class PretrainingObjective(Objective):
+    """Masked LM + next-sentence prediction, normalised as google-research/bert does."""
+
+    def __init__(self, model: BertForPreTraining):
+        self.model = model
+
+    def sums(self, params, batch, *, rng, deterministic, packed_length=None):
+        output = self.model.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            batch["masked_lm_positions"],
+            deterministic=deterministic,
+            packed_length=packed_length,
+            rngs={"dropout": rng} if rng is not None else {},
+        )
+        return losses.loss_sums(output.mlm_logits, output.nsp_logits, batch)
+
+    def zero_sums(self):
+        return losses.LossSums(*(jnp.zeros((), jnp.float32) for _ in losses.LossSums._fields))
+
+    def denominators(self, batch):
+        mlm_denominator = jnp.sum(batch["masked_lm_weights"])
+        nsp_denominator = jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32)
+        return mlm_denominator, nsp_denominator
+
+    def loss(self, sums, denominators):
+        return losses.total_loss(sums, *denominators)
+
+    def metrics(self, sums, prefix):
+        return losses.metrics(sums, prefix)
+
+
+def make_train_step(
+    objective: Objective,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    grad_accum_steps: int,
+    micro_batch_sharding: jax.sharding.NamedSharding | None = None,
+    packed_length: int | None = None,
+) -> Callable:
+    """Builds the pure `train_step(state, batch, rng) -> (state, metrics)`.
+
+    A step whose loss or gradient is not finite leaves the state unchanged and reports
+    `train/nonfinite`=1; the loop stops on it.
+
+    With `packed_length` the encoder skips padding (BertModel's token packing) for every
+    micro-batch whose real tokens fit in that many slots per batch shard; one that does not
+    fit runs unpacked, with the same result. `train/packed` is the fraction that fit.
+    """
+
+    def fits(input_mask: jax.Array) -> jax.Array:
+        groups = sharding.shards(sharding.BATCH)
+        return jnp.max(model_lib.tokens_per_group(input_mask, groups)) <= packed_length
+
+    def loss_fn(params, batch, denominators, rng, length):
+        sums = objective.sums(params, batch, rng=rng, deterministic=False, packed_length=length)
+        return objective.loss(sums, denominators), sums
+
+    def grad_fn(params, batch, denominators, rng):
+        def grads(length: int | None):
+            return lambda params: jax.grad(loss_fn, has_aux=True)(
+                params, batch, denominators, rng, length
+            )
+
+        if packed_length is None:
+            return grads(None)(params)
+        # The conditional is taken around the gradient rather than differentiated through:
+        # a differentiated one would carry both branches' activations.
+        return jax.lax.cond(fits(batch["input_mask"]), grads(packed_length), grads(None), params)
+
+    def train_step(state: TrainState, batch: dict[str, jax.Array], rng: jax.Array):
+        step_rng = jax.random.fold_in(rng, state.step)
+        denominators = objective.denominators(batch)
+        if grad_accum_steps == 1:
+            grads, sums = grad_fn(state.params, batch, denominators, step_rng)
+        else:
+            micro_batches = jax.tree.map(lambda x: split_micro_batches(x, grad_accum_steps), batch)
+            if micro_batch_sharding is not None:
+                micro_batches = jax.tree.map(
+                    lambda x: jax.lax.with_sharding_constraint(x, micro_batch_sharding),
+                    micro_batches,
+                )
+
+            def accumulate(carry, micro):
+                grads_acc, sums_acc, index = carry
+                grads, sums = grad_fn(
+                    state.params, micro, denominators, jax.random.fold_in(step_rng, index)
+                )
+                return (
+                    jax.tree.map(jnp.add, grads_acc, grads),
+                    jax.tree.map(jnp.add, sums_acc, sums),
+                    index + 1,
+                ), None
+
+            zeros_grads = jax.tree.map(jnp.zeros_like, state.params)
+            (grads, sums, _), _ = jax.lax.scan(
+                accumulate, (zeros_grads, objective.zero_sums(), 0), micro_batches
+            )
+
+        loss = objective.loss(sums, denominators)
+        grad_norm = optax.tree.norm(grads)
+        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+        def apply_update(_):
+            updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+            return optax.apply_updates(state.params, updates), new_opt_state
+
+        # A non-finite step keeps the last good state, so no bad value is ever checkpointed.
+        # A conditional rather than a select: the update is skipped, not computed and discarded.
+        new_params, new_opt_state = jax.lax.cond(
+            finite, apply_update, lambda _: (state.params, state.opt_state), None
+        )
+        new_state = TrainState(step=state.step + 1, params=new_params, opt_state=new_opt_state)
+        metrics = objective.metrics(sums, "train")
+        if packed_length is not None:
+            masks = split_micro_batches(batch["input_mask"], grad_accum_steps)
+            metrics["train/packed"] = jnp.mean(jax.vmap(fits)(masks).astype(jnp.float32))
+        metrics.update(
+            {
+                "train/loss": loss,
+                "train/learning_rate": schedule(state.step),
+                "train/grad_norm": grad_norm,
+                "train/param_norm": optax.tree.norm(new_state.params),
+                "train/nonfinite": 1.0 - finite.astype(jnp.float32),
+            }
+        )
+        return new_state, metrics
+
+    return train_step
+
+
+def make_eval_step(objective: Objective) -> Callable:
+    """`eval_step(params, batch) -> sums`, without dropout; sums add up over batches."""
+
+    def eval_step(params, batch):
+        return objective.sums(params, batch, rng=None, deterministic=True)
+
+    return eval_step
+
+
+# ----------------------------------------------------------------------------- pretraining
+
+
+@dataclasses.dataclass(frozen=True)
+class Pretraining:
+    """What the pretraining loop needs, built once: model, mesh, state layout, jitted steps."""
+
+    model_config: BertConfig
+    model: BertForPreTraining
+    tx: optax.GradientTransformation
+    mesh: jax.sharding.Mesh
+    state: StateFactory
+    batch_sharding: jax.sharding.NamedSharding
+    train_step: Callable
+    eval_step: Callable
+
+
+def build_pretraining(
+    settings: PretrainSettings, model_config: BertConfig, devices=None
+) -> Pretraining:
+    """Creates the mesh, shardings and jitted functions of a run (nothing is allocated)."""
+    run = settings.run
+    mesh = sharding.make_mesh(run.mesh_shape, devices=devices)
+    model = BertForPreTraining(model_config)
+    tx = optim.make_optimizer(settings.optimizer)
+    schedule = optim.make_schedule(settings.optimizer)
+    state = make_state(
+        pretraining_init(
+            model, settings.data.max_seq_length, settings.data.masking.max_predictions_per_seq
+        ),
+        tx,
+        mesh,
+    )
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    batch_sharding = sharding.batch_sharding(mesh)
+    micro_batch_sharding = jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec(None, *batch_sharding.spec)
+    )
+    objective = PretrainingObjective(model)
+    train_step = jax.jit(
+        make_train_step(
+            objective,
+            tx,
+            schedule,
+            run.grad_accum_steps,
+            micro_batch_sharding,
+            packed_length(
+                run.micro_batch_size, settings.data.max_seq_length, run.token_capacity, mesh
+            ),
+        ),
+        in_shardings=(state.shardings, batch_sharding, replicated),
+        out_shardings=(state.shardings, replicated),
+        donate_argnums=(0,),
+    )
+    eval_step = jax.jit(
+        make_eval_step(objective),
+        in_shardings=(state.shardings.params, batch_sharding),
+        out_shardings=replicated,
+    )
+    return Pretraining(model_config, model, tx, mesh, state, batch_sharding, train_step, eval_step)
