@@ -5,17 +5,22 @@ Two formats:
 - JSON Lines (files named *.jsonl or *.json, optionally .gz): one document per line, an object
   with a "text" field that is split into sentences by bertjax.data.sentences.
 
+Text is UTF-8, or UTF-16 / UTF-32 when the file (after gunzipping) opens with a byte-order mark.
+
 Bad input never stops the run: undecodable bytes become U+FFFD, control characters are
 removed, empty documents are skipped, over-long lines are split, malformed JSON lines are
-skipped, and an unreadable (e.g. truncated .gz) file keeps the documents read before the error.
-Each kind is counted in an InputReport.
+skipped, binary files (images, archives, executables, random bytes) are skipped, and an
+unreadable (e.g. truncated .gz) file keeps the documents read before the error. Each kind is
+counted in an InputReport, which also names the first few files and lines where it was found.
 """
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import glob
 import gzip
+import io
 import json
 import os
 import pathlib
@@ -28,7 +33,8 @@ from bertjax.data.sentences import split_sentences
 DEFAULT_MAX_LINE_CHARS = 2000
 DEFAULT_MAX_DOCUMENT_SENTENCES = 10_000
 JSON_SUFFIXES = (".jsonl", ".json")
-_MAX_ERROR_MESSAGES = 20
+# The report names at most this many places (file, line) for each kind of bad input.
+MAX_PLACES = 5
 # Text-format lines are read in pieces of at most this many bytes, so that a file without line
 # breaks never sits in memory whole; each piece is then split like any over-long line.
 MAX_LINE_BYTES = 1 << 20
@@ -37,30 +43,90 @@ MAX_LINE_BYTES = 1 << 20
 # byte-order mark and interlinear annotation marks, which carry no text.
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufeff\ufff9-\ufffb]")
 
+# Whether a file is text is judged from its first SNIFF_BYTES (after gunzipping).
+SNIFF_BYTES = 1 << 16
+# A text file may hold a stray NUL or a few bad bytes, which are repaired; a binary file is full
+# of them. Shares of the sniffed bytes above which a file is binary:
+MAX_NUL_SHARE = 0.01
+MAX_UNDECODABLE_SHARE = 0.3
+# Byte-order marks of the wide encodings: (mark, Python codec, name in the report). UTF-32-LE's
+# mark begins with UTF-16-LE's, so it is tried first. The codecs read the mark themselves.
+_BYTE_ORDER_MARKS = (
+    (b"\xff\xfe\x00\x00", "utf-32", "UTF-32-LE"),
+    (b"\x00\x00\xfe\xff", "utf-32", "UTF-32-BE"),
+    (b"\xff\xfe", "utf-16", "UTF-16-LE"),
+    (b"\xfe\xff", "utf-16", "UTF-16-BE"),
+)
+_UTF8_BOM = b"\xef\xbb\xbf"
+# How the wide encodings count bytes per character (the same for either byte order).
+_BYTE_COUNT_CODEC = {"utf-16": "utf-16-le", "utf-32": "utf-32-le"}
+# Leading bytes of common binary formats. gzip data is only text when its name ends in .gz.
+_MAGIC_NUMBERS = (
+    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"GIF87a", "a GIF image"),
+    (b"GIF89a", "a GIF image"),
+    (b"%PDF-", "a PDF document"),
+    (b"PK\x03\x04", "a ZIP archive"),
+    (b"PK\x05\x06", "a ZIP archive"),
+    (b"\x1f\x8b", "gzip data in a file not named .gz"),
+    (b"\x7fELF", "an ELF executable"),
+    (b"\xfd7zXZ\x00", "xz data"),
+    (b"\x28\xb5\x2f\xfd", "zstd data"),
+    (b"7z\xbc\xaf\x27\x1c", "a 7z archive"),
+)
+
+
+def _kind(unit: str):
+    """A count field of InputReport that is a kind of bad input, counted in unit."""
+    return dataclasses.field(default=0, metadata={"unit": unit})
+
 
 @dataclasses.dataclass
 class InputReport:
-    """Counts of what was read and of each kind of bad input that was repaired or skipped."""
+    """Counts of what was read and of each kind of bad input that was repaired or skipped.
+
+    For each kind, ``places`` keeps the first few places it was found ("path:line" or "path",
+    with a reason in parentheses where one helps) and ``files_with`` how many files had it.
+    """
 
     files: int = 0
     bytes: int = 0
     documents: int = 0
     sentences: int = 0
-    invalid_utf8_lines: int = 0  # lines whose undecodable bytes were replaced by U+FFFD
-    control_chars_removed: int = 0
-    empty_documents: int = 0  # documents with nothing left after cleaning, skipped
-    long_lines_split: int = 0  # lines longer than max_line_chars, split into pieces
-    long_documents_split: int = 0  # documents longer than max_document_sentences, split
-    bad_json_lines: int = 0  # JSON Lines input: not a JSON object, skipped
-    missing_text_lines: int = 0  # JSON Lines input: no string "text" field, skipped
-    empty_files: int = 0  # files that held no document
-    unreadable_files: int = 0  # files that failed while reading (documents before kept)
-    errors: list[str] = dataclasses.field(default_factory=list)  # first messages, for the user
+    # Lines whose undecodable bytes were replaced by U+FFFD.
+    invalid_utf8_lines: int = _kind("lines")
+    control_chars_removed: int = _kind("characters")
+    empty_documents: int = _kind("documents")  # nothing left after cleaning, skipped
+    long_lines_split: int = _kind("lines")  # longer than max_line_chars, split into pieces
+    long_documents_split: int = _kind("documents")  # over max_document_sentences, split
+    bad_json_lines: int = _kind("lines")  # JSON Lines input: not a JSON object, skipped
+    missing_text_lines: int = _kind("lines")  # JSON Lines input: no string "text" field, skipped
+    utf16_utf32_files: int = _kind("files")  # decoded from UTF-16 or UTF-32 (byte-order mark)
+    binary_files: int = _kind("files")  # not text (a known format, NUL or undecodable bytes)
+    empty_files: int = _kind("files")  # held no document
+    unreadable_files: int = _kind("files")  # failed while reading (documents before it kept)
+    places: dict[str, list[str]] = dataclasses.field(default_factory=dict)
+    files_with: dict[str, int] = dataclasses.field(default_factory=dict)
 
-    def add_error(self, message: str) -> None:
-        """Keeps the first few error messages so that the report stays small."""
-        if len(self.errors) < _MAX_ERROR_MESSAGES:
-            self.errors.append(message)
+    @staticmethod
+    def kinds() -> list[str]:
+        """Names of the count fields that are kinds of bad input."""
+        return list(_UNITS)
+
+    def note(self, kind: str, place: str, *, count: int = 1, new_file: bool = True) -> None:
+        """Counts count of kind at place ("path:line" or "path (reason)").
+
+        new_file says that place is in a file not yet counted for this kind.
+        """
+        if kind not in _UNITS:
+            raise ValueError(f"{kind!r} is not a kind of bad input; choose one of {list(_UNITS)}")
+        setattr(self, kind, getattr(self, kind) + count)
+        places = self.places.setdefault(kind, [])
+        if len(places) < MAX_PLACES and (not places or places[-1] != place):
+            places.append(place)
+        if new_file:
+            self.files_with[kind] = self.files_with.get(kind, 0) + 1
 
     def to_dict(self) -> dict:
         """A JSON-serialisable copy."""
@@ -68,15 +134,20 @@ class InputReport:
 
     @classmethod
     def from_dict(cls, d: dict) -> InputReport:
-        """Rebuilds a report from to_dict's output."""
-        return cls(**d)
+        """Rebuilds a report from to_dict's output (fields it does not know are ignored)."""
+        names = {field.name for field in dataclasses.fields(cls)}
+        return cls(**{name: value for name, value in d.items() if name in names})
 
     def merge(self, other: InputReport) -> InputReport:
         """Adds other's counts into self (e.g. from parallel workers) and returns self."""
         for field in dataclasses.fields(self):
-            if field.name == "errors":
-                for message in other.errors:
-                    self.add_error(message)
+            if field.name == "places":
+                for kind, places in other.places.items():
+                    mine = self.places.setdefault(kind, [])
+                    mine.extend(places[: MAX_PLACES - len(mine)])
+            elif field.name == "files_with":
+                for kind, count in other.files_with.items():
+                    self.files_with[kind] = self.files_with.get(kind, 0) + count
             else:
                 setattr(self, field.name, getattr(self, field.name) + getattr(other, field.name))
         return self
@@ -84,10 +155,20 @@ class InputReport:
     @property
     def problems(self) -> dict[str, int]:
         """The non-zero counts of bad input."""
-        counts = dataclasses.asdict(self)
-        for name in ("files", "bytes", "documents", "sentences", "errors"):
-            counts.pop(name)
-        return {name: count for name, count in counts.items() if count}
+        return {kind: getattr(self, kind) for kind in self.kinds() if getattr(self, kind)}
+
+    def describe(self, kind: str) -> str:
+        """One line for kind: its first places, then its counts."""
+        unit = _UNITS[kind]
+        count = getattr(self, kind)
+        counts = f"{count} {unit if count != 1 else unit[:-1]}"
+        files = self.files_with.get(kind, 0)
+        if unit != "files" and files:
+            counts += f" in {files} file{'s' if files != 1 else ''}"
+        places = self.places.get(kind, [])
+        # A count of characters says nothing of how many lines held them.
+        hidden = len(places) == MAX_PLACES if unit == "characters" else len(places) < count
+        return f"{kind}: {', '.join(places)}{', ...' if hidden else ''} ({counts})"
 
     def __str__(self) -> str:
         head = (
@@ -97,10 +178,14 @@ class InputReport:
         problems = self.problems
         if not problems:
             return head + "; no bad input"
-        lines = [head + "; repaired or skipped:"]
-        lines += [f"  {name}: {count}" for name, count in problems.items()]
-        lines += [f"  ! {message}" for message in self.errors]
-        return "\n".join(lines)
+        return "\n".join(
+            [head + "; repaired or skipped:"] + ["  " + self.describe(k) for k in problems]
+        )
+
+
+_UNITS = {
+    f.name: f.metadata["unit"] for f in dataclasses.fields(InputReport) if "unit" in f.metadata
+}
 
 
 def expand_paths(paths: Sequence[str | os.PathLike] | str | os.PathLike) -> list[pathlib.Path]:
@@ -168,21 +253,58 @@ def read_documents(
     reader = _Reader(report, max_line_chars, max_document_sentences)
     yielded = 0
     for file in files:
-        report.files += 1
-        before = yielded
-        read = reader.json_documents if is_json_lines(file) else reader.text_documents
-        try:
-            for document in read(file):
-                yielded += 1
-                yield document
-        except (OSError, EOFError, zlib.error) as err:
-            report.unreadable_files += 1
-            report.add_error(f"{file}: {type(err).__name__}: {err}")
-        if yielded == before:
-            report.empty_files += 1
+        for document in reader.file_documents(file):
+            yielded += 1
+            yield document
     if yielded == 0:
         names = ", ".join(repr(str(f)) for f in files[:5]) + (" ..." if len(files) > 5 else "")
-        raise ValueError(f"input {names} holds no text: no documents were found")
+        found = "; ".join(report.describe(kind) for kind in report.problems)
+        raise ValueError(
+            f"input {names} holds no text: no documents were found"
+            + (f" ({found})" if found else "")
+        )
+
+
+def _open_binary(path: pathlib.Path):
+    """The file's bytes, gunzipped when its name ends in .gz."""
+    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+
+
+def sniff(path: str | os.PathLike) -> tuple[str, str]:
+    """(encoding, detail): how to read a file, judged from its first SNIFF_BYTES.
+
+    The encoding is "utf-8", or "utf-16" / "utf-32" when a byte-order mark says so (detail then
+    names it, e.g. "UTF-16-LE"), or "" for a file that is not text (detail says why). A .gz file
+    is judged by its gunzipped bytes.
+    """
+    head = b""
+    with _open_binary(pathlib.Path(path)) as f:
+        # In small reads: a truncated .gz file still shows its beginning (reading it then keeps
+        # the documents before the damage, and reports the file).
+        try:
+            while len(head) < SNIFF_BYTES and (block := f.read(min(4096, SNIFF_BYTES - len(head)))):
+                head += block
+        except (EOFError, zlib.error):
+            pass
+    for mark, encoding, name in _BYTE_ORDER_MARKS:
+        if head.startswith(mark):
+            return encoding, name
+    for magic, what in _MAGIC_NUMBERS:
+        if head.startswith(magic):
+            return "", what
+    nuls = head.count(0)
+    if nuls > 1 and nuls >= MAX_NUL_SHARE * len(head):
+        return "", f"NUL bytes: {nuls} in the first {len(head)} bytes"
+    # An incremental decoder leaves a character cut at the end of head out of the count.
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
+    decoded = len(decoder.decode(head).encode()) + len(decoder.getstate()[0])
+    undecodable = len(head) - decoded
+    if undecodable > MAX_UNDECODABLE_SHARE * len(head):
+        return "", (
+            f"not UTF-8 text: {undecodable / len(head):.0%} of the first {len(head)} bytes "
+            "do not decode"
+        )
+    return "utf-8", ""
 
 
 def _raw_lines(f, max_bytes: int | None) -> Iterator[bytes]:
@@ -206,6 +328,33 @@ def _raw_lines(f, max_bytes: int | None) -> Iterator[bytes]:
         yield raw
 
 
+def _utf8_pieces(f, max_bytes: int | None) -> Iterator[tuple[str, bool, int]]:
+    """(text, whether bytes were undecodable, byte count) of each line or piece of a line."""
+    first = True
+    for raw in _raw_lines(f, max_bytes):
+        size = len(raw)
+        if first and raw.startswith(_UTF8_BOM):
+            raw = raw[len(_UTF8_BOM) :]  # the file's encoding mark, not text
+        first = False
+        try:
+            yield raw.decode("utf-8"), False, size
+        except UnicodeDecodeError:
+            yield raw.decode("utf-8", errors="replace"), True, size
+
+
+def _wide_pieces(f, encoding: str, max_chars: int | None) -> Iterator[tuple[str, bool, int]]:
+    """_utf8_pieces for UTF-16 / UTF-32: a bad code unit becomes U+FFFD, which marks the line."""
+    # newline="\n": lines end where UTF-8 lines end, nowhere else, and keep their ending.
+    text = io.TextIOWrapper(f, encoding=encoding, errors="replace", newline="\n")
+    count_codec = _BYTE_COUNT_CODEC[encoding]
+    limit = -1 if max_chars is None else max_chars
+    mark_size = len("\ufeff".encode(count_codec))  # the codec reads the mark without a word
+    while piece := text.readline(limit):
+        size = len(piece.encode(count_codec, errors="replace")) + mark_size
+        mark_size = 0
+        yield piece, "\ufffd" in piece, size
+
+
 class _Reader:
     """Line cleaning shared by both formats; updates the report as it goes."""
 
@@ -213,35 +362,78 @@ class _Reader:
         self.report = report
         self.max_line_chars = max_line_chars
         self.max_document_sentences = max_document_sentences
+        self.path = ""
+        self._kinds_in_file: set[str] = set()
+        self._last_place: dict[str, str] = {}  # per kind
 
-    def _lines(self, path: pathlib.Path, max_bytes: int | None) -> Iterator[str | None]:
-        """Decoded, control-free lines of a (possibly gzipped) file.
+    def _note(self, kind: str, line: int | None = None, reason: str = "", count: int = 1):
+        """Counts bad input of kind in the current file, at a line when given."""
+        place = self.path if line is None else f"{self.path}:{line}"
+        if reason:
+            place += f" ({reason})"
+        if _UNITS[kind] == "lines" and self._last_place.get(kind) == place:
+            return  # another piece of a line already counted
+        self._last_place[kind] = place
+        new_file = kind not in self._kinds_in_file
+        self._kinds_in_file.add(kind)
+        self.report.note(kind, place, count=count, new_file=new_file)
+
+    def file_documents(self, path: pathlib.Path) -> Iterator[list[str]]:
+        """The documents of one file; a binary or unreadable file is counted, not raised."""
+        self.path = str(path)
+        self._kinds_in_file = set()
+        self.report.files += 1
+        yielded = 0
+        try:
+            encoding, detail = sniff(path)
+            if not encoding:
+                self._note("binary_files", reason=detail)
+                return
+            if encoding != "utf-8":
+                self._note("utf16_utf32_files", reason=detail)
+            read = self.json_documents if is_json_lines(path) else self.text_documents
+            for document in read(path, encoding):
+                yielded += 1
+                yield document
+        except (OSError, EOFError, zlib.error) as err:
+            self._note("unreadable_files", reason=f"{type(err).__name__}: {err}")
+        if yielded == 0:
+            self._note("empty_files")
+
+    def _lines(
+        self, path: pathlib.Path, encoding: str, max_bytes: int | None
+    ) -> Iterator[tuple[int, str | None]]:
+        """(line number, text) of the decoded, control-free lines of a (possibly gzipped) file.
 
         None stands for a line that held only control characters: it is neither text nor a
-        document separator. With max_bytes, longer lines come in pieces.
+        document separator. With max_bytes, longer lines come in pieces (with one number).
         """
         report = self.report
-        opener = gzip.open if path.name.lower().endswith(".gz") else open
-        with opener(path, "rb") as f:
-            for raw in _raw_lines(f, max_bytes):
-                report.bytes += len(raw)
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    line = raw.decode("utf-8", errors="replace")
-                    report.invalid_utf8_lines += 1
+        line_number = 0
+        line_start = True  # whether the next piece begins a line
+        with _open_binary(path) as f:
+            if encoding == "utf-8":
+                pieces = _utf8_pieces(f, max_bytes)
+            else:
+                pieces = _wide_pieces(f, encoding, max_bytes)
+            for line, invalid, size in pieces:
+                report.bytes += size
+                line_number += line_start
+                line_start = line.endswith("\n")
+                if invalid:
+                    self._note("invalid_utf8_lines", line_number)
                 if _CONTROL.search(line):
                     line, removed = _CONTROL.subn("", line)
-                    report.control_chars_removed += removed
+                    self._note("control_chars_removed", line_number, count=removed)
                     if not line.strip():
-                        yield None
+                        yield line_number, None
                         continue
-                yield line
+                yield line_number, line
 
-    def _split_long(self, sentence: str) -> list[str]:
+    def _split_long(self, sentence: str, line: int) -> list[str]:
         """Pieces of at most max_line_chars, cut at sentence ends, else spaces, else anywhere."""
         limit = self.max_line_chars
-        self.report.long_lines_split += 1
+        self._note("long_lines_split", line)
         pieces: list[str] = []
         for part in split_sentences(sentence):
             while len(part) > limit:
@@ -253,84 +445,85 @@ class _Reader:
                 pieces.append(part)
         return pieces
 
-    def _emit(self, document: list[str]) -> Iterator[list[str]]:
-        """Yields a finished document, split if it is too long, counting it."""
+    def _emit(self, document: list[str], line: int) -> Iterator[list[str]]:
+        """Yields a finished document that began at line, split if it is too long, counting it."""
         report = self.report
         limit = self.max_document_sentences
         if len(document) > limit:
-            report.long_documents_split += 1
+            self._note("long_documents_split", line)
         for start in range(0, len(document), limit):
             part = document[start : start + limit]
             report.documents += 1
             report.sentences += len(part)
             yield part
 
-    def text_documents(self, path: pathlib.Path) -> Iterator[list[str]]:
+    def text_documents(self, path: pathlib.Path, encoding: str) -> Iterator[list[str]]:
         """google-research/bert's format: a sentence per line, blank line between documents."""
         limit = self.max_line_chars
         document: list[str] = []
+        start = 0  # the line the document began on
         emptied = False  # the document so far had lines, all of them cleaned away
-        for line in self._lines(path, MAX_LINE_BYTES):
+        split = False  # the document was already flushed in part
+        for line_number, line in self._lines(path, encoding, MAX_LINE_BYTES):
+            if not start:
+                start = line_number
             if line is None:
                 emptied = not document
                 continue
             line = line.strip()
             if not line:
                 if document:
-                    yield from self._emit(document)
+                    yield from self._emit(document, start)
                 elif emptied:
-                    self.report.empty_documents += 1
-                document, emptied = [], False
+                    self._note("empty_documents", start)
+                document, emptied, start, split = [], False, 0, False
                 continue
             if len(document) >= self.max_document_sentences:
                 # Flush early so that a file without blank lines never sits in memory whole.
-                self.report.long_documents_split += 1
-                yield from self._emit(document)
-                document = []
+                if not split:
+                    self._note("long_documents_split", start)
+                yield from self._emit(document, start)
+                document, split = [], True
             if len(line) > limit:
-                document.extend(self._split_long(line))
+                document.extend(self._split_long(line, line_number))
             else:
                 document.append(line)
         if document:
-            yield from self._emit(document)
+            yield from self._emit(document, start)
         elif emptied:
-            self.report.empty_documents += 1
+            self._note("empty_documents", start)
 
-    def json_documents(self, path: pathlib.Path) -> Iterator[list[str]]:
+    def json_documents(self, path: pathlib.Path, encoding: str) -> Iterator[list[str]]:
         """JSON Lines: one object per line with a "text" field, split into sentences."""
-        report = self.report
         limit = self.max_line_chars
         # A JSON record must be parsed whole: its line is read whole.
-        for line_number, line in enumerate(self._lines(path, None), start=1):
+        for line_number, line in self._lines(path, encoding, None):
             if line is None or not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except ValueError as err:
-                report.bad_json_lines += 1
-                report.add_error(f"{path}:{line_number}: not JSON ({err})")
+                self._note("bad_json_lines", line_number, f"not JSON: {err}")
                 continue
             if not isinstance(record, dict):
-                report.bad_json_lines += 1
                 kind = type(record).__name__
-                report.add_error(f"{path}:{line_number}: a JSON {kind}, not an object")
+                self._note("bad_json_lines", line_number, f"a JSON {kind}, not an object")
                 continue
             text = record.get("text")
             if not isinstance(text, str):
-                report.missing_text_lines += 1
-                report.add_error(f'{path}:{line_number}: no string field "text"')
+                self._note("missing_text_lines", line_number, 'no string field "text"')
                 continue
             # JSON escapes can smuggle control characters past the raw-line cleaning.
             if _CONTROL.search(text):
                 text, removed = _CONTROL.subn("", text)
-                report.control_chars_removed += removed
+                self._note("control_chars_removed", line_number, count=removed)
             document: list[str] = []
             for sentence in split_sentences(text):
                 if len(sentence) > limit:
-                    document.extend(self._split_long(sentence))
+                    document.extend(self._split_long(sentence, line_number))
                 else:
                     document.append(sentence)
             if document:
-                yield from self._emit(document)
+                yield from self._emit(document, line_number)
             else:
-                report.empty_documents += 1
+                self._note("empty_documents", line_number)
