@@ -4,7 +4,10 @@
 a sharded model.safetensors.index.json, or pytorch_model.bin) into a `BertConfig` and the
 parameter tree of `bertjax.model.BertForPreTraining`; `save` writes the reverse, a
 directory that `transformers.BertForPreTraining.from_pretrained` loads with nothing
-missing or unexpected.
+missing or unexpected. Given a tokenizer, `save` also writes its files (tokenizer.json and
+the rest, see `bertjax.tokenizer.Tokenizer.save_hf`), so that `AutoTokenizer` and the
+fill-mask pipeline work on the directory; `load_tokenizer` reads a directory's tokenizer
+back (bertjax's sentencepiece model, a WordPiece tokenizer.json, or BERT's vocab.txt).
 
 Safetensors files are read and written with `safetensors.numpy`, so neither torch nor
 transformers is needed at run time; torch is imported only to read pytorch_model.bin.
@@ -33,6 +36,16 @@ import numpy as np
 
 from bertjax import model as model_lib
 from bertjax.model import ARCHITECTURE_FIELDS, BertConfig
+from bertjax.tokenizer import (
+    HF_SPECIAL_TOKENS,
+    HF_TOKENIZER_CONFIG_FILE,
+    HF_TOKENIZER_FILE,
+    SENTENCEPIECE_FILE,
+    WORDPIECE_VOCAB_FILE,
+    SentencePieceTokenizer,
+    Tokenizer,
+    WordPieceTokenizer,
+)
 
 try:
     from safetensors import numpy as safetensors_numpy
@@ -367,13 +380,22 @@ def load_with_report(
     return config, params, report
 
 
-def save(config: BertConfig, params: Mapping, path: str | os.PathLike) -> None:
+def save(
+    config: BertConfig,
+    params: Mapping,
+    path: str | os.PathLike,
+    tokenizer: Tokenizer | None = None,
+) -> None:
     """Writes config.json and model.safetensors loadable by transformers.BertForPreTraining.
 
     `params` is BertForPreTraining's tree (boxed or unboxed, stacked per the config's
-    scan_layers, optionally wrapped in {"params": ...}); tensors keep their dtype.
+    scan_layers, optionally wrapped in {"params": ...}); tensors keep their dtype. With a
+    tokenizer, its files are written too (tokenizer.json, tokenizer_config.json,
+    special_tokens_map.json and its own tokenizer.model or vocab.txt).
     """
     _require_safetensors()
+    if tokenizer is not None:
+        check_vocab(config, tokenizer, f"saving to {path}")
     params = nn.meta.unbox(params)
     if set(params) == {"params"}:
         params = params["params"]
@@ -425,6 +447,70 @@ def save(config: BertConfig, params: Mapping, path: str | os.PathLike) -> None:
                 directory / stale,
                 SAFE_WEIGHTS_NAME,
             )
+    if tokenizer is not None:
+        tokenizer.save_hf(directory, model_max_length=config.max_position_embeddings)
+
+
+def check_vocab(config: BertConfig, tokenizer: Tokenizer, what: str) -> None:
+    """Fails unless every id of the tokenizer has a row in the model's vocabulary.
+
+    A model may have more rows than the tokenizer has pieces (vocabularies padded to a
+    multiple of 8), never fewer.
+    """
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(
+            f"{what}: the tokenizer has {tokenizer.vocab_size} pieces but the model's "
+            f"vocabulary has {config.vocab_size} rows; they do not belong together"
+        )
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer of a transformers BERT directory (or of a bertjax export).
+
+    Read in this order: bertjax's sentencepiece model (tokenizer.model, which `save`
+    writes beside tokenizer.json: same ids, same fingerprint), a WordPiece tokenizer.json,
+    then BERT's vocab.txt with tokenizer_config.json's do_lower_case (True when absent, as in
+    transformers), strip_accents and tokenize_chinese_chars.
+    """
+    directory = pathlib.Path(path)
+    sentencepiece_file = directory / SENTENCEPIECE_FILE
+    json_file = directory / HF_TOKENIZER_FILE
+    vocab_file = directory / WORDPIECE_VOCAB_FILE
+    if sentencepiece_file.is_file():
+        return SentencePieceTokenizer.load(sentencepiece_file)
+    if json_file.is_file():
+        return WordPieceTokenizer.load(json_file)
+    if vocab_file.is_file():
+        settings = _tokenizer_config(directory)
+        return WordPieceTokenizer.from_vocab(
+            vocab_file,
+            lowercase=bool(settings.get("do_lower_case", True)),
+            strip_accents=settings.get("strip_accents"),
+            tokenize_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+        )
+    raise FileNotFoundError(
+        f"{directory}: no tokenizer found; expected {HF_TOKENIZER_FILE}, {WORDPIECE_VOCAB_FILE} "
+        f"or {SENTENCEPIECE_FILE}"
+    )
+
+
+def _tokenizer_config(directory: pathlib.Path) -> dict[str, Any]:
+    """tokenizer_config.json (empty when absent), refusing special tokens BERT does not use."""
+    config_file = directory / HF_TOKENIZER_CONFIG_FILE
+    if not config_file.is_file():
+        return {}
+    with open(config_file, encoding="utf-8") as f:
+        settings = json.load(f)
+    for name, expected in HF_SPECIAL_TOKENS.items():
+        value = settings.get(name, expected)
+        if isinstance(value, dict):  # transformers' serialized AddedToken
+            value = value.get("content")
+        if value != expected:
+            raise ValueError(
+                f"{config_file}: {name}={value!r}; bertjax reads BERT vocabularies whose "
+                f"special tokens are {sorted(HF_SPECIAL_TOKENS.values())}"
+            )
+    return settings
 
 
 def _require_safetensors() -> None:

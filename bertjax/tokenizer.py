@@ -1,9 +1,29 @@
-"""SentencePiece tokenizer with BERT's special tokens at fixed ids.
+"""Tokenizers with BERT's special tokens: sentencepiece (trained here) and WordPiece (vocab.txt).
 
-Ids 0..4 are [PAD], [UNK], [CLS], [SEP], [MASK]. [PAD], [CLS], [SEP] and [MASK] are control
-symbols: sentencepiece never produces them from text, so typing "[MASK]" in a document yields
-ordinary pieces. Byte fallback maps any character outside the vocabulary to its UTF-8 bytes, so
-text never becomes [UNK].
+`Tokenizer` is the one interface the rest of bertjax uses: token ids of texts without special
+tokens (`encode`, `encode_batch`), text of ids (`decode`), the special ids, which pieces start a
+word (for whole-word masking), a fingerprint, and the files transformers reads (`save_hf`).
+Two kinds implement it:
+
+`SentencePieceTokenizer` is the model bertjax trains (unigram or BPE). Ids 0..4 are [PAD],
+[UNK], [CLS], [SEP], [MASK]. [PAD], [CLS], [SEP] and [MASK] are control symbols: sentencepiece
+never produces them from text, so typing "[MASK]" in a document yields ordinary pieces. Byte
+fallback maps any character outside the vocabulary to its UTF-8 bytes, so text never becomes
+[UNK].
+
+`WordPieceTokenizer` reads BERT's own vocabularies (vocab.txt, cased or uncased) with google's
+basic tokenization: control characters dropped, CJK characters and punctuation split off, and
+when uncased, lower-casing and accent stripping. The `tokenizers` library runs it, built the
+way transformers' BertTokenizerFast builds it, so the ids are transformers' ids.
+
+`save_hf` writes tokenizer.json (a `tokenizers` pipeline), tokenizer_config.json and
+special_tokens_map.json, so that `transformers.AutoTokenizer.from_pretrained` gives bertjax's
+ids. For sentencepiece, tokenizer.json restates the model in `tokenizers` terms: the
+normalization table, sentencepiece's whitespace rules, the unigram scores or the BPE merges,
+and byte fallback. One difference remains: where two unigram segmentations of a text score
+the same up to float32 rounding (in practice runs of one repeated character, "*******"),
+sentencepiece (float32 sums) and `tokenizers` (float64 sums) may choose different ones of
+equal score. Both decode to the same text.
 """
 
 from __future__ import annotations
@@ -11,16 +31,40 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import json
+import logging
 import os
 import pathlib
+import re
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
+import tokenizers
+from sentencepiece import sentencepiece_model_pb2
+from tokenizers import decoders, normalizers, pre_tokenizers, processors
+
+logger = logging.getLogger(__name__)
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
 SPECIAL_PIECES = (PAD, UNK, CLS, SEP, MASK)
+# transformers' names for the special tokens (tokenizer_config.json, special_tokens_map.json).
+HF_SPECIAL_TOKENS = {
+    "unk_token": UNK,
+    "sep_token": SEP,
+    "pad_token": PAD,
+    "cls_token": CLS,
+    "mask_token": MASK,
+}
+
+# Files of a transformers tokenizer directory, and the tokenizer files each kind adds to it.
+HF_TOKENIZER_FILE = "tokenizer.json"
+HF_TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+HF_SPECIAL_TOKENS_FILE = "special_tokens_map.json"
+WORDPIECE_VOCAB_FILE = "vocab.txt"
+SENTENCEPIECE_FILE = "tokenizer.model"  # the name a prepared data directory uses too
 
 MODEL_TYPES = ("unigram", "bpe")
 # Sentencepiece's built-in normalizations. "nmt_nfkc" is NFKC plus whitespace clean-up; NFKC
@@ -32,6 +76,10 @@ WORD_BOUNDARY = "\u2581"
 # Sentencepiece skips training sentences longer than this many bytes; documents split lines
 # far below it, so this only guards against pathological input.
 _MAX_SENTENCE_BYTES = 16384
+# The special tokens written in a text, as transformers finds them: literally, leftmost first.
+_SPECIAL_IN_TEXT = re.compile("(" + "|".join(re.escape(p) for p in SPECIAL_PIECES) + ")")
+# WordPiece's marker of a piece that continues a word.
+_CONTINUATION = "##"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,7 +175,7 @@ def _reservoir_block(sample, slots, block, block_start, k, rng):
 
 def train_tokenizer(
     sentences: Iterable[str], settings: TokenizerSettings, output_path: str | os.PathLike
-) -> Tokenizer:
+) -> SentencePieceTokenizer:
     """Trains a sentencepiece model on (a sample of) sentences and writes it to output_path."""
     rng = np.random.default_rng(settings.seed)
     sample = [s for s in reservoir_sample(sentences, settings.sample_sentences, rng) if s.strip()]
@@ -162,7 +210,7 @@ def train_tokenizer(
             f"sentencepiece training failed with vocab_size={settings.vocab_size}, "
             f"model_type={settings.model_type!r} on {len(sample)} sentences: {err}"
         ) from err
-    tokenizer = Tokenizer(writer.getvalue(), source=f"trained model for {output_path}")
+    tokenizer = SentencePieceTokenizer(writer.getvalue(), source=f"trained model for {output_path}")
     tokenizer.save(output_path)
     return tokenizer
 
@@ -189,13 +237,181 @@ _CJK_LEAD_BYTES = frozenset(range(0xE3, 0xEA)) | {0xF0}
 
 
 class Tokenizer:
-    """A loaded sentencepiece model with BERT's special ids."""
+    """The interface of every tokenizer: ids of text, text of ids, special ids, fingerprint.
 
+    Construct one with `Tokenizer.load` (a sentencepiece .model or a WordPiece
+    tokenizer.json), `train_tokenizer`, `WordPieceTokenizer.from_vocab` (BERT's vocab.txt)
+    or `bertjax.hf.load_tokenizer` (a transformers directory).
+    """
+
+    # bertjax's fixed layout, which every SentencePieceTokenizer has. A WordPieceTokenizer
+    # sets its vocabulary's ids per instance (bert-base-uncased: [CLS]=101, [MASK]=103).
     pad_id = PAD_ID
     unk_id = UNK_ID
     cls_id = CLS_ID
     sep_id = SEP_ID
     mask_id = MASK_ID
+
+    kind: str  # "sentencepiece" | "wordpiece"
+    own_file: str  # its file in a transformers directory, beside tokenizer.json
+    vocab_size: int
+    # sha256 hex digest of what decides the ids: equal fingerprints, equal tokenization.
+    fingerprint: str
+    special_ids: tuple[int, ...]
+    is_word_start: np.ndarray  # [vocab_size] bool: the piece begins a word (specials too)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, expected_fingerprint: str | None = None) -> Tokenizer:
+        """Loads a sentencepiece .model, or a WordPiece tokenizer.json (by the .json suffix).
+
+        Checks BERT's special tokens and, if given, the fingerprint. A vocab.txt does not say
+        whether it is cased: load it with `WordPieceTokenizer.from_vocab` or, with its
+        tokenizer_config.json, `bertjax.hf.load_tokenizer`.
+        """
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer model {str(path)!r} does not exist")
+        source = f"tokenizer model {str(path)!r}"
+        if path.suffix == ".txt":
+            raise ValueError(
+                f"{source} looks like a WordPiece vocab.txt, which does not say whether it is "
+                "cased; load it with bertjax.tokenizer.WordPieceTokenizer.from_vocab(path, "
+                "lowercase=...) or load its directory with bertjax.hf.load_tokenizer"
+            )
+        if path.suffix == ".json":
+            tokenizer: Tokenizer = WordPieceTokenizer.from_json(
+                path.read_text(encoding="utf-8"), source=source
+            )
+        else:
+            tokenizer = SentencePieceTokenizer(path.read_bytes(), source=source)
+        if not isinstance(tokenizer, cls):
+            raise ValueError(f"{source} is a {tokenizer.kind} tokenizer, not a {cls.__name__}")
+        if expected_fingerprint is not None and tokenizer.fingerprint != expected_fingerprint:
+            raise ValueError(
+                f"tokenizer model {str(path)!r} has fingerprint {tokenizer.fingerprint}, but "
+                f"{expected_fingerprint} was expected (the data was prepared with another "
+                "tokenizer)"
+            )
+        return tokenizer
+
+    def encode_batch(
+        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text, without [CLS]/[SEP] added.
+
+        With special_tokens_in_text, "[MASK]" (and the other special tokens) written in a
+        text become their ids, as transformers' tokenizers read them; otherwise they are
+        ordinary text.
+        """
+        raise NotImplementedError
+
+    def encode(self, text: str, *, special_tokens_in_text: bool = False) -> list[int]:
+        """Token ids of one text, without [CLS]/[SEP] added (see encode_batch)."""
+        return self.encode_batch([text], special_tokens_in_text=special_tokens_in_text)[0]
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        """Text of ids; special ids appear as their names ("[CLS]") unless skip_special."""
+        raise NotImplementedError
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The vocabulary piece of an id."""
+        raise NotImplementedError
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes the tokenizer (atomically) to path, for `Tokenizer.load`."""
+        raise NotImplementedError
+
+    def hf_tokenizer(self) -> tokenizers.Tokenizer:
+        """The same tokenization as a `tokenizers` pipeline, what tokenizer.json holds.
+
+        It adds [CLS] ... [SEP] (and [CLS] A [SEP] B [SEP] with segment ids for pairs) and
+        splits off the special tokens written in a text.
+        """
+        raise NotImplementedError
+
+    def save_hf(self, directory: str | os.PathLike, *, model_max_length: int | None = None):
+        """Writes the tokenizer files of a transformers model directory.
+
+        tokenizer.json, tokenizer_config.json and special_tokens_map.json, plus the
+        tokenizer's own file (tokenizer.model or vocab.txt), so that bertjax reads back the
+        same tokenizer (same fingerprint). `model_max_length` is the model's position limit.
+        """
+        directory = pathlib.Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        self.hf_tokenizer().save(str(directory / HF_TOKENIZER_FILE))
+        self._save_own_file(directory)
+        for other in (SENTENCEPIECE_FILE, WORDPIECE_VOCAB_FILE):
+            # Another tokenizer's file would be read in place of this one.
+            if other != self.own_file and (directory / other).exists():
+                (directory / other).unlink()
+                logger.warning("%s: removed, it belonged to another tokenizer", directory / other)
+        config: dict[str, Any] = {**self._hf_config(), **HF_SPECIAL_TOKENS}
+        if model_max_length is not None:
+            config["model_max_length"] = int(model_max_length)
+        _write_json(directory / HF_TOKENIZER_CONFIG_FILE, config)
+        _write_json(directory / HF_SPECIAL_TOKENS_FILE, dict(HF_SPECIAL_TOKENS))
+
+    def _save_own_file(self, directory: pathlib.Path) -> None:
+        """Writes own_file into directory."""
+        raise NotImplementedError
+
+    def _hf_config(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _check_ids(self, ids: Iterable[int]) -> list[int]:
+        checked = []
+        for token_id in ids:
+            token_id = int(token_id)
+            if not 0 <= token_id < self.vocab_size:
+                raise ValueError(
+                    f"token id {token_id} is outside the vocabulary [0, {self.vocab_size})"
+                )
+            checked.append(token_id)
+        return checked
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(vocab_size={self.vocab_size}, "
+            f"fingerprint={self.fingerprint[:12]})"
+        )
+
+
+def _write_json(path: pathlib.Path, value: dict) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+
+
+def _save_atomic(path: str | os.PathLike, data: bytes) -> None:
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _bert_post_processor(cls_id: int, sep_id: int) -> processors.TemplateProcessing:
+    """[CLS] A [SEP], and [CLS] A [SEP] B [SEP] with B's segment id 1, as BERT's inputs."""
+    return processors.TemplateProcessing(
+        single=f"{CLS}:0 $A:0 {SEP}:0",
+        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
+        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
+    )
+
+
+def _special_added_tokens() -> list[tokenizers.AddedToken]:
+    # Matched in the raw text, before normalization, as BERT's tokenizers match them.
+    return [
+        tokenizers.AddedToken(piece, special=True, normalized=False, lstrip=False, rstrip=False)
+        for piece in SPECIAL_PIECES
+    ]
+
+
+class SentencePieceTokenizer(Tokenizer):
+    """A sentencepiece model (unigram or BPE) with BERT's special ids 0..4."""
+
+    kind = "sentencepiece"
+    own_file = SENTENCEPIECE_FILE
 
     def __init__(self, model_proto: bytes, *, source: str = "<memory>"):
         self._proto = bytes(model_proto)
@@ -204,6 +420,7 @@ class Tokenizer:
             self._sp.LoadFromSerializedProto(self._proto)
         except (RuntimeError, OSError) as err:
             raise ValueError(f"{source} is not a sentencepiece model: {err}") from err
+        self._source = source
         self._check_specials(source)
         self.vocab_size: int = self._sp.get_piece_size()
         self.fingerprint: str = hashlib.sha256(self._proto).hexdigest()
@@ -211,6 +428,7 @@ class Tokenizer:
             i for i in range(self.vocab_size) if self._sp.IsControl(i) or self._sp.IsUnknown(i)
         )
         self._special_set = frozenset(self.special_ids)
+        self._special_by_piece = {piece: i for i, piece in enumerate(SPECIAL_PIECES)}
         self.is_word_start: np.ndarray = self._word_starts()  # [vocab_size] bool
 
     def _check_specials(self, source: str) -> None:
@@ -241,42 +459,44 @@ class Tokenizer:
                 starts[i] = piece.startswith(WORD_BOUNDARY) or _is_cjk(piece[0])
         return starts
 
-    @classmethod
-    def load(cls, path: str | os.PathLike, expected_fingerprint: str | None = None) -> Tokenizer:
-        """Loads a .model file; checks BERT's special ids and, if given, the fingerprint."""
-        path = pathlib.Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer model {str(path)!r} does not exist")
-        tokenizer = cls(path.read_bytes(), source=f"tokenizer model {str(path)!r}")
-        if expected_fingerprint is not None and tokenizer.fingerprint != expected_fingerprint:
-            raise ValueError(
-                f"tokenizer model {str(path)!r} has fingerprint {tokenizer.fingerprint}, but "
-                f"{expected_fingerprint} was expected (the data was prepared with another "
-                "tokenizer)"
-            )
-        return tokenizer
-
     def save(self, path: str | os.PathLike) -> None:
         """Writes the serialized model proto (atomically) to path."""
-        path = pathlib.Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(self._proto)
-        os.replace(tmp, path)
+        _save_atomic(path, self._proto)
 
     @property
     def model_proto(self) -> bytes:
         """The serialized sentencepiece model."""
         return self._proto
 
-    def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        """Token ids of each text, without special tokens."""
+    def encode_batch(
+        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text, without [CLS]/[SEP] added (see Tokenizer.encode_batch)."""
         if not texts:
             return []
-        return self._sp.encode(list(texts), out_type=int)
+        if not special_tokens_in_text:
+            return self._sp.encode(list(texts), out_type=int)
+        # A text splits at its special tokens and the text between them is encoded piece by
+        # piece, as transformers does: "a [MASK]." is "▁a", [MASK], "▁.".
+        parts_of = [_SPECIAL_IN_TEXT.split(text) for text in texts]
+        encoded = iter(
+            self._sp.encode([p for parts in parts_of for p in parts[0::2]], out_type=int)
+        )
+        result = []
+        for parts in parts_of:
+            ids: list[int] = []
+            for k, part in enumerate(parts):
+                if k % 2:
+                    ids.append(self._special_by_piece[part])
+                else:
+                    ids.extend(next(encoded))
+            result.append(ids)
+        return result
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of one text, without special tokens."""
+    def encode(self, text: str, *, special_tokens_in_text: bool = False) -> list[int]:
+        """Token ids of one text, without [CLS]/[SEP] added (see Tokenizer.encode_batch)."""
+        if special_tokens_in_text:
+            return self.encode_batch([text], special_tokens_in_text=True)[0]
         return self._sp.encode(text, out_type=int)
 
     def id_to_piece(self, token_id: int) -> str:
@@ -287,12 +507,7 @@ class Tokenizer:
         """Text of ids; special ids appear as their names ("[CLS]") unless skip_special."""
         parts: list[str] = []
         run: list[int] = []
-        for token_id in ids:
-            token_id = int(token_id)
-            if not 0 <= token_id < self.vocab_size:
-                raise ValueError(
-                    f"token id {token_id} is outside the vocabulary [0, {self.vocab_size})"
-                )
+        for token_id in self._check_ids(ids):
             if token_id in self._special_set:
                 if run:
                     parts.append(self._sp.decode(run))
@@ -305,5 +520,327 @@ class Tokenizer:
             parts.append(self._sp.decode(run))
         return " ".join(p for p in parts if p)
 
-    def __repr__(self) -> str:
-        return f"Tokenizer(vocab_size={self.vocab_size}, fingerprint={self.fingerprint[:12]})"
+    def hf_tokenizer(self) -> tokenizers.Tokenizer:
+        """The model as a `tokenizers` pipeline (see the module docstring for its one limit)."""
+        proto = sentencepiece_model_pb2.ModelProto()
+        proto.ParseFromString(self._proto)
+        self._check_exportable(proto)
+        pieces = proto.pieces
+        kinds = sentencepiece_model_pb2.ModelProto.SentencePiece
+        normal = [p.type == kinds.NORMAL for p in pieces]
+        if proto.trainer_spec.model_type == sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
+            lowest = min(p.score for p, is_normal in zip(pieces, normal) if is_normal)
+            # Sentencepiece never matches control or byte pieces in text, but `tokenizers`
+            # matches every vocabulary entry: they get a score no real segmentation of the
+            # same characters reaches (all are at most 6 characters), so they are not chosen.
+            vocab = [
+                (p.piece, p.score if is_normal else 8 * lowest)
+                for p, is_normal in zip(pieces, normal)
+            ]
+            model = tokenizers.models.Unigram(vocab, unk_id=UNK_ID, byte_fallback=True)
+        else:
+            model = tokenizers.models.BPE(
+                {p.piece: i for i, p in enumerate(pieces)},
+                _bpe_merges(pieces, normal),
+                unk_token=UNK,
+                byte_fallback=True,
+                fuse_unk=False,
+            )
+        tokenizer = tokenizers.Tokenizer(model)
+        tokenizer.normalizer = _sentencepiece_normalizer(proto.normalizer_spec)
+        # No pre-tokenizer: the model segments the whole normalized text, as sentencepiece.
+        tokenizer.decoder = decoders.Sequence(
+            [
+                decoders.Replace(WORD_BOUNDARY, " "),
+                decoders.ByteFallback(),
+                decoders.Fuse(),
+                decoders.Strip(" ", 1, 0),  # the space of the dummy prefix
+            ]
+        )
+        tokenizer.post_processor = _bert_post_processor(CLS_ID, SEP_ID)
+        tokenizer.add_special_tokens(_special_added_tokens())
+        return tokenizer
+
+    def _check_exportable(self, proto: Any) -> None:
+        """Refuses sentencepiece options the tokenizer.json translation does not cover."""
+        trainer, spec = proto.trainer_spec, proto.normalizer_spec
+        kinds = sentencepiece_model_pb2.ModelProto.SentencePiece
+        problems = []
+        if trainer.model_type not in (
+            sentencepiece_model_pb2.TrainerSpec.UNIGRAM,
+            sentencepiece_model_pb2.TrainerSpec.BPE,
+        ):
+            problems.append("a model type other than unigram or bpe")
+        if not trainer.byte_fallback:
+            problems.append("no byte fallback")
+        if trainer.treat_whitespace_as_suffix:
+            problems.append("treat_whitespace_as_suffix")
+        if not spec.escape_whitespaces:
+            problems.append("escape_whitespaces=false")
+        if any(p.type in (kinds.USER_DEFINED, kinds.UNUSED) for p in proto.pieces):
+            problems.append("user-defined or unused pieces")
+        if problems:
+            raise ValueError(
+                f"{self._source} cannot be written as tokenizer.json: it has "
+                f"{', '.join(problems)}; bertjax.tokenizer.train_tokenizer models have none"
+            )
+
+    def _save_own_file(self, directory: pathlib.Path) -> None:
+        self.save(directory / self.own_file)
+
+    def _hf_config(self) -> dict[str, Any]:
+        # The generic fast tokenizer reads tokenizer.json as it is.
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "clean_up_tokenization_spaces": False,
+            # BERT takes segment ids: without this, the generic class leaves them out.
+            "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
+        }
+
+
+def _sentencepiece_normalizer(spec: Any) -> normalizers.Normalizer:
+    """Sentencepiece's normalizer: its table, then its whitespace rules on the result.
+
+    Sentencepiece's whitespace is the ASCII space after the table is applied: runs collapse
+    to one, ends are trimmed, a space is put in front of non-empty text, and spaces become
+    "▁". `\\A` and `\\z` anchor at the ends of the text (`^`/`$` would match at newlines).
+    """
+    steps = []
+    if spec.precompiled_charsmap:
+        steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
+    if spec.remove_extra_whitespaces:
+        steps.append(normalizers.Replace(tokenizers.Regex(" {2,}"), " "))
+        steps.append(normalizers.Replace(tokenizers.Regex(r"\A | \z"), ""))
+    if spec.add_dummy_prefix:
+        steps.append(normalizers.Prepend(" "))
+    steps.append(normalizers.Replace(" ", WORD_BOUNDARY))
+    return normalizers.Sequence(steps)
+
+
+def _bpe_merges(pieces: Sequence[Any], normal: Sequence[bool]) -> list[tuple[str, str]]:
+    """BPE merges that reproduce sentencepiece's: every split of a piece into two pieces.
+
+    Sentencepiece merges the adjacent pair whose concatenation is the highest-scoring
+    piece, leftmost first; `tokenizers` merges the lowest-ranked pair, leftmost first. So
+    each normal piece contributes all its two-piece splits, ranked by the piece's score.
+    Only normal pieces take part: control and byte pieces are never merged into or from.
+    """
+    index = {p.piece: i for i, p in enumerate(pieces) if normal[i]}
+    ranked = sorted(
+        (i for i, is_normal in enumerate(normal) if is_normal and len(pieces[i].piece) > 1),
+        key=lambda i: (-pieces[i].score, i),
+    )
+    merges = []
+    for i in ranked:
+        piece = pieces[i].piece
+        for cut in range(1, len(piece)):
+            left, right = piece[:cut], piece[cut:]
+            if left in index and right in index:
+                merges.append((left, right))
+    return merges
+
+
+class WordPieceTokenizer(Tokenizer):
+    """BERT's WordPiece vocabulary with google's basic tokenization, run by `tokenizers`.
+
+    `vocab` lists the pieces by id (vocab.txt's lines); it must hold [PAD], [UNK], [CLS],
+    [SEP] and [MASK]. `strip_accents=None` strips accents exactly when lower-casing, as
+    google's BERT does.
+    """
+
+    kind = "wordpiece"
+    own_file = WORDPIECE_VOCAB_FILE
+
+    def __init__(
+        self,
+        vocab: Sequence[str],
+        *,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+        clean_text: bool = True,
+        max_input_chars_per_word: int = 100,
+        source: str = "<memory>",
+    ):
+        self._vocab = list(vocab)
+        self._source = source
+        self.lowercase = bool(lowercase)
+        self.strip_accents = self.lowercase if strip_accents is None else bool(strip_accents)
+        self.tokenize_chinese_chars = bool(tokenize_chinese_chars)
+        self.clean_text = bool(clean_text)
+        self.max_input_chars_per_word = int(max_input_chars_per_word)
+        # As transformers reads vocab.txt: a piece listed twice keeps its last id.
+        ids = {piece: i for i, piece in enumerate(self._vocab)}
+        missing = [p for p in SPECIAL_PIECES if p not in ids]
+        if missing:
+            raise ValueError(
+                f"{source} is not a BERT WordPiece vocabulary: it lacks {missing} (needs all of "
+                f"{list(SPECIAL_PIECES)})"
+            )
+        self.vocab_size: int = len(self._vocab)
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            ids[p] for p in SPECIAL_PIECES
+        )
+        self.special_ids: tuple[int, ...] = tuple(sorted(ids[p] for p in SPECIAL_PIECES))
+        self.fingerprint: str = hashlib.sha256(
+            json.dumps(self._settings(), ensure_ascii=False, separators=(",", ":")).encode()
+        ).hexdigest()
+        starts = np.array([not p.startswith(_CONTINUATION) for p in self._vocab], dtype=bool)
+        starts[list(self.special_ids)] = True
+        self.is_word_start: np.ndarray = starts  # [vocab_size] bool
+
+        self._tokenizer = self._build(ids)
+        # The same pipeline reading special tokens in text as ordinary text.
+        self._plain = tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
+        self._plain.encode_special_tokens = True
+
+    def _settings(self) -> dict[str, Any]:
+        """Everything that decides the ids: the fingerprint hashes it."""
+        return {
+            "kind": self.kind,
+            "vocab": self._vocab,
+            "lowercase": self.lowercase,
+            "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            "clean_text": self.clean_text,
+            "max_input_chars_per_word": self.max_input_chars_per_word,
+        }
+
+    def _build(self, ids: dict[str, int]) -> tokenizers.Tokenizer:
+        # The pipeline of transformers' BertTokenizerFast.
+        tokenizer = tokenizers.Tokenizer(
+            tokenizers.models.WordPiece(
+                ids,
+                unk_token=UNK,
+                max_input_chars_per_word=self.max_input_chars_per_word,
+                continuing_subword_prefix=_CONTINUATION,
+            )
+        )
+        tokenizer.normalizer = normalizers.BertNormalizer(
+            clean_text=self.clean_text,
+            handle_chinese_chars=self.tokenize_chinese_chars,
+            strip_accents=self.strip_accents,
+            lowercase=self.lowercase,
+        )
+        tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tokenizer.decoder = decoders.WordPiece(prefix=_CONTINUATION)
+        tokenizer.post_processor = _bert_post_processor(self.cls_id, self.sep_id)
+        tokenizer.add_special_tokens(_special_added_tokens())
+        return tokenizer
+
+    @classmethod
+    def from_vocab(
+        cls,
+        path: str | os.PathLike,
+        *,
+        lowercase: bool = True,
+        strip_accents: bool | None = None,
+        tokenize_chinese_chars: bool = True,
+    ) -> WordPieceTokenizer:
+        """Reads BERT's vocab.txt (one piece per line, the line number is the id).
+
+        Whether the vocabulary is cased is not in the file: bert-base-uncased and its kin
+        want lowercase=True (transformers' default too), the -cased models lowercase=False.
+        """
+        path = pathlib.Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"WordPiece vocabulary {str(path)!r} does not exist")
+        # Read as transformers reads it: universal newlines, only the newline stripped.
+        with open(path, encoding="utf-8") as f:
+            vocab = [line.rstrip("\n") for line in f.readlines()]
+        return cls(
+            vocab,
+            lowercase=lowercase,
+            strip_accents=strip_accents,
+            tokenize_chinese_chars=tokenize_chinese_chars,
+            source=f"WordPiece vocabulary {str(path)!r}",
+        )
+
+    @classmethod
+    def from_json(cls, text: str, *, source: str = "tokenizer.json") -> WordPieceTokenizer:
+        """Reads a BERT WordPiece tokenizer.json (as transformers writes for BERT models)."""
+        try:
+            spec = json.loads(text)
+            model = spec["model"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise ValueError(f"{source} is not a tokenizer.json: {err}") from err
+
+        def refuse(what: str):
+            return ValueError(
+                f"{source} is not a BERT WordPiece tokenizer.json: {what} (bertjax reads "
+                "WordPiece with BertNormalizer and BertPreTokenizer, as BERT's tokenizers have)"
+            )
+
+        normalizer = spec.get("normalizer") or {}
+        pre_tokenizer = spec.get("pre_tokenizer") or {}
+        if model.get("type") != "WordPiece":
+            raise refuse(f"its model is {model.get('type')!r}")
+        if normalizer.get("type") != "BertNormalizer":
+            raise refuse(f"its normalizer is {normalizer.get('type')!r}")
+        if pre_tokenizer.get("type") != "BertPreTokenizer":
+            raise refuse(f"its pre-tokenizer is {pre_tokenizer.get('type')!r}")
+        if model.get("continuing_subword_prefix", _CONTINUATION) != _CONTINUATION:
+            raise refuse(f"its subword prefix is {model['continuing_subword_prefix']!r}")
+        if model.get("unk_token", UNK) != UNK:
+            raise refuse(f"its unknown token is {model['unk_token']!r}")
+        ids = model.get("vocab") or {}
+        vocab = sorted(ids, key=ids.get)
+        if [ids[p] for p in vocab] != list(range(len(vocab))):
+            raise refuse("its vocabulary ids are not 0..n-1")
+        extra = [
+            t["content"] for t in spec.get("added_tokens", []) if ids.get(t["content"]) != t["id"]
+        ]
+        if extra:
+            raise refuse(f"it adds tokens outside its vocabulary: {extra[:5]}")
+        lowercase = normalizer.get("lowercase", True)
+        return cls(
+            vocab,
+            lowercase=lowercase,
+            strip_accents=normalizer.get("strip_accents"),
+            tokenize_chinese_chars=normalizer.get("handle_chinese_chars", True),
+            clean_text=normalizer.get("clean_text", True),
+            max_input_chars_per_word=model.get("max_input_chars_per_word", 100),
+            source=source,
+        )
+
+    def encode_batch(
+        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text, without [CLS]/[SEP] added (see Tokenizer.encode_batch)."""
+        if not texts:
+            return []
+        tokenizer = self._tokenizer if special_tokens_in_text else self._plain
+        return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def id_to_piece(self, token_id: int) -> str:
+        """The vocabulary piece of an id."""
+        return self._vocab[self._check_ids([token_id])[0]]
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        """Text of ids ("##" pieces joined to their word); special ids by name unless skipped."""
+        return self._tokenizer.decode(self._check_ids(ids), skip_special_tokens=skip_special)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes tokenizer.json (atomically) to path; `Tokenizer.load` reads it back."""
+        _save_atomic(path, self._tokenizer.to_str(pretty=True).encode("utf-8"))
+
+    def hf_tokenizer(self) -> tokenizers.Tokenizer:
+        """The `tokenizers` pipeline itself (a copy)."""
+        return tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
+
+    def _save_own_file(self, directory: pathlib.Path) -> None:
+        _save_atomic(
+            directory / WORDPIECE_VOCAB_FILE, "".join(p + "\n" for p in self._vocab).encode()
+        )
+
+    def _hf_config(self) -> dict[str, Any]:
+        standard = self.clean_text and self.max_input_chars_per_word == 100
+        return {
+            # transformers' BertTokenizer rebuilds this pipeline from these flags, but knows no
+            # clean_text or word length limit: otherwise the generic class reads the file as is.
+            "tokenizer_class": "BertTokenizer" if standard else "PreTrainedTokenizerFast",
+            "do_lower_case": self.lowercase,
+            "strip_accents": self.strip_accents,
+            "tokenize_chinese_chars": self.tokenize_chinese_chars,
+            "clean_up_tokenization_spaces": True,
+        }
