@@ -11,6 +11,9 @@ the traceback too.
 
 import importlib.util
 import os
+import sys
+from collections.abc import Callable
+from typing import Any
 
 import jax
 from absl import app, flags, logging
@@ -22,9 +25,7 @@ from bertjax import trainer
 _REPO = os.path.dirname(os.path.abspath(__file__))
 _DEFAULT_CONFIG = os.path.join(_REPO, "configs", "tiny.py")
 
-config_flags.DEFINE_config_file(
-    "config", _DEFAULT_CONFIG, "Training config file.", lock_config=True
-)
+# The --config flag is defined by define_config_flag(), which reports bad overrides.
 flags.DEFINE_string("workdir", "runs/tiny", "Where data, checkpoints and metrics go.")
 flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host).")
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0, for multi-process runs.")
@@ -62,15 +63,30 @@ def _unknown_field(argv: list[str]) -> str | None:
     return None
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl's flag parsing, with a bad config override reported in one line."""
+def _reporting_bad_overrides(parse: Callable[[], Any], argv: list[str]) -> Any:
+    """Runs a step of flag parsing; a bad --config override ends in one line."""
     try:
-        return FLAGS(argv)
+        return parse()
     except flags.Error as e:
         raise SystemExit(f"error: {e}") from None
     except (AttributeError, KeyError, ValueError, TypeError) as e:
         message = _unknown_field(argv) or f"bad --config override: {e}"
         raise SystemExit(f"error: {message}") from None
+
+
+def define_config_flag() -> None:
+    # ml_collections applies the --config.FIELD overrides of sys.argv as the flag is defined.
+    _reporting_bad_overrides(
+        lambda: config_flags.DEFINE_config_file(
+            "config", _DEFAULT_CONFIG, "Training config file.", lock_config=True
+        ),
+        sys.argv,
+    )
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with a bad config override reported in one line."""
+    return _reporting_bad_overrides(lambda: FLAGS(argv), argv)
 
 
 def main(argv):
@@ -102,4 +118,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_config_flag()
     app.run(main, flags_parser=parse_flags)

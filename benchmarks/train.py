@@ -46,7 +46,8 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bertjax import perf, trainer  # noqa: E402
+from bertjax import perf, steps  # noqa: E402
+from bertjax.settings import PretrainSettings  # noqa: E402
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch
@@ -253,14 +254,13 @@ def time_steps(
 class OursRunner:
     """bertjax's jitted, sharded train step on synthetic device-resident batches."""
 
-    def __init__(self, config, batches: list[dict[str, np.ndarray]]):
-        self.model_config = trainer.model_config_from(config, config.model.vocab_size)
-        trainer.validate_config(config)
-        self.setup = trainer.build(config, self.model_config)
-        self.batches = [trainer.global_batch(b, self.setup.batch_sharding, 1) for b in batches]
-        self.rng = jax.random.key(config.seed + 1)
+    def __init__(self, settings: PretrainSettings, batches: list[dict[str, np.ndarray]]):
+        self.model_config = settings.model
+        self.setup = steps.build_pretraining(settings, self.model_config)
+        self.batches = [steps.global_batch(b, self.setup.batch_sharding, 1) for b in batches]
+        self.rng = jax.random.key(settings.run.seed + 1)
         with jax.set_mesh(self.setup.mesh):
-            self.state = self.setup.init_state(jax.random.key(config.seed))
+            self.state = self.setup.state.init(jax.random.key(settings.run.seed))
 
     def step(self, i: int):
         with jax.set_mesh(self.setup.mesh):
@@ -437,8 +437,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fill = max(float(b["input_mask"].mean()) for b in batches)
     token_capacity = args.token_capacity or min(1.0, np.ceil(fill * 32) / 32)
     config = load_config(args.config, args, token_capacity)
+    settings = PretrainSettings.from_config(config)
 
-    ours = OursRunner(config, batches)
+    ours = OursRunner(settings, batches)
     model_config = ours.model_config
     flops_per_seq = perf.training_flops_per_sequence(
         model_config, args.seq_len, args.num_predictions
@@ -462,7 +463,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if torch is None:
             print("transformers reference skipped: torch/transformers are not installed")
         else:
-            opt_settings = trainer.optimizer_settings_from(config)
+            opt_settings = settings.optimizer
             if opt_settings.name != "adamw":
                 print(f"note: config optimizer is {opt_settings.name}; the reference uses AdamW")
             reference = ReferenceRunner(model_config, opt_settings, batches, args.dtype, args.seed)

@@ -13,11 +13,10 @@ Mesh axes:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -155,45 +154,3 @@ def shards(name: str, mesh: Mesh | None = None) -> int:
 def data_parallel_size(mesh: Mesh) -> int:
     """How many ways the batch is split: data * fsdp."""
     return mesh.shape[DATA] * mesh.shape[FSDP]
-
-
-def _example_inputs(example_batch_shapes: Mapping[str, Sequence[int]]) -> dict[str, jax.Array]:
-    # Zeros are valid for every BERT input (token 0, segment 0, position 0); attention masks
-    # of zero are harmless for shapes.
-    return {k: jnp.zeros(tuple(s), jnp.int32) for k, s in example_batch_shapes.items()}
-
-
-def abstract_init(
-    model: nn.Module, rng: jax.Array, example_batch_shapes: Mapping[str, Sequence[int]]
-) -> Any:
-    """Shapes (boxed, with logical names) of ``model.init(...)["params"]``, computing nothing."""
-
-    def init(key):
-        return model.init(key, **_example_inputs(example_batch_shapes))["params"]
-
-    return jax.eval_shape(init, rng)
-
-
-def init_sharded(
-    model: nn.Module,
-    mesh: Mesh,
-    rng: jax.Array,
-    example_batch_shapes: Mapping[str, Sequence[int]],
-    rules=LOGICAL_RULES,
-) -> tuple[Any, Any]:
-    """Initialise params directly sharded on ``mesh``; no device ever holds a full replica.
-
-    ``example_batch_shapes`` maps the model's call arguments to shapes, e.g.
-    ``{"input_ids": (8, 128)}``. Returns ``(params, shardings)``: params *unboxed* (plain
-    arrays, the ``"params"`` collection) and a tree of NamedSharding of the same structure.
-    """
-    abstract = abstract_init(model, rng, example_batch_shapes)
-    shardings = logical_shardings(abstract, mesh, rules)
-
-    def init(key):
-        params = model.init(key, **_example_inputs(example_batch_shapes))["params"]
-        return nn.meta.unbox(params)
-
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-        params = jax.jit(init, out_shardings=shardings)(rng)
-    return params, shardings

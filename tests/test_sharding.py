@@ -8,7 +8,7 @@ import pytest
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
-from bertjax import sharding
+from bertjax import sharding, steps
 from bertjax.model import BertConfig, BertForPreTraining, count_params
 
 # Heads (4) and intermediate (128) divide the tensor axis (4); hidden (64) divides fsdp.
@@ -23,8 +23,18 @@ CFG = BertConfig(
     attention_impl="xla",
 )
 BATCH, SEQ = 8, 16
-SHAPES = {"input_ids": (BATCH, SEQ)}
+PREDICTIONS = 3
 is_box = lambda x: isinstance(x, nn.Partitioned)  # noqa: E731
+
+
+def _init_params(model):
+    """The trainer's parameter initialiser for this test's shapes."""
+    return steps.pretraining_init(model, SEQ, PREDICTIONS)
+
+
+def _boxed_abstract(model):
+    """Parameter shapes with their logical axis names, computing nothing."""
+    return jax.eval_shape(_init_params(model), jax.random.key(0))
 
 
 def _batch():
@@ -67,7 +77,7 @@ def test_batch_sharding_and_data_parallel_size():
 @pytest.mark.parametrize("scan_layers", [False, True])
 def test_every_parameter_has_a_logical_spec(scan_layers):
     config = BertConfig(**{**CFG.to_dict(), "scan_layers": scan_layers})
-    abstract = sharding.abstract_init(BertForPreTraining(config), jax.random.PRNGKey(0), SHAPES)
+    abstract = _boxed_abstract(BertForPreTraining(config))
     ruled = {name for name, _ in sharding.LOGICAL_RULES}
     leaves = jax.tree_util.tree_leaves_with_path(abstract, is_leaf=is_box)
     assert len(leaves) > 20
@@ -83,7 +93,8 @@ def test_every_parameter_has_a_logical_spec(scan_layers):
 def test_init_sharded_splits_kernels_across_devices():
     model = BertForPreTraining(CFG)
     mesh = sharding.make_mesh((2, 1, 4))
-    params, shardings = sharding.init_sharded(model, mesh, jax.random.PRNGKey(0), SHAPES)
+    factory = steps.make_state(_init_params(model), None, mesh)
+    params, shardings = factory.init(jax.random.key(0)).params, factory.shardings.params
     assert jax.tree.structure(params) == jax.tree.structure(shardings)
     layer = params["bert"]["encoder"]["layer_0"]
     query = layer["attention"]["query"]["kernel"]  # [H, N, D] = [64, 4, 16]
@@ -96,18 +107,15 @@ def test_init_sharded_splits_kernels_across_devices():
     shards = [np.asarray(s.data) for s in query.addressable_shards if s.index[0] == slice(None)]
     assert not np.array_equal(shards[0], shards[1])
 
-    # The same recipe by hand on an fsdp mesh, to look at the compiled program: each device
-    # only writes its shards, a fraction of the model.
+    # On an fsdp mesh, look at the compiled program: each device only writes its shards, a
+    # fraction of the model.
     mesh = sharding.make_mesh((1, 2, 4))
-    abstract = sharding.abstract_init(model, jax.random.PRNGKey(0), SHAPES)
-    init = jax.jit(
-        lambda k: nn.meta.unbox(model.init(k, jnp.zeros((BATCH, SEQ), jnp.int32))["params"]),
-        out_shardings=sharding.logical_shardings(abstract, mesh),
-    )
+    abstract = _boxed_abstract(model)
+    factory = steps.make_state(_init_params(model), None, mesh)
     with jax.set_mesh(mesh):
-        compiled = init.lower(jax.random.PRNGKey(0)).compile()
+        compiled = factory.init.lower(jax.random.key(0)).compile()
     assert compiled.memory_analysis().output_size_in_bytes < 0.5 * 4 * count_params(abstract)
-    params = compiled(jax.random.PRNGKey(0))
+    params = compiled(jax.random.key(0)).params
     query = params["bert"]["encoder"]["layer_0"]["attention"]["query"]["kernel"]
     assert {s.data.shape for s in query.addressable_shards} == {(32, 1, 16)}
     table = params["bert"]["embeddings"]["word_embeddings"]["embedding"]
@@ -130,7 +138,7 @@ def _outputs_and_grads(params, ids, types, mask, positions):
 
 def test_sharded_forward_and_grads_equal_single_device():
     batch = _batch()
-    boxed = sharding.abstract_init(BertForPreTraining(CFG), jax.random.PRNGKey(0), SHAPES)
+    boxed = _boxed_abstract(BertForPreTraining(CFG))
     # Random values everywhere (LayerNorm included) make every parameter matter.
     rng = np.random.default_rng(1)
     params = jax.tree.map(
@@ -162,7 +170,7 @@ def test_sharded_forward_and_grads_equal_single_device():
 
 def test_logical_shardings_cover_optimizer_state():
     mesh = sharding.make_mesh((1, 2, 4))
-    abstract = sharding.abstract_init(BertForPreTraining(CFG), jax.random.PRNGKey(0), SHAPES)
+    abstract = _boxed_abstract(BertForPreTraining(CFG))
     opt_state = jax.eval_shape(optax.adamw(1e-3).init, abstract)
     shardings = sharding.logical_shardings(opt_state, mesh)
     mu = shardings[0].mu["bert"]["encoder"]["layer_0"]["mlp"]["intermediate"]["kernel"]

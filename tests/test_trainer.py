@@ -17,7 +17,8 @@ from synthetic_corpus import write_corpus
 
 import bertjax
 from bertjax import data as data_lib
-from bertjax import trainer
+from bertjax import steps, trainer
+from bertjax.settings import ConfigError, PretrainSettings
 from configs import tiny
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -63,6 +64,15 @@ def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDic
             target = target[parent]
         target[leaf] = value
     return config
+
+
+def train(config: ml_collections.ConfigDict, workdir) -> dict:
+    """What train.py does with a config: read it into settings, then run."""
+    return trainer.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
+
+
+def masking(config: ml_collections.ConfigDict):
+    return PretrainSettings.from_config(config).data.masking
 
 
 def cli_args(config_overrides: dict, workdir: pathlib.Path) -> list[str]:
@@ -129,7 +139,7 @@ def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
     )
     config.optimizer.learning_rate = 2e-3
     config.optimizer.warmup_steps = 30
-    result = trainer.train_and_evaluate(config, str(workdir))
+    result = train(config, str(workdir))
 
     # Baseline: always predicting the most frequent masked token.
     loader = data_lib.make_loader(
@@ -139,7 +149,7 @@ def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
         shuffle=False,
         num_epochs=1,
         seed=config.seed,
-        masking=trainer.masking_settings_from(config),
+        masking=masking(config),
     )
     ids = np.concatenate([b["masked_lm_ids"][b["masked_lm_weights"] > 0] for b in loader])
     most_common_frequency = np.bincount(ids).max() / ids.size
@@ -181,7 +191,7 @@ def test_the_default_run_prepares_the_demo_corpus_itself(tmp_path):
     config.optimizer.warmup_steps = 1
     config.eval_every_steps = config.checkpoint_every_steps = 2
     config.eval_batches = 1
-    result = trainer.train_and_evaluate(config, str(tmp_path / "run"))
+    result = train(config, str(tmp_path / "run"))
     manifest = data_lib.read_manifest(tmp_path / "run" / "data")
     assert manifest["splits"]["train"]["num_instances"] > 1000
     assert list((tmp_path / "run" / "corpus").iterdir())
@@ -338,19 +348,20 @@ def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
 def _one_step(data_dir, config, spoil=None):
     """(params before, params after, metrics) of one train step; `spoil` edits the params first."""
     tokenizer = bertjax.Tokenizer.load(data_dir / "tokenizer.model")
-    setup = trainer.build(config, trainer.model_config_from(config, tokenizer.vocab_size))
+    settings = PretrainSettings.from_config(config)
+    setup = steps.build_pretraining(settings, settings.model_config(tokenizer.vocab_size))
     loader = data_lib.make_loader(
         data_dir,
         batch_size=config.batch_size,
         seed=0,
-        masking=trainer.masking_settings_from(config),
+        masking=masking(config),
     )
     with jax.set_mesh(setup.mesh):
-        state = setup.init_state(jax.random.key(0))
+        state = setup.state.init(jax.random.key(0))
         if spoil is not None:
             state = state.replace(params=spoil(state.params))
         before = jax.device_get(state.params)
-        batch = trainer.global_batch(next(loader), setup.batch_sharding, 1)
+        batch = steps.global_batch(next(loader), setup.batch_sharding, 1)
         state, metrics = setup.train_step(state, batch, jax.random.key(1))
     return before, jax.device_get(state.params), jax.device_get(metrics)
 
@@ -398,7 +409,7 @@ def test_token_packing_trains_like_the_padded_step(short_data_dir):
         short_data_dir,
         batch_size=config.batch_size,
         seed=0,
-        masking=trainer.masking_settings_from(config),
+        masking=masking(config),
     )
     mask = next(loader)["input_mask"]
     groups = jax.device_count()  # the default mesh puts every device on the batch
@@ -463,8 +474,8 @@ def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):
 )
 def test_impossible_configs_fail_naming_the_field(data_dir, tmp_path, overrides, field):
     config = make_config(data_dir, **overrides)
-    with pytest.raises(trainer.ConfigError, match=field.replace(".", r"\.")):
-        trainer.train_and_evaluate(config, str(tmp_path / "never"))
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        train(config, str(tmp_path / "never"))
     assert not (tmp_path / "never" / "checkpoints").exists()
 
 
@@ -475,7 +486,7 @@ def test_a_run_stops_naming_the_first_non_finite_step_and_never_saves_it(data_di
     config.optimizer.learning_rate = 1e30
     config.optimizer.warmup_steps = 0
     with pytest.raises(trainer.NonFiniteError, match=r"step 2\b"):
-        trainer.train_and_evaluate(config, str(tmp_path / "run"))
+        train(config, str(tmp_path / "run"))
     saved = sorted(
         int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()
     )
@@ -484,7 +495,7 @@ def test_a_run_stops_naming_the_first_non_finite_step_and_never_saves_it(data_di
 
 def test_resuming_with_data_of_another_tokenizer_is_rejected(data_dir, tmp_path):
     workdir = tmp_path / "run"
-    trainer.train_and_evaluate(
+    train(
         make_config(
             data_dir, num_train_steps=2, checkpoint_every_steps=2, **{"optimizer.warmup_steps": 1}
         ),
@@ -501,18 +512,18 @@ def test_resuming_with_data_of_another_tokenizer_is_rejected(data_dir, tmp_path)
         workers=1,
     )
     config = make_config(other, num_train_steps=4, **{"optimizer.warmup_steps": 1})
-    with pytest.raises(trainer.ConfigError, match="tokenizer"):
-        trainer.train_and_evaluate(config, str(workdir))
+    with pytest.raises(ConfigError, match="tokenizer"):
+        train(config, str(workdir))
     # Another model shape on the same data: also a config error, and the checkpoint stays put.
     config = make_config(
         data_dir, num_train_steps=4, **{"optimizer.warmup_steps": 1, "model.preset": "mini"}
     )
-    with pytest.raises(trainer.ConfigError, match="hidden_size"):
-        trainer.train_and_evaluate(config, str(workdir))
+    with pytest.raises(ConfigError, match="hidden_size"):
+        train(config, str(workdir))
     assert (workdir / "checkpoints" / "2").is_dir()
 
 
 def test_prepared_data_with_another_sequence_length_is_rejected(data_dir, tmp_path):
     config = make_config(data_dir, **{"data.max_seq_length": 128})
     with pytest.raises(ValueError, match="max_seq_length"):
-        trainer.train_and_evaluate(config, str(tmp_path / "never"))
+        train(config, str(tmp_path / "never"))

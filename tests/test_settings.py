@@ -1,0 +1,136 @@
+"""Settings: the config is read once, each mistake fails in one line naming the field."""
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from flax import linen as nn
+
+from bertjax import settings as settings_lib
+from bertjax import sharding
+from bertjax.settings import ConfigError, PretrainSettings
+from configs import default, tiny
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_settings_are_typed_and_frozen():
+    config = tiny.get_config()
+    settings = PretrainSettings.from_config(config)
+    assert settings.model.num_layers == 2 and settings.model.hidden_size == 128
+    assert settings.data.masking.max_predictions_per_seq == config.data.max_predictions_per_seq
+    assert settings.optimizer.total_steps == config.num_train_steps
+    assert settings.run.micro_batch_size == config.batch_size // config.grad_accum_steps
+    assert settings.data.inputs == ()
+    with pytest.raises(AttributeError):
+        settings.run.batch_size = 1  # frozen
+    # The tokenizer's vocabulary completes the architecture.
+    assert settings.model_config(1234).vocab_size == 1234
+
+
+def test_comma_separated_inputs_become_a_tuple(tmp_path):
+    for name in ("a.txt", "b.txt"):
+        (tmp_path / name).write_text("x\n")
+    config = tiny.get_config()
+    config.data.input = f" {tmp_path / 'a.txt'} , {tmp_path / 'b.txt'},"
+    assert PretrainSettings.from_config(config).data.inputs == (
+        str(tmp_path / "a.txt"),
+        str(tmp_path / "b.txt"),
+    )
+
+
+def test_a_vocabulary_that_the_tokenizer_does_not_have_is_named():
+    config = tiny.get_config()
+    config.model.vocab_size = 123
+    settings = PretrainSettings.from_config(config)
+    with pytest.raises(ConfigError, match=r"config\.model\.vocab_size=123 .* 4000"):
+        settings.model_config(4000)
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, model, dimension, axis",
+    [
+        ((1, 1, 8), {}, "model.num_heads=2", "tensor"),  # tiny has 2 heads
+        ((1, 8, 1), {"hidden_size": 36, "num_heads": 2}, "model.hidden_size=36", "fsdp"),
+        (
+            (1, 1, 8),
+            {"num_heads": 8, "intermediate_size": 100},
+            "model.intermediate_size=100",
+            "tensor",
+        ),
+    ],
+)
+def test_a_mesh_that_does_not_divide_the_model_fails_naming_both(
+    mesh_shape, model, dimension, axis
+):
+    config = tiny.get_config()
+    config.mesh_shape = mesh_shape
+    config.batch_size = 64
+    for key, value in model.items():
+        config.model[key] = value
+    with pytest.raises(ConfigError, match=rf"config\.mesh_shape=.*{dimension}.*'{axis}'"):
+        PretrainSettings.from_config(config)
+
+
+def test_a_sharded_vocabulary_is_checked_when_the_tokenizer_is_known():
+    config = tiny.get_config()
+    settings = PretrainSettings.from_config(config)
+    mesh = sharding.make_mesh((4, 2, 1))
+    settings_lib.check_mesh_fits(settings.model_config(4000), mesh)  # vocab is not sharded
+    # Were the vocabulary sharded over fsdp, an odd size would be named.
+    rules = ((sharding.VOCAB, sharding.FSDP), *sharding.LOGICAL_RULES)
+    with nn.logical_axis_rules(rules):
+        with pytest.raises(ConfigError, match=r"model\.vocab_size=4001"):
+            settings_lib.check_mesh_fits(settings.model_config(4001), mesh)
+
+
+def test_misspelt_fields_get_a_suggestion():
+    config = default.get_config()
+    assert settings_lib.suggest_field(config, "optimizer.learnig_rate") == "optimizer.learning_rate"
+    assert settings_lib.suggest_field(config, "data.max_seq_len") == "data.max_seq_length"
+    assert settings_lib.suggest_field(config, "zzz") is None
+
+
+def test_no_module_below_the_settings_takes_a_config_dict():
+    readers = [
+        path.relative_to(REPO).as_posix()
+        for path in (REPO / "bertjax").rglob("*.py")
+        if "ConfigDict" in path.read_text()
+    ]
+    assert readers == ["bertjax/settings.py"]
+
+
+def _train_cli(*args: str, cwd) -> subprocess.CompletedProcess:
+    env = dict(
+        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"
+    )
+    return subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--workdir", str(cwd / "run"), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=cwd,
+    )
+
+
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        ("--config.foo=1", "error: config.foo is not a field of"),
+        (
+            "--config.optimizer.learnig_rate=0.1",
+            "did you mean config.optimizer.learning_rate?",
+        ),
+        ("--config.num_train_steps=0", "error: config.num_train_steps=0: must be a positive"),
+    ],
+)
+def test_the_command_line_reports_a_bad_config_in_one_line(tmp_path, flag, expected):
+    completed = _train_cli(flag, cwd=tmp_path)
+    assert completed.returncode != 0
+    assert expected in completed.stderr
+    assert "Traceback" not in completed.stderr, completed.stderr
+    assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
+    assert not (tmp_path / "run").exists()
