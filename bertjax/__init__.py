@@ -1,10 +1,13 @@
 """bertjax: BERT pretraining (masked LM + next-sentence prediction) in JAX.
 
-The public API: the model and its config, the tokenizer, and `load` to open a training
-run's checkpoint in a notebook. Data preparation lives in `bertjax.data`, Hugging Face
-interop in `bertjax.hf` (needs the `hf` extra), training in `bertjax.trainer`.
+The public API: the model and its config, the tokenizer, `Model` to use a trained model
+(fill-mask, embeddings; from a run, an export or a Hugging Face directory) and `load` to
+open a training run's checkpoint as (config, params, tokenizer). Data preparation lives in
+`bertjax.data`, Hugging Face interop in `bertjax.hf` (needs the `hf` extra), training in
+`bertjax.trainer`.
 """
 
+from bertjax.inference import Model
 from bertjax.model import PRESETS, BertConfig, BertForPreTraining, BertModel, BertOutput
 from bertjax.tokenizer import Tokenizer
 from bertjax.workdir import load
@@ -15,6 +18,7 @@ __all__ = [
     "BertForPreTraining",
     "BertModel",
     "BertOutput",
+    "Model",
     "Tokenizer",
     "load",
 ]

@@ -1,0 +1,722 @@
+"""Use a trained BERT: fill-mask, text embeddings and model inputs, from text.
+
+`Model.load(path)` opens a bertjax work directory (its latest checkpoint, or `step=`), a
+directory written by `bertjax.hf.save` or `Model.save_hf`, or a Hugging Face BERT directory
+(config.json, model.safetensors or pytorch_model.bin, and tokenizer.json or vocab.txt)::
+
+    m = bertjax.Model.load("runs/tiny")
+    m.fill_mask("The [MASK] statement handles exceptions.")  # transformers' pipeline format
+    m.embed(["first text", "second text"])                    # numpy [2, hidden]
+    m.encode(["a question"], text_pairs=["a passage"])        # google's feature names
+
+Batching: texts are sorted by length and cut into batches of `batch_size`; each batch is
+padded to a bucket, its length to a power of two up to the model's position limit and its
+rows to a power of two up to `batch_size`, so each bucket compiles once and every later
+batch of that shape reuses it. With a mesh, batches are split over its (data, fsdp) axes and
+parameters laid out by the model's logical axis rules; without one, everything runs on the
+first device. Calls over many texts show a progress bar.
+
+Input mistakes raise InferenceError with one message naming the text and what is wrong;
+texts longer than the model's positions are cut, with a TruncationWarning naming the limit.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import logging
+import os
+import pathlib
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm.auto
+from jax.experimental import multihost_utils
+
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import hf
+from bertjax import sharding as sharding_lib
+from bertjax import workdir as workdir_lib
+from bertjax.data import storage
+from bertjax.data.sentences import split_sentences
+from bertjax.model import BertConfig, BertForPreTraining, BertModel
+from bertjax.tokenizer import MASK, SentencePieceTokenizer, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+POOLINGS = ("mean", "cls", "pooler")
+# The shortest length bucket: shorter batches would compile more shapes for no gain.
+MIN_LENGTH_BUCKET = 8
+# Calls over at least this many texts show a progress bar (when `progress` is None).
+PROGRESS_MIN_TEXTS = 2048
+
+
+class InferenceError(ValueError):
+    """Input, or a directory, that inference cannot use; the message says what and why."""
+
+
+class TruncationWarning(UserWarning):
+    """Some texts were longer than the model's positions and were cut."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Example:
+    """One model input: token ids with [CLS]/[SEP], and their segment ids."""
+
+    ids: list[int]
+    segments: list[int]
+
+
+def _next_power_of_two(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def _round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+class Model:
+    """A BERT with its tokenizer, ready for inference; see the module docstring.
+
+    Build one with `Model.load(path)` or from pieces in memory: `Model(config, params,
+    tokenizer)`, where params is BertForPreTraining's tree (plain or boxed, on the host or on
+    devices). `dtype` overrides the compute dtype (e.g. "float32" for a model trained in
+    bfloat16). `mesh` spreads batches and parameters over devices.
+    """
+
+    def __init__(
+        self,
+        config: BertConfig,
+        params: Any,
+        tokenizer: Tokenizer,
+        *,
+        mesh: jax.sharding.Mesh | None = None,
+        batch_size: int = 32,
+        dtype: str | None = None,
+        progress: bool | None = None,
+        source: str = "memory",
+        fresh_heads: Sequence[str] = (),
+    ):
+        try:
+            hf.check_vocab(config, tokenizer, source)
+        except ValueError as err:
+            raise InferenceError(str(err)) from None
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise InferenceError(f"batch_size={batch_size!r} is invalid: must be an int >= 1")
+        self.config = config
+        self.tokenizer = tokenizer
+        self.mesh = mesh
+        self.progress = progress
+        self.source = source
+        # Parameter groups the checkpoint did not have (freshly initialised by hf.load).
+        self.fresh_heads = tuple(fresh_heads)
+        # Inference never needs rematerialisation; the compute dtype may be overridden.
+        self._run_config = dataclasses.replace(
+            config, dtype=dtype or config.dtype, remat_policy="none"
+        )
+        self._rows_multiple = 1 if mesh is None else sharding_lib.data_parallel_size(mesh)
+        # Without a mesh, everything runs on this one device.
+        self._device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+        self.batch_size = _round_up(batch_size, self._rows_multiple)
+        self.params = self._place(params)
+        self._functions: dict[tuple, Callable] = {}
+
+    # ------------------------------------------------------------------------------------
+    # Loading and saving
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        step: int | None = None,
+        *,
+        mesh: jax.sharding.Mesh | None = None,
+        batch_size: int = 32,
+        dtype: str | None = None,
+        progress: bool | None = None,
+    ) -> Model:
+        """Opens a bertjax work directory, a bertjax export or a Hugging Face BERT directory.
+
+        `step` picks a checkpoint of a work directory (default: the latest readable one).
+        """
+        path = pathlib.Path(path)
+        options = dict(mesh=mesh, batch_size=batch_size, dtype=dtype, progress=progress)
+        if not path.exists():
+            raise InferenceError(f"{path} does not exist")
+        if (path / workdir_lib.CHECKPOINT_DIR).is_dir():
+            return cls._load_workdir(path, step, options)
+        if (path / hf.CONFIG_NAME).is_file():
+            if step is not None:
+                raise InferenceError(
+                    f"step={step} applies to bertjax work directories; {path} is a Hugging Face "
+                    "directory with a single set of weights"
+                )
+            return cls._load_hf(path, options)
+        raise InferenceError(
+            f"{path} is neither a bertjax work directory (expected {workdir_lib.CHECKPOINT_DIR}/ "
+            f"with checkpoints and {workdir_lib.TOKENIZER_COPY}) nor a Hugging Face BERT "
+            f"directory (expected {hf.CONFIG_NAME}, {hf.SAFE_WEIGHTS_NAME} or "
+            f"{hf.TORCH_WEIGHTS_NAME}, and tokenizer.json or vocab.txt)"
+        )
+
+    @classmethod
+    def _load_workdir(cls, path: pathlib.Path, step: int | None, options: dict) -> Model:
+        checkpoints = path / workdir_lib.CHECKPOINT_DIR
+        tokenizer_file = path / workdir_lib.TOKENIZER_COPY
+        try:
+            # The small meta item first: a tokenizer mismatch is found before any array is read.
+            meta = checkpoint_lib.read_meta(checkpoints, step=step)
+            if not tokenizer_file.is_file():
+                raise InferenceError(
+                    f"{path} has checkpoints but no {workdir_lib.TOKENIZER_COPY} beside them; "
+                    "copy the tokenizer of the data it was trained on there"
+                )
+            tokenizer = SentencePieceTokenizer.load(tokenizer_file)
+            config = BertConfig.from_dict(meta["model_config"])
+            trained_with = meta["tokenizer_fingerprint"]
+            if trained_with != tokenizer.fingerprint or config.vocab_size != tokenizer.vocab_size:
+                raise InferenceError(
+                    f"{path}: the checkpoint was trained with tokenizer {trained_with[:12]} "
+                    f"({config.vocab_size} pieces), but {tokenizer_file} is "
+                    f"{tokenizer.fingerprint[:12]} ({tokenizer.vocab_size} pieces): its "
+                    "vocabulary does not match the checkpoint's; put the training data's "
+                    f"tokenizer.model there"
+                )
+            restored_step, params, _ = checkpoint_lib.restore_params(checkpoints, step=step)
+        except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
+            raise InferenceError(str(err)) from None
+        return cls(config, params, tokenizer, source=f"{path} step {restored_step}", **options)
+
+    @classmethod
+    def _load_hf(cls, path: pathlib.Path, options: dict) -> Model:
+        overrides = {"dtype": options.pop("dtype")} if options.get("dtype") else {}
+        try:
+            tokenizer = hf.load_tokenizer(path)
+        except FileNotFoundError:
+            raise InferenceError(
+                f"{path} has a model but no tokenizer: expected tokenizer.json, vocab.txt or "
+                "tokenizer.model beside config.json"
+            ) from None
+        except ValueError as err:
+            raise InferenceError(str(err)) from None
+        try:
+            config, params, report = hf.load_with_report(path, **overrides)
+        except (ValueError, FileNotFoundError, ImportError) as err:
+            raise InferenceError(str(err)) from None
+        fresh = {name.split("/")[0] for name in report.initialized}
+        if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
+            fresh = (fresh - {"bert"}) | {"pooler"}
+        return cls(
+            config, params, tokenizer, source=str(path), fresh_heads=sorted(fresh), **options
+        )
+
+    def save_hf(self, directory: str | os.PathLike) -> None:
+        """Writes a transformers directory: weights, config.json and the tokenizer files."""
+        hf.save(self.config, self.params, directory, tokenizer=self.tokenizer)
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (
+            f"Model(BERT L{c.num_layers}/H{c.hidden_size}/A{c.num_heads}, "
+            f"{self.tokenizer.kind} vocabulary of {self.tokenizer.vocab_size}, from {self.source})"
+        )
+
+    # ------------------------------------------------------------------------------------
+    # What users call
+
+    def encode(
+        self,
+        texts: str | Sequence[str],
+        text_pairs: str | Sequence[str] | None = None,
+        max_length: int | None = None,
+    ) -> dict[str, np.ndarray]:
+        """The model's inputs for texts (and pairs): int32 [n, longest] arrays.
+
+        input_ids ([CLS] A [SEP], or [CLS] A [SEP] B [SEP]), input_mask and segment_ids,
+        google-research/bert's names. Pairs longer than max_length (default: the model's
+        positions) lose tokens from the longer text first, as google's run_classifier.py.
+        """
+        texts = _as_texts(texts, "texts")
+        pairs = None if text_pairs is None else _as_texts(text_pairs, "text_pairs")
+        if pairs is not None and len(pairs) != len(texts):
+            raise InferenceError(
+                f"text_pairs has {len(pairs)} texts but texts has {len(texts)}; give one pair "
+                "per text"
+            )
+        examples = self._examples(texts, pairs, max_length)
+        longest = max(len(e.ids) for e in examples)
+        out = {
+            name: np.zeros((len(examples), longest), np.int32)
+            for name in ("input_ids", "input_mask", "segment_ids")
+        }
+        for row, example in enumerate(examples):
+            n = len(example.ids)
+            out["input_ids"][row, :n] = example.ids
+            out["input_mask"][row, :n] = 1
+            out["segment_ids"][row, :n] = example.segments
+        return out
+
+    def fill_mask(self, text_or_texts: str | Sequence[str], top_k: int = 5) -> list:
+        """The top_k predictions for each [MASK] written in the text(s).
+
+        Shaped like transformers' fill-mask pipeline: for one text with one [MASK], a list of
+        {"score", "token", "token_str", "sequence"}; with several [MASK]s, one such list per
+        mask; for a list of texts, a list of those.
+        """
+        if "mlm_head" in self.fresh_heads:
+            raise InferenceError(
+                f"{self.source} has no masked-LM head (cls.predictions.* in transformers' "
+                "names), so it cannot fill masks; embed and encode work"
+            )
+        single = isinstance(text_or_texts, str)
+        texts = _as_texts(text_or_texts, "text_or_texts")
+        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+            raise InferenceError(f"top_k={top_k!r} is invalid: must be an int >= 1")
+        top_k = min(top_k, self.tokenizer.vocab_size)
+        examples = self._examples(texts, None, None, mask_checked=True)
+        results = []
+        predictions = self._predict_masks([e.ids for e in examples], top_k)
+        for example, (positions, scores, ids) in zip(examples, predictions):
+            one_mask = len(positions) == 1
+            per_mask = []
+            for position, mask_scores, mask_ids in zip(positions, scores, ids):
+                row = []
+                for score, token in zip(mask_scores.tolist(), mask_ids.tolist()):
+                    filled = list(example.ids)
+                    filled[position] = token
+                    row.append(
+                        {
+                            "score": score,
+                            "token": token,
+                            "token_str": self.tokenizer.decode([token]),
+                            # As the pipeline: with several masks the others stay visible.
+                            "sequence": self.tokenizer.decode(filled, skip_special=one_mask),
+                        }
+                    )
+                per_mask.append(row)
+            results.append(per_mask[0] if one_mask else per_mask)
+        return results[0] if single else results
+
+    def embed(
+        self, texts: str | Sequence[str], pooling: str = "mean", normalize: bool = False
+    ) -> np.ndarray:
+        """One float32 vector per text, [n, hidden].
+
+        pooling: "mean" of the encoder's outputs over the text's tokens ([CLS] and [SEP]
+        included, padding not), "cls" the output at [CLS], "pooler" BERT's tanh pooler on it.
+        normalize: scale each vector to unit length.
+        """
+        if pooling not in POOLINGS:
+            raise InferenceError(f"pooling={pooling!r} is invalid: choose one of {POOLINGS}")
+        if pooling == "pooler" and "pooler" in self.fresh_heads:
+            raise InferenceError(
+                f"{self.source} has no pooler weights (bert.pooler.* in transformers' names); "
+                "use pooling='mean' or 'cls'"
+            )
+        texts = _as_texts(texts, "texts")
+        examples = self._examples(texts, None, None)
+        function = self._function("embed", pooling=pooling, normalize=bool(normalize))
+        out = np.zeros((len(examples), self.config.hidden_size), np.float32)
+        for rows, vectors in self._run(function, [_features(e) for e in examples]):
+            out[rows] = vectors
+        return out
+
+    # ------------------------------------------------------------------------------------
+    # Text to examples
+
+    def _examples(
+        self,
+        texts: list[str],
+        pairs: list[str] | None,
+        max_length: int | None,
+        mask_checked: bool = False,
+    ) -> list[_Example]:
+        limit = self.config.max_position_embeddings
+        if max_length is None:
+            max_length = limit
+        needed = 2 if pairs is None else 3
+        if isinstance(max_length, bool) or not isinstance(max_length, int):
+            raise InferenceError(f"max_length={max_length!r} is invalid: must be an int")
+        if not needed < max_length <= limit:
+            raise InferenceError(
+                f"max_length={max_length} is invalid: must be in [{needed + 1}, {limit}] (the "
+                f"model has {limit} positions; {needed} go to [CLS] and [SEP])"
+            )
+        first = self._token_ids(texts, "text")
+        second = None if pairs is None else self._token_ids(pairs, "text pair")
+        if mask_checked:
+            for i, ids in enumerate(first):
+                if self.tokenizer.mask_id not in ids:
+                    raise InferenceError(
+                        f"{_which(i, len(texts), 'text')} has no {MASK}: write {MASK} where a "
+                        f"token should be predicted, e.g. 'Paris is the {MASK} of France.'"
+                    )
+        cls_id, sep_id = self.tokenizer.cls_id, self.tokenizer.sep_id
+        examples, cut = [], []
+        for i, a in enumerate(first):
+            if second is None:
+                kept_a, kept_b = a[: max_length - 2], None
+            else:
+                kept_a, kept_b = _truncate_pair(a, second[i], max_length - 3)
+            if len(kept_a) < len(a) or (kept_b is not None and len(kept_b) < len(second[i])):
+                cut.append(i)
+            ids = [cls_id, *kept_a, sep_id]
+            segments = [0] * len(ids)
+            if kept_b is not None:
+                ids += [*kept_b, sep_id]
+                segments += [1] * (len(kept_b) + 1)
+            if mask_checked and self.tokenizer.mask_id not in ids:
+                raise InferenceError(
+                    f"{_which(i, len(texts), 'text')} has its {MASK} beyond the model's "
+                    f"{max_length} positions; shorten the text before the {MASK}"
+                )
+            examples.append(_Example(ids, segments))
+        if cut:
+            what = _which(cut[0], len(texts), "text")
+            if len(cut) > 1:
+                what = f"{len(cut)} of {len(texts)} texts (the first: {what}) are"
+            else:
+                what += " is"
+            warnings.warn(
+                f"{what} longer than the limit of {max_length} tokens ([CLS] and [SEP] "
+                f"included; the model has {limit} positions) and cut to it",
+                TruncationWarning,
+                stacklevel=3,
+            )
+        return examples
+
+    def _token_ids(self, texts: list[str], what: str) -> list[list[int]]:
+        for i, text in enumerate(texts):
+            if not text.strip():
+                raise InferenceError(
+                    f"{_which(i, len(texts), what)} is empty; every text needs some words"
+                )
+        encoded = self.tokenizer.encode_batch(texts, special_tokens_in_text=True)
+        for i, ids in enumerate(encoded):
+            if not ids:
+                raise InferenceError(
+                    f"{_which(i, len(texts), what)} ({texts[i][:40]!r}) has no tokens: the "
+                    "tokenizer drops all of it (control characters only?)"
+                )
+        return encoded
+
+    # ------------------------------------------------------------------------------------
+    # Running the model
+
+    def _predict_masks(
+        self, sequences: list[list[int]], top_k: int
+    ) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
+        """For token id sequences holding [MASK]s: per sequence, the mask positions and the
+        top_k scores [masks, top_k] and ids [masks, top_k] at them."""
+        mask_id = self.tokenizer.mask_id
+        positions = [[p for p, t in enumerate(ids) if t == mask_id] for ids in sequences]
+        features = [
+            {**_features(_Example(ids, [0] * len(ids))), "masked_lm_positions": np.asarray(p)}
+            for ids, p in zip(sequences, positions)
+        ]
+        function = self._function("fill_mask", top_k=top_k)
+        scores: list[Any] = [None] * len(sequences)
+        ids_out: list[Any] = [None] * len(sequences)
+        for rows, (batch_scores, batch_ids) in self._run(function, features):
+            for row, s, t in zip(rows, batch_scores, batch_ids):
+                count = len(positions[row])
+                scores[row], ids_out[row] = s[:count], t[:count]
+        return list(zip(positions, scores, ids_out))
+
+    def _function(self, kind: str, **static) -> Callable:
+        """The jitted function for a task, made once; jit then compiles once per bucket."""
+        key = (kind, *sorted(static.items()))
+        if key not in self._functions:
+            make = {"fill_mask": self._fill_mask_function, "embed": self._embed_function}[kind]
+            self._functions[key] = jax.jit(make(**static))
+        return self._functions[key]
+
+    def _fill_mask_function(self, top_k: int) -> Callable:
+        config = self._run_config
+        # Ids past the tokenizer's pieces (a vocabulary padded to a multiple of 8) are
+        # never proposed; the softmax still spans every row, as transformers computes it.
+        usable = self.tokenizer.vocab_size
+
+        def fill_mask(params, batch):
+            out = BertForPreTraining(config).apply(
+                {"params": params},
+                batch["input_ids"],
+                batch["segment_ids"],
+                batch["input_mask"],
+                batch["masked_lm_positions"],
+                deterministic=True,
+            )
+            probs = jax.nn.softmax(out.mlm_logits, axis=-1)  # [b, p, v] float32
+            if usable < config.vocab_size:
+                probs = jnp.where(jnp.arange(config.vocab_size) < usable, probs, -1.0)
+            return jax.lax.top_k(probs, top_k)  # [b, p, k] scores, [b, p, k] ids
+
+        return fill_mask
+
+    def _embed_function(self, pooling: str, normalize: bool) -> Callable:
+        config = self._run_config
+
+        def embed(params, batch):
+            sequence, pooled = BertModel(config).apply(
+                {"params": params["bert"]},
+                batch["input_ids"],
+                batch["segment_ids"],
+                batch["input_mask"],
+                deterministic=True,
+            )  # [b, s, h], [b, h]
+            if pooling == "cls":
+                vectors = sequence[:, 0].astype(jnp.float32)  # [b, h]
+            elif pooling == "pooler":
+                vectors = pooled.astype(jnp.float32)
+            else:
+                mask = batch["input_mask"][..., None].astype(jnp.float32)  # [b, s, 1]
+                total = jnp.sum(sequence.astype(jnp.float32) * mask, axis=1)  # [b, h]
+                vectors = total / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+            if normalize:
+                norm = jnp.linalg.norm(vectors, axis=-1, keepdims=True)  # [b, 1]
+                vectors = vectors / jnp.maximum(norm, 1e-12)
+            return vectors
+
+        return embed
+
+    def _run(self, function: Callable, features: list[dict[str, np.ndarray]]) -> Iterator:
+        """Yields (rows, outputs) per batch: the rows of `features` and numpy outputs for them.
+
+        Batches are dispatched one ahead of reading their results back, so the host builds
+        the next batch while the device computes.
+        """
+        pending: collections.deque = collections.deque()
+        show = self.progress if self.progress is not None else len(features) >= PROGRESS_MIN_TEXTS
+        bar = tqdm.auto.tqdm(
+            total=len(features),
+            unit="text",
+            leave=False,
+            disable=not show or jax.process_index() != 0,
+        )
+        try:
+            for rows in self._batches(features):
+                batch = _pad_batch([features[r] for r in rows], self._bucket(rows, features))
+                with self._context():  # the mesh, for the model's sharding constraints
+                    pending.append((rows, function(self.params, self._put(batch))))
+                if len(pending) > 1:
+                    rows_done, out = pending.popleft()
+                    yield rows_done, self._fetch(out, len(rows_done))
+                    bar.update(len(rows_done))
+            while pending:
+                rows_done, out = pending.popleft()
+                yield rows_done, self._fetch(out, len(rows_done))
+                bar.update(len(rows_done))
+        finally:
+            bar.close()
+
+    def _batches(self, features: list[dict[str, np.ndarray]]) -> Iterator[np.ndarray]:
+        """Row indices of each batch: longest texts first, so batches are of like lengths."""
+        lengths = np.asarray([len(f["input_ids"]) for f in features])
+        order = np.argsort(-lengths, kind="stable")
+        for start in range(0, len(order), self.batch_size):
+            yield order[start : start + self.batch_size]
+
+    def _bucket(self, rows: np.ndarray, features: list[dict[str, np.ndarray]]) -> dict[str, int]:
+        """The padded shape of a batch: powers of two (rows a multiple of the data axes)."""
+        longest = max(len(features[r]["input_ids"]) for r in rows)
+        length = min(
+            max(_next_power_of_two(longest), MIN_LENGTH_BUCKET), self.config.max_position_embeddings
+        )
+        count = _round_up(min(_next_power_of_two(len(rows)), self.batch_size), self._rows_multiple)
+        shape = {"rows": count, "length": length}
+        if "masked_lm_positions" in features[rows[0]]:
+            most = max(len(features[r]["masked_lm_positions"]) for r in rows)
+            shape["masks"] = _next_power_of_two(most)
+        return shape
+
+    def _context(self):
+        if self.mesh is None:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        stack.enter_context(jax.set_mesh(self.mesh))
+        stack.enter_context(nn.logical_axis_rules(sharding_lib.LOGICAL_RULES))
+        return stack
+
+    def _place(self, params: Any) -> Any:
+        """Parameters on this model's device(s): one device, or laid out on the mesh."""
+        params = nn.meta.unbox(params)
+        if isinstance(params, dict) and set(params) == {"params"}:
+            params = params["params"]
+        if self.mesh is None:
+            return jax.device_put(params, self._device)
+        model = BertForPreTraining(self._run_config)
+        abstract = sharding_lib.abstract_init(model, jax.random.key(0), {"input_ids": (1, 1)})
+        shardings = sharding_lib.logical_shardings(abstract, self.mesh)
+        return jax.device_put(params, shardings)
+
+    def _put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        if self.mesh is None:
+            return jax.device_put(batch, self._device)
+        rows = sharding_lib.batch_sharding(self.mesh)
+        # Every process holds the whole batch and hands over the pieces its devices keep.
+        return {
+            name: jax.make_array_from_callback(array.shape, rows, lambda index, a=array: a[index])
+            for name, array in batch.items()
+        }
+
+    def _fetch(self, out: Any, count: int) -> Any:
+        def one(x):
+            if not x.is_fully_addressable:
+                x = multihost_utils.process_allgather(x, tiled=True)
+            return np.asarray(x)[:count]
+
+        return jax.tree.map(one, out)
+
+
+# ----------------------------------------------------------------------------------------
+# Helpers
+
+
+def _as_texts(value: Any, name: str) -> list[str]:
+    """A str or a sequence of str as a non-empty list, or InferenceError saying what is wrong."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, (bytes, bytearray)):
+        raise InferenceError(f"{name} is bytes; decode it to str first (e.g. .decode('utf-8'))")
+    if not isinstance(value, Sequence):
+        raise InferenceError(f"{name} must be a str or a list of str, got {type(value).__name__}")
+    texts = list(value)
+    if not texts:
+        raise InferenceError(f"{name} is an empty list; give at least one text")
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InferenceError(f"{name}[{i}] is a {type(text).__name__}, not a str")
+    return texts
+
+
+def _which(index: int, count: int, what: str) -> str:
+    return f"the {what}" if count == 1 else f"{what} {index}"
+
+
+def _truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
+    """google-research/bert's _truncate_seq_pair: drop the longer text's last token until
+    both fit in `budget` (b's when they are as long)."""
+    a_len, b_len = len(a), len(b)
+    while a_len + b_len > budget:
+        if a_len > b_len:
+            a_len -= 1
+        else:
+            b_len -= 1
+    return a[:a_len], b[:b_len]
+
+
+def _features(example: _Example) -> dict[str, np.ndarray]:
+    return {
+        "input_ids": np.asarray(example.ids, np.int32),
+        "segment_ids": np.asarray(example.segments, np.int32),
+    }
+
+
+def _pad_batch(features: list[dict[str, np.ndarray]], shape: dict[str, int]) -> dict:
+    """Stacks examples into [rows, length] arrays (and [rows, masks] positions), zero-padded.
+
+    Padding rows are all zero: their outputs are computed and dropped.
+    """
+    rows, length = shape["rows"], shape["length"]
+    batch = {
+        "input_ids": np.zeros((rows, length), np.int32),
+        "input_mask": np.zeros((rows, length), np.int32),
+        "segment_ids": np.zeros((rows, length), np.int32),
+    }
+    for row, f in enumerate(features):
+        n = len(f["input_ids"])
+        batch["input_ids"][row, :n] = f["input_ids"]
+        batch["input_mask"][row, :n] = 1
+        batch["segment_ids"][row, :n] = f["segment_ids"]
+    if "masks" in shape:
+        positions = np.zeros((rows, shape["masks"]), np.int32)
+        for row, f in enumerate(features):
+            positions[row, : len(f["masked_lm_positions"])] = f["masked_lm_positions"]
+        batch["masked_lm_positions"] = positions
+    return batch
+
+
+# ----------------------------------------------------------------------------------------
+# What the trainer prints at the end of a run
+
+
+def held_out_texts(data_dir: str | os.PathLike, tokenizer: Tokenizer, count: int = 4) -> list[str]:
+    """The first sentence of the first `count` evaluation instances of a prepared directory.
+
+    The evaluation split holds documents the model was not trained on; each instance's
+    first segment is decoded and its first sentence kept.
+    """
+    manifest = storage.read_manifest(data_dir)
+    reader = storage.SplitReader(data_dir, "eval", manifest["splits"]["eval"]["shards"])
+    texts: list[str] = []
+    for i in range(len(reader)):
+        if len(texts) == count:
+            break
+        length = int(reader.length[i])
+        ids = reader.gather(np.asarray([i]), length)["input_ids"][0]  # [length]
+        first_sep = int(np.argmax(ids == tokenizer.sep_id))
+        sentences = split_sentences(tokenizer.decode(ids[1:first_sep], skip_special=True))
+        if sentences and len(sentences[0].split()) >= 4:
+            texts.append(sentences[0])
+    return texts
+
+
+def fill_mask_samples(
+    config: BertConfig,
+    params: Any,
+    tokenizer: Tokenizer,
+    texts: Sequence[str],
+    *,
+    top_k: int = 3,
+    mesh: jax.sharding.Mesh | None = None,
+) -> list[str]:
+    """Printable lines showing what a model predicts for a word hidden in each text.
+
+    A text without [MASK] gets one whole word masked: a one-piece word of letters near the
+    middle. Each line reads `<text with [MASK]>  ->  try 0.41 · for 0.12 · if 0.05  (was: with)`.
+    """
+    model = Model(config, params, tokenizer, mesh=mesh, progress=False)
+    sequences, answers = [], []
+    for ids in model._token_ids(list(texts), "text"):
+        ids = [tokenizer.cls_id, *ids[: config.max_position_embeddings - 2], tokenizer.sep_id]
+        answer = None
+        if tokenizer.mask_id not in ids:
+            position = _word_to_mask(ids, tokenizer)
+            answer = tokenizer.decode([ids[position]])
+            ids[position] = tokenizer.mask_id
+        sequences.append(ids)
+        answers.append(answer)
+    lines = []
+    for ids, answer, (_, scores, predicted) in zip(
+        sequences, answers, model._predict_masks(sequences, top_k)
+    ):
+        guesses = " · ".join(
+            f"{tokenizer.decode([t]).strip()} {s:.2f}" for s, t in zip(scores[0], predicted[0])
+        )
+        line = f"{tokenizer.decode(ids[1:-1])}  ->  {guesses}"
+        lines.append(line if answer is None else f"{line}  (was: {answer.strip()})")
+    return lines
+
+
+def _word_to_mask(ids: list[int], tokenizer: Tokenizer) -> int:
+    """The position of a one-piece word of letters nearest the middle (else the middle)."""
+    starts = tokenizer.is_word_start
+    inner = range(1, len(ids) - 1)
+    candidates = [
+        p
+        for p in inner
+        if starts[ids[p]]
+        and starts[ids[p + 1]]  # the next piece starts a word (or is [SEP])
+        and len(word := tokenizer.decode([ids[p]]).strip()) >= 3
+        and word.isalpha()
+    ]
+    middle = len(ids) // 2
+    if not candidates:
+        return min(inner, key=lambda p: abs(p - middle)) if len(ids) > 2 else 0
+    return min(candidates, key=lambda p: abs(p - middle))
