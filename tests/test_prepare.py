@@ -2,18 +2,24 @@
 
 import importlib
 import json
+import pathlib
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from bertjax.data import read_manifest
+from bertjax.data.corpus import InputReport, read_documents
+from bertjax.data.instances import InstanceSettings, create_instances, tokenize_documents
 from bertjax.data.storage import SplitReader, shard_paths, token_dtype
 from bertjax.tokenizer import Tokenizer
 
 # bertjax.data.prepare the attribute is the function; the module is reached by its name.
 prepare_lib = importlib.import_module("bertjax.data.prepare")
 NUM_DOCUMENTS = 240
+ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def write_corpus(path, num_documents=NUM_DOCUMENTS, seed=0):
@@ -162,3 +168,168 @@ def test_failed_prepare_leaves_no_manifest(tmp_path, prepared):
         prepare_lib.prepare([str(empty)], out, tokenizer_path=tokenizer, workers=1)
     with pytest.raises(FileNotFoundError, match="did not finish"):
         read_manifest(out)
+
+
+# ----------------------------------------------------------------------------- eval NSP pairs
+
+
+def nsp_pairs(data_dir, manifest, split, tokenizer, corpus):
+    """(label, document of A, document of B) of each instance of a split; a document is the
+    index of the one corpus document whose text holds the segment's decoded text."""
+    documents = corpus.read_text().strip().split("\n\n")
+    text = "\n".join(" ".join(document.split("\n")) for document in documents)
+    starts = np.cumsum([0] + [len(d) + 1 for d in documents])
+
+    def source(segment):
+        position = text.find(tokenizer.decode(segment, skip_special=True).strip())
+        assert position >= 0
+        return int(np.searchsorted(starts, position, side="right")) - 1
+
+    reader = SplitReader(data_dir, split, manifest["splits"][split]["shards"])
+    features = reader.gather(np.arange(len(reader)), manifest["max_seq_length"])
+    pairs = []
+    for ids, segments, mask, label in zip(
+        features["input_ids"],
+        features["segment_ids"],
+        features["input_mask"],
+        features["next_sentence_labels"],
+    ):
+        a, b = ids[(mask == 1) & (segments == 0)], ids[segments == 1]
+        pairs.append((int(label), source(a), source(b)))
+    return pairs
+
+
+def test_eval_random_next_segments_come_from_the_whole_eval_split(tmp_path, prepared):
+    """Chunks of about ten documents hold one eval document or none: drawing random next
+    segments within a chunk left eval with a label-1 rate of 0.44 against train's 0.83."""
+    root, _, _, _ = prepared
+    num_documents = 1000
+    corpus = write_corpus(tmp_path / "corpus.txt", num_documents=num_documents)
+    manifest = prepare_lib.prepare(
+        [str(corpus)],
+        tmp_path / "out",
+        tokenizer_path=root / "one" / "tokenizer.model",
+        workers=1,
+        max_seq_length=64,
+        max_predictions_per_seq=10,
+        eval_fraction=0.05,
+        dupe_factor=5,
+        seed=7,
+        chunk_mb=0.004,
+        verbose=False,
+    )
+    assert manifest["num_chunks"] > 80 and manifest["splits"]["eval"]["num_documents"] < 60
+    tokenizer = Tokenizer.load(root / "one" / "tokenizer.model")
+    labels = {
+        split: SplitReader(tmp_path / "out", split, manifest["splits"][split]["shards"]).label
+        for split in ("train", "eval")
+    }
+    rates = {split: labels[split].mean() for split in labels}
+    noise = np.sqrt(sum(rates[s] * (1 - rates[s]) / len(labels[s]) for s in labels))
+    assert len(labels["eval"]) > 800 and abs(rates["eval"] - rates["train"]) < 3 * noise, rates
+    eval_documents = {d for d in range(num_documents) if prepare_lib.is_eval_document(d, 7, 0.05)}
+    for label, a_document, b_document in nsp_pairs(
+        tmp_path / "out", manifest, "eval", tokenizer, corpus
+    ):
+        assert a_document in eval_documents and b_document in eval_documents
+        assert (a_document != b_document) == (label == 1)
+
+
+def test_train_instances_are_made_per_chunk_from_the_chunks_own_documents(tmp_path, prepared):
+    """Train shard k holds the instances of chunk k's train documents, drawn with seed (seed, k)."""
+    root, corpus, one, _ = prepared
+    tokenizer = Tokenizer.load(root / "one" / "tokenizer.model")
+    settings = InstanceSettings(max_seq_length=64)
+    chunks = prepare_lib._chunks(read_documents([corpus], InputReport()), 20_000, 7, 0.2)
+    shards = {s["name"]: s for s in one["splits"]["train"]["shards"]}
+    for index, parts, _ in chunks:
+        rng = np.random.default_rng([7, index, 0])
+        expected = create_instances(
+            tokenize_documents(parts["train"], tokenizer), settings, rng, 2, 3
+        )
+        tokens_path, index_path = shard_paths(root / "one", "train", f"shard-{index:05d}")
+        assert shards[f"shard-{index:05d}"]["num_instances"] == expected.num_instances
+        assert np.array_equal(np.load(tokens_path), expected.tokens)
+        layout = np.load(index_path)
+        assert np.array_equal(layout[:, 3], expected.next_sentence_labels)
+        assert np.array_equal(layout[:, 2], expected.segment_b_start)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def test_binary_files_are_skipped_and_the_text_is_prepared(tmp_path, prepared):
+    """Random bytes and an image beside the corpus: at a small vocabulary, prepare used to fail
+    in sentencepiece; now they are skipped and named, and the text is prepared."""
+    _, corpus, _, _ = prepared
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "corpus.txt").write_bytes(corpus.read_bytes())
+    rng = np.random.default_rng(1)
+    (inputs / "noise.bin").write_bytes(rng.bytes(200_000))
+    (inputs / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + rng.bytes(50_000))
+    manifest = prepare_lib.prepare(
+        [str(inputs)], tmp_path / "out", vocab_size=400, workers=1, seed=7, verbose=False
+    )
+    report = manifest["input_report"]
+    assert report["documents"] == NUM_DOCUMENTS and report["binary_files"] == 2
+    assert report["places"]["binary_files"] == [
+        f"{inputs / 'noise.bin'} (not UTF-8 text: 44% of the first 65536 bytes do not decode)",
+        f"{inputs / 'photo.png'} (a PNG image)",
+    ]
+    tokenizer = Tokenizer.load(tmp_path / "out" / "tokenizer.model")
+    pieces = [tokenizer.id_to_piece(i) for i in range(tokenizer.vocab_size)]
+    assert not [p for p in pieces if "\ufffd" in p]
+
+
+def test_vocabulary_too_large_for_the_corpus_says_the_largest_that_works(tmp_path):
+    corpus = write_corpus(tmp_path / "small.txt", num_documents=12)
+    with pytest.raises(ValueError) as failure:
+        prepare_lib.prepare([str(corpus)], tmp_path / "out", vocab_size=8000, workers=1)
+    message = str(failure.value)
+    match = re.fullmatch(
+        rf"vocab_size=8000 is too large for the corpus {re.escape(str(corpus))}: its text "
+        r"yields at most (\d+) pieces; use vocab_size <= (\d+), or more text\.",
+        message,
+    )
+    assert match and match.group(1) == match.group(2), message
+    largest = int(match.group(1))
+    manifest = prepare_lib.prepare(
+        [str(corpus)], tmp_path / "out", vocab_size=largest, workers=1, verbose=False
+    )
+    assert manifest["vocab_size"] == largest
+
+
+def test_vocabulary_too_small_for_the_characters_says_the_smallest_that_works(tmp_path):
+    rng = np.random.default_rng(0)
+    characters = np.array([chr(0x4E00 + i) for i in range(600)])
+    lines = ["".join(rng.choice(characters, size=30)) + "。" for _ in range(300)]
+    corpus = tmp_path / "cjk.txt"
+    corpus.write_text("\n\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError) as failure:
+        prepare_lib.prepare([str(corpus)], tmp_path / "out", vocab_size=320, workers=1)
+    match = re.fullmatch(
+        rf"vocab_size=320 is too small for the corpus {re.escape(str(corpus))}: covering its "
+        r"characters takes (\d+) pieces; use vocab_size >= (\d+)\.",
+        str(failure.value),
+    )
+    assert match and match.group(1) == match.group(2), str(failure.value)
+    smallest = int(match.group(1))
+    manifest = prepare_lib.prepare(
+        [str(corpus)], tmp_path / "out", vocab_size=smallest, workers=1, verbose=False
+    )
+    assert manifest["vocab_size"] == smallest
+
+
+def test_command_line_runs_without_warnings_and_fails_in_one_line(tmp_path):
+    corpus = write_corpus(tmp_path / "small.txt", num_documents=12)
+    command = [sys.executable, "-X", "warnings=default", "-m", "bertjax.data.prepare"]
+    args = ["--input", str(corpus), "--output", str(tmp_path / "out"), "--workers", "1"]
+    result = subprocess.run(
+        command + args + ["--vocab_size", "8000"], capture_output=True, text=True, cwd=ROOT
+    )
+    # runpy used to warn that bertjax.data had imported the module it was about to run.
+    assert "Warning" not in result.stdout + result.stderr, result.stderr
+    assert result.returncode == 1
+    assert result.stderr.startswith("error: vocab_size=8000 is too large for the corpus")
+    assert result.stderr.count("\n") == 1, result.stderr  # one line, no traceback

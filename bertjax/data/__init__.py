@@ -3,6 +3,9 @@
 from bertjax.data.demo_corpus import demo_corpus_path
 from bertjax.data.loader import Loader, make_loader
 from bertjax.data.masking import MaskingSettings, mask_batch
+
+# bertjax.data.prepare is a package whose __main__ is the command line: `python -m` runs that
+# submodule, which this import does not load (runpy warns when what it runs is already loaded).
 from bertjax.data.prepare import prepare
 from bertjax.data.storage import MANIFEST_FILE, TOKENIZER_FILE, read_manifest
 

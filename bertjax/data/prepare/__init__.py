@@ -4,14 +4,22 @@
 
 The parent process streams documents from the input and cuts them into chunks of about
 ``chunk_mb`` million characters; the cut depends only on the content, never on the worker
-count (a corpus of one chunk is done in the parent, without workers).
-Each chunk goes to a worker process that tokenizes it, creates instances with a seed drawn
-from ``(seed, chunk index)`` and writes its own shard. As google's tool draws "random next"
-segments from the documents of its input file set, ours draws them from the documents of
-the chunk (and of the same split). At most ``2 * workers`` chunks are in flight, so peak
-memory follows the chunk size, not the corpus size. The held-out split is chosen per
-document by a hash of (seed, document index), so no document is in both splits. The
-manifest is written last, under a temporary name then renamed: a directory without one was
+count (a corpus of one chunk is done in the parent, without workers). The held-out split is
+chosen per document by a hash of (seed, document index), so no document is in both splits.
+
+Each chunk's training documents go to a worker process that tokenizes them, creates instances
+with a seed drawn from ``(seed, chunk index)`` and writes its own shard. As google's tool draws
+"random next" segments from the documents of its input file set, ours draws them from the
+documents of the chunk. At most ``2 * workers`` chunks are in flight, so peak memory follows the
+chunk size, not the corpus size.
+
+The held-out documents stay in the parent and become instances together at the end, so that
+their random next segments come from the whole eval split: a chunk holds few eval documents
+(often one, which would leave it no random next segment at all), and drawing within chunks
+would skew the eval NSP labels against train's. This keeps the eval split (``eval_fraction``
+of the corpus) in memory.
+
+The manifest is written last, under a temporary name then renamed: a directory without one was
 never finished.
 """
 
@@ -24,8 +32,8 @@ import itertools
 import multiprocessing
 import os
 import pathlib
+import re
 import shutil
-import sys
 import time
 from collections.abc import Iterator, Sequence
 from concurrent import futures
@@ -46,7 +54,8 @@ from bertjax.data.storage import (
 from bertjax.tokenizer import MODEL_TYPES, Tokenizer, TokenizerSettings, train_tokenizer
 
 DEFAULT_CHUNK_MB = 4.0
-# Stream tags of the per-chunk instance seeds, one per split.
+# Stream tags of the instance seeds: (seed, chunk index, 0) for each train chunk, (seed, 1) for
+# the whole eval split.
 _SPLIT_STREAM = {"train": 0, "eval": 1}
 
 
@@ -90,31 +99,70 @@ def _init_worker(tokenizer_path: str) -> None:
 def _process_chunk(
     data_dir: str,
     index: int,
-    parts: dict[str, list[list[str]]],
+    documents: list[list[str]],
     settings: InstanceSettings,
     seed: int,
     dtype: str,
-) -> dict[str, dict]:
-    """Tokenizes one chunk, creates its instances and writes its shard of each split."""
+) -> dict:
+    """Tokenizes one chunk's training documents, creates their instances, writes their shard."""
     tokenizer = _worker_tokenizer
     assert tokenizer is not None, "worker tokenizer not initialised"
-    records = {}
-    for split in SPLITS:
-        documents = tokenize_documents(parts[split], tokenizer)
-        rng = np.random.default_rng([seed, index, _SPLIT_STREAM[split]])
-        instances = create_instances(documents, settings, rng, tokenizer.cls_id, tokenizer.sep_id)
-        record = {"num_documents": len(documents), "num_instances": len(instances.offsets) - 1}
-        if record["num_instances"]:
-            record["shard"] = write_shard(
-                data_dir, split, f"shard-{index:05d}", instances, np.dtype(dtype)
-            )
-        records[split] = record
-    return records
+    rng = np.random.default_rng([seed, index, _SPLIT_STREAM["train"]])
+    return _write_split(data_dir, "train", index, documents, tokenizer, settings, rng, dtype)
+
+
+def _write_split(
+    data_dir: str,
+    split: str,
+    index: int,
+    documents: list[list[str]],
+    tokenizer: Tokenizer,
+    settings: InstanceSettings,
+    rng: np.random.Generator,
+    dtype: str,
+) -> dict:
+    """Instances of documents (random next segments drawn among them) as shard index of split."""
+    tokens = tokenize_documents(documents, tokenizer)
+    instances = create_instances(tokens, settings, rng, tokenizer.cls_id, tokenizer.sep_id)
+    record = {"num_documents": len(tokens), "num_instances": instances.num_instances}
+    if record["num_instances"]:
+        record["shard"] = write_shard(
+            data_dir, split, f"shard-{index:05d}", instances, np.dtype(dtype)
+        )
+    return record
 
 
 def _sentences(paths: Sequence[str]) -> Iterator[str]:
     for document in read_documents(paths, InputReport()):
         yield from document
+
+
+# Sentencepiece's messages when the vocabulary does not fit the text it was trained on.
+_VOCABULARY_TOO_LARGE = re.compile(
+    r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)"
+)
+_VOCABULARY_TOO_SMALL = re.compile(
+    r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)"
+)
+
+
+def _vocabulary_error(err: ValueError, vocab_size: int, inputs: Sequence[str]) -> ValueError | None:
+    """One line for a vocabulary that does not fit the corpus, with a size that would, or None."""
+    message = f"{err} {err.__cause__ or ''}"
+    names = ", ".join(inputs[:3]) + (", ..." if len(inputs) > 3 else "")
+    if match := _VOCABULARY_TOO_LARGE.search(message):
+        largest = int(match.group(2))
+        return ValueError(
+            f"vocab_size={vocab_size} is too large for the corpus {names}: its text yields at "
+            f"most {largest} pieces; use vocab_size <= {largest}, or more text."
+        )
+    if match := _VOCABULARY_TOO_SMALL.search(message):
+        smallest = int(match.group(2))
+        return ValueError(
+            f"vocab_size={vocab_size} is too small for the corpus {names}: covering its "
+            f"characters takes {smallest} pieces; use vocab_size >= {smallest}."
+        )
+    return None
 
 
 def _clear_output(data_dir: pathlib.Path) -> None:
@@ -213,7 +261,13 @@ def prepare(
             sample_sentences=tokenizer_sample_sentences,
             seed=seed,
         )
-        tokenizer = train_tokenizer(_sentences(inputs), tokenizer_settings, tokenizer_file)
+        try:
+            tokenizer = train_tokenizer(_sentences(inputs), tokenizer_settings, tokenizer_file)
+        except ValueError as err:
+            clearer = _vocabulary_error(err, vocab_size, inputs)
+            if clearer is None:
+                raise
+            raise clearer from err
         seconds = time.perf_counter() - start
         log(f"Trained a {tokenizer.vocab_size}-piece tokenizer in {seconds:.1f}s")
     tokenizer_seconds = time.perf_counter() - start
@@ -223,7 +277,8 @@ def prepare(
     chunks = _chunks(read_documents(inputs, report), int(chunk_mb * 1e6), seed, eval_fraction)
     task_args = (str(data_dir),)
     task_kwargs = dict(settings=instance_settings, seed=seed, dtype=dtype.name)
-    results: dict[int, dict[str, dict]] = {}
+    train_records: dict[int, dict] = {}
+    eval_documents: list[list[str]] = []
     raw_chars = 0
     start = time.perf_counter()
     # A corpus of a single chunk is done in this process: starting workers would cost more.
@@ -233,7 +288,8 @@ def prepare(
         _init_worker(str(tokenizer_file))
         for index, parts, chars in chunks:
             raw_chars += chars
-            results[index] = _process_chunk(*task_args, index, parts, **task_kwargs)
+            eval_documents.extend(parts["eval"])
+            train_records[index] = _process_chunk(*task_args, index, parts["train"], **task_kwargs)
     else:
         # Workers fork from a fresh server process: the caller may be multithreaded (jax),
         # where a plain fork is unsafe, and may run from a notebook, where spawn cannot
@@ -246,21 +302,31 @@ def prepare(
             pending: collections.deque = collections.deque()
             for index, parts, chars in chunks:
                 raw_chars += chars
-                future = pool.submit(_process_chunk, *task_args, index, parts, **task_kwargs)
+                eval_documents.extend(parts["eval"])
+                future = pool.submit(
+                    _process_chunk, *task_args, index, parts["train"], **task_kwargs
+                )
                 pending.append((index, future))
                 while len(pending) >= 2 * workers:
                     done_index, result = pending.popleft()
-                    results[done_index] = result.result()
+                    train_records[done_index] = result.result()
             while pending:
                 done_index, result = pending.popleft()
-                results[done_index] = result.result()
-    seconds = time.perf_counter() - start
-    if not results:
+                train_records[done_index] = result.result()
+    if not train_records:
         raise ValueError(f"inputs {inputs} hold no documents.")
+    # One pool for the whole eval split; its own seed stream, so train's draws are untouched.
+    eval_rng = np.random.default_rng([seed, _SPLIT_STREAM["eval"]])
+    eval_record = _write_split(
+        str(data_dir), "eval", 0, eval_documents, tokenizer, instance_settings, eval_rng, dtype
+    )
+    seconds = time.perf_counter() - start
 
     splits = {}
-    for split in SPLITS:
-        records = [results[i][split] for i in sorted(results)]
+    for split, records in (
+        ("train", [train_records[i] for i in sorted(train_records)]),
+        ("eval", [eval_record]),
+    ):
         shards = [r["shard"] for r in records if "shard" in r]
         splits[split] = {
             "num_documents": sum(r["num_documents"] for r in records),
@@ -291,7 +357,7 @@ def prepare(
             "tokenizer": str(tokenizer_path) if tokenizer_path is not None else None,
             "lowercase": lowercase if tokenizer_path is None else None,
         },
-        "num_chunks": len(results),
+        "num_chunks": len(train_records),
         "raw_chars": raw_chars,
     }
     write_manifest(data_dir, manifest)
@@ -355,10 +421,3 @@ def main(argv: Sequence[str] | None = None) -> dict:
         tokenizer_model_type=args.tokenizer_model_type,
         chunk_mb=args.chunk_mb,
     )
-
-
-if __name__ == "__main__":
-    try:
-        main()
-    except (ValueError, FileNotFoundError) as err:
-        sys.exit(f"error: {err}")
