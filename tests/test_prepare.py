@@ -235,6 +235,26 @@ def test_eval_random_next_segments_come_from_the_whole_eval_split(tmp_path, prep
         assert (a_document != b_document) == (label == 1)
 
 
+def test_eval_split_does_not_depend_on_the_chunk_size(tmp_path, prepared):
+    root, corpus, one, _ = prepared
+    whole = prepare_lib.prepare(
+        [str(corpus)],
+        tmp_path / "whole",
+        tokenizer_path=root / "one" / "tokenizer.model",
+        workers=1,
+        max_seq_length=64,
+        max_predictions_per_seq=10,
+        eval_fraction=0.2,
+        seed=7,
+        chunk_mb=4.0,
+        verbose=False,
+    )
+    assert whole["num_chunks"] == 1 < one["num_chunks"]
+    assert whole["splits"]["eval"] == one["splits"]["eval"]
+    for path in (root / "one" / "eval").iterdir():
+        assert path.read_bytes() == (tmp_path / "whole" / "eval" / path.name).read_bytes()
+
+
 def test_train_instances_are_made_per_chunk_from_the_chunks_own_documents(tmp_path, prepared):
     """Train shard k holds the instances of chunk k's train documents, drawn with seed (seed, k)."""
     root, corpus, one, _ = prepared
