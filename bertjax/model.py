@@ -12,7 +12,8 @@ statistics and the logits handed to the losses are float32.
 Initialisation: ``jax.nn.initializers.truncated_normal(initializer_range)``, which samples a
 standard normal truncated at +-2 and multiplies by the stddev without rescaling -- the same
 distribution as TensorFlow's ``truncated_normal(stddev=initializer_range)`` used by BERT.
-Biases are zero, LayerNorm scales one.
+Biases are zero, LayerNorm scales one. ``head_init="lecun_normal"`` is an opt-in departure for
+the MLM-transform and NSP kernels only (see HEAD_INITS).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ from bertjax.sharding import (
 )
 
 ACTIVATIONS = ("gelu", "gelu_tanh")
+# How the kernels of the pretraining heads (the MLM transform and the NSP classifier) start:
+# "truncated_normal" is google's (initializer_range, like every other kernel); "lecun_normal"
+# scales them to 1/fan_in variance, as transformers' Flax BERT drew them. Larger head kernels
+# pass a larger gradient back into the encoder early on, which shortens the "unigram plateau"
+# of small models; the encoder and embeddings are unchanged either way.
+HEAD_INITS = ("truncated_normal", "lecun_normal")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 # The encoder's key for all layers stacked along a leading axis (scan_layers=True).
 STACKED_LAYERS = "layers"
@@ -97,6 +104,7 @@ class BertConfig:
     layer_norm_eps: float = 1e-12
     initializer_range: float = 0.02
     hidden_act: str = "gelu"  # "gelu" (exact erf) | "gelu_tanh"
+    head_init: str = "truncated_normal"  # "truncated_normal" (google) | "lecun_normal"
     position_embedding_type: str = "learned"  # "learned" | "sinusoidal"
     dtype: str = "float32"  # compute dtype name, e.g. "bfloat16"
     param_dtype: str = "float32"
@@ -134,6 +142,7 @@ class BertConfig:
                 )
         for name, valid in (
             ("hidden_act", ACTIVATIONS),
+            ("head_init", HEAD_INITS),
             ("position_embedding_type", POSITION_EMBEDDING_TYPES),
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
@@ -193,6 +202,13 @@ def _init(config: BertConfig):
     return nn.initializers.truncated_normal(config.initializer_range)
 
 
+def _head_init(config: BertConfig):
+    """The initialiser of the MLM-transform and NSP kernels (BertConfig.head_init)."""
+    if config.head_init == "lecun_normal":
+        return nn.initializers.lecun_normal()
+    return _init(config)
+
+
 def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], names, config):
     """A parameter annotated with logical axis names, stored in param_dtype."""
     return module.param(
@@ -200,12 +216,12 @@ def _param(module: nn.Module, name: str, init, shape: tuple[int, ...], names, co
     )
 
 
-def _dense(config: BertConfig, features: int, names, name: str, dtype=None) -> nn.Dense:
+def _dense(config: BertConfig, features: int, names, name: str, dtype=None, init=None) -> nn.Dense:
     return nn.Dense(
         features,
         dtype=jnp.dtype(dtype or config.dtype),
         param_dtype=jnp.dtype(config.param_dtype),
-        kernel_init=nn.with_logical_partitioning(_init(config), names),
+        kernel_init=nn.with_logical_partitioning(init or _init(config), names),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (names[-1],)),
         name=name,
     )
@@ -575,7 +591,8 @@ class MlmHead(nn.Module):
     @nn.compact
     def __call__(self, x, word_table):
         cfg = self.config
-        x = _dense(cfg, cfg.hidden_size, (EMBED, HIDDEN), "transform")(x)  # [b, p, h]
+        transform = _dense(cfg, cfg.hidden_size, (EMBED, HIDDEN), "transform", init=_head_init(cfg))
+        x = transform(x)  # [b, p, h]
         x = _layer_norm(cfg)(_activation(cfg, x))
         bias = _param(
             self, "output_bias", nn.initializers.zeros_init(), (cfg.vocab_size,), (VOCAB,), cfg
@@ -601,7 +618,9 @@ class BertForPreTraining(nn.Module):
         self.bert = BertModel(cfg)
         self.mlm_head = MlmHead(cfg)
         # float32 compute: the NSP logits feed the loss directly.
-        self.nsp_head = _dense(cfg, 2, (EMBED, CLASSES), "nsp_head", dtype="float32")
+        self.nsp_head = _dense(
+            cfg, 2, (EMBED, CLASSES), "nsp_head", dtype="float32", init=_head_init(cfg)
+        )
 
     def __call__(
         self,

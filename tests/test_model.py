@@ -12,6 +12,7 @@ from flax import linen as nn
 
 from bertjax import sharding
 from bertjax.model import (
+    ARCHITECTURE_FIELDS,
     PRESETS,
     BertConfig,
     BertForPreTraining,
@@ -181,6 +182,7 @@ def test_presets_have_documented_sizes():
         (dict(attention_impl="flash"), "attention_impl='flash'.*splash"),
         (dict(remat_policy="some"), "remat_policy='some'.*dots"),
         (dict(scan_layers="yes"), "scan_layers='yes'"),
+        (dict(head_init="xavier"), "head_init='xavier'.*lecun_normal"),
     ],
 )
 def test_config_validation(overrides, field):
@@ -261,6 +263,45 @@ def test_initialisation_follows_bert(params):
     assert np.all(np.asarray(layer["attention"]["query"]["bias"]) == 0)
     assert np.all(np.asarray(layer["mlp"]["layer_norm"]["scale"]) == 1)
     assert np.all(np.asarray(params["mlm_head"]["output_bias"]) == 0)
+
+
+HEAD_KERNELS = (("mlm_head", "transform", "kernel"), ("nsp_head", "kernel"))
+
+
+def _leaves(tree):
+    return {
+        tuple(k.key for k in path): np.asarray(leaf)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+    }
+
+
+def test_lecun_head_init_scales_only_the_head_kernels(params):
+    # The default stays google's: the head kernels are truncated normals of initializer_range.
+    assert CFG.head_init == "truncated_normal"
+    for path in HEAD_KERNELS:
+        kernel = _leaves(params)[path]
+        assert np.abs(kernel).max() <= 2 * CFG.initializer_range
+    ids, types, mask, _ = _batch()
+    lecun = dataclasses.replace(CFG, head_init="lecun_normal")
+    variables = jax.jit(BertForPreTraining(lecun).init)(jax.random.PRNGKey(0), ids, types, mask)
+    default, opted = _leaves(params), _leaves(nn.meta.unbox(variables["params"]))
+    assert default.keys() == opted.keys()
+    for path, value in default.items():
+        if path in HEAD_KERNELS:
+            # Variance 1/fan_in (flax rescales its truncated normal to keep it exact).
+            fan_in = value.shape[0]
+            assert opted[path].std() == pytest.approx(fan_in**-0.5, rel=0.3)
+            assert opted[path].std() > 3 * value.std()
+        else:  # everything else, the same draw bit for bit
+            np.testing.assert_array_equal(opted[path], value, err_msg=str(path))
+
+
+def test_head_init_round_trips_and_is_not_architecture():
+    config = BertConfig.preset("tiny", head_init="lecun_normal")
+    assert BertConfig.from_dict(json.loads(json.dumps(config.to_dict()))) == config
+    # Only where the weights start differs, not what they mean: checkpoints and exports
+    # of either initialisation are interchangeable.
+    assert "head_init" not in ARCHITECTURE_FIELDS
 
 
 def test_sinusoidal_positions_have_no_parameter(params):
