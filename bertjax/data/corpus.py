@@ -307,54 +307,6 @@ def sniff(path: str | os.PathLike) -> tuple[str, str]:
     return "utf-8", ""
 
 
-def _raw_lines(f, max_bytes: int | None) -> Iterator[bytes]:
-    """Lines of a binary file; with max_bytes, long lines in pieces cut between characters."""
-    if max_bytes is None:
-        yield from f
-        return
-    carry = b""
-    while True:
-        raw = carry + f.readline(max_bytes)
-        carry = b""
-        if not raw:
-            return
-        if not raw.endswith(b"\n") and len(raw) >= max_bytes:
-            # An incomplete UTF-8 character (lead + continuation bytes) goes to the next piece.
-            cut = len(raw) - 1
-            while cut > len(raw) - 4 and raw[cut] & 0xC0 == 0x80:
-                cut -= 1
-            if raw[cut] >= 0xC0:
-                raw, carry = raw[:cut], raw[cut:]
-        yield raw
-
-
-def _utf8_pieces(f, max_bytes: int | None) -> Iterator[tuple[str, bool, int]]:
-    """(text, whether bytes were undecodable, byte count) of each line or piece of a line."""
-    first = True
-    for raw in _raw_lines(f, max_bytes):
-        size = len(raw)
-        if first and raw.startswith(_UTF8_BOM):
-            raw = raw[len(_UTF8_BOM) :]  # the file's encoding mark, not text
-        first = False
-        try:
-            yield raw.decode("utf-8"), False, size
-        except UnicodeDecodeError:
-            yield raw.decode("utf-8", errors="replace"), True, size
-
-
-def _wide_pieces(f, encoding: str, max_chars: int | None) -> Iterator[tuple[str, bool, int]]:
-    """_utf8_pieces for UTF-16 / UTF-32: a bad code unit becomes U+FFFD, which marks the line."""
-    # newline="\n": lines end where UTF-8 lines end, nowhere else, and keep their ending.
-    text = io.TextIOWrapper(f, encoding=encoding, errors="replace", newline="\n")
-    count_codec = _BYTE_COUNT_CODEC[encoding]
-    limit = -1 if max_chars is None else max_chars
-    mark_size = len("\ufeff".encode(count_codec))  # the codec reads the mark without a word
-    while piece := text.readline(limit):
-        size = len(piece.encode(count_codec, errors="replace")) + mark_size
-        mark_size = 0
-        yield piece, "\ufffd" in piece, size
-
-
 class _Reader:
     """Line cleaning shared by both formats; updates the report as it goes."""
 
@@ -365,6 +317,7 @@ class _Reader:
         self.path = ""
         self._kinds_in_file: set[str] = set()
         self._last_place: dict[str, str] = {}  # per kind
+        self.line = 0  # the number of the line that _lines read last
 
     def _note(self, kind: str, line: int | None = None, reason: str = "", count: int = 1):
         """Counts bad input of kind in the current file, at a line when given."""
@@ -402,33 +355,76 @@ class _Reader:
 
     def _lines(
         self, path: pathlib.Path, encoding: str, max_bytes: int | None
-    ) -> Iterator[tuple[int, str | None]]:
-        """(line number, text) of the decoded, control-free lines of a (possibly gzipped) file.
+    ) -> Iterator[str | None]:
+        """The decoded, control-free lines of a (possibly gzipped) file; self.line numbers them.
 
         None stands for a line that held only control characters: it is neither text nor a
         document separator. With max_bytes, longer lines come in pieces (with one number).
         """
-        report = self.report
-        line_number = 0
-        line_start = True  # whether the next piece begins a line
+        self.line = 0
         with _open_binary(path) as f:
             if encoding == "utf-8":
-                pieces = _utf8_pieces(f, max_bytes)
+                pieces = self._utf8_pieces(f, max_bytes)
             else:
-                pieces = _wide_pieces(f, encoding, max_bytes)
-            for line, invalid, size in pieces:
-                report.bytes += size
-                line_number += line_start
-                line_start = line.endswith("\n")
-                if invalid:
-                    self._note("invalid_utf8_lines", line_number)
+                pieces = self._wide_pieces(f, encoding, max_bytes)
+            for line in pieces:
                 if _CONTROL.search(line):
                     line, removed = _CONTROL.subn("", line)
-                    self._note("control_chars_removed", line_number, count=removed)
+                    self._note("control_chars_removed", self.line, count=removed)
                     if not line.strip():
-                        yield line_number, None
+                        yield None
                         continue
-                yield line_number, line
+                yield line
+
+    def _utf8_pieces(self, f, max_bytes: int | None) -> Iterator[str]:
+        """Lines of a UTF-8 file; with max_bytes, long lines in pieces cut between characters.
+
+        Undecodable bytes become U+FFFD. Counts bytes, numbers lines (self.line).
+        """
+        report = self.report
+        if f.read(len(_UTF8_BOM)) == _UTF8_BOM:
+            report.bytes += len(_UTF8_BOM)  # the file's encoding mark, not text
+        else:
+            f.seek(0)
+        line_start = True  # whether the next piece begins a line
+        carry = b""
+        while True:
+            raw = carry + (f.readline(max_bytes) if max_bytes else f.readline())
+            carry = b""
+            if not raw:
+                return
+            if max_bytes and not raw.endswith(b"\n") and len(raw) >= max_bytes:
+                # An incomplete UTF-8 character (lead + continuation bytes) goes to the next piece.
+                cut = len(raw) - 1
+                while cut > len(raw) - 4 and raw[cut] & 0xC0 == 0x80:
+                    cut -= 1
+                if raw[cut] >= 0xC0:
+                    raw, carry = raw[:cut], raw[cut:]
+            report.bytes += len(raw)
+            self.line += line_start
+            line_start = raw.endswith(b"\n")
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                line = raw.decode("utf-8", errors="replace")
+                self._note("invalid_utf8_lines", self.line)
+            yield line
+
+    def _wide_pieces(self, f, encoding: str, max_chars: int | None) -> Iterator[str]:
+        """_utf8_pieces for UTF-16 / UTF-32: a bad code unit becomes U+FFFD and marks its line."""
+        report = self.report
+        # newline="\n": lines end where UTF-8 lines end, nowhere else, and keep their ending.
+        text = io.TextIOWrapper(f, encoding=encoding, errors="replace", newline="\n")
+        count_codec = _BYTE_COUNT_CODEC[encoding]
+        report.bytes += len("\ufeff".encode(count_codec))  # the codec consumes the mark
+        line_start = True
+        while piece := text.readline(-1 if max_chars is None else max_chars):
+            report.bytes += len(piece.encode(count_codec, errors="replace"))
+            self.line += line_start
+            line_start = piece.endswith("\n")
+            if "\ufffd" in piece:
+                self._note("invalid_utf8_lines", self.line)
+            yield piece
 
     def _split_long(self, sentence: str, line: int) -> list[str]:
         """Pieces of at most max_line_chars, cut at sentence ends, else spaces, else anywhere."""
@@ -464,9 +460,9 @@ class _Reader:
         start = 0  # the line the document began on
         emptied = False  # the document so far had lines, all of them cleaned away
         split = False  # the document was already flushed in part
-        for line_number, line in self._lines(path, encoding, MAX_LINE_BYTES):
+        for line in self._lines(path, encoding, MAX_LINE_BYTES):
             if not start:
-                start = line_number
+                start = self.line
             if line is None:
                 emptied = not document
                 continue
@@ -485,7 +481,7 @@ class _Reader:
                 yield from self._emit(document, start)
                 document, split = [], True
             if len(line) > limit:
-                document.extend(self._split_long(line, line_number))
+                document.extend(self._split_long(line, self.line))
             else:
                 document.append(line)
         if document:
@@ -497,7 +493,8 @@ class _Reader:
         """JSON Lines: one object per line with a "text" field, split into sentences."""
         limit = self.max_line_chars
         # A JSON record must be parsed whole: its line is read whole.
-        for line_number, line in self._lines(path, encoding, None):
+        for line in self._lines(path, encoding, None):
+            line_number = self.line
             if line is None or not line.strip():
                 continue
             try:
