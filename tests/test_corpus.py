@@ -276,7 +276,7 @@ def test_every_kind_of_bad_input_names_its_files_and_lines(tmp_path):
     (tmp_path / "emptied.txt").write_text("Text.\n\n\x01\n", encoding="utf-8")
     (tmp_path / "records.jsonl").write_text('{"text": "Fine."}\n[1]\n{"id": 2}\n', encoding="utf-8")
     (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 4)
-    (tmp_path / "utf16.txt").write_bytes("Wide text.\n".encode("utf-16"))
+    (tmp_path / "utf16.txt").write_bytes(codecs.BOM_UTF16_LE + "Wide text.\n".encode("utf-16-le"))
     data = gzip.compress(b"Document one.\n\n" * 10_000)
     (tmp_path / "truncated.txt.gz").write_bytes(data[: len(data) // 2])
     documents, report = read([tmp_path], max_line_chars=200, max_document_sentences=3)
@@ -318,7 +318,7 @@ def test_every_kind_of_bad_input_names_its_files_and_lines(tmp_path):
         lines["utf16_utf32_files"] == f"  utf16_utf32_files: {at('utf16.txt')} (UTF-16-LE) (1 file)"
     )
     assert lines["binary_files"] == f"  binary_files: {at('image.png')} (a PNG image) (1 file)"
-    # blank.txt and truncated.txt.gz hold no document: the binary file is not counted as empty.
+    # The binary file is not counted as empty, and the truncated one kept its first documents.
     assert lines["empty_files"] == f"  empty_files: {at('blank.txt')}, {at('empty.txt')} (2 files)"
     assert lines["unreadable_files"].startswith(
         f"  unreadable_files: {at('truncated.txt.gz')} (EOFError: "
