@@ -37,6 +37,7 @@ MLP = "mlp"  # the FFN intermediate size
 POSITION = "position"  # rows of the position-embedding table
 TOKEN_TYPE = "token_type"  # rows of the segment-embedding table
 CLASSES = "classes"  # the two NSP classes
+LABELS = "labels"  # the outputs of a fine-tuning head (classes, or 1 for regression)
 LAYERS = "layers"  # the stacked-layer axis added by nn.scan
 
 # Logical axis names of activations (HEADS, KV, MLP and VOCAB are shared with parameters).
@@ -60,6 +61,7 @@ LOGICAL_RULES: tuple[tuple[str, Any], ...] = (
     (POSITION, None),
     (TOKEN_TYPE, None),
     (CLASSES, None),
+    (LABELS, None),
     (LAYERS, None),
 )
 

@@ -1,0 +1,338 @@
+"""Fine-tuning heads on BertModel: classification, regression, multi-label and token labels.
+
+A fine-tuned model is a `BertModel` (parameters under "bert", as in BertForPreTraining, so a
+pretrained encoder drops in) plus a "classifier" dense layer, with dropout 0.1 before it:
+
+  classification        pooled output -> [batch, labels] logits, softmax cross-entropy
+                        (one sentence or a pair; a pair is one [CLS] A [SEP] B [SEP] input)
+  regression            pooled output -> [batch, 1], mean squared error
+  multi_label           pooled output -> [batch, labels] logits, sigmoid binary cross-entropy
+                        per label; a label is predicted when its probability is >= 0.5
+  token_classification  sequence output -> [batch, seq, labels], cross-entropy at labelled
+                        positions: the first sub-word of each word carries the word's tag,
+                        the other sub-words, [CLS], [SEP] and padding carry IGNORE_LABEL
+
+`HeadSpec` names the task and its labels; it travels in checkpoint meta and in transformers'
+config.json (id2label). The loss functions return sums (see `HeadSums`) so that micro-batches
+and devices add up exactly, as bertjax.losses does for pretraining.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import sharding
+from bertjax.model import BertConfig, BertModel, Dropout
+from bertjax.sharding import ACTIVATION_EMBED, BATCH, EMBED, LABELS, LENGTH
+from bertjax.tokenizer import Tokenizer
+
+CLASSIFICATION = "classification"
+REGRESSION = "regression"
+MULTI_LABEL = "multi_label"
+TOKEN_CLASSIFICATION = "token_classification"
+TASKS = (CLASSIFICATION, REGRESSION, MULTI_LABEL, TOKEN_CLASSIFICATION)
+
+# google-research/bert's run_classifier and transformers both use 0.1 before the classifier.
+CLASSIFIER_DROPOUT = 0.1
+MULTI_LABEL_THRESHOLD = 0.5
+# Token positions that carry no label: continuation sub-words, [CLS], [SEP], padding.
+IGNORE_LABEL = -1
+# Where a fine-tuning work directory keeps its best checkpoint (by the task's metric), beside
+# checkpoints/ (the latest state, for resuming).
+BEST_CHECKPOINT_DIR = "best"
+
+# transformers' class and problem_type for each task.
+HF_ARCHITECTURES = {
+    CLASSIFICATION: "BertForSequenceClassification",
+    REGRESSION: "BertForSequenceClassification",
+    MULTI_LABEL: "BertForSequenceClassification",
+    TOKEN_CLASSIFICATION: "BertForTokenClassification",
+}
+HF_PROBLEM_TYPES = {
+    CLASSIFICATION: "single_label_classification",
+    REGRESSION: "regression",
+    MULTI_LABEL: "multi_label_classification",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadSpec:
+    """A task and its labels: class names in output order (regression: one output name)."""
+
+    task: str
+    labels: tuple[str, ...]
+
+    def __post_init__(self):
+        if self.task not in TASKS:
+            raise ValueError(f"task={self.task!r} is invalid: must be one of {TASKS}")
+        labels = tuple(self.labels)
+        object.__setattr__(self, "labels", labels)
+        if not all(isinstance(label, str) and label for label in labels):
+            raise ValueError(f"labels={labels!r} are invalid: each must be a non-empty str")
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"labels={labels!r} are invalid: a label appears twice")
+        if self.task == REGRESSION and len(labels) != 1:
+            raise ValueError(f"a regression head has one output; got labels={labels!r}")
+        if self.task in (CLASSIFICATION, TOKEN_CLASSIFICATION) and len(labels) < 2:
+            raise ValueError(
+                f"a {self.task} head needs at least 2 labels; got {labels!r} (the training "
+                "data holds a single label)"
+            )
+        if self.task == MULTI_LABEL and not labels:
+            raise ValueError("a multi_label head needs at least 1 label")
+
+    @property
+    def num_outputs(self) -> int:
+        return len(self.labels)
+
+    @property
+    def token_level(self) -> bool:
+        return self.task == TOKEN_CLASSIFICATION
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form, for checkpoint meta."""
+        return {"task": self.task, "labels": list(self.labels)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HeadSpec:
+        return cls(task=d["task"], labels=tuple(d["labels"]))
+
+    def describe(self) -> str:
+        shown = ", ".join(self.labels[:8]) + (" ..." if len(self.labels) > 8 else "")
+        return f"{self.task} with {self.num_outputs} label(s) ({shown})"
+
+
+def _classifier(config: BertConfig, features: int) -> nn.Dense:
+    # float32: the logits feed the loss directly, as the NSP head's do.
+    return nn.Dense(
+        features,
+        dtype=jnp.float32,
+        param_dtype=jnp.dtype(config.param_dtype),
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.truncated_normal(config.initializer_range), (EMBED, LABELS)
+        ),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
+        name="classifier",
+    )
+
+
+class SequenceClassifier(nn.Module):
+    """BertModel's pooled output -> dropout -> dense: [batch, num_outputs] float32 logits."""
+
+    config: BertConfig
+    num_outputs: int
+    dropout_rate: float = CLASSIFIER_DROPOUT
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+    ) -> jax.Array:
+        _, pooled = BertModel(self.config, name="bert")(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            deterministic=deterministic,
+            packed_length=packed_length,
+        )  # [b, h]
+        pooled = Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
+        logits = _classifier(self.config, self.num_outputs)(pooled)  # [b, labels]
+        return sharding.constrain(logits, (BATCH, LABELS))
+
+
+class TokenClassifier(nn.Module):
+    """BertModel's sequence output -> dropout -> dense: [batch, seq, num_outputs] logits."""
+
+    config: BertConfig
+    num_outputs: int
+    dropout_rate: float = CLASSIFIER_DROPOUT
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+    ) -> jax.Array:
+        sequence, _ = BertModel(self.config, name="bert")(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            deterministic=deterministic,
+            packed_length=packed_length,
+        )  # [b, s, h]
+        sequence = sharding.constrain(
+            Dropout(self.dropout_rate)(sequence, deterministic=deterministic),
+            (BATCH, LENGTH, ACTIVATION_EMBED),
+        )
+        logits = _classifier(self.config, self.num_outputs)(sequence)  # [b, s, labels]
+        return sharding.constrain(logits, (BATCH, LENGTH, LABELS))
+
+
+def make_model(config: BertConfig, head: HeadSpec) -> nn.Module:
+    """The linen module of a head: TokenClassifier for token labels, else SequenceClassifier."""
+    cls = TokenClassifier if head.token_level else SequenceClassifier
+    return cls(config, head.num_outputs)
+
+
+def init_params(model: nn.Module, rng: jax.Array, seq_len: int = 1):
+    """Boxed parameters of a head model (`rng -> params`, for steps.make_state)."""
+    ids = jnp.zeros((1, seq_len), jnp.int32)  # [batch, seq]
+    return model.init({"params": rng}, ids, ids, ids)["params"]
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+class HeadSums(NamedTuple):
+    """Additive statistics of a (micro-)batch; the loss is loss / count over the batch."""
+
+    loss: jax.Array  # summed per-example (per-label, per-token) loss
+    correct: jax.Array  # argmax hits (classification, tokens) or per-label hits (multi-label)
+    count: jax.Array  # what the loss is averaged over: examples, example-labels or tokens
+
+
+def classification_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> HeadSums:
+    """Softmax cross-entropy of [b, C] logits against int [b] labels; weight 0 drops a row."""
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [b, C]
+    is_label = labels[:, None] == jnp.arange(logits.shape[-1])  # [b, C]
+    loss = -jnp.sum(jnp.where(is_label, log_probs, 0.0), axis=-1)  # [b]
+    correct = (jnp.argmax(logits, axis=-1) == labels).astype(jnp.float32)  # [b]
+    weights = weights.astype(jnp.float32)
+    return HeadSums(jnp.sum(weights * loss), jnp.sum(weights * correct), jnp.sum(weights))
+
+
+def regression_sums(outputs: jax.Array, targets: jax.Array, weights: jax.Array) -> HeadSums:
+    """Squared error of [b, 1] outputs against float [b] targets (the mean is MSE)."""
+    error = outputs[:, 0].astype(jnp.float32) - targets.astype(jnp.float32)  # [b]
+    weights = weights.astype(jnp.float32)
+    return HeadSums(jnp.sum(weights * error**2), jnp.zeros((), jnp.float32), jnp.sum(weights))
+
+
+def multi_label_sums(logits: jax.Array, targets: jax.Array, weights: jax.Array) -> HeadSums:
+    """Binary cross-entropy of [b, L] logits against 0/1 [b, L] targets, summed over labels.
+
+    The count is examples x labels, so loss / count is the mean over every (example, label),
+    as torch's BCEWithLogitsLoss computes it.
+    """
+    x = logits.astype(jnp.float32)
+    z = targets.astype(jnp.float32)
+    loss = -(z * jax.nn.log_sigmoid(x) + (1.0 - z) * jax.nn.log_sigmoid(-x))  # [b, L]
+    # sigmoid(x) >= 0.5 exactly when x >= 0.
+    hits = ((x >= 0.0) == (z >= 0.5)).astype(jnp.float32)  # [b, L]
+    w = weights.astype(jnp.float32)[:, None]  # [b, 1]
+    return HeadSums(jnp.sum(w * loss), jnp.sum(w * hits), jnp.sum(w) * logits.shape[-1])
+
+
+def token_classification_sums(logits: jax.Array, labels: jax.Array) -> HeadSums:
+    """Cross-entropy of [b, s, C] logits at positions whose int [b, s] label is not ignored."""
+    labelled = labels != IGNORE_LABEL  # [b, s]
+    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [b, s, C]
+    is_label = labels[..., None] == jnp.arange(logits.shape[-1])  # [b, s, C]
+    loss = -jnp.sum(jnp.where(is_label, log_probs, 0.0), axis=-1)  # [b, s]
+    correct = jnp.argmax(logits, axis=-1) == labels  # [b, s]
+    mask = labelled.astype(jnp.float32)
+    return HeadSums(jnp.sum(mask * loss), jnp.sum(mask * correct), jnp.sum(mask))
+
+
+def head_sums(task: str, logits: jax.Array, batch) -> HeadSums:
+    """The task's loss statistics of one batch (features: labels, and weights per row)."""
+    if task == CLASSIFICATION:
+        return classification_sums(logits, batch["labels"], batch["weights"])
+    if task == REGRESSION:
+        return regression_sums(logits, batch["labels"], batch["weights"])
+    if task == MULTI_LABEL:
+        return multi_label_sums(logits, batch["labels"], batch["weights"])
+    return token_classification_sums(logits, batch["labels"])
+
+
+def denominator(task: str, batch, num_outputs: int) -> jax.Array:
+    """`HeadSums.count` of a whole batch, from its features alone."""
+    if task == TOKEN_CLASSIFICATION:
+        return jnp.sum((batch["labels"] != IGNORE_LABEL).astype(jnp.float32))
+    rows = jnp.sum(batch["weights"].astype(jnp.float32))
+    return rows * num_outputs if task == MULTI_LABEL else rows
+
+
+def outputs(task: str, logits: jax.Array) -> dict[str, jax.Array]:
+    """What evaluation and prediction read from the logits, per task.
+
+    classification: probabilities [b, C]; regression: values [b]; multi-label: per-label
+    probabilities [b, L]; token classification: the best label [b, s] and its probability.
+    """
+    if task == CLASSIFICATION:
+        return {"probabilities": jax.nn.softmax(logits, axis=-1)}
+    if task == REGRESSION:
+        return {"values": logits[:, 0]}
+    if task == MULTI_LABEL:
+        return {"probabilities": jax.nn.sigmoid(logits)}
+    probabilities = jax.nn.softmax(logits, axis=-1)  # [b, s, C]
+    return {
+        "labels": jnp.argmax(logits, axis=-1).astype(jnp.int32),  # [b, s]
+        "scores": jnp.max(probabilities, axis=-1),  # [b, s]
+    }
+
+
+# ----------------------------------------------------------------------------- token inputs
+
+
+@dataclasses.dataclass(frozen=True)
+class WordInputs:
+    """Token-classification inputs: [n, seq] arrays and where each word's label goes."""
+
+    input_ids: np.ndarray  # [n, seq] int32: [CLS] sub-words [SEP] then padding
+    input_mask: np.ndarray  # [n, seq] int32
+    segment_ids: np.ndarray  # [n, seq] int32, all 0
+    # Per sentence, the position of each word's first sub-word; -1 for a word that was cut
+    # (past max_seq_length) or that the tokenizer reduced to nothing.
+    word_positions: list[np.ndarray]
+    words_cut: int  # how many words (in all) had no position
+
+
+def encode_words(
+    tokenizer: Tokenizer, sentences: Sequence[Sequence[str]], max_seq_length: int
+) -> WordInputs:
+    """[CLS] w1 w2 ... [SEP] for sentences given as words, each word tokenized on its own.
+
+    Sentences longer than max_seq_length sub-words lose their last words; those words get
+    position -1.
+    """
+    flat = [word for sentence in sentences for word in sentence]
+    pieces = iter(tokenizer.encode_batch(flat))
+    n = len(sentences)
+    input_ids = np.zeros((n, max_seq_length), np.int32)
+    input_mask = np.zeros((n, max_seq_length), np.int32)
+    positions, words_cut = [], 0
+    budget = max_seq_length - 1  # room before the final [SEP]
+    for row, sentence in enumerate(sentences):
+        ids = [tokenizer.cls_id]
+        where = np.full(len(sentence), -1, np.int64)
+        for k in range(len(sentence)):
+            word = next(pieces)
+            if word and len(ids) + len(word) <= budget:
+                where[k] = len(ids)
+                ids += word
+            elif word and len(ids) < budget:  # the first sub-words still fit: keep the label
+                where[k] = len(ids)
+                ids += word[: budget - len(ids)]
+        ids.append(tokenizer.sep_id)
+        words_cut += int(np.sum(where < 0))
+        input_ids[row, : len(ids)] = ids
+        input_mask[row, : len(ids)] = 1
+        positions.append(where)
+    return WordInputs(input_ids, input_mask, np.zeros_like(input_ids), positions, words_cut)
