@@ -21,6 +21,7 @@ from ml_collections import config_flags
 
 from bertjax import settings as settings_lib
 from bertjax import trainer
+from bertjax import workdir as workdir_lib
 
 _REPO = os.path.dirname(os.path.abspath(__file__))
 _DEFAULT_CONFIG = os.path.join(_REPO, "configs", "tiny.py")
@@ -89,6 +90,16 @@ def parse_flags(argv: list[str]) -> list[str]:
     return _reporting_bad_overrides(lambda: FLAGS(argv), argv)
 
 
+# Failures whose message names the cause and what to do: bad config or input (data
+# preparation reports bad input as ValueError), a non-finite loss, a busy work directory.
+EXPECTED_FAILURES = (
+    settings_lib.ConfigError,
+    ValueError,
+    trainer.NonFiniteError,
+    workdir_lib.WorkdirLockedError,
+)
+
+
 def main(argv):
     if len(argv) > 1:
         raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
@@ -112,7 +123,7 @@ def main(argv):
         if FLAGS.verbose:
             raise
         # Expected failures say what to fix; anything else also names its type.
-        expected = isinstance(e, (settings_lib.ConfigError, trainer.NonFiniteError))
+        expected = isinstance(e, EXPECTED_FAILURES)
         message = str(e) if expected else f"{type(e).__name__}: {e} (--verbose shows where)"
         raise SystemExit(f"error: {message}") from None
 
