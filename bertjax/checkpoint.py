@@ -19,7 +19,8 @@ Layout of a checkpoint directory (one sub-directory per finished step)::
         opt_state/                    item OPT_STATE_ITEM: the optax state, same format
         meta/metadata                 item META_ITEM: JSON written by the trainer (loader
                                         state, rng key data, BertConfig dict, tokenizer
-                                        fingerprint, ...)
+                                        fingerprint, ...) plus, under INTEGRITY_KEY, a
+                                        fingerprint of every array leaf taken at save time
       2000.orbax-checkpoint-tmp-<t>/  a save in progress or killed mid-write: never restored,
                                         removed when the next Checkpointer opens the directory
       corrupt/2000-<unix time>/       a step that failed to restore, moved aside by
@@ -27,14 +28,27 @@ Layout of a checkpoint directory (one sub-directory per finished step)::
 
 Parameters, optimizer state and meta are separate Orbax items so that a notebook reads the
 parameters alone (restore_params), never touching the usually larger optimizer state.
+
+Integrity: storage can return different bytes than were written without any error (a
+garbled block decodes to other, often finite, numbers). So every save records an exact
+fingerprint of each array leaf, computed on the devices from the values being saved, and every
+restore recomputes it from the values read and checks them for NaN/inf too. A step that fails
+is treated like an unreadable one: named, skipped and, when resuming, moved to corrupt/.
+The fingerprint is a sum modulo 2**32 of a hash of each element's bits and its position in
+the global array; integer addition is exact and order-free, so it does not depend on how the
+array is sharded: each process only reads its own shards, the reduction makes one replicated
+number, and a restore onto another mesh (or one device) checks against the same value.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import sys
 import time
+import warnings
 from typing import Any, NamedTuple
 
 import jax
@@ -52,6 +66,10 @@ META_ITEM = "meta"
 ITEM_NAMES = (PARAMS_ITEM, OPT_STATE_ITEM, META_ITEM)
 # Steps that failed to restore are moved here; not an integer name, so Orbax never lists it.
 CORRUPT_SUBDIR = "corrupt"
+# The key of the meta item that holds the integrity record; reserved, stripped on restore.
+INTEGRITY_KEY = "integrity"
+# Names the fingerprint function below; a record with another name is not compared.
+FINGERPRINT_ALGORITHM = "bertjax-mix32-sum-v1"
 
 
 class Restored(NamedTuple):
@@ -65,6 +83,23 @@ class Restored(NamedTuple):
 
 class CheckpointRestoreError(RuntimeError):
     """Checkpoints exist but none of the requested steps could be restored."""
+
+
+class CheckpointIntegrityError(ValueError):
+    """A step read back without error whose values differ from those saved, or are not finite."""
+
+
+class CheckpointSaveError(RuntimeError):
+    """A checkpoint could not be written (disk full, permissions, storage error...).
+
+    The message is one line naming the step, the cause and the newest complete step left in
+    the directory, fit to print as is; the original error is chained as __cause__.
+    """
+
+    def __init__(self, message: str, *, step: int, last_complete_step: int | None):
+        super().__init__(message)
+        self.step = step
+        self.last_complete_step = last_complete_step
 
 
 def _as_path(directory: str | os.PathLike) -> epath.Path:
@@ -90,47 +125,285 @@ def _read_only_manager(path: epath.Path) -> ocp.CheckpointManager:
         path,
         item_names=ITEM_NAMES,
         item_handlers=_item_handlers(),
+        # save_interval_steps=0 and max_to_keep=None: what read_only implies anyway, given
+        # explicitly so that Orbax does not warn about changing them on every read.
         options=ocp.CheckpointManagerOptions(
-            read_only=True, create=False, enable_async_checkpointing=False
+            read_only=True,
+            create=False,
+            enable_async_checkpointing=False,
+            save_interval_steps=0,
+            max_to_keep=None,
         ),
     )
 
 
-@jax.jit
-def _finite_flags(leaves: list[jax.Array]) -> jax.Array:
-    # One fused pass over the float leaves; a bool per leaf so a failure names the culprit.
-    return jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves])  # [num_float_leaves]
+# ----------------------------------------------------------------------------- integrity
 
 
-def check_finite(step: int, params: Any) -> None:
-    """Raise ValueError naming the step and the first leaves holding a NaN or infinity.
+def _mix32(x: jax.Array) -> jax.Array:
+    """MurmurHash3's 32-bit finaliser: a cheap bijection that spreads every input bit."""
+    x = x ^ (x >> 16)
+    x = x * jnp.uint32(0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = x * jnp.uint32(0xC2B2AE35)
+    return x ^ (x >> 16)
 
-    Cost: one jitted reduction that reads every floating-point parameter once (memory bound)
-    and brings one bool per leaf to the host; compiled once per parameter structure. Paid only
-    when a save actually starts. Measured for BERT-base (219 leaves, 109M float32 params) on a
-    2-core CPU: 1.3-2.1 s first call (compile), 0.12-0.23 s after. On an accelerator it should
-    be about the time to read those 436 MB from HBM (under a millisecond; estimated, not measured).
-    """
-    paths_and_leaves = jax.tree_util.tree_leaves_with_path(params)
-    floats = [
-        (path, leaf)
-        for path, leaf in paths_and_leaves
-        if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)
-    ]
-    if not floats:
-        return
-    flags = _finite_flags([leaf for _, leaf in floats])
-    if not (flags.is_fully_replicated or flags.is_fully_addressable):  # multi-process
-        flags = multihost_utils.process_allgather(flags, tiled=True)
-    flags = np.asarray(flags)
-    if flags.all():
-        return
-    bad = [jax.tree_util.keystr(path) for (path, _), ok in zip(floats, flags) if not ok]
-    shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-    raise ValueError(
-        f"refusing to save step {step}: non-finite values (NaN or inf) in params {shown}; "
-        "the last good checkpoint is kept"
+
+_UNSIGNED_OF_BITS = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}
+
+
+def _bit_width(dtype) -> int | None:
+    """Bits per element, or None for dtypes the fingerprint does not cover (complex, keys)."""
+    if dtype == jnp.bool_:
+        return 8
+    if jnp.issubdtype(dtype, jnp.floating):
+        return jnp.finfo(dtype).bits
+    if jnp.issubdtype(dtype, jnp.integer):
+        return jnp.iinfo(dtype).bits
+    return None
+
+
+def _fingerprintable(leaf: Any) -> bool:
+    return (
+        isinstance(leaf, (jax.Array, np.ndarray))
+        and _bit_width(leaf.dtype) in (8, 16, 32, 64)
+        and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended)
     )
+
+
+def _words(x: jax.Array) -> jax.Array:
+    """Each element's bits as one uint32, same shape as x (64-bit elements folded)."""
+    bits = _bit_width(x.dtype)
+    if x.dtype == jnp.bool_:
+        return x.astype(jnp.uint32)
+    if bits == 64:
+        halves = jax.lax.bitcast_convert_type(x, jnp.uint32)  # [*x.shape, 2]
+        return halves[..., 0] ^ _mix32(halves[..., 1])
+    return jax.lax.bitcast_convert_type(x, _UNSIGNED_OF_BITS[bits]).astype(jnp.uint32)
+
+
+def _fingerprint(x: jax.Array) -> jax.Array:
+    """sum(mix(bits ^ mix(flat index))) mod 2**32: exact, order-free, position-sensitive."""
+    index = jnp.zeros(x.shape, jnp.uint32)  # the element's flat position in the global array
+    stride = 1
+    for axis in reversed(range(x.ndim)):
+        index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(
+            stride % 2**32
+        )
+        stride *= x.shape[axis]
+    salt = _mix32(index + jnp.uint32(0x9E3779B9))
+    return jnp.sum(_mix32(_words(x) ^ salt), dtype=jnp.uint32)  # wraps: exact in any order
+
+
+@jax.jit
+def _leaf_summaries(leaves: list[jax.Array]) -> tuple[jax.Array, jax.Array]:
+    # One fused pass over all leaves: a fingerprint and a finite flag per leaf.
+    fingerprints = jnp.stack([_fingerprint(x) for x in leaves])  # [num_leaves]
+    finite = jnp.stack(
+        [
+            jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.bool_(True)
+            for x in leaves
+        ]
+    )  # [num_leaves]
+    return fingerprints, finite
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if not (x.is_fully_replicated or x.is_fully_addressable):  # multi-process
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+
+class LeafSummary(NamedTuple):
+    """What save records and restore checks for one array leaf."""
+
+    item: str  # PARAMS_ITEM or OPT_STATE_ITEM
+    path: str  # jax.tree_util.keystr of the leaf within its item
+    dtype: str
+    shape: tuple[int, ...]
+    fingerprint: int
+    finite: bool
+
+    @property
+    def name(self) -> str:
+        return f"{self.item}{self.path}"
+
+
+def summarise(trees: dict[str, Any]) -> list[LeafSummary]:
+    """Fingerprint and finiteness of every array leaf of {item name: pytree}.
+
+    One jitted pass (compiled once per tree structure) that reads each leaf once and brings
+    two numbers per leaf to the host; works on sharded arrays across processes. Its cost per
+    save is measured by benchmarks/checkpoint.py.
+    """
+    entries = [
+        (item, jax.tree_util.keystr(path), leaf)
+        for item, tree in trees.items()
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
+        if _fingerprintable(leaf)
+    ]
+    # One computation per set of devices: a jitted function cannot mix arrays committed to
+    # different devices (optax keeps its step count on one device, the rest on the mesh).
+    groups: dict[Any, list[int]] = {}
+    for index, (_, _, leaf) in enumerate(entries):
+        key = (
+            tuple(sorted(d.id for d in leaf.sharding.device_set))
+            if isinstance(leaf, jax.Array)
+            else None
+        )
+        groups.setdefault(key, []).append(index)
+    dispatched = [  # all groups start before any result is fetched
+        (indices, _leaf_summaries([entries[i][2] for i in indices])) for indices in groups.values()
+    ]
+    fingerprints, finite = [0] * len(entries), [True] * len(entries)
+    for indices, (group_fingerprints, group_finite) in dispatched:
+        for i, fp, ok in zip(indices, _to_host(group_fingerprints), _to_host(group_finite)):
+            fingerprints[i], finite[i] = int(fp), bool(ok)
+    return [
+        LeafSummary(item, path, str(leaf.dtype), tuple(leaf.shape), fp, ok)
+        for (item, path, leaf), fp, ok in zip(entries, fingerprints, finite)
+    ]
+
+
+def _first_few(names: list[str], limit: int = 5) -> str:
+    extra = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + extra
+
+
+def _integrity_record(summaries: list[LeafSummary]) -> dict:
+    leaves: dict[str, dict[str, list]] = {}
+    for s in summaries:
+        leaves.setdefault(s.item, {})[s.path] = [s.fingerprint, s.dtype, list(s.shape)]
+    return {"algorithm": FINGERPRINT_ALGORITHM, "leaves": leaves}
+
+
+def verify(step: int, meta: dict, trees: dict[str, Any]) -> None:
+    """Raise CheckpointIntegrityError unless the restored trees match what step's save recorded.
+
+    Every float leaf must be finite. Leaves with a recorded fingerprint must reproduce it,
+    except where the restore target asked for another dtype or shape (then the bits differ by
+    design). Checkpoints saved before fingerprints were recorded get the finiteness check only.
+    """
+    summaries = summarise(trees)
+    problems = [f"{s.name} holds NaN or inf" for s in summaries if not s.finite]
+    damaged = {s.name for s in summaries if not s.finite}
+    record = meta.get(INTEGRITY_KEY)
+    if not isinstance(record, dict) or record.get("algorithm") != FINGERPRINT_ALGORITHM:
+        logger.info(
+            "checkpoint step %d has no integrity record this version can read; "
+            "checked its values for NaN/inf only",
+            step,
+        )
+    else:
+        saved = record.get("leaves", {})
+        for s in summaries:
+            entry = saved.get(s.item, {}).get(s.path)
+            if entry is None or entry[1] != s.dtype or tuple(entry[2]) != s.shape:
+                continue
+            if s.name in damaged:
+                continue
+            if entry[0] != s.fingerprint:
+                problems.append(f"{s.name} differs from what was saved (fingerprint mismatch)")
+    if problems:
+        raise CheckpointIntegrityError(f"checkpoint step {step} is damaged: {_first_few(problems)}")
+
+
+def _public_meta(meta: Any) -> dict:
+    """The caller's meta dict, without the integrity record."""
+    return {k: v for k, v in dict(meta).items() if k != INTEGRITY_KEY}
+
+
+# ----------------------------------------------------------------------------- noise control
+
+_ORBAX_DIR = os.path.dirname(os.path.abspath(ocp.__file__))
+
+
+class _OrbaxTracebacks(logging.Filter):
+    """Keeps Orbax's per-thread tracebacks of a failed save at DEBUG level on this module.
+
+    A failed background write is logged with a full traceback by every Orbax thread it passes
+    through (5 to 11 of them) and then raised once to the caller; Checkpointer turns that into
+    one CheckpointSaveError, so the logged copies are noise at the default level.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (
+            record.levelno >= logging.ERROR
+            and record.exc_info
+            and record.pathname.startswith(_ORBAX_DIR)
+        ):
+            logger.debug("orbax: %s", record.getMessage(), exc_info=record.exc_info)
+            return False
+        return True
+
+
+def _is_abandoned_orbax_work(unraisable: Any) -> bool:
+    """An 'Exception ignored' report left behind by a restore or save that failed part-way.
+
+    When one array read or write fails, Orbax closes its event loop while TensorStore is still
+    finishing the sibling operations: their completion callbacks find the loop closed
+    (RuntimeError from asyncio's call_soon_threadsafe), and the suspended Orbax coroutines
+    raise again when they are collected (GeneratorExit re-raised as Exception, or an import
+    error at interpreter exit). The failure itself was already raised; these repeat it.
+    """
+    error = unraisable.exc_value
+    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
+        frames = []
+        tb = unraisable.exc_traceback
+        while tb is not None:
+            frames.append(tb.tb_frame.f_code.co_name)
+            tb = tb.tb_next
+        return "call_soon_threadsafe" in frames
+    code = getattr(unraisable.object, "cr_code", None)
+    return code is not None and os.path.abspath(code.co_filename).startswith(_ORBAX_DIR)
+
+
+class _QuietAbandonedWork:
+    """sys.unraisablehook wrapper: abandoned Orbax operations go to DEBUG, the rest through."""
+
+    def __init__(self, previous):
+        self.previous = previous
+
+    def __call__(self, unraisable) -> None:
+        if _is_abandoned_orbax_work(unraisable):
+            logger.debug(
+                "ignored a late report of an abandoned checkpoint operation: %r",
+                unraisable.exc_value,
+            )
+            return
+        self.previous(unraisable)
+
+
+_warnings_filtered = False
+
+
+def _contain_orbax_noise() -> None:
+    """Installs the log filter and unraisable hook above (idempotent, process-wide)."""
+    global _warnings_filtered
+    absl_logger = logging.getLogger("absl")
+    if not any(isinstance(f, _OrbaxTracebacks) for f in absl_logger.filters):
+        absl_logger.addFilter(_OrbaxTracebacks())
+    # Installed for good: the late reports arrive whenever TensorStore finishes.
+    if not isinstance(sys.unraisablehook, _QuietAbandonedWork):
+        sys.unraisablehook = _QuietAbandonedWork(sys.unraisablehook)
+    if not _warnings_filtered:  # the same abandoned coroutines, when never started
+        warnings.filterwarnings(
+            "ignore", r"coroutine .* was never awaited", RuntimeWarning, r"orbax\."
+        )
+        _warnings_filtered = True
+
+
+def _is_disk_full(error: BaseException | None) -> bool:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(error)
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
 
 
 def _brief(error: BaseException, limit: int = 300) -> str:
@@ -159,6 +432,7 @@ def _restore_with_fallback(
     A failing step is logged with its error; when every step fails, raises
     CheckpointRestoreError listing each step's error (never returns "nothing").
     """
+    _contain_orbax_noise()
     failures: list[tuple[int, BaseException]] = []
     for candidate in steps:
         try:
@@ -174,7 +448,8 @@ def _restore_with_fallback(
             continue
         if failures:
             logger.warning(
-                "restored checkpoint step %d from %s after skipping unreadable step(s) %s",
+                "restored checkpoint step %d from %s after skipping unreadable or damaged "
+                "step(s) %s",
                 candidate,
                 path,
                 [s for s, _ in failures],
@@ -192,6 +467,9 @@ class Checkpointer:
 
     Saves are asynchronous: `save` returns once the arrays are copied off the devices
     (so the caller may donate or overwrite them) and the write finishes in the background.
+    A write that fails raises CheckpointSaveError naming its step: from `check_for_errors`
+    (non-blocking, cheap enough for every training step) as soon as the write has failed, and
+    at the latest from the next `save`, `wait_until_finished`, `restore` or `close`.
     """
 
     def __init__(
@@ -225,9 +503,13 @@ class Checkpointer:
             # Leftovers of a save killed mid-write; Orbax never restores from them.
             cleanup_tmp_directories=True,
         )
+        _contain_orbax_noise()
         self._manager = ocp.CheckpointManager(
             self.directory, item_names=ITEM_NAMES, item_handlers=_item_handlers(), options=options
         )
+        self._async = async_save
+        self._in_flight: int | None = None  # the step whose background write is unconfirmed
+        self._failed_step: int | None = None  # the last save reported as failed
         self._closed = False
 
     def __enter__(self) -> Checkpointer:
@@ -258,7 +540,11 @@ class Checkpointer:
 
         Saves every `save_interval_steps`, at a preemption sync point, or when force is set.
         A step already on disk is never overwritten (returns False). Raises ValueError if a
-        float leaf of params is NaN/inf (see check_finite for the cost) or meta is not JSON.
+        float leaf of params or opt_state is NaN/inf, or meta is not JSON; CheckpointSaveError
+        if this save, or the background write of the previous one, failed.
+
+        Records a fingerprint of every array leaf in the step's meta (see `summarise`), which
+        every restore checks.
         """
         if self._closed:
             raise RuntimeError(f"Checkpointer for {self.directory} is closed")
@@ -271,27 +557,109 @@ class Checkpointer:
             return False
         if not isinstance(meta, dict):
             raise ValueError(f"meta must be a dict, got {type(meta).__name__} at step {step}")
+        if INTEGRITY_KEY in meta:
+            raise ValueError(
+                f"meta for step {step} uses the reserved key {INTEGRITY_KEY!r}; rename that entry"
+            )
         try:
             json.dumps(meta)
         except (TypeError, ValueError) as error:
             raise ValueError(f"meta for step {step} is not JSON-serialisable: {error}") from error
-        check_finite(step, params)
+        # Orbax would wait for the previous write anyway; waiting here names its step on failure.
+        self._confirm_in_flight()
+        summaries = summarise({PARAMS_ITEM: params, OPT_STATE_ITEM: opt_state})
+        bad = [s.name for s in summaries if not s.finite]
+        if bad:
+            raise ValueError(
+                f"refusing to save step {step}: non-finite values (NaN or inf) in "
+                f"{_first_few(bad)}; {self._what_is_kept(step)}"
+            )
         args = ocp.args.Composite(
             **{
                 PARAMS_ITEM: ocp.args.StandardSave(params),
                 OPT_STATE_ITEM: ocp.args.StandardSave(opt_state),
-                META_ITEM: ocp.args.JsonSave(meta),
+                META_ITEM: ocp.args.JsonSave({**meta, INTEGRITY_KEY: _integrity_record(summaries)}),
             }
         )
-        # The decision was taken above (including preemption); force avoids asking twice.
-        return bool(self._manager.save(step, args=args, force=True))
+        try:
+            # The decision was taken above (including preemption); force avoids asking twice.
+            started = bool(self._manager.save(step, args=args, force=True))
+        except Exception as error:  # noqa: BLE001 - whatever the storage raised, one clear error
+            raise self._save_error(step, error) from error
+        if started and self._async:
+            self._in_flight = step
+        return started
+
+    def check_for_errors(self) -> None:
+        """Raise CheckpointSaveError if the background write of a save has failed.
+
+        Never blocks: a write still running is left alone. It reads two flags, so the
+        training loop can call it every step and stop at the step where a write failed
+        rather than at the next save.
+        """
+        if self._in_flight is not None and not self._manager.is_saving_in_progress():
+            self._confirm_in_flight()
+
+    def _confirm_in_flight(self) -> None:
+        """Wait for the save in flight; CheckpointSaveError naming its step if it failed."""
+        step, self._in_flight = self._in_flight, None
+        try:
+            self._manager.wait_until_finished()
+        except Exception as error:  # noqa: BLE001 - see save
+            if step is None:
+                raise
+            raise self._save_error(step, error) from error
+
+    def _newest_complete_step(self, excluding: int) -> int | None:
+        try:
+            self._manager.reload()  # what is on disk, not what this process believes
+            steps = [s for s in self._manager.all_steps() if s != excluding]
+        except Exception:  # noqa: BLE001 - the message must not fail on a broken directory
+            return None
+        return max(steps) if steps else None
+
+    def _what_is_kept(self, step: int) -> str:
+        last = self._newest_complete_step(excluding=step)
+        if last is None:
+            return f"no complete checkpoint exists in {self.directory} yet"
+        return f"step {last} is the newest complete checkpoint in {self.directory} and is kept"
+
+    def _save_error(self, step: int, error: BaseException) -> CheckpointSaveError:
+        """The one error to raise for step's failed write (call once per failure)."""
+        self._failed_step = step
+        # A failure can reach Orbax's finaliser by one path (say the step metadata) while
+        # another part still holds its own copy (say the commit of an item); left there, it
+        # would be raised again by the next call and blamed on another step.
+        for _ in range(3):
+            try:
+                self._manager.check_for_errors()
+                break
+            except Exception as stale:  # noqa: BLE001 - the same failure, already reported
+                logger.debug("further error of the failed save of step %d: %s", step, stale)
+        cause = (
+            "the disk is full (no space left on device or quota exceeded)"
+            if _is_disk_full(error)
+            else _brief(error)
+        )
+        last = self._newest_complete_step(excluding=step)
+        kept = (
+            f"step {last} is the newest complete checkpoint there and is kept"
+            if last is not None
+            else "no complete checkpoint exists there yet"
+        )
+        return CheckpointSaveError(
+            f"could not write checkpoint step {step} to {self.directory}: {cause}; {kept}",
+            step=step,
+            last_complete_step=last,
+        )
 
     def restore(
         self, *, abstract_params: Any, abstract_opt_state: Any, step: int | None = None
     ) -> Restored | None:
         """Restore onto the shardings of the abstract trees; None if there is no checkpoint.
 
-        With step=None the newest step is tried first; an unreadable one is logged, moved to
+        With step=None the newest step is tried first; one that is unreadable, or whose values
+        fail `verify` (fingerprints recorded at save, NaN/inf), is logged, moved to
         `<directory>/corrupt/` so that the resumed run can save that step again, and the
         previous step is tried. If steps exist and none restores, CheckpointRestoreError.
         """
@@ -302,8 +670,8 @@ class Checkpointer:
             return None
         candidates = _candidate_steps(all_steps, step, self.directory)
 
-        def restore_one(candidate: int):
-            return self._manager.restore(
+        def restore_one(candidate: int) -> Restored:
+            restored = self._manager.restore(
                 candidate,
                 args=ocp.args.Composite(
                     **{
@@ -313,13 +681,15 @@ class Checkpointer:
                     }
                 ),
             )
+            params, opt_state = restored[PARAMS_ITEM], restored[OPT_STATE_ITEM]
+            meta = dict(restored[META_ITEM])
+            verify(candidate, meta, {PARAMS_ITEM: params, OPT_STATE_ITEM: opt_state})
+            return Restored(candidate, params, opt_state, _public_meta(meta))
 
-        good, restored, bad = _restore_with_fallback(self.directory, candidates, restore_one)
+        _, restored, bad = _restore_with_fallback(self.directory, candidates, restore_one)
         if bad:
             self._quarantine(bad)
-        return Restored(
-            good, restored[PARAMS_ITEM], restored[OPT_STATE_ITEM], dict(restored[META_ITEM])
-        )
+        return restored
 
     def _quarantine(self, steps: list[int]) -> None:
         """Move unreadable step directories aside (primary host), then resync every host."""
@@ -334,21 +704,37 @@ class Checkpointer:
                     stamp += 1
                     target = target_root / f"{bad_step}-{stamp}"
                 source.rename(target)
-                logger.warning("moved unreadable checkpoint step %d to %s", bad_step, target)
+                logger.warning(
+                    "moved unreadable or damaged checkpoint step %d to %s", bad_step, target
+                )
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices("bertjax_checkpoint_quarantine")
         self._manager.reload()
 
     def wait_until_finished(self) -> None:
-        """Block until the in-flight async save (if any) is on disk."""
-        self._manager.wait_until_finished()
+        """Block until the in-flight async save (if any) is on disk; CheckpointSaveError if not."""
+        self._confirm_in_flight()
 
     def close(self) -> None:
-        """Wait for pending saves, then release Orbax's background threads. Idempotent."""
+        """Wait for pending saves, then release Orbax's background threads. Idempotent.
+
+        Raises CheckpointSaveError if the last save's write failed and was not reported yet.
+        """
         if self._closed:
             return
         self._closed = True
-        self._manager.close()
+        try:
+            self._confirm_in_flight()
+        finally:
+            try:
+                self._manager.close()
+            except Exception as error:  # noqa: BLE001 - see below
+                if self._failed_step is None:
+                    raise
+                # Left over from the failure already raised as CheckpointSaveError.
+                logger.debug(
+                    "closing after the failed save of step %d: %s", self._failed_step, error
+                )
 
 
 def _single_device_target(metadata_tree: Any) -> Any:
@@ -380,7 +766,9 @@ def restore_params(
     """(step, params, meta) reading only the params and meta items, never the optimizer state.
 
     abstract_params=None places every array on one local device, whatever mesh it was saved
-    from. With step=None, an unreadable newest step falls back to the previous one.
+    from. The values are checked as in Checkpointer.restore (`verify`). With step=None, an
+    unreadable or damaged newest step is named and the previous one used; nothing is moved,
+    since readers (notebooks, init_from) may share the directory with a live run.
     """
     path, manager = _open_for_reading(directory)
     try:
@@ -402,7 +790,9 @@ def restore_params(
                     }
                 ),
             )
-            return restored[PARAMS_ITEM], dict(restored[META_ITEM])
+            params, meta = restored[PARAMS_ITEM], dict(restored[META_ITEM])
+            verify(candidate, meta, {PARAMS_ITEM: params})
+            return params, _public_meta(meta)
 
         good, (params, meta), _ = _restore_with_fallback(path, candidates, restore_one)
         return good, params, meta
@@ -422,7 +812,7 @@ def read_meta(directory: str | os.PathLike, step: int | None = None) -> dict:
             )
             if restored[META_ITEM] is None:
                 raise FileNotFoundError(f"step {candidate} has no {META_ITEM} item")
-            return dict(restored[META_ITEM])
+            return _public_meta(restored[META_ITEM])
 
         return _restore_with_fallback(path, candidates, restore_one)[1]
     finally:

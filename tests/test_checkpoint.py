@@ -1,5 +1,6 @@
 """Checkpoint save/restore with Orbax: sharded arrays, optax state, fallback, params-only."""
 
+import errno
 import gc
 import glob
 import json
@@ -10,12 +11,15 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -195,9 +199,9 @@ def _delete_params_data(step_dir):
 
 
 @pytest.mark.parametrize("damage", [_truncate_params_data, _delete_params_data])
-# A failed read can leave Orbax's sibling read coroutines unawaited (timing dependent); Python
-# reports them when collected, so these tests collect them (gc.collect) and ignore the report.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+# A failed read leaves Orbax's sibling reads running (timing dependent); their late reports
+# ("Exception ignored ...") must be contained, so any that reaches pytest fails the test.
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_corrupt_latest_falls_back_with_warning(tmp_path, mesh, caplog, damage):
     params1, opt1 = make_state(mesh, seed=1)
     params2, opt2 = make_state(mesh, seed=2)
@@ -246,9 +250,9 @@ def test_killed_mid_write_tmp_directory_is_ignored(tmp_path, mesh):
     assert not partial.exists()  # cleaned up by the next writer
 
 
-# A failed read can leave Orbax's sibling read coroutines unawaited (timing dependent); Python
-# reports them when collected, so these tests collect them (gc.collect) and ignore the report.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+# A failed read leaves Orbax's sibling reads running (timing dependent); their late reports
+# ("Exception ignored ...") must be contained, so any that reaches pytest fails the test.
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_no_restorable_step_raises_instead_of_starting_over(tmp_path, mesh):
     params, opt_state = make_state(mesh)
     save_steps(tmp_path, params, opt_state, [1, 2])
@@ -372,3 +376,326 @@ def test_saved_on_8_devices_restores_in_1_device_process(tmp_path, mesh):
         timeout=180,
     )
     assert result.returncode == 0 and "ONE_DEVICE_OK" in result.stdout, result.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------- integrity
+
+
+def _random_finite_bits(rng, shape, dtype):
+    """Finite floats with uniformly random bits: incompressible, so stored verbatim on disk."""
+    unsigned, exponent_mask = {2: (np.uint16, 0x7F80), 4: (np.uint32, 0x7F800000)}[
+        np.dtype(dtype).itemsize
+    ]
+    bits = rng.integers(0, np.iinfo(unsigned).max, size=shape, dtype=unsigned, endpoint=True)
+    all_ones = (bits & exponent_mask) == exponent_mask  # inf or NaN: lower the exponent by one
+    bits[all_ones] ^= exponent_mask & -exponent_mask
+    return bits.view(dtype)
+
+
+def make_trained_state(mesh, seed):
+    """A state as it looks mid-training, every float leaf (Adam moments too) holding values."""
+    params, opt_state = make_state(mesh, seed)
+    rng = np.random.default_rng(seed + 100)
+
+    def fill(x):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return jax.device_put(_random_finite_bits(rng, x.shape, x.dtype), x.sharding)
+
+    params = jax.tree.map(fill, params)
+    adam = opt_state[0]._replace(
+        count=jnp.asarray(7, opt_state[0].count.dtype),
+        mu=jax.tree.map(fill, params),
+        nu=jax.tree.map(fill, params),
+    )
+    return params, (adam,) + tuple(opt_state[1:])
+
+
+def _data_files(step_dir, item):
+    files = glob.glob(str(step_dir / item / "ocdbt.process_*" / "d" / "*"))
+    assert files, "expected OCDBT data files"
+    return files
+
+
+def _overwrite_values(step_dir, item, stored):
+    """Overwrite 256 bytes of the stored array's values on disk with other finite values.
+
+    The values are incompressible, so their bytes are in the item's data files verbatim: the
+    damage lands inside the array's data and reads back without any error, just different.
+    """
+    old = np.ascontiguousarray(np.asarray(stored)[8:9]).tobytes()[:256]
+    new = _random_finite_bits(
+        np.random.default_rng(9), (256 // stored.dtype.itemsize,), stored.dtype
+    )
+    assert len(old) == 256 and new.tobytes() != old
+    for name in _data_files(step_dir, item):
+        with open(name, "r+b") as f:
+            offset = f.read().find(old)
+            if offset >= 0:
+                f.seek(offset)
+                f.write(new.tobytes())
+                return
+    raise AssertionError(f"the bytes of the array were not found in {step_dir / item}")
+
+
+def _garble_middle(step_dir, item):
+    """Overwrite 256 random bytes in the middle of the item's largest data file."""
+    largest = max(_data_files(step_dir, item), key=os.path.getsize)
+    assert os.path.getsize(largest) > 4096, "expected a data file holding array values"
+    with open(largest, "r+b") as f:
+        f.seek(os.path.getsize(largest) // 2)
+        f.write(np.random.default_rng(7).integers(0, 256, 256, dtype=np.uint8).tobytes())
+
+
+# Where the damage lands: the values of one known leaf (they read back without error, so only
+# the fingerprint notices), or anywhere (then a read error or NaN may notice first).
+@pytest.mark.parametrize(
+    "item,damage",
+    [
+        (ckpt.PARAMS_ITEM, "values"),
+        (ckpt.OPT_STATE_ITEM, "values"),
+        (ckpt.PARAMS_ITEM, "middle"),
+        (ckpt.OPT_STATE_ITEM, "middle"),
+    ],
+)
+# Damage found by a failed read leaves Orbax's sibling reads running (see above).
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_garbled_bytes_fall_back_on_every_restore_path(tmp_path, mesh, caplog, item, damage):
+    state1, state2 = make_trained_state(mesh, seed=1), make_trained_state(mesh, seed=2)
+    with ckpt.Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
+        checkpointer.save(1, params=state1[0], opt_state=state1[1], meta={"step": 1})
+        checkpointer.save(2, params=state2[0], opt_state=state2[1], meta={"step": 2})
+    kernel = state2[0]["layer_0"]["kernel"]
+    leaf, leaf_name = {
+        ckpt.PARAMS_ITEM: (kernel, "params['layer_0']['kernel']"),
+        ckpt.OPT_STATE_ITEM: (
+            state2[1][0].nu["layer_0"]["kernel"],
+            "opt_state[0].nu['layer_0']['kernel']",
+        ),
+    }[item]
+    if damage == "values":
+        _overwrite_values(tmp_path / "2", item, leaf)
+    else:
+        _garble_middle(tmp_path / "2", item)
+    params_damaged = item == ckpt.PARAMS_ITEM
+    host_params = {1: jax.device_get(state1[0]), 2: jax.device_get(state2[0])}
+
+    # Params only (bertjax.load, init_from): reads no optimizer state, so only a damaged
+    # params item makes it fall back. Checked on one device and on another mesh layout.
+    other = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "fsdp"))
+    on_other_mesh = abstract(state1[0], NamedSharding(other, P("data")))
+    for target in (None, on_other_mesh):
+        step, params, meta = ckpt.restore_params(tmp_path, abstract_params=target)
+        expected = 1 if params_damaged else 2
+        assert (step, meta) == (expected, {"step": expected})
+        assert_trees_equal(jax.device_get(params), host_params[expected])
+    assert os.path.isdir(tmp_path / "2")  # readers move nothing
+    if params_damaged:
+        with pytest.raises(ckpt.CheckpointRestoreError, match=r"step 2"):
+            ckpt.restore_params(tmp_path, step=2)
+
+    # Resuming: the damaged step is named, moved aside, and the previous one restored.
+    with ckpt.Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
+        with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+            restored = checkpointer.restore(
+                abstract_params=abstract(state1[0]), abstract_opt_state=abstract(state1[1])
+            )
+        assert restored.step == 1 and restored.meta == {"step": 1}
+        assert_trees_equal(restored.params, state1[0])
+        assert_trees_equal(restored.opt_state, state1[1])
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("step 2" in m and "cannot be restored" in m for m in messages), messages
+        if damage == "values":
+            assert any(
+                f"step 2 is damaged: {leaf_name}" in m and "fingerprint mismatch" in m
+                for m in messages
+            ), messages
+        assert checkpointer.all_steps() == [1]
+        assert [name.split("-")[0] for name in os.listdir(tmp_path / ckpt.CORRUPT_SUBDIR)] == ["2"]
+    gc.collect()
+
+
+def _save_unchecked(directory, step, params, opt_state, meta):
+    """Write a step the way checkpoints were written before integrity records existed."""
+    manager = ocp.CheckpointManager(
+        epath.Path(directory), item_names=ckpt.ITEM_NAMES, item_handlers=ckpt._item_handlers()
+    )
+    manager.save(
+        step,
+        args=ocp.args.Composite(
+            **{
+                ckpt.PARAMS_ITEM: ocp.args.StandardSave(params),
+                ckpt.OPT_STATE_ITEM: ocp.args.StandardSave(opt_state),
+                ckpt.META_ITEM: ocp.args.JsonSave(meta),
+            }
+        ),
+    )
+    manager.close()
+
+
+def test_old_checkpoints_restore_with_finiteness_checked(tmp_path, mesh, caplog):
+    params1, opt1 = make_trained_state(mesh, seed=1)
+    params2, opt2 = make_trained_state(mesh, seed=2)
+    _save_unchecked(tmp_path, 1, params1, opt1, {"step": 1})
+    # A NaN in the optimizer state: saving refuses that now, older versions did not.
+    adam = opt2[0]._replace(
+        mu={
+            **opt2[0].mu,
+            "embeddings": {
+                "embedding": jnp.full_like(opt2[0].mu["embeddings"]["embedding"], jnp.nan)
+            },
+        }
+    )
+    _save_unchecked(tmp_path, 2, params2, (adam,) + tuple(opt2[1:]), {"step": 2})
+    with ckpt.Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
+        with caplog.at_level(logging.WARNING, logger=ckpt.__name__):
+            restored = checkpointer.restore(
+                abstract_params=abstract(params1), abstract_opt_state=abstract(opt1)
+            )
+    assert restored.step == 1 and restored.meta == {"step": 1}
+    assert_trees_equal(restored.opt_state, opt1)
+    assert any(
+        "step 2" in m and "opt_state[0].mu['embeddings']['embedding'] holds NaN or inf" in m
+        for m in [r.getMessage() for r in caplog.records]
+    )
+    # Old params-only reads still work (step 2 was moved aside above).
+    step, params, meta = ckpt.restore_params(tmp_path)
+    assert (step, meta) == (1, {"step": 1})
+    assert_trees_equal(params, jax.device_get(params1))
+
+
+def test_fingerprints_cover_values_positions_and_dtypes(mesh):
+    params, opt_state = make_trained_state(mesh, seed=3)
+    summaries = ckpt.summarise({"params": params, "opt_state": opt_state})
+    names = [s.name for s in summaries]
+    assert "params['layer_0']['scale']" in names and "opt_state[0].count" in names
+    by_name = {s.name: s for s in summaries}
+    assert by_name["params['layer_0']['scale']"].dtype == "bfloat16"
+
+    def fingerprint(x):
+        return ckpt.summarise({"x": x})[0].fingerprint
+
+    kernel = params["layer_0"]["kernel"]
+    host = np.asarray(kernel)
+    # The same values on one device, on another mesh, and as numpy: the same fingerprint.
+    other = Mesh(np.array(jax.devices()).reshape(4, 2), ("data", "fsdp"))
+    assert fingerprint(kernel) == by_name["params['layer_0']['kernel']"].fingerprint
+    assert fingerprint(jax.device_put(host, NamedSharding(other, P(None, "fsdp")))) == (
+        fingerprint(kernel)
+    )
+    assert fingerprint(jax.device_put(host, jax.devices()[3])) == fingerprint(kernel)
+    # One flipped low bit, two swapped elements, a transposed copy: all different.
+    flipped = host.copy()
+    flipped.view(np.uint32)[5, 7] ^= 1
+    swapped = host.copy()
+    swapped[0, 0], swapped[0, 1] = host[0, 1], host[0, 0]
+    square = host[:64, :64]
+    for changed in (flipped, swapped):
+        assert fingerprint(changed) != fingerprint(host)
+    assert fingerprint(np.ascontiguousarray(square.T)) != fingerprint(square)
+    # 64-bit and boolean leaves are covered too.
+    assert fingerprint(np.arange(10, dtype=np.uint8)) != fingerprint(
+        np.arange(1, 11, dtype=np.uint8)
+    )
+    assert fingerprint(np.array([True, False])) != fingerprint(np.array([False, True]))
+
+
+# ----------------------------------------------------------------------------- failed saves
+
+
+def _fill_disk_at(monkeypatch, directory, step):
+    """From now on, writing a file of `step` fails the way a full disk fails."""
+    path_class = type(epath.Path(os.fspath(directory)))
+    write_text = path_class.write_text
+
+    def full_disk_write_text(self, *args, **kwargs):
+        relative = os.path.relpath(os.fspath(self), os.fspath(directory))
+        if relative.split(os.sep)[0].split(".")[0] == str(step):  # "2" or "2.orbax-checkpoint-tmp"
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(self))
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(path_class, "write_text", full_disk_write_text)
+
+
+def _poll_until_save_fails(checkpointer):
+    for _ in range(6000):  # the write fails within milliseconds; 60 s before giving up
+        checkpointer.check_for_errors()
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("noticed_by", ["check_for_errors", "next_save", "close", "sync_save"])
+def test_full_disk_is_one_error_at_the_save_that_failed(
+    tmp_path, mesh, caplog, monkeypatch, noticed_by
+):
+    params1, opt1 = make_state(mesh, seed=1)
+    params2, opt2 = make_state(mesh, seed=2)
+    checkpointer = ckpt.Checkpointer(
+        tmp_path, save_interval_steps=1, async_save=noticed_by != "sync_save"
+    )
+    assert checkpointer.save(1, params=params1, opt_state=opt1, meta={"step": 1})
+    checkpointer.wait_until_finished()
+    _fill_disk_at(monkeypatch, tmp_path, 2)
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(ckpt.CheckpointSaveError) as failure:
+        if noticed_by == "sync_save":
+            checkpointer.save(2, params=params2, opt_state=opt2, meta={"step": 2})
+        else:
+            assert checkpointer.save(2, params=params2, opt_state=opt2, meta={"step": 2})
+            if noticed_by == "check_for_errors":
+                _poll_until_save_fails(checkpointer)
+            elif noticed_by == "next_save":
+                checkpointer.save(3, params=params2, opt_state=opt2, meta={"step": 3})
+            else:
+                checkpointer.close()
+    message = str(failure.value)
+    assert "\n" not in message
+    assert message.startswith(f"could not write checkpoint step 2 to {tmp_path}: the disk is full")
+    assert "step 1 is the newest complete checkpoint" in message
+    assert (failure.value.step, failure.value.last_complete_step) == (2, 1)
+    assert isinstance(failure.value.__cause__, OSError)
+    # Orbax's own per-thread tracebacks of the failure are not printed.
+    noisy = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+    assert not noisy, [r.getMessage() for r in noisy]
+    checkpointer.close()  # reported once: closing does not raise it again
+    monkeypatch.undo()
+
+    step, params, meta = ckpt.restore_params(tmp_path)
+    assert (step, meta) == (1, {"step": 1})
+    assert_trees_equal(params, jax.device_get(params1))
+    with ckpt.Checkpointer(tmp_path, save_interval_steps=1) as checkpointer:
+        restored = checkpointer.restore(
+            abstract_params=abstract(params1), abstract_opt_state=abstract(opt1)
+        )
+        assert restored.step == 1
+        assert checkpointer.save(2, params=params2, opt_state=opt2, meta={"step": 2})
+    assert ckpt.read_meta(tmp_path) == {"step": 2}
+
+
+def test_failure_without_a_complete_step_says_so(tmp_path, mesh, monkeypatch):
+    params, opt_state = make_state(mesh)
+    _fill_disk_at(monkeypatch, tmp_path, 5)
+    with ckpt.Checkpointer(tmp_path, save_interval_steps=1, async_save=False) as checkpointer:
+        with pytest.raises(ckpt.CheckpointSaveError, match=r"step 5 .*no complete checkpoint"):
+            checkpointer.save(5, params=params, opt_state=opt_state, meta={})
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+def test_fallback_past_unreadable_steps_prints_no_ignored_exceptions(tmp_path, mesh, monkeypatch):
+    # Many arrays: when the first read fails, many others are still running in TensorStore.
+    rng = np.random.default_rng(0)
+    sharding = NamedSharding(mesh, P("fsdp"))
+    params = {
+        f"w{i}": jax.device_put(rng.standard_normal((256, 64), np.float32), sharding)
+        for i in range(32)
+    }
+    opt_state = optax.sgd(0.1).init(params)
+    save_steps(tmp_path, params, opt_state, [1, 2, 3])
+    for step in ("2", "3"):
+        _delete_params_data(tmp_path / step)
+    reported = []
+    monkeypatch.setattr(sys, "unraisablehook", reported.append)
+    for _ in range(2):
+        step, _, _ = ckpt.restore_params(tmp_path)
+        assert step == 1
+    gc.collect()
+    assert not reported, [f"{u.object!r}: {u.exc_value!r}" for u in reported]
