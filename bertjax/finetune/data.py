@@ -1,0 +1,484 @@
+"""Task data: files read into examples, labels mapped to ids, examples encoded to arrays.
+
+    load_task(data settings, task, encoder) -> TaskData: all of the below for every file
+    read_split(path, layout, task)  -> Split of Records (texts, label, id, line number)
+    head_for(task, train, labels)   -> HeadSpec: the labels found in training (or GLUE's)
+    encode(split, head, encoder)    -> Examples: [n, max_seq_length] arrays and labels
+
+Sentence tasks are encoded by `bertjax.Model.encode`: [CLS] A [SEP] or [CLS] A [SEP] B [SEP],
+pairs cut longest-first, as google-research/bert's run_classifier does. Token tasks are
+encoded word by word (`heads.encode_words`): the first sub-word of each word carries its tag.
+
+Bad input raises TaskDataError, one message naming the file, the line and what is wrong:
+an empty file, a missing column, an empty text, a label in validation or test data that
+the training data never has, a label that is not a number (regression).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+import pathlib
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from bertjax import heads
+from bertjax.finetune.layouts import CONLL, JSONL, TRAIN, TSV, Layout
+from bertjax.heads import MULTI_LABEL, REGRESSION, HeadSpec
+from bertjax.inference import InferenceError, Model, TruncationWarning
+from bertjax.settings import FinetuneDataSettings
+
+# Texts per call to the encoder: bounds the memory of its padded intermediate arrays.
+_ENCODE_CHUNK = 4096
+# The CoNLL-2003 files start documents with this line; it is not a sentence.
+_DOCSTART = "-DOCSTART-"
+
+
+class TaskDataError(ValueError):
+    """Task data that cannot be used; the message names the file, the line and the problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Record:
+    """One example as read from its file."""
+
+    line: int  # 1-based line where it starts
+    index: str  # its id: the file's id column, else its 0-based position
+    texts: tuple[str, ...]  # one text, a pair, or (token tasks) the sentence's words
+    label: Any  # str, float, tuple of str (multi-label, token tags), None if unlabelled
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """The examples of one file."""
+
+    name: str  # train, validation, test (MNLI: validation_matched, ...)
+    path: str
+    records: list[Record]
+    has_labels: bool
+    skipped: int = 0  # malformed rows skipped (Layout.skip_malformed)
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples:
+    """A split encoded for the model, in file order."""
+
+    name: str
+    path: str
+    features: dict[str, np.ndarray]  # input_ids, input_mask, segment_ids [n, seq], labels
+    indices: list[str]  # each example's id, for prediction files
+    has_labels: bool
+    # Token tasks: per sentence, each word's first sub-word position (-1: cut) and its
+    # gold tag id (-1 without labels).
+    word_positions: list[np.ndarray] | None = None
+    word_labels: list[np.ndarray] | None = None
+    full_rows: int = 0  # inputs filling all max_seq_length positions (longer ones were cut)
+    words_cut: int = 0  # token tasks: words without a position
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_split(
+    path: str | pathlib.Path, layout: Layout, task: str, name: str, require_labels: bool
+) -> Split:
+    """Reads one file; `require_labels`: a file without its label column is an error."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise TaskDataError(f"{path}: no such file ({name} data)")
+    if path.stat().st_size == 0:
+        raise TaskDataError(f"{path} is empty ({name} data): it holds no examples")
+    if layout.format == CONLL:
+        records, skipped = _read_conll(path), 0
+        has_labels = bool(records) and records[0].label is not None
+    elif layout.format == JSONL:
+        records, has_labels, skipped = _read_jsonl(path, layout, task)
+    else:
+        records, has_labels, skipped = _read_delimited(path, layout, task)
+    if not records:
+        raise TaskDataError(f"{path} holds no examples ({name} data)")
+    if require_labels and not has_labels:
+        where = "tags" if layout.format == CONLL else f"label column {layout.label_field!r}"
+        raise TaskDataError(f"{path}: no {where}; {name} data needs labels")
+    return Split(name, str(path), records, has_labels, skipped)
+
+
+def _label_value(path, line: int, raw: Any, layout: Layout, task: str) -> Any:
+    """A label as read, checked for the task: str, float or tuple of str."""
+    where = f"{path} line {line}"
+    if task == REGRESSION:
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            value = math.nan
+        if isinstance(raw, bool) or not math.isfinite(value):
+            raise TaskDataError(f"{where}: label {raw!r} is not a finite number (regression)")
+        return value
+    if task == MULTI_LABEL:
+        if isinstance(raw, list):
+            labels = [str(x).strip() for x in raw]
+        elif isinstance(raw, str):
+            parts = raw.split(layout.label_separator) if layout.label_separator else [raw]
+            labels = [p.strip() for p in parts if p.strip()]
+        else:
+            raise TaskDataError(
+                f"{where}: label {raw!r} is neither a list nor a string of labels (multi_label)"
+            )
+        if any(not label for label in labels):
+            raise TaskDataError(f"{where}: an empty label in {raw!r}")
+        return tuple(dict.fromkeys(labels))  # each label once, in the order given
+    if isinstance(raw, (dict, list)) or raw is None:
+        raise TaskDataError(f"{where}: label {raw!r} is not a single label")
+    label = str(raw).strip()
+    if not label:
+        raise TaskDataError(f"{where}: the label is empty")
+    return label
+
+
+def _text(path, line: int, value: Any, field: str | int) -> str:
+    if not isinstance(value, str):
+        raise TaskDataError(
+            f"{path} line {line}: field {field!r} holds {type(value).__name__} {value!r}, not text"
+        )
+    if not value.strip():
+        raise TaskDataError(f"{path} line {line}: the text in {field!r} is empty")
+    return value
+
+
+def _read_delimited(path: pathlib.Path, layout: Layout, task: str):
+    delimiter = "\t" if layout.format == TSV else ","
+    # TSV files (GLUE's among them) do not quote: a quote character is text.
+    quoting = csv.QUOTE_NONE if layout.format == TSV else csv.QUOTE_MINIMAL
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
+        rows = _rows(reader)
+        columns: dict[str | int, int]
+        if layout.header:
+            first = next(rows, None)
+            if first is None:
+                raise TaskDataError(f"{path} is empty: no header and no examples")
+            _, header = first
+            columns = {name.strip(): k for k, name in enumerate(header)}
+        else:
+            columns = {}
+
+        def position(field: str | int, role: str, required: bool) -> int | None:
+            if isinstance(field, int):
+                return field
+            if field in columns:
+                return columns[field]
+            if not required:
+                return None
+            raise TaskDataError(
+                f"{path} line 1: no {role} column {field!r}; the header has {list(columns)}"
+            )
+
+        text_at = [position(f, "text", True) for f in layout.text_fields]
+        label_at = (
+            position(layout.label_field, "label", False) if layout.label_field is not None else None
+        )
+        index_at = position(layout.index_field, "id", False) if layout.index_field else None
+        needed = max([*text_at, label_at if label_at is not None else -1]) + 1
+        records, skipped = [], 0
+        for line, row in rows:
+            if len(row) < needed:
+                if layout.skip_malformed:
+                    skipped += 1
+                    continue
+                raise TaskDataError(
+                    f"{path} line {line}: {len(row)} field(s), but column "
+                    f"{_field_name(layout, needed - 1, columns)!r} is field {needed}"
+                )
+            texts = tuple(
+                _text(path, line, row[k], field) for k, field in zip(text_at, layout.text_fields)
+            )
+            label = None
+            if label_at is not None:
+                label = _label_value(path, line, row[label_at], layout, task)
+            index = row[index_at].strip() if index_at is not None else str(len(records))
+            records.append(Record(line, index, texts, label))
+    return records, label_at is not None, skipped
+
+
+def _rows(reader) -> Iterator[tuple[int, list[str]]]:
+    """(first line number, fields) of each row that is not blank."""
+    start = 1
+    for row in reader:
+        line, start = start, reader.line_num + 1
+        if any(field.strip() for field in row):
+            yield line, row
+
+
+def _field_name(layout: Layout, position: int, columns: dict) -> str | int:
+    names = {k: name for name, k in columns.items()}
+    return names.get(position, position)
+
+
+def _read_jsonl(path: pathlib.Path, layout: Layout, task: str):
+    records = []
+    labelled = None
+    with open(path, encoding="utf-8-sig") as f:
+        for line, text in enumerate(f, start=1):
+            if not text.strip():
+                continue
+            try:
+                obj = json.loads(text)
+            except ValueError as err:
+                raise TaskDataError(f"{path} line {line}: not a JSON object ({err})") from None
+            if not isinstance(obj, dict):
+                raise TaskDataError(f"{path} line {line}: a JSON {type(obj).__name__}, not object")
+            for field in layout.text_fields:
+                if field not in obj:
+                    raise TaskDataError(
+                        f"{path} line {line}: no text field {field!r}; it has {sorted(obj)}"
+                    )
+            texts = tuple(_text(path, line, obj[field], field) for field in layout.text_fields)
+            has_label = layout.label_field is not None and layout.label_field in obj
+            if labelled is None:
+                labelled = has_label
+            elif has_label != labelled:
+                state = "has" if has_label else "lacks"
+                raise TaskDataError(
+                    f"{path} line {line}: {state} label field {layout.label_field!r}, unlike "
+                    "the lines before it; give every example a label, or none"
+                )
+            label = (
+                _label_value(path, line, obj[layout.label_field], layout, task)
+                if has_label
+                else None
+            )
+            index = str(obj[layout.index_field]) if layout.index_field in obj else str(len(records))
+            records.append(Record(line, index, texts, label))
+    return records, bool(labelled), 0
+
+
+def _read_conll(path: pathlib.Path) -> list[Record]:
+    records = []
+    words: list[str] = []
+    tags: list[str] = []
+    start = 0
+    tagged = None
+
+    def close():
+        if words:
+            label = tuple(tags) if tagged else None
+            records.append(Record(start, str(len(records)), tuple(words), label))
+            words.clear()
+            tags.clear()
+
+    with open(path, encoding="utf-8-sig") as f:
+        for line, text in enumerate(f, start=1):
+            parts = text.split()
+            if not parts or parts[0] == _DOCSTART:
+                close()
+                continue
+            if not words:
+                start = line
+            has_tag = len(parts) > 1
+            if tagged is None:
+                tagged = has_tag
+            elif has_tag != tagged:
+                raise TaskDataError(
+                    f"{path} line {line}: {'a' if has_tag else 'no'} tag after "
+                    f"{'untagged' if has_tag else 'tagged'} lines; write `token TAG` on every "
+                    "line, or only tokens"
+                )
+            words.append(parts[0])
+            tags.append(parts[-1])
+    close()
+    return records
+
+
+# ----------------------------------------------------------------------------- labels
+
+
+def _label_order(labels: set[str]) -> list[str]:
+    """Numbers in numeric order ("2" before "10"), anything else alphabetically."""
+    try:
+        return sorted(labels, key=float)
+    except ValueError:
+        return sorted(labels)
+
+
+def head_for(task: str, train: Split, labels: Sequence[str] | None = None) -> HeadSpec:
+    """The head of a task: the given labels (GLUE's), else those found in the training data."""
+    if labels is None:
+        if task == REGRESSION:
+            labels = ["score"]
+        else:
+            found: set[str] = set()
+            for record in train.records:
+                found.update(record.label if isinstance(record.label, tuple) else (record.label,))
+            labels = _label_order(found)
+    try:
+        return HeadSpec(task, tuple(labels))
+    except ValueError as err:
+        raise TaskDataError(f"{train.path}: {err}") from None
+
+
+def check_labels(split: Split, head: HeadSpec, train_path: str) -> None:
+    """Fails at the first label of `split` that the head does not have."""
+    if head.task == REGRESSION or not split.has_labels:
+        return
+    known = set(head.labels)
+    for record in split.records:
+        for label in record.label if isinstance(record.label, tuple) else (record.label,):
+            if label not in known:
+                shown = ", ".join(head.labels[:10]) + (" ..." if len(head.labels) > 10 else "")
+                raise TaskDataError(
+                    f"{split.path} line {record.line}: label {label!r} never appears in the "
+                    f"training data {train_path} (its labels: {shown})"
+                )
+
+
+# ----------------------------------------------------------------------------- encoding
+
+
+def encode(split: Split, head: HeadSpec, encoder: Model, max_seq_length: int) -> Examples:
+    """A split's examples as [n, max_seq_length] arrays, labels per the head.
+
+    `encoder` provides the tokenizer and the sentence encoding; its parameters are not used.
+    """
+    if head.token_level:
+        return _encode_words(split, head, encoder, max_seq_length)
+    n = len(split.records)
+    features = {
+        name: np.zeros((n, max_seq_length), np.int32)
+        for name in ("input_ids", "input_mask", "segment_ids")
+    }
+    pairs = len(split.records[0].texts) == 2
+    for start in range(0, n, _ENCODE_CHUNK):
+        chunk = split.records[start : start + _ENCODE_CHUNK]
+        with warnings.catch_warnings():
+            # Long inputs are cut, as google's run_classifier cuts them; counted below.
+            warnings.simplefilter("ignore", TruncationWarning)
+            try:
+                encoded = encoder.encode(
+                    [r.texts[0] for r in chunk],
+                    [r.texts[1] for r in chunk] if pairs else None,
+                    max_length=max_seq_length,
+                )
+            except InferenceError as err:
+                raise TaskDataError(f"{split.path}: {err}") from None
+        width = encoded["input_ids"].shape[1]
+        for name in features:
+            features[name][start : start + len(chunk), :width] = encoded[name]
+    features["labels"] = _sentence_labels(split, head)
+    return Examples(
+        split.name,
+        split.path,
+        features,
+        [r.index for r in split.records],
+        split.has_labels,
+        full_rows=int(np.sum(features["input_mask"][:, -1])),
+    )
+
+
+def _sentence_labels(split: Split, head: HeadSpec) -> np.ndarray:
+    n = len(split.records)
+    if head.task == REGRESSION:
+        values = [r.label if split.has_labels else 0.0 for r in split.records]
+        return np.asarray(values, np.float32)  # [n]
+    ids = {label: k for k, label in enumerate(head.labels)}
+    if head.task == MULTI_LABEL:
+        targets = np.zeros((n, head.num_outputs), np.float32)  # [n, labels]
+        if split.has_labels:
+            for row, record in enumerate(split.records):
+                targets[row, [ids[label] for label in record.label]] = 1.0
+        return targets
+    if not split.has_labels:
+        return np.zeros(n, np.int32)
+    return np.asarray([ids[r.label] for r in split.records], np.int32)  # [n]
+
+
+def _encode_words(split: Split, head: HeadSpec, encoder: Model, max_seq_length: int) -> Examples:
+    inputs = heads.encode_words(
+        encoder.tokenizer, [list(r.texts) for r in split.records], max_seq_length
+    )
+    ids = {label: k for k, label in enumerate(head.labels)}
+    labels = np.full(inputs.input_ids.shape, heads.IGNORE_LABEL, np.int32)  # [n, seq]
+    word_labels = []
+    for row, (record, where) in enumerate(zip(split.records, inputs.word_positions)):
+        gold = (
+            np.asarray([ids[tag] for tag in record.label], np.int32)
+            if split.has_labels
+            else np.full(len(where), heads.IGNORE_LABEL, np.int32)
+        )
+        kept = where >= 0
+        if split.has_labels:
+            labels[row, where[kept]] = gold[kept]
+        word_labels.append(gold)
+    return Examples(
+        split.name,
+        split.path,
+        {
+            "input_ids": inputs.input_ids,
+            "input_mask": inputs.input_mask,
+            "segment_ids": inputs.segment_ids,
+            "labels": labels,
+        },
+        [r.index for r in split.records],
+        split.has_labels,
+        word_positions=inputs.word_positions,
+        word_labels=word_labels,
+        full_rows=int(np.sum(inputs.input_mask[:, -1])),
+        words_cut=inputs.words_cut,
+    )
+
+
+# ----------------------------------------------------------------------------- a task
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskData:
+    """A task's head and its encoded splits."""
+
+    head: HeadSpec
+    train: Examples
+    validation: list[Examples]  # one, or MNLI's matched and mismatched
+    test: list[Examples]  # possibly none
+    notes: list[str]  # what the user should know: skipped rows, cut inputs
+
+
+def load_task(data: FinetuneDataSettings, task: str, encoder: Model) -> TaskData:
+    """Reads, checks and encodes a task's files (settings.FinetuneDataSettings)."""
+    layout = dict(data.layouts)
+    train = read_split(data.train, layout[data.train], task, TRAIN, require_labels=True)
+    head = head_for(task, train, data.labels)
+    validation = [
+        read_split(path, layout[path], task, name, require_labels=True)
+        for name, path in data.validation
+    ]
+    test = [
+        read_split(path, layout[path], task, name, require_labels=False) for name, path in data.test
+    ]
+    for split in (train, *validation, *test):
+        check_labels(split, head, train.path)
+    encoded = [
+        encode(split, head, encoder, data.max_seq_length) for split in (train, *validation, *test)
+    ]
+    notes = []
+    for split, examples in zip((train, *validation, *test), encoded):
+        if split.skipped:
+            notes.append(f"{split.path}: skipped {split.skipped} malformed row(s)")
+        if examples.full_rows:
+            notes.append(
+                f"{split.path}: {examples.full_rows} of {len(examples)} example(s) fill all "
+                f"{data.max_seq_length} positions; longer ones were cut"
+            )
+        if examples.words_cut:
+            notes.append(
+                f"{split.path}: {examples.words_cut} word(s) past {data.max_seq_length} "
+                "sub-words (or without tokens) get no prediction of their own"
+            )
+    return TaskData(
+        head, encoded[0], encoded[1 : 1 + len(validation)], encoded[1 + len(validation) :], notes
+    )

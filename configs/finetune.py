@@ -1,0 +1,84 @@
+"""Fine-tune a pretrained BERT: google-research/bert's run_classifier defaults.
+
+    python finetune.py --workdir runs/sst2 --config.init_from=runs/tiny \
+        --config.data.glue_task=sst2 --config.data.dir=glue/SST-2
+
+    python finetune.py --workdir runs/reviews --config.init_from=runs/tiny \
+        --config.task=classification --config.data.train=train.csv \
+        --config.data.validation=dev.csv --config.data.text_fields=review \
+        --config.data.label_field=stars
+
+Every field is validated by `bertjax.settings.FinetuneSettings.from_config` before any data
+is read or anything is compiled.
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict()
+    # The model to fine-tune: a bertjax work directory (its latest checkpoint), a directory
+    # written by bertjax.hf.save, or a Hugging Face BERT directory with its tokenizer. Required.
+    config.init_from = ""
+    # classification | regression | multi_label | token_classification; may stay empty with
+    # data.glue_task, which implies it.
+    config.task = ""
+
+    config.data = ml_collections.ConfigDict(
+        dict(
+            # Your own files: CSV, TSV (both with a header row), JSON Lines, or for
+            # token_classification CoNLL-style `token TAG` lines with blank lines between
+            # sentences. The test file may lack labels; predictions are written for it.
+            train="",
+            validation="",
+            test="",
+            format="",  # csv | tsv | jsonl | conll; empty: by each file's extension
+            text_fields="sentence",  # one field, or two for pairs: "sentence1,sentence2"
+            label_field="label",
+            # multi_label: labels are a JSON list, or a string split at this separator.
+            label_separator="",
+            # Or a GLUE task (cola, sst2, mrpc, stsb, qqp, mnli, qnli, rte, wnli) read from
+            # its directory of the standard download: its labels and metric come with it.
+            glue_task="",
+            dir="",
+            max_seq_length=128,
+        )
+    )
+    # BertConfig fields a run may change; the architecture comes from init_from.
+    config.model = ml_collections.ConfigDict(
+        dict(
+            dtype="float32",  # compute dtype; bfloat16 on TPU/GPU
+            attention_impl="auto",
+            remat_policy="none",
+            hidden_dropout=0.1,
+            attention_dropout=0.1,
+        )
+    )
+    # AdamW with BERT's weight-decay mask; linear warmup over warmup_fraction of the steps,
+    # then linear decay to 0.
+    config.optimizer = ml_collections.ConfigDict(
+        dict(
+            learning_rate=2e-5,
+            warmup_fraction=0.1,
+            weight_decay=0.01,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            max_grad_norm=1.0,
+        )
+    )
+    config.num_epochs = 3  # evaluated on data.validation after each one
+    config.batch_size = 32  # global, over all processes and devices
+    config.grad_accum_steps = 1
+    config.eval_batch_size = 64
+    # One run per seed (--config.seeds=1,2,3): each in <workdir>/seed_<n>, and the median of
+    # the best validation metric over them, as GLUE papers report.
+    config.seeds = (1,)
+    # The metric that picks the best checkpoint; empty: the task's (GLUE's) own.
+    config.metric = ""
+    config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices
+    config.token_capacity = 1.0  # < 1 packs real tokens and skips padding (see default.py)
+    config.log_every_steps = 50
+    # The latest state is also saved after every epoch; rerunning the command resumes.
+    config.checkpoint_every_steps = 1000
+    return config
