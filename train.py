@@ -19,6 +19,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bertjax import checkpoint as checkpoint_lib
 from bertjax import settings as settings_lib
 from bertjax import trainer
 from bertjax import workdir as workdir_lib
@@ -91,12 +92,15 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 # Failures whose message names the cause and what to do: bad config or input (data
-# preparation reports bad input as ValueError), a non-finite loss, a busy work directory.
+# preparation reports bad input as ValueError), a non-finite loss, a busy work directory, a
+# checkpoint that could not be written or read.
 EXPECTED_FAILURES = (
     settings_lib.ConfigError,
     ValueError,
     trainer.NonFiniteError,
     workdir_lib.WorkdirLockedError,
+    checkpoint_lib.CheckpointSaveError,
+    checkpoint_lib.CheckpointRestoreError,
 )
 
 

@@ -216,6 +216,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
                 progress.update(step)
                 if len(pending) >= 2:  # the previous step has finished by now: stop on it
                     raise_if_nonfinite(pending[-2:-1], step - 1)
+                checkpointer.check_for_errors()  # a failed background write stops the run now
                 if step == first_step + 1:  # the first step compiled: time from here on
                     jax.block_until_ready(metrics)
                     throughput.restart(step)
