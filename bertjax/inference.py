@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 import pathlib
@@ -125,7 +126,6 @@ class Model:
         self._device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         self.batch_size = _round_up(batch_size, self._rows_multiple)
         self.params = self._place(params)
-        self._functions: dict[tuple, Callable] = {}
 
     # ------------------------------------------------------------------------------------
     # Loading and saving
@@ -430,60 +430,15 @@ class Model:
         return list(zip(positions, scores, ids_out))
 
     def _function(self, kind: str, **static) -> Callable:
-        """The jitted function for a task, made once; jit then compiles once per bucket."""
-        key = (kind, *sorted(static.items()))
-        if key not in self._functions:
-            make = {"fill_mask": self._fill_mask_function, "embed": self._embed_function}[kind]
-            self._functions[key] = jax.jit(make(**static))
-        return self._functions[key]
+        """The task's jitted function with this model's static arguments bound.
 
-    def _fill_mask_function(self, top_k: int) -> Callable:
-        config = self._run_config
-        # Ids past the tokenizer's pieces (a vocabulary padded to a multiple of 8) are
-        # never proposed; the softmax still spans every row, as transformers computes it.
-        usable = self.tokenizer.vocab_size
-
-        def fill_mask(params, batch):
-            out = BertForPreTraining(config).apply(
-                {"params": params},
-                batch["input_ids"],
-                batch["segment_ids"],
-                batch["input_mask"],
-                batch["masked_lm_positions"],
-                deterministic=True,
-            )
-            probs = jax.nn.softmax(out.mlm_logits, axis=-1)  # [b, p, v] float32
-            if usable < config.vocab_size:
-                probs = jnp.where(jnp.arange(config.vocab_size) < usable, probs, -1.0)
-            return jax.lax.top_k(probs, top_k)  # [b, p, k] scores, [b, p, k] ids
-
-        return fill_mask
-
-    def _embed_function(self, pooling: str, normalize: bool) -> Callable:
-        config = self._run_config
-
-        def embed(params, batch):
-            sequence, pooled = BertModel(config).apply(
-                {"params": params["bert"]},
-                batch["input_ids"],
-                batch["segment_ids"],
-                batch["input_mask"],
-                deterministic=True,
-            )  # [b, s, h], [b, h]
-            if pooling == "cls":
-                vectors = sequence[:, 0].astype(jnp.float32)  # [b, h]
-            elif pooling == "pooler":
-                vectors = pooled.astype(jnp.float32)
-            else:
-                mask = batch["input_mask"][..., None].astype(jnp.float32)  # [b, s, 1]
-                total = jnp.sum(sequence.astype(jnp.float32) * mask, axis=1)  # [b, h]
-                vectors = total / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
-            if normalize:
-                norm = jnp.linalg.norm(vectors, axis=-1, keepdims=True)  # [b, 1]
-                vectors = vectors / jnp.maximum(norm, 1e-12)
-            return vectors
-
-        return embed
+        The jitted functions are shared by every Model, so a model loaded again, or another
+        model of the same configuration, reuses what was compiled; jit compiles once per
+        bucket shape.
+        """
+        if kind == "fill_mask":
+            static["usable"] = self.tokenizer.vocab_size
+        return functools.partial(_TASKS[kind], config=self._run_config, **static)
 
     def _run(self, function: Callable, features: list[dict[str, np.ndarray]]) -> Iterator:
         """Yields (rows, outputs) per batch: the rows of `features` and numpy outputs for them.
@@ -551,7 +506,9 @@ class Model:
         if self.mesh is None:
             return jax.device_put(params, self._device)
         model = BertForPreTraining(self._run_config)
-        abstract = sharding_lib.abstract_init(model, jax.random.key(0), {"input_ids": (1, 1)})
+        ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
+        # Shapes and logical axis names only; nothing is computed.
+        abstract = jax.eval_shape(lambda key: model.init(key, ids)["params"], jax.random.key(0))
         shardings = sharding_lib.logical_shardings(abstract, self.mesh)
         return jax.device_put(params, shardings)
 
@@ -575,6 +532,58 @@ class Model:
 
 
 # ----------------------------------------------------------------------------------------
+# The jitted tasks: params and a padded batch in, numpy-ready outputs out.
+
+
+@functools.partial(jax.jit, static_argnames=("config", "usable", "top_k"))
+def _fill_mask(params, batch, *, config: BertConfig, usable: int, top_k: int):
+    """Top-k probabilities and ids at masked_lm_positions: [b, p, k] each.
+
+    Ids from `usable` on (rows of a vocabulary padded past the tokenizer's pieces) are never
+    proposed; the softmax still spans every row, as transformers computes it.
+    """
+    out = BertForPreTraining(config).apply(
+        {"params": params},
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["input_mask"],
+        batch["masked_lm_positions"],
+        deterministic=True,
+    )
+    probs = jax.nn.softmax(out.mlm_logits, axis=-1)  # [b, p, v] float32
+    if usable < config.vocab_size:
+        probs = jnp.where(jnp.arange(config.vocab_size) < usable, probs, -1.0)
+    return jax.lax.top_k(probs, top_k)  # [b, p, k] scores, [b, p, k] ids
+
+
+@functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize"))
+def _embed(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
+    """One float32 vector per row: [b, h]."""
+    sequence, pooled = BertModel(config).apply(
+        {"params": params["bert"]},
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["input_mask"],
+        deterministic=True,
+    )  # [b, s, h], [b, h]
+    if pooling == "cls":
+        vectors = sequence[:, 0].astype(jnp.float32)  # [b, h]
+    elif pooling == "pooler":
+        vectors = pooled.astype(jnp.float32)
+    else:
+        mask = batch["input_mask"][..., None].astype(jnp.float32)  # [b, s, 1]
+        total = jnp.sum(sequence.astype(jnp.float32) * mask, axis=1)  # [b, h]
+        vectors = total / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+    if normalize:
+        norm = jnp.linalg.norm(vectors, axis=-1, keepdims=True)  # [b, 1]
+        vectors = vectors / jnp.maximum(norm, 1e-12)
+    return vectors
+
+
+_TASKS = {"fill_mask": _fill_mask, "embed": _embed}
+
+
+# ----------------------------------------------------------------------------------------
 # Helpers
 
 
@@ -591,7 +600,7 @@ def _as_texts(value: Any, name: str) -> list[str]:
         raise InferenceError(f"{name} is an empty list; give at least one text")
     for i, text in enumerate(texts):
         if not isinstance(text, str):
-            raise InferenceError(f"{name}[{i}] is a {type(text).__name__}, not a str")
+            raise InferenceError(f"{name}[{i}] is of type {type(text).__name__}, not str")
     return texts
 
 

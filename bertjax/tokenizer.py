@@ -842,5 +842,6 @@ class WordPieceTokenizer(Tokenizer):
             "do_lower_case": self.lowercase,
             "strip_accents": self.strip_accents,
             "tokenize_chinese_chars": self.tokenize_chinese_chars,
-            "clean_up_tokenization_spaces": True,
+            # Decode as bertjax does: the WordPiece decoder alone, no further clean-up.
+            "clean_up_tokenization_spaces": False,
         }

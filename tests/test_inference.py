@@ -1,0 +1,507 @@
+"""bertjax.Model: fill-mask, embeddings and inputs from text, checked against transformers.
+
+Two models go both ways between bertjax and transformers: one bertjax trains here (a short
+run on a synthetic corpus, saved as a work directory) and a random transformers BERT with a
+WordPiece vocab.txt, as published BERTs come.
+"""
+
+import json
+import pathlib
+import shutil
+import warnings
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+import transformers
+from safetensors import numpy as safetensors_numpy
+from synthetic_corpus import write_corpus
+from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
+
+import bertjax
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import data as data_lib
+from bertjax import inference, losses
+from bertjax import sharding as sharding_lib
+from bertjax.inference import InferenceError, Model, TruncationWarning
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.tokenizer import Tokenizer, TokenizerSettings, train_tokenizer
+
+ATOL = 1e-4
+TRAIN_STEPS = 40
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> pathlib.Path:
+    root = tmp_path_factory.mktemp("inference_data")
+    corpus = write_corpus(root / "corpus.txt")
+    data_lib.prepare(
+        [str(corpus)],
+        root / "prepared",
+        max_seq_length=32,
+        max_predictions_per_seq=5,
+        vocab_size=320,
+        dupe_factor=2,
+        eval_fraction=0.1,
+        workers=1,
+        seed=0,
+        verbose=False,
+    )
+    return root / "prepared"
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, data_dir) -> pathlib.Path:
+    """A work directory holding a model bertjax trained: checkpoints at two steps."""
+    tokenizer = Tokenizer.load(data_dir / "tokenizer.model")
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        attention_impl="xla",
+    )
+    model = BertForPreTraining(config)
+    init = jax.jit(lambda key: model.init(key, jnp.zeros((1, 8), jnp.int32))["params"])
+    params = jax.tree.map(np.asarray, nn.meta.unbox(init(jax.random.key(0))))
+    optimizer = optax.adamw(3e-3)
+    opt_state = optimizer.init(params)
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        def loss_fn(p):
+            out = model.apply(
+                {"params": p},
+                batch["input_ids"],
+                batch["segment_ids"],
+                batch["input_mask"],
+                batch["masked_lm_positions"],
+            )
+            sums = losses.loss_sums(out.mlm_logits, out.nsp_logits, batch)
+            return losses.total_loss(sums, sums.mlm_weight, sums.nsp_count)
+
+        grads = jax.grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    directory = tmp_path_factory.mktemp("workdir")
+    loader = data_lib.make_loader(data_dir, split="train", batch_size=16, seed=0)
+    meta = {"model_config": config.to_dict(), "tokenizer_fingerprint": tokenizer.fingerprint}
+    with checkpoint_lib.Checkpointer(
+        directory / "checkpoints", save_interval_steps=TRAIN_STEPS // 2, async_save=False
+    ) as checkpointer:
+        for i in range(1, TRAIN_STEPS + 1):
+            params, opt_state = step(params, opt_state, next(loader))
+            checkpointer.save(i, params=params, opt_state=opt_state, meta=meta)
+    tokenizer.save(directory / "tokenizer.model")
+    return directory
+
+
+@pytest.fixture(scope="module")
+def trained(workdir) -> Model:
+    return Model.load(workdir)
+
+
+@pytest.fixture(scope="module")
+def held_out(data_dir, trained) -> list[str]:
+    """Sentences of the corpus's evaluation documents, which training never saw."""
+    return inference.held_out_texts(data_dir, trained.tokenizer, count=6)
+
+
+def _randomize(module, seed):
+    """Every torch parameter random: LayerNorm scales near one, the rest std 0.2."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=generator) * 0.2
+            p.copy_((1.0 + noise) if "LayerNorm.weight" in name else noise)
+    return module.eval()
+
+
+@pytest.fixture(scope="module")
+def wordpiece_hf_dir(tmp_path_factory) -> pathlib.Path:
+    """A published-style BERT directory: config.json, model.safetensors, vocab.txt (uncased)."""
+    directory = tmp_path_factory.mktemp("hf_bert")
+    vocab = write_wordpiece_vocab(
+        directory / "vocab.txt", [s.lower() for s in VARIED] * 3 + SENTENCES, lowercase=True
+    )
+    size = len(vocab.read_text(encoding="utf-8").splitlines())
+    config = transformers.BertConfig(
+        vocab_size=size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
+    _randomize(transformers.BertForPreTraining(config), seed=1).save_pretrained(directory)
+    (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def wordpiece(wordpiece_hf_dir) -> Model:
+    return Model.load(wordpiece_hf_dir)
+
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+    "A statement is executed once for each item in the sequence.",
+    "Machine learning models learn patterns from data.",
+    "She sells sea shells by the sea shore.",
+    "The function returns a new list with the results.",
+]
+MASKED = [
+    "Paris is the [MASK] of France.",
+    "The quick brown [MASK] jumps over the lazy dog.",
+    "[MASK] learning models learn patterns from data.",
+    "A statement is executed once for each [MASK] in the sequence.",
+]
+
+
+def _assert_same_predictions(ours, theirs, check_text=True):
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        assert [p["token"] for p in a] == [p["token"] for p in b]
+        np.testing.assert_allclose(
+            [p["score"] for p in a], [p["score"] for p in b], atol=ATOL, rtol=0
+        )
+        if check_text:
+            assert [p["token_str"] for p in a] == [p["token_str"] for p in b]
+            # Up to spacing: sentencepiece trims the spaces a predicted lone "▁" leaves.
+            assert [p["sequence"].split() for p in a] == [p["sequence"].split() for p in b]
+
+
+def _loading_info(cls, directory):
+    _, info = cls.from_pretrained(directory, output_loading_info=True)
+    return {k: sorted(v) for k, v in info.items() if k in ("missing_keys", "unexpected_keys")}
+
+
+# ---------------------------------------------------------------------------------------------
+# A model bertjax trained: workdir -> Model -> transformers -> Model
+
+
+def test_load_workdir_latest_and_given_step(workdir, trained):
+    latest = trained
+    first = Model.load(workdir, step=TRAIN_STEPS // 2)
+    assert latest.source.endswith(f"step {TRAIN_STEPS}") and first.source.endswith("step 20")
+    config, params, tokenizer = bertjax.load(workdir)  # unchanged, and the same weights
+    assert tokenizer.fingerprint == latest.tokenizer.fingerprint and config == latest.config
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(latest.params), params)
+    words = latest.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    assert not np.array_equal(
+        words, first.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
+    )
+    with pytest.raises(InferenceError, match=r"step=7 is not a checkpoint.*\[20, 40\]"):
+        Model.load(workdir, step=7)
+
+
+def test_trained_model_export_matches_transformers_pipeline(trained, held_out, tmp_path):
+    model = trained
+    model.save_hf(tmp_path)
+    pipe = transformers.pipeline("fill-mask", model=str(tmp_path))
+    # Held-out text of the corpus it learned, its third word hidden, and some English.
+    words = [text.split() for text in held_out]
+    texts = [" ".join([*w[:2], "[MASK]", *w[3:]]) for w in words] + MASKED
+    for text in texts:
+        _assert_same_predictions([model.fill_mask(text)], [pipe(text, top_k=5)])
+    # The batched call gives what one text at a time gives.
+    batched = model.fill_mask(texts)
+    for text, result in zip(texts, batched):
+        _assert_same_predictions([result], [model.fill_mask(text)])
+
+
+def test_export_loads_in_transformers_with_nothing_missing(trained, tmp_path):
+    trained.save_hf(tmp_path)
+    assert _loading_info(transformers.BertForPreTraining, tmp_path) == {
+        "missing_keys": [],
+        "unexpected_keys": [],
+    }
+    # The masked-LM class has no pooler and no next-sentence head: transformers reports
+    # those two as unused, exactly as for Google's pretraining checkpoints.
+    assert _loading_info(transformers.AutoModelForMaskedLM, tmp_path) == {
+        "missing_keys": [],
+        "unexpected_keys": [
+            "bert.pooler.dense.bias",
+            "bert.pooler.dense.weight",
+            "cls.seq_relationship.bias",
+            "cls.seq_relationship.weight",
+        ],
+    }
+
+
+def test_export_round_trips_back_into_bertjax(trained, held_out, tmp_path):
+    model = trained
+    model.save_hf(tmp_path)
+    again = Model.load(tmp_path)
+    assert again.tokenizer.fingerprint == model.tokenizer.fingerprint
+    assert again.config.vocab_size == model.config.vocab_size
+    jax.tree.map(
+        np.testing.assert_array_equal, jax.device_get(again.params), jax.device_get(model.params)
+    )
+    _assert_same_predictions(again.fill_mask(MASKED), model.fill_mask(MASKED))
+    texts = [*held_out, "a short text"]
+    np.testing.assert_allclose(again.embed(texts), model.embed(texts), atol=1e-6, rtol=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# A transformers BERT with a WordPiece vocab.txt: HF dir -> Model -> export -> transformers
+
+
+def test_hf_wordpiece_model_matches_transformers(wordpiece_hf_dir, wordpiece):
+    model = wordpiece
+    assert model.tokenizer.kind == "wordpiece" and model.tokenizer.mask_id == 13
+    pipe = transformers.pipeline("fill-mask", model=str(wordpiece_hf_dir))
+    for text in MASKED + ["Tokyo is in [MASK]. Ünïcödé façade 🙂 https://x.org/[MASK]"]:
+        ours, theirs = model.fill_mask(text), pipe(text, top_k=5)
+        if isinstance(ours[0], dict):
+            ours, theirs = [ours], [theirs]
+        _assert_same_predictions(ours, theirs)
+
+
+def test_hf_wordpiece_model_export_round_trip(wordpiece_hf_dir, wordpiece, tmp_path):
+    model = wordpiece
+    model.save_hf(tmp_path)
+    for name in ("model.safetensors",):
+        before = safetensors_numpy.load_file(wordpiece_hf_dir / name)
+        after = safetensors_numpy.load_file(tmp_path / name)
+        assert before.keys() == after.keys()
+        for key in before:
+            np.testing.assert_array_equal(before[key], after[key], err_msg=key)
+    source = transformers.BertTokenizerFast.from_pretrained(wordpiece_hf_dir)
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    corpus = VARIED + SENTENCES + MASKED
+    assert exported(corpus)["input_ids"] == source(corpus)["input_ids"]
+    assert (
+        exported(corpus[:3], corpus[3:6])["token_type_ids"]
+        == source(corpus[:3], corpus[3:6])["token_type_ids"]
+    )
+    pipe = transformers.pipeline("fill-mask", model=str(tmp_path))
+    _assert_same_predictions([pipe(MASKED[0], top_k=5)], [model.fill_mask(MASKED[0])])
+    assert Model.load(tmp_path).tokenizer.fingerprint == model.tokenizer.fingerprint
+
+
+def test_several_masks_in_one_text(wordpiece_hf_dir, wordpiece):
+    model = wordpiece
+    pipe = transformers.pipeline("fill-mask", model=str(wordpiece_hf_dir))
+    text = "The [MASK] brown fox jumps over the [MASK] dog."
+    ours, theirs = model.fill_mask(text, top_k=3), pipe(text, top_k=3)
+    assert len(ours) == 2 and all(len(row) == 3 for row in ours)
+    _assert_same_predictions(ours, theirs)
+    assert "[MASK]" in ours[0][0]["sequence"]  # the other mask stays visible
+
+
+def test_embed_matches_transformers_bert_model(wordpiece_hf_dir, wordpiece):
+    model = wordpiece
+    torch_model = transformers.BertModel.from_pretrained(wordpiece_hf_dir).eval()
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(wordpiece_hf_dir)
+    texts = SENTENCES + VARIED[:6]
+    inputs = tokenizer(texts, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = torch_model(**inputs)
+    mask = inputs["attention_mask"][..., None].float()
+    expected = {
+        "mean": ((out.last_hidden_state * mask).sum(1) / mask.sum(1)).numpy(),
+        "cls": out.last_hidden_state[:, 0].numpy(),
+        "pooler": out.pooler_output.numpy(),
+    }
+    for pooling, want in expected.items():
+        got = model.embed(texts, pooling=pooling)
+        assert got.shape == (len(texts), 32) and got.dtype == np.float32
+        np.testing.assert_allclose(got, want, atol=ATOL, rtol=0, err_msg=pooling)
+    unit = model.embed(texts, normalize=True)
+    np.testing.assert_allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(unit, want_normalized(expected["mean"]), atol=ATOL, rtol=0)
+    # Padding-aware: a text alone equals the same text in a padded batch.
+    np.testing.assert_allclose(model.embed(texts[0]), model.embed(texts)[:1], atol=1e-5, rtol=0)
+
+
+def want_normalized(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def test_encode_uses_google_names_and_truncates_pairs_longest_first(wordpiece):
+    model = wordpiece
+    tok = model.tokenizer
+    out = model.encode(["hello world", "a"], text_pairs=["the sea", "b c"])
+    assert set(out) == {"input_ids", "input_mask", "segment_ids"}
+    a, b = tok.encode("hello world"), tok.encode("the sea")
+    row = [tok.cls_id, *a, tok.sep_id, *b, tok.sep_id]
+    assert out["input_ids"][0].tolist() == row + [0] * (out["input_ids"].shape[1] - len(row))
+    assert out["segment_ids"][0, : len(row)].tolist() == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+    second = 3 + len(tok.encode("a")) + len(tok.encode("b c"))
+    assert out["input_mask"].sum(1).tolist() == [len(row), second]
+    assert out["input_ids"].shape == (2, len(row))
+    # google's longest-first: 10 + 4 tokens into 12 - 3 = 9 slots keeps 5 + 4; 3 + 12 keeps 3 + 6.
+    sea = tok.encode("sea")
+    assert len(sea) == 1
+    words = lambda n: " ".join(["sea"] * n)  # noqa: E731
+    with pytest.warns(TruncationWarning, match="limit of 12 tokens"):
+        cut = model.encode([words(10), words(3)], text_pairs=[words(4), words(12)], max_length=12)
+    assert cut["input_ids"].tolist() == [
+        [tok.cls_id, *sea * 5, tok.sep_id, *sea * 4, tok.sep_id],
+        [tok.cls_id, *sea * 3, tok.sep_id, *sea * 6, tok.sep_id],
+    ]
+    assert cut["segment_ids"][1].tolist() == [0] * 5 + [1] * 7
+
+
+# ---------------------------------------------------------------------------------------------
+# Batching, buckets and devices
+
+
+def test_each_bucket_compiles_once(trained, held_out):
+    model = Model(trained.config, trained.params, trained.tokenizer, batch_size=4)
+    rng = np.random.default_rng(0)
+    words = " ".join(held_out).split()
+    texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 15, size=37)]
+    compiled = inference._embed._cache_size()
+    # A pooling of its own, so that other tests' compilations do not count here.
+    vectors = model.embed(texts, pooling="cls", normalize=True)
+    features = [inference._features(e) for e in model._examples(texts, None, None)]
+    buckets = {tuple(model._bucket(rows, features).values()) for rows in model._batches(features)}
+    assert inference._embed._cache_size() - compiled == len(buckets)
+    model.embed(list(reversed(texts)), pooling="cls", normalize=True)  # nothing new to compile
+    assert inference._embed._cache_size() - compiled == len(buckets)
+    # Sorting by length never mixes up which vector belongs to which text.
+    for i in (0, 5, 36):
+        alone = model.embed(texts[i], pooling="cls", normalize=True)
+        np.testing.assert_allclose(vectors[i], alone[0], atol=1e-5, rtol=0)
+    lengths = {b[1] for b in buckets}
+    assert lengths <= {8, 16, 32, 64}
+
+
+def test_mesh_gives_the_same_results(workdir, trained, held_out):
+    single = trained
+    mesh = sharding_lib.make_mesh((2, 2, 2))
+    spread = Model.load(workdir, mesh=mesh, batch_size=6)
+    assert spread.batch_size == 8  # rows split evenly over data x fsdp = 4
+    kernel = spread.params["bert"]["encoder"]["layer_0"]["mlp"]["intermediate"]["kernel"]
+    assert not kernel.sharding.is_fully_replicated
+    texts = held_out * 3
+    np.testing.assert_allclose(spread.embed(texts), single.embed(texts), atol=1e-5, rtol=0)
+    _assert_same_predictions(spread.fill_mask(MASKED), single.fill_mask(MASKED))
+
+
+def test_progress_bar_only_on_long_calls(trained, held_out, capsys, monkeypatch):
+    model = Model(trained.config, trained.params, trained.tokenizer, batch_size=4)
+    monkeypatch.setattr(inference, "PROGRESS_MIN_TEXTS", 10)
+    model.embed(held_out)
+    assert capsys.readouterr().err == ""
+    model.embed(held_out * 2)
+    assert "0/12 [" in capsys.readouterr().err  # a bar over the 12 texts
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: one InferenceError naming the problem
+
+
+def test_bad_texts(trained):
+    model = trained
+    with pytest.raises(InferenceError, match=r"^the text is empty"):
+        model.embed("")
+    with pytest.raises(InferenceError, match=r"^text 1 is empty"):
+        model.fill_mask(["a [MASK].", "   "])
+    with pytest.raises(InferenceError, match=r"^the text has no \[MASK\]: write \[MASK\] where"):
+        model.fill_mask("There is nothing to predict here.")
+    with pytest.raises(InferenceError, match=r"text_or_texts\[1\] is of type int, not str"):
+        model.fill_mask(["a [MASK]", 3])
+    with pytest.raises(InferenceError, match="empty list"):
+        model.embed([])
+    with pytest.raises(InferenceError, match=r"pooling='max' is invalid"):
+        model.embed("a", pooling="max")
+    with pytest.raises(InferenceError, match=r"top_k=0 is invalid"):
+        model.fill_mask("a [MASK]", top_k=0)
+    with pytest.raises(InferenceError, match=r"max_length=200 is invalid: must be in \[3, 64\]"):
+        model.encode("a", max_length=200)
+    with pytest.raises(InferenceError, match=r"beyond the model's 64 positions"):
+        model.fill_mask("word " * 80 + "[MASK].")
+    # Too long: cut to the model's positions, with a warning naming the limit.
+    with pytest.warns(TruncationWarning, match=r"the text is longer than the limit of 64 tokens"):
+        result = model.fill_mask("[MASK] " + "word " * 80)
+    assert len(result) == 5
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.fill_mask("a short [MASK].")  # no warning when nothing is cut
+
+
+def test_bad_directories(workdir, wordpiece_hf_dir, tmp_path):
+    with pytest.raises(InferenceError, match="does not exist"):
+        Model.load(tmp_path / "nowhere")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "readme.txt").write_text("hello")
+    with pytest.raises(
+        InferenceError,
+        match=r"neither a bertjax work directory \(expected checkpoints/.*config\.json",
+    ):
+        Model.load(tmp_path / "notes")
+    with pytest.raises(InferenceError, match="step=3 applies to bertjax work directories"):
+        Model.load(wordpiece_hf_dir, step=3)
+    # Weights without a tokenizer.
+    bare = tmp_path / "bare"
+    shutil.copytree(wordpiece_hf_dir, bare)
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        (bare / name).unlink()
+    with pytest.raises(InferenceError, match="has a model but no tokenizer"):
+        Model.load(bare)
+
+
+def test_checkpoint_and_tokenizer_that_do_not_belong_together(workdir, wordpiece_hf_dir, tmp_path):
+    # A work directory whose tokenizer.model was swapped for another one.
+    swapped = tmp_path / "swapped"
+    shutil.copytree(workdir, swapped)
+    other = train_tokenizer(
+        training_sentences(500)[:500], TokenizerSettings(vocab_size=400), tmp_path / "other.model"
+    )
+    other.save(swapped / "tokenizer.model")
+    with pytest.raises(InferenceError, match="its vocabulary does not match the checkpoint's"):
+        Model.load(swapped)
+    # A Hugging Face directory whose vocab.txt has more pieces than the model has rows.
+    grown = tmp_path / "grown"
+    shutil.copytree(wordpiece_hf_dir, grown)
+    with open(grown / "vocab.txt", "a", encoding="utf-8") as f:
+        f.write("".join(f"extra{i}\n" for i in range(10)))
+    with pytest.raises(InferenceError, match="they do not belong together"):
+        Model.load(grown)
+
+
+def test_checkpoint_without_mlm_head(wordpiece_hf_dir, tmp_path):
+    base = transformers.BertModel.from_pretrained(wordpiece_hf_dir)
+    base.save_pretrained(tmp_path)
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        shutil.copy(wordpiece_hf_dir / name, tmp_path / name)
+    model = Model.load(tmp_path)
+    with pytest.raises(InferenceError, match="has no masked-LM head"):
+        model.fill_mask("a [MASK]")
+    assert model.embed("still embeds").shape == (1, 32)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the trainer prints at the end of a run
+
+
+def test_fill_mask_samples_for_the_demo(workdir, data_dir):
+    config, params, tokenizer = bertjax.load(workdir)
+    texts = inference.held_out_texts(data_dir, tokenizer, count=3)
+    assert len(texts) == 3 and all(len(t.split()) >= 4 for t in texts)
+    lines = inference.fill_mask_samples(config, params, tokenizer, texts + ["Give [MASK] here."])
+    assert len(lines) == 4
+    for line in lines[:3]:
+        assert line.count("[MASK]") == 1 and "  ->  " in line and "(was: " in line
+    assert "(was:" not in lines[3]
+    # The hidden word is one the text had, and the line's guesses come from fill_mask.
+    masked, rest = lines[0].split("  ->  ")
+    answer = rest.rsplit("(was: ", 1)[1].rstrip(")")
+    assert (
+        masked.replace("[MASK]", answer).split()
+        == tokenizer.decode(tokenizer.encode(texts[0])).split()
+    )
+    best = Model(config, params, tokenizer).fill_mask(masked)[0]
+    assert rest.startswith(f"{best['token_str'].strip()} {best['score']:.2f}")
