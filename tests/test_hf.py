@@ -1,4 +1,4 @@
-"""Weights in and out of Hugging Face transformers, checked against torch's BERT."""
+"""Weights and tokenizers in and out of Hugging Face transformers, checked against torch's BERT."""
 
 import copy
 import functools
@@ -17,10 +17,12 @@ import pytest
 import torch
 import transformers
 from safetensors import numpy as safetensors_numpy
+from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
 
 from bertjax import hf
 from bertjax import model as model_lib
 from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 
 ATOL = 1e-4
 
@@ -495,3 +497,84 @@ def test_preset_parameter_counts_match_transformers(name):
     assert (
         len(hf.tensor_specs(config)) == len(theirs_model.state_dict()) - 2
     )  # less the tied decoder copies
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizers in and out
+
+
+@pytest.fixture(scope="module")
+def sentencepiece(tmp_path_factory):
+    return train_tokenizer(
+        training_sentences(800)[:800],
+        TokenizerSettings(vocab_size=400),
+        tmp_path_factory.mktemp("spm") / "tokenizer.model",
+    )
+
+
+def test_save_writes_the_tokenizer_transformers_reads(tmp_path, sentencepiece):
+    config = BertConfig.preset(
+        "tiny", vocab_size=sentencepiece.vocab_size, max_position_embeddings=24
+    )
+    hf.save(config, _random_params(config, seed=10), tmp_path, tokenizer=sentencepiece)
+    names = {p.name for p in tmp_path.iterdir()}
+    assert names == {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "tokenizer.model",
+    }
+    assert hf.load_tokenizer(tmp_path).fingerprint == sentencepiece.fingerprint
+    theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert theirs.model_max_length == 24 and theirs.mask_token == "[MASK]"
+    texts = ["The assert statement.", "Paris is the [MASK] of France."]
+    ours = sentencepiece.encode_batch(texts, special_tokens_in_text=True)
+    assert theirs(texts)["input_ids"] == [[2, *ids, 3] for ids in ours]
+    # Without a tokenizer, the weights alone, as before.
+    hf.save(config, _random_params(config, seed=10), tmp_path / "bare")
+    assert {p.name for p in (tmp_path / "bare").iterdir()} == {"config.json", "model.safetensors"}
+
+
+def test_save_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path, sentencepiece):
+    config = BertConfig.preset("tiny", vocab_size=97, max_position_embeddings=24)
+    with pytest.raises(ValueError, match="400 pieces but the model's vocabulary has 97 rows"):
+        hf.save(config, _random_params(config, seed=11), tmp_path, tokenizer=sentencepiece)
+    assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
+
+
+def test_load_tokenizer_reads_vocab_txt_with_its_casing(tmp_path):
+    write_wordpiece_vocab(tmp_path / "vocab.txt", VARIED * 5, lowercase=False)
+    # transformers' default for a bare vocab.txt is uncased; tokenizer_config.json says more.
+    assert hf.load_tokenizer(tmp_path).lowercase
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
+    cased = hf.load_tokenizer(tmp_path)
+    assert not cased.lowercase and not cased.strip_accents
+    reference = transformers.BertTokenizerFast.from_pretrained(tmp_path)
+    ours = cased.encode_batch(VARIED, special_tokens_in_text=True)
+    assert ours == reference(VARIED, add_special_tokens=False)["input_ids"]
+    # tokenizer.json, when present, is read in preference: it says everything.
+    uncased = WordPieceTokenizer.from_vocab(tmp_path / "vocab.txt", lowercase=True)
+    uncased.save(tmp_path / "tokenizer.json")
+    assert hf.load_tokenizer(tmp_path).fingerprint == uncased.fingerprint
+    # A vocabulary whose special tokens are not BERT's is refused by name.
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"mask_token": "<mask>"}))
+    with pytest.raises(ValueError, match=r"mask_token='<mask>'"):
+        hf.load_tokenizer(tmp_path)
+    (tmp_path / "vocab.txt").unlink()
+    with pytest.raises(FileNotFoundError, match="no tokenizer found"):
+        hf.load_tokenizer(tmp_path)
+
+
+def test_saving_another_kind_of_tokenizer_removes_the_stale_file(tmp_path, sentencepiece):
+    sentencepiece.save_hf(tmp_path)
+    write_wordpiece_vocab(tmp_path / "source" / "vocab.txt", VARIED * 5, lowercase=True)
+    wordpiece = WordPieceTokenizer.from_vocab(tmp_path / "source" / "vocab.txt")
+    wordpiece.save_hf(tmp_path)
+    assert not (tmp_path / "tokenizer.model").exists()
+    assert hf.load_tokenizer(tmp_path).fingerprint == wordpiece.fingerprint
+    sentencepiece.save_hf(tmp_path)
+    assert not (tmp_path / "vocab.txt").exists()
+    assert hf.load_tokenizer(tmp_path).fingerprint == sentencepiece.fingerprint

@@ -277,7 +277,7 @@ def write_wordpiece_vocab(path, sentences, lowercase, size=700):
     """A BERT-layout vocab.txt learned from sentences: [PAD], [unused*], [UNK] [CLS] [SEP]
     [MASK], then the pieces, so the special ids are not bertjax's 0..4."""
     trainer = BertWordPieceTokenizer(lowercase=lowercase)
-    trainer.train_from_iterator(sentences, vocab_size=size, special_tokens=[])
+    trainer.train_from_iterator(sentences, vocab_size=size, special_tokens=[], show_progress=False)
     learned = sorted(trainer.get_vocab().items(), key=lambda kv: kv[1])
     unused = [f"[unused{i}]" for i in range(9)]
     vocab = ["[PAD]", *unused, "[UNK]", "[CLS]", "[SEP]", "[MASK]", *(p for p, _ in learned)]
