@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from bertjax.data import MaskingSettings, make_loader, prepare
-from bertjax.data.baseline import unigram_baseline
+from bertjax.data.baseline import sentence_pair_baseline, unigram_baseline
 from bertjax.data.storage import SplitReader, read_manifest
 from bertjax.tokenizer import Tokenizer
 
@@ -117,6 +117,20 @@ def test_the_baseline_is_the_commonest_piece_share_of_the_text(data_dir):
     assert shares[baseline.token_id] == pytest.approx(shares.max(), abs=0.03)
 
 
+@pytest.mark.parametrize("max_batches", [0, 3])
+def test_sentence_pair_baseline_is_the_commoner_label_share(data_dir, max_batches):
+    manifest = read_manifest(data_dir)
+    reader = SplitReader(data_dir, "eval", manifest["splits"]["eval"]["shards"])
+    read = (len(reader) // EVAL_BATCH if not max_batches else max_batches) * EVAL_BATCH
+    labels = reader.label[:read]  # the evaluation reads the split in order, whole batches
+    assert 0 < labels.mean() < 1
+    expected = max(labels.mean(), 1 - labels.mean())
+    baseline = sentence_pair_baseline(data_dir, batch_size=EVAL_BATCH, max_batches=max_batches)
+    assert baseline == pytest.approx(expected, rel=1e-12)
+
+
 def test_a_split_that_is_not_there_is_named(data_dir):
     with pytest.raises(ValueError, match="split='dev'.*eval.*train"):
         unigram_baseline(data_dir, "dev", batch_size=EVAL_BATCH)
+    with pytest.raises(ValueError, match="split='dev'.*eval.*train"):
+        sentence_pair_baseline(data_dir, "dev", batch_size=EVAL_BATCH)
