@@ -226,7 +226,10 @@ def summarise(trees: dict[str, Any]) -> list[LeafSummary]:
     """Fingerprint and finiteness of every array leaf of {item name: pytree}.
 
     Reads each leaf once on its devices and brings two numbers per leaf to the host; works on
-    sharded arrays across processes. Its cost per save is measured by benchmarks/checkpoint.py.
+    sharded arrays across processes. Cost per save, from benchmarks/checkpoint.py on a shared
+    2-core CPU: BERT-small with its AdamW state (235 leaves, 333 MiB) about 0.5 s, against
+    about 2 s for the save itself, plus 5-7 s to compile on the first save of a run. Integer
+    reductions are slow on XLA's CPU backend; on an accelerator it is one read of the state.
     """
     entries = [
         (item, jax.tree_util.keystr(path), leaf)
@@ -235,9 +238,9 @@ def summarise(trees: dict[str, Any]) -> list[LeafSummary]:
         if _fingerprintable(leaf)
     ]
     # One small computation per leaf rather than one over the whole tree: compiled once per
-    # distinct shape, dtype and sharding (about 15 for a BERT, however many layers), where a
-    # single program over every leaf took twice as long to compile for the same run time, and
-    # it cannot mix arrays committed to different devices (optax keeps its count on one).
+    # distinct shape, dtype and sharding (14 for BERT-small, whatever the number of layers),
+    # where one program over every leaf compiled about half as fast for the same run time
+    # and cannot mix arrays committed to different devices (optax keeps its count on one).
     dispatched = [_leaf_summary(leaf) for _, _, leaf in entries]  # all start before any fetch
     fingerprints, finite = [], []
     for summary in dispatched:

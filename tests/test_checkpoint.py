@@ -159,6 +159,19 @@ def test_non_finite_params_never_overwrite_good_checkpoint(tmp_path, mesh):
         bad["layer_0"]["scale"] = bad["layer_0"]["scale"].at[0].set(jnp.inf)
         with pytest.raises(ValueError, match=r"step 3.*\['layer_0'\]\['scale'\]"):
             checkpointer.save(3, params=bad, opt_state=opt_state, meta={}, force=True)
+        # The optimizer state too, since a restore would refuse it; the message says what is kept.
+        nan_mu = opt_state[0].mu["layer_0"]["bias"].at[1].set(jnp.nan)
+        bad_adam = opt_state[0]._replace(
+            mu={**opt_state[0].mu, "layer_0": {**opt_state[0].mu["layer_0"], "bias": nan_mu}}
+        )
+        with pytest.raises(
+            ValueError,
+            match=r"step 4: .* in opt_state\[0\]\.mu\['layer_0'\]\['bias'\]; step 1 is the "
+            r"newest complete checkpoint",
+        ):
+            checkpointer.save(
+                4, params=params, opt_state=(bad_adam,) + tuple(opt_state[1:]), meta={}
+            )
         checkpointer.wait_until_finished()
         assert checkpointer.all_steps() == [1]
 
