@@ -1,7 +1,8 @@
 """Fine-tuning heads on BertModel: classification, regression, multi-label and token labels.
 
 A fine-tuned model is a `BertModel` (parameters under "bert", as in BertForPreTraining, so a
-pretrained encoder drops in) plus a "classifier" dense layer, with dropout 0.1 before it:
+pretrained encoder drops in) plus a "classifier" dense layer, with dropout before it at the
+config's hidden_dropout (0.1, google's and transformers' rate):
 
   classification        pooled output -> [batch, labels] logits, softmax cross-entropy
                         (one sentence or a pair; a pair is one [CLS] A [SEP] B [SEP] input)
@@ -39,8 +40,6 @@ MULTI_LABEL = "multi_label"
 TOKEN_CLASSIFICATION = "token_classification"
 TASKS = (CLASSIFICATION, REGRESSION, MULTI_LABEL, TOKEN_CLASSIFICATION)
 
-# google-research/bert's run_classifier and transformers both use 0.1 before the classifier.
-CLASSIFIER_DROPOUT = 0.1
 MULTI_LABEL_THRESHOLD = 0.5
 # Token positions that carry no label: continuation sub-words, [CLS], [SEP], padding.
 IGNORE_LABEL = -1
@@ -128,7 +127,6 @@ class SequenceClassifier(nn.Module):
 
     config: BertConfig
     num_outputs: int
-    dropout_rate: float = CLASSIFIER_DROPOUT
 
     @nn.compact
     def __call__(
@@ -147,7 +145,7 @@ class SequenceClassifier(nn.Module):
             deterministic=deterministic,
             packed_length=packed_length,
         )  # [b, h]
-        pooled = Dropout(self.dropout_rate)(pooled, deterministic=deterministic)
+        pooled = Dropout(self.config.hidden_dropout)(pooled, deterministic=deterministic)
         logits = _classifier(self.config, self.num_outputs)(pooled)  # [b, labels]
         return sharding.constrain(logits, (BATCH, LABELS))
 
@@ -157,7 +155,6 @@ class TokenClassifier(nn.Module):
 
     config: BertConfig
     num_outputs: int
-    dropout_rate: float = CLASSIFIER_DROPOUT
 
     @nn.compact
     def __call__(
@@ -177,7 +174,7 @@ class TokenClassifier(nn.Module):
             packed_length=packed_length,
         )  # [b, s, h]
         sequence = sharding.constrain(
-            Dropout(self.dropout_rate)(sequence, deterministic=deterministic),
+            Dropout(self.config.hidden_dropout)(sequence, deterministic=deterministic),
             (BATCH, LENGTH, ACTIVATION_EMBED),
         )
         logits = _classifier(self.config, self.num_outputs)(sequence)  # [b, s, labels]

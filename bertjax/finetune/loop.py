@@ -1,0 +1,619 @@
+"""The fine-tuning run: train, evaluate after each epoch, keep the best, predict, per seed.
+
+`finetune(settings, workdir)` is the whole job behind `python finetune.py`. A run's work
+directory holds:
+
+    checkpoints/          the latest state (parameters, optimizer state, step), saved after
+                          every epoch and every checkpoint_every_steps; rerunning resumes it
+    best/                 the parameters of the best epoch by the task's metric (Orbax)
+    tokenizer.model       the tokenizer (tokenizer.json for WordPiece), so the directory
+                          opens on its own: bertjax.Model.load(workdir).predict(...)
+    metrics.jsonl, tensorboard/
+    predictions_<split>.tsv   predictions of the best parameters for each test file:
+                          index, label, score (the label's probability). Regression:
+                          index, prediction. Multi-label: the labels at or above 0.5 and
+                          their probabilities, comma-separated. Token labels: one tag and one
+                          probability per word, space-separated.
+    result.json           the best epoch and its validation metrics
+
+With several seeds (config.seeds) each seed runs in <workdir>/seed_<n>/ and
+<workdir>/seeds.json holds every seed's best value and their median.
+
+The data order of epoch e is a permutation drawn from (seed, e) and dropout keys are folded
+from the seed and the step, so a resumed run takes the same steps as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import statistics
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import tqdm
+from jax.experimental import multihost_utils
+
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import heads, hf, metrics_writer, steps, trainer
+from bertjax import workdir as workdir_lib
+from bertjax.finetune import data as data_lib
+from bertjax.finetune import metrics as metrics_lib
+from bertjax.finetune.objective import Finetuning, build_finetuning, summary_metrics
+from bertjax.heads import HeadSpec
+from bertjax.inference import Model
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.settings import ConfigError, FinetuneSettings, check_mesh_fits
+from bertjax.tokenizer import HF_TOKENIZER_FILE, Tokenizer
+
+RESULT_FILE = "result.json"
+SEEDS_FILE = "seeds.json"
+SEED_DIR = "seed_{}"
+PREDICTIONS_FILE = "predictions_{}.tsv"
+# A tokenizer kept in a work directory: sentencepiece's model, or WordPiece's tokenizer.json.
+TOKENIZER_FILES = (workdir_lib.TOKENIZER_COPY, HF_TOKENIZER_FILE)
+
+
+class HeadMismatchError(ConfigError):
+    """A run's task or labels differ from the head of the checkpoint it would resume."""
+
+
+# ----------------------------------------------------------------------------- the model to tune
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """What config.init_from holds: an architecture, a tokenizer, maybe a head."""
+
+    path: pathlib.Path
+    kind: str  # "workdir" (pretraining), "finetuned" (a run of this module) or "hf"
+    config: BertConfig
+    tokenizer: Tokenizer
+    head: HeadSpec | None  # the fine-tuning head its parameters include
+    params: Any = None  # host arrays ("hf"); a workdir's are restored onto the mesh
+
+
+def workdir_tokenizer(directory: pathlib.Path, fingerprint: str | None = None) -> Tokenizer:
+    """The tokenizer kept in a work directory (TOKENIZER_FILES), checked against fingerprint."""
+    for name in TOKENIZER_FILES:
+        if (directory / name).is_file():
+            return Tokenizer.load(directory / name, expected_fingerprint=fingerprint)
+    raise FileNotFoundError(
+        f"{directory} has checkpoints but no tokenizer beside them ({' or '.join(TOKENIZER_FILES)})"
+    )
+
+
+def open_source(path: str | pathlib.Path) -> Source:
+    """Reads what init_from is: its architecture, tokenizer and head (parameters come later)."""
+    path = pathlib.Path(path)
+    if (path / workdir_lib.CHECKPOINT_DIR).is_dir():
+        meta = checkpoint_lib.read_meta(path / workdir_lib.CHECKPOINT_DIR)
+        head = HeadSpec.from_dict(meta["head"]) if "head" in meta else None
+        return Source(
+            path,
+            "finetuned" if head else "workdir",
+            BertConfig.from_dict(meta["model_config"]),
+            workdir_tokenizer(path, meta["tokenizer_fingerprint"]),
+            head,
+        )
+    if (path / hf.CONFIG_NAME).is_file():
+        config, params, report = hf.load_with_report(path)
+        return Source(
+            path, "hf", config, hf.load_tokenizer(path), getattr(report, "head", None), params
+        )
+    raise ConfigError(
+        f"config.init_from={str(path)!r} is neither a bertjax work directory (with "
+        f"{workdir_lib.CHECKPOINT_DIR}/) nor a Hugging Face or exported BERT directory (with "
+        f"{hf.CONFIG_NAME}); seeds of a several-seed run are in its seed_<n>/ directories"
+    )
+
+
+def initial_params(source: Source, ft: Finetuning, fresh: Any) -> tuple[Any, str]:
+    """`fresh` parameters with the source's encoder (and its classifier if the head is the
+    run's), placed on the mesh; and a line saying what was taken."""
+    bert_sharding = ft.state.shardings.params["bert"]
+    if source.kind == "hf":
+        params = jax.tree.map(np.asarray, source.params)
+        bert = jax.device_put(params["bert"], bert_sharding)
+        classifier = params.get("classifier")
+    elif source.kind == "workdir":
+        pretraining = BertForPreTraining(source.config)
+        abstract = steps.make_state(steps.pretraining_init(pretraining, 1, 1), None, ft.mesh)
+        _, params, _ = checkpoint_lib.restore_params(
+            source.path / workdir_lib.CHECKPOINT_DIR, abstract_params=abstract.abstract.params
+        )
+        bert, classifier = params["bert"], None
+    else:
+        model = heads.make_model(source.config, source.head)
+        abstract = steps.make_state(lambda rng: heads.init_params(model, rng), None, ft.mesh)
+        best = source.path / heads.BEST_CHECKPOINT_DIR
+        directory = best if best.is_dir() else source.path / workdir_lib.CHECKPOINT_DIR
+        _, params, _ = checkpoint_lib.restore_params(
+            directory, abstract_params=abstract.abstract.params
+        )
+        bert, classifier = params["bert"], params["classifier"]
+    if classifier is not None and source.head == ft.head:
+        classifier = jax.device_put(classifier, ft.state.shardings.params["classifier"])
+        return {**fresh, "bert": bert, "classifier": classifier}, (
+            f"Initialised the encoder and the {ft.head.task} head from {source.path}"
+        )
+    note = f"Initialised the encoder from {source.path}; the {ft.head.task} head starts fresh"
+    if source.head is not None:
+        note += f" (the checkpoint's head, {source.head.describe()}, is not this task's)"
+    return {**fresh, "bert": bert}, note
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def _rows(features: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
+    return {name: array[rows] for name, array in features.items()}
+
+
+def train_batch(
+    examples: data_lib.Examples, order: np.ndarray, index: int, batch_size: int
+) -> dict[str, np.ndarray]:
+    """This process's rows of the index-th global batch of an epoch's order."""
+    rows = order[index * batch_size : (index + 1) * batch_size]
+    local = batch_size // jax.process_count()
+    rows = rows[jax.process_index() * local : (jax.process_index() + 1) * local]
+    batch = _rows(examples.features, rows)
+    batch["weights"] = np.ones(len(rows), np.float32)
+    return batch
+
+
+def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
+    """The training examples' order in an epoch: a permutation drawn from (seed, epoch)."""
+    return np.random.default_rng([seed, epoch]).permutation(count)
+
+
+def eval_batches(
+    examples: data_lib.Examples, batch_size: int
+) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """(real rows, this process's part of the batch) for every batch, in order. The last
+    batch is filled with copies of the first example, weighted 0 (all-padding rows would
+    make attention divide by nothing)."""
+    count = len(examples)
+    local = batch_size // jax.process_count()
+    for start in range(0, count, batch_size):
+        real = min(batch_size, count - start)
+        rows = np.concatenate([np.arange(start, start + real), np.zeros(batch_size - real, int)])
+        batch = _rows(examples.features, rows)
+        weights = np.zeros(batch_size, np.float32)
+        weights[:real] = 1.0
+        batch["weights"] = weights
+        if examples.word_positions is not None:  # pad rows carry no token labels either
+            batch["labels"][real:] = heads.IGNORE_LABEL
+        mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
+        yield real, {name: array[mine] for name, array in batch.items()}
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if not x.is_fully_addressable:
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(x)
+
+
+def run_eval(
+    ft: Finetuning, params, examples: data_lib.Examples, batch_size: int
+) -> tuple[heads.HeadSums, dict[str, np.ndarray]]:
+    """Summed loss statistics and the outputs (heads.outputs) of every example, in order."""
+    totals, parts = None, []
+    for real, local in eval_batches(examples, batch_size):
+        batch = steps.global_batch(local, ft.batch_sharding, jax.process_count())
+        sums, outputs = ft.eval_step(params, batch)
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+        parts.append({k: _to_host(v)[:real] for k, v in outputs.items()})
+    outputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+    return jax.device_get(totals), outputs
+
+
+# ----------------------------------------------------------------------------- predictions
+
+
+def word_tags(
+    head: HeadSpec, examples: data_lib.Examples, outputs: dict[str, np.ndarray]
+) -> tuple[list[list[str]], list[list[float]]]:
+    """Each sentence's predicted tag and probability per word. A word cut by max_seq_length
+    gets "O" (or the first label) with probability 0."""
+    default = "O" if "O" in head.labels else head.labels[0]
+    tags, scores = [], []
+    for row, where in enumerate(examples.word_positions):
+        kept = where >= 0
+        ids = np.zeros(len(where), np.int64)
+        ids[kept] = outputs["labels"][row, where[kept]]
+        probabilities = np.zeros(len(where))
+        probabilities[kept] = outputs["scores"][row, where[kept]]
+        tags.append([head.labels[i] if k else default for i, k in zip(ids, kept)])
+        scores.append(probabilities.tolist())
+    return tags, scores
+
+
+def split_scores(
+    head: HeadSpec, examples: data_lib.Examples, outputs: dict[str, np.ndarray]
+) -> dict[str, float]:
+    """The task's metrics (metrics.scores) of one labelled split."""
+    gold = examples.features["labels"]
+    if head.task == heads.CLASSIFICATION:
+        predicted = np.argmax(outputs["probabilities"], axis=-1)
+    elif head.task == heads.REGRESSION:
+        predicted = outputs["values"]
+    elif head.task == heads.MULTI_LABEL:
+        predicted = outputs["probabilities"] >= heads.MULTI_LABEL_THRESHOLD
+    else:
+        predicted, _ = word_tags(head, examples, outputs)
+        gold = [[head.labels[i] for i in sentence] for sentence in examples.word_labels]
+    return metrics_lib.scores(head.task, predicted, gold, head.num_outputs)
+
+
+def write_predictions(
+    path: pathlib.Path, head: HeadSpec, examples: data_lib.Examples, outputs: dict[str, np.ndarray]
+) -> None:
+    """A TSV of predictions, one line per example (see the module docstring)."""
+    lines = ["index\tprediction" if head.task == heads.REGRESSION else "index\tlabel\tscore"]
+    if head.task == heads.CLASSIFICATION:
+        probabilities = outputs["probabilities"]
+        best = np.argmax(probabilities, axis=-1)
+        for index, k, p in zip(examples.indices, best, probabilities):
+            lines.append(f"{index}\t{head.labels[k]}\t{p[k]:.6f}")
+    elif head.task == heads.REGRESSION:
+        for index, value in zip(examples.indices, outputs["values"]):
+            lines.append(f"{index}\t{value:.6f}")
+    elif head.task == heads.MULTI_LABEL:
+        for index, p in zip(examples.indices, outputs["probabilities"]):
+            chosen = np.flatnonzero(p >= heads.MULTI_LABEL_THRESHOLD)
+            labels = ",".join(head.labels[k] for k in chosen)
+            lines.append(f"{index}\t{labels}\t{','.join(f'{p[k]:.6f}' for k in chosen)}")
+    else:
+        tags, scores = word_tags(head, examples, outputs)
+        for index, t, s in zip(examples.indices, tags, scores):
+            lines.append(f"{index}\t{' '.join(t)}\t{' '.join(f'{x:.6f}' for x in s)}")
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- one seed
+
+
+def _prefix(split_name: str) -> str:
+    """Metric namespace of a validation split: eval/, or eval_matched/ for MNLI's."""
+    return "eval" + split_name[len("validation") :]
+
+
+def _better(metric: str, value: float, best: dict | None) -> bool:
+    if best is None:
+        return True
+    if metric in metrics_lib.LOWER_IS_BETTER:
+        return value < best["value"]
+    return value > best["value"]
+
+
+def evaluate(ft: Finetuning, params, task: data_lib.TaskData, batch_size: int) -> dict[str, float]:
+    """Loss and the task's metrics on every validation split, namespaced by split."""
+    out: dict[str, float] = {}
+    for examples in task.validation:
+        sums, outputs = run_eval(ft, params, examples, batch_size)
+        prefix = _prefix(examples.name)
+        out.update({k: float(v) for k, v in summary_metrics(ft.head.task, sums, prefix).items()})
+        for name, value in split_scores(ft.head, examples, outputs).items():
+            out[f"{prefix}/{name}"] = value
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """What every seed shares: settings, the built steps, the data, the source model."""
+
+    settings: FinetuneSettings
+    ft: Finetuning
+    task: data_lib.TaskData
+    source: Source
+    tokenizer: Tokenizer
+    steps_per_epoch: int
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.settings.run.num_epochs
+
+
+def _meta(run: _Run, seed: int, best: dict | None) -> dict:
+    return {
+        "head": run.ft.head.to_dict(),
+        "model_config": run.ft.model_config.to_dict(),
+        "tokenizer_fingerprint": run.tokenizer.fingerprint,
+        "config": run.settings.config,
+        "seed": seed,
+        "train_examples": len(run.task.train),
+        "steps_per_epoch": run.steps_per_epoch,
+        "max_seq_length": run.settings.data.max_seq_length,
+        "best": best,
+    }
+
+
+def _check_resumable(meta: dict, run: _Run, directory) -> None:
+    """Fails, saying how, unless an existing checkpoint belongs to this run's task and data."""
+    head = HeadSpec.from_dict(meta["head"])
+    if head != run.ft.head:
+        raise HeadMismatchError(
+            f"the checkpoint in {directory} is a {head.describe()} head, but this run's task "
+            f"is {run.ft.head.describe()}; use another --workdir, or the task and data it was "
+            "trained on"
+        )
+    for key, value in (
+        ("train_examples", len(run.task.train)),
+        ("steps_per_epoch", run.steps_per_epoch),
+        ("tokenizer_fingerprint", run.tokenizer.fingerprint),
+    ):
+        if meta.get(key) != value:
+            raise ConfigError(
+                f"the checkpoint in {directory} has {key}={meta.get(key)!r}, this run "
+                f"{value!r}: it was trained on other data or settings; use another --workdir"
+            )
+
+
+def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
+    settings, ft, task = run.settings, run.ft, run.task
+    batch_size, eval_batch_size = settings.run.batch_size, settings.run.eval_batch_size
+    is_main = jax.process_index() == 0
+    workdir.mkdir(parents=True, exist_ok=True)
+    if is_main:
+        name = TOKENIZER_FILES[0] if run.tokenizer.kind == "sentencepiece" else TOKENIZER_FILES[1]
+        run.tokenizer.save(workdir / name)
+    checkpointer = checkpoint_lib.Checkpointer(
+        workdir / workdir_lib.CHECKPOINT_DIR,
+        max_to_keep=1,
+        save_interval_steps=settings.run.checkpoint_every_steps,
+    )
+    best_checkpointer = checkpoint_lib.Checkpointer(
+        workdir / heads.BEST_CHECKPOINT_DIR, max_to_keep=1, save_interval_steps=1
+    )
+    writer = metrics_writer.MetricWriter(
+        workdir / workdir_lib.METRICS_FILE, workdir / workdir_lib.TENSORBOARD_DIR, enabled=is_main
+    )
+    watcher = trainer.PreemptionWatcher(checkpointer)
+    dropout_rng = jax.random.fold_in(jax.random.key(seed), 1)
+    preempted = False
+    try:
+        with jax.set_mesh(ft.mesh):
+            if checkpointer.latest_step() is not None:
+                _check_resumable(
+                    checkpoint_lib.read_meta(checkpointer.directory), run, checkpointer.directory
+                )
+            restored = checkpointer.restore(
+                abstract_params=ft.state.abstract.params,
+                abstract_opt_state=ft.state.abstract.opt_state,
+            )
+            if restored is not None:
+                step = restored.step
+                state = steps.TrainState(
+                    step=jax.device_put(jnp.asarray(step, jnp.int32), ft.state.shardings.step),
+                    params=restored.params,
+                    opt_state=restored.opt_state,
+                )
+                best = restored.meta["best"]
+                print(f"Resumed seed {seed} from {checkpointer.directory} at step {step}")
+            else:
+                step, best = 0, None
+                state = ft.state.init(jax.random.key(seed))
+                params, note = initial_params(run.source, ft, state.params)
+                state = state.replace(params=params)
+                print(note)
+
+            progress = metrics_writer.Progress(run.total_steps, step, enabled=is_main)
+            pending: list[dict[str, jax.Array]] = []
+
+            def save(force: bool) -> None:
+                trainer.raise_if_nonfinite(pending[-1:], step)
+                checkpointer.save(
+                    step,
+                    params=state.params,
+                    opt_state=state.opt_state,
+                    meta=_meta(run, seed, best),
+                    force=force,
+                )
+
+            while step < run.total_steps:
+                epoch, index = divmod(step, run.steps_per_epoch)
+                order = epoch_order(seed, epoch, len(task.train))
+                local = train_batch(task.train, order, index, batch_size)
+                batch = steps.global_batch(local, ft.batch_sharding, jax.process_count())
+                state, metrics = ft.train_step(state, batch, dropout_rng)
+                step += 1
+                pending.append(metrics)
+                progress.update(step)
+                if len(pending) >= 2:
+                    trainer.raise_if_nonfinite(pending[-2:-1], step - 1)
+                epoch_end = step % run.steps_per_epoch == 0
+                if step % settings.run.log_every_steps == 0 or epoch_end:
+                    summary = trainer.summarise(pending, step)
+                    writer.write(step, summary)
+                    progress.show(summary)
+                    pending = []
+                if epoch_end:
+                    scores = evaluate(ft, state.params, task, eval_batch_size)
+                    scores["epoch"] = step // run.steps_per_epoch
+                    writer.write(step, scores)
+                    main = f"{_prefix(task.validation[0].name)}/{settings.run.metric}"
+                    line = ", ".join(
+                        f"{k} {v:.4f}" for k, v in scores.items() if k.startswith("eval")
+                    )
+                    tqdm.tqdm.write(f"seed {seed} epoch {scores['epoch']}: {line}")
+                    if _better(settings.run.metric, scores[main], best):
+                        best = {
+                            "metric": main,
+                            "value": scores[main],
+                            "step": step,
+                            "epoch": scores["epoch"],
+                            "scores": scores,
+                        }
+                        best_checkpointer.save(
+                            step,
+                            params=state.params,
+                            # Parameters only: the optimizer item holds just the step.
+                            opt_state={"step": state.step},
+                            meta=_meta(run, seed, best),
+                            force=True,
+                        )
+                if watcher.should_stop(step):
+                    save(force=True)
+                    preempted = True
+                    print(f"\nPreempted: saved step {step}; rerun the same command to resume.")
+                    break
+                if epoch_end or step % settings.run.checkpoint_every_steps == 0:
+                    save(force=epoch_end)
+            progress.close()
+    except trainer.NonFiniteError as e:
+        checkpointer.wait_until_finished()
+        raise trainer.NonFiniteError(
+            f"{e} The last checkpoint in {checkpointer.directory} is good."
+        ) from None
+    finally:
+        checkpointer.close()
+        best_checkpointer.close()
+        watcher.close()
+        writer.close()
+
+    result = {
+        "seed": seed,
+        "workdir": str(workdir),
+        "steps": step,
+        "preempted": preempted,
+        "best": best,
+    }
+    if preempted:
+        return result
+    result["predictions"] = _predict_tests(run, workdir)
+    if is_main:
+        (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _predict_tests(run: _Run, workdir: pathlib.Path) -> list[str]:
+    """Writes each test split's predictions by the best parameters; their paths."""
+    if not run.task.test:
+        return []
+    with jax.set_mesh(run.ft.mesh):
+        _, params, _ = checkpoint_lib.restore_params(
+            workdir / heads.BEST_CHECKPOINT_DIR, abstract_params=run.ft.state.abstract.params
+        )
+        written = []
+        for examples in run.task.test:
+            _, outputs = run_eval(run.ft, params, examples, run.settings.run.eval_batch_size)
+            path = workdir / PREDICTIONS_FILE.format(examples.name)
+            if jax.process_index() == 0:
+                write_predictions(path, run.ft.head, examples, outputs)
+            written.append(str(path))
+    return written
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def finetune(
+    settings: FinetuneSettings, workdir: str | pathlib.Path, devices=None
+) -> dict[str, Any]:
+    """Fine-tunes (or resumes) for every seed of the settings in workdir; returns the summary.
+
+    `devices`: the devices of the mesh (default: all of them).
+    """
+    start = time.time()
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    lock = workdir_lib.WorkdirLock(workdir)
+    if jax.process_index() == 0:
+        lock.acquire()
+    try:
+        run = prepare(settings, devices)
+        seeds = settings.run.seeds
+        results = []
+        for seed in seeds:
+            seed_dir = workdir if len(seeds) == 1 else workdir / SEED_DIR.format(seed)
+            results.append(_run_seed(run, seed, seed_dir))
+            if results[-1]["preempted"]:
+                break
+    finally:
+        lock.release()
+    summary = _summarise_seeds(settings, results, workdir, time.time() - start)
+    if jax.process_index() == 0:
+        _print_summary(summary)
+    return summary
+
+
+def prepare(settings: FinetuneSettings, devices=None) -> _Run:
+    """Reads init_from and the task's data, and builds the run's steps (shared by seeds)."""
+    source = open_source(settings.init_from)
+    model_config = settings.model_config(source.config)
+    encoder = Model(model_config, {}, source.tokenizer, progress=False)
+    task = data_lib.load_task(settings.data, settings.task, encoder)
+    for note in task.notes:
+        print(note)
+    if settings.run.metric == "f1" and task.head.task == heads.CLASSIFICATION:
+        if task.head.num_outputs != 2:
+            raise ConfigError(
+                f"config.metric='f1' is the F1 of a two-label task; {task.train.path} has "
+                f"{task.head.num_outputs} labels: use f1_macro"
+            )
+    batch_size = settings.run.batch_size
+    steps_per_epoch = len(task.train) // batch_size
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            f"config.batch_size={batch_size}: the training data {task.train.path} holds "
+            f"{len(task.train)} examples, fewer than one batch"
+        )
+    ft = build_finetuning(
+        model_config,
+        task.head,
+        settings.optimizer(steps_per_epoch * settings.run.num_epochs),
+        mesh_shape=settings.run.mesh_shape,
+        grad_accum_steps=settings.run.grad_accum_steps,
+        micro_batch_size=settings.run.micro_batch_size,
+        max_seq_length=settings.data.max_seq_length,
+        token_capacity=settings.run.token_capacity,
+        devices=devices,
+    )
+    check_mesh_fits(model_config, ft.mesh)
+    return _Run(settings, ft, task, source, source.tokenizer, steps_per_epoch)
+
+
+def _summarise_seeds(settings, results: list[dict], workdir: pathlib.Path, seconds: float) -> dict:
+    values = [r["best"]["value"] for r in results if r.get("best")]
+    summary = {
+        "workdir": str(workdir),
+        "metric": settings.run.metric,
+        "seeds": results,
+        "wall_time_sec": seconds,
+        "preempted": any(r["preempted"] for r in results),
+    }
+    if len(settings.run.seeds) > 1 and len(values) == len(settings.run.seeds):
+        summary["median"] = statistics.median(values)
+        if jax.process_index() == 0:
+            record = {
+                "metric": settings.run.metric,
+                "median": summary["median"],
+                "seeds": {str(r["seed"]): r["best"]["value"] for r in results},
+            }
+            (workdir / SEEDS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    return summary
+
+
+def _print_summary(summary: dict) -> None:
+    lines = [
+        "",
+        "Fine-tuning stopped for preemption" if summary["preempted"] else "Fine-tuning finished",
+    ]
+    for r in summary["seeds"]:
+        best = r.get("best")
+        shown = f"{best['metric']} {best['value']:.4f} (epoch {best['epoch']})" if best else "-"
+        lines.append(f"  seed {r['seed']}: best {shown}  in {r['workdir']}")
+        for path in r.get("predictions", []):
+            lines.append(f"    predictions: {path}")
+    if "median" in summary:
+        lines.append(f"  median over {len(summary['seeds'])} seeds: {summary['median']:.4f}")
+    lines.append(f"  wall time: {summary['wall_time_sec']:.1f} s")
+    first = summary["seeds"][0]["workdir"]
+    lines.append(f"  use it:    bertjax.Model.load({first!r}).predict([...])")
+    print("\n".join(lines), flush=True)

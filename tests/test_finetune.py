@@ -1,0 +1,333 @@
+"""End-to-end fine-tuning from a short demo pretraining: learning, seeds, resume, every head."""
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from synthetic_corpus import write_corpus
+
+from bertjax import data as data_lib
+from bertjax import heads, optim, steps, trainer
+from bertjax.finetune import loop
+from bertjax.finetune.objective import build_finetuning
+from bertjax.model import BertConfig
+from bertjax.settings import FinetuneSettings, PretrainSettings
+from configs import finetune as finetune_config
+from configs import tiny
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+LABELS = ("politics", "sports")  # sentences of even topics, of odd topics
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory) -> tuple[pathlib.Path, dict[int, list[str]]]:
+    """A tiny BERT pretrained for a few steps on the synthetic corpus, and each topic's words."""
+    root = tmp_path_factory.mktemp("pretrained")
+    corpus = write_corpus(root / "corpus.txt")
+    data_lib.prepare(
+        [str(corpus)],
+        root / "prepared",
+        max_seq_length=64,
+        max_predictions_per_seq=10,
+        vocab_size=350,
+        dupe_factor=1,
+        eval_fraction=0.1,
+        workers=1,
+        seed=1,
+    )
+    config = tiny.get_config()
+    # Smaller than tiny: one layer compiles in half the time.
+    config.model.num_layers = 1
+    config.model.hidden_size = 64
+    config.model.intermediate_size = 256
+    config.data.dir = str(root / "prepared")
+    config.data.max_seq_length = 64
+    config.data.max_predictions_per_seq = 10
+    config.batch_size = 16
+    config.num_train_steps = 6
+    config.log_every_steps = 6
+    config.eval_every_steps = 1000
+    config.eval_batches = 1
+    config.checkpoint_every_steps = 6
+    config.optimizer.warmup_steps = 2
+    trainer.train_and_evaluate(PretrainSettings.from_config(config), str(root / "run"))
+    # Document d of the corpus is about topic d % 8 (see write_corpus).
+    words: dict[int, set[str]] = {}
+    for d, document in enumerate(corpus.read_text().split("\n\n")):
+        words.setdefault(d % 8, set()).update(document.replace(".", "").split())
+    return root / "run", {t: sorted(w) for t, w in words.items()}
+
+
+def sentences(topics, count: int, seed: int, choose=range(4)):
+    """(topic, words) pairs: 4 to 7 words of one topic each."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        topic = int(rng.choice(list(choose)))
+        out.append((topic, list(rng.choice(topics[topic], size=int(rng.integers(4, 8))))))
+    return out
+
+
+def write_topic_csv(path: pathlib.Path, topics, count: int, seed: int) -> pathlib.Path:
+    rows = [f"{' '.join(w)},{LABELS[t % 2]}" for t, w in sentences(topics, count, seed)]
+    path.write_text("sentence,label\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def make_config(init_from, **fields):
+    config = finetune_config.get_config()
+    config.init_from = str(init_from)
+    config.data.max_seq_length = 32
+    config.batch_size = 16
+    config.eval_batch_size = 32
+    config.log_every_steps = 5
+    for key, value in fields.items():
+        target = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
+    return config
+
+
+def finetune(config, workdir) -> dict:
+    """What finetune.py does with a config."""
+    return loop.finetune(FinetuneSettings.from_config(config), workdir)
+
+
+def read_metrics(workdir: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def classification(pretrained, tmp_path_factory):
+    """Topic classification fine-tuned with two seeds in one run, and seed 1 alone with a
+    preemption at step 25 and a resume."""
+    init_from, topics = pretrained
+    root = tmp_path_factory.mktemp("classification")
+    fields = {
+        "task": "classification",
+        "data.train": str(write_topic_csv(root / "train.csv", topics, 320, seed=1)),
+        "data.validation": str(write_topic_csv(root / "dev.csv", topics, 64, seed=2)),
+        "data.test": str(write_topic_csv(root / "test.csv", topics, 12, seed=3)),
+        "num_epochs": 4,
+        "optimizer.learning_rate": 1e-3,
+    }
+    seeds = finetune(make_config(init_from, seeds=(1, 2), **fields), root / "seeds")
+
+    original = trainer.PreemptionWatcher.should_stop
+    trainer.PreemptionWatcher.should_stop = lambda self, step: step == 25
+    try:
+        preempted = finetune(make_config(init_from, **fields), root / "alone")
+    finally:
+        trainer.PreemptionWatcher.should_stop = original
+    resumed = finetune(make_config(init_from, **fields), root / "alone")
+    return root, seeds, preempted, resumed
+
+
+def test_fine_tuning_learns_a_synthetic_task_well_above_chance(classification):
+    root, seeds, _, _ = classification
+    for result in seeds["seeds"]:
+        assert result["best"]["metric"] == "eval/accuracy"
+        assert result["best"]["value"] >= 0.9, result["best"]  # chance: about 0.5
+    record = json.loads((root / "seeds" / "seeds.json").read_text())
+    values = sorted(r["best"]["value"] for r in seeds["seeds"])
+    assert record["median"] == pytest.approx(sum(values) / 2) == seeds["median"]
+    assert set(record["seeds"]) == {"1", "2"}
+    evals = [m for m in read_metrics(root / "seeds" / "seed_1") if "eval/accuracy" in m]
+    assert [m["epoch"] for m in evals] == [1, 2, 3, 4]
+    assert {"eval/loss", "eval/f1", "eval/f1_macro", "eval/mcc"} <= set(evals[0])
+
+
+def test_the_best_epoch_is_kept_and_predicts_the_test_file(classification):
+    root, seeds, _, _ = classification
+    workdir = root / "seeds" / "seed_1"
+    best = seeds["seeds"][0]["best"]
+    evals = [m for m in read_metrics(workdir) if "eval/accuracy" in m]
+    assert best["value"] == max(m["eval/accuracy"] for m in evals)
+    assert (workdir / heads.BEST_CHECKPOINT_DIR / str(best["step"])).is_dir()
+    lines = (workdir / "predictions_test.tsv").read_text().splitlines()
+    assert lines[0] == "index\tlabel\tscore" and len(lines) == 13
+    gold = [line.rsplit(",", 1)[1] for line in (root / "test.csv").read_text().splitlines()[1:]]
+    predicted = [line.split("\t") for line in lines[1:]]
+    assert [p[0] for p in predicted] == [str(i) for i in range(12)]
+    assert all(0.5 <= float(p[2]) <= 1.0 for p in predicted)
+    assert sum(p[1] == g for p, g in zip(predicted, gold)) >= 10
+
+
+def test_a_preempted_run_resumes_to_the_same_result(classification):
+    root, seeds, preempted, resumed = classification
+    assert preempted["preempted"] and preempted["seeds"][0]["steps"] == 25
+    alone = resumed["seeds"][0]
+    assert alone["steps"] == 80 and not resumed["preempted"]
+    assert alone["best"] == seeds["seeds"][0]["best"]  # as uninterrupted seed 1, exactly
+    losses = {m["step"]: m["train/loss"] for m in read_metrics(root / "alone") if "train/loss" in m}
+    uninterrupted = read_metrics(root / "seeds" / "seed_1")
+    assert losses[80] == next(m["train/loss"] for m in uninterrupted if m["step"] == 80)
+
+
+def test_rerunning_with_another_task_is_refused_and_keeps_the_checkpoint(
+    classification, pretrained, tmp_path
+):
+    root, _, _, _ = classification
+    before = sorted(p.name for p in (root / "alone" / "checkpoints").iterdir())
+    dev = tmp_path / "dev.csv"
+    dev.write_text("sentence,label\n" + "\n".join(f"{w} {w},{w}" for w in "abcabcab") + "\n")
+    config = make_config(
+        pretrained[0],
+        task="classification",
+        **{"data.train": str(dev), "data.validation": str(dev), "batch_size": 8},
+    )
+    with pytest.raises(loop.HeadMismatchError, match="is a classification with 2 label"):
+        finetune(config, root / "alone")
+    assert sorted(p.name for p in (root / "alone" / "checkpoints").iterdir()) == before
+
+
+@pytest.mark.parametrize("task", ["token_classification", "regression", "multi_label"])
+def test_every_head_fine_tunes_and_predicts(pretrained, tmp_path, task):
+    init_from, topics = pretrained
+    train, dev, test = (tmp_path / f"{name}" for name in ("train", "dev", "test"))
+    fields = {"task": task, "num_epochs": 1, "optimizer.learning_rate": 1e-3}
+    if task == "token_classification":
+        # Words of topic 0 are entities of type A in sentences that mix topics 0 and 1.
+        def conll(count, seed, tagged=True):
+            blocks = []
+            for _, words in sentences(topics, count, seed):
+                mixed = [(w, "B-A") for w in topics[0][:3]] + [(w, "O") for w in words]
+                rng = np.random.default_rng(seed + len(blocks))
+                lines = [f"{w} {t}" if tagged else w for w, t in rng.permutation(mixed)]
+                blocks.append("\n".join(lines))
+            return "\n\n".join(blocks) + "\n"
+
+        for path, count, seed in ((train, 48, 1), (dev, 16, 2)):
+            path.with_suffix(".conll").write_text(conll(count, seed))
+        test.with_suffix(".conll").write_text(conll(4, 3, tagged=False))
+        suffix = ".conll"
+    else:
+        rows = {}
+        for path, count, seed in ((train, 48, 1), (dev, 16, 2), (test, 4, 3)):
+            lines = []
+            for topic, words in sentences(topics, count, seed):
+                if task == "regression":
+                    label = str(topic / 3)
+                else:
+                    label = json.dumps(["even" if topic % 2 == 0 else "odd", f"t{topic // 2}"])
+                lines.append(json.dumps({"sentence": " ".join(words), "label": json.loads(label)}))
+            rows[path] = lines
+            path.with_suffix(".jsonl").write_text("\n".join(lines) + "\n")
+        suffix = ".jsonl"
+    for name, path in (("train", train), ("validation", dev), ("test", test)):
+        fields[f"data.{name}"] = str(path.with_suffix(suffix))
+    summary = finetune(make_config(init_from, **fields), tmp_path / "run")
+
+    result = summary["seeds"][0]
+    expected_metric = {"token_classification": "f1", "regression": "pearson"}.get(task, "f1_micro")
+    assert result["best"]["metric"] == f"eval/{expected_metric}"
+    assert np.isfinite(result["best"]["value"]) and result["steps"] == 3
+    lines = (tmp_path / "run" / "predictions_test.tsv").read_text().splitlines()
+    assert len(lines) == 5
+    if task == "token_classification":
+        assert lines[0] == "index\tlabel\tscore"
+        tags = lines[1].split("\t")[1].split(" ")
+        first_sentence = test.with_suffix(suffix).read_text().split("\n\n")[0]
+        assert len(tags) == len(first_sentence.split())
+        assert set(tags) <= {"B-A", "O"}
+    elif task == "regression":
+        assert lines[0] == "index\tprediction"
+        float(lines[1].split("\t")[1])
+    else:
+        index, labels, scores = (lines[1].split("\t") + [""])[:3]
+        assert set(filter(None, labels.split(","))) <= {"even", "odd", "t0", "t1"}
+        assert all(float(s) >= 0.5 for s in filter(None, scores.split(",")))
+
+
+def test_sharded_steps_equal_data_parallel_ones():
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=16,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    head = heads.HeadSpec(heads.CLASSIFICATION, ("a", "b", "c"))
+    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
+    rng = np.random.default_rng(0)
+    batch = {
+        "input_ids": rng.integers(5, 64, size=(16, 16)).astype(np.int32),
+        "input_mask": np.ones((16, 16), np.int32),
+        "segment_ids": np.zeros((16, 16), np.int32),
+        "labels": rng.integers(0, 3, size=16).astype(np.int32),
+        "weights": np.ones(16, np.float32),
+    }
+    results = []
+    # Data parallel; then FSDP x tensor x data with two accumulated micro-batches.
+    for mesh_shape, accumulate in (((8, 1, 1), 1), ((2, 2, 2), 2)):
+        ft = build_finetuning(
+            config,
+            head,
+            optimizer,
+            mesh_shape=mesh_shape,
+            grad_accum_steps=accumulate,
+            micro_batch_size=16 // accumulate,
+            max_seq_length=16,
+        )
+        with jax.set_mesh(ft.mesh):
+            state = ft.state.init(jax.random.key(0))
+            losses = []
+            for _ in range(2):
+                global_batch = steps.global_batch(batch, ft.batch_sharding, 1)
+                state, metrics = ft.train_step(state, global_batch, jax.random.key(1))
+                losses.append(float(metrics["train/loss"]))
+            results.append((losses, jax.device_get(state.params)))
+        if mesh_shape == (2, 2, 2):
+            kernel = ft.state.shardings.params["classifier"]["kernel"]
+            assert kernel.spec == jax.sharding.PartitionSpec("fsdp", None)
+    (losses_dp, params_dp), (losses_sharded, params_sharded) = results
+    np.testing.assert_allclose(losses_dp, losses_sharded, rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+        params_dp,
+        params_sharded,
+    )
+
+
+def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained, tmp_path):
+    train = tmp_path / "train.csv"
+    train.write_text("sentence,label\nthe cat,yes\nthe dog,no\n")
+    dev = tmp_path / "dev.csv"
+    dev.write_text("sentence,label\nthe cat,yes\nthe mat,maybe\n")
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    process = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "finetune.py"),
+            f"--workdir={tmp_path / 'run'}",
+            f"--config.init_from={pretrained[0]}",
+            "--config.task=classification",
+            f"--config.data.train={train}",
+            f"--config.data.validation={dev}",
+            "--config.batch_size=2",
+            "--config.eval_batch_size=2",
+            "--config.mesh_shape=(1,1,1)",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert process.returncode != 0
+    assert "Traceback" not in process.stderr
+    last = process.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"error: {dev} line 3: label 'maybe' never appears in the training data {train} "
+        "(its labels: no, yes)"
+    )
+    assert not (tmp_path / "run" / "checkpoints").exists()
