@@ -9,6 +9,10 @@ the rest, see `bertjax.tokenizer.Tokenizer.save_hf`), so that `AutoTokenizer` an
 fill-mask pipeline work on the directory; `load_tokenizer` reads a directory's tokenizer
 back (bertjax's sentencepiece model, a WordPiece tokenizer.json, or BERT's vocab.txt).
 
+Fine-tuned models travel too: `save(..., head=HeadSpec)` writes a BertForSequenceClassification
+or BertForTokenClassification directory (id2label, label2id, problem_type), and `load_with_report`
+reads one back, its head in `LoadReport.head` and its classifier under params["classifier"].
+
 Safetensors files are read and written with `safetensors.numpy`, so neither torch nor
 transformers is needed at run time; torch is imported only to read pytorch_model.bin.
 
@@ -34,7 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bertjax import heads
 from bertjax import model as model_lib
+from bertjax.heads import HF_ARCHITECTURES, HF_PROBLEM_TYPES, HeadSpec
 from bertjax.model import ARCHITECTURE_FIELDS, BertConfig
 from bertjax.tokenizer import (
     HF_SPECIAL_TOKENS,
@@ -67,6 +73,7 @@ POOLER = "pooler"
 MLM_HEAD = "mlm_head"
 NSP_HEAD = "nsp_head"
 SINUSOIDAL = "sinusoidal"  # the fixed position table: written by `save`, never a parameter
+CLASSIFIER = "classifier"  # a fine-tuning head's dense layer (classifier.weight, .bias)
 
 # HF hidden_act -> ours. "gelu" in HF is the exact erf form, like ours; "gelu_fast" is the
 # tanh form with sqrt(2/pi) rounded to 10 digits, below float32 resolution.
@@ -120,6 +127,7 @@ class LoadReport:
     source: str  # the weights file(s) read
     initialized: tuple[str, ...]  # bertjax param paths freshly initialised
     ignored: tuple[str, ...]  # HF tensors skipped (buffers, tied copies)
+    head: HeadSpec | None = None  # a sequence/token classification checkpoint's head
 
     def __str__(self) -> str:
         lines = [f"read {self.source}"]
@@ -269,12 +277,13 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides) -> BertConfig:
     return BertConfig(**{**fields, **overrides})
 
 
-def config_to_hf(config: BertConfig) -> dict[str, Any]:
-    """The transformers config.json dict for `config` (architecture BertForPreTraining).
+def config_to_hf(config: BertConfig, head: HeadSpec | None = None) -> dict[str, Any]:
+    """The transformers config.json dict for `config` (architecture BertForPreTraining, or the
+    classification class of `head` with its labels).
 
     Sinusoidal positions become HF's absolute (learned) ones: `save` writes the table.
     """
-    return {
+    hf_config = {
         "architectures": ["BertForPreTraining"],
         "model_type": "bert",
         "vocab_size": config.vocab_size,
@@ -294,6 +303,61 @@ def config_to_hf(config: BertConfig) -> dict[str, Any]:
         "tie_word_embeddings": True,
         "dtype": str(np.dtype(config.param_dtype)),
     }
+    if head is not None:
+        hf_config["architectures"] = [HF_ARCHITECTURES[head.task]]
+        hf_config["id2label"] = {str(i): label for i, label in enumerate(head.labels)}
+        hf_config["label2id"] = {label: i for i, label in enumerate(head.labels)}
+        if head.task in HF_PROBLEM_TYPES:
+            hf_config["problem_type"] = HF_PROBLEM_TYPES[head.task]
+    return hf_config
+
+
+def head_specs(config: BertConfig, head: HeadSpec) -> list[TensorSpec]:
+    """Every HF tensor of a fine-tuned model: the encoder, the pooler and the classifier.
+
+    transformers' BertForTokenClassification has no pooler: `save` leaves it out for token
+    heads, and `load_with_report` initialises it afresh (bertjax's encoder always has one).
+    """
+    h, n = config.hidden_size, head.num_outputs
+    specs = [spec for spec in tensor_specs(config) if spec.group in (CORE, SINUSOIDAL, POOLER)]
+    specs.append(
+        TensorSpec("classifier.weight", ("classifier", "kernel"), (n, h), (h, n), True, CLASSIFIER)
+    )
+    specs.append(
+        TensorSpec("classifier.bias", ("classifier", "bias"), (n,), (n,), False, CLASSIFIER)
+    )
+    return specs
+
+
+def head_from_hf(hf_config: Mapping[str, Any]) -> HeadSpec | None:
+    """The head of a BertForSequenceClassification or BertForTokenClassification config.json
+    (its labels from id2label); None for other architectures."""
+    architectures = hf_config.get("architectures") or []
+    if HF_ARCHITECTURES[heads.TOKEN_CLASSIFICATION] in architectures:
+        task = heads.TOKEN_CLASSIFICATION
+    elif HF_ARCHITECTURES[heads.CLASSIFICATION] in architectures:
+        problem = hf_config.get("problem_type")
+        tasks = {problem_type: task for task, problem_type in HF_PROBLEM_TYPES.items()}
+        if problem is not None and problem not in tasks:
+            raise ValueError(
+                f"config.json: problem_type={problem!r} is not supported; valid: {sorted(tasks)}"
+            )
+        count = len(hf_config.get("id2label") or {}) or int(hf_config.get("num_labels", 2))
+        if problem:
+            task = tasks[problem]
+        else:  # transformers' own rule without a problem_type: one output is a regression
+            task = heads.REGRESSION if count == 1 else heads.CLASSIFICATION
+    else:
+        return None
+    id2label = hf_config.get("id2label") or {
+        str(i): f"LABEL_{i}" for i in range(int(hf_config.get("num_labels", 2)))
+    }
+    if sorted(int(k) for k in id2label) != list(range(len(id2label))):
+        raise ValueError(f"config.json: id2label keys {sorted(id2label)} are not 0..n-1")
+    try:
+        return HeadSpec(task, tuple(id2label[k] for k in sorted(id2label, key=int)))
+    except ValueError as err:
+        raise ValueError(f"config.json: {err}") from None
 
 
 def load(path: str | os.PathLike, *, seed: int = 0, **overrides) -> tuple[BertConfig, dict]:
@@ -324,11 +388,13 @@ def load_with_report(
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path}: missing; a transformers BERT directory needs it")
     with open(config_path) as f:
-        config = config_from_hf(json.load(f), **overrides)
+        hf_config = json.load(f)
+    config = config_from_hf(hf_config, **overrides)
+    head = head_from_hf(hf_config)
 
     tensors, source = _read_weights(directory)
     found, ignored = _canonical_tensors(tensors, source)
-    specs = tensor_specs(config)
+    specs = tensor_specs(config) if head is None else head_specs(config, head)
     by_name = {spec.hf_name: spec for spec in specs}
 
     unexpected = sorted(set(found) - set(by_name))
@@ -344,7 +410,7 @@ def load_with_report(
     flat: dict[tuple[str, ...], np.ndarray] = {}
     for spec in specs:
         if spec.hf_name not in found:
-            if spec.group == CORE or spec.group in present_groups:
+            if spec.group in (CORE, CLASSIFIER) or spec.group in present_groups:
                 raise ValueError(
                     f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})"
                 )
@@ -376,7 +442,9 @@ def load_with_report(
     if config.scan_layers:
         # Back to host arrays: stack_layers stacks with jnp.
         params = jax.tree.map(np.asarray, model_lib.stack_layers(params, config.num_layers))
-    report = LoadReport(source=source, initialized=tuple(initialized), ignored=tuple(ignored))
+    report = LoadReport(
+        source=source, initialized=tuple(initialized), ignored=tuple(ignored), head=head
+    )
     return config, params, report
 
 
@@ -385,8 +453,13 @@ def save(
     params: Mapping,
     path: str | os.PathLike,
     tokenizer: Tokenizer | None = None,
+    head: HeadSpec | None = None,
 ) -> None:
     """Writes config.json and model.safetensors loadable by transformers.BertForPreTraining.
+
+    With a `head`, `params` is a fine-tuned model's tree ("bert" and "classifier", see
+    bertjax.heads) and the directory loads in BertForSequenceClassification or
+    BertForTokenClassification, with the head's labels as id2label.
 
     `params` is BertForPreTraining's tree (boxed or unboxed, stacked per the config's
     scan_layers, optionally wrapped in {"params": ...}); tensors keep their dtype. With a
@@ -401,10 +474,12 @@ def save(
         params = params["params"]
     if config.scan_layers:
         params = model_lib.unstack_layers(params, config.num_layers)
-    hf_config = config_to_hf(config)
+    hf_config = config_to_hf(config, head)
     flat = {path: leaf for path, leaf in _flatten(params)}
-    specs = tensor_specs(config)
+    specs = tensor_specs(config) if head is None else head_specs(config, head)
     expected = {spec.path for spec in specs if spec.group != SINUSOIDAL}
+    if head is not None and head.token_level:  # expected in params, not written
+        specs = [spec for spec in specs if spec.group != POOLER]
     unexpected = sorted("/".join(p) for p in set(flat) - expected)
     if unexpected:
         raise ValueError(f"params: unexpected parameter(s) {_name_list(unexpected)} for {config}")
