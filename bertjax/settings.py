@@ -73,6 +73,7 @@ class RunSettings:
     keep_checkpoints: int
     init_from: str  # a workdir or checkpoint directory whose params start the run
     peak_flops_per_device: float  # 0: look the device up
+    fill_mask_samples: int  # held-out sentences shown with their fill-mask guesses at the end
 
     @property
     def micro_batch_size(self) -> int:
@@ -156,6 +157,11 @@ def _read(config, *, devices, process_count: int) -> PretrainSettings:
     require = functools.partial(_require, config)
     require(config.eval_batches >= 0, "eval_batches", "must be >= 0 (0 evaluates the whole split)")
     require(
+        isinstance(config.fill_mask_samples, int) and config.fill_mask_samples >= 0,
+        "fill_mask_samples",
+        "must be an integer >= 0 (0 shows none)",
+    )
+    require(
         config.peak_flops_per_device >= 0,
         "peak_flops_per_device",
         "must be >= 0 (0: look up the device)",
@@ -180,6 +186,7 @@ def _read(config, *, devices, process_count: int) -> PretrainSettings:
         keep_checkpoints=config.keep_checkpoints,
         init_from=config.init_from or "",
         peak_flops_per_device=float(config.peak_flops_per_device),
+        fill_mask_samples=config.fill_mask_samples,
     )
     data = _read_data(config)
     model_fields = dict(config.model)

@@ -20,8 +20,9 @@ import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import data as data_lib
-from bertjax import losses, metrics_writer, perf, steps
+from bertjax import inference, losses, metrics_writer, perf, steps
 from bertjax import workdir as workdir_lib
+from bertjax.data import baseline
 from bertjax.settings import PretrainSettings, check_mesh_fits
 from bertjax.tokenizer import Tokenizer
 
@@ -269,9 +270,32 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
         "workdir": str(workdir_path),
         "data_dir": str(data_dir),
     }
+    if is_main_process and eval_metrics:
+        result["baselines"] = eval_baselines(settings, data_dir)
+    # Sampling runs the model outside the training mesh's collectives: one process only.
+    if run_settings.fill_mask_samples and jax.process_count() == 1 and not preempted:
+        texts = inference.held_out_texts(data_dir, tokenizer, run_settings.fill_mask_samples)
+        result["samples"] = inference.fill_mask_samples(
+            model_config, state.params, tokenizer, texts, mesh=run.mesh
+        )
     if is_main_process:
         print_summary(result)
     return result
+
+
+def eval_baselines(settings: PretrainSettings, data_dir: pathlib.Path) -> dict[str, float]:
+    """What the eval accuracies of a model that learned nothing would be, on the same batches."""
+    batches = {
+        "batch_size": settings.run.micro_batch_size,
+        "max_batches": settings.run.eval_batches,
+    }
+    unigram = baseline.unigram_baseline(
+        data_dir, masking=settings.data.masking, seed=settings.run.seed, **batches
+    )
+    return {
+        "eval/mlm_accuracy": unigram.accuracy,
+        "eval/nsp_accuracy": baseline.sentence_pair_baseline(data_dir, **batches),
+    }
 
 
 def raise_if_nonfinite(metrics: list[dict[str, Any]], step: int) -> None:
@@ -304,13 +328,20 @@ def print_summary(result: dict[str, Any]) -> None:
         f"  steps:       {result['steps']}",
         f"  wall time:   {result['wall_time_sec']:.1f} s",
     ]
+    baselines = result.get("baselines", {})
     for key, value in sorted(result["eval"].items()):
-        lines.append(f"  {key + ':':<26}{value:.4f}")
+        line = f"  {key + ':':<26}{value:.4f}"
+        if key in baselines:  # what always answering the commonest token or label scores
+            line += f"   (baseline {baselines[key]:.4f}, {value / baselines[key]:.1f}x)"
+        lines.append(line)
     metrics_file = pathlib.Path(result["workdir"]) / workdir_lib.METRICS_FILE
     lines += [
         f"  checkpoints: {result['checkpoint_dir']}",
         f"  metrics:     {metrics_file} (and TensorBoard events)",
         f"  data:        {result['data_dir']}",
-        f"  load it:     bertjax.load({result['workdir']!r})",
+        f"  load it:     bertjax.Model.load({result['workdir']!r})",
     ]
+    if result.get("samples"):
+        lines += ["", "Fill-mask on held-out text (top 3):"]
+        lines += [f"  {line}" for line in result["samples"]]
     print("\n".join(lines), flush=True)

@@ -88,4 +88,6 @@ def get_config() -> ml_collections.ConfigDict:
     # a recipe that needs one sets it to None, which validation reports as missing.
     config.init_from = ""
     config.peak_flops_per_device = 0.0  # 0: look up the device in bertjax.perf's table
+    # At the end, show what the model guesses for a word hidden in this many held-out sentences.
+    config.fill_mask_samples = 4
     return config

@@ -57,6 +57,7 @@ def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDic
     config.eval_batches = 4
     config.checkpoint_every_steps = 10
     config.optimizer.warmup_steps = 5
+    config.fill_mask_samples = 0
     for key, value in overrides.items():
         target = config
         *parents, leaf = key.split(".")
@@ -101,6 +102,7 @@ def base_overrides(data_dir: pathlib.Path, **extra) -> dict:
         "eval_batches": 2,
         "checkpoint_every_steps": 10,
         "optimizer.warmup_steps": 5,
+        "fill_mask_samples": 0,
     }
     overrides.update(extra)
     return overrides
@@ -202,6 +204,12 @@ def test_the_default_run_prepares_the_demo_corpus_itself(tmp_path):
         "eval/nsp_loss",
         "eval/nsp_accuracy",
     }
+    # The summary sets the accuracies beside what learning nothing would score ...
+    assert 0 < result["baselines"]["eval/mlm_accuracy"] < 0.5
+    assert 0.5 <= result["baselines"]["eval/nsp_accuracy"] < 1
+    # ... and shows what the model guesses for a word hidden in held-out sentences.
+    assert len(result["samples"]) == config.fill_mask_samples
+    assert all("[MASK]" in line and "  ->  " in line for line in result["samples"])
 
 
 # ----------------------------------------------------------------------------- resume
