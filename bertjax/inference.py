@@ -41,7 +41,7 @@ import tqdm.auto
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import hf
+from bertjax import heads, hf
 from bertjax import sharding as sharding_lib
 from bertjax import workdir as workdir_lib
 from bertjax.data import storage
@@ -88,7 +88,8 @@ class Model:
     Build one with `Model.load(path)` or from pieces in memory: `Model(config, params,
     tokenizer)`, where params is BertForPreTraining's tree (plain or boxed, on the host or on
     devices). `dtype` overrides the compute dtype (e.g. "float32" for a model trained in
-    bfloat16). `mesh` spreads batches and parameters over devices.
+    bfloat16). `mesh` spreads batches and parameters over devices. A fine-tuned model has a
+    `head` (bertjax.heads.HeadSpec), the parameter tree of bertjax.heads' models, and `predict`s.
     """
 
     def __init__(
@@ -103,6 +104,7 @@ class Model:
         progress: bool | None = None,
         source: str = "memory",
         fresh_heads: Sequence[str] = (),
+        head: heads.HeadSpec | None = None,
     ):
         try:
             hf.check_vocab(config, tokenizer, source)
@@ -117,6 +119,10 @@ class Model:
         self.source = source
         # Parameter groups the checkpoint did not have (freshly initialised by hf.load).
         self.fresh_heads = tuple(fresh_heads)
+        # A fine-tuned model's task and labels; it has no pretraining heads to fill masks with.
+        self.head = head
+        if head is not None:
+            self.fresh_heads = tuple(sorted({*self.fresh_heads, "mlm_head", "nsp_head"}))
         # Inference never needs rematerialisation; the compute dtype may be overridden.
         self._run_config = dataclasses.replace(
             config, dtype=dtype or config.dtype, remat_policy="none"
@@ -150,6 +156,8 @@ class Model:
         if not path.exists():
             raise InferenceError(f"{path} does not exist")
         if (path / workdir_lib.CHECKPOINT_DIR).is_dir():
+            if (path / heads.BEST_CHECKPOINT_DIR).is_dir():  # a run of finetune.py
+                return cls._load_finetuned(path, step, options)
             return cls._load_workdir(path, step, options)
         if (path / hf.CONFIG_NAME).is_file():
             if step is not None:
@@ -194,6 +202,32 @@ class Model:
         return cls(config, params, tokenizer, source=f"{path} step {restored_step}", **options)
 
     @classmethod
+    def _load_finetuned(cls, path: pathlib.Path, step: int | None, options: dict) -> Model:
+        """A fine-tuning run's best checkpoint (with `step`, that step of its latest ones)."""
+        best = step is None
+        directory = path / (heads.BEST_CHECKPOINT_DIR if best else workdir_lib.CHECKPOINT_DIR)
+        try:
+            meta = checkpoint_lib.read_meta(directory, step=step)
+            tokenizer = hf.load_tokenizer(path)  # tokenizer.model, or WordPiece's tokenizer.json
+            if tokenizer.fingerprint != meta["tokenizer_fingerprint"]:
+                raise InferenceError(
+                    f"{path}: the checkpoint was trained with tokenizer "
+                    f"{meta['tokenizer_fingerprint'][:12]}, but the directory's tokenizer is "
+                    f"{tokenizer.fingerprint[:12]}"
+                )
+            restored_step, params, _ = checkpoint_lib.restore_params(directory, step=step)
+        except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
+            raise InferenceError(str(err)) from None
+        return cls(
+            BertConfig.from_dict(meta["model_config"]),
+            params,
+            tokenizer,
+            head=heads.HeadSpec.from_dict(meta["head"]),
+            source=f"{path} step {restored_step}" + (" (best)" if best else ""),
+            **options,
+        )
+
+    @classmethod
     def _load_hf(cls, path: pathlib.Path, options: dict) -> Model:
         overrides = {"dtype": options.pop("dtype")} if options.get("dtype") else {}
         try:
@@ -213,12 +247,18 @@ class Model:
         if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
             fresh = (fresh - {"bert"}) | {"pooler"}
         return cls(
-            config, params, tokenizer, source=str(path), fresh_heads=sorted(fresh), **options
+            config,
+            params,
+            tokenizer,
+            source=str(path),
+            fresh_heads=sorted(fresh),
+            head=report.head,
+            **options,
         )
 
     def save_hf(self, directory: str | os.PathLike) -> None:
         """Writes a transformers directory: weights, config.json and the tokenizer files."""
-        hf.save(self.config, self.params, directory, tokenizer=self.tokenizer)
+        hf.save(self.config, self.params, directory, tokenizer=self.tokenizer, head=self.head)
 
     def __repr__(self) -> str:
         c = self.config
@@ -326,6 +366,95 @@ class Model:
         for rows, vectors in self._run(function, [_features(e) for e in examples]):
             out[rows] = vectors
         return out
+
+    def predict(
+        self,
+        texts: str | Sequence[str],
+        text_pairs: str | Sequence[str] | None = None,
+        max_length: int | None = None,
+    ) -> Any:
+        """A fine-tuned model's predictions with their scores, per text (or pair).
+
+        classification: {"label", "score"}, the most probable label and its probability;
+        regression: {"label": the output's name, "score": the predicted value};
+        multi_label: [{"label", "score"}, ...] for every label of probability >= 0.5, most
+        probable first; token_classification: [{"word", "label", "score"}, ...] per word of
+        the text split at whitespace (a word past max_length gets "O", or the first label,
+        with score 0). One text gives one result, a list of texts a list of them.
+        """
+        head = self.head
+        if head is None:
+            raise InferenceError(
+                f"{self.source} has no fine-tuning head: predict needs a run of finetune.py, "
+                "or a transformers BertForSequenceClassification/BertForTokenClassification"
+            )
+        single = isinstance(texts, str)
+        texts = _as_texts(texts, "texts")
+        if head.token_level:
+            if text_pairs is not None:
+                raise InferenceError("token classification labels single texts: give no pairs")
+            results = self._predict_words(texts, max_length)
+        else:
+            pairs = None if text_pairs is None else _as_texts(text_pairs, "text_pairs")
+            if pairs is not None and len(pairs) != len(texts):
+                raise InferenceError(
+                    f"text_pairs has {len(pairs)} texts but texts has {len(texts)}; give one "
+                    "pair per text"
+                )
+            examples = self._examples(texts, pairs, max_length)
+            outputs = self._predict_rows([_features(e) for e in examples])
+            results = [_sequence_prediction(head, out) for out in outputs]
+        return results[0] if single else results
+
+    def _predict_rows(self, features: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
+        """The head's outputs (bertjax.heads.outputs) for each row of features, in order."""
+        per_row: list[Any] = [None] * len(features)
+        for rows, outputs in self._run(self._function("predict"), features):
+            for k, row in enumerate(rows):
+                per_row[row] = {name: values[k] for name, values in outputs.items()}
+        return per_row
+
+    def _predict_words(self, texts: list[str], max_length: int | None) -> list[list[dict]]:
+        limit = self.config.max_position_embeddings
+        max_length = limit if max_length is None else max_length
+        if isinstance(max_length, bool) or not isinstance(max_length, int):
+            raise InferenceError(f"max_length={max_length!r} is invalid: must be an int")
+        if not 2 < max_length <= limit:
+            raise InferenceError(f"max_length={max_length} is invalid: must be in [3, {limit}]")
+        words = [text.split() for text in texts]
+        for i, sentence in enumerate(words):
+            if not sentence:
+                raise InferenceError(
+                    f"{_which(i, len(texts), 'text')} is empty; every text needs some words"
+                )
+        inputs = heads.encode_words(self.tokenizer, words, max_length)
+        lengths = inputs.input_mask.sum(axis=1)
+        outputs = self._predict_rows(
+            [
+                {"input_ids": inputs.input_ids[r, :n], "segment_ids": inputs.segment_ids[r, :n]}
+                for r, n in enumerate(lengths)
+            ]
+        )
+        if inputs.words_cut:
+            warnings.warn(
+                f"{inputs.words_cut} word(s) lie past the limit of {max_length} tokens (or have "
+                "no tokens) and get no prediction of their own",
+                TruncationWarning,
+                stacklevel=3,
+            )
+        labels = self.head.labels
+        default = "O" if "O" in labels else labels[0]
+        return [
+            [
+                {
+                    "word": word,
+                    "label": labels[out["labels"][p]] if p >= 0 else default,
+                    "score": float(out["scores"][p]) if p >= 0 else 0.0,
+                }
+                for word, p in zip(sentence, where)
+            ]
+            for sentence, where, out in zip(words, inputs.word_positions, outputs)
+        ]
 
     # ------------------------------------------------------------------------------------
     # Text to examples
@@ -438,6 +567,8 @@ class Model:
         """
         if kind == "fill_mask":
             static["usable"] = self.tokenizer.vocab_size
+        if kind == "predict":
+            static["head"] = self.head
         return functools.partial(_TASKS[kind], config=self._run_config, **static)
 
     def _run(self, function: Callable, features: list[dict[str, np.ndarray]]) -> Iterator:
@@ -505,7 +636,11 @@ class Model:
             params = params["params"]
         if self.mesh is None:
             return jax.device_put(params, self._device)
-        model = BertForPreTraining(self._run_config)
+        model = (
+            BertForPreTraining(self._run_config)
+            if self.head is None
+            else heads.make_model(self._run_config, self.head)
+        )
         ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
         # Shapes and logical axis names only; nothing is computed.
         abstract = jax.eval_shape(lambda key: model.init(key, ids)["params"], jax.random.key(0))
@@ -580,7 +715,20 @@ def _embed(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
     return vectors
 
 
-_TASKS = {"fill_mask": _fill_mask, "embed": _embed}
+@functools.partial(jax.jit, static_argnames=("config", "head"))
+def _predict(params, batch, *, config: BertConfig, head: heads.HeadSpec):
+    """What a fine-tuning head gives per row (bertjax.heads.outputs)."""
+    logits = heads.make_model(config, head).apply(
+        {"params": params},
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["input_mask"],
+        deterministic=True,
+    )  # [b, labels] or [b, s, labels]
+    return heads.outputs(head.task, logits)
+
+
+_TASKS = {"fill_mask": _fill_mask, "embed": _embed, "predict": _predict}
 
 
 # ----------------------------------------------------------------------------------------
@@ -602,6 +750,19 @@ def _as_texts(value: Any, name: str) -> list[str]:
         if not isinstance(text, str):
             raise InferenceError(f"{name}[{i}] is of type {type(text).__name__}, not str")
     return texts
+
+
+def _sequence_prediction(head: heads.HeadSpec, out: dict[str, np.ndarray]) -> Any:
+    """One text's prediction (see Model.predict) from its row of heads.outputs."""
+    if head.task == heads.REGRESSION:
+        return {"label": head.labels[0], "score": float(out["values"])}
+    probabilities = out["probabilities"]
+    if head.task == heads.MULTI_LABEL:
+        chosen = np.flatnonzero(probabilities >= heads.MULTI_LABEL_THRESHOLD)
+        chosen = sorted(chosen, key=lambda k: -probabilities[k])
+        return [{"label": head.labels[k], "score": float(probabilities[k])} for k in chosen]
+    best = int(np.argmax(probabilities))
+    return {"label": head.labels[best], "score": float(probabilities[best])}
 
 
 def _which(index: int, count: int, what: str) -> str:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from synthetic_corpus import write_corpus
 
+import bertjax
 from bertjax import data as data_lib
 from bertjax import heads, optim, steps, trainer
 from bertjax.finetune import loop
@@ -160,6 +161,25 @@ def test_the_best_epoch_is_kept_and_predicts_the_test_file(classification):
     assert sum(p[1] == g for p, g in zip(predicted, gold)) >= 10
 
 
+def test_the_fine_tuned_directory_predicts_in_a_notebook(classification):
+    root, _, _, _ = classification
+    model = bertjax.Model.load(root / "alone")
+    assert model.head == heads.HeadSpec("classification", LABELS)
+    texts = [line.rsplit(",", 1)[0] for line in (root / "test.csv").read_text().splitlines()[1:]]
+    predictions = model.predict(texts)
+    written = [
+        line.split("\t")
+        for line in (root / "alone" / "predictions_test.tsv").read_text().splitlines()[1:]
+    ]
+    assert [p["label"] for p in predictions] == [w[1] for w in written]
+    np.testing.assert_allclose(
+        [p["score"] for p in predictions], [float(w[2]) for w in written], atol=1e-5
+    )
+    assert model.predict(texts[0]) == predictions[0]
+    with pytest.raises(bertjax.inference.InferenceError, match="no masked-LM head"):
+        model.fill_mask("a [MASK] b")
+
+
 def test_a_preempted_run_resumes_to_the_same_result(classification):
     root, seeds, preempted, resumed = classification
     assert preempted["preempted"] and preempted["seeds"][0]["steps"] == 25
@@ -231,19 +251,34 @@ def test_every_head_fine_tunes_and_predicts(pretrained, tmp_path, task):
     assert np.isfinite(result["best"]["value"]) and result["steps"] == 3
     lines = (tmp_path / "run" / "predictions_test.tsv").read_text().splitlines()
     assert len(lines) == 5
+    model = bertjax.Model.load(tmp_path / "run")
     if task == "token_classification":
         assert lines[0] == "index\tlabel\tscore"
+        sentences_ = [b.split() for b in test.with_suffix(suffix).read_text().split("\n\n")]
         tags = lines[1].split("\t")[1].split(" ")
-        first_sentence = test.with_suffix(suffix).read_text().split("\n\n")[0]
-        assert len(tags) == len(first_sentence.split())
-        assert set(tags) <= {"B-A", "O"}
-    elif task == "regression":
-        assert lines[0] == "index\tprediction"
-        float(lines[1].split("\t")[1])
+        assert len(tags) == len(sentences_[0]) and set(tags) <= {"B-A", "O"}
+        predicted = model.predict(" ".join(sentences_[0]))
+        assert [p["word"] for p in predicted] == sentences_[0]
+        assert [p["label"] for p in predicted] == tags
+        scores = [float(x) for x in lines[1].split("\t")[2].split(" ")]
+        np.testing.assert_allclose([p["score"] for p in predicted], scores, atol=1e-5)
     else:
-        index, labels, scores = (lines[1].split("\t") + [""])[:3]
-        assert set(filter(None, labels.split(","))) <= {"even", "odd", "t0", "t1"}
-        assert all(float(s) >= 0.5 for s in filter(None, scores.split(",")))
+        texts = [
+            json.loads(line)["sentence"]
+            for line in test.with_suffix(suffix).read_text().splitlines()
+        ]
+        predicted = model.predict(texts)
+        if task == "regression":
+            assert lines[0] == "index\tprediction"
+            values = [float(line.split("\t")[1]) for line in lines[1:]]
+            np.testing.assert_allclose([p["score"] for p in predicted], values, atol=1e-5)
+            assert {p["label"] for p in predicted} == {"score"}
+        else:
+            for line, labels in zip(lines[1:], predicted):
+                _, names, scores = (line.split("\t") + [""])[:3]
+                assert set(filter(None, names.split(","))) == {x["label"] for x in labels}
+                assert all(x["score"] >= 0.5 for x in labels)
+                assert set(names.split(",")) <= {"", "even", "odd", "t0", "t1"}
 
 
 def test_sharded_steps_equal_data_parallel_ones():

@@ -10,8 +10,10 @@ import torch
 import transformers
 from safetensors import numpy as safetensors_numpy
 
+import bertjax
 from bertjax import heads, hf
 from bertjax.model import BertConfig
+from bertjax.tokenizer import WordPieceTokenizer
 
 ATOL = 1e-4
 CONFIG = BertConfig(
@@ -143,3 +145,30 @@ def test_a_classifier_checkpoint_without_its_classifier_is_refused(tmp_path):
     safetensors_numpy.save_file(tensors, tmp_path / hf.SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
     with pytest.raises(ValueError, match="missing tensor 'classifier.bias'"):
         hf.load_with_report(tmp_path)
+
+
+def test_an_exported_classifier_predicts_as_transformers_does(tmp_path):
+    words = [f"w{i}" for i in range(99 - 5)]
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    tokenizer = WordPieceTokenizer.from_vocab(vocab)
+    head = HEADS["classification"]
+    hf.save(CONFIG, random_params(head, seed=4), tmp_path / "export", tokenizer, head=head)
+
+    model = bertjax.Model.load(tmp_path / "export")
+    texts, pairs = ["w1 w2 w3", "w40 w7"], ["w5 w6", "w8 w9 w10 w11"]
+    predictions = model.predict(texts, pairs)
+    reference = transformers.BertForSequenceClassification.from_pretrained(
+        tmp_path / "export", attn_implementation="eager"
+    ).eval()
+    inputs = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")(
+        texts, pairs, padding=True, return_tensors="pt"
+    )
+    with torch.no_grad():
+        probabilities = torch.softmax(reference(**inputs).logits, dim=-1).numpy()
+    assert [p["label"] for p in predictions] == [
+        reference.config.id2label[k] for k in probabilities.argmax(axis=-1)
+    ]
+    np.testing.assert_allclose(
+        [p["score"] for p in predictions], probabilities.max(axis=-1), atol=ATOL
+    )

@@ -103,9 +103,7 @@ def open_source(path: str | pathlib.Path) -> Source:
         )
     if (path / hf.CONFIG_NAME).is_file():
         config, params, report = hf.load_with_report(path)
-        return Source(
-            path, "hf", config, hf.load_tokenizer(path), getattr(report, "head", None), params
-        )
+        return Source(path, "hf", config, hf.load_tokenizer(path), report.head, params)
     raise ConfigError(
         f"config.init_from={str(path)!r} is neither a bertjax work directory (with "
         f"{workdir_lib.CHECKPOINT_DIR}/) nor a Hugging Face or exported BERT directory (with "
