@@ -7,6 +7,7 @@ open a training run's checkpoint as (config, params, tokenizer). Data preparatio
 `bertjax.trainer`.
 """
 
+from bertjax.heads import HeadSpec
 from bertjax.inference import Model
 from bertjax.model import PRESETS, BertConfig, BertForPreTraining, BertModel, BertOutput
 from bertjax.tokenizer import Tokenizer
@@ -18,6 +19,7 @@ __all__ = [
     "BertForPreTraining",
     "BertModel",
     "BertOutput",
+    "HeadSpec",
     "Model",
     "Tokenizer",
     "load",
