@@ -1,0 +1,115 @@
+"""What train.py and finetune.py share: the flags, the multi-host start, one-line failures.
+
+A job is `job(config, workdir)`; `run(job, ...)` parses the flags, starts the distributed
+runtime when asked, runs the job, and turns a failure into one line and a non-zero exit
+(`--verbose` shows the traceback). A bad `--config.FIELD=VALUE` override is reported in one
+line too, with the closest existing field when the name is misspelt.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from bertjax import settings as settings_lib
+
+FLAGS = flags.FLAGS
+
+
+def define_flags(default_config: str, default_workdir: str, what: str) -> None:
+    """The --config file flag (with its --config.FIELD overrides) and the common flags."""
+    # ml_collections applies the --config.FIELD overrides of sys.argv as the flag is defined.
+    _reporting_bad_overrides(
+        lambda: config_flags.DEFINE_config_file(
+            "config", default_config, f"{what} config file.", lock_config=True
+        ),
+        sys.argv,
+        default_config,
+    )
+    flags.DEFINE_string("workdir", default_workdir, "Where checkpoints, metrics and data go.")
+    flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() (multi-host).")
+    flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process).")
+    flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process).")
+    flags.DEFINE_integer("process_id", None, "This process's index (multi-process).")
+    flags.DEFINE_bool("verbose", False, "Show the traceback of a failure, not just its message.")
+
+
+def run(
+    job: Callable[[Any, str], Any], default_config: str, expected: tuple[type[BaseException], ...]
+) -> None:
+    """Runs `job(FLAGS.config, FLAGS.workdir)` as a command; `expected` failures are shown
+    by their message alone, any other also by its type."""
+
+    def main(argv):
+        if len(argv) > 1:
+            raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+        # Library chatter (Orbax logs every save at INFO) would drown the progress bar.
+        logging.set_verbosity(logging.WARNING)
+        try:
+            # The distributed runtime must start before anything touches a device.
+            if FLAGS.distributed or FLAGS.coordinator_address:
+                jax.distributed.initialize(
+                    coordinator_address=FLAGS.coordinator_address,
+                    num_processes=FLAGS.num_processes,
+                    process_id=FLAGS.process_id,
+                )
+            job(FLAGS.config, FLAGS.workdir)
+        except KeyboardInterrupt:
+            raise SystemExit("interrupted") from None
+        except Exception as e:
+            if FLAGS.verbose:
+                raise
+            if isinstance(e, expected):
+                raise SystemExit(f"error: {e}") from None
+            raise SystemExit(f"error: {type(e).__name__}: {e} (--verbose shows where)") from None
+
+    def parse_flags(argv: list[str]) -> list[str]:
+        return _reporting_bad_overrides(lambda: FLAGS(argv), argv, default_config)
+
+    app.run(main, flags_parser=parse_flags)
+
+
+def _reporting_bad_overrides(parse: Callable[[], Any], argv: list[str], default_config: str):
+    """Runs a step of flag parsing; a bad --config override ends in one line."""
+    try:
+        return parse()
+    except flags.Error as e:
+        raise SystemExit(f"error: {e}") from None
+    except (AttributeError, KeyError, ValueError, TypeError) as e:
+        message = _unknown_field(argv, default_config) or f"bad --config override: {e}"
+        raise SystemExit(f"error: {message}") from None
+
+
+def _config_path(argv: list[str], default_config: str) -> str:
+    for index, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            return arg.split("=", 1)[1]
+        if arg == "--config" and index + 1 < len(argv):
+            return argv[index + 1]
+    return default_config
+
+
+def _unknown_field(argv: list[str], default_config: str) -> str | None:
+    """A message naming the first --config.FIELD override that the config does not have."""
+    path = _config_path(argv, default_config)
+    spec = importlib.util.spec_from_file_location("_config", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = module.get_config()
+    for arg in argv:
+        if not arg.startswith("--config."):
+            continue
+        field = arg[len("--config.") :].split("=", 1)[0]
+        try:
+            settings_lib.config_value(config, field)
+        except (KeyError, AttributeError):
+            guess = settings_lib.suggest_field(config, field)
+            hint = f"; did you mean config.{guess}?" if guess else ""
+            return f"config.{field} is not a field of {path}{hint}"
+    return None
