@@ -17,7 +17,7 @@ from bertjax import heads, optim, steps, trainer
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.model import BertConfig
-from bertjax.settings import FinetuneSettings, PretrainSettings
+from bertjax.settings import ConfigError, FinetuneSettings, PretrainSettings
 from configs import finetune as finetune_config
 from configs import tiny
 
@@ -206,6 +206,23 @@ def test_rerunning_with_another_task_is_refused_and_keeps_the_checkpoint(
     with pytest.raises(loop.HeadMismatchError, match="is a classification with 2 label"):
         finetune(config, root / "alone")
     assert sorted(p.name for p in (root / "alone" / "checkpoints").iterdir()) == before
+
+
+def test_a_pretraining_workdir_is_neither_overwritten_nor_a_bad_source_taken(pretrained, tmp_path):
+    init_from, topics = pretrained
+    train = write_topic_csv(tmp_path / "train.csv", topics, 16, seed=5)
+    fields = {"task": "classification", "data.train": str(train), "data.validation": str(train)}
+    before = sorted(p.name for p in (init_from / "checkpoints").iterdir())
+    tokenizer = (init_from / "tokenizer.model").read_bytes()
+    with pytest.raises(loop.HeadMismatchError, match="not a fine-tuning run's"):
+        finetune(make_config(init_from, **fields), init_from)
+    assert sorted(p.name for p in (init_from / "checkpoints").iterdir()) == before
+    assert (init_from / "tokenizer.model").read_bytes() == tokenizer
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(ConfigError, match=r"config.init_from=.*broken': config.json: model_type"):
+        finetune(make_config(broken, **fields), tmp_path / "run")
 
 
 @pytest.mark.parametrize("task", ["token_classification", "regression", "multi_label"])

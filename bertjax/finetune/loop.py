@@ -90,7 +90,15 @@ def workdir_tokenizer(directory: pathlib.Path, fingerprint: str | None = None) -
 
 def open_source(path: str | pathlib.Path) -> Source:
     """Reads what init_from is: its architecture, tokenizer and head (parameters come later)."""
-    path = pathlib.Path(path)
+    try:
+        return _open_source(pathlib.Path(path))
+    except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
+        if isinstance(err, ConfigError):
+            raise
+        raise ConfigError(f"config.init_from={str(path)!r}: {err}") from None
+
+
+def _open_source(path: pathlib.Path) -> Source:
     if (path / workdir_lib.CHECKPOINT_DIR).is_dir():
         meta = checkpoint_lib.read_meta(path / workdir_lib.CHECKPOINT_DIR)
         head = HeadSpec.from_dict(meta["head"]) if "head" in meta else None
@@ -334,6 +342,11 @@ def _meta(run: _Run, seed: int, best: dict | None) -> dict:
 
 def _check_resumable(meta: dict, run: _Run, directory) -> None:
     """Fails, saying how, unless an existing checkpoint belongs to this run's task and data."""
+    if "head" not in meta:
+        raise HeadMismatchError(
+            f"the checkpoints in {directory} are not a fine-tuning run's (a pretraining run's?); "
+            "give fine-tuning its own --workdir (and the pretraining run as config.init_from)"
+        )
     head = HeadSpec.from_dict(meta["head"])
     if head != run.ft.head:
         raise HeadMismatchError(
@@ -357,6 +370,15 @@ def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
     settings, ft, task = run.settings, run.ft, run.task
     batch_size, eval_batch_size = settings.run.batch_size, settings.run.eval_batch_size
     is_main = jax.process_index() == 0
+    # Checked before anything is written there: a directory of another run keeps its files.
+    existing = workdir / workdir_lib.CHECKPOINT_DIR
+    if existing.is_dir():
+        try:
+            meta = checkpoint_lib.read_meta(existing)
+        except FileNotFoundError:  # no finished step yet: nothing to resume or to protect
+            meta = None
+        if meta is not None:
+            _check_resumable(meta, run, existing)
     workdir.mkdir(parents=True, exist_ok=True)
     if is_main:
         name = TOKENIZER_FILES[0] if run.tokenizer.kind == "sentencepiece" else TOKENIZER_FILES[1]
@@ -377,10 +399,6 @@ def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
     preempted = False
     try:
         with jax.set_mesh(ft.mesh):
-            if checkpointer.latest_step() is not None:
-                _check_resumable(
-                    checkpoint_lib.read_meta(checkpointer.directory), run, checkpointer.directory
-                )
             restored = checkpointer.restore(
                 abstract_params=ft.state.abstract.params,
                 abstract_opt_state=ft.state.abstract.opt_state,
