@@ -26,7 +26,6 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import logging
 import os
 import pathlib
 import warnings
@@ -47,9 +46,7 @@ from bertjax import workdir as workdir_lib
 from bertjax.data import storage
 from bertjax.data.sentences import split_sentences
 from bertjax.model import BertConfig, BertForPreTraining, BertModel
-from bertjax.tokenizer import MASK, SentencePieceTokenizer, Tokenizer
-
-logger = logging.getLogger(__name__)
+from bertjax.tokenizer import MASK, Tokenizer
 
 POOLINGS = ("mean", "cls", "pooler")
 # The shortest length bucket: shorter batches would compile more shapes for no gain.
@@ -185,7 +182,7 @@ class Model:
                     f"{path} has checkpoints but no {workdir_lib.TOKENIZER_COPY} beside them; "
                     "copy the tokenizer of the data it was trained on there"
                 )
-            tokenizer = SentencePieceTokenizer.load(tokenizer_file)
+            tokenizer = Tokenizer.load(tokenizer_file)
             config = BertConfig.from_dict(meta["model_config"])
             trained_with = meta["tokenizer_fingerprint"]
             if trained_with != tokenizer.fingerprint or config.vocab_size != tokenizer.vocab_size:
