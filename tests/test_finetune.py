@@ -225,6 +225,46 @@ def test_a_pretraining_workdir_is_neither_overwritten_nor_a_bad_source_taken(pre
         finetune(make_config(broken, **fields), tmp_path / "run")
 
 
+MNLI_COLUMNS = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2"
+
+
+def test_glue_mnli_evaluates_matched_and_mismatched_and_predicts_both_tests(pretrained, tmp_path):
+    init_from, topics = pretrained
+    glue = tmp_path / "MNLI"
+    glue.mkdir()
+
+    def write(name, count, seed, labelled=True):
+        lines = [MNLI_COLUMNS + ("\tlabel1\tgold_label" if labelled else "")]
+        pairs = zip(sentences(topics, count, seed), sentences(topics, count, seed + 100))
+        for k, ((t1, w1), (t2, w2)) in enumerate(pairs):
+            label = "entailment" if t1 % 2 == t2 % 2 else "contradiction"
+            row = f"{k}\t1\t1e\tfiction\t{' '.join(w1)}\t{' '.join(w2)}"
+            lines.append(row + (f"\t{label}\t{label}" if labelled else ""))
+        (glue / name).write_text("\n".join(lines) + "\n")
+
+    write("train.tsv", 32, 1)
+    write("dev_matched.tsv", 8, 2)
+    write("dev_mismatched.tsv", 8, 3)
+    write("test_matched.tsv", 4, 4, labelled=False)
+    write("test_mismatched.tsv", 5, 5, labelled=False)
+    config = make_config(
+        init_from, num_epochs=1, **{"data.glue_task": "mnli", "data.dir": str(glue)}
+    )
+    summary = finetune(config, tmp_path / "run")
+
+    best = summary["seeds"][0]["best"]
+    assert best["metric"] == "eval_matched/accuracy"
+    assert {"eval_matched/accuracy", "eval_mismatched/accuracy", "eval_mismatched/loss"} <= set(
+        best["scores"]
+    )
+    for name, count in (("test_matched", 4), ("test_mismatched", 5)):
+        lines = (tmp_path / "run" / f"predictions_{name}.tsv").read_text().splitlines()
+        assert len(lines) == 1 + count
+        assert {line.split("\t")[1] for line in lines[1:]} <= {
+            "contradiction", "entailment", "neutral"
+        }  # fmt: skip
+
+
 @pytest.mark.parametrize("task", ["token_classification", "regression", "multi_label"])
 def test_every_head_fine_tunes_and_predicts(pretrained, tmp_path, task):
     init_from, topics = pretrained
