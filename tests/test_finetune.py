@@ -9,11 +9,12 @@ import sys
 import jax
 import numpy as np
 import pytest
+import transformers
 from synthetic_corpus import write_corpus
 
 import bertjax
 from bertjax import data as data_lib
-from bertjax import heads, optim, steps, trainer
+from bertjax import heads, hf, optim, steps, trainer
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.model import BertConfig
@@ -161,7 +162,7 @@ def test_the_best_epoch_is_kept_and_predicts_the_test_file(classification):
     assert sum(p[1] == g for p, g in zip(predicted, gold)) >= 10
 
 
-def test_the_fine_tuned_directory_predicts_in_a_notebook(classification):
+def test_the_fine_tuned_directory_predicts_in_a_notebook(classification, tmp_path):
     root, _, _, _ = classification
     model = bertjax.Model.load(root / "alone")
     assert model.head == heads.HeadSpec("classification", LABELS)
@@ -178,6 +179,16 @@ def test_the_fine_tuned_directory_predicts_in_a_notebook(classification):
     assert model.predict(texts[0]) == predictions[0]
     with pytest.raises(bertjax.inference.InferenceError, match="no masked-LM head"):
         model.fill_mask("a [MASK] b")
+    # Saved for transformers, with its labels, and back: the same predictions.
+    model.save_hf(tmp_path / "export")
+    hf_config = transformers.AutoConfig.from_pretrained(tmp_path / "export")
+    assert hf_config.architectures == ["BertForSequenceClassification"]
+    assert hf_config.id2label == dict(enumerate(LABELS))
+    again = bertjax.Model.load(tmp_path / "export").predict(texts)
+    assert [p["label"] for p in again] == [p["label"] for p in predictions]
+    np.testing.assert_allclose(
+        [p["score"] for p in again], [p["score"] for p in predictions], atol=1e-5
+    )
 
 
 def test_a_preempted_run_resumes_to_the_same_result(classification):
@@ -300,6 +311,10 @@ def test_every_head_fine_tunes_and_predicts(pretrained, tmp_path, task):
         suffix = ".jsonl"
     for name, path in (("train", train), ("validation", dev), ("test", test)):
         fields[f"data.{name}"] = str(path.with_suffix(suffix))
+    if task == "multi_label":  # from a transformers export of the pretrained model this time
+        config, params, tokenizer = bertjax.load(init_from)
+        hf.save(config, params, tmp_path / "export", tokenizer=tokenizer)
+        init_from = tmp_path / "export"
     summary = finetune(make_config(init_from, **fields), tmp_path / "run")
 
     result = summary["seeds"][0]

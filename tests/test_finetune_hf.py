@@ -11,7 +11,9 @@ import transformers
 from safetensors import numpy as safetensors_numpy
 
 import bertjax
-from bertjax import heads, hf
+from bertjax import heads, hf, optim
+from bertjax.finetune import loop
+from bertjax.finetune.objective import build_finetuning
 from bertjax.model import BertConfig
 from bertjax.tokenizer import WordPieceTokenizer
 
@@ -172,3 +174,37 @@ def test_an_exported_classifier_predicts_as_transformers_does(tmp_path):
     np.testing.assert_allclose(
         [p["score"] for p in predictions], probabilities.max(axis=-1), atol=ATOL
     )
+
+
+@pytest.mark.parametrize("same_task", [True, False])
+def test_fine_tuning_from_a_transformers_classifier_keeps_its_head_for_the_same_task(
+    tmp_path, same_task
+):
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "w"]) + "\n")
+    head = HEADS["classification"]
+    params = random_params(head, seed=5)
+    hf.save(CONFIG, params, tmp_path / "export", WordPieceTokenizer.from_vocab(vocab), head=head)
+    source = loop.open_source(tmp_path / "export")
+    assert source.kind == "hf" and source.head == head
+
+    run_head = head if same_task else heads.HeadSpec(heads.CLASSIFICATION, ("no", "yes"))
+    ft = build_finetuning(
+        CONFIG,
+        run_head,
+        optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=1),
+        mesh_shape=(-1, 1, 1),
+        grad_accum_steps=1,
+        micro_batch_size=8,
+        max_seq_length=8,
+    )
+    fresh = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), ft.state.abstract.params)
+    started, note = loop.initial_params(source, ft, fresh)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(started["bert"]), params["bert"])
+    classifier = jax.device_get(started["classifier"])
+    if same_task:
+        jax.tree.map(np.testing.assert_array_equal, classifier, params["classifier"])
+        assert "the encoder and the classification head" in note
+    else:
+        assert not classifier["kernel"].any()  # the run's own fresh head
+        assert "is not this task's" in note
