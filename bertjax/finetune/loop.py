@@ -104,7 +104,7 @@ def _open_source(path: pathlib.Path) -> Source:
         head = HeadSpec.from_dict(meta["head"]) if "head" in meta else None
         return Source(
             path,
-            "finetuned" if head else "workdir",
+            "finetuned" if head is not None else "workdir",
             BertConfig.from_dict(meta["model_config"]),
             workdir_tokenizer(path, meta["tokenizer_fingerprint"]),
             head,
@@ -354,10 +354,14 @@ def _check_resumable(meta: dict, run: _Run, directory) -> None:
             f"is {run.ft.head.describe()}; use another --workdir, or the task and data it was "
             "trained on"
         )
+    # The architecture too: a checkpoint that cannot be read onto this model would otherwise
+    # be taken for a damaged one.
+    workdir_lib.check_compatible(
+        meta, run.tokenizer, run.ft.model_config, f"the checkpoint in {directory}"
+    )
     for key, value in (
         ("train_examples", len(run.task.train)),
         ("steps_per_epoch", run.steps_per_epoch),
-        ("tokenizer_fingerprint", run.tokenizer.fingerprint),
     ):
         if meta.get(key) != value:
             raise ConfigError(
