@@ -167,17 +167,17 @@ MASKED = [
 ]
 
 
-def _assert_same_predictions(ours, theirs, check_text=True):
+def _assert_same_predictions(ours, theirs):
+    """Lists (one per mask) of fill-mask predictions: same tokens, text, scores within 1e-4."""
     assert len(ours) == len(theirs)
     for a, b in zip(ours, theirs):
         assert [p["token"] for p in a] == [p["token"] for p in b]
         np.testing.assert_allclose(
             [p["score"] for p in a], [p["score"] for p in b], atol=ATOL, rtol=0
         )
-        if check_text:
-            assert [p["token_str"] for p in a] == [p["token_str"] for p in b]
-            # Up to spacing: sentencepiece trims the spaces a predicted lone "▁" leaves.
-            assert [p["sequence"].split() for p in a] == [p["sequence"].split() for p in b]
+        assert [p["token_str"] for p in a] == [p["token_str"] for p in b]
+        # Up to spacing: sentencepiece trims the spaces a predicted lone "▁" leaves.
+        assert [p["sequence"].split() for p in a] == [p["sequence"].split() for p in b]
 
 
 def _loading_info(cls, directory):
