@@ -855,7 +855,7 @@ def fill_mask_samples(
         answer = None
         if tokenizer.mask_id not in ids:
             position = _word_to_mask(ids, tokenizer)
-            answer = tokenizer.decode([ids[position]])
+            answer = _shown(tokenizer, ids[position])
             ids[position] = tokenizer.mask_id
         sequences.append(ids)
         answers.append(answer)
@@ -864,26 +864,40 @@ def fill_mask_samples(
         sequences, answers, model._predict_masks(sequences, top_k)
     ):
         guesses = " · ".join(
-            f"{tokenizer.decode([t]).strip()} {s:.2f}" for s, t in zip(scores[0], predicted[0])
+            f"{_shown(tokenizer, t)} {s:.2f}" for s, t in zip(scores[0], predicted[0])
         )
         line = f"{tokenizer.decode(ids[1:-1])}  ->  {guesses}"
-        lines.append(line if answer is None else f"{line}  (was: {answer.strip()})")
+        lines.append(line if answer is None else f"{line}  (was: {answer})")
     return lines
 
 
+def _shown(tokenizer: Tokenizer, token_id: int) -> str:
+    """A token as text, or as its piece when that text is blank (sentencepiece's lone "▁")."""
+    return tokenizer.decode([token_id]).strip() or tokenizer.id_to_piece(token_id)
+
+
 def _word_to_mask(ids: list[int], tokenizer: Tokenizer) -> int:
-    """The position of a one-piece word of letters nearest the middle (else the middle)."""
+    """The position to hide in [CLS] ... [SEP], nearest the middle among, by preference:
+    one-piece words of three or more letters, other one-piece words, first pieces of words,
+    any piece with text (not a lone "▁")."""
     starts = tokenizer.is_word_start
+
+    def text(p: int) -> str:
+        return tokenizer.decode([ids[p]]).strip()
+
+    def whole_word(p: int) -> bool:
+        return bool(starts[ids[p]] and starts[ids[p + 1]])  # the next piece starts a word
+
     inner = range(1, len(ids) - 1)
-    candidates = [
-        p
-        for p in inner
-        if starts[ids[p]]
-        and starts[ids[p + 1]]  # the next piece starts a word (or is [SEP])
-        and len(word := tokenizer.decode([ids[p]]).strip()) >= 3
-        and word.isalpha()
-    ]
     middle = len(ids) // 2
-    if not candidates:
-        return min(inner, key=lambda p: abs(p - middle)) if len(ids) > 2 else 0
-    return min(candidates, key=lambda p: abs(p - middle))
+    for wanted in (
+        lambda p: whole_word(p) and len(text(p)) >= 3 and text(p).isalpha(),
+        lambda p: whole_word(p) and text(p),
+        lambda p: starts[ids[p]] and text(p),
+        text,
+        lambda p: True,
+    ):
+        candidates = [p for p in inner if wanted(p)]
+        if candidates:
+            return min(candidates, key=lambda p: abs(p - middle))
+    raise ValueError("a text of [CLS] and [SEP] alone has nothing to hide")
