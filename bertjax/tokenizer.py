@@ -531,8 +531,10 @@ class SentencePieceTokenizer(Tokenizer):
         if proto.trainer_spec.model_type == sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
             lowest = min(p.score for p, is_normal in zip(pieces, normal) if is_normal)
             # Sentencepiece never matches control or byte pieces in text, but `tokenizers`
-            # matches every vocabulary entry: they get a score no real segmentation of the
-            # same characters reaches (all are at most 6 characters), so they are not chosen.
+            # matches every vocabulary entry: they get a score below any segmentation of the
+            # same (at most 6) characters into normal pieces, so typed "<0x41>" stays
+            # characters. (When one of those characters is outside the vocabulary, its
+            # unknown-character penalty is lower still and the byte piece would win.)
             vocab = [
                 (p.piece, p.score if is_normal else 8 * lowest)
                 for p, is_normal in zip(pieces, normal)
