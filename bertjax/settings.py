@@ -139,6 +139,13 @@ def _positive_int(config: ml_collections.ConfigDict, field: str) -> int:
     return value
 
 
+def _token_capacity(config: ml_collections.ConfigDict) -> float:
+    value = config.token_capacity
+    ok = isinstance(value, (int, float)) and 0.0 < value <= 1.0
+    _require(config, ok, "token_capacity", "must be in (0, 1] (1 turns token packing off)")
+    return float(value)
+
+
 def _read(config, *, devices, process_count: int) -> PretrainSettings:
     for field in (
         "num_train_steps",
@@ -166,11 +173,7 @@ def _read(config, *, devices, process_count: int) -> PretrainSettings:
         "peak_flops_per_device",
         "must be >= 0 (0: look up the device)",
     )
-    require(
-        isinstance(config.token_capacity, (int, float)) and 0.0 < config.token_capacity <= 1.0,
-        "token_capacity",
-        "must be in (0, 1] (1 turns token packing off)",
-    )
+    _token_capacity(config)
 
     run = RunSettings(
         seed=config.seed,
@@ -519,11 +522,7 @@ def _read_finetune(config, *, devices, process_count: int) -> FinetuneSettings:
         "seeds",
         "must be distinct integers >= 0, e.g. --config.seeds=1,2,3",
     )
-    require(
-        isinstance(config.token_capacity, (int, float)) and 0.0 < config.token_capacity <= 1.0,
-        "token_capacity",
-        "must be in (0, 1] (1 turns token packing off)",
-    )
+    _token_capacity(config)
     run = FinetuneRunSettings(
         num_epochs=config.num_epochs,
         batch_size=config.batch_size,
