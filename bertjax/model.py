@@ -49,9 +49,10 @@ from bertjax.sharding import (
 ACTIVATIONS = ("gelu", "gelu_tanh")
 # How the kernels of the pretraining heads (the MLM transform and the NSP classifier) start:
 # "truncated_normal" is google's (initializer_range, like every other kernel); "lecun_normal"
-# scales them to 1/fan_in variance, as transformers' Flax BERT drew them. Larger head kernels
-# pass a larger gradient back into the encoder early on, which shortens the "unigram plateau"
-# of small models; the encoder and embeddings are unchanged either way.
+# draws them with variance 1/fan_in, as transformers' Flax BERT did, to compare with models
+# started that way. Neither changes what the weights mean. On the tiny preset lecun_normal
+# heads left the unigram plateau later, not sooner (benchmarks/plateau.py); a larger
+# initializer_range for every weight is what shortened it there.
 HEAD_INITS = ("truncated_normal", "lecun_normal")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
 # The encoder's key for all layers stacked along a leading axis (scan_layers=True).
