@@ -8,9 +8,11 @@ mask, warmup then linear decay, clipping at 1.0, dropout 0.1, max_seq_length 128
 synthetic examples on both sides: random token ids, [CLS] A [SEP] B [SEP] with each text's
 length drawn uniformly from --text_lengths (the default, 8 to 40 pieces, is about MRPC's and
 RTE's), two labels. bertjax runs the epoch as finetune.py does (host batches from the epoch's
-permutation, assembled into global arrays, the jitted and donated train step), once padded to
-max_seq_length and once packing real tokens (config.token_capacity, just above the data's
-fill). transformers runs with torch's AdamW and get_linear_schedule_with_warmup, once on the
+permutation, assembled into global arrays, the jitted and donated train step) three ways:
+padded to max_seq_length; cut to length buckets (config.length_bucket, finetune.py's default:
+each batch to the smallest multiple of 32 positions that holds its longest example); and
+bucketed with token packing as well (config.token_capacity, just above the data's fill).
+transformers runs with torch's AdamW and get_linear_schedule_with_warmup, once on the
 same padded batches and once padded to each batch's longest example (its DataCollatorWithPadding,
 run_glue.py's --pad_to_max_length False).
 
@@ -69,6 +71,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="8,40",
         help="min,max pieces of each text of a pair (uniform); the default is about MRPC's",
     )
+    parser.add_argument(
+        "--length_bucket", type=int, default=32, help="config.length_bucket of the bucketed sides"
+    )
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--vocab_size", type=int, default=30522)
     parser.add_argument("--rounds", type=int, default=3, help="timed epochs per side")
@@ -78,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("examples", "batch_size", "max_seq_length", "rounds", "vocab_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 1")
+    if args.length_bucket < 0:
+        parser.error(f"--length_bucket={args.length_bucket} is invalid: must be >= 0")
     if args.examples < args.batch_size:
         parser.error(f"--examples={args.examples} must be at least --batch_size={args.batch_size}")
     try:
@@ -120,8 +127,9 @@ def synthetic_examples(args: argparse.Namespace) -> data_lib.Examples:
 class Bertjax:
     """An epoch as finetune.py runs it: host batches, global arrays, the jitted step."""
 
-    def __init__(self, args, examples, optimizer, token_capacity: float):
+    def __init__(self, args, examples, optimizer, token_capacity: float, length_bucket: int):
         self.examples, self.batch_size = examples, args.batch_size
+        self.length_bucket = length_bucket
         config = BertConfig.preset(args.preset, vocab_size=args.vocab_size, dtype=args.dtype)
         head = heads.HeadSpec(heads.CLASSIFICATION, ("0", "1"))
         self.ft = build_finetuning(
@@ -145,7 +153,9 @@ class Bertjax:
         metrics = None
         with jax.set_mesh(self.ft.mesh):
             for index in range(len(self.examples) // self.batch_size):
-                local = loop.train_batch(self.examples, order, index, self.batch_size)
+                local = loop.train_batch(
+                    self.examples, order, index, self.batch_size, self.length_bucket
+                )
                 batch = steps.global_batch(local, self.ft.batch_sharding, jax.process_count())
                 self.state, metrics = self.ft.train_step(self.state, batch, self.rng)
         self.epoch += 1
@@ -268,8 +278,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
 
     sides = {
-        "bertjax padded": Bertjax(args, examples, optimizer, 1.0),
-        "bertjax packed": Bertjax(args, examples, optimizer, capacity),
+        "bertjax padded": Bertjax(args, examples, optimizer, 1.0, 0),
+        "bertjax bucketed": Bertjax(args, examples, optimizer, 1.0, args.length_bucket),
+        "bertjax bucketed+packed": Bertjax(args, examples, optimizer, capacity, args.length_bucket),
     }
     if not args.no_reference and torch is not None:
         sides["transformers padded"] = Transformers(args, examples, optimizer, dynamic=False)
@@ -301,11 +312,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     for name, values in rates.items():
         median = statistics.median(values)
         print(f"{name:<{width}}{median:>12.2f}{args.examples / median:>12.1f}")
-    if "bertjax packed" in sides:
-        print(f"bertjax packed: {100 * sides['bertjax packed'].packed:.0f} % of steps packed")
-    if len(sides) > 2:
+    packed = sides["bertjax bucketed+packed"].packed
+    print(f"bertjax bucketed+packed: {100 * packed:.0f} % of steps fit the packed slots")
+    if len(sides) > 3:
         print()
-        for ours in ("bertjax padded", "bertjax packed"):
+        for ours in ("bertjax padded", "bertjax bucketed", "bertjax bucketed+packed"):
             for theirs in ("transformers padded", "transformers dynamic"):
                 ratio = statistics.median(a / b for a, b in zip(rates[ours], rates[theirs]))
                 print(f"{ours} / {theirs}: {ratio:.2f}x")

@@ -408,6 +408,9 @@ class FinetuneRunSettings:
     metric: str  # the best checkpoint is kept by it (higher is better, except mse)
     mesh_shape: tuple[int, ...]
     token_capacity: float
+    # Each training batch is cut to the smallest multiple of this many positions that holds
+    # its longest example (0: always max_seq_length); one compile per width.
+    length_bucket: int
     log_every_steps: int
     checkpoint_every_steps: int
 
@@ -523,6 +526,12 @@ def _read_finetune(config, *, devices, process_count: int) -> FinetuneSettings:
         "must be distinct integers >= 0, e.g. --config.seeds=1,2,3",
     )
     _token_capacity(config)
+    bucket = config.length_bucket
+    require(
+        isinstance(bucket, int) and not isinstance(bucket, bool) and bucket >= 0,
+        "length_bucket",
+        "must be an integer >= 0 (0 pads every batch to data.max_seq_length)",
+    )
     run = FinetuneRunSettings(
         num_epochs=config.num_epochs,
         batch_size=config.batch_size,
@@ -532,6 +541,7 @@ def _read_finetune(config, *, devices, process_count: int) -> FinetuneSettings:
         metric=metric,
         mesh_shape=tuple(config.mesh_shape),
         token_capacity=float(config.token_capacity),
+        length_bucket=bucket,
         log_every_steps=config.log_every_steps,
         checkpoint_every_steps=config.checkpoint_every_steps,
     )

@@ -208,7 +208,8 @@ def make_train_step(
 
     With `packed_length` the encoder skips padding (BertModel's token packing) for every
     micro-batch whose real tokens fit in that many slots per batch shard; one that does not
-    fit runs unpacked, with the same result. `train/packed` is the fraction that fit.
+    fit runs unpacked, with the same result. `train/packed` is the fraction that fit. A
+    batch of at most `packed_length` slots per shard runs unpacked (and counts as fitting).
     """
 
     def fits(input_mask: jax.Array) -> jax.Array:
@@ -225,7 +226,10 @@ def make_train_step(
                 params, batch, denominators, rng, length
             )
 
-        if packed_length is None:
+        # A batch cut to few positions (fine-tuning's length buckets) may have no more slots
+        # than packing would keep: it runs unpacked.
+        groups = sharding.shards(sharding.BATCH)
+        if packed_length is None or packed_length >= batch["input_mask"].size // groups:
             return grads(None)(params)
         # The conditional is taken around the gradient rather than differentiated through:
         # a differentiated one would carry both branches' activations.

@@ -78,6 +78,10 @@ def get_config() -> ml_collections.ConfigDict:
     config.metric = ""
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices
     config.token_capacity = 1.0  # < 1 packs real tokens and skips padding (see default.py)
+    # Each training batch is cut to the smallest multiple of this many positions that holds
+    # its longest example, so short texts do not pay for max_seq_length (at most
+    # max_seq_length / length_bucket compiles). 0 pads every batch to max_seq_length.
+    config.length_bucket = 32
     config.log_every_steps = 50
     # The latest state is also saved after every epoch; rerunning the command resumes.
     config.checkpoint_every_steps = 1000

@@ -15,6 +15,7 @@ from synthetic_corpus import write_corpus
 import bertjax
 from bertjax import data as data_lib
 from bertjax import heads, hf, optim, steps, trainer
+from bertjax.finetune import data as finetune_data
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.model import BertConfig
@@ -438,3 +439,71 @@ def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained,
         "(its labels: no, yes)"
     )
     assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("task", [heads.CLASSIFICATION, heads.TOKEN_CLASSIFICATION])
+def test_length_buckets_cut_only_padding_and_train_the_same(task):
+    config = BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    head = heads.HeadSpec(task, ("a", "b", "c"))
+    rng = np.random.default_rng(0)
+    count, seq = 16, 32
+    lengths = rng.integers(3, 14, size=count)  # the longest, 13 or less, fits 16 positions
+    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+    labels = rng.integers(0, 3, size=count).astype(np.int32)
+    if task == heads.TOKEN_CLASSIFICATION:
+        labels = np.where(mask == 1, rng.integers(0, 3, size=(count, seq)), heads.IGNORE_LABEL)
+    features = {
+        "input_ids": (rng.integers(5, 64, size=(count, seq)) * mask).astype(np.int32),
+        "input_mask": mask,
+        "segment_ids": np.zeros((count, seq), np.int32),
+        "labels": labels.astype(np.int32),
+    }
+    word_positions = [np.arange(n) for n in lengths] if task == heads.TOKEN_CLASSIFICATION else None
+    examples = finetune_data.Examples(
+        "train", "synthetic", features, [str(i) for i in range(count)], True, word_positions
+    )
+    order = loop.epoch_order(0, 0, count)
+    full = loop.train_batch(examples, order, 0, count)
+    cut = loop.train_batch(examples, order, 0, count, length_bucket=8)
+    assert full["input_ids"].shape == (count, seq)
+    assert cut["input_ids"].shape == cut["input_mask"].shape == (count, 16)
+    assert cut["labels"].shape == ((count, 16) if word_positions else (count,))
+    assert cut["input_mask"].sum() == full["input_mask"].sum()  # only padding was cut
+
+    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
+    # Packing slots (half of 32 positions) that the full batch packs into and the cut one,
+    # with no more positions than that, runs without.
+    ft = build_finetuning(
+        config,
+        head,
+        optimizer,
+        mesh_shape=(8, 1, 1),
+        grad_accum_steps=1,
+        micro_batch_size=count,
+        max_seq_length=seq,
+        token_capacity=0.5,
+    )
+    results = []
+    with jax.set_mesh(ft.mesh):
+        for batch in (full, cut):
+            state = ft.state.init(jax.random.key(0))
+            global_batch = steps.global_batch(batch, ft.batch_sharding, 1)
+            state, metrics = ft.train_step(state, global_batch, jax.random.key(1))
+            assert float(metrics["train/packed"]) == 1.0
+            results.append((float(metrics["train/loss"]), jax.device_get(state.params)))
+    (loss_full, params_full), (loss_cut, params_cut) = results
+    np.testing.assert_allclose(loss_cut, loss_full, rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+        params_full,
+        params_cut,
+    )

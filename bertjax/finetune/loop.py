@@ -162,15 +162,42 @@ def _rows(features: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.nda
 
 
 def train_batch(
-    examples: data_lib.Examples, order: np.ndarray, index: int, batch_size: int
+    examples: data_lib.Examples,
+    order: np.ndarray,
+    index: int,
+    batch_size: int,
+    length_bucket: int = 0,
 ) -> dict[str, np.ndarray]:
-    """This process's rows of the index-th global batch of an epoch's order."""
+    """This process's rows of the index-th global batch of an epoch's order.
+
+    With `length_bucket` the positions are cut to the smallest multiple of it that holds the
+    global batch's longest example. Every process reads the whole split, so all of them
+    choose the same width. Cutting only padding changes no output at a real position.
+    """
     rows = order[index * batch_size : (index + 1) * batch_size]
+    width = batch_width(examples, rows, length_bucket)
     local = batch_size // jax.process_count()
     rows = rows[jax.process_index() * local : (jax.process_index() + 1) * local]
     batch = _rows(examples.features, rows)
+    # Token tasks label each position; the other tasks' labels are per example.
+    per_position = ["input_ids", "input_mask", "segment_ids"]
+    if examples.word_positions is not None:
+        per_position.append("labels")
+    for name in per_position:
+        batch[name] = batch[name][:, :width]
     batch["weights"] = np.ones(len(rows), np.float32)
     return batch
+
+
+def batch_width(examples: data_lib.Examples, rows: np.ndarray, length_bucket: int) -> int:
+    """Positions a batch of `rows` needs: its longest example rounded up to `length_bucket`
+    (all of max_seq_length without one)."""
+    mask = examples.features["input_mask"]
+    seq = mask.shape[1]
+    if length_bucket == 0:
+        return seq
+    longest = int(mask[rows].sum(axis=1).max())
+    return min(seq, -(-longest // length_bucket) * length_bucket)
 
 
 def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
@@ -439,7 +466,9 @@ def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
             while step < run.total_steps:
                 epoch, index = divmod(step, run.steps_per_epoch)
                 order = epoch_order(seed, epoch, len(task.train))
-                local = train_batch(task.train, order, index, batch_size)
+                local = train_batch(
+                    task.train, order, index, batch_size, settings.run.length_bucket
+                )
                 batch = steps.global_batch(local, ft.batch_sharding, jax.process_count())
                 state, metrics = ft.train_step(state, batch, dropout_rng)
                 step += 1
