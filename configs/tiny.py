@@ -1,7 +1,7 @@
 """CPU demo: the tiny preset (L2/H128/A2) on the built-in demo corpus, minutes on a laptop.
 
 Sized so that `python train.py` (data preparation, tokenizer training, training, evaluation
-and checkpoints) finishes in about five minutes on two CPU cores, and tuned so that the model
+and checkpoints) finishes in two to three minutes on two CPU cores, and tuned so that the model
 visibly learns in that time: it leaves the "unigram plateau" (predicting the commonest pieces
 whatever the context) early, ends well above the unigram baseline in eval MLM accuracy and
 above the majority label in NSP. Two choices depart from google's recipe, for this short run
