@@ -11,7 +11,8 @@ RTE's), two labels. bertjax runs the epoch as finetune.py does (host batches fro
 permutation, assembled into global arrays, the jitted and donated train step) three ways:
 padded to max_seq_length; cut to length buckets (config.length_bucket, finetune.py's default:
 each batch to the smallest multiple of 32 positions that holds its longest example); and
-bucketed with token packing as well (config.token_capacity, just above the data's fill).
+bucketed with token packing as well, finetune.py's default (config.token_capacity 0: packed
+slots just enough for the fullest batch of the run).
 transformers runs with torch's AdamW and get_linear_schedule_with_warmup, once on the
 same padded batches and once padded to each batch's longest example (its DataCollatorWithPadding,
 run_glue.py's --pad_to_max_length False).
@@ -256,15 +257,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     mask = examples.features["input_mask"]
     fill = float(mask.mean())
     steps_per_epoch = len(examples) // args.batch_size
-    # Packing should fit every batch: the fullest one of the run sets the capacity, rounded
-    # up to 1/32 (a batch that does not fit runs unpacked, with the same result).
-    fills = []
-    for epoch in range(args.rounds + 1):
-        order = loop.epoch_order(0, epoch, len(examples))
-        for index in range(steps_per_epoch):
-            rows = order[index * args.batch_size : (index + 1) * args.batch_size]
-            fills.append(float(mask[rows].mean()))
-    capacity = min(1.0, np.ceil(max(fills) * 32) / 32)
+    # As finetune.py chooses by default (token_capacity 0): the fullest batch of the run
+    # (seed 0, every epoch timed or not) sets the packed slots.
+    capacity = loop.fitting_capacity(examples, (0,), args.rounds + 1, args.batch_size, 1, 1)
     total = steps_per_epoch * (args.rounds + 1)
     optimizer = optim.OptimizerSettings(
         learning_rate=2e-5, warmup_steps=int(0.1 * total), total_steps=total
@@ -274,7 +269,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"model: {args.preset} (L{model['num_layers']}/H{model['hidden_size']}/"
         f"A{model['num_heads']}, V{args.vocab_size}) + classifier, {args.dtype} compute; "
         f"{args.examples} pairs per epoch, batch {args.batch_size} x {args.max_seq_length}, "
-        f"{100 * fill:.1f} % of positions real, token_capacity {capacity:g} when packing"
+        f"{100 * fill:.1f} % of positions real, token_capacity {capacity:.3f} when packing"
     )
 
     sides = {

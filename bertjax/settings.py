@@ -407,7 +407,7 @@ class FinetuneRunSettings:
     seeds: tuple[int, ...]  # one run per seed; several report the median
     metric: str  # the best checkpoint is kept by it (higher is better, except mse)
     mesh_shape: tuple[int, ...]
-    token_capacity: float
+    token_capacity: float  # 0: chosen from the training data (finetune.loop.fitting_capacity)
     # Each training batch is cut to the smallest multiple of this many positions that holds
     # its longest example (0: always max_seq_length); one compile per width.
     length_bucket: int
@@ -525,7 +525,12 @@ def _read_finetune(config, *, devices, process_count: int) -> FinetuneSettings:
         "seeds",
         "must be distinct integers >= 0, e.g. --config.seeds=1,2,3",
     )
-    _token_capacity(config)
+    capacity = config.token_capacity
+    require(
+        isinstance(capacity, (int, float)) and 0.0 <= capacity <= 1.0,
+        "token_capacity",
+        "must be in [0, 1] (0 chooses from the training data, 1 turns token packing off)",
+    )
     bucket = config.length_bucket
     require(
         isinstance(bucket, int) and not isinstance(bucket, bool) and bucket >= 0,

@@ -77,7 +77,10 @@ def get_config() -> ml_collections.ConfigDict:
     # The metric that picks the best checkpoint; empty: the task's (GLUE's) own.
     config.metric = ""
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices
-    config.token_capacity = 1.0  # < 1 packs real tokens and skips padding (see default.py)
+    # Token packing (see default.py): the encoder skips padding. 0 chooses the packed slots
+    # from the training data, just enough for the fullest batch of the run; 1 turns packing
+    # off; a value in between is a fraction of the slots, as in pretraining.
+    config.token_capacity = 0.0
     # Each training batch is cut to the smallest multiple of this many positions that holds
     # its longest example, so short texts do not pay for max_seq_length (at most
     # max_seq_length / length_bucket compiles). 0 pads every batch to max_seq_length.

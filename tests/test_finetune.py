@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import transformers
@@ -15,6 +16,7 @@ from synthetic_corpus import write_corpus
 import bertjax
 from bertjax import data as data_lib
 from bertjax import heads, hf, optim, steps, trainer
+from bertjax import model as model_lib
 from bertjax.finetune import data as finetune_data
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
@@ -507,3 +509,28 @@ def test_length_buckets_cut_only_padding_and_train_the_same(task):
         params_full,
         params_cut,
     )
+
+
+@pytest.mark.parametrize("shards, accumulate", [(1, 1), (4, 2)])
+def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(shards, accumulate):
+    rng = np.random.default_rng(3)
+    count, seq, batch_size = 100, 24, 16
+    lengths = rng.integers(3, seq + 1, size=count)
+    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+    features = {"input_mask": mask, "labels": np.zeros(count, np.int32)}
+    examples = finetune_data.Examples("train", "synthetic", features, [""] * count, True)
+    seeds, epochs = (1, 2), 3
+    capacity = loop.fitting_capacity(examples, seeds, epochs, batch_size, accumulate, shards)
+    slots = batch_size // accumulate // shards * seq
+    # What the train step counts: real tokens per batch shard of every micro-batch.
+    fullest = 0
+    for seed in seeds:
+        for epoch in range(epochs):
+            order = loop.epoch_order(seed, epoch, count)
+            for index in range(count // batch_size):
+                rows = order[index * batch_size : (index + 1) * batch_size]
+                for micro in steps.split_micro_batches(mask[rows], accumulate):
+                    per_shard = model_lib.tokens_per_group(jnp.asarray(micro), shards)
+                    fullest = max(fullest, int(per_shard.max()))
+    assert fullest == round(capacity * slots)
+    assert 0 < capacity < 1

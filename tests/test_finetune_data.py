@@ -386,3 +386,19 @@ def test_layouts_know_every_glue_task():
         "cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"
     }  # fmt: skip
     assert layouts.glue_task("SST-2") is layouts.GLUE_TASKS["sst2"]
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("token_capacity", 1.5, r"config.token_capacity=1.5: .*\[0, 1\]"),
+        ("length_bucket", -8, r"config.length_bucket=-8: .*integer >= 0"),
+    ],
+)
+def test_packing_and_bucket_settings_are_checked(tmp_path, field, value, message):
+    train = tmp_path / "train.csv"
+    train.write_text("sentence,label\nhello,a\n", encoding="utf-8")
+    fields = {"task": "classification", "data.train": str(train), "data.validation": str(train)}
+    fields[field] = value
+    with pytest.raises(ConfigError, match=message):
+        settings_for(tmp_path, **fields)

@@ -40,7 +40,7 @@ import tqdm
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import heads, hf, metrics_writer, steps, trainer
+from bertjax import heads, hf, metrics_writer, sharding, steps, trainer
 from bertjax import workdir as workdir_lib
 from bertjax.finetune import data as data_lib
 from bertjax.finetune import metrics as metrics_lib
@@ -198,6 +198,36 @@ def batch_width(examples: data_lib.Examples, rows: np.ndarray, length_bucket: in
         return seq
     longest = int(mask[rows].sum(axis=1).max())
     return min(seq, -(-longest // length_bucket) * length_bucket)
+
+
+def fitting_capacity(
+    examples: data_lib.Examples,
+    seeds: tuple[int, ...],
+    num_epochs: int,
+    batch_size: int,
+    grad_accum_steps: int,
+    shards: int,
+) -> float:
+    """The token_capacity at which every micro-batch shard of the run fits its packed slots.
+
+    The run's batches are known before it starts (each epoch's order comes from the seed), so
+    the fullest shard of any of them sets the capacity. Shards are laid out as the train step
+    sees them: contiguous rows per batch shard, micro-batch k taking every
+    grad_accum_steps-th row from k (steps.split_micro_batches).
+    """
+    lengths = examples.features["input_mask"].sum(axis=1)
+    steps_per_epoch = len(examples) // batch_size
+    rows_per_shard = batch_size // grad_accum_steps // shards
+    fullest = 0
+    for seed in seeds:
+        for epoch in range(num_epochs):
+            order = epoch_order(seed, epoch, len(examples))[: steps_per_epoch * batch_size]
+            # [step, shard, row within the micro-batch's shard, micro-batch]
+            per_row = lengths[order].reshape(
+                steps_per_epoch, shards, rows_per_shard, grad_accum_steps
+            )
+            fullest = max(fullest, int(per_row.sum(axis=2).max()))
+    return fullest / (rows_per_shard * examples.features["input_mask"].shape[1])
 
 
 def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
@@ -613,6 +643,21 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
             f"config.batch_size={batch_size}: the training data {task.train.path} holds "
             f"{len(task.train)} examples, fewer than one batch"
         )
+    capacity = settings.run.token_capacity
+    if capacity == 0.0:
+        mesh = sharding.make_mesh(settings.run.mesh_shape, devices=devices)
+        capacity = fitting_capacity(
+            task.train,
+            settings.run.seeds,
+            settings.run.num_epochs,
+            batch_size,
+            settings.run.grad_accum_steps,
+            sharding.shards(sharding.BATCH, mesh),
+        )
+        print(
+            f"token packing: the encoder keeps {100 * capacity:.1f} % of each batch shard's "
+            "slots, enough for the fullest of this run"
+        )
     ft = build_finetuning(
         model_config,
         task.head,
@@ -621,7 +666,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
         grad_accum_steps=settings.run.grad_accum_steps,
         micro_batch_size=settings.run.micro_batch_size,
         max_seq_length=settings.data.max_seq_length,
-        token_capacity=settings.run.token_capacity,
+        token_capacity=min(capacity, 1.0),
         devices=devices,
     )
     check_mesh_fits(model_config, ft.mesh)
