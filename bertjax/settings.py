@@ -139,10 +139,13 @@ def _positive_int(config: ml_collections.ConfigDict, field: str) -> int:
     return value
 
 
-def _token_capacity(config: ml_collections.ConfigDict) -> float:
+def _token_capacity(config: ml_collections.ConfigDict, zero_means: str = "") -> float:
+    """token_capacity in (0, 1]; also 0 where `zero_means` says what 0 does."""
     value = config.token_capacity
-    ok = isinstance(value, (int, float)) and 0.0 < value <= 1.0
-    _require(config, ok, "token_capacity", "must be in (0, 1] (1 turns token packing off)")
+    ok = isinstance(value, (int, float)) and (value >= 0 if zero_means else value > 0)
+    ok = ok and value <= 1.0
+    allowed = f"[0, 1] (0 {zero_means}, " if zero_means else "(0, 1] ("
+    _require(config, ok, "token_capacity", f"must be in {allowed}1 turns token packing off)")
     return float(value)
 
 
@@ -525,12 +528,7 @@ def _read_finetune(config, *, devices, process_count: int) -> FinetuneSettings:
         "seeds",
         "must be distinct integers >= 0, e.g. --config.seeds=1,2,3",
     )
-    capacity = config.token_capacity
-    require(
-        isinstance(capacity, (int, float)) and 0.0 <= capacity <= 1.0,
-        "token_capacity",
-        "must be in [0, 1] (0 chooses from the training data, 1 turns token packing off)",
-    )
+    capacity = _token_capacity(config, zero_means="chooses from the training data")
     bucket = config.length_bucket
     require(
         isinstance(bucket, int) and not isinstance(bucket, bool) and bucket >= 0,
@@ -545,7 +543,7 @@ def _read_finetune(config, *, devices, process_count: int) -> FinetuneSettings:
         seeds=tuple(seeds),
         metric=metric,
         mesh_shape=tuple(config.mesh_shape),
-        token_capacity=float(config.token_capacity),
+        token_capacity=capacity,
         length_bucket=bucket,
         log_every_steps=config.log_every_steps,
         checkpoint_every_steps=config.checkpoint_every_steps,

@@ -356,17 +356,22 @@ def test_every_head_fine_tunes_and_predicts(pretrained, tmp_path, task):
                 assert set(names.split(",")) <= {"", "even", "odd", "t0", "t1"}
 
 
-def test_sharded_steps_equal_data_parallel_ones():
-    config = BertConfig(
+def small_config(positions: int) -> BertConfig:
+    """A one-layer BERT without dropout, for exact comparisons of train steps."""
+    return BertConfig(
         vocab_size=64,
         hidden_size=32,
         num_layers=1,
         num_heads=4,
         intermediate_size=64,
-        max_position_embeddings=16,
+        max_position_embeddings=positions,
         hidden_dropout=0.0,
         attention_dropout=0.0,
     )
+
+
+def test_sharded_steps_equal_data_parallel_ones():
+    config = small_config(16)
     head = heads.HeadSpec(heads.CLASSIFICATION, ("a", "b", "c"))
     optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
     rng = np.random.default_rng(0)
@@ -445,16 +450,7 @@ def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained,
 
 @pytest.mark.parametrize("task", [heads.CLASSIFICATION, heads.TOKEN_CLASSIFICATION])
 def test_length_buckets_cut_only_padding_and_train_the_same(task):
-    config = BertConfig(
-        vocab_size=64,
-        hidden_size=32,
-        num_layers=1,
-        num_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=32,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-    )
+    config = small_config(32)
     head = heads.HeadSpec(task, ("a", "b", "c"))
     rng = np.random.default_rng(0)
     count, seq = 16, 32

@@ -215,7 +215,8 @@ def fitting_capacity(
     sees them: contiguous rows per batch shard, micro-batch k taking every
     grad_accum_steps-th row from k (steps.split_micro_batches).
     """
-    lengths = examples.features["input_mask"].sum(axis=1)
+    mask = examples.features["input_mask"]
+    lengths = mask.sum(axis=1)
     steps_per_epoch = len(examples) // batch_size
     rows_per_shard = batch_size // grad_accum_steps // shards
     fullest = 0
@@ -227,7 +228,7 @@ def fitting_capacity(
                 steps_per_epoch, shards, rows_per_shard, grad_accum_steps
             )
             fullest = max(fullest, int(per_row.sum(axis=2).max()))
-    return fullest / (rows_per_shard * examples.features["input_mask"].shape[1])
+    return fullest / (rows_per_shard * mask.shape[1])
 
 
 def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
@@ -666,7 +667,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
         grad_accum_steps=settings.run.grad_accum_steps,
         micro_batch_size=settings.run.micro_batch_size,
         max_seq_length=settings.data.max_seq_length,
-        token_capacity=min(capacity, 1.0),
+        token_capacity=capacity,
         devices=devices,
     )
     check_mesh_fits(model_config, ft.mesh)
