@@ -12,10 +12,12 @@ permutation, assembled into global arrays, the jitted and donated train step) th
 padded to max_seq_length; cut to length buckets (config.length_bucket, finetune.py's default:
 each batch to the smallest multiple of 32 positions that holds its longest example); and
 bucketed with token packing as well, finetune.py's default (config.token_capacity 0: packed
-slots just enough for the fullest batch of the run).
+slots just enough for the fullest batch of the run). On every bertjax side the classifier's
+last encoder layer runs at [CLS] alone, as in finetune.py (the pooled output reads nothing
+else).
 transformers runs with torch's AdamW and get_linear_schedule_with_warmup, once on the
-same padded batches and once padded to each batch's longest example (its DataCollatorWithPadding,
-run_glue.py's --pad_to_max_length False).
+same padded batches (as its run_glue.py does by default, --pad_to_max_length True) and once
+padded to each batch's longest example (DataCollatorWithPadding, --pad_to_max_length False).
 
 Compilation and torch's first steps are excluded: each side runs one untimed epoch first.
 Shared machines are noisy: the epochs run in rounds (every side once per round), ratios are

@@ -144,6 +144,7 @@ class SequenceClassifier(nn.Module):
             attention_mask,
             deterministic=deterministic,
             packed_length=packed_length,
+            cls_only=True,  # the pooled output reads only [CLS]
         )  # [b, h]
         pooled = Dropout(self.config.hidden_dropout)(pooled, deterministic=deterministic)
         logits = _classifier(self.config, self.num_outputs)(pooled)  # [b, labels]

@@ -310,6 +310,22 @@ def tokens_per_group(attention_mask: jax.Array, groups: int) -> jax.Array:
     return jnp.sum(per_row.reshape(groups, batch // groups), axis=1)
 
 
+def first_tokens(x: jax.Array, attention_mask: jax.Array, index: jax.Array | None) -> jax.Array:
+    """[batch, 1, ...]: each row's first token ([CLS]) from x, packed (index) or not.
+
+    A row's first token is real (BERT's input_mask is a prefix of ones), so when packed it
+    sits in the slot after all real tokens of the group's earlier rows.
+    """
+    if index is None:
+        return x[:, :1]  # [b, 1, ...]
+    batch = attention_mask.shape[0]
+    groups = index.shape[0]
+    per_row = jnp.sum(attention_mask.astype(jnp.int32), axis=1).reshape(groups, -1)  # [g, r]
+    slots = jnp.cumsum(per_row, axis=1) - per_row  # [g, r]: real tokens before each row
+    firsts = jax.vmap(lambda g, i: jnp.take(g, i, axis=0, mode="clip"))(x, slots)  # [g, r, ...]
+    return firsts.reshape(batch, 1, *x.shape[2:])
+
+
 def pack_tokens(x: jax.Array, index: jax.Array) -> jax.Array:
     """[batch, seq, ...] -> [groups, packed_length, ...] at ``index`` (packing_index)."""
     groups = index.shape[0]
@@ -415,40 +431,49 @@ class OutputProjection(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Multi-head self-attention, dropout, residual, post-LayerNorm."""
+    """Multi-head self-attention, dropout, residual, post-LayerNorm.
+
+    ``queries`` ([batch, q, hidden], unpacked) computes the output at those positions only,
+    attending over all of x; without it every position of x is a query.
+    """
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, attention_mask, deterministic: bool, token_index=None):
+    def __call__(self, x, attention_mask, deterministic: bool, token_index=None, queries=None):
         cfg = self.config
         qkv_names = (BATCH, LENGTH, HEADS, KV)
-        q = sharding.constrain(HeadsProjection(cfg, name="query")(x), qkv_names)  # [b, s, n, d]
+        query_input = x if queries is None else queries
+        q = sharding.constrain(HeadsProjection(cfg, name="query")(query_input), qkv_names)
         k = sharding.constrain(HeadsProjection(cfg, name="key")(x), qkv_names)  # [b, t, n, d]
         v = sharding.constrain(HeadsProjection(cfg, name="value")(x), qkv_names)  # [b, t, n, d]
         if token_index is not None:  # x is packed [g, c, h]: attention needs whole sequences
             batch, seq = attention_mask.shape
-            q, k, v = (
-                sharding.constrain(unpack_tokens(t, token_index, batch, seq), qkv_names)
-                for t in (q, k, v)
+            unpack = lambda t: sharding.constrain(  # noqa: E731
+                unpack_tokens(t, token_index, batch, seq), qkv_names
             )  # [b, s, n, d]
+            k, v = unpack(k), unpack(v)
+            if queries is None:
+                q = unpack(q)
         dropout_active = not deterministic and cfg.attention_dropout > 0
         context = attention_lib.dot_product_attention(
             q,
             k,
             v,
             attention_mask,
-            implementation=cfg.attention_impl,
+            # The fused kernels expect as many queries as keys; a few queries are a cheap
+            # matrix-vector product for xla.
+            implementation=cfg.attention_impl if queries is None else "xla",
             dropout_rate=cfg.attention_dropout,
             dropout_rng=self.make_rng("dropout") if dropout_active else None,
             deterministic=deterministic,
         )  # [b, s, n, d]
         context = sharding.constrain(context, qkv_names)
-        if token_index is not None:
+        if token_index is not None and queries is None:
             context = sharding.constrain(pack_tokens(context, token_index), qkv_names)
         y = OutputProjection(cfg, name="output")(context)  # [b, s, h]
         y = Dropout(cfg.hidden_dropout)(y, deterministic=deterministic)
-        return _layer_norm(cfg)(y + x)
+        return _layer_norm(cfg)(y + query_input)
 
 
 class FeedForward(nn.Module):
@@ -469,16 +494,17 @@ class FeedForward(nn.Module):
 class TransformerLayer(nn.Module):
     """One encoder layer. ``scanned`` makes it return ``(x, None)`` for nn.scan.
 
-    With ``token_index`` (packing_index) x is packed [groups, packed_length, hidden].
+    With ``token_index`` (packing_index) x is packed [groups, packed_length, hidden]. With
+    ``queries`` (see SelfAttention) the output is [batch, q, hidden] at those positions.
     """
 
     config: BertConfig
     scanned: bool = False
 
     @nn.compact
-    def __call__(self, x, attention_mask, deterministic: bool, token_index=None):
+    def __call__(self, x, attention_mask, deterministic: bool, token_index=None, queries=None):
         x = SelfAttention(self.config, name="attention")(
-            x, attention_mask, deterministic, token_index
+            x, attention_mask, deterministic, token_index, queries
         )
         x = FeedForward(self.config, name="mlp")(x, deterministic)
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
@@ -492,12 +518,18 @@ _REMAT_POLICIES = {
 
 
 class Encoder(nn.Module):
-    """The stack of layers: plain (layer_0..), rematerialised, and/or nn.scan'd ("layers")."""
+    """The stack of layers: plain (layer_0..), rematerialised, and/or nn.scan'd ("layers").
+
+    ``cls_only`` returns only each row's [CLS] output, [batch, 1, hidden]: the plain stack
+    then runs its last layer's queries, feed-forward and LayerNorms at [CLS] alone (its keys
+    and values still come from every token), which is all a pooled head reads. The scanned
+    stack shares one layer body, so it computes every position and takes [CLS] after.
+    """
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, attention_mask, deterministic: bool, token_index=None):
+    def __call__(self, x, attention_mask, deterministic: bool, token_index=None, cls_only=False):
         cfg = self.config
         layer_cls = TransformerLayer
         if cfg.remat_policy != "none":
@@ -515,9 +547,13 @@ class Encoder(nn.Module):
                 metadata_params={nn.PARTITION_NAME: LAYERS},
             )(cfg, scanned=True, name=STACKED_LAYERS)
             x, _ = stack(x, attention_mask, deterministic, token_index)
-            return x
+            return first_tokens(x, attention_mask, token_index) if cls_only else x
         for i in range(cfg.num_layers):
-            x = layer_cls(cfg, name=f"layer_{i}")(x, attention_mask, deterministic, token_index)
+            layer = layer_cls(cfg, name=f"layer_{i}")
+            if cls_only and i == cfg.num_layers - 1:
+                queries = first_tokens(x, attention_mask, token_index)  # [b, 1, h]
+                return layer(x, attention_mask, deterministic, token_index, queries)  # [b, 1, h]
+            x = layer(x, attention_mask, deterministic, token_index)
         return x
 
 
@@ -538,6 +574,9 @@ class BertModel(nn.Module):
     slots per batch shard (see packing_index); every group must hold at most that many real
     tokens (tokens_per_group). Outputs at real positions are the same as unpacked;
     sequence_output is zero at padded positions.
+
+    ``cls_only`` skips what only the other positions' outputs need (see Encoder): the pooled
+    output is the same, and sequence_output is [batch, 1, hidden], the [CLS] position alone.
     """
 
     config: BertConfig
@@ -556,6 +595,7 @@ class BertModel(nn.Module):
         *,
         deterministic=True,
         packed_length: int | None = None,
+        cls_only: bool = False,
     ):
         cfg = self.config
         seq_len = input_ids.shape[-1]
@@ -566,16 +606,15 @@ class BertModel(nn.Module):
             )
         token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
         x = self.embeddings(input_ids, token_type_ids, deterministic)  # [b, s, h]
-        if packed_length is None:
-            x = self.encoder(x, attention_mask, deterministic)  # [b, s, h]
-        else:
-            batch, seq = input_ids.shape
+        index = None
+        if packed_length is not None:
             index = packing_index(attention_mask, packed_length, sharding.shards(BATCH))
             x = sharding.constrain(pack_tokens(x, index), (BATCH, LENGTH, ACTIVATION_EMBED))
-            x = self.encoder(x, attention_mask, deterministic, index)  # [g, c, h]
-            x = sharding.constrain(
-                unpack_tokens(x, index, batch, seq), (BATCH, LENGTH, ACTIVATION_EMBED)
-            )  # [b, s, h]
+        x = self.encoder(x, attention_mask, deterministic, index, cls_only)
+        if index is not None and not cls_only:  # x is packed [g, c, h]
+            batch, seq = input_ids.shape
+            x = unpack_tokens(x, index, batch, seq)  # [b, s, h]
+        x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))  # [b, s or 1, h]
         pooled = jnp.tanh(self.pooler(x[:, 0]))  # [b, h]
         return x, sharding.constrain(pooled, (BATCH, ACTIVATION_EMBED))
 

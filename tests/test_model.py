@@ -18,6 +18,7 @@ from bertjax.model import (
     BertForPreTraining,
     BertModel,
     count_params,
+    first_tokens,
     pack_tokens,
     packing_index,
     sinusoidal_table,
@@ -437,3 +438,59 @@ def test_token_packing_matches_the_padded_model(params, mesh_shape, scan):
     for name in ("pooled_output", "mlm_logits", "nsp_logits"):
         np.testing.assert_allclose(getattr(packed, name), getattr(plain, name), atol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads, plain_grads)
+
+
+@pytest.mark.parametrize(
+    "mesh_shape, packed, remat, scan",
+    [
+        (None, False, "none", False),
+        (None, True, "dots", False),
+        ((4, 1, 2), True, "none", False),
+        ((2, 2, 2), False, "full", True),
+        (None, True, "none", True),
+    ],
+)
+def test_cls_only_gives_the_pooled_output_and_gradients_of_the_whole_model(
+    params, mesh_shape, packed, remat, scan
+):
+    ids, types, mask, _ = _packing_batch()
+    config = dataclasses.replace(CFG, remat_policy=remat, scan_layers=scan)
+    weights = params["bert"]
+    if scan:
+        weights = stack_layers(weights, CFG.num_layers)
+    direction = np.random.default_rng(5).normal(size=(ids.shape[0], CFG.hidden_size))
+
+    def pooled_and_grads(cls_only):
+        def project(p, packed_length):
+            sequence, pooled = BertModel(config).apply(
+                {"params": p},
+                ids,
+                types,
+                mask,
+                packed_length=packed_length,
+                cls_only=cls_only,
+            )
+            return jnp.sum(pooled * direction), (sequence, pooled)
+
+        groups = sharding.shards(sharding.BATCH)
+        packed_length = int(np.max(tokens_per_group(jnp.asarray(mask), groups))) if packed else None
+        grad = jax.grad(project, has_aux=True)
+        return jax.jit(grad, static_argnums=1)(weights, packed_length)
+
+    mesh = sharding.make_mesh(mesh_shape) if mesh_shape else None
+    with jax.set_mesh(mesh) if mesh else contextlib.nullcontext():
+        full_grads, (full_sequence, full_pooled) = pooled_and_grads(False)
+        grads, (cls_sequence, pooled) = pooled_and_grads(True)
+    assert cls_sequence.shape == (ids.shape[0], 1, CFG.hidden_size)
+    np.testing.assert_allclose(cls_sequence, np.asarray(full_sequence)[:, :1], atol=1e-5)
+    np.testing.assert_allclose(pooled, full_pooled, atol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), grads, full_grads)
+
+
+def test_first_tokens_finds_each_rows_cls_among_packed_tokens():
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 1]], np.int32)
+    x = jnp.arange(4 * 4 * 3, dtype=jnp.float32).reshape(4, 4, 3) + 1
+    index = packing_index(jnp.asarray(mask), 6, groups=2)
+    packed = pack_tokens(x, index)
+    np.testing.assert_array_equal(first_tokens(packed, jnp.asarray(mask), index), x[:, :1])
+    np.testing.assert_array_equal(first_tokens(x, jnp.asarray(mask), None), x[:, :1])
