@@ -697,7 +697,9 @@ def _embed(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
         batch["segment_ids"],
         batch["input_mask"],
         deterministic=True,
-    )  # [b, s, h], [b, h]
+        # Only mean pooling reads the other positions: the rest skip them in the last layer.
+        cls_only=pooling != "mean",
+    )  # [b, s or 1, h], [b, h]
     if pooling == "cls":
         vectors = sequence[:, 0].astype(jnp.float32)  # [b, h]
     elif pooling == "pooler":
