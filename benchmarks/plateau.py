@@ -42,8 +42,9 @@ from typing import Any
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bertjax.data import MaskingSettings, demo_corpus_path  # noqa: E402
+from bertjax.data import demo_corpus_path  # noqa: E402
 from bertjax.data.baseline import sentence_pair_baseline, unigram_baseline  # noqa: E402
+from bertjax.settings import PretrainSettings  # noqa: E402
 from configs import tiny  # noqa: E402
 
 # Each setting maps the recipe (configs/tiny.py) to the fields it overrides, so that a setting
@@ -99,12 +100,7 @@ def corpus_file(name: str, cache: pathlib.Path) -> pathlib.Path:
 def run_config(overrides: dict):
     """configs/tiny.py with the overrides applied (for the data fields and the eval batch)."""
     config = tiny.get_config()
-    for dotted, value in overrides.items():
-        target = config
-        *parents, leaf = dotted.split(".")
-        for parent in parents:
-            target = target[parent]
-        target[leaf] = value
+    config.update_from_flattened_dict(overrides)
     return config
 
 
@@ -171,16 +167,12 @@ def measure(corpus: str, overrides: dict, name: str, args) -> dict:
     """One run: the unigram baseline and the eval curve up to max_steps."""
     config = run_config(overrides)
     data_dir = prepared_dir(corpus, config, args.work_dir)
-    eval_batch_size = config.batch_size // config.grad_accum_steps
+    settings = PretrainSettings.from_config(config)
     baseline = unigram_baseline(
         data_dir,
-        batch_size=eval_batch_size,
-        masking=MaskingSettings(
-            masked_lm_prob=config.data.masked_lm_prob,
-            max_predictions_per_seq=config.data.max_predictions_per_seq,
-            whole_word_masking=config.data.whole_word_masking,
-        ),
-        seed=config.seed,
+        batch_size=settings.run.micro_batch_size,  # train.py's eval batch
+        masking=settings.data.masking,
+        seed=settings.run.seed,
     )
     run_overrides = {k: v for k, v in overrides.items() if k.split(".")[-1] not in DATA_FIELDS}
     run_overrides.update(
@@ -209,7 +201,7 @@ def measure(corpus: str, overrides: dict, name: str, args) -> dict:
         "eval_every": args.eval_every,
         "baseline": baseline.accuracy,
         "baseline_piece": baseline.piece,
-        "pair_baseline": sentence_pair_baseline(data_dir, batch_size=eval_batch_size),
+        "pair_baseline": sentence_pair_baseline(data_dir, batch_size=settings.run.micro_batch_size),
         "eval_mlm_accuracy": {r["step"]: r["eval/mlm_accuracy"] for r in evals},
         "eval_nsp_accuracy": {r["step"]: r["eval/nsp_accuracy"] for r in evals},
         # The median over logging intervals: a guide only, the machine may be shared.

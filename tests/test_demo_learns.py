@@ -17,9 +17,9 @@ import subprocess
 import sys
 import time
 
-from bertjax.data import MaskingSettings, prepare
 from bertjax.data.baseline import unigram_baseline
-from bertjax.data.demo_corpus import demo_corpus_path
+from bertjax.settings import PretrainSettings
+from bertjax.workdir import ensure_data
 from configs import tiny
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -37,44 +37,29 @@ def eval_accuracies(metrics_file: pathlib.Path) -> dict[int, float]:
 
 
 def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_steps(tmp_path):
-    config = tiny.get_config()
-    data = config.data
-    # What train.py prepares for the recipe, done here to know the baseline beforehand.
-    prepare(
-        [str(demo_corpus_path(tmp_path / "corpus"))],
-        tmp_path / "data",
-        max_seq_length=data.max_seq_length,
-        max_predictions_per_seq=data.max_predictions_per_seq,
-        vocab_size=data.vocab_size,
-        tokenizer_model_type=data.tokenizer_model_type,
-        dupe_factor=data.dupe_factor,
-        short_seq_prob=data.short_seq_prob,
-        eval_fraction=data.eval_fraction,
-        task=data.task,
-        seed=config.seed,
-        workers=data.workers or None,
-        verbose=False,
+    settings = PretrainSettings.from_config(tiny.get_config())
+    workdir = tmp_path / "run"
+    # What train.py prepares in its work directory, done first to know the baseline; the run
+    # then finds the data there.
+    data_dir, _ = ensure_data(
+        settings.data,
+        workdir,
+        eval_batch_size=settings.run.micro_batch_size,
+        seed=settings.run.seed,
     )
-    eval_batch_size = config.batch_size // config.grad_accum_steps
     baseline = unigram_baseline(
-        tmp_path / "data",
-        batch_size=eval_batch_size,
-        masking=MaskingSettings(
-            masked_lm_prob=data.masked_lm_prob,
-            max_predictions_per_seq=data.max_predictions_per_seq,
-            whole_word_masking=data.whole_word_masking,
-        ),
-        seed=config.seed,
+        data_dir,
+        batch_size=settings.run.micro_batch_size,
+        masking=settings.data.masking,
+        seed=settings.run.seed,
         max_batches=EVAL_BATCHES,
     )
     overrides = {
-        "data.dir": tmp_path / "data",
         "eval_every_steps": EVAL_EVERY,
         "eval_batches": EVAL_BATCHES,
         "log_every_steps": EVAL_EVERY,
         "checkpoint_every_steps": 1_000_000,
     }
-    workdir = tmp_path / "run"
     command = [
         sys.executable,
         str(REPO / "train.py"),

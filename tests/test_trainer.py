@@ -58,12 +58,7 @@ def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDic
     config.checkpoint_every_steps = 10
     config.optimizer.warmup_steps = 5
     config.fill_mask_samples = 0
-    for key, value in overrides.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            target = target[parent]
-        target[leaf] = value
+    config.update_from_flattened_dict(overrides)
     return config
 
 
