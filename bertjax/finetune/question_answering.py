@@ -1060,10 +1060,11 @@ def answer(
                 f"answer: {len(questions)} question(s) but {len(contexts)} context(s); give one "
                 "context for all or one per question"
             )
+    max_seq_length = min(max_seq_len, config.max_position_embeddings)
     settings = QASettings(
-        max_seq_length=min(max_seq_len, config.max_position_embeddings),
-        doc_stride=1,  # replaced below by the step that leaves doc_stride tokens of overlap
-        max_query_length=max_question_len,
+        max_seq_length=max_seq_length,
+        doc_stride=1,  # unused: each question's step below leaves doc_stride tokens of overlap
+        max_query_length=max(min(max_question_len, max_seq_length - 4), 1),
     )
     examples = [
         QAExample(id=str(k), question=q, context=c, answers=())
@@ -1071,7 +1072,7 @@ def answer(
     ]
     rows: list[_Window] = []
     for k, example in enumerate(examples):
-        question_ids = tokenizer.encode(example.question)[:max_question_len]
+        question_ids = tokenizer.encode(example.question)[: settings.max_query_length]
         room = settings.max_seq_length - len(question_ids) - 3
         step = max(room - min(doc_stride, room // 2), 1)
         windows = _windows([example], tokenizer, settings, step)[0]
