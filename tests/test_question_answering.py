@@ -714,3 +714,22 @@ def test_a_short_run_learns_what_comes_after():
     )
     # Guessing one of the 12 context words scores about 8 EM.
     assert scores["exact_match"] > 80.0
+
+
+def test_reader_formats_by_content(tmp_path):
+    record = {
+        "question": "Who?",
+        "context": "Ann.",
+        "answers": {"text": ["Ann"], "answer_start": [0]},
+    }
+    one_line = tmp_path / "one.json"  # JSON Lines under a .json name
+    one_line.write_text(json.dumps(record) + "\n")
+    assert qa.read_examples(one_line).examples[0].answers == (qa.Answer("Ann", 0),)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{\n  "data": [\n    {"paragraphs": []\n')
+    with pytest.raises(ValueError, match=r"broken\.json: not valid JSON \(.*line 4"):
+        qa.read_examples(broken)
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"data": []}))
+    with pytest.raises(ValueError, match=r"empty\.json: holds no questions"):
+        qa.read_examples(empty)

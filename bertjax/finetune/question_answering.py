@@ -192,11 +192,14 @@ def read_examples(
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"question-answering data {str(path)!r} does not exist")
-    text = path.read_text(encoding="utf-8-sig")
-    if path.suffix == ".jsonl" or not text.lstrip().startswith("{") or _is_json_lines(text):
-        examples, marked_v2 = _read_json_lines(text, str(path)), False
-    else:
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if _is_squad_json(path, text):
         examples, marked_v2 = _read_squad_json(text, str(path))
+    else:
+        examples, marked_v2 = _read_json_lines(text, str(path)), False
     if not examples:
         raise ValueError(f"{path}: holds no questions")
     has_impossible = any(e.is_impossible for e in examples)
@@ -223,16 +226,22 @@ def read_examples(
     return QAData(tuple(examples), version_2, str(path), mismatched)
 
 
-def _is_json_lines(text: str) -> bool:
-    # A SQuAD file is one JSON object; JSON Lines has a second value after the first line.
-    first, _, rest = text.lstrip().partition("\n")
-    if not rest.strip():
+def _is_squad_json(path: pathlib.Path, text: str) -> bool:
+    # SQuAD is one JSON object with "data"; anything else not named .jsonl is read as JSON
+    # Lines, whose errors name the line.
+    if path.suffix == ".jsonl" or not text.lstrip().startswith("{"):
         return False
     try:
-        json.loads(first)
+        top = json.loads(text)
     except ValueError:
+        # JSON Lines when its first line is a value; else a broken object, whose error
+        # (with json's line and column) is SQuAD's.
+        try:
+            json.loads(text.lstrip().partition("\n")[0])
+        except ValueError:
+            return True
         return False
-    return True
+    return isinstance(top, dict) and "question" not in top
 
 
 def _read_squad_json(text: str, source: str) -> tuple[list[QAExample], bool]:
@@ -386,13 +395,12 @@ def _wordpiece_offsets(tokenizer: WordPieceTokenizer, texts: Sequence[str]) -> l
     return result
 
 
+@functools.lru_cache(maxsize=8)
 def _wordpiece_pipeline(tokenizer: WordPieceTokenizer):
-    # One copy per tokenizer, reading "[MASK]" in text as text, as encode_batch does.
-    pipeline = getattr(tokenizer, "_qa_offsets_pipeline", None)
-    if pipeline is None:
-        pipeline = tokenizer.hf_tokenizer()
-        pipeline.encode_special_tokens = True
-        tokenizer._qa_offsets_pipeline = pipeline
+    # A copy of the tokenizer's pipeline that reads "[MASK]" in text as text, as
+    # encode_batch does.
+    pipeline = tokenizer.hf_tokenizer()
+    pipeline.encode_special_tokens = True
     return pipeline
 
 
@@ -400,20 +408,18 @@ def _clean_spans(text: str, spans: np.ndarray) -> np.ndarray:
     """Spans without leading whitespace. A token left covering nothing takes the next
     token's span when both begin at the same place (the byte pieces of one character, or
     sentencepiece's lone word-boundary piece before them); otherwise it gets NO_OFFSET."""
-    out = spans.copy()
-    for k in range(len(out)):
-        start, end = out[k]
+    raw = spans.tolist()
+    out = []
+    for start, end in raw:
         while start < end and text[start].isspace():
             start += 1
-        out[k, 0] = start
+        out.append([start, end])
     for k in range(len(out) - 1, -1, -1):
-        if out[k, 0] < out[k, 1]:
+        if out[k][0] < out[k][1]:
             continue
-        inherits = (
-            k + 1 < len(out) and out[k + 1, 0] != NO_OFFSET and spans[k, 0] == spans[k + 1, 0]
-        )
-        out[k] = out[k + 1] if inherits else (NO_OFFSET, NO_OFFSET)
-    return out
+        inherits = k + 1 < len(out) and out[k + 1][0] != NO_OFFSET and raw[k][0] == raw[k + 1][0]
+        out[k] = list(out[k + 1]) if inherits else [NO_OFFSET, NO_OFFSET]
+    return np.array(out, np.int64).reshape(-1, 2)  # [tokens, 2]
 
 
 # ----------------------------------------------------------------------------- windows
@@ -548,9 +554,12 @@ def _windows(
     examples: Sequence[QAExample], tokenizer: Tokenizer, settings: QASettings, stride: int
 ) -> list[list[_Window]]:
     questions = tokenizer.encode_batch([e.question for e in examples])
-    contexts = token_offsets(tokenizer, [e.context for e in examples])
+    # SQuAD asks several questions about each paragraph: tokenize each context once.
+    unique = list(dict.fromkeys(e.context for e in examples))
+    spans_of = dict(zip(unique, token_offsets(tokenizer, unique)))
     result = []
-    for k, (example, question, context) in enumerate(zip(examples, questions, contexts)):
+    for k, (example, question) in enumerate(zip(examples, questions)):
+        context = spans_of[example.context]
         question = question[: settings.max_query_length]
         max_tokens = settings.max_seq_length - len(question) - 3
         answer_tokens = (-1, -1)
