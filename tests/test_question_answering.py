@@ -655,23 +655,27 @@ def test_answer_with_impossible_answer():
 # ----------------------------------------------------------------------------- learning
 
 
-def synthetic_examples(rng, count, vocabulary=30, length=12):
-    """'after wX' over a random sequence of distinct words: the answer is the next word."""
+def synthetic_examples(rng, count, vocabulary=30, length=12, impossible=0.3):
+    """'the wX' over 12 distinct random words: the answer is where wX stands; a share of the
+    questions ask for a word not in the context and have no answer (SQuAD v2.0 style)."""
     examples = []
     for k in range(count):
         words = [f"w{i}" for i in rng.choice(vocabulary, length, replace=False)]
         context = " ".join(words)
-        pick = int(rng.integers(0, length - 1))
-        answer = words[pick + 1]
-        start = len(" ".join(words[: pick + 1])) + 1
-        examples.append(
-            qa.QAExample(str(k), f"after {words[pick]}", context, (qa.Answer(answer, start),))
-        )
+        if rng.random() < impossible:
+            absent = sorted(set(f"w{i}" for i in range(vocabulary)) - set(words))
+            question = f"the {rng.choice(absent)}"
+            examples.append(qa.QAExample(str(k), question, context, (), is_impossible=True))
+            continue
+        pick = int(rng.integers(0, length))
+        start = len(" ".join(words[:pick])) + (1 if pick else 0)
+        answer = qa.Answer(words[pick], start)
+        examples.append(qa.QAExample(str(k), f"the {words[pick]}", context, (answer,)))
     return examples
 
 
 @pytest.mark.slow
-def test_a_short_run_learns_what_comes_after():
+def test_a_short_run_learns_a_synthetic_task():
     rng = np.random.default_rng(0)
     settings = qa.QASettings(max_seq_length=24, doc_stride=8, max_query_length=4)
     train = qa.make_features(synthetic_examples(rng, 4096), TOKENIZER, settings, training=True)
@@ -688,32 +692,33 @@ def test_a_short_run_learns_what_comes_after():
         attention_dropout=0.0,
     )
     model = qa.QuestionAnswering(config)
-    steps_total, batch_size = 600, 32
-    settings_opt = optim.OptimizerSettings(
-        learning_rate=1e-3, warmup_steps=60, total_steps=steps_total, weight_decay=0.01
+    total_steps, batch_size = 800, 32
+    optimizer = optim.OptimizerSettings(
+        learning_rate=2e-3, warmup_steps=80, total_steps=total_steps, weight_decay=0.01
     )
-    tx = optim.make_optimizer(settings_opt)
+    tx = optim.make_optimizer(optimizer)
     mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    state_factory = steps.make_state(lambda r: qa.init_params(model, r), tx, mesh)
+    state_factory = steps.make_state(lambda key: qa.init_params(model, key), tx, mesh)
     train_step = jax.jit(
         steps.make_train_step(
-            qa.QAObjective(model), tx, optim.make_schedule(settings_opt), grad_accum_steps=1
+            qa.QAObjective(model), tx, optim.make_schedule(optimizer), grad_accum_steps=1
         )
     )
     with jax.set_mesh(mesh):
         state = state_factory.init(jax.random.key(0))
-        rng_key = jax.random.key(1)
-        for _ in range(steps_total):
+        for _ in range(total_steps):
             rows = rng.choice(len(train), batch_size, replace=False)
-            state, metrics = train_step(state, train.batch(rows), rng_key)
-        starts, ends = qa.logits(config, state.params, test)
-    predictions = qa.decode(test_examples, test, starts, ends, settings, version_2=False)
-    scores = qa.evaluate(test_examples, predictions.predictions, version_2=False)
-    print(
-        f"synthetic 'after wX' over 12 words: {scores}, final loss {float(metrics['train/loss'])}"
+            state, metrics = train_step(state, train.batch(rows), jax.random.key(1))
+    starts, ends = qa.logits(config, state.params, test)
+    result = qa.decode(test_examples, test, starts, ends, settings, version_2=True)
+    scores = qa.evaluate(
+        test_examples, result.predictions, version_2=True, null_odds=result.null_odds
     )
-    # Guessing one of the 12 context words scores about 8 EM.
-    assert scores["exact_match"] > 80.0
+    print(f"synthetic 'the wX' (v2.0, 30% unanswerable): {scores}")
+    assert float(metrics["train/nonfinite"]) == 0.0
+    # Always answering "no answer" scores 30 (NoAns 100, HasAns 0); guessing a word, 8.
+    assert scores["exact"] > 80.0
+    assert scores["HasAns_exact"] > 80.0 and scores["NoAns_exact"] > 70.0
 
 
 def test_reader_formats_by_content(tmp_path):
