@@ -674,6 +674,25 @@ def synthetic_examples(rng, count, vocabulary=30, length=12, impossible=0.3):
     return examples
 
 
+def test_training_positions_point_at_the_answer_text():
+    examples = synthetic_examples(np.random.default_rng(1), 200, impossible=0.2)
+    settings = qa.QASettings(max_seq_length=12, doc_stride=3, max_query_length=4)
+    features = qa.make_features(examples, TOKENIZER, settings, training=True)
+    pointed = set()
+    for row in range(len(features)):
+        ex = examples[features.example_index[row]]
+        s, e = features.start_positions[row], features.end_positions[row]
+        if s == 0:
+            assert e == 0
+            continue
+        assert not ex.is_impossible and features.input_mask[row, e]
+        start, end = features.offsets[row, s, 0], features.offsets[row, e, 1]
+        assert ex.context[start:end] == ex.answers[0].text
+        pointed.add(ex.id)
+    # Every one-word answer fits in some window; no unanswerable question points anywhere.
+    assert pointed == {ex.id for ex in examples if not ex.is_impossible}
+
+
 @pytest.mark.slow
 def test_a_short_run_learns_a_synthetic_task():
     rng = np.random.default_rng(0)
