@@ -652,6 +652,24 @@ def test_answer_with_impossible_answer():
     assert sum(a["score"] for a in answers if a["answer"]) < 1.0
 
 
+def test_answer_aligns_to_words():
+    tokenizer = WordPieceTokenizer(
+        ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "caf", "##e", "##s", "cat"]
+    )
+    context = "the CAFES cat cafe"
+    params = random_params(seed=4)
+    kwargs = dict(top_k=20, max_answer_len=3)
+    aligned = qa.answer(CONFIG, params, tokenizer, "cat", context, **kwargs)
+    words = {(0, 3), (4, 9), (10, 13), (14, 18)}
+    starts, ends = {s for s, _ in words}, {e for _, e in words}
+    assert all(a["start"] in starts and a["end"] in ends for a in aligned)
+    raw = qa.answer(CONFIG, params, tokenizer, "cat", context, align_to_words=False, **kwargs)
+    assert any(a["answer"] in ("CAF", "ES", "S", "caf", "e") for a in raw)
+    assert len(raw) == len(
+        {(s, e) for s in range(7) for e in range(s, min(s + 3, 7))}
+    )  # 7 context tokens: every span of at most 3 of them
+
+
 # ----------------------------------------------------------------------------- learning
 
 

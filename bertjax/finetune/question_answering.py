@@ -1042,6 +1042,7 @@ def answer(
     max_question_len: int = 64,
     max_answer_len: int = 15,
     handle_impossible_answer: bool = False,
+    align_to_words: bool = True,
 ) -> dict | list:
     """Answers as transformers' question-answering pipeline gives them.
 
@@ -1051,9 +1052,10 @@ def answer(
     into windows that overlap by `doc_stride` tokens (the pipeline's meaning of the word);
     the top_k spans over all windows are returned, best first, one per character span.
     With handle_impossible_answer the empty answer (score: the lowest [CLS] start x end
-    probability over the windows) competes too. One question gives a dict (top_k=1) or a
-    list; a list of questions (paired with a context or a list of contexts) gives a list of
-    those.
+    probability over the windows) competes too. With align_to_words (the pipeline's default)
+    an answer starting or ending inside a word takes the whole word. One question gives a
+    dict (top_k=1) or a list; a list of questions (paired with a context or a list of
+    contexts) gives a list of those.
     """
     for name, value in (("top_k", top_k), ("max_answer_len", max_answer_len)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -1100,6 +1102,7 @@ def answer(
                 top_k,
                 max_answer_len,
                 handle_impossible_answer,
+                tokenizer.is_word_start if align_to_words else None,
             )
         )
     results = [r[0] if top_k == 1 else r for r in results]
@@ -1135,6 +1138,7 @@ def _pipeline_answers(
     top_k: int,
     max_answer_len: int,
     handle_impossible_answer: bool,
+    is_word_start: np.ndarray | None,
 ) -> list[dict]:
     found: dict[tuple[int, int], float] = {}
     min_null = math.inf
@@ -1157,6 +1161,8 @@ def _pipeline_answers(
             if flat[index] <= 0.0:
                 break
             s, e = np.unravel_index(index, scores.shape)
+            if is_word_start is not None:
+                s, e = _whole_words(features, row, int(s), int(e), is_word_start)
             span = (int(features.offsets[row, s, 0]), int(features.offsets[row, e, 1]))
             found[span] = max(found.get(span, 0.0), float(flat[index]))
     answers = [
@@ -1169,3 +1175,17 @@ def _pipeline_answers(
     if not answers:
         answers = [{"score": 0.0, "start": 0, "end": 0, "answer": ""}]
     return answers[:top_k]
+
+
+def _whole_words(
+    features: QAFeatures, row: int, start: int, end: int, is_word_start: np.ndarray
+) -> tuple[int, int]:
+    """The span widened to the first token of its first word and the last of its last word
+    (within the window's context)."""
+    ids, offsets = features.input_ids[row], features.offsets[row]
+    while not is_word_start[ids[start]] and offsets[start - 1, 0] != NO_OFFSET:
+        start -= 1
+    last = len(ids) - 1
+    while end < last and offsets[end + 1, 0] != NO_OFFSET and not is_word_start[ids[end + 1]]:
+        end += 1
+    return start, end
