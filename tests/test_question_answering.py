@@ -510,13 +510,17 @@ def random_params(seed: int):
 
 
 def test_head_parameters():
-    init = jax.jit(lambda key: qa.init_params(qa.QuestionAnswering(CONFIG), key))
-    params = nn.meta.unbox(init(jax.random.key(0)))
-    assert set(params) == {"bert", qa.HEAD_NAME}
-    assert params[qa.HEAD_NAME]["kernel"].shape == (CONFIG.hidden_size, 2)
-    assert not np.any(params[qa.HEAD_NAME]["bias"])
-    kernel = np.asarray(params[qa.HEAD_NAME]["kernel"])
-    assert 0.005 < kernel.std() < 0.03 and np.abs(kernel).max() <= 2 * CONFIG.initializer_range
+    model = qa.QuestionAnswering(CONFIG)
+    shapes = nn.meta.unbox(jax.eval_shape(lambda: qa.init_params(model, jax.random.key(0))))
+    assert set(shapes) == {"bert", qa.HEAD_NAME}
+    assert shapes[qa.HEAD_NAME]["kernel"].shape == (CONFIG.hidden_size, 2)
+    assert shapes[qa.HEAD_NAME]["bias"].shape == (2,)
+    # google's init: truncated normal at initializer_range (cut at 2 sigma), zero bias.
+    dense = qa.qa_outputs(BertConfig(hidden_size=512, num_heads=8))
+    head = nn.meta.unbox(dense.init(jax.random.key(0), jnp.zeros((1, 1, 512)))["params"])
+    kernel = np.asarray(head["kernel"])
+    assert kernel.shape == (512, 2) and not np.any(np.asarray(head["bias"]))
+    assert 0.015 < kernel.std() < 0.02 and np.abs(kernel).max() <= 0.04
 
 
 IDS = np.array([[2, 17, 45, 3, 20, 30, 9, 3, 0, 0], [2, 40, 3, 11, 12, 3, 0, 0, 0, 0]], np.int32)

@@ -594,6 +594,21 @@ def _windows(
 # ----------------------------------------------------------------------------- the head
 
 
+def qa_outputs(config: BertConfig) -> nn.Dense:
+    """The head's dense layer [hidden, 2]: google's truncated normal kernel, zero bias,
+    float32 logits."""
+    return nn.Dense(
+        2,
+        dtype=jnp.float32,
+        param_dtype=jnp.dtype(config.param_dtype),
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.truncated_normal(config.initializer_range), (EMBED, LABELS)
+        ),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
+        name=HEAD_NAME,
+    )
+
+
 class QuestionAnswering(nn.Module):
     """BertModel's sequence output -> dense "qa_outputs" [hidden, 2] -> start, end logits.
 
@@ -620,16 +635,7 @@ class QuestionAnswering(nn.Module):
             deterministic=deterministic,
             packed_length=packed_length,
         )  # [b, s, h]
-        logits = nn.Dense(
-            2,
-            dtype=jnp.float32,
-            param_dtype=jnp.dtype(self.config.param_dtype),
-            kernel_init=nn.with_logical_partitioning(
-                nn.initializers.truncated_normal(self.config.initializer_range), (EMBED, LABELS)
-            ),
-            bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
-            name=HEAD_NAME,
-        )(sequence)  # [b, s, 2]
+        logits = qa_outputs(self.config)(sequence)  # [b, s, 2]
         logits = sharding.constrain(logits, (BATCH, LENGTH, LABELS))
         return logits[..., 0], logits[..., 1]  # [b, s] each
 
