@@ -12,6 +12,9 @@ back (bertjax's sentencepiece model, a WordPiece tokenizer.json, or BERT's vocab
 Fine-tuned models travel too: `save(..., head=HeadSpec)` writes a BertForSequenceClassification
 or BertForTokenClassification directory (id2label, label2id, problem_type), and `load_with_report`
 reads one back, its head in `LoadReport.head` and its classifier under params["classifier"].
+Question answering travels the same way: `save(..., question_answering=True)` writes a
+BertForQuestionAnswering directory (qa_outputs.weight and .bias), and `load_with_report` reads
+one back with its dense layer under params["qa_outputs"] (see bertjax.finetune.question_answering).
 
 Safetensors files are read and written with `safetensors.numpy`, so neither torch nor
 transformers is needed at run time; torch is imported only to read pytorch_model.bin.
@@ -74,6 +77,8 @@ MLM_HEAD = "mlm_head"
 NSP_HEAD = "nsp_head"
 SINUSOIDAL = "sinusoidal"  # the fixed position table: written by `save`, never a parameter
 CLASSIFIER = "classifier"  # a fine-tuning head's dense layer (classifier.weight, .bias)
+QA_OUTPUTS = "qa_outputs"  # the question-answering head's dense layer (qa_outputs.weight, .bias)
+QA_ARCHITECTURE = "BertForQuestionAnswering"
 
 # HF hidden_act -> ours. "gelu" in HF is the exact erf form, like ours; "gelu_fast" is the
 # tanh form with sqrt(2/pi) rounded to 10 digits, below float32 resolution.
@@ -128,6 +133,7 @@ class LoadReport:
     initialized: tuple[str, ...]  # bertjax param paths freshly initialised
     ignored: tuple[str, ...]  # HF tensors skipped (buffers, tied copies)
     head: HeadSpec | None = None  # a sequence/token classification checkpoint's head
+    question_answering: bool = False  # a BertForQuestionAnswering checkpoint
 
     def __str__(self) -> str:
         lines = [f"read {self.source}"]
@@ -329,6 +335,21 @@ def head_specs(config: BertConfig, head: HeadSpec) -> list[TensorSpec]:
     return specs
 
 
+def question_answering_specs(config: BertConfig) -> list[TensorSpec]:
+    """Every HF tensor of BertForQuestionAnswering: the encoder and qa_outputs [2, hidden].
+
+    transformers' class has no pooler: `save` leaves it out, and `load_with_report`
+    initialises it afresh (bertjax's encoder always has one).
+    """
+    h = config.hidden_size
+    specs = [spec for spec in tensor_specs(config) if spec.group in (CORE, SINUSOIDAL, POOLER)]
+    specs.append(
+        TensorSpec("qa_outputs.weight", (QA_OUTPUTS, "kernel"), (2, h), (h, 2), True, QA_OUTPUTS)
+    )
+    specs.append(TensorSpec("qa_outputs.bias", (QA_OUTPUTS, "bias"), (2,), (2,), False, QA_OUTPUTS))
+    return specs
+
+
 def head_from_hf(hf_config: Mapping[str, Any]) -> HeadSpec | None:
     """The head of a BertForSequenceClassification or BertForTokenClassification config.json
     (its labels from id2label); None for other architectures."""
@@ -390,11 +411,15 @@ def load_with_report(
     with open(config_path) as f:
         hf_config = json.load(f)
     config = config_from_hf(hf_config, **overrides)
-    head = head_from_hf(hf_config)
+    question_answering = QA_ARCHITECTURE in (hf_config.get("architectures") or [])
+    head = None if question_answering else head_from_hf(hf_config)
 
     tensors, source = _read_weights(directory)
     found, ignored = _canonical_tensors(tensors, source)
-    specs = tensor_specs(config) if head is None else head_specs(config, head)
+    if question_answering:
+        specs = question_answering_specs(config)
+    else:
+        specs = tensor_specs(config) if head is None else head_specs(config, head)
     by_name = {spec.hf_name: spec for spec in specs}
 
     unexpected = sorted(set(found) - set(by_name))
@@ -410,7 +435,7 @@ def load_with_report(
     flat: dict[tuple[str, ...], np.ndarray] = {}
     for spec in specs:
         if spec.hf_name not in found:
-            if spec.group in (CORE, CLASSIFIER) or spec.group in present_groups:
+            if spec.group in (CORE, CLASSIFIER, QA_OUTPUTS) or spec.group in present_groups:
                 raise ValueError(
                     f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})"
                 )
@@ -443,7 +468,11 @@ def load_with_report(
         # Back to host arrays: stack_layers stacks with jnp.
         params = jax.tree.map(np.asarray, model_lib.stack_layers(params, config.num_layers))
     report = LoadReport(
-        source=source, initialized=tuple(initialized), ignored=tuple(ignored), head=head
+        source=source,
+        initialized=tuple(initialized),
+        ignored=tuple(ignored),
+        head=head,
+        question_answering=question_answering,
     )
     return config, params, report
 
@@ -454,12 +483,16 @@ def save(
     path: str | os.PathLike,
     tokenizer: Tokenizer | None = None,
     head: HeadSpec | None = None,
+    *,
+    question_answering: bool = False,
 ) -> None:
     """Writes config.json and model.safetensors loadable by transformers.BertForPreTraining.
 
     With a `head`, `params` is a fine-tuned model's tree ("bert" and "classifier", see
     bertjax.heads) and the directory loads in BertForSequenceClassification or
-    BertForTokenClassification, with the head's labels as id2label.
+    BertForTokenClassification, with the head's labels as id2label. With
+    `question_answering`, `params` holds "bert" and "qa_outputs" and the directory loads in
+    BertForQuestionAnswering.
 
     `params` is BertForPreTraining's tree (boxed or unboxed, stacked per the config's
     scan_layers, optionally wrapped in {"params": ...}); tensors keep their dtype. With a
@@ -467,6 +500,8 @@ def save(
     special_tokens_map.json and its own tokenizer.model or vocab.txt).
     """
     _require_safetensors()
+    if question_answering and head is not None:
+        raise ValueError(f"saving to {path}: give a head or question_answering=True, not both")
     if tokenizer is not None:
         check_vocab(config, tokenizer, f"saving to {path}")
     params = nn.meta.unbox(params)
@@ -476,9 +511,13 @@ def save(
         params = model_lib.unstack_layers(params, config.num_layers)
     hf_config = config_to_hf(config, head)
     flat = {path: leaf for path, leaf in _flatten(params)}
-    specs = tensor_specs(config) if head is None else head_specs(config, head)
+    if question_answering:
+        hf_config["architectures"] = [QA_ARCHITECTURE]
+        specs = question_answering_specs(config)
+    else:
+        specs = tensor_specs(config) if head is None else head_specs(config, head)
     expected = {spec.path for spec in specs if spec.group != SINUSOIDAL}
-    if head is not None and head.token_level:  # expected in params, not written
+    if question_answering or (head is not None and head.token_level):  # in params, not written
         specs = [spec for spec in specs if spec.group != POOLER]
     unexpected = sorted("/".join(p) for p in set(flat) - expected)
     if unexpected:

@@ -1,0 +1,1197 @@
+"""Extractive question answering (SQuAD v1.1 and v2.0), as google-research/bert's run_squad.py.
+
+The parts, in the order data flows through them:
+
+  read_examples    SQuAD JSON (v1.1 or v2.0) or JSON Lines ({"question", "context",
+                   "answers": {"text": [...], "answer_start": [...]}, "id"}) -> QAData. An answer
+                   whose text is not the context at its answer_start is kept for scoring but
+                   never trained on; QAData names those ids.
+  token_offsets    each token's character span in the original text, for sentencepiece and
+                   WordPiece alike; answers map to tokens through these spans, and predicted
+                   spans back to the original context's characters (not by detokenising).
+  make_features    [CLS] question [SEP] context window [SEP] rows: contexts longer than one
+                   window are split into windows `doc_stride` tokens apart; every context token
+                   knows whether this window is its "max context" one; a training window that
+                   does not hold the answer (or a v2.0 question without one) points at [CLS].
+  QuestionAnswering  the linen head: BertModel's sequence output -> dense "qa_outputs" [h, 2]
+                   -> start and end logits; `qa_sums` is its loss as additive sums, and
+                   `QAObjective` the steps.Objective of a train step.
+  decode           google's n-best decoding: best span per example over all its windows, only
+                   from a start token's max-context window; v2.0 compares the null ([CLS])
+                   score with the best span's. `write_predictions` writes predictions.json,
+                   nbest_predictions.json and null_odds.json in the official formats.
+  evaluate         the official SQuAD v1.1 / v2.0 scoring (EM and F1 after answer
+                   normalisation, max over gold answers; v2.0 HasAns/NoAns splits and the best
+                   null-odds threshold).
+  answer           question(s) and context(s) -> transformers question-answering pipeline
+                   style dicts (score, start, end, answer), for a notebook.
+
+Batch features (google's names): input_ids, input_mask, segment_ids [batch, seq];
+start_positions, end_positions [batch]; weights [batch] (0 for rows that only pad a batch).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import json
+import math
+import os
+import pathlib
+import re
+import string
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import sentencepiece as spm
+
+from bertjax import sharding, steps
+from bertjax.heads import HeadSums
+from bertjax.model import BertConfig, BertModel
+from bertjax.sharding import BATCH, EMBED, LABELS, LENGTH
+from bertjax.tokenizer import SentencePieceTokenizer, Tokenizer, WordPieceTokenizer
+
+TASK = "question_answering"
+# The head's parameters, beside "bert": transformers' name (bertjax.hf.QA_OUTPUTS).
+HEAD_NAME = "qa_outputs"
+
+PREDICTIONS_FILE = "predictions.json"
+NBEST_FILE = "nbest_predictions.json"
+NULL_ODDS_FILE = "null_odds.json"
+
+# A token that is not part of the context ([CLS], the question, [SEP], padding) or that
+# covers no character of it: never the start or end of an answer.
+NO_OFFSET = -1
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+@dataclasses.dataclass(frozen=True)
+class QASettings:
+    """Windowing and decoding, with google's run_squad.py defaults.
+
+    `version_2_with_negative` None means: as the data says (SQuAD v2.0's is_impossible, or
+    a JSON Lines record without answers).
+    """
+
+    max_seq_length: int = 384
+    doc_stride: int = 128  # tokens from one window's start to the next one's
+    max_query_length: int = 64
+    n_best_size: int = 20
+    max_answer_length: int = 30
+    null_score_diff_threshold: float = 0.0
+    version_2_with_negative: bool | None = None
+
+    def __post_init__(self):
+        for name in (
+            "max_seq_length",
+            "doc_stride",
+            "max_query_length",
+            "n_best_size",
+            "max_answer_length",
+        ):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"QASettings.{name}={value!r} is invalid: must be a positive int")
+        if self.max_seq_length < self.max_query_length + 4:
+            raise ValueError(
+                f"QASettings.max_seq_length={self.max_seq_length} is invalid: it must hold "
+                f"[CLS], max_query_length={self.max_query_length} question tokens, two [SEP] "
+                f"and at least one context token (>= {self.max_query_length + 4})"
+            )
+        threshold = self.null_score_diff_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)):
+            raise ValueError(
+                f"QASettings.null_score_diff_threshold={threshold!r} is invalid: must be a float"
+            )
+        if self.version_2_with_negative not in (None, True, False):
+            raise ValueError(
+                f"QASettings.version_2_with_negative={self.version_2_with_negative!r} is "
+                "invalid: must be True, False or None (detect from the data)"
+            )
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+@dataclasses.dataclass(frozen=True)
+class Answer:
+    text: str
+    start: int  # character offset of the answer in the context
+
+
+@dataclasses.dataclass(frozen=True)
+class QAExample:
+    """One question about one context, with its gold answers (none: unanswerable)."""
+
+    id: str
+    question: str
+    context: str
+    answers: tuple[Answer, ...]
+    is_impossible: bool = False
+    # Where it was read, for messages: "dev.json: data[0].paragraphs[3].qas[1]" or "f.jsonl:7".
+    where: str = ""
+
+    @property
+    def answer_matches(self) -> bool:
+        """Whether the first answer's text is the context at its offset (what training uses).
+
+        Runs of whitespace compare equal, as google's check does.
+        """
+        if not self.answers:
+            return False
+        first = self.answers[0]
+        found = self.context[first.start : first.start + len(first.text)]
+        return first.start >= 0 and (found == first.text or found.split() == first.text.split())
+
+
+@dataclasses.dataclass(frozen=True)
+class QAData:
+    """The examples of one file and what reading them found."""
+
+    examples: tuple[QAExample, ...]
+    version_2: bool  # unanswerable questions are part of the task
+    source: str
+    # Examples whose (first) answer is not the context at its answer_start: scored, but never
+    # trained on (google's "Could not find answer").
+    mismatched: tuple[str, ...] = ()
+
+    def report(self) -> str:
+        """One paragraph for a run's log: what was read and what training will skip."""
+        impossible = sum(e.is_impossible for e in self.examples)
+        line = (
+            f"{self.source}: {len(self.examples)} questions (SQuAD "
+            f"{'v2.0' if self.version_2 else 'v1.1'} task, {impossible} without an answer)"
+        )
+        if self.mismatched:
+            shown = ", ".join(self.mismatched[:8])
+            more = f" and {len(self.mismatched) - 8} more" if len(self.mismatched) > 8 else ""
+            line += (
+                f"; {len(self.mismatched)} answer(s) do not match the context at their "
+                f"answer_start and are not trained on: {shown}{more}"
+            )
+        return line
+
+
+def read_examples(
+    path: str | os.PathLike, *, version_2_with_negative: bool | None = None
+) -> QAData:
+    """Reads SQuAD JSON ({"data": [...]}) or JSON Lines (.jsonl) question-answering data.
+
+    `version_2_with_negative` None detects the task: SQuAD v2.0 marks every question with
+    is_impossible, and a JSON Lines record with no answer is unanswerable. With False, a
+    question without an answer is an error. Bad input fails with one line naming the file and
+    the record.
+    """
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"question-answering data {str(path)!r} does not exist")
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    if _is_squad_json(path, text):
+        examples, marked_v2 = _read_squad_json(text, str(path))
+    else:
+        examples, marked_v2 = _read_json_lines(text, str(path)), False
+    if not examples:
+        raise ValueError(f"{path}: holds no questions")
+    has_impossible = any(e.is_impossible for e in examples)
+    version_2 = (
+        marked_v2 or has_impossible
+        if version_2_with_negative is None
+        else bool(version_2_with_negative)
+    )
+    if not version_2 and has_impossible:
+        first = next(e for e in examples if e.is_impossible)
+        raise ValueError(
+            f"{first.where}: question {first.id!r} has no answer, but version_2_with_negative"
+            "=False (SQuAD v1.1 has an answer for every question)"
+        )
+    seen: dict[str, str] = {}
+    for example in examples:
+        if example.id in seen:
+            raise ValueError(
+                f"{example.where}: id {example.id!r} was already used at {seen[example.id]}; "
+                "question ids must be unique (predictions are keyed by id)"
+            )
+        seen[example.id] = example.where
+    mismatched = tuple(e.id for e in examples if not e.is_impossible and not e.answer_matches)
+    return QAData(tuple(examples), version_2, str(path), mismatched)
+
+
+def _is_squad_json(path: pathlib.Path, text: str) -> bool:
+    # SQuAD is one JSON object with "data"; anything else not named .jsonl is read as JSON
+    # Lines, whose errors name the line.
+    if path.suffix == ".jsonl" or not text.lstrip().startswith("{"):
+        return False
+    try:
+        top = json.loads(text)
+    except ValueError:
+        # JSON Lines when its first line is a value; else a broken object, whose error
+        # (with json's line and column) is SQuAD's.
+        try:
+            json.loads(text.lstrip().partition("\n")[0])
+        except ValueError:
+            return True
+        return False
+    return isinstance(top, dict) and "question" not in top
+
+
+def _read_squad_json(text: str, source: str) -> tuple[list[QAExample], bool]:
+    try:
+        top = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"{source}: not valid JSON ({err})") from None
+    if not isinstance(top, dict) or not isinstance(top.get("data"), list):
+        raise ValueError(f"{source}: expected SQuAD's {{'data': [articles]}} at the top level")
+    examples, marked_v2 = [], False
+    for a, article in enumerate(top["data"]):
+        for p, paragraph in enumerate(_field(article, "paragraphs", list, f"{source}: data[{a}]")):
+            where_p = f"{source}: data[{a}].paragraphs[{p}]"
+            context = _field(paragraph, "context", str, where_p)
+            for q, qa in enumerate(_field(paragraph, "qas", list, where_p)):
+                where = f"{where_p}.qas[{q}]"
+                is_impossible = qa.get("is_impossible", False) if isinstance(qa, dict) else False
+                if not isinstance(is_impossible, bool):
+                    raise ValueError(f"{where}: is_impossible={is_impossible!r} must be a bool")
+                marked_v2 = marked_v2 or (isinstance(qa, dict) and "is_impossible" in qa)
+                answers = tuple(
+                    _answer(
+                        _field(answer, "text", str, f"{where}.answers[{k}]"),
+                        _field(answer, "answer_start", int, f"{where}.answers[{k}]"),
+                        f"{where}.answers[{k}]",
+                    )
+                    for k, answer in enumerate(_field(qa, "answers", list, where))
+                )
+                examples.append(
+                    QAExample(
+                        id=str(_field(qa, "id", (str, int), where)),
+                        question=_field(qa, "question", str, where),
+                        context=context,
+                        answers=() if is_impossible else answers,
+                        is_impossible=is_impossible or not answers,
+                        where=where,
+                    )
+                )
+    return examples, marked_v2
+
+
+def _read_json_lines(text: str, source: str) -> list[QAExample]:
+    examples = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{source}:{number}"
+        try:
+            record = json.loads(line)
+        except ValueError as err:
+            raise ValueError(f"{where}: not valid JSON ({err})") from None
+        answers = _field(record, "answers", dict, where)
+        texts = _field(answers, "text", list, f"{where}: answers")
+        starts = _field(answers, "answer_start", list, f"{where}: answers")
+        if len(texts) != len(starts):
+            raise ValueError(
+                f"{where}: answers has {len(texts)} text(s) but {len(starts)} answer_start(s); "
+                "they must pair up"
+            )
+        parsed = tuple(_answer(t, s, f"{where}: answers") for t, s in zip(texts, starts))
+        examples.append(
+            QAExample(
+                id=str(record.get("id", number)),
+                question=_field(record, "question", str, where),
+                context=_field(record, "context", str, where),
+                answers=parsed,
+                is_impossible=not parsed,
+                where=where,
+            )
+        )
+    return examples
+
+
+def _field(record: Any, name: str, kind, where: str):
+    if not isinstance(record, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    if name not in record:
+        raise ValueError(f"{where}: missing {name!r}")
+    value = record[name]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        expected = (
+            kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        )
+        raise ValueError(f"{where}: {name}={value!r} must be a {expected}")
+    return value
+
+
+def _answer(text: Any, start: Any, where: str) -> Answer:
+    if not isinstance(text, str) or not text:
+        raise ValueError(f"{where}: answer text {text!r} must be a non-empty string")
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError(f"{where}: answer_start={start!r} must be an int >= 0")
+    return Answer(text, start)
+
+
+# ----------------------------------------------------------------------------- offsets
+
+
+class TokenSpans(NamedTuple):
+    """Token ids of a text and each token's character span [start, end) in it."""
+
+    ids: list[int]
+    offsets: np.ndarray  # [tokens, 2] int64; NO_OFFSET for a token that covers no character
+
+
+def token_offsets(tokenizer: Tokenizer, texts: Sequence[str]) -> list[TokenSpans]:
+    """Ids (the same as `tokenizer.encode_batch`) with character spans into each text.
+
+    Spans never start with whitespace (sentencepiece's word-boundary pieces carry the space
+    before the word). A sentencepiece byte-fallback character is several pieces: all but the
+    last cover no bytes of their own and take the character's span.
+    """
+    if isinstance(tokenizer, SentencePieceTokenizer):
+        return _sentencepiece_offsets(tokenizer, texts)
+    if isinstance(tokenizer, WordPieceTokenizer):
+        return _wordpiece_offsets(tokenizer, texts)
+    raise TypeError(f"token_offsets: unsupported tokenizer {type(tokenizer).__name__}")
+
+
+@functools.lru_cache(maxsize=8)
+def _sentencepiece_processor(proto: bytes) -> spm.SentencePieceProcessor:
+    processor = spm.SentencePieceProcessor()
+    processor.LoadFromSerializedProto(proto)
+    return processor
+
+
+def _sentencepiece_offsets(
+    tokenizer: SentencePieceTokenizer, texts: Sequence[str]
+) -> list[TokenSpans]:
+    processor = _sentencepiece_processor(tokenizer.model_proto)
+    result = []
+    for text, proto in zip(texts, processor.encode(list(texts), out_type="proto")):
+        # Piece offsets are bytes of the UTF-8 text: char_at[byte] is the character index.
+        encoded = text.encode("utf-8")
+        lead = np.frombuffer(encoded, np.uint8) & 0xC0 != 0x80  # [bytes] starts a character
+        char_at = np.concatenate([[0], np.cumsum(lead)])  # [bytes + 1]
+        ids = [piece.id for piece in proto.pieces]
+        spans = np.array(
+            [(char_at[piece.begin], char_at[piece.end]) for piece in proto.pieces], np.int64
+        ).reshape(-1, 2)  # [tokens, 2]
+        result.append(TokenSpans(ids, _clean_spans(text, spans)))
+    return result
+
+
+def _wordpiece_offsets(tokenizer: WordPieceTokenizer, texts: Sequence[str]) -> list[TokenSpans]:
+    pipeline = _wordpiece_pipeline(tokenizer)
+    result = []
+    for text, encoding in zip(texts, pipeline.encode_batch(list(texts), add_special_tokens=False)):
+        spans = np.array(encoding.offsets, np.int64).reshape(-1, 2)  # [tokens, 2]
+        result.append(TokenSpans(list(encoding.ids), _clean_spans(text, spans)))
+    return result
+
+
+@functools.lru_cache(maxsize=8)
+def _wordpiece_pipeline(tokenizer: WordPieceTokenizer):
+    # A copy of the tokenizer's pipeline that reads "[MASK]" in text as text, as
+    # encode_batch does.
+    pipeline = tokenizer.hf_tokenizer()
+    pipeline.encode_special_tokens = True
+    return pipeline
+
+
+def _clean_spans(text: str, spans: np.ndarray) -> np.ndarray:
+    """Spans without leading whitespace. A token left covering nothing takes the next
+    token's span when both begin at the same place (the byte pieces of one character, or
+    sentencepiece's lone word-boundary piece before them); otherwise it gets NO_OFFSET."""
+    raw = spans.tolist()
+    out = []
+    for start, end in raw:
+        while start < end and text[start].isspace():
+            start += 1
+        out.append([start, end])
+    for k in range(len(out) - 1, -1, -1):
+        if out[k][0] < out[k][1]:
+            continue
+        inherits = k + 1 < len(out) and out[k + 1][0] != NO_OFFSET and raw[k][0] == raw[k + 1][0]
+        out[k] = list(out[k + 1]) if inherits else [NO_OFFSET, NO_OFFSET]
+    return np.array(out, np.int64).reshape(-1, 2)  # [tokens, 2]
+
+
+# ----------------------------------------------------------------------------- windows
+
+
+@dataclasses.dataclass(frozen=True)
+class QAFeatures:
+    """Model inputs of every window of every example, and what decoding needs of them."""
+
+    input_ids: np.ndarray  # [n, seq] int32: [CLS] question [SEP] window [SEP] padding
+    input_mask: np.ndarray  # [n, seq] int32
+    segment_ids: np.ndarray  # [n, seq] int32: 0 up to the first [SEP], 1 for the window
+    start_positions: np.ndarray  # [n] int32: the answer's first token; 0 ([CLS]) if none
+    end_positions: np.ndarray  # [n] int32
+    example_index: np.ndarray  # [n] int32: the example each window belongs to
+    # [n, seq, 2] int64: character span of each context token in the example's context;
+    # NO_OFFSET for every other position.
+    offsets: np.ndarray
+    max_context: np.ndarray  # [n, seq] bool: this window is the token's max-context one
+    # Training: examples left out because their answer does not match the context.
+    skipped: tuple[str, ...] = ()
+
+    def __len__(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def batch(self, rows: slice | np.ndarray | None = None) -> dict[str, np.ndarray]:
+        """The model's features of some rows (all by default), with weights 1."""
+        rows = slice(None) if rows is None else rows
+        ids = self.input_ids[rows]
+        return {
+            "input_ids": ids,
+            "input_mask": self.input_mask[rows],
+            "segment_ids": self.segment_ids[rows],
+            "start_positions": self.start_positions[rows],
+            "end_positions": self.end_positions[rows],
+            "weights": np.ones(ids.shape[0], np.float32),
+        }
+
+
+def doc_spans(num_tokens: int, max_tokens: int, stride: int) -> list[tuple[int, int]]:
+    """(start, length) of each window over `num_tokens` context tokens, as google's
+    run_squad.py: windows of at most `max_tokens`, `stride` tokens apart, the last one ending
+    at the context's end. A context of no tokens still gets one (empty) window."""
+    spans = []
+    start = 0
+    while True:
+        length = min(num_tokens - start, max_tokens)
+        spans.append((start, length))
+        if start + length >= num_tokens:
+            return spans
+        start += min(length, stride)
+
+
+def max_context_flags(spans: Sequence[tuple[int, int]]) -> list[np.ndarray]:
+    """Per window, per token: whether this window gives the token the most context.
+
+    google's _check_is_max_context: a token's score in a window is min(tokens left of it,
+    tokens right of it) + 0.01 * window length; the first window with the best score wins.
+    """
+    total = max((start + length for start, length in spans), default=0)
+    best_score = np.full(total, -np.inf)
+    best_window = np.zeros(total, np.int64)
+    for w, (start, length) in enumerate(spans):
+        position = np.arange(length)
+        score = np.minimum(position, length - 1 - position) + 0.01 * length  # [length]
+        tokens = start + position
+        better = score > best_score[tokens]
+        best_score[tokens[better]] = score[better]
+        best_window[tokens[better]] = w
+    return [best_window[start : start + length] == w for w, (start, length) in enumerate(spans)]
+
+
+def answer_token_span(offsets: np.ndarray, start_char: int, end_char: int) -> tuple[int, int]:
+    """The first and last context tokens overlapping characters [start_char, end_char);
+    (-1, -1) when no token does."""
+    hit = (offsets[:, 0] != NO_OFFSET) & (offsets[:, 0] < end_char) & (offsets[:, 1] > start_char)
+    where = np.flatnonzero(hit)
+    if not len(where):
+        return -1, -1
+    return int(where[0]), int(where[-1])
+
+
+def make_features(
+    examples: Sequence[QAExample],
+    tokenizer: Tokenizer,
+    settings: QASettings,
+    *,
+    training: bool,
+) -> QAFeatures:
+    """Every window of every example (see the module docstring).
+
+    With `training`, an example whose answer does not match its context is left out (named
+    in `skipped`), and each window carries the answer's token positions, or [CLS]'s when the
+    window does not hold the whole answer or the question has none.
+    """
+    windows = _windows(examples, tokenizer, settings, settings.doc_stride)
+    rows: list[_Window] = []
+    skipped = []
+    for example, example_windows in zip(examples, windows):
+        if training and not example.is_impossible and not example.answer_matches:
+            skipped.append(example.id)
+        else:
+            rows += example_windows
+    features = _rows_to_features(rows, settings.max_seq_length)
+    if training:
+        for row, window in enumerate(rows):
+            first, last = window.answer_tokens
+            end = window.first_token_in_doc + len(window.offsets)
+            # Only a window holding the whole answer points at it; the others at [CLS].
+            if first >= 0 and window.first_token_in_doc <= first and last < end:
+                features.start_positions[row] = (
+                    window.context_start + first - window.first_token_in_doc
+                )
+                features.end_positions[row] = (
+                    window.context_start + last - window.first_token_in_doc
+                )
+    return dataclasses.replace(features, skipped=tuple(skipped))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Window:
+    example_index: int
+    ids: list[int]  # [CLS] question [SEP] window [SEP]
+    context_start: int  # position of the window's first context token
+    first_token_in_doc: int  # index of that token among the context's tokens
+    offsets: np.ndarray  # [window, 2] character spans of the window's context tokens
+    max_context: np.ndarray  # [window] bool
+    answer_tokens: tuple[int, int]  # the (first) answer's tokens in the whole context
+
+
+def _windows(
+    examples: Sequence[QAExample], tokenizer: Tokenizer, settings: QASettings, stride: int
+) -> list[list[_Window]]:
+    questions = tokenizer.encode_batch([e.question for e in examples])
+    # SQuAD asks several questions about each paragraph: tokenize each context once.
+    unique = list(dict.fromkeys(e.context for e in examples))
+    spans_of = dict(zip(unique, token_offsets(tokenizer, unique)))
+    result = []
+    for k, (example, question) in enumerate(zip(examples, questions)):
+        context = spans_of[example.context]
+        question = question[: settings.max_query_length]
+        max_tokens = settings.max_seq_length - len(question) - 3
+        answer_tokens = (-1, -1)
+        if example.answers and not example.is_impossible:
+            first = example.answers[0]
+            answer_tokens = answer_token_span(
+                context.offsets, first.start, first.start + len(first.text)
+            )
+        spans = doc_spans(len(context.ids), max_tokens, stride)
+        flags = max_context_flags(spans)
+        windows = []
+        for (start, length), flag in zip(spans, flags):
+            ids = [tokenizer.cls_id, *question, tokenizer.sep_id]
+            context_start = len(ids)
+            ids += context.ids[start : start + length]
+            ids.append(tokenizer.sep_id)
+            windows.append(
+                _Window(
+                    k,
+                    ids,
+                    context_start,
+                    start,
+                    context.offsets[start : start + length],
+                    flag,
+                    answer_tokens,
+                )
+            )
+        result.append(windows)
+    return result
+
+
+# ----------------------------------------------------------------------------- the head
+
+
+def qa_outputs(config: BertConfig) -> nn.Dense:
+    """The head's dense layer [hidden, 2]: google's truncated normal kernel, zero bias,
+    float32 logits."""
+    return nn.Dense(
+        2,
+        dtype=jnp.float32,
+        param_dtype=jnp.dtype(config.param_dtype),
+        kernel_init=nn.with_logical_partitioning(
+            nn.initializers.truncated_normal(config.initializer_range), (EMBED, LABELS)
+        ),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
+        name=HEAD_NAME,
+    )
+
+
+class QuestionAnswering(nn.Module):
+    """BertModel's sequence output -> dense "qa_outputs" [hidden, 2] -> start, end logits.
+
+    No dropout before the dense layer, as in google's run_squad.py and transformers'
+    BertForQuestionAnswering. Returns float32 (start_logits, end_logits), each [batch, seq].
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
+        sequence, _ = BertModel(self.config, name="bert")(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            deterministic=deterministic,
+            packed_length=packed_length,
+        )  # [b, s, h]
+        logits = qa_outputs(self.config)(sequence)  # [b, s, 2]
+        logits = sharding.constrain(logits, (BATCH, LENGTH, LABELS))
+        return logits[..., 0], logits[..., 1]  # [b, s] each
+
+
+def init_params(model: QuestionAnswering, rng: jax.Array, seq_len: int = 1):
+    """Boxed parameters of the head model (`rng -> params`, for steps.make_state)."""
+    ids = jnp.zeros((1, seq_len), jnp.int32)  # [batch, seq]
+    return model.init({"params": rng}, ids, ids, ids)["params"]
+
+
+def qa_sums(
+    start_logits: jax.Array,
+    end_logits: jax.Array,
+    start_positions: jax.Array,
+    end_positions: jax.Array,
+    weights: jax.Array,
+) -> HeadSums:
+    """Per row, the mean of the start and end cross-entropies (google's and transformers'
+    loss), summed over rows with their weights; `correct` counts rows whose argmax start and
+    end are both right. loss / count is the batch's loss."""
+
+    def cross_entropy(logits, positions):
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [b, s]
+        picked = jnp.take_along_axis(log_probs, positions[:, None].astype(jnp.int32), axis=-1)
+        return -picked[:, 0]  # [b]
+
+    loss = 0.5 * (
+        cross_entropy(start_logits, start_positions) + cross_entropy(end_logits, end_positions)
+    )  # [b]
+    correct = (jnp.argmax(start_logits, axis=-1) == start_positions) & (
+        jnp.argmax(end_logits, axis=-1) == end_positions
+    )  # [b]
+    weights = weights.astype(jnp.float32)
+    return HeadSums(
+        jnp.sum(weights * loss), jnp.sum(weights * correct.astype(jnp.float32)), jnp.sum(weights)
+    )
+
+
+class QAObjective(steps.Objective):
+    """The head's loss as sums over windows (see steps.Objective), for make_train_step."""
+
+    def __init__(self, model: QuestionAnswering):
+        self.model = model
+
+    def logits(self, params, batch, *, rng, deterministic: bool, packed_length=None):
+        return self.model.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            deterministic=deterministic,
+            packed_length=packed_length,
+            rngs={"dropout": rng} if rng is not None else {},
+        )
+
+    def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> HeadSums:
+        start, end = self.logits(
+            params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
+        )
+        return qa_sums(
+            start, end, batch["start_positions"], batch["end_positions"], batch["weights"]
+        )
+
+    def zero_sums(self) -> HeadSums:
+        return HeadSums(*(jnp.zeros((), jnp.float32) for _ in HeadSums._fields))
+
+    def denominators(self, batch) -> jax.Array:
+        return jnp.sum(batch["weights"].astype(jnp.float32))
+
+    def loss(self, sums: HeadSums, denominators: jax.Array) -> jax.Array:
+        return sums.loss / jnp.maximum(denominators, 1.0)
+
+    def metrics(self, sums: HeadSums, prefix: str) -> dict[str, jax.Array]:
+        count = jnp.maximum(sums.count, 1.0)
+        return {
+            f"{prefix}/loss": sums.loss / count,
+            f"{prefix}/span_accuracy": sums.correct / count,
+        }
+
+
+# ----------------------------------------------------------------------------- decoding
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    """One n-best answer: its text, character span in the context, logits and probability."""
+
+    text: str
+    start: int  # character offsets into the context; -1 for the null answer
+    end: int
+    start_logit: float
+    end_logit: float
+    probability: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        """google's nbest_predictions.json entry."""
+        return {
+            "text": self.text,
+            "probability": self.probability,
+            "start_logit": self.start_logit,
+            "end_logit": self.end_logit,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class QAPredictions:
+    """Decoded answers of every example, keyed by question id."""
+
+    predictions: dict[str, str]  # predictions.json
+    nbest: dict[str, list[Candidate]]  # nbest_predictions.json
+    null_odds: dict[str, float] | None  # null_odds.json (v2.0): null score - best span score
+
+
+def _best_indexes(logits: np.ndarray, n: int) -> np.ndarray:
+    # The n largest, highest first; ties keep the lower index first, as python's sorted does.
+    return np.argsort(-logits, kind="stable")[:n]
+
+
+def decode(
+    examples: Sequence[QAExample],
+    features: QAFeatures,
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    settings: QASettings,
+    *,
+    version_2: bool,
+) -> QAPredictions:
+    """google's write_predictions: n-best spans per example over all its windows.
+
+    A span starts and ends on context tokens, starts where its window is the start token's
+    max-context one, has start <= end and at most max_answer_length tokens. Its text is the
+    original context's characters. v2.0 adds the null answer (the lowest [CLS] start + end
+    over the windows) and predicts "" when null score - best span score exceeds
+    null_score_diff_threshold.
+    """
+    start_logits = np.asarray(start_logits, np.float64)  # [n, seq]
+    end_logits = np.asarray(end_logits, np.float64)
+    by_example: dict[int, list[int]] = collections.defaultdict(list)
+    for row, k in enumerate(features.example_index):
+        by_example[int(k)].append(row)
+    predictions, nbest_all = {}, {}
+    null_odds: dict[str, float] | None = {} if version_2 else None
+    n_best = settings.n_best_size
+    for k, example in enumerate(examples):
+        prelim = []  # (score, start_logit, end_logit, char_start, char_end)
+        null_score, null_start, null_end = math.inf, 0.0, 0.0
+        for row in by_example.get(k, []):
+            starts, ends = start_logits[row], end_logits[row]
+            offsets, max_context = features.offsets[row], features.max_context[row]
+            if version_2 and starts[0] + ends[0] < null_score:
+                null_score, null_start, null_end = starts[0] + ends[0], starts[0], ends[0]
+            for s in _best_indexes(starts, n_best):
+                if offsets[s, 0] == NO_OFFSET or not max_context[s]:
+                    continue
+                for e in _best_indexes(ends, n_best):
+                    if (
+                        offsets[e, 0] == NO_OFFSET
+                        or e < s
+                        or e - s + 1 > settings.max_answer_length
+                    ):
+                        continue
+                    prelim.append(
+                        (starts[s] + ends[e], starts[s], ends[e], offsets[s, 0], offsets[e, 1])
+                    )
+        if version_2 and by_example.get(k):
+            prelim.append((null_start + null_end, null_start, null_end, -1, -1))
+        prelim.sort(key=lambda p: p[0], reverse=True)  # stable: earlier windows win ties
+        seen: set[str] = set()
+        nbest: list[Candidate] = []
+        for _, start_logit, end_logit, char_start, char_end in prelim:
+            if len(nbest) >= n_best:
+                break
+            text = example.context[char_start:char_end] if char_start >= 0 else ""
+            if text in seen:
+                continue
+            seen.add(text)
+            nbest.append(Candidate(text, int(char_start), int(char_end), start_logit, end_logit))
+        if version_2 and by_example.get(k):
+            if "" not in seen:
+                nbest.append(Candidate("", -1, -1, null_start, null_end))
+            if len(nbest) == 1:  # only the null answer: google adds a placeholder span
+                nbest.insert(0, Candidate("empty", -1, -1, 0.0, 0.0))
+        if not nbest:
+            nbest.append(Candidate("empty", -1, -1, 0.0, 0.0))
+        totals = np.array([c.start_logit + c.end_logit for c in nbest])
+        probabilities = np.exp(totals - totals.max())
+        probabilities /= probabilities.sum()
+        nbest = [
+            dataclasses.replace(
+                c,
+                start_logit=float(c.start_logit),
+                end_logit=float(c.end_logit),
+                probability=float(p),
+            )
+            for c, p in zip(nbest, probabilities)
+        ]
+        nbest_all[example.id] = nbest
+        if not version_2:
+            predictions[example.id] = nbest[0].text
+            continue
+        best = next((c for c in nbest if c.text), nbest[0])
+        score_diff = float(null_score - best.start_logit - best.end_logit)
+        if not math.isfinite(score_diff):  # no window at all
+            score_diff = 0.0
+        null_odds[example.id] = score_diff
+        predictions[example.id] = (
+            "" if score_diff > settings.null_score_diff_threshold else best.text
+        )
+    return QAPredictions(predictions, nbest_all, null_odds)
+
+
+def write_predictions(directory: str | os.PathLike, predictions: QAPredictions) -> list[str]:
+    """Writes predictions.json, nbest_predictions.json and (v2.0) null_odds.json, the files
+    the official evaluation scripts read; returns their paths."""
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    contents = {
+        PREDICTIONS_FILE: predictions.predictions,
+        NBEST_FILE: {
+            qid: [c.to_json() for c in candidates] for qid, candidates in predictions.nbest.items()
+        },
+    }
+    if predictions.null_odds is not None:
+        contents[NULL_ODDS_FILE] = predictions.null_odds
+    written = []
+    for name, value in contents.items():
+        path = directory / name
+        tmp = path.with_suffix(".tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(value, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, path)
+        written.append(str(path))
+    return written
+
+
+# ----------------------------------------------------------------------------- scoring
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+_PUNCTUATION = frozenset(string.punctuation)
+
+
+def normalize_answer(text: str) -> str:
+    """SQuAD's answer normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = "".join(ch for ch in text.lower() if ch not in _PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def exact_match(prediction: str, gold: str) -> float:
+    """1.0 when the normalised texts are equal."""
+    return float(normalize_answer(prediction) == normalize_answer(gold))
+
+
+def f1_score(prediction: str, gold: str, *, version_2: bool = False) -> float:
+    """Token F1 of the normalised texts. v2.0's script scores two empty texts 1 (v1.1's 0)."""
+    predicted = normalize_answer(prediction).split()
+    golden = normalize_answer(gold).split()
+    if version_2 and (not predicted or not golden):
+        return float(predicted == golden)
+    common = collections.Counter(predicted) & collections.Counter(golden)
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision = same / len(predicted)
+    recall = same / len(golden)
+    return 2 * precision * recall / (precision + recall)
+
+
+def evaluate(
+    examples: Sequence[QAExample],
+    predictions: Mapping[str, str],
+    *,
+    version_2: bool,
+    null_odds: Mapping[str, float] | None = None,
+    na_prob_thresh: float = 1.0,
+) -> dict[str, float]:
+    """The official evaluation scripts' numbers (percentages).
+
+    v1.1: exact_match and f1, max over the gold answers, a missing prediction scoring 0.
+    v2.0: exact, f1, total, HasAns_* and NoAns_* splits; with null_odds, also best_exact,
+    best_exact_thresh, best_f1 and best_f1_thresh (the null-odds threshold that scores best
+    on this set). A question with no gold answer has the gold answer "".
+    """
+    if not version_2:
+        em = f1 = 0.0
+        for example in examples:
+            if example.id not in predictions:
+                continue
+            golds = [a.text for a in example.answers]
+            prediction = predictions[example.id]
+            em += max(exact_match(prediction, g) for g in golds)
+            f1 += max(f1_score(prediction, g) for g in golds)
+        total = max(len(examples), 1)
+        return {"exact_match": 100.0 * em / total, "f1": 100.0 * f1 / total}
+
+    has_answer = {}
+    exact_raw, f1_raw = {}, {}
+    for example in examples:
+        golds = [a.text for a in example.answers if normalize_answer(a.text)] or [""]
+        has_answer[example.id] = bool(example.answers) and not example.is_impossible
+        prediction = predictions.get(example.id)
+        if prediction is None:
+            continue
+        exact_raw[example.id] = max(exact_match(prediction, g) for g in golds)
+        f1_raw[example.id] = max(f1_score(prediction, g, version_2=True) for g in golds)
+    odds = dict(null_odds or {})
+
+    def thresholded(raw):
+        return {
+            qid: float(not has_answer[qid]) if odds.get(qid, 0.0) > na_prob_thresh else score
+            for qid, score in raw.items()
+        }
+
+    exact, f1 = thresholded(exact_raw), thresholded(f1_raw)
+    result = _split(exact, f1, list(exact))
+    for name, wanted in (("HasAns", True), ("NoAns", False)):
+        qids = [qid for qid in exact if has_answer[qid] == wanted]
+        if qids:
+            result.update({f"{name}_{k}": v for k, v in _split(exact, f1, qids).items()})
+    if null_odds is not None:
+        for name, raw in (("exact", exact_raw), ("f1", f1_raw)):
+            best, threshold = _best_threshold(predictions, raw, odds, has_answer)
+            result[f"best_{name}"] = best
+            result[f"best_{name}_thresh"] = threshold
+    return result
+
+
+def _split(exact: Mapping[str, float], f1: Mapping[str, float], qids: list[str]) -> dict:
+    total = len(qids)
+    return {
+        "exact": 100.0 * sum(exact[q] for q in qids) / max(total, 1),
+        "f1": 100.0 * sum(f1[q] for q in qids) / max(total, 1),
+        "total": total,
+    }
+
+
+def _best_threshold(
+    predictions: Mapping[str, str],
+    scores: Mapping[str, float],
+    odds: Mapping[str, float],
+    has_answer: Mapping[str, bool],
+) -> tuple[float, float]:
+    """The official v2.0 find_best_thresh: sweep the null-odds threshold upwards from
+    "everything is unanswerable", answering one more question at each step."""
+    score = best = sum(1 for qid in scores if not has_answer[qid])
+    threshold = 0.0
+    for qid in sorted(odds, key=lambda q: odds[q]):
+        if qid not in scores:
+            continue
+        if has_answer[qid]:
+            score += scores[qid]
+        else:
+            score += -1 if predictions[qid] else 0
+        if score > best:
+            best, threshold = score, odds[qid]
+    return 100.0 * best / max(len(scores), 1), float(threshold)
+
+
+# ----------------------------------------------------------------------------- notebook
+
+
+@functools.lru_cache(maxsize=4)
+def _apply_fn(config: BertConfig):
+    model = QuestionAnswering(config)
+
+    @jax.jit
+    def apply(params, input_ids, segment_ids, input_mask):
+        return model.apply({"params": params}, input_ids, segment_ids, input_mask)
+
+    return apply
+
+
+def logits(
+    config: BertConfig,
+    params,
+    features: QAFeatures | Mapping[str, np.ndarray],
+    batch_size: int = 32,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end logits [n, seq] of every window, in batches padded to `batch_size` rows
+    (so one compiled shape serves every batch)."""
+    batch = features.batch() if isinstance(features, QAFeatures) else features
+    apply = _apply_fn(config)
+    params = nn.meta.unbox(params)
+    n = batch["input_ids"].shape[0]
+    starts, ends = [], []
+    for first in range(0, n, batch_size):
+        rows = {
+            name: batch[name][first : first + batch_size]
+            for name in ("input_ids", "segment_ids", "input_mask")
+        }
+        real = rows["input_ids"].shape[0]
+        if real < batch_size and n > batch_size:
+            rows = {k: np.pad(v, ((0, batch_size - real), (0, 0))) for k, v in rows.items()}
+        start, end = apply(params, rows["input_ids"], rows["segment_ids"], rows["input_mask"])
+        starts.append(np.asarray(start)[:real])
+        ends.append(np.asarray(end)[:real])
+    return np.concatenate(starts), np.concatenate(ends)
+
+
+def answer(
+    config: BertConfig,
+    params,
+    tokenizer: Tokenizer,
+    question: str | Sequence[str],
+    context: str | Sequence[str],
+    *,
+    top_k: int = 1,
+    max_seq_len: int = 384,
+    doc_stride: int = 128,
+    max_question_len: int = 64,
+    max_answer_len: int = 15,
+    handle_impossible_answer: bool = False,
+    align_to_words: bool = True,
+) -> dict | list:
+    """Answers as transformers' question-answering pipeline gives them.
+
+    Each answer is {"score", "start", "end", "answer"}: start and end are character offsets
+    into the context, answer is context[start:end], score is p(start) * p(end) with each
+    probability a softmax over the window's context tokens and [CLS]. A long context is split
+    into windows that overlap by `doc_stride` tokens (the pipeline's meaning of the word);
+    the top_k spans over all windows are returned, best first, one per character span.
+    With handle_impossible_answer the empty answer (score: the lowest [CLS] start x end
+    probability over the windows) competes too. With align_to_words (the pipeline's default)
+    an answer starting or ending inside a word takes the whole word. One question gives a
+    dict (top_k=1) or a list; a list of questions (paired with a context or a list of
+    contexts) gives a list of those.
+    """
+    for name, value in (("top_k", top_k), ("max_answer_len", max_answer_len)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid: must be an int >= 1")
+    single = isinstance(question, str)
+    questions = [question] if single else list(question)
+    if isinstance(context, str):
+        contexts = [context] * len(questions)
+    else:
+        contexts = list(context)
+        if len(contexts) != len(questions):
+            raise ValueError(
+                f"answer: {len(questions)} question(s) but {len(contexts)} context(s); give one "
+                "context for all or one per question"
+            )
+    max_seq_length = min(max_seq_len, config.max_position_embeddings)
+    settings = QASettings(
+        max_seq_length=max_seq_length,
+        doc_stride=1,  # unused: each question's step below leaves doc_stride tokens of overlap
+        max_query_length=max(min(max_question_len, max_seq_length - 4), 1),
+    )
+    examples = [
+        QAExample(id=str(k), question=q, context=c, answers=())
+        for k, (q, c) in enumerate(zip(questions, contexts))
+    ]
+    rows: list[_Window] = []
+    for k, example in enumerate(examples):
+        question_ids = tokenizer.encode(example.question)[: settings.max_query_length]
+        room = settings.max_seq_length - len(question_ids) - 3
+        step = max(room - min(doc_stride, room // 2), 1)
+        windows = _windows([example], tokenizer, settings, step)[0]
+        rows += [dataclasses.replace(w, example_index=k) for w in windows]
+    features = _rows_to_features(rows, settings.max_seq_length)
+    starts, ends = logits(config, params, features)
+    results = []
+    for k, example in enumerate(examples):
+        results.append(
+            _pipeline_answers(
+                example.context,
+                features,
+                np.flatnonzero(features.example_index == k),
+                starts,
+                ends,
+                top_k,
+                max_answer_len,
+                handle_impossible_answer,
+                tokenizer.is_word_start if align_to_words else None,
+            )
+        )
+    results = [r[0] if top_k == 1 else r for r in results]
+    return results[0] if single else results
+
+
+def _rows_to_features(rows: Sequence[_Window], seq: int) -> QAFeatures:
+    n = len(rows)
+    input_ids = np.zeros((n, seq), np.int32)
+    input_mask = np.zeros((n, seq), np.int32)
+    segment_ids = np.zeros((n, seq), np.int32)
+    offsets = np.full((n, seq, 2), NO_OFFSET, np.int64)
+    max_context = np.zeros((n, seq), bool)
+    for row, window in enumerate(rows):
+        length = len(window.ids)
+        input_ids[row, :length] = window.ids
+        input_mask[row, :length] = 1
+        segment_ids[row, window.context_start : length] = 1
+        context = slice(window.context_start, window.context_start + len(window.offsets))
+        offsets[row, context] = window.offsets
+        max_context[row, context] = window.max_context
+    index = np.array([w.example_index for w in rows], np.int32).reshape(n)
+    starts, ends = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    return QAFeatures(input_ids, input_mask, segment_ids, starts, ends, index, offsets, max_context)
+
+
+def _pipeline_answers(
+    context: str,
+    features: QAFeatures,
+    rows: Iterable[int],
+    start_logits: np.ndarray,
+    end_logits: np.ndarray,
+    top_k: int,
+    max_answer_len: int,
+    handle_impossible_answer: bool,
+    is_word_start: np.ndarray | None,
+) -> list[dict]:
+    found: dict[tuple[int, int], float] = {}
+    min_null = math.inf
+    for row in rows:
+        allowed = features.offsets[row, :, 0] != NO_OFFSET  # [seq]
+        kept = allowed.copy()
+        kept[0] = True  # [CLS] takes part in the softmax, as in the pipeline
+        probabilities = []
+        for logits_row in (start_logits[row], end_logits[row]):
+            x = np.where(kept, logits_row.astype(np.float64), -10000.0)
+            x = np.exp(x - x.max())
+            probabilities.append(x / x.sum())
+        p_start, p_end = probabilities
+        min_null = min(min_null, float(p_start[0] * p_end[0]))
+        scores = np.triu(np.outer(p_start * allowed, p_end * allowed))  # [seq, seq]
+        scores = np.tril(scores, max_answer_len - 1)  # spans of at most max_answer_len tokens
+        flat = scores.ravel()
+        best = np.argsort(-flat, kind="stable")[:top_k]
+        for index in best:
+            if flat[index] <= 0.0:
+                break
+            s, e = np.unravel_index(index, scores.shape)
+            if is_word_start is not None:
+                s, e = _whole_words(features, row, int(s), int(e), is_word_start)
+            span = (int(features.offsets[row, s, 0]), int(features.offsets[row, e, 1]))
+            found[span] = max(found.get(span, 0.0), float(flat[index]))
+    answers = [
+        {"score": score, "start": start, "end": end, "answer": context[start:end]}
+        for (start, end), score in found.items()
+    ]
+    if handle_impossible_answer and math.isfinite(min_null):
+        answers.append({"score": min_null, "start": 0, "end": 0, "answer": ""})
+    answers.sort(key=lambda a: a["score"], reverse=True)
+    if not answers:
+        answers = [{"score": 0.0, "start": 0, "end": 0, "answer": ""}]
+    return answers[:top_k]
+
+
+def _whole_words(
+    features: QAFeatures, row: int, start: int, end: int, is_word_start: np.ndarray
+) -> tuple[int, int]:
+    """The span widened to the first token of its first word and the last of its last word
+    (within the window's context)."""
+    ids, offsets = features.input_ids[row], features.offsets[row]
+    while not is_word_start[ids[start]] and offsets[start - 1, 0] != NO_OFFSET:
+        start -= 1
+    last = len(ids) - 1
+    while end < last and offsets[end + 1, 0] != NO_OFFSET and not is_word_start[ids[end + 1]]:
+        end += 1
+    return start, end
