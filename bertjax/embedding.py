@@ -225,7 +225,7 @@ def embed_texts(
 
     `params` holds "bert" (a BiEncoder's tree, a fine-tuned model's or BertForPreTraining's).
     Texts are sorted by length and batched; each batch is padded to a power-of-two length
-    (at most max_seq_length) and batch_size rows, so each length compiles once.
+    (at most max_seq_length) and rows (at most batch_size), so each shape compiles once.
     """
     spec.check(config)
     texts = [texts] if isinstance(texts, str) else list(texts)
@@ -237,7 +237,8 @@ def embed_texts(
     for start in range(0, len(order), batch_size):
         rows = order[start : start + batch_size]
         length = _bucket(max(len(sequences[r]) for r in rows), spec.max_seq_length)
-        batch = pad_inputs([sequences[r] for r in rows], length, rows=batch_size)
+        padded_rows = min(_bucket(len(rows), batch_size), batch_size)
+        batch = pad_inputs([sequences[r] for r in rows], length, rows=padded_rows)
         vectors = embed_inputs(
             params, batch, config=run_config, pooling=spec.pooling, normalize=spec.normalize
         )

@@ -198,8 +198,8 @@ def load(path: str | os.PathLike, **overrides) -> SentenceModel:
             f"{modules_file}: modules {kinds} are not supported; bertjax reads Transformer, "
             "Pooling and an optional Normalize, in that order"
         )
-    transformer_dir = root / modules[0]["path"]
-    pooling_dir = root / modules[1]["path"]
+    transformer_dir = root / modules[0].get("path", "")
+    pooling_dir = root / modules[1].get("path", "")
 
     sbert_file = transformer_dir / SBERT_CONFIG_FILE
     sbert_config = _read_json(sbert_file) if sbert_file.is_file() else {}
