@@ -16,7 +16,7 @@ from bertjax.finetune import embedding as training
 from bertjax.finetune import embedding_eval
 from bertjax.inference import TruncationWarning
 from bertjax.model import BertConfig
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 
 TOL = 1e-5
 CONFIG = BertConfig(
@@ -489,3 +489,21 @@ def test_training_raises_held_out_sts_spearman(wordpiece):
     )
     assert after > before + 0.2
     assert after > 0.7
+
+
+def test_a_sentencepiece_model_embeds_alike_in_sentence_transformers(tmp_path):
+    """bertjax's own tokenizer (sentencepiece, exported as tokenizer.json) in the directory."""
+    from sentence_transformers import SentenceTransformer
+    from test_tokenizer import VARIED, training_sentences
+
+    tokenizer = train_tokenizer(
+        training_sentences(800)[:800], TokenizerSettings(vocab_size=400), tmp_path / "spm.model"
+    )
+    config = BertConfig(**{**CONFIG.to_dict(), "vocab_size": 400})
+    params = random_params(11, config)
+    spec = EmbeddingSpec("mean", True, 24)
+    sbert.save(tmp_path / "st", config, params, tokenizer, spec)
+    texts = ["", *VARIED[:6], " ".join(training_sentences(40))]
+    expected = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts)
+    ours = embedding.embed_texts(config, params, tokenizer, spec, texts)
+    np.testing.assert_allclose(ours, expected, atol=1e-4)
