@@ -1,0 +1,330 @@
+"""Sentence embeddings: a BERT encoder, a pooling, optional normalisation; search over them.
+
+A bi-encoder embeds each text on its own: [CLS] text [SEP] through `BertModel` (parameters
+under "bert", as in every other bertjax model), then one vector per text from the encoder's
+outputs:
+
+  mean  the mean over the text's tokens ([CLS] and [SEP] included, padding not): the default,
+        what sentence-transformers' models mostly use
+  cls   the output at [CLS]
+  max   the element-wise maximum over the text's tokens
+
+and, with `normalize`, the vector scaled to unit length. `EmbeddingSpec` holds these choices
+with the longest input (`max_seq_length`, [CLS] and [SEP] included); it travels with a trained
+model, as sentence-transformers' modules.json, pooling config and sentence_bert_config.json do
+(bertjax.sbert writes and reads those).
+
+Texts become inputs as sentence-transformers' tokenizers make them: an empty text is
+[CLS] [SEP], a long one keeps its first max_seq_length - 2 tokens. `embed_texts` runs a model
+over texts in length-sorted batches (one compile per power-of-two length); `similarity` and
+`search` (exact top-k by cosine similarity, blocked and jitted) work on the vectors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import sharding
+from bertjax.model import BertConfig, BertModel
+from bertjax.sharding import ACTIVATION_EMBED, BATCH
+from bertjax.tokenizer import Tokenizer
+
+MEAN = "mean"
+CLS = "cls"
+MAX = "max"
+POOLINGS = (MEAN, CLS, MAX)
+# Below this norm a vector is not scaled up (torch.nn.functional.normalize's eps, which
+# sentence-transformers' Normalize module uses).
+NORM_EPS = 1e-12
+# The shortest length a batch of texts is padded to: shorter ones would only compile more.
+MIN_LENGTH_BUCKET = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingSpec:
+    """How a model turns a text into one vector: pooling, normalisation, longest input."""
+
+    pooling: str = MEAN
+    normalize: bool = False
+    max_seq_length: int = 128  # [CLS] and [SEP] included
+
+    def __post_init__(self):
+        if self.pooling not in POOLINGS:
+            raise ValueError(
+                f"EmbeddingSpec.pooling={self.pooling!r} is invalid: must be one of {POOLINGS}"
+            )
+        if not isinstance(self.normalize, bool):
+            raise ValueError(
+                f"EmbeddingSpec.normalize={self.normalize!r} is invalid: must be True or False"
+            )
+        length = self.max_seq_length
+        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 2:
+            raise ValueError(
+                f"EmbeddingSpec.max_seq_length={length!r} is invalid: must be an int >= 2 "
+                "(room for [CLS] and [SEP])"
+            )
+
+    def check(self, config: BertConfig) -> None:
+        """Fails unless the model has a position for every token of the longest input."""
+        if self.max_seq_length > config.max_position_embeddings:
+            raise ValueError(
+                f"EmbeddingSpec.max_seq_length={self.max_seq_length} is invalid for this model: "
+                f"must be at most its max_position_embeddings={config.max_position_embeddings}"
+            )
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form, for checkpoint meta."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EmbeddingSpec:
+        return cls(**d)
+
+
+# ----------------------------------------------------------------------------- pooling
+
+
+def pool(sequence: jax.Array, input_mask: jax.Array, pooling: str) -> jax.Array:
+    """One float32 vector per row from [batch, seq, hidden] encoder outputs: [batch, hidden].
+
+    `input_mask` [batch, seq] marks the text's tokens. "cls" reads position 0 only, so
+    `sequence` may be the encoder's [batch, 1, hidden] cls_only output. A row without tokens
+    (padding a batch) pools to zeros.
+    """
+    if pooling == CLS:
+        return sequence[:, 0].astype(jnp.float32)  # [b, h]
+    mask = input_mask[..., None].astype(bool)  # [b, s, 1]
+    values = sequence.astype(jnp.float32)
+    if pooling == MAX:
+        lowest = jnp.finfo(jnp.float32).min
+        best = jnp.max(jnp.where(mask, values, lowest), axis=1)  # [b, h]
+        return jnp.where(jnp.any(mask, axis=1), best, 0.0)
+    if pooling != MEAN:
+        raise ValueError(f"pooling={pooling!r} is invalid: must be one of {POOLINGS}")
+    weights = mask.astype(jnp.float32)
+    total = jnp.sum(values * weights, axis=1)  # [b, h]
+    return total / jnp.maximum(jnp.sum(weights, axis=1), 1.0)
+
+
+def l2_normalize(vectors: jax.Array) -> jax.Array:
+    """Each row scaled to unit length (rows shorter than NORM_EPS are divided by it)."""
+    norm = jnp.linalg.norm(vectors, axis=-1, keepdims=True)  # [..., 1]
+    return vectors / jnp.maximum(norm, NORM_EPS)
+
+
+class BiEncoder(nn.Module):
+    """BertModel ("bert") -> pooling -> optional normalisation: [batch, hidden] float32."""
+
+    config: BertConfig
+    pooling: str = MEAN
+    normalize: bool = False
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+    ) -> jax.Array:
+        if attention_mask is None:
+            attention_mask = jnp.ones_like(input_ids)
+        sequence, _ = BertModel(self.config, name="bert")(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            deterministic=deterministic,
+            packed_length=packed_length,
+            # [CLS] pooling reads one position: the last layer runs its queries there only.
+            cls_only=self.pooling == CLS,
+        )  # [b, s or 1, h]
+        vectors = pool(sequence, attention_mask, self.pooling)  # [b, h]
+        if self.normalize:
+            vectors = l2_normalize(vectors)
+        return sharding.constrain(vectors, (BATCH, ACTIVATION_EMBED))
+
+
+def make_model(config: BertConfig, spec: EmbeddingSpec) -> BiEncoder:
+    """The linen module of an embedding model."""
+    return BiEncoder(config, spec.pooling, spec.normalize)
+
+
+def init_params(model: BiEncoder, rng: jax.Array, seq_len: int = 1):
+    """Boxed parameters of a bi-encoder (`rng -> params`, for steps.make_state)."""
+    ids = jnp.zeros((1, seq_len), jnp.int32)  # [batch, seq]
+    return model.init({"params": rng}, ids, ids, ids)["params"]
+
+
+# ----------------------------------------------------------------------------- text to vectors
+
+
+def token_ids(tokenizer: Tokenizer, texts: Sequence[str], max_seq_length: int) -> list[list[int]]:
+    """[CLS] tokens [SEP] per text, cut to max_seq_length; an empty text is [CLS] [SEP].
+
+    Special tokens written in a text ("[MASK]") become their ids, as transformers'
+    tokenizers (and so sentence-transformers) read them.
+    """
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise ValueError(f"texts[{i}] is of type {type(text).__name__}, not str")
+    encoded = tokenizer.encode_batch(list(texts), special_tokens_in_text=True)
+    budget = max_seq_length - 2
+    return [[tokenizer.cls_id, *ids[:budget], tokenizer.sep_id] for ids in encoded]
+
+
+def pad_inputs(sequences: Sequence[Sequence[int]], length: int, rows: int | None = None) -> dict:
+    """Token id lists -> zero-padded int32 [rows, length] input_ids, input_mask, segment_ids."""
+    rows = len(sequences) if rows is None else rows
+    input_ids = np.zeros((rows, length), np.int32)
+    input_mask = np.zeros((rows, length), np.int32)
+    for row, ids in enumerate(sequences):
+        input_ids[row, : len(ids)] = ids
+        input_mask[row, : len(ids)] = 1
+    return {
+        "input_ids": input_ids,
+        "input_mask": input_mask,
+        "segment_ids": np.zeros_like(input_ids),
+    }
+
+
+def _bucket(n: int, limit: int) -> int:
+    return min(max(1 << max(n - 1, 0).bit_length(), MIN_LENGTH_BUCKET), limit)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize"))
+def embed_inputs(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
+    """float32 [b, hidden] vectors of a padded batch; params is BiEncoder's tree ("bert")."""
+    return BiEncoder(config, pooling, normalize).apply(
+        {"params": {"bert": params["bert"]}},
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["input_mask"],
+        deterministic=True,
+    )
+
+
+def embed_texts(
+    config: BertConfig,
+    params: Any,
+    tokenizer: Tokenizer,
+    spec: EmbeddingSpec,
+    texts: Sequence[str],
+    batch_size: int = 32,
+) -> np.ndarray:
+    """float32 [len(texts), hidden]: each text embedded as `spec` says.
+
+    `params` holds "bert" (a BiEncoder's tree, a fine-tuned model's or BertForPreTraining's).
+    Texts are sorted by length and batched; each batch is padded to a power-of-two length
+    (at most max_seq_length) and rows (at most batch_size), so each shape compiles once.
+    """
+    spec.check(config)
+    texts = [texts] if isinstance(texts, str) else list(texts)
+    params = nn.meta.unbox(params)
+    sequences = token_ids(tokenizer, texts, spec.max_seq_length)
+    out = np.zeros((len(texts), config.hidden_size), np.float32)
+    order = np.argsort([-len(s) for s in sequences], kind="stable")
+    run_config = dataclasses.replace(config, remat_policy="none")
+    for start in range(0, len(order), batch_size):
+        rows = order[start : start + batch_size]
+        length = _bucket(max(len(sequences[r]) for r in rows), spec.max_seq_length)
+        padded_rows = min(_bucket(len(rows), batch_size), batch_size)
+        batch = pad_inputs([sequences[r] for r in rows], length, rows=padded_rows)
+        vectors = embed_inputs(
+            params, batch, config=run_config, pooling=spec.pooling, normalize=spec.normalize
+        )
+        out[rows] = np.asarray(vectors)[: len(rows)]
+    return out
+
+
+# ----------------------------------------------------------------------------- similarity, search
+
+
+def similarity(a: np.ndarray | jax.Array, b: np.ndarray | jax.Array) -> np.ndarray:
+    """Cosine similarity of every row of a [n, h] with every row of b [m, h]: [n, m]."""
+    a = l2_normalize(jnp.asarray(a, jnp.float32))
+    b = l2_normalize(jnp.asarray(b, jnp.float32))
+    return np.asarray(jnp.einsum("nh,mh->nm", a, b, precision=jax.lax.Precision.HIGHEST))
+
+
+@functools.partial(jax.jit, static_argnames=("top_k", "block"))
+def _search_block(queries, corpus, corpus_size, *, top_k: int, block: int):
+    """Top-k cosine scores and corpus rows for a block of queries, over corpus blocks.
+
+    queries [q, h] and corpus [blocks * block, h] are unit rows; rows from corpus_size on pad
+    the corpus and are never returned. Each corpus block's top-k merges with the running
+    top-k, so memory is [q, block], whatever the corpus size.
+    """
+    blocks = corpus.shape[0] // block
+    chunks = corpus.reshape(blocks, block, corpus.shape[1])  # [blocks, block, h]
+    first = jnp.full((queries.shape[0], top_k), -jnp.inf, jnp.float32)  # [q, k]
+
+    def merge(carry, xs):
+        best_scores, best_rows = carry
+        chunk, offset = xs
+        scores = jnp.einsum(
+            "qh,ch->qc", queries, chunk, precision=jax.lax.Precision.HIGHEST
+        )  # [q, block]
+        rows = offset + jnp.arange(block)  # [block]
+        scores = jnp.where(rows < corpus_size, scores, -jnp.inf)
+        k = min(top_k, block)
+        chunk_scores, chunk_index = jax.lax.top_k(scores, k)  # [q, k]
+        scores = jnp.concatenate([best_scores, chunk_scores], axis=1)  # [q, 2k]
+        candidates = jnp.concatenate([best_rows, rows[chunk_index]], axis=1)  # [q, 2k]
+        kept, where = jax.lax.top_k(scores, top_k)  # [q, k]
+        return (kept, jnp.take_along_axis(candidates, where, axis=1)), None
+
+    rows0 = jnp.zeros((queries.shape[0], top_k), jnp.int32)
+    offsets = jnp.arange(blocks, dtype=jnp.int32) * block
+    (scores, rows), _ = jax.lax.scan(merge, (first, rows0), (chunks, offsets))
+    return scores, rows
+
+
+def search(
+    queries: np.ndarray | jax.Array,
+    corpus: np.ndarray | jax.Array,
+    top_k: int = 10,
+    *,
+    query_batch: int = 256,
+    corpus_block: int = 4096,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact nearest neighbours by cosine similarity: (scores [n, k], corpus rows [n, k]).
+
+    Best first; k = min(top_k, corpus size). Brute force over the whole corpus, in blocks of
+    `corpus_block` rows per batch of `query_batch` queries, so any corpus fits in memory.
+    """
+    queries = np.asarray(queries, np.float32)
+    corpus = np.asarray(corpus, np.float32)
+    if queries.ndim != 2 or corpus.ndim != 2 or queries.shape[1] != corpus.shape[1]:
+        raise ValueError(
+            f"search needs [n, h] queries and [m, h] corpus of the same width; got "
+            f"{queries.shape} and {corpus.shape}"
+        )
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+        raise ValueError(f"top_k={top_k!r} is invalid: must be an int >= 1")
+    count = corpus.shape[0]
+    if count == 0:
+        raise ValueError("search needs a corpus of at least one vector")
+    k = min(top_k, count)
+    block = min(corpus_block, 1 << max(count - 1, 0).bit_length())
+    padded = -(-count // block) * block
+    units = l2_normalize(jnp.asarray(np.pad(corpus, ((0, padded - count), (0, 0)))))
+    scores = np.zeros((queries.shape[0], k), np.float32)
+    rows = np.zeros((queries.shape[0], k), np.int64)
+    for start in range(0, queries.shape[0], query_batch):
+        part = queries[start : start + query_batch]
+        size = len(part)
+        part = np.pad(part, ((0, query_batch - size), (0, 0)))  # one compile for every batch
+        s, r = _search_block(l2_normalize(jnp.asarray(part)), units, count, top_k=k, block=block)
+        scores[start : start + size] = np.asarray(s)[:size]
+        rows[start : start + size] = np.asarray(r)[:size]
+    return scores, rows

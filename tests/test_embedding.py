@@ -1,0 +1,509 @@
+"""Sentence embeddings: pooling, losses (exact values; sharded and cached gradients equal the
+direct ones), search and evaluation (hand-computed values), sentence-transformers both ways."""
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bertjax
+from bertjax import embedding, optim, sbert, sharding, steps
+from bertjax.embedding import EmbeddingSpec
+from bertjax.finetune import embedding as training
+from bertjax.finetune import embedding_eval
+from bertjax.inference import TruncationWarning
+from bertjax.model import BertConfig
+from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
+
+TOL = 1e-5
+CONFIG = BertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=40,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
+# One layer where gradients are compared: several gradient programs compile per test.
+SHALLOW = BertConfig(**{**CONFIG.to_dict(), "num_layers": 1})
+
+
+def random_params(seed: int, config: BertConfig = CONFIG):
+    """Every encoder parameter random (biases and LayerNorm too, which zero init would hide)."""
+    model = embedding.BiEncoder(config)
+    abstract = jax.eval_shape(lambda: embedding.init_params(model, jax.random.key(0)))
+    rng = np.random.default_rng(seed)
+
+    def fill(path, leaf):
+        noise = rng.normal(0, 0.2, leaf.shape).astype(np.float32)
+        return 1.0 + noise if path[-1].key == "scale" else noise
+
+    return jax.tree.map_with_path(fill, nn.meta.unbox(abstract))
+
+
+def pair_batch(seed: int, rows: int = 16, texts: int = 3, seq: int = 10, padded_rows: int = 1):
+    """Random [rows, texts, seq] inputs of random lengths; the last rows only pad."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(2, seq + 1, (rows, texts))
+    mask = (np.arange(seq) < lengths[..., None]).astype(np.int32)  # [b, t, s]
+    ids = rng.integers(5, CONFIG.vocab_size, (rows, texts, seq)).astype(np.int32) * mask
+    weights = np.ones(rows, np.float32)
+    weights[rows - padded_rows :] = 0.0
+    return {
+        "input_ids": ids,
+        "input_mask": mask,
+        "segment_ids": np.zeros_like(ids),
+        "weights": weights,
+        "scores": rng.uniform(0, 5, rows).astype(np.float32),
+    }
+
+
+def max_difference(a, b) -> float:
+    return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y)))) for x, y in zip(a, b))
+
+
+@pytest.fixture(scope="module")
+def wordpiece(tmp_path_factory):
+    words = [f"w{i}" for i in range(CONFIG.vocab_size - 5)]
+    vocab = tmp_path_factory.mktemp("vocab") / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    return WordPieceTokenizer.from_vocab(vocab)
+
+
+TEXTS = [
+    "w1 w2 w3",
+    "",  # [CLS] [SEP] only
+    "w40 w7",
+    " ".join(f"w{i % 90}" for i in range(60)),  # longer than max_seq_length: cut
+    "w5 w5 w5 w5 w9",
+]
+
+
+# ----------------------------------------------------------------------------- pooling
+
+
+def test_pooling_hand_values():
+    sequence = jnp.asarray(
+        [[[1.0, 2.0], [3.0, -4.0], [100.0, 100.0]], [[5.0, 6.0], [0.0, 0.0], [0.0, 0.0]]]
+    )  # [2, 3, 2]
+    mask = jnp.asarray([[1, 1, 0], [1, 0, 0]])
+    np.testing.assert_allclose(embedding.pool(sequence, mask, "mean"), [[2.0, -1.0], [5.0, 6.0]])
+    np.testing.assert_allclose(embedding.pool(sequence, mask, "max"), [[3.0, 2.0], [5.0, 6.0]])
+    np.testing.assert_allclose(embedding.pool(sequence, mask, "cls"), [[1.0, 2.0], [5.0, 6.0]])
+    empty = jnp.zeros((1, 3), jnp.int32)
+    for pooling in ("mean", "max"):  # a row that only pads a batch pools to zeros
+        np.testing.assert_array_equal(embedding.pool(sequence[:1], empty, pooling), [[0.0, 0.0]])
+    np.testing.assert_allclose(
+        embedding.l2_normalize(jnp.asarray([[3.0, 4.0], [0.0, 0.0]])), [[0.6, 0.8], [0.0, 0.0]]
+    )
+
+
+def test_spec_and_settings_refuse_bad_values():
+    with pytest.raises(ValueError, match=r"EmbeddingSpec.pooling='pooler' is invalid"):
+        EmbeddingSpec(pooling="pooler")
+    with pytest.raises(ValueError, match=r"max_seq_length=1 is invalid"):
+        EmbeddingSpec(max_seq_length=1)
+    with pytest.raises(ValueError, match=r"at most its max_position_embeddings=40"):
+        EmbeddingSpec(max_seq_length=64).check(CONFIG)
+    with pytest.raises(ValueError, match=r"LossSettings.loss='triplet' is invalid"):
+        training.LossSettings(loss="triplet")
+    with pytest.raises(ValueError, match=r"LossSettings.scale=0 is invalid"):
+        training.LossSettings(scale=0)
+    with pytest.raises(ValueError, match=r"symmetric=True applies to loss='in_batch_negatives'"):
+        training.LossSettings(loss="cosine_regression", symmetric=True)
+    assert EmbeddingSpec.from_dict(EmbeddingSpec("max", True, 64).to_dict()) == EmbeddingSpec(
+        "max", True, 64
+    )
+
+
+def test_bi_encoder_pools_as_model_embed(wordpiece):
+    """Training and Model.embed pool identically: same vectors for mean and [CLS]."""
+    params = random_params(1)
+    model = bertjax.Model(CONFIG, params, wordpiece)
+    texts = [t for t in TEXTS if t][:3]
+    for pooling in ("mean", "cls"):
+        spec = EmbeddingSpec(pooling, normalize=True, max_seq_length=40)
+        ours = embedding.embed_texts(CONFIG, params, wordpiece, spec, texts)
+        with pytest.warns(TruncationWarning):  # both cut the long text at 40 tokens
+            reference = model.embed(texts, pooling=pooling, normalize=True)
+        np.testing.assert_allclose(ours, reference, atol=TOL)
+
+
+# ----------------------------------------------------------------------------- losses
+
+
+def _reference_cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    logits = logits.astype(np.float64)
+    top = logits.max(axis=1, keepdims=True)
+    log_sum = np.log(np.exp(logits - top).sum(axis=1)) + top[:, 0]
+    return log_sum - logits[np.arange(len(labels)), labels]
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_in_batch_negatives_hand_computed():
+    rng = np.random.default_rng(0)
+    vectors = rng.normal(size=(4, 3, 5)).astype(np.float32)  # [b, (anchor, pos, neg), h]
+    a, p, n = (_unit(vectors[:, k].astype(np.float64)) for k in range(3))
+    labels = np.arange(4)
+
+    # Anchors against every positive: MultipleNegativesRankingLoss without hard negatives.
+    plain = _reference_cross_entropy(20 * a @ p.T, labels).mean()
+    sums = training.in_batch_negatives_sums(jnp.asarray(vectors[:, :2]), jnp.ones(4))
+    np.testing.assert_allclose(sums.loss / sums.count, plain, rtol=TOL)
+    assert float(sums.count) == 4
+
+    # With hard negatives: every positive, then every negative, as candidates; scale 7.
+    hard = _reference_cross_entropy(7 * a @ np.concatenate([p, n]).T, labels).mean()
+    sums = training.in_batch_negatives_sums(jnp.asarray(vectors), jnp.ones(4), scale=7.0)
+    np.testing.assert_allclose(sums.loss / sums.count, hard, rtol=TOL)
+
+    # Symmetric: the mean of anchors -> positives and positives -> anchors.
+    backward = _reference_cross_entropy(7 * p @ a.T, labels).mean()
+    sums = training.in_batch_negatives_sums(
+        jnp.asarray(vectors), jnp.ones(4), scale=7.0, symmetric=True
+    )
+    np.testing.assert_allclose(sums.loss / sums.count, (hard + backward) / 2, rtol=TOL)
+
+    # A row of weight 0 is neither an anchor nor anyone's candidate: as if it were not there.
+    sums = training.in_batch_negatives_sums(jnp.asarray(vectors), jnp.asarray([1.0, 1, 1, 0]))
+    alone = training.in_batch_negatives_sums(jnp.asarray(vectors[:3]), jnp.ones(3))
+    np.testing.assert_allclose(sums.loss / sums.count, alone.loss / alone.count, rtol=TOL)
+    assert float(sums.count) == 3
+
+
+def test_cosine_regression_hand_computed():
+    vectors = jnp.asarray(
+        [[[1.0, 0.0], [1.0, 1.0]], [[0.0, 2.0], [0.0, 3.0]], [[1.0, 0.0], [-1.0, 0.0]]]
+    )  # cosines: 1/sqrt(2), 1, -1
+    scores = jnp.asarray([2.5, 5.0, 0.0])  # STS-B scale: 0.5, 1, 0
+    sums = training.cosine_regression_sums(vectors, scores, jnp.asarray([1.0, 1.0, 0.0]), 5.0)
+    expected = (1 / math.sqrt(2) - 0.5) ** 2 + 0.0  # the third row has weight 0
+    np.testing.assert_allclose(float(sums.loss), expected, rtol=TOL)
+    assert float(sums.count) == 2
+
+
+def _loss_and_grads(objective):
+    def loss(params, batch):
+        sums = objective.sums(params, batch, rng=None, deterministic=True)
+        return objective.loss(sums, objective.denominators(batch))
+
+    return jax.value_and_grad(loss)
+
+
+def test_sharded_loss_and_gradients_equal_single_device():
+    """Negatives gathered across 8 devices (explicitly, and by the compiler): the loss and
+    every gradient equal one device's on the same global batch."""
+    model = embedding.BiEncoder(SHALLOW)
+    settings = training.LossSettings(scale=20.0, symmetric=True)
+    params = random_params(2, SHALLOW)
+    batch = pair_batch(3, rows=16, texts=3, seq=8)
+    single_loss, single_grads = jax.jit(
+        _loss_and_grads(training.EmbeddingObjective(model, settings))
+    )(params, batch)
+
+    mesh = sharding.make_mesh((4, 2, 1))  # the batch over data x fsdp: 2 rows per device
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    with jax.set_mesh(mesh):
+        for objective_mesh in (mesh, None):  # shard_map + all_gather, or the compiler's
+            objective = training.EmbeddingObjective(model, settings, objective_mesh)
+            run = jax.jit(
+                _loss_and_grads(objective),
+                in_shardings=(replicated, sharding.batch_sharding(mesh)),
+            )
+            loss, grads = run(params, batch)
+            np.testing.assert_allclose(float(loss), float(single_loss), atol=TOL)
+            assert max_difference(jax.tree.leaves(grads), jax.tree.leaves(single_grads)) < TOL
+    assert float(single_loss) > 0
+
+
+def test_cached_gradients_equal_direct_ones():
+    """GradCache (embed in chunks without gradients, backprop chunk by chunk) gives the
+    gradients of the whole-batch loss, dropout included (each chunk keeps its key)."""
+    config = BertConfig(**{**SHALLOW.to_dict(), "hidden_dropout": 0.1, "attention_dropout": 0.1})
+    model = embedding.BiEncoder(config)
+    objective = training.EmbeddingObjective(model, training.LossSettings(symmetric=True))
+    params = random_params(4, config)
+    batch = pair_batch(5, rows=8, texts=3, seq=8, padded_rows=0)
+    rng = jax.random.key(6)
+    chunks = 2
+
+    def direct(params):
+        micro = jax.tree.map(lambda x: steps.split_micro_batches(x, chunks), batch)
+        vectors = [
+            objective.embeddings(
+                params,
+                jax.tree.map(lambda x, k=k: x[k], micro),
+                rng=jax.random.fold_in(rng, k),
+                deterministic=False,
+            )
+            for k in range(chunks)
+        ]  # chunks x [b / chunks, t, h]
+        everything = training._merge_chunks(jnp.stack(vectors))  # [b, t, h]
+        sums = objective.sums_of(everything, batch)
+        return objective.loss(sums, objective.denominators(batch))
+
+    loss, expected = jax.jit(jax.value_and_grad(direct))(params)
+    grads, sums = jax.jit(lambda p: training.cached_gradients(objective, p, batch, rng, chunks))(
+        params
+    )
+    np.testing.assert_allclose(float(sums.loss / sums.count), float(loss), rtol=TOL)
+    assert max_difference(jax.tree.leaves(grads), jax.tree.leaves(expected)) < TOL
+    # Dropout did act: the loss without it is another one.
+    sums = jax.jit(lambda p: objective.sums(p, batch, rng=None, deterministic=True))(params)
+    assert abs(float(sums.loss / sums.count) - float(loss)) > 1e-4
+
+
+@pytest.mark.slow
+def test_cached_train_step_equals_the_direct_one_on_a_mesh():
+    """One optimizer step on 8 devices: GradCache with 2 chunks lands on the same params."""
+    spec = EmbeddingSpec(max_seq_length=16)
+    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=10)
+    batch = pair_batch(7, rows=16, texts=2, padded_rows=2)
+    results = []
+    for chunks in (1, 2):
+        run = training.build_embedding_training(
+            CONFIG,
+            spec,
+            training.LossSettings(),
+            optimizer,
+            mesh_shape=(-1, 1, 1),
+            cache_chunks=chunks,
+        )
+        with jax.set_mesh(run.mesh):
+            state = run.state.init(jax.random.key(0))
+            state, metrics = run.train_step(state, batch, jax.random.key(1))
+        results.append((jax.device_get(state.params), jax.device_get(metrics)))
+    (direct, direct_metrics), (cached, cached_metrics) = results
+    np.testing.assert_allclose(cached_metrics["train/loss"], direct_metrics["train/loss"], rtol=TOL)
+    assert cached_metrics["train/nonfinite"] == 0
+    assert max_difference(jax.tree.leaves(cached), jax.tree.leaves(direct)) < TOL
+
+
+# ----------------------------------------------------------------------------- search, metrics
+
+
+def test_search_is_exact_across_blocks():
+    rng = np.random.default_rng(8)
+    corpus = rng.normal(size=(50, 6)).astype(np.float32)
+    queries = rng.normal(size=(11, 6)).astype(np.float32)
+    scores, rows = embedding.search(queries, corpus, top_k=7, query_batch=4, corpus_block=16)
+    cosine = _unit(queries.astype(np.float64)) @ _unit(corpus.astype(np.float64)).T  # [11, 50]
+    expected_rows = np.argsort(-cosine, axis=1)[:, :7]
+    np.testing.assert_array_equal(rows, expected_rows)
+    np.testing.assert_allclose(scores, np.take_along_axis(cosine, expected_rows, 1), atol=TOL)
+    np.testing.assert_allclose(embedding.similarity(queries, corpus), cosine, atol=TOL)
+    # top_k beyond the corpus: every row, best first.
+    _, rows = embedding.search(queries[:2], corpus[:3], top_k=10)
+    np.testing.assert_array_equal(rows, np.argsort(-cosine[:2, :3], axis=1))
+
+
+def test_sts_scores_hand_values():
+    a = np.asarray([[1.0, 0.0], [1.0, 0.0], [1.0, 0.0]])
+    b = np.asarray([[2.0, 0.0], [1.0, 1.0], [0.0, 3.0]])  # cosines 1, 1/sqrt(2), 0
+    linear = embedding_eval.sts_scores(a, b, [3.0, 1 + math.sqrt(2), 1.0])  # 2 cos + 1
+    assert linear == pytest.approx({"spearman": 1.0, "pearson": 1.0})
+    # Ranks of cosine 3 2 1 against gold 1 3 2: rho = 1 - 6 * (4 + 1 + 1) / (3 * 8) = -0.5
+    assert embedding_eval.sts_scores(a, b, [1.0, 3.0, 2.0])["spearman"] == pytest.approx(-0.5)
+
+
+def test_ranking_scores_hand_values():
+    ranked = np.asarray([[3, 1, 0, 2], [0, 2, 1, 3], [1, 2, 3, 0]])
+    relevant = [{1, 2}, {0}, set()]  # the third query has no judgement: left out
+    out = embedding_eval.ranking_scores(ranked, relevant, recall_at=(1, 2, 4), ndcg_at=10)
+    first = (1 / math.log2(3) + 1 / math.log2(5)) / (1 + 1 / math.log2(3))
+    assert out == pytest.approx(
+        {
+            "mrr@10": (1 / 2 + 1) / 2,
+            "ndcg@10": (first + 1) / 2,
+            "recall@1": (0 + 1) / 2,
+            "recall@2": (0.5 + 1) / 2,
+            "recall@4": 1.0,
+        }
+    )
+
+
+def test_retrieval_scores_from_embeddings():
+    angles = np.radians([10.0, 30.0, 50.0, 70.0, 95.0])
+    corpus = np.stack([np.cos(angles), np.sin(angles)], axis=1)  # ranked 0..4 from angle 0
+    queries = np.asarray([[1.0, 0.0], [0.0, 1.0]])  # the second ranks 4 3 2 1 0 (95° first)
+    out = embedding_eval.retrieval_scores(queries, corpus, [(0, 2), (1, 0)], recall_at=(1, 3))
+    assert out["mrr@10"] == pytest.approx((1 / 3 + 1 / 5) / 2)
+    assert out["recall@3"] == pytest.approx(0.5)
+    assert out["recall@1"] == 0.0
+    assert out["ndcg@10"] == pytest.approx((1 / math.log2(4) + 1 / math.log2(6)) / 2)
+    with pytest.raises(ValueError, match=r"corpus row 9 is not in \[0, 5\)"):
+        embedding_eval.retrieval_scores(queries, corpus, [(0, 9)])
+
+
+# ------------------------------------------------------------------------- sentence-transformers
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        EmbeddingSpec("mean", False, 16),
+        EmbeddingSpec("max", True, 16),
+        EmbeddingSpec("cls", True, 24),
+    ],
+)
+def test_saved_directory_loads_in_sentence_transformers(tmp_path, wordpiece, spec):
+    from sentence_transformers import SentenceTransformer
+
+    params = random_params(9)
+    sbert.save(tmp_path, CONFIG, params, wordpiece, spec)
+    reference = SentenceTransformer(str(tmp_path), device="cpu")
+    assert reference.max_seq_length == spec.max_seq_length
+    expected = reference.encode(TEXTS, convert_to_numpy=True)
+    ours = embedding.embed_texts(CONFIG, params, wordpiece, spec, TEXTS)
+    np.testing.assert_allclose(ours, expected, atol=1e-4)
+    # And back: the same spec and weights.
+    loaded = sbert.load(tmp_path)
+    assert loaded.spec == spec and loaded.config == CONFIG
+    assert max_difference(jax.tree.leaves(loaded.params), jax.tree.leaves(params)) == 0
+
+
+def test_reads_a_directory_sentence_transformers_wrote(tmp_path, wordpiece):
+    import torch
+    import transformers
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer import modules
+
+    torch.manual_seed(0)
+    source = tmp_path / "bert"
+    hf_config = transformers.BertConfig(
+        vocab_size=CONFIG.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=40,
+        initializer_range=0.2,  # spread-out vectors: a real test of the 1e-4 agreement
+    )
+    transformers.BertModel(hf_config).save_pretrained(source)
+    wordpiece.save_hf(source)
+    transformer = modules.Transformer(str(source))
+    reference = SentenceTransformer(
+        modules=[transformer, modules.Pooling(32, pooling_mode="max"), modules.Normalize()],
+        device="cpu",
+    )
+    reference.max_seq_length = 20
+    reference.save(str(tmp_path / "st"))
+    expected = reference.encode(TEXTS, convert_to_numpy=True)
+
+    loaded = sbert.load(tmp_path / "st")
+    assert loaded.spec == EmbeddingSpec("max", True, 20)
+    ours = embedding.embed_texts(loaded.config, loaded.params, loaded.tokenizer, loaded.spec, TEXTS)
+    np.testing.assert_allclose(ours, expected, atol=1e-4)
+
+
+def test_load_refuses_what_it_cannot_pool(tmp_path, wordpiece):
+    sbert.save(tmp_path, CONFIG, random_params(10), wordpiece, EmbeddingSpec(max_seq_length=16))
+    config_file = tmp_path / sbert.POOLING_DIR / "config.json"
+    config_file.write_text('{"embedding_dimension": 32, "pooling_mode": "weightedmean"}')
+    with pytest.raises(ValueError, match=r"pooling \['weightedmean'\] is not supported"):
+        sbert.load(tmp_path)
+
+
+# ----------------------------------------------------------------------------- training learns
+
+
+def _synthetic_sentence(rng, concepts, fillers: int = 2) -> str:
+    """Each concept c written as one of its two synonyms (w{2c}, w{2c+1}), plus filler
+    words (w60 on), shuffled: only training can tell that synonyms mean the same."""
+    words = [f"w{2 * c + rng.integers(2)}" for c in concepts]
+    words += [f"w{60 + rng.integers(34)}" for _ in range(fillers)]
+    return " ".join(rng.permutation(words))
+
+
+def synthetic_pairs(rng, count: int) -> tuple[list[str], list[str]]:
+    """Paraphrase pairs: the same three concepts (of 30), written independently."""
+    anchors, positives = [], []
+    for _ in range(count):
+        concepts = rng.choice(30, 3, replace=False)
+        anchors.append(_synthetic_sentence(rng, concepts))
+        positives.append(_synthetic_sentence(rng, concepts))
+    return anchors, positives
+
+
+def synthetic_sts(rng, count: int) -> tuple[list[str], list[str], np.ndarray]:
+    """Scored pairs: gold is how many of their three concepts two sentences share (0-3)."""
+    left, right, gold = [], [], []
+    for _ in range(count):
+        shared = int(rng.integers(4))
+        concepts = rng.choice(30, 6 - shared, replace=False)
+        left.append(_synthetic_sentence(rng, concepts[:3]))
+        right.append(_synthetic_sentence(rng, concepts[3 - shared :]))
+        gold.append(shared)
+    return left, right, np.asarray(gold, np.float64)
+
+
+@pytest.mark.slow
+def test_training_raises_held_out_sts_spearman(wordpiece):
+    """A short in-batch-negatives run on 8 devices from a random tiny model: held-out STS
+    Spearman rises clearly above the untrained model's mean-pooled embeddings."""
+    config = BertConfig(**{**CONFIG.to_dict(), "hidden_dropout": 0.1, "attention_dropout": 0.1})
+    spec = EmbeddingSpec("mean", normalize=False, max_seq_length=16)
+    steps_count, batch_rows = 150, 32
+    optimizer = optim.OptimizerSettings(
+        learning_rate=2e-3, warmup_steps=15, total_steps=steps_count, weight_decay=0.01
+    )
+    run = training.build_embedding_training(
+        config, spec, training.LossSettings(), optimizer, mesh_shape=(-1, 1, 1)
+    )
+    rng = np.random.default_rng(0)
+    left, right, gold = synthetic_sts(rng, 400)
+
+    def spearman(params) -> float:
+        params = jax.device_get(params)
+        a = embedding.embed_texts(config, params, wordpiece, spec, left, batch_size=128)
+        b = embedding.embed_texts(config, params, wordpiece, spec, right, batch_size=128)
+        return embedding_eval.sts_scores(a, b, gold)["spearman"]
+
+    with jax.set_mesh(run.mesh):
+        state = run.state.init(jax.random.key(0))
+        before = spearman(state.params)
+        losses = []
+        for _ in range(steps_count):
+            anchors, positives = synthetic_pairs(rng, batch_rows)
+            ids = [embedding.token_ids(wordpiece, side, 16) for side in (anchors, positives)]
+            inputs = [embedding.pad_inputs(side, 16) for side in ids]
+            batch = {
+                name: np.stack([inputs[0][name], inputs[1][name]], axis=1)  # [b, 2, s]
+                for name in ("input_ids", "input_mask", "segment_ids")
+            }
+            batch["weights"] = np.ones(batch_rows, np.float32)
+            state, metrics = run.train_step(state, batch, jax.random.key(1))
+            losses.append(float(metrics["train/loss"]))
+        after = spearman(state.params)
+    print(
+        f"held-out STS Spearman: untrained {before:.3f}, trained {after:.3f}; "
+        f"loss {np.mean(losses[:10]):.3f} -> {np.mean(losses[-10:]):.3f}"
+    )
+    assert after > before + 0.2
+    assert after > 0.7
+
+
+def test_a_sentencepiece_model_embeds_alike_in_sentence_transformers(tmp_path):
+    """bertjax's own tokenizer (sentencepiece, exported as tokenizer.json) in the directory."""
+    from sentence_transformers import SentenceTransformer
+    from test_tokenizer import VARIED, training_sentences
+
+    tokenizer = train_tokenizer(
+        training_sentences(800)[:800], TokenizerSettings(vocab_size=400), tmp_path / "spm.model"
+    )
+    config = BertConfig(**{**CONFIG.to_dict(), "vocab_size": 400})
+    params = random_params(11, config)
+    spec = EmbeddingSpec("mean", True, 24)
+    sbert.save(tmp_path / "st", config, params, tokenizer, spec)
+    texts = ["", *VARIED[:6], " ".join(training_sentences(40))]
+    expected = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts)
+    ours = embedding.embed_texts(config, params, tokenizer, spec, texts)
+    np.testing.assert_allclose(ours, expected, atol=1e-4)
