@@ -400,6 +400,12 @@ def _graft(fresh: Any, source: Any, where: str) -> Any:
     return jax.tree.map(one, fresh, source, is_leaf=sharding.is_box)
 
 
+@functools.partial(jax.jit, static_argnums=0)
+def _fresh_params(config: Seq2SeqConfig, rng: jax.Array) -> Any:
+    ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
+    return Seq2SeqModel(config).init({"params": rng}, ids, None, None, ids)["params"]
+
+
 def init_params(config: Seq2SeqConfig, rng: jax.Array, pretrained: Mapping | None = None) -> dict:
     """Boxed stored parameters (see stored_params) initialised per ``config.init``.
 
@@ -407,8 +413,7 @@ def init_params(config: Seq2SeqConfig, rng: jax.Array, pretrained: Mapping | Non
     bertjax.hf.load returns it): required by bert2bert, bertshare and bert2rnd, unused by
     rnd2rnd. Its "mlm_head", when present, starts the decoder's output head.
     """
-    ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
-    fresh = _as_dict(Seq2SeqModel(config).init({"params": rng}, ids, None, None, ids)["params"])
+    fresh = _as_dict(_fresh_params(config, rng))
     if config.init == RND2RND:
         return stored_params(config, fresh)
     if pretrained is None:
