@@ -95,8 +95,10 @@ def test_bert2bert_copies_the_checkpoint_and_starts_cross_attention_fresh():
     params = nn.meta.unbox(s2s.init_params(config, jax.random.key(0), pretrained()))
     bert = pretrained()["bert"]
     layer = bert["encoder"]["layer_1"]
-    np.testing.assert_array_equal(params["bert"]["encoder"]["layer_1"]["mlp"]["output"]["kernel"],
-                                  layer["mlp"]["output"]["kernel"])  # fmt: skip
+    np.testing.assert_array_equal(
+        params["bert"]["encoder"]["layer_1"]["mlp"]["output"]["kernel"],
+        layer["mlp"]["output"]["kernel"],
+    )
     decoder = params["decoder"]
     np.testing.assert_array_equal(
         decoder["layer_1"]["attention"]["query"]["kernel"], layer["attention"]["query"]["kernel"]
@@ -249,8 +251,7 @@ def test_sharded_logits_equal_unsharded():
     shardings = sharding.logical_shardings(boxed, mesh)
     placed = jax.device_put(params, shardings)
     with jax.set_mesh(mesh):
-        got = jax.jit(lambda p: s2s.Seq2SeqModel(CONFIG).apply({"params": p}, ids, None, mask,
-                                                             decoder_ids))(placed)  # fmt: skip
+        got = jax.jit(lambda p: _logits(p, ids, mask, decoder_ids, CONFIG))(placed)
     np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
 
 
