@@ -369,14 +369,20 @@ class Embeddings(nn.Module):
         self.layer_norm = _layer_norm(cfg)
         self.dropout = Dropout(cfg.hidden_dropout)
 
-    def __call__(self, input_ids, token_type_ids, deterministic: bool):
+    def __call__(self, input_ids, token_type_ids, deterministic: bool, start=None):
+        """``start`` (an int or int scalar array): the position of the first token, for a
+        decoder that embeds one token at a time; positions count from 0 without it."""
         cfg = self.config
         seq_len = input_ids.shape[1]
+        offset = 0 if start is None else start
         if cfg.position_embedding_type == "learned":
-            positions = self.position_embeddings(jnp.arange(seq_len))  # [seq, hidden]
+            positions = self.position_embeddings(offset + jnp.arange(seq_len))  # [seq, hidden]
         else:
-            positions = jnp.asarray(
-                sinusoidal_table(seq_len, cfg.hidden_size), jnp.dtype(cfg.dtype)
+            table = sinusoidal_table(
+                seq_len if start is None else cfg.max_position_embeddings, cfg.hidden_size
+            )
+            positions = jax.lax.dynamic_slice_in_dim(
+                jnp.asarray(table, jnp.dtype(cfg.dtype)), offset, seq_len
             )  # [seq, hidden]
         x = (
             self.word_embeddings(input_ids)

@@ -1,0 +1,507 @@
+"""The BERT encoder-decoder: model, loss, cached greedy/beam generation, transformers parity."""
+
+import dataclasses
+import functools
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import torch
+import transformers
+
+from bertjax import hf, sharding, text_metrics
+from bertjax import seq2seq as s2s
+from bertjax.model import BertConfig, BertForPreTraining
+
+VOCAB = 40
+START, EOS = 2, 3  # [CLS] and [SEP] in this tiny vocabulary; words are 4..39
+BERT = BertConfig(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=32,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
+CONFIG = s2s.Seq2SeqConfig(BERT, decoder_start_id=START, eos_id=EOS, init=s2s.RND2RND)
+
+
+def random_params(config=CONFIG, seed=0):
+    return nn.meta.unbox(s2s.init_params(config, jax.random.key(seed)))
+
+
+def sources(seed, n=4, length=8):
+    """[CLS] w.. [SEP] rows of different lengths, and their masks."""
+    rng = np.random.default_rng(seed)
+    ids = np.zeros((n, length), np.int32)
+    for i in range(n):
+        words = rng.integers(4, VOCAB, size=rng.integers(2, length - 1))
+        row = [START, *words, EOS]
+        ids[i, : len(row)] = row
+    return ids, (ids > 0).astype(np.int32)
+
+
+@functools.partial(jax.jit, static_argnums=4)
+def _logits(params, ids, mask, decoder_ids, config):
+    model = s2s.Seq2SeqModel(config)
+    return model.apply({"params": s2s.full_params(config, params)}, ids, None, mask, decoder_ids)
+
+
+def logits_of(params, ids, mask, decoder_ids, config=CONFIG):
+    return np.asarray(_logits(params, ids, mask, decoder_ids, config))
+
+
+# ------------------------------------------------------------------------------ config, init
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="init='bert3bert'"):
+        s2s.Seq2SeqConfig(BERT, START, EOS, init="bert3bert")
+    with pytest.raises(ValueError, match="eos_id=40"):
+        s2s.Seq2SeqConfig(BERT, START, VOCAB)
+    with pytest.raises(ValueError, match="num_beams=0"):
+        s2s.GenerationSettings(num_beams=0)
+    with pytest.raises(ValueError, match="early_stopping='sometimes'"):
+        s2s.GenerationSettings(early_stopping="sometimes")
+    assert s2s.Seq2SeqConfig.from_dict(CONFIG.to_dict()) == CONFIG
+
+
+@functools.cache
+def pretrained():
+    """A BertForPreTraining params tree with the encoder-decoder's architecture."""
+    ids = jnp.zeros((1, 1), jnp.int32)
+    return nn.meta.unbox(BertForPreTraining(BERT).init(jax.random.key(7), ids)["params"])
+
+
+def test_every_parameter_has_logical_axes():
+    boxed = s2s.init_params(CONFIG, jax.random.key(0))
+    leaves = jax.tree.leaves(boxed, is_leaf=sharding.is_box)
+    assert leaves and all(sharding.is_box(leaf) for leaf in leaves)
+    for leaf in leaves:
+        assert len(leaf.names) == leaf.value.ndim
+    decoder_layer = boxed["decoder"]["layer_0"]
+    assert set(decoder_layer) == {"attention", "cross_attention", "mlp"}
+    assert decoder_layer["cross_attention"]["key"]["kernel"].names == ("embed", "heads", "kv")
+
+
+def test_bert2bert_copies_the_checkpoint_and_starts_cross_attention_fresh():
+    config = dataclasses.replace(CONFIG, init=s2s.BERT2BERT)
+    params = nn.meta.unbox(s2s.init_params(config, jax.random.key(0), pretrained()))
+    bert = pretrained()["bert"]
+    layer = bert["encoder"]["layer_1"]
+    np.testing.assert_array_equal(
+        params["bert"]["encoder"]["layer_1"]["mlp"]["output"]["kernel"],
+        layer["mlp"]["output"]["kernel"],
+    )
+    decoder = params["decoder"]
+    np.testing.assert_array_equal(
+        decoder["layer_1"]["attention"]["query"]["kernel"], layer["attention"]["query"]["kernel"]
+    )
+    np.testing.assert_array_equal(
+        decoder["embeddings"]["word_embeddings"]["embedding"],
+        bert["embeddings"]["word_embeddings"]["embedding"],
+    )
+    np.testing.assert_array_equal(
+        decoder["mlm_head"]["transform"]["kernel"], pretrained()["mlm_head"]["transform"]["kernel"]
+    )
+    cross = decoder["layer_1"]["cross_attention"]
+    assert not np.allclose(cross["query"]["kernel"], layer["attention"]["query"]["kernel"])
+    # google's init: truncated normal 0.02 (within 2 stddev), zero bias, LayerNorm ones.
+    assert np.abs(cross["query"]["kernel"]).max() <= 2 * BERT.initializer_range + 1e-6
+    assert 0.01 < np.std(cross["query"]["kernel"]) < 0.02
+    np.testing.assert_array_equal(cross["query"]["bias"], 0.0)
+    np.testing.assert_array_equal(cross["layer_norm"]["scale"], 1.0)
+    with pytest.raises(ValueError, match="needs pretrained BERT params"):
+        s2s.init_params(config, jax.random.key(0))
+
+
+def test_bert2rnd_keeps_the_encoder_and_draws_the_decoder():
+    config = dataclasses.replace(CONFIG, init=s2s.BERT2RND)
+    params = nn.meta.unbox(s2s.init_params(config, jax.random.key(0), pretrained()))
+    bert = pretrained()["bert"]
+    np.testing.assert_array_equal(
+        params["bert"]["embeddings"]["word_embeddings"]["embedding"],
+        bert["embeddings"]["word_embeddings"]["embedding"],
+    )
+    assert not np.allclose(
+        params["decoder"]["embeddings"]["word_embeddings"]["embedding"],
+        bert["embeddings"]["word_embeddings"]["embedding"],
+    )
+
+
+def test_bertshare_stores_one_set_of_weights_and_trains_it_from_both_sides():
+    config = dataclasses.replace(CONFIG, init=s2s.BERTSHARE)
+    params = nn.meta.unbox(s2s.init_params(config, jax.random.key(0), pretrained()))
+    assert "embeddings" not in params["decoder"]
+    assert set(params["decoder"]["layer_0"]) == {"cross_attention"}
+    full = s2s.full_params(config, params)
+    assert full["decoder"]["layer_0"]["mlp"] is full["bert"]["encoder"]["layer_0"]["mlp"]
+    assert s2s.stored_params(config, full).keys() == params.keys()
+
+    ids, mask = sources(0)
+    features = s2s.target_features([[5, 6, 7]] * 4, 6, START, EOS)
+    batch = dict(input_ids=ids, input_mask=mask, **features)
+
+    def loss(p):
+        sums = s2s.batch_loss_sums(config, p, batch)
+        return sums.loss / sums.count
+
+    grads = jax.jit(jax.grad(loss))(params)
+    # The shared feed-forward's gradient is the sum of its encoder and decoder uses: the
+    # same loss through an untied copy splits it in two parts that add up to it.
+    untied = dataclasses.replace(config, init=s2s.BERT2BERT)
+    untied_grads = jax.jit(jax.grad(lambda p: loss_untied(untied, p, batch)))(
+        jax.tree.map(jnp.asarray, s2s.full_params(config, params))
+    )
+    path = ("layer_0", "mlp", "intermediate", "kernel")
+    encoder_part = untied_grads["bert"]["encoder"][path[0]][path[1]][path[2]][path[3]]
+    decoder_part = untied_grads["decoder"][path[0]][path[1]][path[2]][path[3]]
+    shared = grads["bert"]["encoder"][path[0]][path[1]][path[2]][path[3]]
+    assert np.abs(decoder_part).max() > 0
+    np.testing.assert_allclose(shared, encoder_part + decoder_part, rtol=1e-4, atol=1e-7)
+
+
+def loss_untied(config, params, batch):
+    sums = s2s.batch_loss_sums(config, params, batch)
+    return sums.loss / sums.count
+
+
+# ------------------------------------------------------------------------------ model, loss
+
+
+def test_decoder_self_attention_is_causal():
+    params = random_params()
+    ids, mask = sources(1)
+    decoder_ids = np.array(sources(2)[0][:, :6])
+    base = logits_of(params, ids, mask, decoder_ids)
+    changed = decoder_ids.copy()
+    changed[:, 3] = (changed[:, 3] + 7) % (VOCAB - 4) + 4
+    after = logits_of(params, ids, mask, changed)
+    np.testing.assert_allclose(after[:, :3], base[:, :3], atol=1e-6)
+    assert np.abs(after[:, 3:] - base[:, 3:]).max() > 1e-3
+    # Padding in the source is invisible to the decoder.
+    padded_ids = np.where(mask > 0, ids, 0)
+    noisy = np.where(mask > 0, ids, 11)
+    np.testing.assert_allclose(
+        logits_of(params, noisy, mask, decoder_ids),
+        logits_of(params, padded_ids, mask, decoder_ids),
+        atol=1e-5,
+    )
+
+
+def test_cached_decoding_step_by_step_equals_the_whole_prefix():
+    params = random_params()
+    ids, mask = sources(3)
+    decoder_ids = np.array(sources(4)[0][:, :7])
+    full = logits_of(params, ids, mask, decoder_ids)  # [b, s, v]
+    model = s2s.Seq2SeqModel(CONFIG)
+    variables = {"params": params}
+    encoded = model.apply(variables, ids, None, mask, method=s2s.Seq2SeqModel.encode)
+    cross = model.apply(variables, encoded, method=s2s.Seq2SeqModel.cross_keys_values)
+    cache = s2s._empty_cache(BERT, ids.shape[0], 10)
+    decode = jax.jit(
+        lambda c, token, i: model.apply(
+            variables, token, cross, mask, cache=c, start=i, method=s2s.Seq2SeqModel.decode
+        )
+    )
+    for i in range(decoder_ids.shape[1]):
+        logits, cache = decode(cache, decoder_ids[:, i : i + 1], jnp.int32(i))
+        np.testing.assert_allclose(np.asarray(logits[:, 0]), full[:, i], atol=2e-5)
+
+
+def test_shift_right_and_target_features():
+    features = s2s.target_features([[5, 6, 7], [8], [9, 10, 11, 12, 13]], 4, START, EOS)
+    np.testing.assert_array_equal(
+        features["target_ids"], [[5, 6, 7, EOS], [8, EOS, 0, 0], [9, 10, 11, EOS]]
+    )
+    np.testing.assert_array_equal(features["target_mask"], [[1, 1, 1, 1], [1, 1, 0, 0], [1] * 4])
+    np.testing.assert_array_equal(
+        features["decoder_input_ids"], [[START, 5, 6, 7], [START, 8, EOS, 0], [START, 9, 10, 11]]
+    )
+
+
+def test_loss_sums_exact_with_label_smoothing_and_padding_ignored():
+    logits = jnp.array([[[2.0, 0.0, 0.0, 1.0], [0.0, 3.0, 0.0, 0.0], [9.0, -9.0, 4.0, 0.0]]])
+    targets = jnp.array([[0, 2, 3]])
+    mask = jnp.array([[1, 1, 0]])
+    log_p = np.asarray(jax.nn.log_softmax(logits[0], axis=-1))
+    sums = s2s.loss_sums(logits, targets, mask)
+    np.testing.assert_allclose(sums.loss, -(log_p[0, 0] + log_p[1, 2]), rtol=1e-6)
+    assert float(sums.correct) == 1.0 and float(sums.count) == 2.0
+    smoothed = s2s.loss_sums(logits, targets, mask, label_smoothing=0.1)
+    expected = sum(0.9 * -log_p[i, t] + 0.1 * -log_p[i].mean() for i, t in ((0, 0), (1, 2)))
+    np.testing.assert_allclose(smoothed.loss, expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="label_smoothing=1.0"):
+        s2s.loss_sums(logits, targets, mask, label_smoothing=1.0)
+
+
+def test_sharded_logits_equal_unsharded():
+    params = random_params()
+    ids, mask = sources(5, n=8)
+    decoder_ids = np.array(sources(6, n=8)[0][:, :6])
+    expected = logits_of(params, ids, mask, decoder_ids)
+    mesh = sharding.make_mesh((2, 2, 2))
+    boxed = s2s.init_params(CONFIG, jax.random.key(0))
+    shardings = sharding.logical_shardings(boxed, mesh)
+    placed = jax.device_put(params, shardings)
+    with jax.set_mesh(mesh):
+        got = jax.jit(lambda p: _logits(p, ids, mask, decoder_ids, CONFIG))(placed)
+    np.testing.assert_allclose(np.asarray(got), expected, atol=2e-5)
+
+
+# ------------------------------------------------------------------------------ search rules
+
+# Hand-made next-token probabilities that depend on the last token only:
+#   after [CLS]: a 0.5, b 0.4, [SEP] 0.1;  after a: [SEP] 0.4, a 0.3, b 0.3;
+#   after b: [SEP] 0.9, a 0.05, b 0.05.
+# Greedy reads a then [SEP] (p = 0.2); beam search finds b [SEP] (p = 0.36).
+A, B = 4, 5
+TOY = s2s.Seq2SeqConfig(dataclasses.replace(BERT, vocab_size=6), START, EOS)
+_TABLE = np.full((6, 6), 1e-9, np.float32)
+_TABLE[START, [A, B, EOS]] = [0.5, 0.4, 0.1]
+_TABLE[A, [EOS, A, B]] = [0.4, 0.3, 0.3]
+_TABLE[B, [EOS, A, B]] = [0.9, 0.05, 0.05]
+_TABLE[[0, 1, 3]] = 1.0 / 6
+
+
+def toy_step(sequences, cache, length):
+    last = jax.lax.dynamic_index_in_dim(sequences, length - 1, axis=1, keepdims=False)
+    return jnp.log(jnp.asarray(_TABLE))[last], cache
+
+
+def test_greedy_and_beam_search_on_a_hand_checked_case():
+    settings = s2s.GenerationSettings(max_new_tokens=4)
+    tokens, score = jax.jit(lambda: s2s._greedy(TOY, settings, toy_step, None, 1))()
+    np.testing.assert_array_equal(tokens, [[A, EOS, 0, 0]])
+    np.testing.assert_allclose(score, [math.log(0.5 * 0.4)], rtol=1e-5)
+
+    beam = dataclasses.replace(settings, num_beams=2)
+    tokens, score = jax.jit(lambda: s2s._beam_search(TOY, beam, toy_step, None, 1))()
+    np.testing.assert_array_equal(tokens[:, :2], [[B, EOS]])
+    # length_penalty 1: the summed log-probability over the 2 generated tokens.
+    np.testing.assert_allclose(score, [math.log(0.36) / 2], rtol=1e-5)
+
+    # A strongly negative length penalty (shorter is better) makes [SEP] at once win:
+    # log 0.1 / 1 = -2.30 against log 0.36 / 2 ** -3 = -8.2.
+    # Only the best num_beams candidates may finish (transformers' rule): with 2 beams [SEP]
+    # at once (third best) never can, with 3 it does.
+    short = dataclasses.replace(beam, num_beams=3, length_penalty=-3.0)
+    tokens, score = jax.jit(lambda: s2s._beam_search(TOY, short, toy_step, None, 1))()
+    np.testing.assert_array_equal(tokens[:, :1], [[EOS]])
+    np.testing.assert_allclose(score, [math.log(0.1)], rtol=1e-5)
+
+
+def test_banned_tokens_match_no_repeat_ngram_rule():
+    sequences = jnp.array([[START, 4, 5, 4, 0, 0], [START, 4, 4, 4, 0, 0]])
+    banned = np.asarray(s2s.banned_tokens(sequences, jnp.int32(4), 2, 8))
+    # Row 0 ends with 4 and "4 5" occurred: 5 is banned. Row 1: "4 4" occurred: 4 banned.
+    assert np.flatnonzero(banned[0]).tolist() == [5]
+    assert np.flatnonzero(banned[1]).tolist() == [4]
+    banned3 = np.asarray(s2s.banned_tokens(sequences, jnp.int32(4), 3, 8))
+    assert np.flatnonzero(banned3[0]).tolist() == []  # no earlier trigram starts "5 4"
+    assert np.flatnonzero(banned3[1]).tolist() == [4]
+
+
+# ------------------------------------------------------------------------------ metrics
+
+
+def test_bleu_and_rouge_from_the_reference_libraries():
+    refs = ["the cat sat on the mat", "a dog ran in the park today"]
+    assert text_metrics.corpus_bleu(refs, refs) == pytest.approx(100.0)
+    partial = ["the cat sat on a mat", "a dog ran in the park today"]
+    bleu = text_metrics.corpus_bleu(partial, refs)
+    assert 40.0 < bleu < 100.0
+    scores = text_metrics.rouge(["the cats sat", "dogs ran"], ["the cat sat", "a dog ran fast"])
+    # Stemming makes cats = cat; row 2: unigrams {dog, ran} of 2 predicted / 4 reference.
+    assert scores["rouge1"] == pytest.approx((1.0 + 2 * (1.0 * 0.5) / 1.5) / 2)
+    assert text_metrics.score("rougeL", refs, refs) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="metric='meteor'"):
+        text_metrics.score("meteor", refs, refs)
+
+
+# ------------------------------------------------------------------------------ transformers
+
+
+def hf_model(directory):
+    return transformers.EncoderDecoderModel.from_pretrained(directory).eval()
+
+
+def hf_logits(model, ids, mask, decoder_ids):
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            decoder_input_ids=torch.tensor(decoder_ids),
+        )
+    return out.logits.numpy()
+
+
+def test_logits_match_transformers_both_ways(tmp_path):
+    params = random_params()
+    ids, mask = sources(8)
+    decoder_ids = np.array(sources(9)[0][:, :6])
+    hf.save_seq2seq(CONFIG, params, tmp_path / "ours")
+    theirs = hf_model(tmp_path / "ours")
+    ours = logits_of(params, ids, mask, decoder_ids)
+    np.testing.assert_allclose(hf_logits(theirs, ids, mask, decoder_ids), ours, atol=1e-4)
+    config_json = theirs.config
+    assert (config_json.decoder_start_token_id, config_json.pad_token_id) == (START, 0)
+    assert theirs.decoder.config.is_decoder and theirs.decoder.config.add_cross_attention
+
+    # transformers' own random model, read by bertjax.
+    torch.manual_seed(0)
+    encoder = transformers.BertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=32,
+        initializer_range=0.2,
+    )
+    decoder = transformers.BertConfig(
+        **{**encoder.to_dict(), "is_decoder": True, "add_cross_attention": True}
+    )
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    config.decoder_start_token_id, config.eos_token_id, config.pad_token_id = START, EOS, 0
+    model = transformers.EncoderDecoderModel(config=config).eval()
+    model.save_pretrained(tmp_path / "theirs")
+    loaded_config, loaded = hf.load_seq2seq(tmp_path / "theirs")
+    assert (loaded_config.decoder_start_id, loaded_config.eos_id) == (START, EOS)
+    np.testing.assert_allclose(
+        logits_of(loaded, ids, mask, decoder_ids, loaded_config),
+        hf_logits(model, ids, mask, decoder_ids),
+        atol=1e-4,
+    )
+    # And back: the round trip writes the same tensors transformers wrote.
+    hf.save_seq2seq(loaded_config, loaded, tmp_path / "again")
+    again = hf_model(tmp_path / "again").state_dict()
+    for name, tensor in model.state_dict().items():
+        np.testing.assert_array_equal(again[name].numpy(), tensor.numpy(), err_msg=name)
+
+
+# ------------------------------------------------------------------------------ slow: trained
+
+
+def reversal_batch(rng, n, src_len=8, tgt_len=8):
+    """Sources [CLS] w1..wk [SEP] (k = 3..6 words), targets the words reversed."""
+    ids = np.zeros((n, src_len), np.int32)
+    targets = []
+    for i in range(n):
+        words = rng.integers(4, VOCAB, size=rng.integers(3, 7))
+        row = [START, *words, EOS]
+        ids[i, : len(row)] = row
+        targets.append(words[::-1].tolist())
+    features = s2s.target_features(targets, tgt_len, START, EOS)
+    return dict(input_ids=ids, input_mask=(ids > 0).astype(np.int32), **features), targets
+
+
+class Trainer:
+    """Adam on the reversal task, from rnd2rnd; keeps the compiled step between tests."""
+
+    def __init__(self):
+        self.params = random_params()
+        self.optimizer = optax.adamw(3e-3, weight_decay=0.01)
+        self.state = self.optimizer.init(self.params)
+        self.rng = np.random.default_rng(0)
+        self.steps = 0
+
+        def step(params, state, batch):
+            def loss(p):
+                sums = s2s.batch_loss_sums(CONFIG, p, batch)
+                return sums.loss / sums.count
+
+            grads = jax.grad(loss)(params)
+            updates, state = self.optimizer.update(grads, state, params)
+            return optax.apply_updates(params, updates), state
+
+        self._step = jax.jit(step)
+
+    def train_to(self, steps):
+        while self.steps < steps:
+            batch, _ = reversal_batch(self.rng, 64)
+            self.params, self.state = self._step(self.params, self.state, batch)
+            self.steps += 1
+        return self.params
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return Trainer()
+
+
+@pytest.fixture(scope="module")
+def half_trained(trainer):
+    """Params 550 steps in: outputs vary in length and content, and still make mistakes."""
+    return jax.tree.map(np.asarray, trainer.train_to(550))
+
+
+SEARCHES = [
+    dict(num_beams=1),
+    dict(num_beams=1, no_repeat_ngram_size=2),
+    dict(num_beams=3, length_penalty=1.0),
+    dict(num_beams=4, length_penalty=2.0, early_stopping=True, no_repeat_ngram_size=3),
+    dict(num_beams=4, length_penalty=0.6, early_stopping="never"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("search", SEARCHES, ids=lambda s: "-".join(map(str, s.values())))
+def test_generate_matches_transformers(search, half_trained, tmp_path):
+    directory = tmp_path / "model"
+    hf.save_seq2seq(CONFIG, half_trained, directory)
+    model = hf_model(directory)
+    batch, _ = reversal_batch(np.random.default_rng(11), 6)
+    ids, mask = batch["input_ids"], batch["input_mask"]
+    settings = s2s.GenerationSettings(max_new_tokens=9, **search)
+    ours = s2s.strip(s2s.generate(CONFIG, half_trained, ids, mask, settings=settings), EOS)
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            max_new_tokens=9,
+            do_sample=False,
+            **search,
+        ).numpy()
+    theirs = []
+    for row in out[:, 1:].tolist():  # drop the decoder start
+        theirs.append(row[: row.index(EOS)] if EOS in row else row)
+    assert ours == theirs
+    assert len({len(row) for row in ours}) > 1  # the rows end at different steps
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_cached_generation_equals_uncached(num_beams, half_trained):
+    batch, _ = reversal_batch(np.random.default_rng(12), 5)
+    settings = s2s.GenerationSettings(max_new_tokens=9, num_beams=num_beams)
+    args = (CONFIG, half_trained, batch["input_ids"], batch["input_mask"])
+    cached = s2s.generate(*args, settings=settings)
+    uncached = s2s.generate(*args, settings=dataclasses.replace(settings, use_cache=False))
+    np.testing.assert_array_equal(cached.tokens, uncached.tokens)
+    np.testing.assert_allclose(cached.scores, uncached.scores, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_learns_to_reverse_words(trainer):
+    """From random weights, 1000 Adam steps of 64 examples reverse 3-6 unseen words
+    exactly in at least 95% of 200 held-out sources (1.0 measured), greedy and beam."""
+    params = trainer.train_to(1000)
+    batch, targets = reversal_batch(np.random.default_rng(99), 200)
+    for num_beams in (1, 4):
+        settings = s2s.GenerationSettings(max_new_tokens=8, num_beams=num_beams)
+        generated = s2s.generate(
+            CONFIG, params, batch["input_ids"], batch["input_mask"], settings=settings
+        )
+        predictions = s2s.strip(generated, EOS)
+        exact = np.mean([p == t for p, t in zip(predictions, targets)])
+        assert exact >= 0.95, (num_beams, exact)
+    words = [" ".join(map(str, t)) for t in targets]
+    said = [" ".join(map(str, p)) for p in predictions]
+    assert text_metrics.corpus_bleu(said, words) > 90.0
