@@ -43,9 +43,6 @@ TASKS = (CLASSIFICATION, REGRESSION, MULTI_LABEL, TOKEN_CLASSIFICATION)
 MULTI_LABEL_THRESHOLD = 0.5
 # Token positions that carry no label: continuation sub-words, [CLS], [SEP], padding.
 IGNORE_LABEL = -1
-# Where a fine-tuning work directory keeps its best checkpoint (by the task's metric), beside
-# checkpoints/ (the latest state, for resuming).
-BEST_CHECKPOINT_DIR = "best"
 
 # transformers' class and problem_type for each task.
 HF_ARCHITECTURES = {

@@ -10,7 +10,8 @@ from flax import linen as nn
 
 from bertjax import settings as settings_lib
 from bertjax import sharding
-from bertjax.settings import ConfigError, PretrainSettings
+from bertjax.pretrain.settings import PretrainSettings
+from bertjax.settings import ConfigError
 from configs import default, tiny
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

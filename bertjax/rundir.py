@@ -1,4 +1,4 @@
-"""What a work directory holds, whether an existing one fits a run, and `bertjax.load`.
+"""A run directory: its layout (named here once), the lock, compatibility checks, loading.
 
 A work directory (`--workdir`) is laid out as:
 
@@ -10,6 +10,8 @@ A work directory (`--workdir`) is laid out as:
     tensorboard/       TensorBoard event files
     run.lock           who is training here now (host and process id)
 
+    best/              fine-tuning: the parameters of the best epoch (Orbax)
+
 Every other module takes these names from here.
 """
 
@@ -18,20 +20,14 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import shutil
 import socket
 import time
 from typing import Any
 
-import jax
-from jax.experimental import multihost_utils
-
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import data as data_lib
-from bertjax.data.storage import TOKENIZER_FILE
 from bertjax.model import ARCHITECTURE_FIELDS, BertConfig
-from bertjax.settings import ConfigError, DataSettings
-from bertjax.tokenizer import Tokenizer
+from bertjax.settings import ConfigError
+from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
 DATA_DIR = "data"
 CORPUS_DIR = "corpus"
@@ -39,8 +35,12 @@ CHECKPOINT_DIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 LOCK_FILE = "run.lock"
-# The same file name as in a prepared data directory.
-TOKENIZER_COPY = TOKENIZER_FILE
+# Where a fine-tuning run keeps its best checkpoint (by the task's metric), beside
+# checkpoints/ (the latest state, for resuming).
+BEST_CHECKPOINT_DIR = "best"
+# The tokenizer beside the checkpoints: sentencepiece's model (the name a prepared data
+# directory uses too).
+TOKENIZER_COPY = SENTENCEPIECE_FILE
 
 
 class IncompatibleCheckpointError(ConfigError):
@@ -99,72 +99,7 @@ def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[BertConfi
     return config, params, tokenizer
 
 
-def ensure_data(
-    data: DataSettings, workdir: str | os.PathLike, *, eval_batch_size: int, seed: int
-) -> tuple[pathlib.Path, Tokenizer]:
-    """(prepared data directory, its tokenizer), preparing it on process 0 when it has none.
-
-    With neither data.dir nor data.input set, the built-in demo corpus is prepared into
-    <workdir>/data. Every process waits for process 0 (the directories are shared). The
-    prepared data must fit the run: its sequence length, its tokenizer (when the config
-    names one) and an eval split of at least one batch.
-    """
-    workdir = pathlib.Path(workdir)
-    data_dir = pathlib.Path(data.dir or workdir / DATA_DIR)
-    if jax.process_index() == 0 and not (data_dir / data_lib.MANIFEST_FILE).exists():
-        inputs = list(data.inputs)
-        if not inputs:
-            inputs = [str(data_lib.demo_corpus_path(workdir / CORPUS_DIR))]
-            print(f"No data.input given: using the built-in demo corpus {inputs[0]}")
-        print(f"Preparing data into {data_dir} ...")
-        data_lib.prepare(
-            inputs,
-            data_dir,
-            max_seq_length=data.max_seq_length,
-            max_predictions_per_seq=data.masking.max_predictions_per_seq,
-            vocab_size=data.vocab_size,
-            tokenizer_path=data.tokenizer or None,
-            tokenizer_model_type=data.tokenizer_model_type,
-            lowercase=data.lowercase,
-            task=data.task,
-            dupe_factor=data.dupe_factor,
-            short_seq_prob=data.short_seq_prob,
-            eval_fraction=data.eval_fraction,
-            workers=data.workers or None,
-            seed=seed,
-        )
-    if jax.process_count() > 1:
-        multihost_utils.sync_global_devices("bertjax:data_prepared")
-
-    manifest = data_lib.read_manifest(data_dir)
-    if manifest["max_seq_length"] != data.max_seq_length:
-        raise ConfigError(
-            f"config.data.max_seq_length={data.max_seq_length} but {data_dir} was prepared "
-            f"with max_seq_length={manifest['max_seq_length']}; prepare a new directory or "
-            "match it"
-        )
-    tokenizer = Tokenizer.load(data_dir / data_lib.TOKENIZER_FILE)
-    if data.tokenizer:
-        wanted = Tokenizer.load(data.tokenizer)
-        if wanted.fingerprint != tokenizer.fingerprint:
-            raise ConfigError(
-                f"config.data.tokenizer={data.tokenizer!r} (fingerprint "
-                f"{wanted.fingerprint[:12]}) is not the tokenizer {data_dir} was prepared with "
-                f"({tokenizer.fingerprint[:12]})"
-            )
-    eval_examples = manifest["splits"]["eval"]["num_instances"]
-    if eval_examples < eval_batch_size:
-        raise ConfigError(
-            f"config.data.eval_fraction={data.eval_fraction}: {data_dir} holds "
-            f"{eval_examples} eval instances, fewer than one eval batch ({eval_batch_size} = "
-            "batch_size / grad_accum_steps); prepare with a larger eval fraction"
-        )
-    if jax.process_index() == 0:  # bertjax.load finds the tokenizer beside the checkpoints
-        shutil.copyfile(data_dir / data_lib.TOKENIZER_FILE, workdir / TOKENIZER_COPY)
-    return data_dir, tokenizer
-
-
-def initial_params(
+def restore_run_params(
     init_from: str | os.PathLike, tokenizer: Tokenizer, model_config: BertConfig, abstract_params
 ) -> Any:
     """Parameters of another run (phase 1 for phase 2), placed as `abstract_params` says."""
