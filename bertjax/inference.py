@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import pathlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -136,109 +135,33 @@ class Model:
 
         `step` picks a checkpoint of a work directory (default: the latest readable one).
         """
-        path = pathlib.Path(path)
-        options = dict(mesh=mesh, batch_size=batch_size, dtype=dtype, progress=progress)
-        if not path.exists():
-            raise InferenceError(f"{path} does not exist")
-        if (path / rundir.CHECKPOINT_DIR).is_dir():
-            if (path / rundir.BEST_CHECKPOINT_DIR).is_dir():  # a run of finetune.py
-                return cls._load_finetuned(path, step, options)
-            return cls._load_workdir(path, step, options)
-        if (path / hf.CONFIG_NAME).is_file():
-            if step is not None:
-                raise InferenceError(
-                    f"step={step} applies to bertjax work directories; {path} is a Hugging Face "
-                    "directory with a single set of weights"
-                )
-            return cls._load_hf(path, options)
-        raise InferenceError(
-            f"{path} is neither a bertjax work directory (expected {rundir.CHECKPOINT_DIR}/ "
-            f"with checkpoints and {rundir.TOKENIZER_COPY}) nor a Hugging Face BERT "
-            f"directory (expected {hf.CONFIG_NAME}, {hf.SAFE_WEIGHTS_NAME} or "
-            f"{hf.TORCH_WEIGHTS_NAME}, and tokenizer.json or vocab.txt)"
-        )
-
-    @classmethod
-    def _load_workdir(cls, path: pathlib.Path, step: int | None, options: dict) -> Model:
-        checkpoints = path / rundir.CHECKPOINT_DIR
-        tokenizer_file = path / rundir.TOKENIZER_COPY
+        overrides = {"dtype": dtype} if dtype else {}
         try:
-            # The small meta item first: a tokenizer mismatch is found before any array is read.
-            meta = checkpoint_lib.read_meta(checkpoints, step=step)
-            if not tokenizer_file.is_file():
-                raise InferenceError(
-                    f"{path} has checkpoints but no {rundir.TOKENIZER_COPY} beside them; "
-                    "copy the tokenizer of the data it was trained on there"
-                )
-            tokenizer = Tokenizer.load(tokenizer_file)
-            config = BertConfig.from_dict(meta["model_config"])
-            trained_with = meta["tokenizer_fingerprint"]
-            if trained_with != tokenizer.fingerprint or config.vocab_size != tokenizer.vocab_size:
-                raise InferenceError(
-                    f"{path}: the checkpoint was trained with tokenizer {trained_with[:12]} "
-                    f"({config.vocab_size} pieces), but {tokenizer_file} is "
-                    f"{tokenizer.fingerprint[:12]} ({tokenizer.vocab_size} pieces): its "
-                    "vocabulary does not match the checkpoint's; put the training data's "
-                    f"tokenizer.model there"
-                )
-            restored_step, params, _ = checkpoint_lib.restore_params(checkpoints, step=step)
-        except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
+            run = rundir.open_run(path, step, **overrides)
+            restored_step, params = rundir.read_params(run)
+        except (
+            ValueError,
+            FileNotFoundError,
+            ImportError,
+            checkpoint_lib.CheckpointRestoreError,
+        ) as err:
             raise InferenceError(str(err)) from None
-        return cls(config, params, tokenizer, source=f"{path} step {restored_step}", **options)
-
-    @classmethod
-    def _load_finetuned(cls, path: pathlib.Path, step: int | None, options: dict) -> Model:
-        """A fine-tuning run's best checkpoint (with `step`, that step of its latest ones)."""
-        best = step is None
-        directory = path / (rundir.BEST_CHECKPOINT_DIR if best else rundir.CHECKPOINT_DIR)
-        try:
-            meta = checkpoint_lib.read_meta(directory, step=step)
-            tokenizer = hf.load_tokenizer(path)  # tokenizer.model, or WordPiece's tokenizer.json
-            if tokenizer.fingerprint != meta["tokenizer_fingerprint"]:
-                raise InferenceError(
-                    f"{path}: the checkpoint was trained with tokenizer "
-                    f"{meta['tokenizer_fingerprint'][:12]}, but the directory's tokenizer is "
-                    f"{tokenizer.fingerprint[:12]}"
-                )
-            restored_step, params, _ = checkpoint_lib.restore_params(directory, step=step)
-        except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
-            raise InferenceError(str(err)) from None
+        if run.kind == rundir.HUGGING_FACE:
+            source = str(run.path)
+            dtype = None  # already the config's
+        else:
+            source = f"{run.path} step {restored_step}" + (" (best)" if run.best else "")
         return cls(
-            BertConfig.from_dict(meta["model_config"]),
+            run.config,
             params,
-            tokenizer,
-            head=heads.HeadSpec.from_dict(meta["head"]),
-            source=f"{path} step {restored_step}" + (" (best)" if best else ""),
-            **options,
-        )
-
-    @classmethod
-    def _load_hf(cls, path: pathlib.Path, options: dict) -> Model:
-        overrides = {"dtype": options.pop("dtype")} if options.get("dtype") else {}
-        try:
-            tokenizer = hf.load_tokenizer(path)
-        except FileNotFoundError:
-            raise InferenceError(
-                f"{path} has a model but no tokenizer: expected tokenizer.json, vocab.txt or "
-                "tokenizer.model beside config.json"
-            ) from None
-        except ValueError as err:
-            raise InferenceError(str(err)) from None
-        try:
-            config, params, report = hf.load_with_report(path, **overrides)
-        except (ValueError, FileNotFoundError, ImportError) as err:
-            raise InferenceError(str(err)) from None
-        fresh = {name.split("/")[0] for name in report.initialized}
-        if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
-            fresh = (fresh - {"bert"}) | {"pooler"}
-        return cls(
-            config,
-            params,
-            tokenizer,
-            source=str(path),
-            fresh_heads=sorted(fresh),
-            head=report.head,
-            **options,
+            run.tokenizer,
+            mesh=mesh,
+            batch_size=batch_size,
+            dtype=dtype,
+            progress=progress,
+            source=source,
+            fresh_heads=run.fresh,
+            head=run.head,
         )
 
     def save_hf(self, directory: str | os.PathLike) -> None:

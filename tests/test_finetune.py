@@ -15,7 +15,7 @@ from synthetic_corpus import write_corpus
 
 import bertjax
 from bertjax import data as data_lib
-from bertjax import heads, hf, optim, steps
+from bertjax import heads, hf, optim, rundir, steps
 from bertjax import loop as engine_loop
 from bertjax import model as model_lib
 from bertjax.finetune import data as finetune_data
@@ -163,7 +163,7 @@ def test_the_best_epoch_is_kept_and_predicts_the_test_file(classification):
     best = seeds["seeds"][0]["best"]
     evals = [m for m in read_metrics(workdir) if "eval/accuracy" in m]
     assert best["value"] == max(m["eval/accuracy"] for m in evals)
-    assert (workdir / heads.BEST_CHECKPOINT_DIR / str(best["step"])).is_dir()
+    assert (workdir / rundir.BEST_CHECKPOINT_DIR / str(best["step"])).is_dir()
     lines = (workdir / "predictions_test.tsv").read_text().splitlines()
     assert lines[0] == "index\tlabel\tscore" and len(lines) == 13
     gold = [line.rsplit(",", 1)[1] for line in (root / "test.csv").read_text().splitlines()[1:]]

@@ -40,7 +40,7 @@ import tqdm
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import heads, hf, metrics_writer, rundir, sharding, steps
+from bertjax import heads, metrics_writer, rundir, sharding, steps
 from bertjax import loop as loop_lib
 from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune import task as task_lib
@@ -48,16 +48,8 @@ from bertjax.finetune.objective import Finetuning, build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.finetune.task import Examples, TaskData
 from bertjax.heads import HeadSpec
-from bertjax.model import BertConfig, BertForPreTraining, pretraining_init
 from bertjax.settings import ConfigError, check_mesh_fits
-from bertjax.tokenizer import HF_TOKENIZER_FILE, Tokenizer
-
-RESULT_FILE = "result.json"
-SEEDS_FILE = "seeds.json"
-SEED_DIR = "seed_{}"
-PREDICTIONS_FILE = "predictions_{}.tsv"
-# A tokenizer kept in a work directory: sentencepiece's model, or WordPiece's tokenizer.json.
-TOKENIZER_FILES = (rundir.TOKENIZER_COPY, HF_TOKENIZER_FILE)
+from bertjax.tokenizer import Tokenizer
 
 
 class HeadMismatchError(ConfigError):
@@ -67,83 +59,26 @@ class HeadMismatchError(ConfigError):
 # ----------------------------------------------------------------------------- the model to tune
 
 
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """What config.init_from holds: an architecture, a tokenizer, maybe a head."""
-
-    path: pathlib.Path
-    kind: str  # "workdir" (pretraining), "finetuned" (a run of this module) or "hf"
-    config: BertConfig
-    tokenizer: Tokenizer
-    head: HeadSpec | None  # the fine-tuning head its parameters include
-    params: Any = None  # host arrays ("hf"); a workdir's are restored onto the mesh
-
-
-def workdir_tokenizer(directory: pathlib.Path, fingerprint: str | None = None) -> Tokenizer:
-    """The tokenizer kept in a work directory (TOKENIZER_FILES), checked against fingerprint."""
-    for name in TOKENIZER_FILES:
-        if (directory / name).is_file():
-            return Tokenizer.load(directory / name, expected_fingerprint=fingerprint)
-    raise FileNotFoundError(
-        f"{directory} has checkpoints but no tokenizer beside them ({' or '.join(TOKENIZER_FILES)})"
-    )
-
-
-def open_source(path: str | pathlib.Path) -> Source:
-    """Reads what init_from is: its architecture, tokenizer and head (parameters come later)."""
+def open_source(path: str | pathlib.Path) -> rundir.Run:
+    """Opens what init_from is: its architecture, tokenizer and head (parameters come later)."""
     try:
-        return _open_source(pathlib.Path(path))
+        return rundir.open_run(path)
     except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"config.init_from={str(path)!r}: {err}") from None
 
 
-def _open_source(path: pathlib.Path) -> Source:
-    if (path / rundir.CHECKPOINT_DIR).is_dir():
-        meta = checkpoint_lib.read_meta(path / rundir.CHECKPOINT_DIR)
-        head = HeadSpec.from_dict(meta["head"]) if "head" in meta else None
-        return Source(
-            path,
-            "finetuned" if head is not None else "workdir",
-            BertConfig.from_dict(meta["model_config"]),
-            workdir_tokenizer(path, meta["tokenizer_fingerprint"]),
-            head,
-        )
-    if (path / hf.CONFIG_NAME).is_file():
-        config, params, report = hf.load_with_report(path)
-        return Source(path, "hf", config, hf.load_tokenizer(path), report.head, params)
-    raise ConfigError(
-        f"config.init_from={str(path)!r} is neither a bertjax work directory (with "
-        f"{rundir.CHECKPOINT_DIR}/) nor a Hugging Face or exported BERT directory (with "
-        f"{hf.CONFIG_NAME}); seeds of a several-seed run are in its seed_<n>/ directories"
-    )
-
-
-def initial_params(source: Source, ft: Finetuning, fresh: Any) -> tuple[Any, str]:
+def initial_params(source: rundir.Run, ft: Finetuning, fresh: Any) -> tuple[Any, str]:
     """`fresh` parameters with the source's encoder (and its classifier if the head is the
     run's), placed on the mesh; and a line saying what was taken."""
-    bert_sharding = ft.state.shardings.params["bert"]
-    if source.kind == "hf":
-        params = jax.tree.map(np.asarray, source.params)
-        bert = jax.device_put(params["bert"], bert_sharding)
-        classifier = params.get("classifier")
-    elif source.kind == "workdir":
-        pretraining = BertForPreTraining(source.config)
-        abstract = steps.make_state(pretraining_init(pretraining, 1, 1), None, ft.mesh)
-        _, params, _ = checkpoint_lib.restore_params(
-            source.path / rundir.CHECKPOINT_DIR, abstract_params=abstract.abstract.params
-        )
-        bert, classifier = params["bert"], None
+    _, params = rundir.read_params(source, ft.mesh)
+    if source.kind == rundir.HUGGING_FACE:
+        params = jax.tree.map(np.asarray, params)
+        bert = jax.device_put(params["bert"], ft.state.shardings.params["bert"])
     else:
-        model = heads.make_model(source.config, source.head)
-        abstract = steps.make_state(lambda rng: heads.init_params(model, rng), None, ft.mesh)
-        best = source.path / rundir.BEST_CHECKPOINT_DIR
-        directory = best if best.is_dir() else source.path / rundir.CHECKPOINT_DIR
-        _, params, _ = checkpoint_lib.restore_params(
-            directory, abstract_params=abstract.abstract.params
-        )
-        bert, classifier = params["bert"], params["classifier"]
+        bert = params["bert"]
+    classifier = params.get("classifier")
     if classifier is not None and source.head == ft.head:
         classifier = jax.device_put(classifier, ft.state.shardings.params["classifier"])
         return {**fresh, "bert": bert, "classifier": classifier}, (
@@ -314,7 +249,7 @@ class _Run:
     settings: FinetuneSettings
     ft: Finetuning
     task: TaskData
-    source: Source
+    source: rundir.Run
     tokenizer: Tokenizer
     steps_per_epoch: int
 
@@ -446,8 +381,7 @@ def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
             _check_resumable(meta, run, existing)
     workdir.mkdir(parents=True, exist_ok=True)
     if is_main:
-        name = TOKENIZER_FILES[0] if run.tokenizer.kind == "sentencepiece" else TOKENIZER_FILES[1]
-        run.tokenizer.save(workdir / name)
+        run.tokenizer.save(workdir / rundir.tokenizer_file(run.tokenizer))
     checkpointer = checkpoint_lib.Checkpointer(
         workdir / rundir.CHECKPOINT_DIR,
         max_to_keep=1,
@@ -489,7 +423,7 @@ def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
         return result
     result["predictions"] = _predict_tests(run, workdir)
     if is_main:
-        (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+        rundir.write_text(workdir / rundir.RESULT_FILE, json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -504,7 +438,7 @@ def _predict_tests(run: _Run, workdir: pathlib.Path) -> list[str]:
         written = []
         for examples in run.task.test:
             _, outputs = run_eval(run.ft, params, examples, run.settings.run.eval_batch_size)
-            path = workdir / PREDICTIONS_FILE.format(examples.name)
+            path = workdir / rundir.PREDICTIONS_FILE.format(examples.name)
             if jax.process_index() == 0:
                 task_lib.get(run.ft.head.task).write_predictions(
                     path, run.ft.head, examples, outputs
@@ -534,7 +468,7 @@ def finetune(
         seeds = settings.run.seeds
         results = []
         for seed in seeds:
-            seed_dir = workdir if len(seeds) == 1 else workdir / SEED_DIR.format(seed)
+            seed_dir = workdir if len(seeds) == 1 else workdir / rundir.SEED_DIR.format(seed)
             results.append(_run_seed(run, seed, seed_dir))
             if results[-1]["preempted"]:
                 break
@@ -609,7 +543,7 @@ def _summarise_seeds(settings, results: list[dict], workdir: pathlib.Path, secon
                 "median": summary["median"],
                 "seeds": {str(r["seed"]): r["best"]["value"] for r in results},
             }
-            (workdir / SEEDS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+            rundir.write_text(workdir / rundir.SEEDS_FILE, json.dumps(record, indent=2) + "\n")
     return summary
 
 

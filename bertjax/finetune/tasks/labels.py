@@ -16,7 +16,7 @@ import pathlib
 
 import numpy as np
 
-from bertjax import heads
+from bertjax import heads, rundir
 from bertjax.finetune import data as task_data
 from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune.objective import HeadObjective
@@ -135,7 +135,7 @@ def write_predictions(
         tags, scores = word_tags(head, examples, outputs)
         for index, t, s in zip(examples.indices, tags, scores):
             lines.append(f"{index}\t{' '.join(t)}\t{' '.join(f'{x:.6f}' for x in s)}")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    rundir.write_text(path, "\n".join(lines) + "\n")
 
 
 for _name in heads.TASKS:
