@@ -1,6 +1,6 @@
 """Fine-tuning the pretrained encoder on a task, a peer of bertjax.pretrain over the engine.
 
-    settings.py  the run's settings, read once from configs/finetune.py's ConfigDict
+    settings.py  the run's settings, read once from the config (configs/finetune.py)
     task.py      what a task is (the `Task` contract) and the registry config.task names
     tasks/       the tasks, one module each registering its own (the heads of
                  bertjax.heads: classification, regression, multi_label,
