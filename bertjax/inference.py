@@ -39,7 +39,8 @@ import tqdm.auto
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import features, heads, hf, rundir
+from bertjax import features as features_lib
+from bertjax import heads, hf, rundir
 from bertjax import sharding as sharding_lib
 from bertjax.data import storage
 from bertjax.data.sentences import split_sentences
@@ -192,7 +193,7 @@ class Model:
         """
         limit = self.config.max_position_embeddings
         with _as_inference_error():
-            return features.encode(
+            return features_lib.encode(
                 self.tokenizer,
                 texts,
                 text_pairs,
@@ -323,7 +324,8 @@ class Model:
         for i, sentence in enumerate(words):
             if not sentence:
                 raise InferenceError(
-                    f"{features.which(i, len(texts), 'text')} is empty; every text needs some words"
+                    f"{features_lib.which(i, len(texts), 'text')} is empty; every text needs "
+                    "some words"
                 )
         inputs = heads.encode_words(self.tokenizer, words, max_length)
         lengths = inputs.input_mask.sum(axis=1)
@@ -363,10 +365,10 @@ class Model:
         pairs: list[str] | None,
         max_length: int | None,
         mask_checked: bool = False,
-    ) -> list[features.Example]:
+    ) -> list[features_lib.Example]:
         limit = self.config.max_position_embeddings
         with _as_inference_error():
-            return features.inputs(
+            return features_lib.inputs(
                 self.tokenizer,
                 texts,
                 pairs,
@@ -377,7 +379,7 @@ class Model:
 
     def _token_ids(self, texts: list[str], what: str) -> list[list[int]]:
         with _as_inference_error():
-            return features.token_ids(self.tokenizer, texts, what)
+            return features_lib.token_ids(self.tokenizer, texts, what)
 
     # ------------------------------------------------------------------------------------
     # Running the model
@@ -391,7 +393,7 @@ class Model:
         positions = [[p for p, t in enumerate(ids) if t == mask_id] for ids in sequences]
         features = [
             {
-                **features.Example(ids, [0] * len(ids)).features(),
+                **features_lib.Example(ids, [0] * len(ids)).features(),
                 "masked_lm_positions": np.asarray(p),
             }
             for ids, p in zip(sequences, positions)
@@ -586,7 +588,7 @@ _TASKS = {"fill_mask": _fill_mask, "embed": _embed, "predict": _predict}
 
 def _as_texts(value: Any, name: str) -> list[str]:
     with _as_inference_error():
-        return features.as_texts(value, name)
+        return features_lib.as_texts(value, name)
 
 
 @contextlib.contextmanager
@@ -594,7 +596,7 @@ def _as_inference_error():
     """Bad input found while encoding text is an InferenceError here."""
     try:
         yield
-    except features.InputError as err:
+    except features_lib.InputError as err:
         raise InferenceError(str(err)) from None
 
 
