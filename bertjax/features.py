@@ -4,8 +4,9 @@
 (input_ids with [CLS] A [SEP] (B [SEP]), input_mask, segment_ids) for any tokenizer; pairs
 longer than max_length lose tokens from the longer text first, as google's
 run_classifier.py. `inputs` gives the same per example, unpadded, for callers that batch by
-length (`length_bucket`). No model is needed to encode text: bertjax.inference and the
-fine-tuning readers both come here.
+length (`length_bucket`). `offsets` maps each token back to the characters it came from;
+words to sub-word positions (word ids) are `bertjax.heads.encode_words`. No model is needed
+to encode text: bertjax.inference and the fine-tuning readers both come here.
 """
 
 from __future__ import annotations
@@ -188,6 +189,18 @@ def encode(
             f"text_pairs has {len(pairs)} texts but texts has {len(texts)}; give one pair per text"
         )
     return stack(inputs(tokenizer, texts, pairs, max_length, limit=limit))
+
+
+def offsets(tokenizer: Tokenizer, texts: Sequence[str]) -> list[np.ndarray]:
+    """Each text's [tokens, 2] int32 character offsets: token k of
+    `tokenizer.encode_batch([text])[0]` came from text[start:end] (start == end for a piece
+    that covers no character of its own, e.g. the leading bytes of a byte-fallback character).
+    For both tokenizers, so that a span of tokens maps back to the text (question answering).
+    """
+    return [
+        np.asarray(spans, np.int32).reshape(len(ids), 2)  # [tokens, 2]
+        for ids, spans in tokenizer.encode_with_offsets(list(texts))
+    ]
 
 
 def length_bucket(longest: int, bucket: int, max_length: int) -> int:
