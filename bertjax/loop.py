@@ -9,7 +9,7 @@ The loop knows no task. It owns the cadence:
 - every step: the step runs; the step before it is checked for a non-finite loss (its
   metrics have arrived by then), and a failed background checkpoint write stops the run;
 - every `log_every` steps and at every boundary: the mean metrics since the last log;
-- every `eval_every` steps and at every boundary: `hooks.evaluate`;
+- every `eval_every` steps and at every boundary: `hooks.eval_metrics`;
 - then, if the job is being preempted, a forced save and a clean stop;
 - every `checkpoint_every` steps and at every boundary: a save (forced at a boundary).
 
@@ -115,7 +115,7 @@ class LoopHooks(Protocol):
         """This process's rows of the batch that takes the state from `step` to `step + 1`."""
         ...
 
-    def evaluate(self, state: steps.TrainState, step: int) -> dict[str, float]:
+    def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
         """Evaluation metrics after `step` (the loop writes them)."""
         ...
 
@@ -218,7 +218,7 @@ def train(plan: Plan, hooks: LoopHooks) -> Outcome:
                     progress.show(summary)
                     pending = []
                 if step % cadence.eval_every == 0 or boundary:
-                    eval_metrics = hooks.evaluate(state, step)
+                    eval_metrics = hooks.eval_metrics(state, step)
                     writer.write(step, eval_metrics)
                     progress.show(eval_metrics)
                     if throughput is not None:

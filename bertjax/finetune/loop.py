@@ -338,7 +338,7 @@ class _SeedHooks:
             run.settings.run.length_bucket,
         )
 
-    def evaluate(self, state: steps.TrainState, step: int) -> dict[str, float]:
+    def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
         run, metric = self.run, self.run.settings.run.metric
         scores = validation_scores(run.ft, state.params, run.task, run.settings.run.eval_batch_size)
         scores["epoch"] = step // run.steps_per_epoch
@@ -474,7 +474,7 @@ def finetune(
                 break
     finally:
         lock.release()
-    summary = _summarise_seeds(settings, results, workdir, time.time() - start)
+    summary = _seed_summary(settings, results, workdir, time.time() - start)
     if jax.process_index() == 0:
         _print_summary(summary)
     return summary
@@ -526,7 +526,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
     return _Run(settings, ft, task, source, source.tokenizer, steps_per_epoch)
 
 
-def _summarise_seeds(settings, results: list[dict], workdir: pathlib.Path, seconds: float) -> dict:
+def _seed_summary(settings, results: list[dict], workdir: pathlib.Path, seconds: float) -> dict:
     values = [r["best"]["value"] for r in results if r.get("best")]
     summary = {
         "workdir": str(workdir),

@@ -30,7 +30,7 @@ from bertjax.settings import check_mesh_fits
 from bertjax.tokenizer import Tokenizer
 
 
-def eval_metrics(
+def held_out_metrics(
     run: steps.Steps, params, make_batches: Callable[[], Any], max_batches: int
 ) -> dict[str, float]:
     """Eval metrics summed over the held-out split (or its first max_batches batches)."""
@@ -81,8 +81,8 @@ class _Hooks:
     def batch(self, step: int) -> dict[str, np.ndarray]:
         return next(self.train_loader)
 
-    def evaluate(self, state: steps.TrainState, step: int) -> dict[str, float]:
-        return eval_metrics(
+    def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
+        return held_out_metrics(
             self.run, state.params, self.eval_batches, self.settings.run.eval_batches
         )
 
