@@ -54,11 +54,9 @@ LOCK_FILE = "run.lock"
 # Where a fine-tuning run keeps its best checkpoint (by the task's metric), beside
 # checkpoints/ (the latest state, for resuming).
 BEST_CHECKPOINT_DIR = "best"
-# The tokenizer beside the checkpoints: sentencepiece's model (the name a prepared data
-# directory uses too).
-TOKENIZER_COPY = SENTENCEPIECE_FILE
-# A tokenizer kept in a run directory: sentencepiece's model, or WordPiece's tokenizer.json.
-TOKENIZER_FILES = (TOKENIZER_COPY, HF_TOKENIZER_FILE)
+# A tokenizer kept beside a run's checkpoints: sentencepiece's model (the name a prepared
+# data directory uses too), or WordPiece's tokenizer.json.
+TOKENIZER_FILES = (SENTENCEPIECE_FILE, HF_TOKENIZER_FILE)
 RESULT_FILE = "result.json"
 SEEDS_FILE = "seeds.json"
 SEED_DIR = "seed_{}"
@@ -84,7 +82,7 @@ class RunDirectoryError(ValueError):
 
 def tokenizer_file(tokenizer: Tokenizer) -> str:
     """The name a run directory keeps this tokenizer under."""
-    return TOKENIZER_COPY if tokenizer.kind == "sentencepiece" else HF_TOKENIZER_FILE
+    return SENTENCEPIECE_FILE if tokenizer.kind == "sentencepiece" else HF_TOKENIZER_FILE
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
@@ -160,7 +158,7 @@ def open_run(path: str | os.PathLike, step: int | None = None, *, best: bool = T
         )
     raise RunDirectoryError(
         f"{path} is neither a bertjax work directory (expected {CHECKPOINT_DIR}/ with "
-        f"checkpoints and {TOKENIZER_COPY}) nor a Hugging Face BERT directory (expected "
+        f"checkpoints and {SENTENCEPIECE_FILE}) nor a Hugging Face BERT directory (expected "
         f"{hf.CONFIG_NAME}, {hf.SAFE_WEIGHTS_NAME} or {hf.TORCH_WEIGHTS_NAME}, and "
         "tokenizer.json or vocab.txt); seeds of a several-seed run are in its seed_<n>/ "
         "directories"

@@ -11,9 +11,9 @@ from jax.experimental import multihost_utils
 
 from bertjax import data as data_lib
 from bertjax.pretrain.settings import DataSettings
-from bertjax.rundir import CORPUS_DIR, DATA_DIR, TOKENIZER_COPY
+from bertjax.rundir import CORPUS_DIR, DATA_DIR
 from bertjax.settings import ConfigError
-from bertjax.tokenizer import Tokenizer
+from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
 
 def ensure_data(
@@ -60,7 +60,7 @@ def ensure_data(
             f"with max_seq_length={manifest['max_seq_length']}; prepare a new directory or "
             "match it"
         )
-    tokenizer = Tokenizer.load(data_dir / data_lib.TOKENIZER_FILE)
+    tokenizer = Tokenizer.load(data_dir / SENTENCEPIECE_FILE)
     if data.tokenizer:
         wanted = Tokenizer.load(data.tokenizer)
         if wanted.fingerprint != tokenizer.fingerprint:
@@ -77,5 +77,5 @@ def ensure_data(
             "batch_size / grad_accum_steps); prepare with a larger eval fraction"
         )
     if jax.process_index() == 0:  # bertjax.load finds the tokenizer beside the checkpoints
-        shutil.copyfile(data_dir / data_lib.TOKENIZER_FILE, workdir / TOKENIZER_COPY)
+        shutil.copyfile(data_dir / SENTENCEPIECE_FILE, workdir / SENTENCEPIECE_FILE)
     return data_dir, tokenizer
