@@ -1,7 +1,10 @@
 """The fine-tuning run: train, evaluate after each epoch, keep the best, predict, per seed.
 
-`finetune(settings, workdir)` is the whole job behind `python finetune.py`. A run's work
-directory holds:
+`finetune(settings, workdir)` is the whole job behind `python finetune.py`. Each seed runs the
+shared loop (bertjax.loop) with what fine-tuning adds: the epoch's data order, evaluation of
+every validation split at each epoch's end by the task's metric, and the best parameters kept
+apart. The task itself (reading, objective, scores, predictions) comes from the registry
+(bertjax.finetune.task). A run's work directory (names in bertjax.rundir) holds:
 
     checkpoints/          the latest state (parameters, optimizer state, step), saved after
                           every epoch and every checkpoint_every_steps; rerunning resumes it
@@ -9,11 +12,8 @@ directory holds:
     tokenizer.model       the tokenizer (tokenizer.json for WordPiece), so the directory
                           opens on its own: bertjax.Model.load(workdir).predict(...)
     metrics.jsonl, tensorboard/
-    predictions_<split>.tsv   predictions of the best parameters for each test file:
-                          index, label, score (the label's probability). Regression:
-                          index, prediction. Multi-label: the labels at or above 0.5 and
-                          their probabilities, comma-separated. Token labels: one tag and one
-                          probability per word, space-separated.
+    predictions_<split>.tsv   predictions of the best parameters for each test file, as
+                          the task writes them (bertjax.finetune.tasks)
     result.json           the best epoch and its validation metrics
 
 With several seeds (config.seeds) each seed runs in <workdir>/seed_<n>/ and
