@@ -63,6 +63,8 @@ def test_settings_take_a_task_and_its_metrics_from_the_registry(tmp_path):
     try:
         settings = _settings(tmp_path, task="echo_test")
         assert settings.task == "echo_test" and settings.run.metric == "exact"
+        # Its checkpoints' head names it too.
+        assert heads.HeadSpec("echo_test", ("yes", "no")).task == "echo_test"
         with pytest.raises(ConfigError, match=r"must be one of \('exact',\) for a echo_test"):
             _settings(tmp_path, task="echo_test", metric="accuracy")
     finally:

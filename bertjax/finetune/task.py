@@ -27,11 +27,11 @@ when bertjax.finetune is) that defines a `Task` and calls `register(...)` at imp
 The contract, per method:
 
 - `read(data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData`: the head (a
-  `HeadSpec`: the task's name and its label names) and the train, validation and test splits
-  as `Examples`: numpy `features` with one row per example (input_ids, input_mask,
-  segment_ids [n, seq]; labels; any other per-example array the objective reads), the
-  examples' ids, and notes for the user. Text becomes ids with `bertjax.features`. Bad
-  input raises `TaskDataError` naming the file and line.
+  `HeadSpec`: the task's name, which `register` makes valid there, and its label names)
+  and the train, validation and test splits as `Examples`: numpy `features` with one row
+  per example (input_ids, input_mask, segment_ids [n, seq]; labels; any other per-example
+  array the objective reads), the examples' ids, and notes for the user. Text becomes
+  ids with `bertjax.features`. Bad input raises `TaskDataError` naming the file and line.
 - `check(data: TaskData, metric: str)`: a last check of the data against the chosen metric
   (e.g. F1 needs two labels); raise `ConfigError`.
 - `objective(model_config: BertConfig, head: HeadSpec) -> TaskObjective`: the model and what
@@ -57,7 +57,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from bertjax import steps
+from bertjax import heads, steps
 from bertjax.heads import HeadSpec
 from bertjax.model import BertConfig
 
@@ -140,6 +140,7 @@ def register(task: Task) -> Task:
     """Makes `task` what config.task=<task.name> means; a name is registered once."""
     if task.name in _REGISTRY and _REGISTRY[task.name] is not task:
         raise ValueError(f"task {task.name!r} is registered twice")
+    heads.add_task_name(task.name)  # its checkpoints' HeadSpec names it
     _REGISTRY[task.name] = task
     return task
 
