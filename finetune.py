@@ -15,12 +15,14 @@ import os
 
 import jax
 
-from bertjax import cli, trainer
+from bertjax import cli
 from bertjax.checkpoint import CheckpointRestoreError, CheckpointSaveError
 from bertjax.finetune import data, loop
+from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import InferenceError
-from bertjax.settings import ConfigError, FinetuneSettings
-from bertjax.workdir import WorkdirLockedError
+from bertjax.loop import NonFiniteError
+from bertjax.rundir import WorkdirLockedError
+from bertjax.settings import ConfigError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "finetune.py")
 
@@ -28,7 +30,7 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confi
 EXPECTED_FAILURES = (
     ConfigError,
     data.TaskDataError,
-    trainer.NonFiniteError,
+    NonFiniteError,
     InferenceError,
     CheckpointRestoreError,
     CheckpointSaveError,

@@ -13,8 +13,10 @@ import os
 
 import jax
 
-from bertjax import checkpoint, cli, trainer, workdir
-from bertjax.settings import ConfigError, PretrainSettings
+from bertjax import checkpoint, cli, loop, rundir
+from bertjax.pretrain import loop as pretrain_loop
+from bertjax.pretrain.settings import PretrainSettings
+from bertjax.settings import ConfigError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "tiny.py")
 
@@ -24,8 +26,8 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confi
 EXPECTED_FAILURES = (
     ConfigError,
     ValueError,
-    trainer.NonFiniteError,
-    workdir.WorkdirLockedError,
+    loop.NonFiniteError,
+    rundir.WorkdirLockedError,
     checkpoint.CheckpointSaveError,
     checkpoint.CheckpointRestoreError,
 )
@@ -33,7 +35,7 @@ EXPECTED_FAILURES = (
 
 def pretrain(config, workdir_path: str) -> None:
     settings = PretrainSettings.from_config(config, process_count=jax.process_count())
-    trainer.train_and_evaluate(settings, workdir_path)
+    pretrain_loop.train_and_evaluate(settings, workdir_path)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from bertjax import heads, optim, steps  # noqa: E402
-from bertjax.finetune import data as data_lib  # noqa: E402
+from bertjax.finetune import data as task_data  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.model import PRESETS, BertConfig  # noqa: E402
@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def synthetic_examples(args: argparse.Namespace) -> data_lib.Examples:
+def synthetic_examples(args: argparse.Namespace) -> task_data.Examples:
     """Sentence pairs [CLS] A [SEP] B [SEP] of random ids, padded to max_seq_length."""
     rng = np.random.default_rng(args.seed)
     n, length = args.examples, args.max_seq_length
@@ -124,7 +124,7 @@ def synthetic_examples(args: argparse.Namespace) -> data_lib.Examples:
         "segment_ids": segment_ids,
         "labels": rng.integers(0, 2, n).astype(np.int32),
     }
-    return data_lib.Examples("train", "synthetic", features, [str(i) for i in range(n)], True)
+    return task_data.Examples("train", "synthetic", features, [str(i) for i in range(n)], True)
 
 
 class Bertjax:

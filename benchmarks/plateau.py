@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from bertjax.data import demo_corpus_path  # noqa: E402
 from bertjax.data.baseline import sentence_pair_baseline, unigram_baseline  # noqa: E402
-from bertjax.settings import PretrainSettings  # noqa: E402
+from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 from configs import tiny  # noqa: E402
 
 # Each setting maps the recipe (configs/tiny.py) to the fields it overrides, so that a setting

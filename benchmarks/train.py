@@ -47,7 +47,8 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from bertjax import perf, steps  # noqa: E402
-from bertjax.settings import PretrainSettings  # noqa: E402
+from bertjax.pretrain.objective import build_pretraining  # noqa: E402
+from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch
@@ -256,7 +257,7 @@ class OursRunner:
 
     def __init__(self, settings: PretrainSettings, batches: list[dict[str, np.ndarray]]):
         self.model_config = settings.model
-        self.setup = steps.build_pretraining(settings, self.model_config)
+        self.setup = build_pretraining(settings, self.model_config)
         self.batches = [steps.global_batch(b, self.setup.batch_sharding, 1) for b in batches]
         self.rng = jax.random.key(settings.run.seed + 1)
         with jax.set_mesh(self.setup.mesh):

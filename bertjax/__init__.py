@@ -3,15 +3,15 @@
 The public API: the model and its config, the tokenizer, `Model` to use a trained model
 (fill-mask, embeddings; from a run, an export or a Hugging Face directory) and `load` to
 open a training run's checkpoint as (config, params, tokenizer). Data preparation lives in
-`bertjax.data`, Hugging Face interop in `bertjax.hf` (needs the `hf` extra), training in
-`bertjax.trainer`.
+`bertjax.data`, Hugging Face interop in `bertjax.hf` (needs the `hf` extra), pretraining in
+`bertjax.pretrain`, fine-tuning in `bertjax.finetune`.
 """
 
 from bertjax.heads import HeadSpec
 from bertjax.inference import Model
 from bertjax.model import PRESETS, BertConfig, BertForPreTraining, BertModel, BertOutput
+from bertjax.rundir import load
 from bertjax.tokenizer import Tokenizer
-from bertjax.workdir import load
 
 __all__ = [
     "PRESETS",

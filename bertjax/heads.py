@@ -39,13 +39,27 @@ REGRESSION = "regression"
 MULTI_LABEL = "multi_label"
 TOKEN_CLASSIFICATION = "token_classification"
 TASKS = (CLASSIFICATION, REGRESSION, MULTI_LABEL, TOKEN_CLASSIFICATION)
+# Every task a HeadSpec may name: these four, and those fine-tuning tasks add
+# (bertjax.finetune.task.register calls add_task_name).
+_TASK_NAMES = list(TASKS)
+
+
+def add_task_name(name: str) -> None:
+    """Lets HeadSpec name a task whose model and loss live outside this module."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"task name {name!r} is invalid: must be a non-empty str")
+    if name not in _TASK_NAMES:
+        _TASK_NAMES.append(name)
+
+
+def task_names() -> tuple[str, ...]:
+    """The tasks a HeadSpec may name."""
+    return tuple(_TASK_NAMES)
+
 
 MULTI_LABEL_THRESHOLD = 0.5
 # Token positions that carry no label: continuation sub-words, [CLS], [SEP], padding.
 IGNORE_LABEL = -1
-# Where a fine-tuning work directory keeps its best checkpoint (by the task's metric), beside
-# checkpoints/ (the latest state, for resuming).
-BEST_CHECKPOINT_DIR = "best"
 
 # transformers' class and problem_type for each task.
 HF_ARCHITECTURES = {
@@ -69,8 +83,8 @@ class HeadSpec:
     labels: tuple[str, ...]
 
     def __post_init__(self):
-        if self.task not in TASKS:
-            raise ValueError(f"task={self.task!r} is invalid: must be one of {TASKS}")
+        if self.task not in _TASK_NAMES:
+            raise ValueError(f"task={self.task!r} is invalid: must be one of {task_names()}")
         labels = tuple(self.labels)
         object.__setattr__(self, "labels", labels)
         if not all(isinstance(label, str) and label for label in labels):

@@ -27,7 +27,6 @@ import contextlib
 import dataclasses
 import functools
 import os
-import pathlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -40,13 +39,14 @@ import tqdm.auto
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import heads, hf
+from bertjax import features as features_lib
+from bertjax import heads, hf, rundir
 from bertjax import sharding as sharding_lib
-from bertjax import workdir as workdir_lib
 from bertjax.data import storage
 from bertjax.data.sentences import split_sentences
+from bertjax.features import TruncationWarning
 from bertjax.model import BertConfig, BertForPreTraining, BertModel
-from bertjax.tokenizer import MASK, Tokenizer
+from bertjax.tokenizer import Tokenizer
 
 POOLINGS = ("mean", "cls", "pooler")
 # The shortest length bucket: shorter batches would compile more shapes for no gain.
@@ -57,18 +57,6 @@ PROGRESS_MIN_TEXTS = 2048
 
 class InferenceError(ValueError):
     """Input, or a directory, that inference cannot use; the message says what and why."""
-
-
-class TruncationWarning(UserWarning):
-    """Some texts were longer than the model's positions and were cut."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _Example:
-    """One model input: token ids with [CLS]/[SEP], and their segment ids."""
-
-    ids: list[int]
-    segments: list[int]
 
 
 def _next_power_of_two(n: int) -> int:
@@ -148,109 +136,33 @@ class Model:
 
         `step` picks a checkpoint of a work directory (default: the latest readable one).
         """
-        path = pathlib.Path(path)
-        options = dict(mesh=mesh, batch_size=batch_size, dtype=dtype, progress=progress)
-        if not path.exists():
-            raise InferenceError(f"{path} does not exist")
-        if (path / workdir_lib.CHECKPOINT_DIR).is_dir():
-            if (path / heads.BEST_CHECKPOINT_DIR).is_dir():  # a run of finetune.py
-                return cls._load_finetuned(path, step, options)
-            return cls._load_workdir(path, step, options)
-        if (path / hf.CONFIG_NAME).is_file():
-            if step is not None:
-                raise InferenceError(
-                    f"step={step} applies to bertjax work directories; {path} is a Hugging Face "
-                    "directory with a single set of weights"
-                )
-            return cls._load_hf(path, options)
-        raise InferenceError(
-            f"{path} is neither a bertjax work directory (expected {workdir_lib.CHECKPOINT_DIR}/ "
-            f"with checkpoints and {workdir_lib.TOKENIZER_COPY}) nor a Hugging Face BERT "
-            f"directory (expected {hf.CONFIG_NAME}, {hf.SAFE_WEIGHTS_NAME} or "
-            f"{hf.TORCH_WEIGHTS_NAME}, and tokenizer.json or vocab.txt)"
-        )
-
-    @classmethod
-    def _load_workdir(cls, path: pathlib.Path, step: int | None, options: dict) -> Model:
-        checkpoints = path / workdir_lib.CHECKPOINT_DIR
-        tokenizer_file = path / workdir_lib.TOKENIZER_COPY
+        overrides = {"dtype": dtype} if dtype else {}
         try:
-            # The small meta item first: a tokenizer mismatch is found before any array is read.
-            meta = checkpoint_lib.read_meta(checkpoints, step=step)
-            if not tokenizer_file.is_file():
-                raise InferenceError(
-                    f"{path} has checkpoints but no {workdir_lib.TOKENIZER_COPY} beside them; "
-                    "copy the tokenizer of the data it was trained on there"
-                )
-            tokenizer = Tokenizer.load(tokenizer_file)
-            config = BertConfig.from_dict(meta["model_config"])
-            trained_with = meta["tokenizer_fingerprint"]
-            if trained_with != tokenizer.fingerprint or config.vocab_size != tokenizer.vocab_size:
-                raise InferenceError(
-                    f"{path}: the checkpoint was trained with tokenizer {trained_with[:12]} "
-                    f"({config.vocab_size} pieces), but {tokenizer_file} is "
-                    f"{tokenizer.fingerprint[:12]} ({tokenizer.vocab_size} pieces): its "
-                    "vocabulary does not match the checkpoint's; put the training data's "
-                    f"tokenizer.model there"
-                )
-            restored_step, params, _ = checkpoint_lib.restore_params(checkpoints, step=step)
-        except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
+            run = rundir.open_run(path, step, **overrides)
+            restored_step, params = rundir.read_params(run)
+        except (
+            ValueError,
+            FileNotFoundError,
+            ImportError,
+            checkpoint_lib.CheckpointRestoreError,
+        ) as err:
             raise InferenceError(str(err)) from None
-        return cls(config, params, tokenizer, source=f"{path} step {restored_step}", **options)
-
-    @classmethod
-    def _load_finetuned(cls, path: pathlib.Path, step: int | None, options: dict) -> Model:
-        """A fine-tuning run's best checkpoint (with `step`, that step of its latest ones)."""
-        best = step is None
-        directory = path / (heads.BEST_CHECKPOINT_DIR if best else workdir_lib.CHECKPOINT_DIR)
-        try:
-            meta = checkpoint_lib.read_meta(directory, step=step)
-            tokenizer = hf.load_tokenizer(path)  # tokenizer.model, or WordPiece's tokenizer.json
-            if tokenizer.fingerprint != meta["tokenizer_fingerprint"]:
-                raise InferenceError(
-                    f"{path}: the checkpoint was trained with tokenizer "
-                    f"{meta['tokenizer_fingerprint'][:12]}, but the directory's tokenizer is "
-                    f"{tokenizer.fingerprint[:12]}"
-                )
-            restored_step, params, _ = checkpoint_lib.restore_params(directory, step=step)
-        except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
-            raise InferenceError(str(err)) from None
+        if run.kind == rundir.HUGGING_FACE:
+            source = str(run.path)
+            dtype = None  # already the config's
+        else:
+            source = f"{run.path} step {restored_step}" + (" (best)" if run.best else "")
         return cls(
-            BertConfig.from_dict(meta["model_config"]),
+            run.config,
             params,
-            tokenizer,
-            head=heads.HeadSpec.from_dict(meta["head"]),
-            source=f"{path} step {restored_step}" + (" (best)" if best else ""),
-            **options,
-        )
-
-    @classmethod
-    def _load_hf(cls, path: pathlib.Path, options: dict) -> Model:
-        overrides = {"dtype": options.pop("dtype")} if options.get("dtype") else {}
-        try:
-            tokenizer = hf.load_tokenizer(path)
-        except FileNotFoundError:
-            raise InferenceError(
-                f"{path} has a model but no tokenizer: expected tokenizer.json, vocab.txt or "
-                "tokenizer.model beside config.json"
-            ) from None
-        except ValueError as err:
-            raise InferenceError(str(err)) from None
-        try:
-            config, params, report = hf.load_with_report(path, **overrides)
-        except (ValueError, FileNotFoundError, ImportError) as err:
-            raise InferenceError(str(err)) from None
-        fresh = {name.split("/")[0] for name in report.initialized}
-        if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
-            fresh = (fresh - {"bert"}) | {"pooler"}
-        return cls(
-            config,
-            params,
-            tokenizer,
-            source=str(path),
-            fresh_heads=sorted(fresh),
-            head=report.head,
-            **options,
+            run.tokenizer,
+            mesh=mesh,
+            batch_size=batch_size,
+            dtype=dtype,
+            progress=progress,
+            source=source,
+            fresh_heads=run.fresh,
+            head=run.head,
         )
 
     def save_hf(self, directory: str | os.PathLike) -> None:
@@ -279,25 +191,15 @@ class Model:
         google-research/bert's names. Pairs longer than max_length (default: the model's
         positions) lose tokens from the longer text first, as google's run_classifier.py.
         """
-        texts = _as_texts(texts, "texts")
-        pairs = None if text_pairs is None else _as_texts(text_pairs, "text_pairs")
-        if pairs is not None and len(pairs) != len(texts):
-            raise InferenceError(
-                f"text_pairs has {len(pairs)} texts but texts has {len(texts)}; give one pair "
-                "per text"
+        limit = self.config.max_position_embeddings
+        with _as_inference_error():
+            return features_lib.encode(
+                self.tokenizer,
+                texts,
+                text_pairs,
+                limit if max_length is None else max_length,
+                limit=limit,
             )
-        examples = self._examples(texts, pairs, max_length)
-        longest = max(len(e.ids) for e in examples)
-        out = {
-            name: np.zeros((len(examples), longest), np.int32)
-            for name in ("input_ids", "input_mask", "segment_ids")
-        }
-        for row, example in enumerate(examples):
-            n = len(example.ids)
-            out["input_ids"][row, :n] = example.ids
-            out["input_mask"][row, :n] = 1
-            out["segment_ids"][row, :n] = example.segments
-        return out
 
     def fill_mask(self, text_or_texts: str | Sequence[str], top_k: int = 5) -> list:
         """The top_k predictions for each [MASK] written in the text(s).
@@ -360,7 +262,7 @@ class Model:
         examples = self._examples(texts, None, None)
         function = self._function("embed", pooling=pooling, normalize=bool(normalize))
         out = np.zeros((len(examples), self.config.hidden_size), np.float32)
-        for rows, vectors in self._run(function, [_features(e) for e in examples]):
+        for rows, vectors in self._run(function, [e.features() for e in examples]):
             out[rows] = vectors
         return out
 
@@ -399,7 +301,7 @@ class Model:
                     "pair per text"
                 )
             examples = self._examples(texts, pairs, max_length)
-            outputs = self._predict_rows([_features(e) for e in examples])
+            outputs = self._predict_rows([e.features() for e in examples])
             results = [_sequence_prediction(head, out) for out in outputs]
         return results[0] if single else results
 
@@ -422,7 +324,8 @@ class Model:
         for i, sentence in enumerate(words):
             if not sentence:
                 raise InferenceError(
-                    f"{_which(i, len(texts), 'text')} is empty; every text needs some words"
+                    f"{features_lib.which(i, len(texts), 'text')} is empty; every text needs "
+                    "some words"
                 )
         inputs = heads.encode_words(self.tokenizer, words, max_length)
         lengths = inputs.input_mask.sum(axis=1)
@@ -462,75 +365,21 @@ class Model:
         pairs: list[str] | None,
         max_length: int | None,
         mask_checked: bool = False,
-    ) -> list[_Example]:
+    ) -> list[features_lib.Example]:
         limit = self.config.max_position_embeddings
-        if max_length is None:
-            max_length = limit
-        needed = 2 if pairs is None else 3
-        if isinstance(max_length, bool) or not isinstance(max_length, int):
-            raise InferenceError(f"max_length={max_length!r} is invalid: must be an int")
-        if not needed < max_length <= limit:
-            raise InferenceError(
-                f"max_length={max_length} is invalid: must be in [{needed + 1}, {limit}] (the "
-                f"model has {limit} positions; {needed} go to [CLS] and [SEP])"
+        with _as_inference_error():
+            return features_lib.inputs(
+                self.tokenizer,
+                texts,
+                pairs,
+                limit if max_length is None else max_length,
+                limit=limit,
+                need_mask=mask_checked,
             )
-        first = self._token_ids(texts, "text")
-        second = None if pairs is None else self._token_ids(pairs, "text pair")
-        if mask_checked:
-            for i, ids in enumerate(first):
-                if self.tokenizer.mask_id not in ids:
-                    raise InferenceError(
-                        f"{_which(i, len(texts), 'text')} has no {MASK}: write {MASK} where a "
-                        f"token should be predicted, e.g. 'Paris is the {MASK} of France.'"
-                    )
-        cls_id, sep_id = self.tokenizer.cls_id, self.tokenizer.sep_id
-        examples, cut = [], []
-        for i, a in enumerate(first):
-            if second is None:
-                kept_a, kept_b = a[: max_length - 2], None
-            else:
-                kept_a, kept_b = _truncate_pair(a, second[i], max_length - 3)
-            if len(kept_a) < len(a) or (kept_b is not None and len(kept_b) < len(second[i])):
-                cut.append(i)
-            ids = [cls_id, *kept_a, sep_id]
-            segments = [0] * len(ids)
-            if kept_b is not None:
-                ids += [*kept_b, sep_id]
-                segments += [1] * (len(kept_b) + 1)
-            if mask_checked and self.tokenizer.mask_id not in ids:
-                raise InferenceError(
-                    f"{_which(i, len(texts), 'text')} has its {MASK} beyond the model's "
-                    f"{max_length} positions; shorten the text before the {MASK}"
-                )
-            examples.append(_Example(ids, segments))
-        if cut:
-            what = _which(cut[0], len(texts), "text")
-            if len(cut) > 1:
-                what = f"{len(cut)} of {len(texts)} texts (the first: {what}) are"
-            else:
-                what += " is"
-            warnings.warn(
-                f"{what} longer than the limit of {max_length} tokens ([CLS] and [SEP] "
-                f"included; the model has {limit} positions) and cut to it",
-                TruncationWarning,
-                stacklevel=3,
-            )
-        return examples
 
     def _token_ids(self, texts: list[str], what: str) -> list[list[int]]:
-        for i, text in enumerate(texts):
-            if not text.strip():
-                raise InferenceError(
-                    f"{_which(i, len(texts), what)} is empty; every text needs some words"
-                )
-        encoded = self.tokenizer.encode_batch(texts, special_tokens_in_text=True)
-        for i, ids in enumerate(encoded):
-            if not ids:
-                raise InferenceError(
-                    f"{_which(i, len(texts), what)} ({texts[i][:40]!r}) has no tokens: the "
-                    "tokenizer drops all of it (control characters only?)"
-                )
-        return encoded
+        with _as_inference_error():
+            return features_lib.token_ids(self.tokenizer, texts, what)
 
     # ------------------------------------------------------------------------------------
     # Running the model
@@ -543,7 +392,10 @@ class Model:
         mask_id = self.tokenizer.mask_id
         positions = [[p for p, t in enumerate(ids) if t == mask_id] for ids in sequences]
         features = [
-            {**_features(_Example(ids, [0] * len(ids))), "masked_lm_positions": np.asarray(p)}
+            {
+                **features_lib.Example(ids, [0] * len(ids)).features(),
+                "masked_lm_positions": np.asarray(p),
+            }
             for ids, p in zip(sequences, positions)
         ]
         function = self._function("fill_mask", top_k=top_k)
@@ -735,20 +587,17 @@ _TASKS = {"fill_mask": _fill_mask, "embed": _embed, "predict": _predict}
 
 
 def _as_texts(value: Any, name: str) -> list[str]:
-    """A str or a sequence of str as a non-empty list, or InferenceError saying what is wrong."""
-    if isinstance(value, str):
-        return [value]
-    if isinstance(value, (bytes, bytearray)):
-        raise InferenceError(f"{name} is bytes; decode it to str first (e.g. .decode('utf-8'))")
-    if not isinstance(value, Sequence):
-        raise InferenceError(f"{name} must be a str or a list of str, got {type(value).__name__}")
-    texts = list(value)
-    if not texts:
-        raise InferenceError(f"{name} is an empty list; give at least one text")
-    for i, text in enumerate(texts):
-        if not isinstance(text, str):
-            raise InferenceError(f"{name}[{i}] is of type {type(text).__name__}, not str")
-    return texts
+    with _as_inference_error():
+        return features_lib.as_texts(value, name)
+
+
+@contextlib.contextmanager
+def _as_inference_error():
+    """Bad input found while encoding text is an InferenceError here."""
+    try:
+        yield
+    except features_lib.InputError as err:
+        raise InferenceError(str(err)) from None
 
 
 def _sequence_prediction(head: heads.HeadSpec, out: dict[str, np.ndarray]) -> Any:
@@ -762,29 +611,6 @@ def _sequence_prediction(head: heads.HeadSpec, out: dict[str, np.ndarray]) -> An
         return [{"label": head.labels[k], "score": float(probabilities[k])} for k in chosen]
     best = int(np.argmax(probabilities))
     return {"label": head.labels[best], "score": float(probabilities[best])}
-
-
-def _which(index: int, count: int, what: str) -> str:
-    return f"the {what}" if count == 1 else f"{what} {index}"
-
-
-def _truncate_pair(a: list[int], b: list[int], budget: int) -> tuple[list[int], list[int]]:
-    """google-research/bert's _truncate_seq_pair: drop the longer text's last token until
-    both fit in `budget` (b's when they are as long)."""
-    a_len, b_len = len(a), len(b)
-    while a_len + b_len > budget:
-        if a_len > b_len:
-            a_len -= 1
-        else:
-            b_len -= 1
-    return a[:a_len], b[:b_len]
-
-
-def _features(example: _Example) -> dict[str, np.ndarray]:
-    return {
-        "input_ids": np.asarray(example.ids, np.int32),
-        "segment_ids": np.asarray(example.segments, np.int32),
-    }
 
 
 def _pad_batch(features: list[dict[str, np.ndarray]], shape: dict[str, int]) -> dict:

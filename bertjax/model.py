@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -700,6 +701,19 @@ class BertForPreTraining(nn.Module):
 
 # ---------------------------------------------------------------------------------------------
 # Converting params between the plain layout (layer_0..layer_{L-1}) and the scanned one.
+
+
+def pretraining_init(
+    model: BertForPreTraining, seq_len: int, num_predictions: int
+) -> Callable[[jax.Array], Any]:
+    """`rng -> boxed params` of a BertForPreTraining for inputs of these shapes."""
+
+    def init_params(rng: jax.Array) -> Any:
+        ids = jnp.zeros((1, seq_len), jnp.int32)  # [batch, seq]
+        positions = jnp.zeros((1, num_predictions), jnp.int32)  # [batch, predictions]
+        return model.init({"params": rng}, ids, ids, ids, positions)["params"]
+
+    return init_params
 
 
 def _stack_values(values):

@@ -1,9 +1,10 @@
 """Train state, sharded state creation, and the jitted train and eval steps.
 
-Shared by every training loop: a loop describes what it minimises as an `Objective` (sums
-over examples, so that micro-batches add up to exactly the full batch), and gets back a pure
-`train_step(state, batch, rng) -> (state, metrics)` and `eval_step(params, batch) -> sums`.
-`build_pretraining` assembles the pretraining instance of all this.
+The engine under every run: a run describes what it minimises as an `Objective` (sums
+over examples, so that micro-batches add up to exactly the full batch) and gets back from
+`build` a pure `train_step(state, batch, rng) -> (state, metrics)`, an
+`eval_step(params, batch)` and the sharded state layout, all jitted for its mesh. It knows
+no task: bertjax.pretrain and bertjax.finetune bring their objectives.
 """
 
 from __future__ import annotations
@@ -20,10 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import losses, optim, sharding
 from bertjax import model as model_lib
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.settings import PretrainSettings
+from bertjax import optim, sharding
 
 
 @flax.struct.dataclass
@@ -79,19 +78,6 @@ def make_state(
     )
     init = jax.jit(lambda rng: nn.meta.unbox(boxed_state(rng)), out_shardings=shardings)
     return StateFactory(abstract=abstract, shardings=shardings, init=init)
-
-
-def pretraining_init(
-    model: nn.Module, seq_len: int, num_predictions: int
-) -> Callable[[jax.Array], Any]:
-    """`rng -> boxed params` of a BertForPreTraining for inputs of these shapes."""
-
-    def init_params(rng: jax.Array) -> Any:
-        ids = jnp.zeros((1, seq_len), jnp.int32)  # [batch, seq]
-        positions = jnp.zeros((1, num_predictions), jnp.int32)  # [batch, predictions]
-        return model.init({"params": rng}, ids, ids, ids, positions)["params"]
-
-    return init_params
 
 
 # ----------------------------------------------------------------------------- batches
@@ -158,39 +144,12 @@ class Objective:
     def metrics(self, sums, prefix: str) -> dict[str, jax.Array]:
         raise NotImplementedError
 
+    # Whether `evaluate` returns (sums, per-example outputs) rather than sums alone.
+    eval_outputs = False
 
-class PretrainingObjective(Objective):
-    """Masked LM + next-sentence prediction, normalised as google-research/bert does."""
-
-    def __init__(self, model: BertForPreTraining):
-        self.model = model
-
-    def sums(self, params, batch, *, rng, deterministic, packed_length=None):
-        output = self.model.apply(
-            {"params": params},
-            batch["input_ids"],
-            batch["segment_ids"],
-            batch["input_mask"],
-            batch["masked_lm_positions"],
-            deterministic=deterministic,
-            packed_length=packed_length,
-            rngs={"dropout": rng} if rng is not None else {},
-        )
-        return losses.loss_sums(output.mlm_logits, output.nsp_logits, batch)
-
-    def zero_sums(self):
-        return losses.LossSums(*(jnp.zeros((), jnp.float32) for _ in losses.LossSums._fields))
-
-    def denominators(self, batch):
-        mlm_denominator = jnp.sum(batch["masked_lm_weights"])
-        nsp_denominator = jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32)
-        return mlm_denominator, nsp_denominator
-
-    def loss(self, sums, denominators):
-        return losses.total_loss(sums, *denominators)
-
-    def metrics(self, sums, prefix):
-        return losses.metrics(sums, prefix)
+    def evaluate(self, params, batch) -> Any:
+        """What the eval step returns for a batch, without dropout; sums add up over batches."""
+        return self.sums(params, batch, rng=None, deterministic=True)
 
 
 def make_train_step(
@@ -296,72 +255,59 @@ def make_train_step(
     return train_step
 
 
-def make_eval_step(objective: Objective) -> Callable:
-    """`eval_step(params, batch) -> sums`, without dropout; sums add up over batches."""
-
-    def eval_step(params, batch):
-        return objective.sums(params, batch, rng=None, deterministic=True)
-
-    return eval_step
-
-
-# ----------------------------------------------------------------------------- pretraining
+# ----------------------------------------------------------------------------- a run's steps
 
 
 @dataclasses.dataclass(frozen=True)
-class Pretraining:
-    """What the pretraining loop needs, built once: model, mesh, state layout, jitted steps."""
+class Steps:
+    """What a loop needs, built once: mesh, state layout, optimizer and the jitted steps."""
 
-    model_config: BertConfig
-    model: BertForPreTraining
-    tx: optax.GradientTransformation
     mesh: jax.sharding.Mesh
+    tx: optax.GradientTransformation
     state: StateFactory
     batch_sharding: jax.sharding.NamedSharding
-    train_step: Callable
-    eval_step: Callable
+    train_step: Callable  # (state, batch, rng) -> (state, metrics)
+    eval_step: Callable  # (params, batch) -> objective.evaluate's result
 
 
-def build_pretraining(
-    settings: PretrainSettings, model_config: BertConfig, devices=None
-) -> Pretraining:
-    """Creates the mesh, shardings and jitted functions of a run (nothing is allocated)."""
-    run = settings.run
-    mesh = sharding.make_mesh(run.mesh_shape, devices=devices)
-    model = BertForPreTraining(model_config)
-    tx = optim.make_optimizer(settings.optimizer)
-    schedule = optim.make_schedule(settings.optimizer)
-    state = make_state(
-        pretraining_init(
-            model, settings.data.max_seq_length, settings.data.masking.max_predictions_per_seq
-        ),
-        tx,
-        mesh,
-    )
+def build(
+    objective: Objective,
+    init_params: Callable[[jax.Array], Any],
+    optimizer: optim.OptimizerSettings,
+    mesh: jax.sharding.Mesh,
+    *,
+    grad_accum_steps: int,
+    packed_length: int | None,
+) -> Steps:
+    """The sharded state layout and the jitted train and eval steps (nothing is allocated).
+
+    `init_params(rng)` gives the model's boxed parameters. The eval step is
+    `objective.evaluate`: sums (replicated), or (sums, per-example outputs) sharded by rows
+    when `objective.eval_outputs`.
+    """
+    tx = optim.make_optimizer(optimizer)
+    state = make_state(init_params, tx, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     batch_sharding = sharding.batch_sharding(mesh)
     micro_batch_sharding = jax.sharding.NamedSharding(
         mesh, jax.sharding.PartitionSpec(None, *batch_sharding.spec)
     )
-    objective = PretrainingObjective(model)
     train_step = jax.jit(
         make_train_step(
             objective,
             tx,
-            schedule,
-            run.grad_accum_steps,
+            optim.make_schedule(optimizer),
+            grad_accum_steps,
             micro_batch_sharding,
-            packed_length(
-                run.micro_batch_size, settings.data.max_seq_length, run.token_capacity, mesh
-            ),
+            packed_length,
         ),
         in_shardings=(state.shardings, batch_sharding, replicated),
         out_shardings=(state.shardings, replicated),
         donate_argnums=(0,),
     )
     eval_step = jax.jit(
-        make_eval_step(objective),
+        objective.evaluate,
         in_shardings=(state.shardings.params, batch_sharding),
-        out_shardings=replicated,
+        out_shardings=(replicated, batch_sharding) if objective.eval_outputs else replicated,
     )
-    return Pretraining(model_config, model, tx, mesh, state, batch_sharding, train_step, eval_step)
+    return Steps(mesh, tx, state, batch_sharding, train_step, eval_step)

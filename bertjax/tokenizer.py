@@ -309,6 +309,14 @@ class Tokenizer:
         """Token ids of one text, without [CLS]/[SEP] added (see encode_batch)."""
         return self.encode_batch([text], special_tokens_in_text=special_tokens_in_text)[0]
 
+    def encode_with_offsets(
+        self, texts: Sequence[str]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """(ids, character offsets) of each text: the ids of encode_batch (special tokens
+        as ordinary text), and for each id the [start, end) characters of the text it came
+        from (start == end for a piece that covers no character of its own)."""
+        raise NotImplementedError
+
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
         """Text of ids; special ids appear as their names ("[CLS]") unless skip_special."""
         raise NotImplementedError
@@ -498,6 +506,30 @@ class SentencePieceTokenizer(Tokenizer):
         if special_tokens_in_text:
             return self.encode_batch([text], special_tokens_in_text=True)[0]
         return self._sp.encode(text, out_type=int)
+
+    def encode_with_offsets(
+        self, texts: Sequence[str]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """(ids, character offsets) of each text (see Tokenizer.encode_with_offsets)."""
+        if not texts:
+            return []
+        result = []
+        # Each piece's begin and end are byte offsets into the text as given (a byte-fallback
+        # character's last byte piece spans it, the others are empty).
+        for text, proto in zip(texts, self._sp.encode(list(texts), return_type="proto")):
+            # [chars + 1] byte offset where each character starts, and the end.
+            starts = np.cumsum([0] + [len(c.encode("utf-8")) for c in text])
+            ids, offsets = [], []
+            for piece in proto.pieces:
+                begin = int(np.searchsorted(starts, piece.begin, side="right")) - 1
+                end = int(np.searchsorted(starts, piece.end, side="left"))
+                # "▁word" covers the space before the word: the offsets start at the word.
+                while begin < end and text[begin].isspace():
+                    begin += 1
+                ids.append(piece.id)
+                offsets.append((begin, max(begin, end)))
+            result.append((ids, offsets))
+        return result
 
     def id_to_piece(self, token_id: int) -> str:
         """The vocabulary piece of an id."""
@@ -813,6 +845,15 @@ class WordPieceTokenizer(Tokenizer):
             return []
         tokenizer = self._tokenizer if special_tokens_in_text else self._plain
         return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_with_offsets(
+        self, texts: Sequence[str]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """(ids, character offsets) of each text (see Tokenizer.encode_with_offsets)."""
+        if not texts:
+            return []
+        encoded = self._plain.encode_batch(list(texts), add_special_tokens=False)
+        return [(e.ids, [(int(a), int(b)) for a, b in e.offsets]) for e in encoded]
 
     def id_to_piece(self, token_id: int) -> str:
         """The vocabulary piece of an id."""

@@ -1,7 +1,8 @@
 """Defaults shared by every recipe; each recipe file overrides what it changes.
 
-Every field here is validated by `bertjax.trainer.validate_config` before anything is
-compiled, so a typo or an impossible value fails early with the field's name.
+Every field here is validated by `bertjax.pretrain.settings.PretrainSettings.from_config`
+before anything is compiled, so a typo or an impossible value fails early with the field's
+name.
 """
 
 import ml_collections

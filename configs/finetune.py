@@ -8,8 +8,8 @@
         --config.data.validation=dev.csv --config.data.text_fields=review \
         --config.data.label_field=stars
 
-Every field is validated by `bertjax.settings.FinetuneSettings.from_config` before any data
-is read or anything is compiled.
+Every field is validated by `bertjax.finetune.settings.FinetuneSettings.from_config` before
+any data is read or anything is compiled.
 """
 
 import ml_collections

@@ -18,8 +18,8 @@ import sys
 import time
 
 from bertjax.data.baseline import unigram_baseline
-from bertjax.settings import PretrainSettings
-from bertjax.workdir import ensure_data
+from bertjax.pretrain.data import ensure_data
+from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
 
 REPO = pathlib.Path(__file__).resolve().parents[1]

@@ -15,13 +15,17 @@ from synthetic_corpus import write_corpus
 
 import bertjax
 from bertjax import data as data_lib
-from bertjax import heads, hf, optim, steps, trainer
+from bertjax import heads, hf, optim, rundir, steps
+from bertjax import loop as engine_loop
 from bertjax import model as model_lib
 from bertjax.finetune import data as finetune_data
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
+from bertjax.finetune.settings import FinetuneSettings
 from bertjax.model import BertConfig
-from bertjax.settings import ConfigError, FinetuneSettings, PretrainSettings
+from bertjax.pretrain import loop as trainer
+from bertjax.pretrain.settings import PretrainSettings
+from bertjax.settings import ConfigError
 from configs import finetune as finetune_config
 from configs import tiny
 
@@ -129,12 +133,12 @@ def classification(pretrained, tmp_path_factory):
     }
     seeds = finetune(make_config(init_from, seeds=(1, 2), **fields), root / "seeds")
 
-    original = trainer.PreemptionWatcher.should_stop
-    trainer.PreemptionWatcher.should_stop = lambda self, step: step == 25
+    original = engine_loop.PreemptionWatcher.should_stop
+    engine_loop.PreemptionWatcher.should_stop = lambda self, step: step == 25
     try:
         preempted = finetune(make_config(init_from, **fields), root / "alone")
     finally:
-        trainer.PreemptionWatcher.should_stop = original
+        engine_loop.PreemptionWatcher.should_stop = original
     resumed = finetune(make_config(init_from, **fields), root / "alone")
     return root, seeds, preempted, resumed
 
@@ -159,7 +163,7 @@ def test_the_best_epoch_is_kept_and_predicts_the_test_file(classification):
     best = seeds["seeds"][0]["best"]
     evals = [m for m in read_metrics(workdir) if "eval/accuracy" in m]
     assert best["value"] == max(m["eval/accuracy"] for m in evals)
-    assert (workdir / heads.BEST_CHECKPOINT_DIR / str(best["step"])).is_dir()
+    assert (workdir / rundir.BEST_CHECKPOINT_DIR / str(best["step"])).is_dir()
     lines = (workdir / "predictions_test.tsv").read_text().splitlines()
     assert lines[0] == "index\tlabel\tscore" and len(lines) == 13
     gold = [line.rsplit(",", 1)[1] for line in (root / "test.csv").read_text().splitlines()[1:]]

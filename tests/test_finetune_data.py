@@ -8,9 +8,10 @@ import pytest
 
 from bertjax import heads
 from bertjax.finetune import data, layouts
+from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import Model
 from bertjax.model import BertConfig
-from bertjax.settings import ConfigError, FinetuneSettings
+from bertjax.settings import ConfigError
 from bertjax.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_config
 
@@ -58,7 +59,7 @@ def settings_for(tmp_path, **fields) -> FinetuneSettings:
 
 def load(tmp_path, encoder, **fields) -> data.TaskData:
     settings = settings_for(tmp_path, **fields)
-    return data.load_task(settings.data, settings.task, encoder)
+    return data.load_task(settings.data, settings.task, encoder.tokenizer)
 
 
 # ----------------------------------------------------------------------------- formats

@@ -365,7 +365,7 @@ def test_each_bucket_compiles_once(trained, held_out):
     compiled = inference._embed._cache_size()
     # A pooling of its own, so that other tests' compilations do not count here.
     vectors = model.embed(texts, pooling="cls", normalize=True)
-    features = [inference._features(e) for e in model._examples(texts, None, None)]
+    features = [e.features() for e in model._examples(texts, None, None)]
     buckets = {tuple(model._bucket(rows, features).values()) for rows in model._batches(features)}
     assert inference._embed._cache_size() - compiled == len(buckets)
     model.embed(list(reversed(texts)), pooling="cls", normalize=True)  # nothing new to compile

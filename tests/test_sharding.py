@@ -8,6 +8,7 @@ import pytest
 from flax import linen as nn
 from jax.sharding import PartitionSpec as P
 
+from bertjax import model as model_lib
 from bertjax import sharding, steps
 from bertjax.model import BertConfig, BertForPreTraining, count_params
 
@@ -29,7 +30,7 @@ is_box = lambda x: isinstance(x, nn.Partitioned)  # noqa: E731
 
 def _init_params(model):
     """The trainer's parameter initialiser for this test's shapes."""
-    return steps.pretraining_init(model, SEQ, PREDICTIONS)
+    return model_lib.pretraining_init(model, SEQ, PREDICTIONS)
 
 
 def _boxed_abstract(model):

@@ -17,8 +17,11 @@ from synthetic_corpus import write_corpus
 
 import bertjax
 from bertjax import data as data_lib
-from bertjax import steps, trainer
-from bertjax.settings import ConfigError, PretrainSettings
+from bertjax import loop, steps
+from bertjax.pretrain import loop as trainer
+from bertjax.pretrain.objective import build_pretraining
+from bertjax.pretrain.settings import PretrainSettings
+from bertjax.settings import ConfigError
 from configs import tiny
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -352,7 +355,7 @@ def _one_step(data_dir, config, spoil=None):
     """(params before, params after, metrics) of one train step; `spoil` edits the params first."""
     tokenizer = bertjax.Tokenizer.load(data_dir / "tokenizer.model")
     settings = PretrainSettings.from_config(config)
-    setup = steps.build_pretraining(settings, settings.model_config(tokenizer.vocab_size))
+    setup = build_pretraining(settings, settings.model_config(tokenizer.vocab_size))
     loader = data_lib.make_loader(
         data_dir,
         batch_size=config.batch_size,
@@ -449,8 +452,8 @@ def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):
     assert metrics["train/nonfinite"] == 1.0
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(a, b)
-    with pytest.raises(trainer.NonFiniteError, match="step 7"):
-        trainer.summarise([metrics], step=7)
+    with pytest.raises(loop.NonFiniteError, match="step 7"):
+        loop.mean_train_metrics([metrics], step=7)
 
 
 # ----------------------------------------------------------------------------- config
@@ -496,7 +499,7 @@ def test_a_run_stops_naming_the_first_non_finite_step_and_never_saves_it(
     )
     config.optimizer.learning_rate = 1e30
     config.optimizer.warmup_steps = 0
-    with pytest.raises(trainer.NonFiniteError, match=rf"step 2\b.*{kept}"):
+    with pytest.raises(loop.NonFiniteError, match=rf"step 2\b.*{kept}"):
         train(config, str(tmp_path / "run"))
     saved = sorted(
         int(p.name) for p in (tmp_path / "run" / "checkpoints").iterdir() if p.name.isdigit()

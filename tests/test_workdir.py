@@ -9,8 +9,9 @@ import sys
 import pytest
 
 import bertjax
-from bertjax import trainer, workdir
-from bertjax.settings import PretrainSettings
+from bertjax import rundir as workdir
+from bertjax.pretrain import loop as trainer
+from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
 
 

@@ -7,13 +7,12 @@ from bertjax.data.masking import MaskingSettings, mask_batch
 # bertjax.data.prepare is a package whose __main__ is the command line: `python -m` runs that
 # submodule, which this import does not load (runpy warns when what it runs is already loaded).
 from bertjax.data.prepare import prepare
-from bertjax.data.storage import MANIFEST_FILE, TOKENIZER_FILE, read_manifest
+from bertjax.data.storage import MANIFEST_FILE, read_manifest
 
 __all__ = [
     "Loader",
     "MANIFEST_FILE",
     "MaskingSettings",
-    "TOKENIZER_FILE",
     "demo_corpus_path",
     "make_loader",
     "mask_batch",

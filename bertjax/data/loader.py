@@ -26,8 +26,8 @@ import jax
 import numpy as np
 
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
-from bertjax.data.storage import TOKENIZER_FILE, SplitReader, read_manifest
-from bertjax.tokenizer import Tokenizer
+from bertjax.data.storage import SplitReader, read_manifest
+from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
 STATE_VERSION = 1
 # Stream tags keep the shuffle and masking random streams apart for the same seed.
@@ -255,11 +255,11 @@ def make_loader(
             f"valid indices are 0..{process_count - 1}."
         )
 
-    tokenizer = Tokenizer.load(data_dir / TOKENIZER_FILE)
+    tokenizer = Tokenizer.load(data_dir / SENTENCEPIECE_FILE)
     if tokenizer.fingerprint != manifest["tokenizer_fingerprint"]:
         raise ValueError(
-            f"{str(data_dir / TOKENIZER_FILE)!r} has fingerprint {tokenizer.fingerprint} but the "
-            f"manifest names {manifest['tokenizer_fingerprint']}: the directory was altered; "
+            f"{str(data_dir / SENTENCEPIECE_FILE)!r} has fingerprint {tokenizer.fingerprint} but "
+            f"the manifest names {manifest['tokenizer_fingerprint']}: the directory was altered; "
             "prepare the data again."
         )
     reader = SplitReader(data_dir, split, manifest["splits"][split]["shards"])

@@ -25,7 +25,6 @@ from bertjax.data.instances import Instances
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"
-TOKENIZER_FILE = "tokenizer.model"
 SPLITS = ("train", "eval")
 
 # Columns of a shard's index file.

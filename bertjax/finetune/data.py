@@ -1,11 +1,11 @@
 """Task data: files read into examples, labels mapped to ids, examples encoded to arrays.
 
-    load_task(data settings, task, encoder) -> TaskData: all of the below for every file
-    read_split(path, layout, task)  -> Split of Records (texts, label, id, line number)
-    head_for(task, train, labels)   -> HeadSpec: the labels found in training (or GLUE's)
-    encode(split, head, encoder)    -> Examples: [n, max_seq_length] arrays and labels
+    load_task(data settings, task, tokenizer) -> TaskData: all of the below for every file
+    read_split(path, layout, task)   -> Split of Records (texts, label, id, line number)
+    head_for(task, train, labels)    -> HeadSpec: the labels found in training (or GLUE's)
+    encode(split, head, tokenizer)   -> Examples: [n, max_seq_length] arrays and labels
 
-Sentence tasks are encoded by `bertjax.Model.encode`: [CLS] A [SEP] or [CLS] A [SEP] B [SEP],
+Sentence tasks are encoded by `bertjax.features.encode`: [CLS] A [SEP] or [CLS] A [SEP] B [SEP],
 pairs cut longest-first, as google-research/bert's run_classifier does. Token tasks are
 encoded word by word (`heads.encode_words`): the first sub-word of each word carries its tag.
 
@@ -27,11 +27,13 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import features as features_lib
 from bertjax import heads
 from bertjax.finetune.layouts import CONLL, JSONL, TRAIN, TSV, Layout
+from bertjax.finetune.settings import FinetuneDataSettings
+from bertjax.finetune.task import Examples, TaskData
 from bertjax.heads import MULTI_LABEL, REGRESSION, HeadSpec
-from bertjax.inference import InferenceError, Model, TruncationWarning
-from bertjax.settings import FinetuneDataSettings
+from bertjax.tokenizer import Tokenizer
 
 # Texts per call to the encoder: bounds the memory of its padded intermediate arrays.
 _ENCODE_CHUNK = 4096
@@ -62,26 +64,6 @@ class Split:
     records: list[Record]
     has_labels: bool
     skipped: int = 0  # malformed rows skipped (Layout.skip_malformed)
-
-
-@dataclasses.dataclass(frozen=True)
-class Examples:
-    """A split encoded for the model, in file order."""
-
-    name: str
-    path: str
-    features: dict[str, np.ndarray]  # input_ids, input_mask, segment_ids [n, seq], labels
-    indices: list[str]  # each example's id, for prediction files
-    has_labels: bool
-    # Token tasks: per sentence, each word's first sub-word position (-1: cut) and its
-    # gold tag id (-1 without labels).
-    word_positions: list[np.ndarray] | None = None
-    word_labels: list[np.ndarray] | None = None
-    full_rows: int = 0  # inputs filling all max_seq_length positions (longer ones were cut)
-    words_cut: int = 0  # token tasks: words without a position
-
-    def __len__(self) -> int:
-        return len(self.indices)
 
 
 # ----------------------------------------------------------------------------- reading
@@ -342,13 +324,10 @@ def check_labels(split: Split, head: HeadSpec, train_path: str) -> None:
 # ----------------------------------------------------------------------------- encoding
 
 
-def encode(split: Split, head: HeadSpec, encoder: Model, max_seq_length: int) -> Examples:
-    """A split's examples as [n, max_seq_length] arrays, labels per the head.
-
-    `encoder` provides the tokenizer and the sentence encoding; its parameters are not used.
-    """
+def encode(split: Split, head: HeadSpec, tokenizer: Tokenizer, max_seq_length: int) -> Examples:
+    """A split's examples as [n, max_seq_length] arrays, labels per the head."""
     if head.token_level:
-        return _encode_words(split, head, encoder, max_seq_length)
+        return _encode_words(split, head, tokenizer, max_seq_length)
     n = len(split.records)
     features = {
         name: np.zeros((n, max_seq_length), np.int32)
@@ -359,14 +338,15 @@ def encode(split: Split, head: HeadSpec, encoder: Model, max_seq_length: int) ->
         chunk = split.records[start : start + _ENCODE_CHUNK]
         with warnings.catch_warnings():
             # Long inputs are cut, as google's run_classifier cuts them; counted below.
-            warnings.simplefilter("ignore", TruncationWarning)
+            warnings.simplefilter("ignore", features_lib.TruncationWarning)
             try:
-                encoded = encoder.encode(
+                encoded = features_lib.encode(
+                    tokenizer,
                     [r.texts[0] for r in chunk],
                     [r.texts[1] for r in chunk] if pairs else None,
-                    max_length=max_seq_length,
+                    max_seq_length,
                 )
-            except InferenceError as err:
+            except features_lib.InputError as err:
                 raise TaskDataError(f"{split.path}: {err}") from None
         width = encoded["input_ids"].shape[1]
         for name in features:
@@ -399,10 +379,10 @@ def _sentence_labels(split: Split, head: HeadSpec) -> np.ndarray:
     return np.asarray([ids[r.label] for r in split.records], np.int32)  # [n]
 
 
-def _encode_words(split: Split, head: HeadSpec, encoder: Model, max_seq_length: int) -> Examples:
-    inputs = heads.encode_words(
-        encoder.tokenizer, [list(r.texts) for r in split.records], max_seq_length
-    )
+def _encode_words(
+    split: Split, head: HeadSpec, tokenizer: Tokenizer, max_seq_length: int
+) -> Examples:
+    inputs = heads.encode_words(tokenizer, [list(r.texts) for r in split.records], max_seq_length)
     ids = {label: k for k, label in enumerate(head.labels)}
     labels = np.full(inputs.input_ids.shape, heads.IGNORE_LABEL, np.int32)  # [n, seq]
     word_labels = []
@@ -437,18 +417,7 @@ def _encode_words(split: Split, head: HeadSpec, encoder: Model, max_seq_length: 
 # ----------------------------------------------------------------------------- a task
 
 
-@dataclasses.dataclass(frozen=True)
-class TaskData:
-    """A task's head and its encoded splits."""
-
-    head: HeadSpec
-    train: Examples
-    validation: list[Examples]  # one, or MNLI's matched and mismatched
-    test: list[Examples]  # possibly none
-    notes: list[str]  # what the user should know: skipped rows, cut inputs
-
-
-def load_task(data: FinetuneDataSettings, task: str, encoder: Model) -> TaskData:
+def load_task(data: FinetuneDataSettings, task: str, tokenizer: Tokenizer) -> TaskData:
     """Reads, checks and encodes a task's files (settings.FinetuneDataSettings)."""
     layout = dict(data.layouts)
     train = read_split(data.train, layout[data.train], task, TRAIN, require_labels=True)
@@ -463,7 +432,7 @@ def load_task(data: FinetuneDataSettings, task: str, encoder: Model) -> TaskData
     for split in (train, *validation, *test):
         check_labels(split, head, train.path)
     encoded = [
-        encode(split, head, encoder, data.max_seq_length) for split in (train, *validation, *test)
+        encode(split, head, tokenizer, data.max_seq_length) for split in (train, *validation, *test)
     ]
     notes = []
     for split, examples in zip((train, *validation, *test), encoded):

@@ -1,7 +1,10 @@
 """The fine-tuning run: train, evaluate after each epoch, keep the best, predict, per seed.
 
-`finetune(settings, workdir)` is the whole job behind `python finetune.py`. A run's work
-directory holds:
+`finetune(settings, workdir)` is the whole job behind `python finetune.py`. Each seed runs the
+shared loop (bertjax.loop) with what fine-tuning adds: the epoch's data order, evaluation of
+every validation split at each epoch's end by the task's metric, and the best parameters kept
+apart. The task itself (reading, objective, scores, predictions) comes from the registry
+(bertjax.finetune.task). A run's work directory (names in bertjax.rundir) holds:
 
     checkpoints/          the latest state (parameters, optimizer state, step), saved after
                           every epoch and every checkpoint_every_steps; rerunning resumes it
@@ -9,11 +12,8 @@ directory holds:
     tokenizer.model       the tokenizer (tokenizer.json for WordPiece), so the directory
                           opens on its own: bertjax.Model.load(workdir).predict(...)
     metrics.jsonl, tensorboard/
-    predictions_<split>.tsv   predictions of the best parameters for each test file:
-                          index, label, score (the label's probability). Regression:
-                          index, prediction. Multi-label: the labels at or above 0.5 and
-                          their probabilities, comma-separated. Token labels: one tag and one
-                          probability per word, space-separated.
+    predictions_<split>.tsv   predictions of the best parameters for each test file, as
+                          the task writes them (bertjax.finetune.tasks)
     result.json           the best epoch and its validation metrics
 
 With several seeds (config.seeds) each seed runs in <workdir>/seed_<n>/ and
@@ -40,23 +40,16 @@ import tqdm
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import heads, hf, metrics_writer, sharding, steps, trainer
-from bertjax import workdir as workdir_lib
-from bertjax.finetune import data as data_lib
+from bertjax import heads, metrics_writer, rundir, sharding, steps
+from bertjax import loop as loop_lib
 from bertjax.finetune import metrics as metrics_lib
-from bertjax.finetune.objective import Finetuning, build_finetuning, summary_metrics
+from bertjax.finetune import task as task_lib
+from bertjax.finetune.objective import Finetuning, build_finetuning
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.finetune.task import Examples, TaskData
 from bertjax.heads import HeadSpec
-from bertjax.inference import Model
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.settings import ConfigError, FinetuneSettings, check_mesh_fits
-from bertjax.tokenizer import HF_TOKENIZER_FILE, Tokenizer
-
-RESULT_FILE = "result.json"
-SEEDS_FILE = "seeds.json"
-SEED_DIR = "seed_{}"
-PREDICTIONS_FILE = "predictions_{}.tsv"
-# A tokenizer kept in a work directory: sentencepiece's model, or WordPiece's tokenizer.json.
-TOKENIZER_FILES = (workdir_lib.TOKENIZER_COPY, HF_TOKENIZER_FILE)
+from bertjax.settings import ConfigError, check_mesh_fits
+from bertjax.tokenizer import Tokenizer
 
 
 class HeadMismatchError(ConfigError):
@@ -66,83 +59,26 @@ class HeadMismatchError(ConfigError):
 # ----------------------------------------------------------------------------- the model to tune
 
 
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """What config.init_from holds: an architecture, a tokenizer, maybe a head."""
-
-    path: pathlib.Path
-    kind: str  # "workdir" (pretraining), "finetuned" (a run of this module) or "hf"
-    config: BertConfig
-    tokenizer: Tokenizer
-    head: HeadSpec | None  # the fine-tuning head its parameters include
-    params: Any = None  # host arrays ("hf"); a workdir's are restored onto the mesh
-
-
-def workdir_tokenizer(directory: pathlib.Path, fingerprint: str | None = None) -> Tokenizer:
-    """The tokenizer kept in a work directory (TOKENIZER_FILES), checked against fingerprint."""
-    for name in TOKENIZER_FILES:
-        if (directory / name).is_file():
-            return Tokenizer.load(directory / name, expected_fingerprint=fingerprint)
-    raise FileNotFoundError(
-        f"{directory} has checkpoints but no tokenizer beside them ({' or '.join(TOKENIZER_FILES)})"
-    )
-
-
-def open_source(path: str | pathlib.Path) -> Source:
-    """Reads what init_from is: its architecture, tokenizer and head (parameters come later)."""
+def open_source(path: str | pathlib.Path) -> rundir.Run:
+    """Opens what init_from is: its architecture, tokenizer and head (parameters come later)."""
     try:
-        return _open_source(pathlib.Path(path))
+        return rundir.open_run(path)
     except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
         if isinstance(err, ConfigError):
             raise
         raise ConfigError(f"config.init_from={str(path)!r}: {err}") from None
 
 
-def _open_source(path: pathlib.Path) -> Source:
-    if (path / workdir_lib.CHECKPOINT_DIR).is_dir():
-        meta = checkpoint_lib.read_meta(path / workdir_lib.CHECKPOINT_DIR)
-        head = HeadSpec.from_dict(meta["head"]) if "head" in meta else None
-        return Source(
-            path,
-            "finetuned" if head is not None else "workdir",
-            BertConfig.from_dict(meta["model_config"]),
-            workdir_tokenizer(path, meta["tokenizer_fingerprint"]),
-            head,
-        )
-    if (path / hf.CONFIG_NAME).is_file():
-        config, params, report = hf.load_with_report(path)
-        return Source(path, "hf", config, hf.load_tokenizer(path), report.head, params)
-    raise ConfigError(
-        f"config.init_from={str(path)!r} is neither a bertjax work directory (with "
-        f"{workdir_lib.CHECKPOINT_DIR}/) nor a Hugging Face or exported BERT directory (with "
-        f"{hf.CONFIG_NAME}); seeds of a several-seed run are in its seed_<n>/ directories"
-    )
-
-
-def initial_params(source: Source, ft: Finetuning, fresh: Any) -> tuple[Any, str]:
+def initial_params(source: rundir.Run, ft: Finetuning, fresh: Any) -> tuple[Any, str]:
     """`fresh` parameters with the source's encoder (and its classifier if the head is the
     run's), placed on the mesh; and a line saying what was taken."""
-    bert_sharding = ft.state.shardings.params["bert"]
-    if source.kind == "hf":
-        params = jax.tree.map(np.asarray, source.params)
-        bert = jax.device_put(params["bert"], bert_sharding)
-        classifier = params.get("classifier")
-    elif source.kind == "workdir":
-        pretraining = BertForPreTraining(source.config)
-        abstract = steps.make_state(steps.pretraining_init(pretraining, 1, 1), None, ft.mesh)
-        _, params, _ = checkpoint_lib.restore_params(
-            source.path / workdir_lib.CHECKPOINT_DIR, abstract_params=abstract.abstract.params
-        )
-        bert, classifier = params["bert"], None
+    _, params = rundir.read_params(source, ft.mesh)
+    if source.kind == rundir.HUGGING_FACE:
+        params = jax.tree.map(np.asarray, params)
+        bert = jax.device_put(params["bert"], ft.state.shardings.params["bert"])
     else:
-        model = heads.make_model(source.config, source.head)
-        abstract = steps.make_state(lambda rng: heads.init_params(model, rng), None, ft.mesh)
-        best = source.path / heads.BEST_CHECKPOINT_DIR
-        directory = best if best.is_dir() else source.path / workdir_lib.CHECKPOINT_DIR
-        _, params, _ = checkpoint_lib.restore_params(
-            directory, abstract_params=abstract.abstract.params
-        )
-        bert, classifier = params["bert"], params["classifier"]
+        bert = params["bert"]
+    classifier = params.get("classifier")
     if classifier is not None and source.head == ft.head:
         classifier = jax.device_put(classifier, ft.state.shardings.params["classifier"])
         return {**fresh, "bert": bert, "classifier": classifier}, (
@@ -162,7 +98,7 @@ def _rows(features: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.nda
 
 
 def train_batch(
-    examples: data_lib.Examples,
+    examples: Examples,
     order: np.ndarray,
     index: int,
     batch_size: int,
@@ -189,7 +125,7 @@ def train_batch(
     return batch
 
 
-def batch_width(examples: data_lib.Examples, rows: np.ndarray, length_bucket: int) -> int:
+def batch_width(examples: Examples, rows: np.ndarray, length_bucket: int) -> int:
     """Positions a batch of `rows` needs: its longest example rounded up to `length_bucket`
     (all of max_seq_length without one)."""
     mask = examples.features["input_mask"]
@@ -201,7 +137,7 @@ def batch_width(examples: data_lib.Examples, rows: np.ndarray, length_bucket: in
 
 
 def fitting_capacity(
-    examples: data_lib.Examples,
+    examples: Examples,
     seeds: tuple[int, ...],
     num_epochs: int,
     batch_size: int,
@@ -237,7 +173,7 @@ def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
 
 
 def eval_batches(
-    examples: data_lib.Examples, batch_size: int
+    examples: Examples, batch_size: int
 ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
     """(real rows, this process's part of the batch) for every batch, in order. The last
     batch is filled with copies of the first example, weighted 0 (all-padding rows would
@@ -264,7 +200,7 @@ def _to_host(x: jax.Array) -> np.ndarray:
 
 
 def run_eval(
-    ft: Finetuning, params, examples: data_lib.Examples, batch_size: int
+    ft: Finetuning, params, examples: Examples, batch_size: int
 ) -> tuple[heads.HeadSums, dict[str, np.ndarray]]:
     """Summed loss statistics and the outputs (heads.outputs) of every example, in order."""
     totals, parts = None, []
@@ -275,69 +211,6 @@ def run_eval(
         parts.append({k: _to_host(v)[:real] for k, v in outputs.items()})
     outputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
     return jax.device_get(totals), outputs
-
-
-# ----------------------------------------------------------------------------- predictions
-
-
-def word_tags(
-    head: HeadSpec, examples: data_lib.Examples, outputs: dict[str, np.ndarray]
-) -> tuple[list[list[str]], list[list[float]]]:
-    """Each sentence's predicted tag and probability per word. A word cut by max_seq_length
-    gets "O" (or the first label) with probability 0."""
-    default = "O" if "O" in head.labels else head.labels[0]
-    tags, scores = [], []
-    for row, where in enumerate(examples.word_positions):
-        kept = where >= 0
-        ids = np.zeros(len(where), np.int64)
-        ids[kept] = outputs["labels"][row, where[kept]]
-        probabilities = np.zeros(len(where))
-        probabilities[kept] = outputs["scores"][row, where[kept]]
-        tags.append([head.labels[i] if k else default for i, k in zip(ids, kept)])
-        scores.append(probabilities.tolist())
-    return tags, scores
-
-
-def split_scores(
-    head: HeadSpec, examples: data_lib.Examples, outputs: dict[str, np.ndarray]
-) -> dict[str, float]:
-    """The task's metrics (metrics.scores) of one labelled split."""
-    gold = examples.features["labels"]
-    if head.task == heads.CLASSIFICATION:
-        predicted = np.argmax(outputs["probabilities"], axis=-1)
-    elif head.task == heads.REGRESSION:
-        predicted = outputs["values"]
-    elif head.task == heads.MULTI_LABEL:
-        predicted = outputs["probabilities"] >= heads.MULTI_LABEL_THRESHOLD
-    else:
-        predicted, _ = word_tags(head, examples, outputs)
-        gold = [[head.labels[i] for i in sentence] for sentence in examples.word_labels]
-    return metrics_lib.scores(head.task, predicted, gold, head.num_outputs)
-
-
-def write_predictions(
-    path: pathlib.Path, head: HeadSpec, examples: data_lib.Examples, outputs: dict[str, np.ndarray]
-) -> None:
-    """A TSV of predictions, one line per example (see the module docstring)."""
-    lines = ["index\tprediction" if head.task == heads.REGRESSION else "index\tlabel\tscore"]
-    if head.task == heads.CLASSIFICATION:
-        probabilities = outputs["probabilities"]
-        best = np.argmax(probabilities, axis=-1)
-        for index, k, p in zip(examples.indices, best, probabilities):
-            lines.append(f"{index}\t{head.labels[k]}\t{p[k]:.6f}")
-    elif head.task == heads.REGRESSION:
-        for index, value in zip(examples.indices, outputs["values"]):
-            lines.append(f"{index}\t{value:.6f}")
-    elif head.task == heads.MULTI_LABEL:
-        for index, p in zip(examples.indices, outputs["probabilities"]):
-            chosen = np.flatnonzero(p >= heads.MULTI_LABEL_THRESHOLD)
-            labels = ",".join(head.labels[k] for k in chosen)
-            lines.append(f"{index}\t{labels}\t{','.join(f'{p[k]:.6f}' for k in chosen)}")
-    else:
-        tags, scores = word_tags(head, examples, outputs)
-        for index, t, s in zip(examples.indices, tags, scores):
-            lines.append(f"{index}\t{' '.join(t)}\t{' '.join(f'{x:.6f}' for x in s)}")
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
 # ----------------------------------------------------------------------------- one seed
@@ -356,14 +229,15 @@ def _better(metric: str, value: float, best: dict | None) -> bool:
     return value > best["value"]
 
 
-def evaluate(ft: Finetuning, params, task: data_lib.TaskData, batch_size: int) -> dict[str, float]:
+def validation_scores(ft: Finetuning, params, task: TaskData, batch_size: int) -> dict[str, float]:
     """Loss and the task's metrics on every validation split, namespaced by split."""
+    scorer = task_lib.get(ft.head.task)
     out: dict[str, float] = {}
     for examples in task.validation:
         sums, outputs = run_eval(ft, params, examples, batch_size)
         prefix = _prefix(examples.name)
-        out.update({k: float(v) for k, v in summary_metrics(ft.head.task, sums, prefix).items()})
-        for name, value in split_scores(ft.head, examples, outputs).items():
+        out.update({k: float(v) for k, v in ft.objective.metrics(sums, prefix).items()})
+        for name, value in scorer.scores(ft.head, examples, outputs).items():
             out[f"{prefix}/{name}"] = value
     return out
 
@@ -374,8 +248,8 @@ class _Run:
 
     settings: FinetuneSettings
     ft: Finetuning
-    task: data_lib.TaskData
-    source: Source
+    task: TaskData
+    source: rundir.Run
     tokenizer: Tokenizer
     steps_per_epoch: int
 
@@ -414,7 +288,7 @@ def _check_resumable(meta: dict, run: _Run, directory) -> None:
         )
     # The architecture too: a checkpoint that cannot be read onto this model would otherwise
     # be taken for a damaged one.
-    workdir_lib.check_compatible(
+    rundir.check_compatible(
         meta, run.tokenizer, run.ft.model_config, f"the checkpoint in {directory}"
     )
     for key, value in (
@@ -428,12 +302,76 @@ def _check_resumable(meta: dict, run: _Run, directory) -> None:
             )
 
 
+@dataclasses.dataclass
+class _SeedHooks:
+    """What the shared loop asks of one seed of a fine-tuning run (loop.LoopHooks)."""
+
+    run: _Run
+    seed: int
+    best_checkpointer: checkpoint_lib.Checkpointer
+    checkpoint_dir: pathlib.Path
+    best: dict | None = None
+
+    def dropout_rng(self) -> jax.Array:
+        return jax.random.fold_in(jax.random.key(self.seed), 1)
+
+    def fresh(self) -> tuple[steps.TrainState, jax.Array]:
+        state = self.run.ft.state.init(jax.random.key(self.seed))
+        params, note = initial_params(self.run.source, self.run.ft, state.params)
+        print(note)
+        return state.replace(params=params), self.dropout_rng()
+
+    def resumed(self, restored: checkpoint_lib.Restored) -> jax.Array:
+        self.best = restored.meta["best"]
+        print(f"Resumed seed {self.seed} from {self.checkpoint_dir} at step {restored.step}")
+        return self.dropout_rng()
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        run = self.run
+        epoch, index = divmod(step, run.steps_per_epoch)
+        order = epoch_order(self.seed, epoch, len(run.task.train))
+        return train_batch(
+            run.task.train,
+            order,
+            index,
+            run.settings.run.batch_size,
+            run.settings.run.length_bucket,
+        )
+
+    def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
+        run, metric = self.run, self.run.settings.run.metric
+        scores = validation_scores(run.ft, state.params, run.task, run.settings.run.eval_batch_size)
+        scores["epoch"] = step // run.steps_per_epoch
+        main = f"{_prefix(run.task.validation[0].name)}/{metric}"
+        line = ", ".join(f"{k} {v:.4f}" for k, v in scores.items() if k.startswith("eval"))
+        tqdm.tqdm.write(f"seed {self.seed} epoch {scores['epoch']}: {line}")
+        if _better(metric, scores[main], self.best):
+            self.best = {
+                "metric": main,
+                "value": scores[main],
+                "step": step,
+                "epoch": scores["epoch"],
+                "scores": scores,
+            }
+            self.best_checkpointer.save(
+                step,
+                params=state.params,
+                # Parameters only: the optimizer item holds just the step.
+                opt_state={"step": state.step},
+                meta=self.meta(step),
+                force=True,
+            )
+        return scores
+
+    def meta(self, step: int) -> dict:
+        return _meta(self.run, self.seed, self.best)
+
+
 def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
-    settings, ft, task = run.settings, run.ft, run.task
-    batch_size, eval_batch_size = settings.run.batch_size, settings.run.eval_batch_size
+    settings = run.settings
     is_main = jax.process_index() == 0
     # Checked before anything is written there: a directory of another run keeps its files.
-    existing = workdir / workdir_lib.CHECKPOINT_DIR
+    existing = workdir / rundir.CHECKPOINT_DIR
     if existing.is_dir():
         try:
             meta = checkpoint_lib.read_meta(existing)
@@ -443,132 +381,49 @@ def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
             _check_resumable(meta, run, existing)
     workdir.mkdir(parents=True, exist_ok=True)
     if is_main:
-        name = TOKENIZER_FILES[0] if run.tokenizer.kind == "sentencepiece" else TOKENIZER_FILES[1]
-        run.tokenizer.save(workdir / name)
+        run.tokenizer.save(workdir / rundir.tokenizer_file(run.tokenizer))
     checkpointer = checkpoint_lib.Checkpointer(
-        workdir / workdir_lib.CHECKPOINT_DIR,
+        workdir / rundir.CHECKPOINT_DIR,
         max_to_keep=1,
         save_interval_steps=settings.run.checkpoint_every_steps,
     )
     best_checkpointer = checkpoint_lib.Checkpointer(
-        workdir / heads.BEST_CHECKPOINT_DIR, max_to_keep=1, save_interval_steps=1
+        workdir / rundir.BEST_CHECKPOINT_DIR, max_to_keep=1, save_interval_steps=1
     )
     writer = metrics_writer.MetricWriter(
-        workdir / workdir_lib.METRICS_FILE, workdir / workdir_lib.TENSORBOARD_DIR, enabled=is_main
+        workdir / rundir.METRICS_FILE, workdir / rundir.TENSORBOARD_DIR, enabled=is_main
     )
-    watcher = trainer.PreemptionWatcher(checkpointer)
-    dropout_rng = jax.random.fold_in(jax.random.key(seed), 1)
-    preempted = False
+    plan = loop_lib.Plan(
+        run.ft.steps,
+        checkpointer,
+        writer,
+        loop_lib.Cadence(
+            total_steps=run.total_steps,
+            period=run.steps_per_epoch,
+            log_every=settings.run.log_every_steps,
+            eval_every=run.steps_per_epoch,
+            checkpoint_every=settings.run.checkpoint_every_steps,
+        ),
+        is_main,
+    )
+    hooks = _SeedHooks(run, seed, best_checkpointer, checkpointer.directory)
     try:
-        with jax.set_mesh(ft.mesh):
-            restored = checkpointer.restore(
-                abstract_params=ft.state.abstract.params,
-                abstract_opt_state=ft.state.abstract.opt_state,
-            )
-            if restored is not None:
-                step = restored.step
-                state = steps.TrainState(
-                    step=jax.device_put(jnp.asarray(step, jnp.int32), ft.state.shardings.step),
-                    params=restored.params,
-                    opt_state=restored.opt_state,
-                )
-                best = restored.meta["best"]
-                print(f"Resumed seed {seed} from {checkpointer.directory} at step {step}")
-            else:
-                step, best = 0, None
-                state = ft.state.init(jax.random.key(seed))
-                params, note = initial_params(run.source, ft, state.params)
-                state = state.replace(params=params)
-                print(note)
-
-            progress = metrics_writer.Progress(run.total_steps, step, enabled=is_main)
-            pending: list[dict[str, jax.Array]] = []
-
-            def save(force: bool) -> None:
-                trainer.raise_if_nonfinite(pending[-1:], step)
-                checkpointer.save(
-                    step,
-                    params=state.params,
-                    opt_state=state.opt_state,
-                    meta=_meta(run, seed, best),
-                    force=force,
-                )
-
-            while step < run.total_steps:
-                epoch, index = divmod(step, run.steps_per_epoch)
-                order = epoch_order(seed, epoch, len(task.train))
-                local = train_batch(
-                    task.train, order, index, batch_size, settings.run.length_bucket
-                )
-                batch = steps.global_batch(local, ft.batch_sharding, jax.process_count())
-                state, metrics = ft.train_step(state, batch, dropout_rng)
-                step += 1
-                pending.append(metrics)
-                progress.update(step)
-                if len(pending) >= 2:
-                    trainer.raise_if_nonfinite(pending[-2:-1], step - 1)
-                epoch_end = step % run.steps_per_epoch == 0
-                if step % settings.run.log_every_steps == 0 or epoch_end:
-                    summary = trainer.summarise(pending, step)
-                    writer.write(step, summary)
-                    progress.show(summary)
-                    pending = []
-                if epoch_end:
-                    scores = evaluate(ft, state.params, task, eval_batch_size)
-                    scores["epoch"] = step // run.steps_per_epoch
-                    writer.write(step, scores)
-                    main = f"{_prefix(task.validation[0].name)}/{settings.run.metric}"
-                    line = ", ".join(
-                        f"{k} {v:.4f}" for k, v in scores.items() if k.startswith("eval")
-                    )
-                    tqdm.tqdm.write(f"seed {seed} epoch {scores['epoch']}: {line}")
-                    if _better(settings.run.metric, scores[main], best):
-                        best = {
-                            "metric": main,
-                            "value": scores[main],
-                            "step": step,
-                            "epoch": scores["epoch"],
-                            "scores": scores,
-                        }
-                        best_checkpointer.save(
-                            step,
-                            params=state.params,
-                            # Parameters only: the optimizer item holds just the step.
-                            opt_state={"step": state.step},
-                            meta=_meta(run, seed, best),
-                            force=True,
-                        )
-                if watcher.should_stop(step):
-                    save(force=True)
-                    preempted = True
-                    print(f"\nPreempted: saved step {step}; rerun the same command to resume.")
-                    break
-                if epoch_end or step % settings.run.checkpoint_every_steps == 0:
-                    save(force=epoch_end)
-            progress.close()
-    except trainer.NonFiniteError as e:
-        checkpointer.wait_until_finished()
-        raise trainer.NonFiniteError(
-            f"{e} The last checkpoint in {checkpointer.directory} is good."
-        ) from None
+        outcome = loop_lib.train(plan, hooks)
     finally:
-        checkpointer.close()
         best_checkpointer.close()
-        watcher.close()
-        writer.close()
 
     result = {
         "seed": seed,
         "workdir": str(workdir),
-        "steps": step,
-        "preempted": preempted,
-        "best": best,
+        "steps": outcome.step,
+        "preempted": outcome.preempted,
+        "best": hooks.best,
     }
-    if preempted:
+    if outcome.preempted:
         return result
     result["predictions"] = _predict_tests(run, workdir)
     if is_main:
-        (workdir / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n")
+        rundir.write_text(workdir / rundir.RESULT_FILE, json.dumps(result, indent=2) + "\n")
     return result
 
 
@@ -578,14 +433,16 @@ def _predict_tests(run: _Run, workdir: pathlib.Path) -> list[str]:
         return []
     with jax.set_mesh(run.ft.mesh):
         _, params, _ = checkpoint_lib.restore_params(
-            workdir / heads.BEST_CHECKPOINT_DIR, abstract_params=run.ft.state.abstract.params
+            workdir / rundir.BEST_CHECKPOINT_DIR, abstract_params=run.ft.state.abstract.params
         )
         written = []
         for examples in run.task.test:
             _, outputs = run_eval(run.ft, params, examples, run.settings.run.eval_batch_size)
-            path = workdir / PREDICTIONS_FILE.format(examples.name)
+            path = workdir / rundir.PREDICTIONS_FILE.format(examples.name)
             if jax.process_index() == 0:
-                write_predictions(path, run.ft.head, examples, outputs)
+                task_lib.get(run.ft.head.task).write_predictions(
+                    path, run.ft.head, examples, outputs
+                )
             written.append(str(path))
     return written
 
@@ -603,7 +460,7 @@ def finetune(
     start = time.time()
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    lock = workdir_lib.WorkdirLock(workdir)
+    lock = rundir.WorkdirLock(workdir)
     if jax.process_index() == 0:
         lock.acquire()
     try:
@@ -611,13 +468,13 @@ def finetune(
         seeds = settings.run.seeds
         results = []
         for seed in seeds:
-            seed_dir = workdir if len(seeds) == 1 else workdir / SEED_DIR.format(seed)
+            seed_dir = workdir if len(seeds) == 1 else workdir / rundir.SEED_DIR.format(seed)
             results.append(_run_seed(run, seed, seed_dir))
             if results[-1]["preempted"]:
                 break
     finally:
         lock.release()
-    summary = _summarise_seeds(settings, results, workdir, time.time() - start)
+    summary = _seed_summary(settings, results, workdir, time.time() - start)
     if jax.process_index() == 0:
         _print_summary(summary)
     return summary
@@ -627,16 +484,11 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
     """Reads init_from and the task's data, and builds the run's steps (shared by seeds)."""
     source = open_source(settings.init_from)
     model_config = settings.model_config(source.config)
-    encoder = Model(model_config, {}, source.tokenizer, progress=False)
-    task = data_lib.load_task(settings.data, settings.task, encoder)
+    kind = task_lib.get(settings.task)
+    task = kind.read(settings.data, source.tokenizer)
     for note in task.notes:
         print(note)
-    if settings.run.metric == "f1" and task.head.task == heads.CLASSIFICATION:
-        if task.head.num_outputs != 2:
-            raise ConfigError(
-                f"config.metric='f1' is the F1 of a two-label task; {task.train.path} has "
-                f"{task.head.num_outputs} labels: use f1_macro"
-            )
+    kind.check(task, settings.run.metric)
     batch_size = settings.run.batch_size
     steps_per_epoch = len(task.train) // batch_size
     if steps_per_epoch == 0:
@@ -662,7 +514,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
     ft = build_finetuning(
         model_config,
         task.head,
-        settings.optimizer(steps_per_epoch * settings.run.num_epochs),
+        settings.optimizer_for(steps_per_epoch * settings.run.num_epochs),
         mesh_shape=settings.run.mesh_shape,
         grad_accum_steps=settings.run.grad_accum_steps,
         micro_batch_size=settings.run.micro_batch_size,
@@ -674,7 +526,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
     return _Run(settings, ft, task, source, source.tokenizer, steps_per_epoch)
 
 
-def _summarise_seeds(settings, results: list[dict], workdir: pathlib.Path, seconds: float) -> dict:
+def _seed_summary(settings, results: list[dict], workdir: pathlib.Path, seconds: float) -> dict:
     values = [r["best"]["value"] for r in results if r.get("best")]
     summary = {
         "workdir": str(workdir),
@@ -691,7 +543,7 @@ def _summarise_seeds(settings, results: list[dict], workdir: pathlib.Path, secon
                 "median": summary["median"],
                 "seeds": {str(r["seed"]): r["best"]["value"] for r in results},
             }
-            (workdir / SEEDS_FILE).write_text(json.dumps(record, indent=2) + "\n")
+            rundir.write_text(workdir / rundir.SEEDS_FILE, json.dumps(record, indent=2) + "\n")
     return summary
 
 

@@ -1,9 +1,10 @@
 """What a fine-tuning step minimises, and the jitted steps and state layout of a run.
 
-`HeadObjective` is the `steps.Objective` of every head: the head's summed loss (bertjax.heads)
-over the examples of a (micro-)batch, divided by the count of the whole batch. The train step
-comes from `steps.make_train_step`; evaluation runs `eval_step`, which returns the loss sums
-and what the metrics need (probabilities, values or token labels) in one pass.
+`HeadObjective` is the `TaskObjective` of the heads of bertjax.heads: the head's summed loss
+over the examples of a (micro-)batch, divided by the count of the whole batch; its
+`evaluate` returns the loss sums and what the metrics need (probabilities, values or token
+labels) in one pass. `build_finetuning` asks the run's task (bertjax.finetune.task) for its
+objective and gives it to the engine (bertjax.steps.build).
 
 Batch features: input_ids, input_mask, segment_ids [batch, seq]; labels ([batch] ids or
 values, [batch, labels] 0/1, or [batch, seq] token ids with heads.IGNORE_LABEL); weights
@@ -16,21 +17,30 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from bertjax import heads, optim, sharding, steps
+from bertjax.finetune import task as task_lib
 from bertjax.heads import HeadSpec
 from bertjax.model import BertConfig
 
 
-class HeadObjective(steps.Objective):
+class HeadObjective(task_lib.TaskObjective):
     """A fine-tuning head's loss as sums over examples (see steps.Objective)."""
 
-    def __init__(self, model: nn.Module, head: HeadSpec):
-        self.model = model
+    eval_outputs = True
+
+    def __init__(self, model_config: BertConfig, head: HeadSpec):
+        self.model = heads.make_model(model_config, head)
         self.head = head
+
+    def init_params(self, rng: jax.Array) -> Any:
+        return heads.init_params(self.model, rng)
+
+    def evaluate(self, params, batch):
+        logits = self.logits(params, batch, rng=None, deterministic=True)
+        return heads.head_sums(self.head.task, logits, batch), heads.outputs(self.head.task, logits)
 
     def logits(self, params, batch, *, rng, deterministic: bool, packed_length=None):
         return self.model.apply(
@@ -76,16 +86,33 @@ def summary_metrics(task: str, sums: heads.HeadSums, prefix: str) -> dict[str, A
 
 @dataclasses.dataclass(frozen=True)
 class Finetuning:
-    """A run's model, mesh, state layout and jitted steps, built once (nothing allocated)."""
+    """A run's model, objective and built steps (nothing allocated)."""
 
     model_config: BertConfig
     head: HeadSpec
-    model: nn.Module
-    mesh: jax.sharding.Mesh
-    state: steps.StateFactory
-    batch_sharding: jax.sharding.NamedSharding
-    train_step: Callable  # (state, batch, rng) -> (state, metrics)
-    eval_step: Callable  # (params, batch) -> (HeadSums, outputs: heads.outputs)
+    objective: task_lib.TaskObjective
+    steps: steps.Steps
+
+    @property
+    def mesh(self) -> jax.sharding.Mesh:
+        return self.steps.mesh
+
+    @property
+    def state(self) -> steps.StateFactory:
+        return self.steps.state
+
+    @property
+    def batch_sharding(self) -> jax.sharding.NamedSharding:
+        return self.steps.batch_sharding
+
+    @property
+    def train_step(self) -> Callable:
+        return self.steps.train_step
+
+    @property
+    def eval_step(self) -> Callable:
+        """(params, batch) -> (sums, outputs) (the task objective's evaluate)."""
+        return self.steps.eval_step
 
 
 def build_finetuning(
@@ -102,36 +129,13 @@ def build_finetuning(
 ) -> Finetuning:
     """The mesh, the sharded state layout and the jitted train and eval steps of a run."""
     mesh = sharding.make_mesh(mesh_shape, devices=devices)
-    model = heads.make_model(model_config, head)
-    tx = optim.make_optimizer(optimizer)
-    state = steps.make_state(lambda rng: heads.init_params(model, rng), tx, mesh)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    batch_sharding = sharding.batch_sharding(mesh)
-    micro_batch_sharding = jax.sharding.NamedSharding(
-        mesh, jax.sharding.PartitionSpec(None, *batch_sharding.spec)
+    objective = task_lib.get(head.task).objective(model_config, head)
+    built = steps.build(
+        objective,
+        objective.init_params,
+        optimizer,
+        mesh,
+        grad_accum_steps=grad_accum_steps,
+        packed_length=steps.packed_length(micro_batch_size, max_seq_length, token_capacity, mesh),
     )
-    objective = HeadObjective(model, head)
-    train_step = jax.jit(
-        steps.make_train_step(
-            objective,
-            tx,
-            optim.make_schedule(optimizer),
-            grad_accum_steps,
-            micro_batch_sharding,
-            steps.packed_length(micro_batch_size, max_seq_length, token_capacity, mesh),
-        ),
-        in_shardings=(state.shardings, batch_sharding, replicated),
-        out_shardings=(state.shardings, replicated),
-        donate_argnums=(0,),
-    )
-
-    def eval_step(params, batch):
-        logits = objective.logits(params, batch, rng=None, deterministic=True)
-        return heads.head_sums(head.task, logits, batch), heads.outputs(head.task, logits)
-
-    eval_step = jax.jit(
-        eval_step,
-        in_shardings=(state.shardings.params, batch_sharding),
-        out_shardings=(replicated, batch_sharding),
-    )
-    return Finetuning(model_config, head, model, mesh, state, batch_sharding, train_step, eval_step)
+    return Finetuning(model_config, head, objective, built)

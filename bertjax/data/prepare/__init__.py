@@ -46,12 +46,17 @@ from bertjax.data.storage import (
     FORMAT_VERSION,
     MANIFEST_FILE,
     SPLITS,
-    TOKENIZER_FILE,
     token_dtype,
     write_manifest,
     write_shard,
 )
-from bertjax.tokenizer import MODEL_TYPES, Tokenizer, TokenizerSettings, train_tokenizer
+from bertjax.tokenizer import (
+    MODEL_TYPES,
+    SENTENCEPIECE_FILE,
+    Tokenizer,
+    TokenizerSettings,
+    train_tokenizer,
+)
 
 DEFAULT_CHUNK_MB = 4.0
 # Stream tags of the instance seeds: (seed, chunk index, 0) for each train chunk, (seed, 1) for
@@ -248,7 +253,7 @@ def prepare(
     _clear_output(data_dir)
     log = print if verbose else (lambda *args, **kwargs: None)
 
-    tokenizer_file = data_dir / TOKENIZER_FILE
+    tokenizer_file = data_dir / SENTENCEPIECE_FILE
     start = time.perf_counter()
     if tokenizer_path is not None:
         tokenizer = Tokenizer.load(tokenizer_path)

@@ -1,0 +1,362 @@
+"""A fine-tuning run's settings, read once from its ConfigDict (configs/finetune.py).
+
+`FinetuneSettings.from_config(config)` is the edge; the task named by config.task must be
+registered (bertjax.finetune.task), and its metrics are the ones config.metric may name.
+The optimizer has the shape pretraining's has (`optim.OptimizerSettings`); only its warmup
+is given as a fraction of the steps, resolved by `FinetuneSettings.optimizer_for` once the
+data says how many steps there are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import pathlib
+from typing import Any
+
+import jax
+import ml_collections
+
+from bertjax import optim, sharding
+from bertjax.finetune import layouts
+from bertjax.finetune import task as task_lib
+from bertjax.model import BertConfig
+from bertjax.settings import (
+    ConfigError,
+    check_mesh,
+    positive_int,
+    read_optimizer,
+    require,
+    token_capacity,
+)
+
+# BertConfig fields a fine-tuning run may change; the rest come from the checkpoint.
+FINETUNE_MODEL_FIELDS = (
+    "dtype",
+    "attention_impl",
+    "remat_policy",
+    "hidden_dropout",
+    "attention_dropout",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneDataSettings:
+    """Where a fine-tuning task's examples come from and how they are laid out."""
+
+    train: str  # a file; with glue_task, the file in dir
+    validation: tuple[tuple[str, str], ...]  # (split name, file): GLUE's MNLI has two
+    test: tuple[tuple[str, str], ...]  # (split name, file); may be empty
+    layouts: tuple[tuple[str, Any], ...]  # (file, finetune.layouts.Layout) for every file
+    glue_task: str  # a key of finetune.layouts.GLUE_TASKS, or empty
+    labels: tuple[str, ...] | None  # GLUE's label set; None: those found in training
+    max_seq_length: int
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneRunSettings:
+    """The shape of a fine-tuning run: epochs, batches, seeds, mesh and intervals."""
+
+    num_epochs: int
+    batch_size: int  # global
+    grad_accum_steps: int
+    eval_batch_size: int  # global
+    seeds: tuple[int, ...]  # one run per seed; several report the median
+    metric: str  # the best checkpoint is kept by it (higher is better, except mse)
+    mesh_shape: tuple[int, ...]
+    token_capacity: float  # 0: chosen from the training data (finetune.loop.fitting_capacity)
+    # Each training batch is cut to the smallest multiple of this many positions that holds
+    # its longest example (0: always max_seq_length); one compile per width.
+    length_bucket: int
+    log_every_steps: int
+    checkpoint_every_steps: int
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.batch_size // self.grad_accum_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneSettings:
+    """Everything a fine-tuning run needs to know, validated."""
+
+    init_from: str  # a bertjax workdir, a bertjax export or a Hugging Face BERT directory
+    task: str  # a registered task (bertjax.finetune.task.names())
+    model_overrides: dict  # FINETUNE_MODEL_FIELDS given by config.model
+    # AdamW with BERT's decay mask and a linear schedule; its warmup_steps and total_steps
+    # are placeholders until optimizer_for knows the run's length.
+    optimizer: optim.OptimizerSettings
+    warmup_fraction: float  # of the run's steps, warming up (google's 0.1)
+    data: FinetuneDataSettings
+    run: FinetuneRunSettings
+    config: dict  # the config as given, kept in checkpoint meta for the record
+
+    @classmethod
+    def from_config(
+        cls,
+        config: ml_collections.ConfigDict,
+        *,
+        devices: list[jax.Device] | None = None,
+        process_count: int = 1,
+    ) -> FinetuneSettings:
+        """Reads and validates a fine-tuning config (see configs/finetune.py for the fields)."""
+        return _read_finetune(config, devices=devices, process_count=process_count)
+
+    def optimizer_for(self, total_steps: int) -> optim.OptimizerSettings:
+        """The optimizer of a run of total_steps: warmup over warmup_fraction of them, then
+        linear decay to 0 at the last step (google-research/bert's run_classifier)."""
+        return dataclasses.replace(
+            self.optimizer,
+            warmup_steps=int(round(self.warmup_fraction * total_steps)),
+            total_steps=total_steps,
+        )
+
+    def model_config(self, checkpoint_config: BertConfig) -> BertConfig:
+        """The checkpoint's architecture with this run's numerics and dropout."""
+        model = dataclasses.replace(checkpoint_config, **self.model_overrides)
+        if self.data.max_seq_length > model.max_position_embeddings:
+            raise ConfigError(
+                f"config.data.max_seq_length={self.data.max_seq_length}: exceeds the "
+                f"max_position_embeddings={model.max_position_embeddings} of "
+                f"config.init_from={self.init_from!r}"
+            )
+        return model
+
+
+def _read_finetune(
+    config: ml_collections.ConfigDict, *, devices, process_count: int
+) -> FinetuneSettings:
+    require_ = functools.partial(require, config)
+    for field in (
+        "num_epochs",
+        "batch_size",
+        "grad_accum_steps",
+        "eval_batch_size",
+        "log_every_steps",
+        "checkpoint_every_steps",
+        "data.max_seq_length",
+    ):
+        positive_int(config, field)
+    require_(
+        config.init_from is not None and config.init_from != "",
+        "init_from",
+        "set it to the model to fine-tune: a bertjax work directory, a directory written by "
+        "bertjax.hf.save, or a Hugging Face BERT directory (config.json, weights, tokenizer)",
+    )
+    require_(os.path.isdir(config.init_from), "init_from", "no such directory")
+    glue = layouts.glue_task(config.data.glue_task) if config.data.glue_task else None
+    require_(
+        not config.data.glue_task or glue is not None,
+        "data.glue_task",
+        f"must be one of {sorted(layouts.GLUE_TASKS)} (or empty for your own files)",
+    )
+    task = config.task or (glue.task if glue else "")
+    require_(
+        task in task_lib.names(),
+        "task",
+        f"must be one of {task_lib.names()}"
+        + ("" if config.task else " (empty only with data.glue_task, which implies one)"),
+    )
+    if glue is not None:
+        require_(
+            task == glue.task,
+            "task",
+            f"GLUE's {config.data.glue_task} is a {glue.task} task; set --config.task="
+            f"{glue.task} or leave it empty",
+        )
+    require_(3 <= config.data.max_seq_length, "data.max_seq_length", "must be at least 3")
+    data = _read_finetune_glue(config, glue) if glue else _read_finetune_files(config, task)
+
+    spec = task_lib.get(task)
+    metric = config.metric or (glue.metric if glue else spec.default_metric)
+    require_(
+        metric in spec.metrics,
+        "metric",
+        f"must be one of {spec.metrics} for a {task} task (or empty: "
+        f"{glue.metric if glue else spec.default_metric})",
+    )
+    seeds = config.seeds if isinstance(config.seeds, (tuple, list)) else (config.seeds,)
+    require_(
+        bool(seeds)
+        and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds)
+        and len(set(seeds)) == len(seeds),
+        "seeds",
+        "must be distinct integers >= 0, e.g. --config.seeds=1,2,3",
+    )
+    capacity = token_capacity(config, zero_means="chooses from the training data")
+    bucket = config.length_bucket
+    require_(
+        isinstance(bucket, int) and not isinstance(bucket, bool) and bucket >= 0,
+        "length_bucket",
+        "must be an integer >= 0 (0 pads every batch to data.max_seq_length)",
+    )
+    run = FinetuneRunSettings(
+        num_epochs=config.num_epochs,
+        batch_size=config.batch_size,
+        grad_accum_steps=config.grad_accum_steps,
+        eval_batch_size=config.eval_batch_size,
+        seeds=tuple(seeds),
+        metric=metric,
+        mesh_shape=tuple(config.mesh_shape),
+        token_capacity=capacity,
+        length_bucket=bucket,
+        log_every_steps=config.log_every_steps,
+        checkpoint_every_steps=config.checkpoint_every_steps,
+    )
+    mesh = check_mesh(config, run, devices, process_count)
+    data_parallel = sharding.data_parallel_size(mesh)
+    require_(
+        run.eval_batch_size % data_parallel == 0,
+        "eval_batch_size",
+        f"must be divisible by the data-parallel size {data_parallel} (mesh data x fsdp of "
+        f"{tuple(mesh.shape.values())})",
+    )
+
+    model_overrides = dict(config.model)
+    unknown = sorted(set(model_overrides) - set(FINETUNE_MODEL_FIELDS))
+    require_(not unknown, "model", f"fields {unknown} cannot change: valid {FINETUNE_MODEL_FIELDS}")
+    try:  # the values checked now; the architecture comes with the checkpoint
+        BertConfig(**model_overrides)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config.model: {e}") from e
+
+    warmup_fraction = config.optimizer.warmup_fraction
+    require_(
+        isinstance(warmup_fraction, (int, float)) and 0.0 <= warmup_fraction <= 1.0,
+        "optimizer.warmup_fraction",
+        "must be in [0, 1] (google's 0.1: warm up over the first 10% of the steps)",
+    )
+    fields = {k: v for k, v in config.optimizer.items() if k != "warmup_fraction"}
+    # The fields checked on a stand-in length; the real one follows from the data.
+    optimizer = read_optimizer(
+        ml_collections.ConfigDict({"optimizer": fields}),
+        name="adamw",
+        schedule="linear",
+        warmup_steps=0,
+        total_steps=1,
+    )
+    return FinetuneSettings(
+        init_from=config.init_from,
+        task=task,
+        model_overrides=model_overrides,
+        optimizer=optimizer,
+        warmup_fraction=float(warmup_fraction),
+        data=data,
+        run=run,
+        config=config.to_dict(),
+    )
+
+
+def _read_finetune_glue(config, glue) -> FinetuneDataSettings:
+    require_ = functools.partial(require, config)
+    d = config.data
+    require_(bool(d.dir), "data.dir", f"set it to GLUE's {d.glue_task} directory (train.tsv, ...)")
+    require_(os.path.isdir(d.dir), "data.dir", "no such directory")
+    for field in ("train", "validation", "test"):
+        require_(
+            not d[field],
+            f"data.{field}",
+            f"data.glue_task={d.glue_task!r} reads GLUE's files in data.dir; leave it empty",
+        )
+
+    def path(name: str) -> str:
+        return os.path.join(d.dir, name)
+
+    required = [glue.train, *(f for _, f in glue.validation)]
+    for file in required:
+        require_(
+            os.path.isfile(path(file.name)),
+            "data.dir",
+            f"has no {file.name}: GLUE's {d.glue_task} directory holds "
+            f"{[f.name for f in required]}",
+        )
+    test = tuple((name, path(f.name)) for name, f in glue.test if os.path.isfile(path(f.name)))
+    files = [glue.train, *(f for _, f in glue.validation), *(f for _, f in glue.test)]
+    return FinetuneDataSettings(
+        train=path(glue.train.name),
+        validation=tuple((name, path(f.name)) for name, f in glue.validation),
+        test=test,
+        layouts=tuple((path(f.name), f.layout) for f in files),
+        glue_task=d.glue_task,
+        labels=glue.labels,
+        max_seq_length=d.max_seq_length,
+    )
+
+
+def _read_finetune_files(config, task: str) -> FinetuneDataSettings:
+    require_ = functools.partial(require, config)
+    d = config.data
+    require_(
+        bool(d.train),
+        "data.train",
+        "set it to the training file (CSV, TSV, JSON Lines or CoNLL), or set data.glue_task",
+    )
+    require_(
+        bool(d.validation),
+        "data.validation",
+        "set it to a validation file: each epoch is evaluated on it to keep the best checkpoint",
+    )
+    require_(
+        d.format in ("", *layouts.FORMATS),
+        "data.format",
+        f"must be one of {layouts.FORMATS} (or empty: by each file's extension)",
+    )
+    text_fields = tuple(f.strip() for f in d.text_fields.split(",") if f.strip())
+    token_task = task_lib.get(task).conll_files
+    if not token_task:
+        require_(
+            len(text_fields) in (1, 2),
+            "data.text_fields",
+            "must name one text field, or two for sentence pairs (e.g. sentence1,sentence2)",
+        )
+        require_(bool(d.label_field), "data.label_field", "must name the label field")
+    require_(
+        not d.label_separator or task_lib.get(task).label_separator,
+        "data.label_separator",
+        "applies to multi_label tasks only; leave it empty",
+    )
+    layout_of = []
+    for field in ("train", "validation", "test"):
+        file = d[field]
+        if not file:
+            continue
+        require_(os.path.isfile(file), f"data.{field}", "no such file")
+        kind = d.format or layouts.EXTENSIONS.get(pathlib.Path(file).suffix.lower())
+        if kind is None and token_task:
+            kind = layouts.CONLL  # CoNLL files come as .txt, .conll, .iob ...
+        require_(
+            kind is not None,
+            f"data.{field}",
+            f"its extension does not say its format; set data.format to one of {layouts.FORMATS}",
+        )
+        require_(
+            (kind == layouts.CONLL) == token_task,
+            f"data.{field}" if not d.format else "data.format",
+            f"is read as {kind}; "
+            + (
+                "token_classification reads CoNLL files (token TAG lines)"
+                if token_task
+                else f"CoNLL files are for token_classification, not {task}"
+            ),
+        )
+        layout_of.append(
+            (
+                file,
+                layouts.Layout(
+                    kind,
+                    text_fields if kind != layouts.CONLL else (),
+                    d.label_field if kind != layouts.CONLL else None,
+                    label_separator=d.label_separator,
+                ),
+            )
+        )
+    return FinetuneDataSettings(
+        train=d.train,
+        validation=((layouts.VALIDATION, d.validation),),
+        test=((layouts.TEST, d.test),) if d.test else (),
+        layouts=tuple(layout_of),
+        glue_task="",
+        labels=None,
+        max_seq_length=d.max_seq_length,
+    )

@@ -1,0 +1,142 @@
+"""The tasks of bertjax.heads' heads: classification (one sentence or a pair), regression,
+multi-label classification and token classification.
+
+All four read the same files (bertjax.finetune.data: CSV, TSV, JSON Lines, CoNLL for token
+tags, or GLUE's), train a `HeadObjective`, and score with bertjax.finetune.metrics.
+Predictions files hold one line per example: index, label, score (the label's probability).
+Regression: index, prediction. Multi-label: the labels at or above 0.5 and their
+probabilities, comma-separated. Token labels: one tag and one probability per word,
+space-separated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+
+import numpy as np
+
+from bertjax import heads, rundir
+from bertjax.finetune import data as task_data
+from bertjax.finetune import metrics as metrics_lib
+from bertjax.finetune.objective import HeadObjective
+from bertjax.finetune.settings import FinetuneDataSettings
+from bertjax.finetune.task import Examples, TaskData, register
+from bertjax.heads import HeadSpec
+from bertjax.model import BertConfig
+from bertjax.settings import ConfigError
+from bertjax.tokenizer import Tokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadTask:
+    """One of bertjax.heads' tasks (a bertjax.finetune.task.Task)."""
+
+    name: str
+
+    @property
+    def metrics(self) -> tuple[str, ...]:
+        return metrics_lib.METRIC_NAMES[self.name]
+
+    @property
+    def default_metric(self) -> str:
+        return metrics_lib.DEFAULT_METRIC[self.name]
+
+    @property
+    def conll_files(self) -> bool:
+        return self.name == heads.TOKEN_CLASSIFICATION
+
+    @property
+    def label_separator(self) -> bool:
+        return self.name == heads.MULTI_LABEL
+
+    def read(self, data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData:
+        return task_data.load_task(data, self.name, tokenizer)
+
+    def check(self, data: TaskData, metric: str) -> None:
+        if metric == "f1" and self.name == heads.CLASSIFICATION and data.head.num_outputs != 2:
+            raise ConfigError(
+                f"config.metric='f1' is the F1 of a two-label task; {data.train.path} has "
+                f"{data.head.num_outputs} labels: use f1_macro"
+            )
+
+    def objective(self, model_config: BertConfig, head: HeadSpec) -> HeadObjective:
+        return HeadObjective(model_config, head)
+
+    def scores(
+        self, head: HeadSpec, examples: Examples, outputs: dict[str, np.ndarray]
+    ) -> dict[str, float]:
+        return split_scores(head, examples, outputs)
+
+    def write_predictions(
+        self,
+        path: pathlib.Path,
+        head: HeadSpec,
+        examples: Examples,
+        outputs: dict[str, np.ndarray],
+    ) -> None:
+        write_predictions(path, head, examples, outputs)
+
+
+def word_tags(
+    head: HeadSpec, examples: Examples, outputs: dict[str, np.ndarray]
+) -> tuple[list[list[str]], list[list[float]]]:
+    """Each sentence's predicted tag and probability per word. A word cut by max_seq_length
+    gets "O" (or the first label) with probability 0."""
+    default = "O" if "O" in head.labels else head.labels[0]
+    tags, scores = [], []
+    for row, where in enumerate(examples.word_positions):
+        kept = where >= 0
+        ids = np.zeros(len(where), np.int64)
+        ids[kept] = outputs["labels"][row, where[kept]]
+        probabilities = np.zeros(len(where))
+        probabilities[kept] = outputs["scores"][row, where[kept]]
+        tags.append([head.labels[i] if k else default for i, k in zip(ids, kept)])
+        scores.append(probabilities.tolist())
+    return tags, scores
+
+
+def split_scores(
+    head: HeadSpec, examples: Examples, outputs: dict[str, np.ndarray]
+) -> dict[str, float]:
+    """The task's metrics (metrics.scores) of one labelled split."""
+    gold = examples.features["labels"]
+    if head.task == heads.CLASSIFICATION:
+        predicted = np.argmax(outputs["probabilities"], axis=-1)
+    elif head.task == heads.REGRESSION:
+        predicted = outputs["values"]
+    elif head.task == heads.MULTI_LABEL:
+        predicted = outputs["probabilities"] >= heads.MULTI_LABEL_THRESHOLD
+    else:
+        predicted, _ = word_tags(head, examples, outputs)
+        gold = [[head.labels[i] for i in sentence] for sentence in examples.word_labels]
+    return metrics_lib.scores(head.task, predicted, gold, head.num_outputs)
+
+
+def write_predictions(
+    path: pathlib.Path, head: HeadSpec, examples: Examples, outputs: dict[str, np.ndarray]
+) -> None:
+    """A TSV of predictions, one line per example (see the module docstring)."""
+    lines = ["index\tprediction" if head.task == heads.REGRESSION else "index\tlabel\tscore"]
+    if head.task == heads.CLASSIFICATION:
+        probabilities = outputs["probabilities"]
+        best = np.argmax(probabilities, axis=-1)
+        for index, k, p in zip(examples.indices, best, probabilities):
+            lines.append(f"{index}\t{head.labels[k]}\t{p[k]:.6f}")
+    elif head.task == heads.REGRESSION:
+        for index, value in zip(examples.indices, outputs["values"]):
+            lines.append(f"{index}\t{value:.6f}")
+    elif head.task == heads.MULTI_LABEL:
+        for index, p in zip(examples.indices, outputs["probabilities"]):
+            chosen = np.flatnonzero(p >= heads.MULTI_LABEL_THRESHOLD)
+            labels = ",".join(head.labels[k] for k in chosen)
+            lines.append(f"{index}\t{labels}\t{','.join(f'{p[k]:.6f}' for k in chosen)}")
+    else:
+        tags, scores = word_tags(head, examples, outputs)
+        for index, t, s in zip(examples.indices, tags, scores):
+            lines.append(f"{index}\t{' '.join(t)}\t{' '.join(f'{x:.6f}' for x in s)}")
+    rundir.write_text(path, "\n".join(lines) + "\n")
+
+
+for _name in heads.TASKS:
+    register(HeadTask(_name))

@@ -1,0 +1,81 @@
+"""A pretraining run's data: prepared on first use, checked against the run's settings."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+
+import jax
+from jax.experimental import multihost_utils
+
+from bertjax import data as data_lib
+from bertjax.pretrain.settings import DataSettings
+from bertjax.rundir import CORPUS_DIR, DATA_DIR
+from bertjax.settings import ConfigError
+from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
+
+
+def ensure_data(
+    data: DataSettings, workdir: str | os.PathLike, *, eval_batch_size: int, seed: int
+) -> tuple[pathlib.Path, Tokenizer]:
+    """(prepared data directory, its tokenizer), preparing it on process 0 when it has none.
+
+    With neither data.dir nor data.input set, the built-in demo corpus is prepared into
+    <workdir>/data. Every process waits for process 0 (the directories are shared). The
+    prepared data must fit the run: its sequence length, its tokenizer (when the config
+    names one) and an eval split of at least one batch.
+    """
+    workdir = pathlib.Path(workdir)
+    data_dir = pathlib.Path(data.dir or workdir / DATA_DIR)
+    if jax.process_index() == 0 and not (data_dir / data_lib.MANIFEST_FILE).exists():
+        inputs = list(data.inputs)
+        if not inputs:
+            inputs = [str(data_lib.demo_corpus_path(workdir / CORPUS_DIR))]
+            print(f"No data.input given: using the built-in demo corpus {inputs[0]}")
+        print(f"Preparing data into {data_dir} ...")
+        data_lib.prepare(
+            inputs,
+            data_dir,
+            max_seq_length=data.max_seq_length,
+            max_predictions_per_seq=data.masking.max_predictions_per_seq,
+            vocab_size=data.vocab_size,
+            tokenizer_path=data.tokenizer or None,
+            tokenizer_model_type=data.tokenizer_model_type,
+            lowercase=data.lowercase,
+            task=data.task,
+            dupe_factor=data.dupe_factor,
+            short_seq_prob=data.short_seq_prob,
+            eval_fraction=data.eval_fraction,
+            workers=data.workers or None,
+            seed=seed,
+        )
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("bertjax:data_prepared")
+
+    manifest = data_lib.read_manifest(data_dir)
+    if manifest["max_seq_length"] != data.max_seq_length:
+        raise ConfigError(
+            f"config.data.max_seq_length={data.max_seq_length} but {data_dir} was prepared "
+            f"with max_seq_length={manifest['max_seq_length']}; prepare a new directory or "
+            "match it"
+        )
+    tokenizer = Tokenizer.load(data_dir / SENTENCEPIECE_FILE)
+    if data.tokenizer:
+        wanted = Tokenizer.load(data.tokenizer)
+        if wanted.fingerprint != tokenizer.fingerprint:
+            raise ConfigError(
+                f"config.data.tokenizer={data.tokenizer!r} (fingerprint "
+                f"{wanted.fingerprint[:12]}) is not the tokenizer {data_dir} was prepared with "
+                f"({tokenizer.fingerprint[:12]})"
+            )
+    eval_examples = manifest["splits"]["eval"]["num_instances"]
+    if eval_examples < eval_batch_size:
+        raise ConfigError(
+            f"config.data.eval_fraction={data.eval_fraction}: {data_dir} holds "
+            f"{eval_examples} eval instances, fewer than one eval batch ({eval_batch_size} = "
+            "batch_size / grad_accum_steps); prepare with a larger eval fraction"
+        )
+    if jax.process_index() == 0:  # bertjax.load finds the tokenizer beside the checkpoints
+        shutil.copyfile(data_dir / SENTENCEPIECE_FILE, workdir / SENTENCEPIECE_FILE)
+    return data_dir, tokenizer

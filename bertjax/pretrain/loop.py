@@ -1,0 +1,265 @@
+"""The pretraining run: `train_and_evaluate(settings, workdir)` is the job behind train.py.
+
+It prepares (or finds) the data, builds the steps (bertjax.pretrain.objective) and hands
+them to the shared loop (bertjax.loop) with what only pretraining knows: the loader's
+position and the dropout key saved in each checkpoint, eval batches from the held-out split,
+throughput figures, and at the end the baselines and fill-mask samples of the summary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import data, inference, losses, metrics_writer, perf, rundir, steps
+from bertjax import loop as loop_lib
+from bertjax.data import baseline
+from bertjax.model import BertConfig
+from bertjax.pretrain.data import ensure_data
+from bertjax.pretrain.objective import build_pretraining
+from bertjax.pretrain.settings import PretrainSettings
+from bertjax.settings import check_mesh_fits
+from bertjax.tokenizer import Tokenizer
+
+
+def held_out_metrics(
+    run: steps.Steps, params, make_batches: Callable[[], Any], max_batches: int
+) -> dict[str, float]:
+    """Eval metrics summed over the held-out split (or its first max_batches batches)."""
+    totals = None
+    for index, local_batch in enumerate(make_batches()):
+        if max_batches and index >= max_batches:
+            break
+        batch = steps.global_batch(local_batch, run.batch_sharding, jax.process_count())
+        sums = run.eval_step(params, batch)
+        totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
+    if totals is None:
+        return {}
+    return {k: float(v) for k, v in losses.metrics(totals, "eval").items()}
+
+
+@dataclasses.dataclass
+class _Hooks:
+    """What the shared loop asks of a pretraining run (bertjax.loop.LoopHooks)."""
+
+    settings: PretrainSettings
+    model_config: BertConfig
+    run: steps.Steps
+    tokenizer: Tokenizer
+    train_loader: data.Loader
+    eval_batches: Callable[[], Any]
+    checkpoint_dir: pathlib.Path
+    dropout_rng: jax.Array | None = None
+
+    def fresh(self) -> tuple[steps.TrainState, jax.Array]:
+        params_rng, self.dropout_rng = jax.random.split(jax.random.key(self.settings.run.seed))
+        state = self.run.state.init(params_rng)
+        init_from = self.settings.run.init_from
+        if init_from:
+            params = rundir.restore_run_params(
+                init_from, self.tokenizer, self.model_config, self.run.state.abstract.params
+            )
+            state = state.replace(params=params)
+            print(f"Initialised parameters from {init_from}")
+        return state, self.dropout_rng
+
+    def resumed(self, restored: checkpoint_lib.Restored) -> jax.Array:
+        self.train_loader.set_state(restored.meta["loader_state"])
+        print(f"Resumed from {self.checkpoint_dir} at step {restored.step}")
+        key_data = np.asarray(restored.meta["dropout_rng"], np.uint32)
+        self.dropout_rng = jax.random.wrap_key_data(key_data)
+        return self.dropout_rng
+
+    def batch(self, step: int) -> dict[str, np.ndarray]:
+        return next(self.train_loader)
+
+    def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
+        return held_out_metrics(
+            self.run, state.params, self.eval_batches, self.settings.run.eval_batches
+        )
+
+    def meta(self, step: int) -> dict:
+        return {
+            "loader_state": self.train_loader.get_state(),
+            # Dropout keys are folded from this with the step: all the RNG state.
+            "dropout_rng": np.asarray(jax.random.key_data(self.dropout_rng)).tolist(),
+            "model_config": self.model_config.to_dict(),
+            "tokenizer_fingerprint": self.tokenizer.fingerprint,
+            "config": self.settings.config,
+        }
+
+
+def train_and_evaluate(settings: PretrainSettings, workdir: str) -> dict[str, Any]:
+    """Runs (or resumes) pretraining in workdir; returns the final summary."""
+    start_time = time.time()
+    workdir_path = pathlib.Path(workdir)
+    workdir_path.mkdir(parents=True, exist_ok=True)
+    is_main_process = jax.process_index() == 0
+    lock = rundir.WorkdirLock(workdir_path)
+    if is_main_process:
+        lock.acquire()
+    try:
+        return _train(settings, workdir_path, start_time, is_main_process)
+    finally:
+        lock.release()
+
+
+def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any]:
+    run_settings, data_settings = settings.run, settings.data
+    data_dir, tokenizer = ensure_data(
+        data_settings,
+        workdir_path,
+        eval_batch_size=run_settings.micro_batch_size,
+        seed=run_settings.seed,
+    )
+    model_config = settings.model_config(tokenizer.vocab_size)
+    run = build_pretraining(settings, model_config)
+    check_mesh_fits(model_config, run.mesh)
+
+    def make_loader(split: str, global_batch_size: int, **kwargs) -> data.Loader:
+        return data.make_loader(
+            data_dir,
+            split=split,
+            batch_size=global_batch_size // jax.process_count(),
+            seed=run_settings.seed,
+            masking=data_settings.masking,
+            expected_max_seq_length=data_settings.max_seq_length,
+            expected_tokenizer_fingerprint=tokenizer.fingerprint,
+            **kwargs,
+        )
+
+    def eval_batches():
+        return make_loader("eval", run_settings.micro_batch_size, shuffle=False, num_epochs=1)
+
+    checkpointer = checkpoint_lib.Checkpointer(
+        workdir_path / rundir.CHECKPOINT_DIR,
+        max_to_keep=run_settings.keep_checkpoints,
+        save_interval_steps=run_settings.checkpoint_every_steps,
+    )
+    try:
+        if checkpointer.latest_step() is not None:
+            rundir.check_compatible(
+                checkpoint_lib.read_meta(checkpointer.directory),
+                tokenizer,
+                model_config,
+                f"the checkpoint in {checkpointer.directory}",
+            )
+    except Exception:
+        checkpointer.close()
+        raise
+    train_loader = make_loader("train", run_settings.batch_size)
+    writer = metrics_writer.MetricWriter(
+        workdir_path / rundir.METRICS_FILE,
+        workdir_path / rundir.TENSORBOARD_DIR,
+        enabled=is_main_process,
+    )
+    throughput = perf.Throughput(
+        run_settings.batch_size,
+        data_settings.max_seq_length,
+        perf.training_flops_per_sequence(
+            model_config,
+            data_settings.max_seq_length,
+            data_settings.masking.max_predictions_per_seq,
+        ),
+        perf.peak_flops_per_device(
+            jax.devices()[0].device_kind,
+            model_config.dtype,
+            override=run_settings.peak_flops_per_device or None,
+        ),
+        0,
+    )
+    total_steps = run_settings.num_train_steps
+    plan = loop_lib.Plan(
+        run,
+        checkpointer,
+        writer,
+        loop_lib.Cadence(
+            total_steps=total_steps,
+            period=total_steps,
+            log_every=run_settings.log_every_steps,
+            eval_every=run_settings.eval_every_steps,
+            checkpoint_every=run_settings.checkpoint_every_steps,
+        ),
+        is_main_process,
+        throughput,
+    )
+    hooks = _Hooks(
+        settings,
+        model_config,
+        run,
+        tokenizer,
+        train_loader,
+        eval_batches,
+        checkpointer.directory,
+    )
+    outcome = loop_lib.train(plan, hooks)
+
+    result = {
+        "steps": outcome.step,
+        "preempted": outcome.preempted,
+        "wall_time_sec": time.time() - start_time,
+        "eval": outcome.eval_metrics,
+        "checkpoint_dir": str(checkpointer.directory),
+        "workdir": str(workdir_path),
+        "data_dir": str(data_dir),
+    }
+    if is_main_process and outcome.eval_metrics:
+        result["baselines"] = eval_baselines(settings, data_dir)
+    # Sampling runs the model outside the training mesh's collectives: one process only.
+    if run_settings.fill_mask_samples and jax.process_count() == 1 and not outcome.preempted:
+        texts = inference.held_out_texts(data_dir, tokenizer, run_settings.fill_mask_samples)
+        result["samples"] = inference.fill_mask_samples(
+            model_config, outcome.state.params, tokenizer, texts, mesh=run.mesh
+        )
+    if is_main_process:
+        print_summary(result)
+    return result
+
+
+def eval_baselines(settings: PretrainSettings, data_dir: pathlib.Path) -> dict[str, float]:
+    """What the eval accuracies of a model that learned nothing would be, on the same batches."""
+    batches = {
+        "batch_size": settings.run.micro_batch_size,
+        "max_batches": settings.run.eval_batches,
+    }
+    unigram = baseline.unigram_baseline(
+        data_dir, masking=settings.data.masking, seed=settings.run.seed, **batches
+    )
+    return {
+        "eval/mlm_accuracy": unigram.accuracy,
+        "eval/nsp_accuracy": baseline.sentence_pair_baseline(data_dir, **batches),
+    }
+
+
+def print_summary(result: dict[str, Any]) -> None:
+    lines = [
+        "",
+        "Training finished" if not result["preempted"] else "Training stopped for preemption",
+        f"  steps:       {result['steps']}",
+        f"  wall time:   {result['wall_time_sec']:.1f} s",
+    ]
+    baselines = result.get("baselines", {})
+    for key, value in sorted(result["eval"].items()):
+        line = f"  {key + ':':<26}{value:.4f}"
+        if key in baselines:  # what always answering the commonest token or label scores
+            line += f"   (baseline {baselines[key]:.4f}, {value / baselines[key]:.1f}x)"
+        lines.append(line)
+    metrics_file = pathlib.Path(result["workdir"]) / rundir.METRICS_FILE
+    lines += [
+        f"  checkpoints: {result['checkpoint_dir']}",
+        f"  metrics:     {metrics_file} (and TensorBoard events)",
+        f"  data:        {result['data_dir']}",
+        f"  load it:     bertjax.Model.load({result['workdir']!r})",
+    ]
+    if result.get("samples"):
+        lines += ["", "Fill-mask on held-out text (top 3):"]
+        lines += [f"  {line}" for line in result["samples"]]
+    print("\n".join(lines), flush=True)

@@ -1,0 +1,66 @@
+"""What a pretraining step minimises (masked LM + next-sentence prediction), and its steps.
+
+`build_pretraining` gives the engine (bertjax.steps.build) the pretraining model's
+parameters and `PretrainingObjective`; the loss is normalised as google-research/bert's.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+
+from bertjax import losses, sharding, steps
+from bertjax.model import BertConfig, BertForPreTraining, pretraining_init
+from bertjax.pretrain.settings import PretrainSettings
+
+
+class PretrainingObjective(steps.Objective):
+    """Masked LM + next-sentence prediction, normalised as google-research/bert does."""
+
+    def __init__(self, model: BertForPreTraining):
+        self.model = model
+
+    def sums(self, params, batch, *, rng, deterministic, packed_length=None):
+        output = self.model.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            batch["masked_lm_positions"],
+            deterministic=deterministic,
+            packed_length=packed_length,
+            rngs={"dropout": rng} if rng is not None else {},
+        )
+        return losses.loss_sums(output.mlm_logits, output.nsp_logits, batch)
+
+    def zero_sums(self):
+        return losses.LossSums(*(jnp.zeros((), jnp.float32) for _ in losses.LossSums._fields))
+
+    def denominators(self, batch):
+        mlm_denominator = jnp.sum(batch["masked_lm_weights"])
+        nsp_denominator = jnp.asarray(batch["next_sentence_labels"].shape[0], jnp.float32)
+        return mlm_denominator, nsp_denominator
+
+    def loss(self, sums, denominators):
+        return losses.total_loss(sums, *denominators)
+
+    def metrics(self, sums, prefix):
+        return losses.metrics(sums, prefix)
+
+
+def build_pretraining(
+    settings: PretrainSettings, model_config: BertConfig, devices=None
+) -> steps.Steps:
+    """Creates the mesh, shardings and jitted functions of a run (nothing is allocated)."""
+    run, data = settings.run, settings.data
+    mesh = sharding.make_mesh(run.mesh_shape, devices=devices)
+    model = BertForPreTraining(model_config)
+    return steps.build(
+        PretrainingObjective(model),
+        pretraining_init(model, data.max_seq_length, data.masking.max_predictions_per_seq),
+        settings.optimizer,
+        mesh,
+        grad_accum_steps=run.grad_accum_steps,
+        packed_length=steps.packed_length(
+            run.micro_batch_size, data.max_seq_length, run.token_capacity, mesh
+        ),
+    )

@@ -1,0 +1,256 @@
+"""A pretraining run's settings, read once from its ConfigDict (configs/default.py).
+
+`PretrainSettings.from_config(config)` is the edge. Facts that only exist later are checked
+where they enter: the tokenizer's vocabulary when the data is ready
+(`PretrainSettings.model_config`), the prepared data's sequence length and eval split in
+`bertjax.pretrain.data.ensure_data`, an existing checkpoint's architecture in
+`bertjax.rundir.check_compatible`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import glob
+import os
+import pathlib
+
+import jax
+import ml_collections
+
+from bertjax import optim
+from bertjax.data import instances
+from bertjax.data.masking import MaskingSettings
+from bertjax.data.storage import MANIFEST_FILE
+from bertjax.model import BertConfig
+from bertjax.settings import (
+    ConfigError,
+    check_mesh,
+    check_mesh_fits,
+    positive_int,
+    read_optimizer,
+    require,
+    token_capacity,
+)
+from bertjax.tokenizer import MODEL_TYPES
+
+
+@dataclasses.dataclass(frozen=True)
+class DataSettings:
+    """Where the pretraining data comes from and how it is prepared and masked."""
+
+    dir: str  # a prepared data directory; empty: <workdir>/data
+    inputs: tuple[str, ...]  # raw text files, globs or directories to prepare
+    max_seq_length: int
+    vocab_size: int  # of a tokenizer trained here
+    tokenizer_model_type: str
+    tokenizer: str  # an existing sentencepiece model instead of training one
+    lowercase: bool
+    task: str  # nsp | sop
+    dupe_factor: int
+    short_seq_prob: float
+    eval_fraction: float
+    workers: int  # 0: one per CPU core
+    masking: MaskingSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSettings:
+    """The shape of the run: batch, steps, mesh and intervals."""
+
+    seed: int
+    num_train_steps: int
+    batch_size: int  # global, over all processes and devices
+    grad_accum_steps: int
+    token_capacity: float
+    mesh_shape: tuple[int, ...]
+    log_every_steps: int
+    eval_every_steps: int
+    eval_batches: int  # 0: the whole eval split
+    checkpoint_every_steps: int
+    keep_checkpoints: int
+    init_from: str  # a workdir or checkpoint directory whose params start the run
+    peak_flops_per_device: float  # 0: look the device up
+    fill_mask_samples: int  # held-out sentences shown with their fill-mask guesses at the end
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Rows per micro-batch; evaluation uses batches of this size too (they fit)."""
+        return self.batch_size // self.grad_accum_steps
+
+
+@dataclasses.dataclass(frozen=True)
+class PretrainSettings:
+    """Everything a pretraining run needs to know, validated."""
+
+    # The architecture; its vocab_size is provisional until the tokenizer is known.
+    model: BertConfig
+    requested_vocab_size: int  # config.model.vocab_size: 0 takes the tokenizer's
+    optimizer: optim.OptimizerSettings
+    data: DataSettings
+    run: RunSettings
+    config: dict  # the config as given, kept in checkpoints for the record
+
+    @classmethod
+    def from_config(
+        cls,
+        config: ml_collections.ConfigDict,
+        *,
+        devices: list[jax.Device] | None = None,
+        process_count: int = 1,
+    ) -> PretrainSettings:
+        """Reads and validates a training config (see configs/default.py for the fields)."""
+        return _read(config, devices=devices, process_count=process_count)
+
+    def model_config(self, vocab_size: int) -> BertConfig:
+        """The architecture with the tokenizer's vocabulary; fails if the config asked for
+        another size."""
+        if self.requested_vocab_size and self.requested_vocab_size != vocab_size:
+            raise ConfigError(
+                f"config.model.vocab_size={self.requested_vocab_size} does not match the "
+                f"tokenizer's vocabulary of {vocab_size}; set it to 0 to take the tokenizer's size"
+            )
+        return dataclasses.replace(self.model, vocab_size=vocab_size)
+
+
+def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> PretrainSettings:
+    for field in (
+        "num_train_steps",
+        "batch_size",
+        "grad_accum_steps",
+        "log_every_steps",
+        "eval_every_steps",
+        "checkpoint_every_steps",
+        "keep_checkpoints",
+        "data.max_seq_length",
+        "data.max_predictions_per_seq",
+        "data.vocab_size",
+        "data.dupe_factor",
+    ):
+        positive_int(config, field)
+    require_ = functools.partial(require, config)
+    require_(config.eval_batches >= 0, "eval_batches", "must be >= 0 (0 evaluates the whole split)")
+    require_(
+        isinstance(config.fill_mask_samples, int) and config.fill_mask_samples >= 0,
+        "fill_mask_samples",
+        "must be an integer >= 0 (0 shows none)",
+    )
+    require_(
+        config.peak_flops_per_device >= 0,
+        "peak_flops_per_device",
+        "must be >= 0 (0: look up the device)",
+    )
+    token_capacity(config)
+
+    run = RunSettings(
+        seed=config.seed,
+        num_train_steps=config.num_train_steps,
+        batch_size=config.batch_size,
+        grad_accum_steps=config.grad_accum_steps,
+        token_capacity=float(config.token_capacity),
+        mesh_shape=tuple(config.mesh_shape),
+        log_every_steps=config.log_every_steps,
+        eval_every_steps=config.eval_every_steps,
+        eval_batches=config.eval_batches,
+        checkpoint_every_steps=config.checkpoint_every_steps,
+        keep_checkpoints=config.keep_checkpoints,
+        init_from=config.init_from or "",
+        peak_flops_per_device=float(config.peak_flops_per_device),
+        fill_mask_samples=config.fill_mask_samples,
+    )
+    data = _read_data(config)
+    model_fields = dict(config.model)
+    preset = model_fields.pop("preset")
+    requested_vocab = model_fields.pop("vocab_size")
+    try:
+        # Provisional until the tokenizer is known: the size the tokenizer will be trained to.
+        model = BertConfig.preset(
+            preset, vocab_size=requested_vocab or data.vocab_size, **model_fields
+        )
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"config.model: {e}") from e
+    require_(
+        data.max_seq_length <= model.max_position_embeddings,
+        "data.max_seq_length",
+        f"exceeds the model's max_position_embeddings={model.max_position_embeddings}",
+    )
+    optimizer = read_optimizer(config, total_steps=config.num_train_steps)
+
+    mesh = check_mesh(config, run, devices, process_count)
+    check_mesh_fits(model, mesh, check_vocab=bool(requested_vocab))
+    require_(
+        config.init_from is not None,
+        "init_from",
+        "this recipe continues another run: set --config.init_from=<its workdir>",
+    )
+    if config.init_from:
+        require_(
+            os.path.exists(config.init_from),
+            "init_from",
+            "no such workdir or checkpoint directory",
+        )
+    return PretrainSettings(
+        model=model,
+        requested_vocab_size=requested_vocab,
+        optimizer=optimizer,
+        data=data,
+        run=run,
+        config=config.to_dict(),
+    )
+
+
+def _read_data(config) -> DataSettings:
+    require_ = functools.partial(require, config)
+    d = config.data
+    require_(0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", "must be in (0, 1)")
+    require_(
+        d.max_predictions_per_seq <= d.max_seq_length,
+        "data.max_predictions_per_seq",
+        f"must be <= data.max_seq_length={d.max_seq_length}",
+    )
+    require_(d.task in instances.TASKS, "data.task", f"must be one of {instances.TASKS}")
+    require_(
+        d.tokenizer_model_type in MODEL_TYPES,
+        "data.tokenizer_model_type",
+        f"must be one of {MODEL_TYPES}",
+    )
+    require_(
+        0.0 < d.eval_fraction < 1.0,
+        "data.eval_fraction",
+        "must be in (0, 1): evaluation needs a held-out split",
+    )
+    inputs = tuple(path.strip() for path in d.input.split(",") if path.strip())
+    for path in inputs:
+        require_(
+            os.path.exists(path) or bool(glob.glob(path, recursive=True)),
+            "data.input",
+            f"{path!r} matches no file or directory",
+        )
+    if d.dir and not inputs:
+        require_(
+            (pathlib.Path(d.dir) / MANIFEST_FILE).exists(),
+            "data.dir",
+            "holds no prepared data (no manifest) and data.input names nothing to prepare; "
+            "run python -m bertjax.data.prepare or set data.input",
+        )
+    if d.tokenizer:
+        require_(os.path.isfile(d.tokenizer), "data.tokenizer", "no such file")
+    return DataSettings(
+        dir=d.dir,
+        inputs=inputs,
+        max_seq_length=d.max_seq_length,
+        vocab_size=d.vocab_size,
+        tokenizer_model_type=d.tokenizer_model_type,
+        tokenizer=d.tokenizer,
+        lowercase=d.lowercase,
+        task=d.task,
+        dupe_factor=d.dupe_factor,
+        short_seq_prob=d.short_seq_prob,
+        eval_fraction=d.eval_fraction,
+        workers=d.workers,
+        masking=MaskingSettings(
+            masked_lm_prob=d.masked_lm_prob,
+            max_predictions_per_seq=d.max_predictions_per_seq,
+            whole_word_masking=d.whole_word_masking,
+        ),
+    )

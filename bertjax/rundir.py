@@ -1,0 +1,342 @@
+"""A run directory: its layout (named here once), opening any run, the lock, the checks.
+
+A work directory (`--workdir`) is laid out as:
+
+    corpus/            pretraining: the built-in demo corpus, when no input was given
+    data/              pretraining: prepared instances and their tokenizer (unless data.dir
+                       points elsewhere)
+    checkpoints/       Orbax step directories (params, opt_state, meta): the latest state
+    best/              fine-tuning: the parameters of the best epoch by the task's metric
+    tokenizer.model    the tokenizer, so the checkpoints open on their own (a WordPiece
+                       tokenizer as tokenizer.json)
+    metrics.jsonl      one JSON object per logged step
+    tensorboard/       TensorBoard event files
+    run.lock           who is training here now (host and process id)
+    result.json        fine-tuning: the best epoch and its validation metrics
+    predictions_<split>.tsv   fine-tuning: the best parameters' predictions of a test file
+    seed_<n>/          fine-tuning with several seeds: one such directory per seed, and
+    seeds.json         every seed's best value and their median
+
+Every other module takes these names from here. `open_run(path, step)` opens a bertjax
+work directory (pretraining or fine-tuning) or a Hugging Face / exported directory and
+returns its architecture, tokenizer and head, checked against each other once;
+`read_params` then reads its parameters (onto one device or a mesh). `bertjax.load`,
+`bertjax.Model.load` and fine-tuning's init_from all open runs this way. Files a run
+writes besides checkpoints and metrics go through `write_text`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import socket
+import time
+from typing import Any
+
+import jax
+
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import heads, hf, steps
+from bertjax.heads import HeadSpec
+from bertjax.model import ARCHITECTURE_FIELDS, BertConfig, BertForPreTraining, pretraining_init
+from bertjax.settings import ConfigError
+from bertjax.tokenizer import HF_TOKENIZER_FILE, SENTENCEPIECE_FILE, Tokenizer
+
+DATA_DIR = "data"
+CORPUS_DIR = "corpus"
+CHECKPOINT_DIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+TENSORBOARD_DIR = "tensorboard"
+LOCK_FILE = "run.lock"
+# Where a fine-tuning run keeps its best checkpoint (by the task's metric), beside
+# checkpoints/ (the latest state, for resuming).
+BEST_CHECKPOINT_DIR = "best"
+# A tokenizer kept beside a run's checkpoints: sentencepiece's model (the name a prepared
+# data directory uses too), or WordPiece's tokenizer.json.
+TOKENIZER_FILES = (SENTENCEPIECE_FILE, HF_TOKENIZER_FILE)
+RESULT_FILE = "result.json"
+SEEDS_FILE = "seeds.json"
+SEED_DIR = "seed_{}"
+PREDICTIONS_FILE = "predictions_{}.tsv"
+
+# What open_run found.
+PRETRAINED = "pretrained"  # a pretraining work directory
+FINETUNED = "finetuned"  # a fine-tuning work directory (its checkpoints carry a head)
+HUGGING_FACE = "hf"  # a transformers directory, or one bertjax.hf.save wrote
+
+
+class IncompatibleCheckpointError(ConfigError):
+    """A checkpoint that does not fit the run's tokenizer or model; the message says how."""
+
+
+class WorkdirLockedError(RuntimeError):
+    """Another live run holds the work directory."""
+
+
+class RunDirectoryError(ValueError):
+    """A directory that is no run, or whose parts do not belong together; the message says how."""
+
+
+def tokenizer_file(tokenizer: Tokenizer) -> str:
+    """The name a run directory keeps this tokenizer under."""
+    return SENTENCEPIECE_FILE if tokenizer.kind == "sentencepiece" else HF_TOKENIZER_FILE
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Writes one of a run's small files (results, predictions) whole."""
+    pathlib.Path(path).write_text(text, encoding="utf-8")
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """An opened run: what it is, its architecture, tokenizer and head (parameters come with
+    `read_params`)."""
+
+    path: pathlib.Path
+    kind: str  # PRETRAINED, FINETUNED or HUGGING_FACE
+    config: BertConfig
+    tokenizer: Tokenizer
+    head: HeadSpec | None  # the fine-tuning head its parameters include
+    checkpoints: pathlib.Path | None  # the Orbax directory its parameters come from
+    step: int | None  # the step asked for; None: the newest readable one
+    best: bool = False  # the checkpoints are a fine-tuning run's best/
+    params: Any = None  # HUGGING_FACE: host arrays, read with the config
+    fresh: tuple[str, ...] = ()  # HUGGING_FACE: parameter groups the files did not have
+
+
+def open_run(path: str | os.PathLike, step: int | None = None, *, best: bool = True, **overrides):
+    """Opens a bertjax work directory, a bertjax export or a Hugging Face BERT directory.
+
+    `step` picks a checkpoint of a work directory (default: the newest readable one; for a
+    fine-tuning run with `best`, its best one). The tokenizer must be the one the checkpoint
+    was trained with. `overrides` are BertConfig fields (e.g. dtype) of a Hugging Face
+    directory. Raises RunDirectoryError, FileNotFoundError, or what reading the files does.
+    """
+    path = pathlib.Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    if (path / CHECKPOINT_DIR).is_dir():
+        use_best = best and step is None and (path / BEST_CHECKPOINT_DIR).is_dir()
+        checkpoints = path / (BEST_CHECKPOINT_DIR if use_best else CHECKPOINT_DIR)
+        # The small meta item first: a mismatch is found before any array is read.
+        meta = checkpoint_lib.read_meta(checkpoints, step=step)
+        config = BertConfig.from_dict(meta["model_config"])
+        tokenizer = _run_tokenizer(path, meta["tokenizer_fingerprint"], config)
+        head = HeadSpec.from_dict(meta["head"]) if "head" in meta else None
+        kind = FINETUNED if head is not None else PRETRAINED
+        return Run(path, kind, config, tokenizer, head, checkpoints, step, use_best)
+    if (path / hf.CONFIG_NAME).is_file():
+        if step is not None:
+            raise RunDirectoryError(
+                f"step={step} applies to bertjax work directories; {path} is a Hugging Face "
+                "directory with a single set of weights"
+            )
+        config, params, report = hf.load_with_report(path, **overrides)
+        try:
+            tokenizer = hf.load_tokenizer(path)
+        except FileNotFoundError:
+            raise RunDirectoryError(
+                f"{path} has a model but no tokenizer: expected tokenizer.json, vocab.txt or "
+                "tokenizer.model beside config.json"
+            ) from None
+        fresh = {name.split("/")[0] for name in report.initialized}
+        if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
+            fresh = (fresh - {"bert"}) | {"pooler"}
+        return Run(
+            path,
+            HUGGING_FACE,
+            config,
+            tokenizer,
+            report.head,
+            None,
+            None,
+            params=params,
+            fresh=tuple(sorted(fresh)),
+        )
+    raise RunDirectoryError(
+        f"{path} is neither a bertjax work directory (expected {CHECKPOINT_DIR}/ with "
+        f"checkpoints and {SENTENCEPIECE_FILE}) nor a Hugging Face BERT directory (expected "
+        f"{hf.CONFIG_NAME}, {hf.SAFE_WEIGHTS_NAME} or {hf.TORCH_WEIGHTS_NAME}, and "
+        "tokenizer.json or vocab.txt); seeds of a several-seed run are in its seed_<n>/ "
+        "directories"
+    )
+
+
+def _run_tokenizer(path: pathlib.Path, fingerprint: str, config: BertConfig) -> Tokenizer:
+    """The tokenizer beside a run's checkpoints, checked against the one they were trained
+    with."""
+    for name in TOKENIZER_FILES:
+        if (path / name).is_file():
+            tokenizer = Tokenizer.load(path / name)
+            break
+    else:
+        raise RunDirectoryError(
+            f"{path} has checkpoints but no tokenizer beside them "
+            f"({' or '.join(TOKENIZER_FILES)}); copy the tokenizer of the data it was "
+            "trained on there"
+        )
+    if tokenizer.fingerprint != fingerprint or tokenizer.vocab_size != config.vocab_size:
+        raise RunDirectoryError(
+            f"{path}: the checkpoint was trained with tokenizer {fingerprint[:12]} "
+            f"({config.vocab_size} pieces), but {path / name} is "
+            f"{tokenizer.fingerprint[:12]} ({tokenizer.vocab_size} pieces): its "
+            "vocabulary does not match the checkpoint's; put the training data's "
+            "tokenizer there"
+        )
+    return tokenizer
+
+
+def read_params(run: Run, mesh: jax.sharding.Mesh | None = None) -> tuple[int | None, Any]:
+    """(step, parameters) of an opened run: the parameters only, never the optimizer state.
+
+    Without a mesh they land on this machine's first device, whatever mesh they were saved
+    from; with one, sharded as the run's own model lays them out there. A Hugging Face
+    directory's are host arrays (step None).
+    """
+    if run.kind == HUGGING_FACE:
+        return None, run.params
+    abstract = None
+    if mesh is not None:
+        if run.kind == PRETRAINED:
+            init = pretraining_init(BertForPreTraining(run.config), 1, 1)
+        else:
+            model = heads.make_model(run.config, run.head)
+            init = functools.partial(heads.init_params, model)
+        abstract = steps.make_state(init, None, mesh).abstract.params
+    step, params, _ = checkpoint_lib.restore_params(
+        run.checkpoints, step=run.step, abstract_params=abstract
+    )
+    return step, params
+
+
+def checkpoint_dir(path: str | os.PathLike) -> pathlib.Path:
+    """The checkpoint directory of a workdir, or `path` itself when it is one already."""
+    path = pathlib.Path(path)
+    return path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
+
+
+def check_compatible(meta: dict, tokenizer: Tokenizer, model_config: BertConfig, what: str) -> None:
+    """Fails, naming the difference, unless a checkpoint fits this run's tokenizer and model.
+
+    Checked on the checkpoint's small meta item before any array is read, so a config
+    mistake is reported as one rather than as an unreadable checkpoint.
+    """
+    if meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
+        raise IncompatibleCheckpointError(
+            f"{what} was trained with tokenizer {meta['tokenizer_fingerprint'][:12]}, but the "
+            f"run's data uses {tokenizer.fingerprint[:12]}; point config.data.dir at the data "
+            "it was trained on"
+        )
+    source = meta["model_config"]
+    # scan_layers changes how the layers are stored, so the saved arrays' shapes with it.
+    for field in (*ARCHITECTURE_FIELDS, "scan_layers"):
+        if source[field] != getattr(model_config, field):
+            raise IncompatibleCheckpointError(
+                f"{what} has a model with {field}={source[field]!r}, this run's config.model "
+                f"gives {getattr(model_config, field)!r}"
+            )
+
+
+def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[BertConfig, Any, Tokenizer]:
+    """(config, params, tokenizer) of a run, from its latest (or the given) checkpoint.
+
+    Reads the parameters only, never the optimizer state, and places them on this
+    machine's first device whatever mesh they were saved from.
+    """
+    workdir = pathlib.Path(workdir)
+    if not (workdir / CHECKPOINT_DIR).is_dir():
+        raise FileNotFoundError(
+            f"{workdir} has no {CHECKPOINT_DIR}/ directory: is it a bertjax work directory?"
+        )
+    run = open_run(workdir, step, best=False)
+    _, params = read_params(run)
+    return run.config, params, run.tokenizer
+
+
+def restore_run_params(
+    init_from: str | os.PathLike, tokenizer: Tokenizer, model_config: BertConfig, abstract_params
+) -> Any:
+    """Parameters of another run (phase 1 for phase 2), placed as `abstract_params` says."""
+    directory = checkpoint_dir(init_from)
+    check_compatible(
+        checkpoint_lib.read_meta(directory),
+        tokenizer,
+        model_config,
+        f"config.init_from={str(init_from)!r}",
+    )
+    _, params, _ = checkpoint_lib.restore_params(directory, abstract_params=abstract_params)
+    return params
+
+
+class WorkdirLock:
+    """Keeps two runs out of one work directory (a second one would delete the first one's
+    in-progress save). The lock file names the host and process that hold it; a lock whose
+    process is gone (killed on this host) is taken over."""
+
+    def __init__(self, workdir: str | os.PathLike):
+        self.path = pathlib.Path(workdir) / LOCK_FILE
+        self._held = False
+
+    def acquire(self) -> WorkdirLock:
+        me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        while True:
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                holder = self._holder()
+                if holder is None and self._age() < 2.0:
+                    time.sleep(0.1)  # just created by another process, not yet written
+                    continue
+                if holder is not None and not self._is_stale(holder):
+                    since = time.strftime(
+                        "%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0))
+                    )
+                    raise WorkdirLockedError(
+                        f"{self.path.parent} is in use by process {holder.get('pid')} on "
+                        f"{holder.get('host')} (since {since}); wait for it to finish or use "
+                        f"another --workdir. If that process is gone, delete {self.path}"
+                    ) from None
+                self.path.unlink(missing_ok=True)  # stale or unreadable: take it over
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(me, f)
+            self._held = True
+            return self
+
+    def _age(self) -> float:
+        try:
+            return time.time() - self.path.stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def _holder(self) -> dict | None:
+        try:
+            return json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+
+    @staticmethod
+    def _is_stale(holder: dict) -> bool:
+        if holder.get("host") != socket.gethostname():
+            return False  # another host's process cannot be checked from here
+        try:
+            os.kill(int(holder["pid"]), 0)
+        except ProcessLookupError:
+            return True
+        except (PermissionError, KeyError, TypeError, ValueError):
+            return False
+        return False
+
+    def release(self) -> None:
+        if self._held:
+            self.path.unlink(missing_ok=True)
+            self._held = False
+
+    def __enter__(self) -> WorkdirLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()

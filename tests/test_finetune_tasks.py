@@ -1,0 +1,112 @@
+"""The fine-tuning task registry: what config.task can name, and what a new task plugs into."""
+
+import pathlib
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax import heads, optim
+from bertjax.finetune import task as task_lib
+from bertjax.finetune.objective import build_finetuning
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.finetune.tasks.labels import HeadTask
+from bertjax.model import BertConfig
+from bertjax.settings import ConfigError
+from configs import finetune as finetune_config
+
+
+class _Echo(HeadTask):
+    """A task registered from outside the package: the classification head under a new
+    name and its own metric, as a new task module would register one."""
+
+    @property
+    def metrics(self):
+        return ("exact",)
+
+    @property
+    def default_metric(self):
+        return "exact"
+
+
+def _settings(tmp_path: pathlib.Path, **fields) -> FinetuneSettings:
+    train = tmp_path / "train.csv"
+    train.write_text("sentence,label\na cat,yes\na dog,no\n", encoding="utf-8")
+    config = finetune_config.get_config()
+    config.init_from = str(tmp_path)
+    config.data.train = str(train)
+    config.data.validation = str(train)
+    config.batch_size = 8
+    config.eval_batch_size = 8
+    for key, value in fields.items():
+        setattr(config, key, value)
+    return FinetuneSettings.from_config(config)
+
+
+def test_the_four_heads_are_registered_in_order():
+    assert task_lib.names()[:4] == heads.TASKS
+    for name in heads.TASKS:
+        assert task_lib.get(name).name == name
+    with pytest.raises(ValueError, match=r"task='nope' is not a fine-tuning task: valid \("):
+        task_lib.get("nope")
+
+
+def test_a_name_is_registered_once():
+    with pytest.raises(ValueError, match="registered twice"):
+        task_lib.register(HeadTask(heads.CLASSIFICATION))
+
+
+def test_settings_take_a_task_and_its_metrics_from_the_registry(tmp_path):
+    with pytest.raises(ConfigError, match=r"config.task='echo_test': must be one of \("):
+        _settings(tmp_path, task="echo_test")
+    echo = task_lib.register(_Echo("echo_test"))
+    try:
+        settings = _settings(tmp_path, task="echo_test")
+        assert settings.task == "echo_test" and settings.run.metric == "exact"
+        # Its checkpoints' head names it too.
+        assert heads.HeadSpec("echo_test", ("yes", "no")).task == "echo_test"
+        with pytest.raises(ConfigError, match=r"must be one of \('exact',\) for a echo_test"):
+            _settings(tmp_path, task="echo_test", metric="accuracy")
+    finally:
+        task_lib._REGISTRY.pop(echo.name)
+
+
+def test_the_optimizer_has_pretraining_s_shape_with_a_warmup_fraction(tmp_path):
+    settings = _settings(tmp_path, task="classification")
+    assert isinstance(settings.optimizer, optim.OptimizerSettings)
+    resolved = settings.optimizer_for(250)
+    # google's run_classifier: lr 2e-5, 10% warmup, linear decay to 0 at the last step.
+    assert (resolved.learning_rate, resolved.warmup_steps, resolved.total_steps) == (2e-5, 25, 250)
+    assert resolved.schedule == "linear" and resolved.name == "adamw"
+    assert resolved.weight_decay == 0.01 and resolved.eps == 1e-6
+
+
+def test_build_finetuning_takes_the_objective_from_the_task():
+    config = BertConfig(
+        vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64
+    )
+    head = heads.HeadSpec(heads.MULTI_LABEL, ("a", "b", "c"))
+    ft = build_finetuning(
+        config,
+        head,
+        optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=1),
+        mesh_shape=(-1, 1, 1),
+        grad_accum_steps=1,
+        micro_batch_size=8,
+        max_seq_length=8,
+    )
+    assert ft.objective.head == head and ft.objective.eval_outputs
+    kernel = ft.state.abstract.params["classifier"]["kernel"]
+    assert kernel.shape == (32, 3)
+    batch = {
+        "input_ids": np.full((8, 8), 5, np.int32),
+        "input_mask": np.ones((8, 8), np.int32),
+        "segment_ids": np.zeros((8, 8), np.int32),
+        "labels": np.zeros((8, 3), np.float32),
+        "weights": np.ones(8, np.float32),
+    }
+    with jax.set_mesh(ft.mesh):
+        params = ft.state.init(jax.random.key(0)).params
+        sums, outputs = ft.eval_step(params, batch)
+    assert outputs["probabilities"].shape == (8, 3)
+    assert float(sums.count) == 8 * 3
