@@ -26,23 +26,10 @@ SEQ_LEN = 64
 PREDICTIONS = 10
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> pathlib.Path:
-    root = tmp_path_factory.mktemp("trainer_data")
-    corpus = write_corpus(root / "corpus.txt")
-    out = root / "prepared"
-    data_lib.prepare(
-        [str(corpus)],
-        out,
-        max_seq_length=SEQ_LEN,
-        max_predictions_per_seq=PREDICTIONS,
-        vocab_size=350,
-        dupe_factor=3,
-        eval_fraction=0.1,
-        workers=1,
-        seed=1,
-    )
-    return out
+@pytest.fixture
+def data_dir(synthetic_data) -> pathlib.Path:
+    """The synthetic corpus prepared with SEQ_LEN and PREDICTIONS (conftest.py)."""
+    return synthetic_data
 
 
 def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDict:
@@ -124,6 +111,7 @@ def subprocess_env(device_count: int = 2) -> dict:
 # ----------------------------------------------------------------------------- learning
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
     workdir = tmp_path / "run"
     config = make_config(
@@ -182,17 +170,13 @@ def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
     assert np.isfinite(float(logit_sum)) and float(logit_sum) > 0
 
 
-def test_the_default_run_prepares_the_demo_corpus_itself(tmp_path):
-    config = tiny.get_config()  # what `python train.py` runs, shortened
-    config.num_train_steps = 2
-    config.optimizer.warmup_steps = 1
-    config.eval_every_steps = config.checkpoint_every_steps = 2
-    config.eval_batches = 1
-    result = train(config, str(tmp_path / "run"))
-    manifest = data_lib.read_manifest(tmp_path / "run" / "data")
+@pytest.mark.slow
+def test_the_default_run_prepares_the_demo_corpus_itself(demo_run):
+    workdir, result, config = demo_run  # what `python train.py` runs, shortened (conftest.py)
+    manifest = data_lib.read_manifest(workdir / "data")
     assert manifest["splits"]["train"]["num_instances"] > 1000
-    assert list((tmp_path / "run" / "corpus").iterdir())
-    assert result["steps"] == 2 and (tmp_path / "run" / "checkpoints" / "2").is_dir()
+    assert list((workdir / "corpus").iterdir())
+    assert result["steps"] == 2 and (workdir / "checkpoints" / "2").is_dir()
     assert set(result["eval"]) == {
         "eval/mlm_loss",
         "eval/mlm_accuracy",
@@ -210,6 +194,7 @@ def test_the_default_run_prepares_the_demo_corpus_itself(tmp_path):
 # ----------------------------------------------------------------------------- resume
 
 
+@pytest.mark.slow
 def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
     straight = tmp_path / "straight"
     subprocess.run(
@@ -258,6 +243,7 @@ def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
         assert resumed[step] == expected[step], f"step {step}: {resumed[step]} != {expected[step]}"
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
     workdir = tmp_path / "preempted"
     overrides = base_overrides(data_dir, num_train_steps=400, checkpoint_every_steps=1000)
@@ -295,6 +281,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
 # ----------------------------------------------------------------------------- multi-process
 
 
+@pytest.mark.slow
 def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
     overrides = base_overrides(
         data_dir,
