@@ -27,6 +27,7 @@ from bertjax import data as data_lib  # noqa: E402
 from bertjax import trainer  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.settings import FinetuneSettings, PretrainSettings  # noqa: E402
+from bertjax.workdir import CORPUS_DIR  # noqa: E402
 from configs import tiny  # noqa: E402
 
 # The synthetic corpus's prepared data: what test_trainer's pinned run was recorded on.
@@ -116,15 +117,23 @@ def finetuned_run(pretrained_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_run(tmp_path_factory):
+def demo_corpus(tmp_path_factory) -> pathlib.Path:
+    """The built-in demo corpus, built once, in the corpus cache of `demo_run`'s work
+    directory (where a run with no data given looks for it before building it)."""
+    return data_lib.demo_corpus_path(tmp_path_factory.mktemp("demo") / "run" / CORPUS_DIR)
+
+
+@pytest.fixture(scope="session")
+def demo_run(demo_corpus):
     """(work directory, summary, config) of what `python train.py` runs, shortened to two
-    steps: the tiny recipe with no data given, so the run builds the demo corpus and prepares
-    it into <workdir>/data, where the demo recipe's own test finds it."""
+    steps: the tiny recipe with no data given, so the run takes the demo corpus (from its
+    cache, `demo_corpus`) and prepares it into <workdir>/data, where the demo recipe's own
+    test finds it."""
     config = tiny.get_config()
     config.num_train_steps = 2
     config.optimizer.warmup_steps = 1
     config.eval_every_steps = config.checkpoint_every_steps = 2
     config.eval_batches = 1
-    workdir = tmp_path_factory.mktemp("demo") / "run"
+    workdir = demo_corpus.parent.parent
     result = trainer.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
     return workdir, result, config

@@ -171,11 +171,12 @@ def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_the_default_run_prepares_the_demo_corpus_itself(demo_run):
+def test_the_default_run_prepares_the_demo_corpus_itself(demo_run, demo_corpus):
     workdir, result, config = demo_run  # what `python train.py` runs, shortened (conftest.py)
     manifest = data_lib.read_manifest(workdir / "data")
     assert manifest["splits"]["train"]["num_instances"] > 1000
     assert list((workdir / "corpus").iterdir())
+    assert manifest["settings"]["inputs"] == [str(demo_corpus)]  # the demo corpus in corpus/
     assert result["steps"] == 2 and (workdir / "checkpoints" / "2").is_dir()
     assert set(result["eval"]) == {
         "eval/mlm_loss",
