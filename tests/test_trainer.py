@@ -357,6 +357,7 @@ def _one_step(data_dir, config, spoil=None):
     return before, jax.device_get(state.params), jax.device_get(metrics)
 
 
+@pytest.mark.slow  # several train steps compiled: over 20 s on two cores
 def test_gradient_accumulation_equals_one_large_batch(data_dir):
     no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
     _, params_1, metrics_1 = _one_step(
@@ -393,6 +394,7 @@ def short_data_dir(tmp_path_factory) -> pathlib.Path:
     return out
 
 
+@pytest.mark.slow  # several train steps compiled: over 20 s on two cores
 def test_token_packing_trains_like_the_padded_step(short_data_dir):
     no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
     config = make_config(short_data_dir, **no_dropout)
