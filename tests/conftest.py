@@ -1,4 +1,10 @@
-"""Test setup: 8 simulated CPU devices, set before jax is first imported."""
+"""Test setup: 8 simulated CPU devices, set before jax is first imported, and the data and
+runs that tests in several files need, each built once per session.
+
+Two speeds: `pytest -q -m "not slow"` leaves out the tests marked `slow` (subprocesses and
+end-to-end runs); `pytest -q` runs everything. A session fixture is built by the first test
+that asks for it, so the fast tier builds only the ones its tests use.
+"""
 
 import os
 
@@ -6,3 +12,130 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import pathlib  # noqa: E402
+
+import pytest  # noqa: E402
+from synthetic_corpus import (  # noqa: E402
+    finetune_config,
+    topic_words,
+    write_corpus,
+    write_topic_csv,
+)
+
+from bertjax import data as data_lib  # noqa: E402
+from bertjax import loop as engine_loop  # noqa: E402
+from bertjax.finetune import loop  # noqa: E402
+from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
+from bertjax.pretrain import loop as pretrain_loop  # noqa: E402
+from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
+from bertjax.rundir import CORPUS_DIR  # noqa: E402
+from configs import tiny  # noqa: E402
+
+# The synthetic corpus's prepared data: what test_trainer's pinned run was recorded on.
+SYNTHETIC_SEQ_LEN = 64
+SYNTHETIC_PREDICTIONS = 10
+
+
+@pytest.fixture(scope="session")
+def synthetic_corpus(tmp_path_factory) -> pathlib.Path:
+    """tests/synthetic_corpus.py's corpus at its defaults: 200 documents of 8 topics."""
+    return write_corpus(tmp_path_factory.mktemp("synthetic") / "corpus.txt")
+
+
+@pytest.fixture(scope="session")
+def synthetic_data(synthetic_corpus) -> pathlib.Path:
+    """The synthetic corpus prepared once (tokenizer, train and eval splits) for every test
+    that pretrains or reads batches of it: the trainer, fine-tuning's source run, inference."""
+    out = synthetic_corpus.parent / "prepared"
+    data_lib.prepare(
+        [str(synthetic_corpus)],
+        out,
+        max_seq_length=SYNTHETIC_SEQ_LEN,
+        max_predictions_per_seq=SYNTHETIC_PREDICTIONS,
+        vocab_size=350,
+        dupe_factor=3,
+        eval_fraction=0.1,
+        workers=1,
+        seed=1,
+        verbose=False,
+    )
+    return out
+
+
+@pytest.fixture(scope="session")
+def pretrained_run(synthetic_data, synthetic_corpus, tmp_path_factory):
+    """(work directory, each topic's words): a one-layer BERT pretrained for 6 steps on the
+    synthetic data, the source that fine-tuning tests start from. Tests must not change it."""
+    config = tiny.get_config()
+    # Smaller than tiny: one layer compiles in half the time.
+    config.model.num_layers = 1
+    config.model.hidden_size = 64
+    config.model.intermediate_size = 256
+    config.data.dir = str(synthetic_data)
+    config.data.max_seq_length = SYNTHETIC_SEQ_LEN
+    config.data.max_predictions_per_seq = SYNTHETIC_PREDICTIONS
+    config.batch_size = 16
+    config.num_train_steps = 6
+    config.log_every_steps = 6
+    config.eval_every_steps = 1000
+    config.eval_batches = 1
+    config.checkpoint_every_steps = 6
+    config.optimizer.warmup_steps = 2
+    workdir = tmp_path_factory.mktemp("pretrained") / "run"
+    pretrain_loop.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
+    return workdir, topic_words(synthetic_corpus)
+
+
+@pytest.fixture(scope="session")
+def finetuned_run(pretrained_run, tmp_path_factory):
+    """(root, two-seed summary, preempted summary, resumed summary): topic classification
+    (synthetic_corpus.LABELS) fine-tuned from `pretrained_run` with seeds 1 and 2 in one run
+    (root/seeds), and seed 1 alone preempted at step 25 and resumed (root/alone); root holds
+    the csv files."""
+    init_from, topics = pretrained_run
+    root = tmp_path_factory.mktemp("classification")
+    fields = {
+        "task": "classification",
+        "data.train": str(write_topic_csv(root / "train.csv", topics, 320, seed=1)),
+        "data.validation": str(write_topic_csv(root / "dev.csv", topics, 64, seed=2)),
+        "data.test": str(write_topic_csv(root / "test.csv", topics, 12, seed=3)),
+        "num_epochs": 4,
+        "optimizer.learning_rate": 1e-3,
+    }
+
+    def finetune(config, workdir):
+        return loop.finetune(FinetuneSettings.from_config(config), workdir)
+
+    seeds = finetune(finetune_config(init_from, seeds=(1, 2), **fields), root / "seeds")
+    original = engine_loop.PreemptionWatcher.should_stop
+    engine_loop.PreemptionWatcher.should_stop = lambda self, step: step == 25
+    try:
+        preempted = finetune(finetune_config(init_from, **fields), root / "alone")
+    finally:
+        engine_loop.PreemptionWatcher.should_stop = original
+    resumed = finetune(finetune_config(init_from, **fields), root / "alone")
+    return root, seeds, preempted, resumed
+
+
+@pytest.fixture(scope="session")
+def demo_corpus(tmp_path_factory) -> pathlib.Path:
+    """The built-in demo corpus, built once, in the corpus cache of `demo_run`'s work
+    directory (where a run with no data given looks for it before building it)."""
+    return data_lib.demo_corpus_path(tmp_path_factory.mktemp("demo") / "run" / CORPUS_DIR)
+
+
+@pytest.fixture(scope="session")
+def demo_run(demo_corpus):
+    """(work directory, summary, config) of what `python train.py` runs, shortened to two
+    steps: the tiny recipe with no data given, so the run takes the demo corpus (from its
+    cache, `demo_corpus`) and prepares it into <workdir>/data, where the demo recipe's own
+    test finds it."""
+    config = tiny.get_config()
+    config.num_train_steps = 2
+    config.optimizer.warmup_steps = 1
+    config.eval_every_steps = config.checkpoint_every_steps = 2
+    config.eval_batches = 1
+    workdir = demo_corpus.parent.parent
+    result = pretrain_loop.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
+    return workdir, result, config

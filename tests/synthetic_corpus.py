@@ -1,4 +1,5 @@
-"""A small corpus with structure a tiny BERT can learn within a few hundred steps.
+"""A small corpus with structure a tiny BERT can learn within a few hundred steps, and the
+fine-tuning tasks made from it.
 
 Each document has a topic and is a random sequence of that topic's few fixed sentences, so
 a masked word is predictable from its neighbours, and a "random next" segment (from another
@@ -7,7 +8,10 @@ document, usually of another topic) is distinguishable from the true continuatio
 
 import pathlib
 
+import ml_collections
 import numpy as np
+
+from configs import finetune as finetune_recipe
 
 
 def write_corpus(
@@ -48,3 +52,46 @@ def _pseudo_word(rng: np.random.Generator) -> str:
         rng.choice(list(consonants)) + rng.choice(list(vowels))
         for _ in range(int(rng.integers(2, 4)))
     )
+
+
+# ----------------------------------------------------------------------------- synthetic tasks
+
+LABELS = ("politics", "sports")  # sentences of even topics, of odd topics
+
+
+def topic_words(corpus: pathlib.Path) -> dict[int, list[str]]:
+    """Each topic's words in a corpus that write_corpus wrote: document d is about topic d % 8."""
+    words: dict[int, set[str]] = {}
+    for d, document in enumerate(corpus.read_text().split("\n\n")):
+        words.setdefault(d % 8, set()).update(document.replace(".", "").split())
+    return {t: sorted(w) for t, w in words.items()}
+
+
+def sentences(topics, count: int, seed: int, choose=range(4)):
+    """(topic, words) pairs: 4 to 7 words of one topic each."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(count):
+        topic = int(rng.choice(list(choose)))
+        out.append((topic, list(rng.choice(topics[topic], size=int(rng.integers(4, 8))))))
+    return out
+
+
+def write_topic_csv(path: pathlib.Path, topics, count: int, seed: int) -> pathlib.Path:
+    """A classification csv: sentences of topics 0-3, labelled by the topic's parity."""
+    rows = [f"{' '.join(w)},{LABELS[t % 2]}" for t, w in sentences(topics, count, seed)]
+    path.write_text("sentence,label\n" + "\n".join(rows) + "\n")
+    return path
+
+
+def finetune_config(init_from, **fields) -> ml_collections.ConfigDict:
+    """configs/finetune.py sized for the synthetic tasks, from `init_from`, with `fields`
+    (dotted names) set."""
+    config = finetune_recipe.get_config()
+    config.init_from = str(init_from)
+    config.data.max_seq_length = 32
+    config.batch_size = 16
+    config.eval_batch_size = 32
+    config.log_every_steps = 5
+    config.update_from_flattened_dict(fields)
+    return config

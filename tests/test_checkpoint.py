@@ -361,6 +361,7 @@ _ONE_DEVICE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_saved_on_8_devices_restores_in_1_device_process(tmp_path, mesh):
     params, opt_state = make_state(mesh)
     adam = opt_state[0]._replace(

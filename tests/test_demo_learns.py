@@ -17,9 +17,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
+from bertjax.data import read_manifest
 from bertjax.data.baseline import unigram_baseline
-from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.settings import PretrainSettings
+from bertjax.rundir import DATA_DIR
 from configs import tiny
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -36,17 +39,23 @@ def eval_accuracies(metrics_file: pathlib.Path) -> dict[int, float]:
     return {r["step"]: r["eval/mlm_accuracy"] for r in records if "eval/mlm_accuracy" in r}
 
 
-def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_steps(tmp_path):
+@pytest.mark.slow
+def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_steps(
+    tmp_path, demo_run
+):
     settings = PretrainSettings.from_config(tiny.get_config())
     workdir = tmp_path / "run"
-    # What train.py prepares in its work directory, done first to know the baseline; the run
-    # then finds the data there.
-    data_dir, _ = ensure_data(
-        settings.data,
-        workdir,
-        eval_batch_size=settings.run.micro_batch_size,
-        seed=settings.run.seed,
+    # What train.py prepares in its work directory: the shared short default run prepared it
+    # with the recipe's data settings and seed (conftest.py); this run reads it from there.
+    data_dir = demo_run[0] / DATA_DIR
+    manifest = read_manifest(data_dir)
+    assert (manifest["max_seq_length"], manifest["vocab_size"]) == (
+        settings.data.max_seq_length,
+        settings.data.vocab_size,
     )
+    assert manifest["settings"]["seed"] == settings.run.seed
+    assert manifest["settings"]["dupe_factor"] == settings.data.dupe_factor
+    assert manifest["settings"]["eval_fraction"] == settings.data.eval_fraction
     baseline = unigram_baseline(
         data_dir,
         batch_size=settings.run.micro_batch_size,
@@ -66,7 +75,7 @@ def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_ste
         "--config",
         str(REPO / "configs" / "tiny.py"),
     ]
-    command += ["--workdir", str(workdir)]
+    command += ["--workdir", str(workdir), f"--config.data.dir={data_dir}"]
     command += [f"--config.{key}={value}" for key, value in overrides.items()]
     # One CPU device, as `python train.py` runs on a laptop (conftest simulates eight).
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""}

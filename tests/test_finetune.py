@@ -11,92 +11,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import transformers
-from synthetic_corpus import write_corpus
+from synthetic_corpus import LABELS, sentences, write_topic_csv
+from synthetic_corpus import finetune_config as make_config
 
 import bertjax
-from bertjax import data as data_lib
 from bertjax import heads, hf, optim, rundir, steps
-from bertjax import loop as engine_loop
 from bertjax import model as model_lib
 from bertjax.finetune import data as finetune_data
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.model import BertConfig
-from bertjax.pretrain import loop as trainer
-from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
-from configs import finetune as finetune_config
-from configs import tiny
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-LABELS = ("politics", "sports")  # sentences of even topics, of odd topics
-
-
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory) -> tuple[pathlib.Path, dict[int, list[str]]]:
-    """A tiny BERT pretrained for a few steps on the synthetic corpus, and each topic's words."""
-    root = tmp_path_factory.mktemp("pretrained")
-    corpus = write_corpus(root / "corpus.txt")
-    data_lib.prepare(
-        [str(corpus)],
-        root / "prepared",
-        max_seq_length=64,
-        max_predictions_per_seq=10,
-        vocab_size=350,
-        dupe_factor=1,
-        eval_fraction=0.1,
-        workers=1,
-        seed=1,
-    )
-    config = tiny.get_config()
-    # Smaller than tiny: one layer compiles in half the time.
-    config.model.num_layers = 1
-    config.model.hidden_size = 64
-    config.model.intermediate_size = 256
-    config.data.dir = str(root / "prepared")
-    config.data.max_seq_length = 64
-    config.data.max_predictions_per_seq = 10
-    config.batch_size = 16
-    config.num_train_steps = 6
-    config.log_every_steps = 6
-    config.eval_every_steps = 1000
-    config.eval_batches = 1
-    config.checkpoint_every_steps = 6
-    config.optimizer.warmup_steps = 2
-    trainer.train_and_evaluate(PretrainSettings.from_config(config), str(root / "run"))
-    # Document d of the corpus is about topic d % 8 (see write_corpus).
-    words: dict[int, set[str]] = {}
-    for d, document in enumerate(corpus.read_text().split("\n\n")):
-        words.setdefault(d % 8, set()).update(document.replace(".", "").split())
-    return root / "run", {t: sorted(w) for t, w in words.items()}
-
-
-def sentences(topics, count: int, seed: int, choose=range(4)):
-    """(topic, words) pairs: 4 to 7 words of one topic each."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        topic = int(rng.choice(list(choose)))
-        out.append((topic, list(rng.choice(topics[topic], size=int(rng.integers(4, 8))))))
-    return out
-
-
-def write_topic_csv(path: pathlib.Path, topics, count: int, seed: int) -> pathlib.Path:
-    rows = [f"{' '.join(w)},{LABELS[t % 2]}" for t, w in sentences(topics, count, seed)]
-    path.write_text("sentence,label\n" + "\n".join(rows) + "\n")
-    return path
-
-
-def make_config(init_from, **fields):
-    config = finetune_config.get_config()
-    config.init_from = str(init_from)
-    config.data.max_seq_length = 32
-    config.batch_size = 16
-    config.eval_batch_size = 32
-    config.log_every_steps = 5
-    config.update_from_flattened_dict(fields)
-    return config
 
 
 def assert_trained_the_same(first, second):
@@ -117,34 +45,9 @@ def read_metrics(workdir: pathlib.Path) -> list[dict]:
     return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
-def classification(pretrained, tmp_path_factory):
-    """Topic classification fine-tuned with two seeds in one run, and seed 1 alone with a
-    preemption at step 25 and a resume."""
-    init_from, topics = pretrained
-    root = tmp_path_factory.mktemp("classification")
-    fields = {
-        "task": "classification",
-        "data.train": str(write_topic_csv(root / "train.csv", topics, 320, seed=1)),
-        "data.validation": str(write_topic_csv(root / "dev.csv", topics, 64, seed=2)),
-        "data.test": str(write_topic_csv(root / "test.csv", topics, 12, seed=3)),
-        "num_epochs": 4,
-        "optimizer.learning_rate": 1e-3,
-    }
-    seeds = finetune(make_config(init_from, seeds=(1, 2), **fields), root / "seeds")
-
-    original = engine_loop.PreemptionWatcher.should_stop
-    engine_loop.PreemptionWatcher.should_stop = lambda self, step: step == 25
-    try:
-        preempted = finetune(make_config(init_from, **fields), root / "alone")
-    finally:
-        engine_loop.PreemptionWatcher.should_stop = original
-    resumed = finetune(make_config(init_from, **fields), root / "alone")
-    return root, seeds, preempted, resumed
-
-
-def test_fine_tuning_learns_a_synthetic_task_well_above_chance(classification):
-    root, seeds, _, _ = classification
+@pytest.mark.slow
+def test_fine_tuning_learns_a_synthetic_task_well_above_chance(finetuned_run):
+    root, seeds, _, _ = finetuned_run
     for result in seeds["seeds"]:
         assert result["best"]["metric"] == "eval/accuracy"
         assert result["best"]["value"] >= 0.9, result["best"]  # chance: about 0.5
@@ -157,8 +60,9 @@ def test_fine_tuning_learns_a_synthetic_task_well_above_chance(classification):
     assert {"eval/loss", "eval/f1", "eval/f1_macro", "eval/mcc"} <= set(evals[0])
 
 
-def test_the_best_epoch_is_kept_and_predicts_the_test_file(classification):
-    root, seeds, _, _ = classification
+@pytest.mark.slow
+def test_the_best_epoch_is_kept_and_predicts_the_test_file(finetuned_run):
+    root, seeds, _, _ = finetuned_run
     workdir = root / "seeds" / "seed_1"
     best = seeds["seeds"][0]["best"]
     evals = [m for m in read_metrics(workdir) if "eval/accuracy" in m]
@@ -173,8 +77,9 @@ def test_the_best_epoch_is_kept_and_predicts_the_test_file(classification):
     assert sum(p[1] == g for p, g in zip(predicted, gold)) >= 10
 
 
-def test_the_fine_tuned_directory_predicts_in_a_notebook(classification, tmp_path):
-    root, _, _, _ = classification
+@pytest.mark.slow
+def test_the_fine_tuned_directory_predicts_in_a_notebook(finetuned_run, tmp_path):
+    root, _, _, _ = finetuned_run
     model = bertjax.Model.load(root / "alone")
     assert model.head == heads.HeadSpec("classification", LABELS)
     texts = [line.rsplit(",", 1)[0] for line in (root / "test.csv").read_text().splitlines()[1:]]
@@ -202,8 +107,9 @@ def test_the_fine_tuned_directory_predicts_in_a_notebook(classification, tmp_pat
     )
 
 
-def test_a_preempted_run_resumes_to_the_same_result(classification):
-    root, seeds, preempted, resumed = classification
+@pytest.mark.slow
+def test_a_preempted_run_resumes_to_the_same_result(finetuned_run):
+    root, seeds, preempted, resumed = finetuned_run
     assert preempted["preempted"] and preempted["seeds"][0]["steps"] == 25
     alone = resumed["seeds"][0]
     assert alone["steps"] == 80 and not resumed["preempted"]
@@ -213,15 +119,16 @@ def test_a_preempted_run_resumes_to_the_same_result(classification):
     assert losses[80] == next(m["train/loss"] for m in uninterrupted if m["step"] == 80)
 
 
+@pytest.mark.slow
 def test_rerunning_with_another_task_is_refused_and_keeps_the_checkpoint(
-    classification, pretrained, tmp_path
+    finetuned_run, pretrained_run, tmp_path
 ):
-    root, _, _, _ = classification
+    root, _, _, _ = finetuned_run
     before = sorted(p.name for p in (root / "alone" / "checkpoints").iterdir())
     dev = tmp_path / "dev.csv"
     dev.write_text("sentence,label\n" + "\n".join(f"{w} {w},{w}" for w in "abcabcab") + "\n")
     config = make_config(
-        pretrained[0],
+        pretrained_run[0],
         task="classification",
         **{"data.train": str(dev), "data.validation": str(dev), "batch_size": 8},
     )
@@ -230,8 +137,11 @@ def test_rerunning_with_another_task_is_refused_and_keeps_the_checkpoint(
     assert sorted(p.name for p in (root / "alone" / "checkpoints").iterdir()) == before
 
 
-def test_a_pretraining_workdir_is_neither_overwritten_nor_a_bad_source_taken(pretrained, tmp_path):
-    init_from, topics = pretrained
+@pytest.mark.slow
+def test_a_pretraining_workdir_is_neither_overwritten_nor_a_bad_source_taken(
+    pretrained_run, tmp_path
+):
+    init_from, topics = pretrained_run
     train = write_topic_csv(tmp_path / "train.csv", topics, 16, seed=5)
     fields = {"task": "classification", "data.train": str(train), "data.validation": str(train)}
     before = sorted(p.name for p in (init_from / "checkpoints").iterdir())
@@ -250,8 +160,11 @@ def test_a_pretraining_workdir_is_neither_overwritten_nor_a_bad_source_taken(pre
 MNLI_COLUMNS = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2"
 
 
-def test_glue_mnli_evaluates_matched_and_mismatched_and_predicts_both_tests(pretrained, tmp_path):
-    init_from, topics = pretrained
+@pytest.mark.slow
+def test_glue_mnli_evaluates_matched_and_mismatched_and_predicts_both_tests(
+    pretrained_run, tmp_path
+):
+    init_from, topics = pretrained_run
     glue = tmp_path / "MNLI"
     glue.mkdir()
 
@@ -287,9 +200,10 @@ def test_glue_mnli_evaluates_matched_and_mismatched_and_predicts_both_tests(pret
         }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", ["token_classification", "regression", "multi_label"])
-def test_every_head_fine_tunes_and_predicts(pretrained, tmp_path, task):
-    init_from, topics = pretrained
+def test_every_head_fine_tunes_and_predicts(pretrained_run, tmp_path, task):
+    init_from, topics = pretrained_run
     train, dev, test = (tmp_path / f"{name}" for name in ("train", "dev", "test"))
     fields = {"task": task, "num_epochs": 1, "optimizer.learning_rate": 1e-3}
     if task == "token_classification":
@@ -416,7 +330,8 @@ def test_sharded_steps_equal_data_parallel_ones():
     assert_trained_the_same(*results)
 
 
-def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained, tmp_path):
+@pytest.mark.slow
+def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained_run, tmp_path):
     train = tmp_path / "train.csv"
     train.write_text("sentence,label\nthe cat,yes\nthe dog,no\n")
     dev = tmp_path / "dev.csv"
@@ -427,7 +342,7 @@ def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained,
             sys.executable,
             str(REPO / "finetune.py"),
             f"--workdir={tmp_path / 'run'}",
-            f"--config.init_from={pretrained[0]}",
+            f"--config.init_from={pretrained_run[0]}",
             "--config.task=classification",
             f"--config.data.train={train}",
             f"--config.data.validation={dev}",

@@ -339,6 +339,7 @@ def test_sharded_checkpoint_loads_like_single_file(tmp_path, hf_dir):
     jax.tree.map(np.testing.assert_array_equal, sharded, single)
 
 
+@pytest.mark.slow
 def test_import_needs_neither_torch_nor_transformers():
     code = (
         "import sys, bertjax.hf; "

@@ -19,7 +19,6 @@ import pytest
 import torch
 import transformers
 from safetensors import numpy as safetensors_numpy
-from synthetic_corpus import write_corpus
 from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
 
 import bertjax
@@ -36,27 +35,9 @@ TRAIN_STEPS = 40
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> pathlib.Path:
-    root = tmp_path_factory.mktemp("inference_data")
-    corpus = write_corpus(root / "corpus.txt")
-    data_lib.prepare(
-        [str(corpus)],
-        root / "prepared",
-        max_seq_length=32,
-        max_predictions_per_seq=5,
-        vocab_size=320,
-        dupe_factor=2,
-        eval_fraction=0.1,
-        workers=1,
-        seed=0,
-        verbose=False,
-    )
-    return root / "prepared"
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory, data_dir) -> pathlib.Path:
+def workdir(tmp_path_factory, synthetic_data) -> pathlib.Path:
     """A work directory holding a model bertjax trained: checkpoints at two steps."""
+    data_dir = synthetic_data
     tokenizer = Tokenizer.load(data_dir / "tokenizer.model")
     config = BertConfig(
         vocab_size=tokenizer.vocab_size,
@@ -109,9 +90,9 @@ def trained(workdir) -> Model:
 
 
 @pytest.fixture(scope="module")
-def held_out(data_dir, trained) -> list[str]:
+def held_out(synthetic_data, trained) -> list[str]:
     """Sentences of the corpus's evaluation documents, which training never saw."""
-    return inference.held_out_texts(data_dir, trained.tokenizer, count=6)
+    return inference.held_out_texts(synthetic_data, trained.tokenizer, count=6)
 
 
 def _randomize(module, seed):
@@ -487,9 +468,9 @@ def test_checkpoint_without_mlm_head(wordpiece_hf_dir, tmp_path):
 # What the trainer prints at the end of a run
 
 
-def test_fill_mask_samples_for_the_demo(workdir, data_dir):
+def test_fill_mask_samples_for_the_demo(workdir, synthetic_data):
     config, params, tokenizer = bertjax.load(workdir)
-    texts = inference.held_out_texts(data_dir, tokenizer, count=3)
+    texts = inference.held_out_texts(synthetic_data, tokenizer, count=3)
     assert len(texts) == 3 and all(len(t.split()) >= 4 for t in texts)
     lines = inference.fill_mask_samples(config, params, tokenizer, texts + ["Give [MASK] here."])
     assert len(lines) == 4

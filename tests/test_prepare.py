@@ -341,6 +341,7 @@ def test_vocabulary_too_small_for_the_characters_says_the_smallest_that_works(tm
     assert manifest["vocab_size"] == smallest
 
 
+@pytest.mark.slow
 def test_command_line_runs_without_warnings_and_fails_in_one_line(tmp_path):
     corpus = write_corpus(tmp_path / "small.txt", num_documents=12)
     command = [sys.executable, "-X", "warnings=default", "-m", "bertjax.data.prepare"]

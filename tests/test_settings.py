@@ -121,6 +121,7 @@ def _train_cli(*args: str, cwd) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "flag, expected",
     [

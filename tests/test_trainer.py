@@ -29,23 +29,10 @@ SEQ_LEN = 64
 PREDICTIONS = 10
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> pathlib.Path:
-    root = tmp_path_factory.mktemp("trainer_data")
-    corpus = write_corpus(root / "corpus.txt")
-    out = root / "prepared"
-    data_lib.prepare(
-        [str(corpus)],
-        out,
-        max_seq_length=SEQ_LEN,
-        max_predictions_per_seq=PREDICTIONS,
-        vocab_size=350,
-        dupe_factor=3,
-        eval_fraction=0.1,
-        workers=1,
-        seed=1,
-    )
-    return out
+@pytest.fixture
+def data_dir(synthetic_data) -> pathlib.Path:
+    """The synthetic corpus prepared with SEQ_LEN and PREDICTIONS (conftest.py)."""
+    return synthetic_data
 
 
 def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDict:
@@ -127,6 +114,7 @@ def subprocess_env(device_count: int = 2) -> dict:
 # ----------------------------------------------------------------------------- learning
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
     workdir = tmp_path / "run"
     config = make_config(
@@ -185,17 +173,14 @@ def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
     assert np.isfinite(float(logit_sum)) and float(logit_sum) > 0
 
 
-def test_the_default_run_prepares_the_demo_corpus_itself(tmp_path):
-    config = tiny.get_config()  # what `python train.py` runs, shortened
-    config.num_train_steps = 2
-    config.optimizer.warmup_steps = 1
-    config.eval_every_steps = config.checkpoint_every_steps = 2
-    config.eval_batches = 1
-    result = train(config, str(tmp_path / "run"))
-    manifest = data_lib.read_manifest(tmp_path / "run" / "data")
+@pytest.mark.slow
+def test_the_default_run_prepares_the_demo_corpus_itself(demo_run, demo_corpus):
+    workdir, result, config = demo_run  # what `python train.py` runs, shortened (conftest.py)
+    manifest = data_lib.read_manifest(workdir / "data")
     assert manifest["splits"]["train"]["num_instances"] > 1000
-    assert list((tmp_path / "run" / "corpus").iterdir())
-    assert result["steps"] == 2 and (tmp_path / "run" / "checkpoints" / "2").is_dir()
+    assert list((workdir / "corpus").iterdir())
+    assert manifest["settings"]["inputs"] == [str(demo_corpus)]  # the demo corpus in corpus/
+    assert result["steps"] == 2 and (workdir / "checkpoints" / "2").is_dir()
     assert set(result["eval"]) == {
         "eval/mlm_loss",
         "eval/mlm_accuracy",
@@ -213,6 +198,7 @@ def test_the_default_run_prepares_the_demo_corpus_itself(tmp_path):
 # ----------------------------------------------------------------------------- resume
 
 
+@pytest.mark.slow
 def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
     straight = tmp_path / "straight"
     subprocess.run(
@@ -261,6 +247,7 @@ def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
         assert resumed[step] == expected[step], f"step {step}: {resumed[step]} != {expected[step]}"
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
     workdir = tmp_path / "preempted"
     overrides = base_overrides(data_dir, num_train_steps=400, checkpoint_every_steps=1000)
@@ -298,6 +285,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
 # ----------------------------------------------------------------------------- multi-process
 
 
+@pytest.mark.slow
 def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
     overrides = base_overrides(
         data_dir,
@@ -372,6 +360,7 @@ def _one_step(data_dir, config, spoil=None):
     return before, jax.device_get(state.params), jax.device_get(metrics)
 
 
+@pytest.mark.slow  # several train steps compiled: over 20 s on two cores
 def test_gradient_accumulation_equals_one_large_batch(data_dir):
     no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
     _, params_1, metrics_1 = _one_step(
@@ -408,6 +397,7 @@ def short_data_dir(tmp_path_factory) -> pathlib.Path:
     return out
 
 
+@pytest.mark.slow  # several train steps compiled: over 20 s on two cores
 def test_token_packing_trains_like_the_padded_step(short_data_dir):
     no_dropout = {"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
     config = make_config(short_data_dir, **no_dropout)
