@@ -12,8 +12,10 @@ clipping at 1.0, 10% warmup then linear decay, dropout 0.1, batch 32, max_seq_le
 bertjax through finetune.py's own loop (length buckets, packing, the [CLS]-only last layer,
 the best epoch by Spearman), transformers' BertForSequenceClassification(num_labels=1) through
 a plain torch loop with the same settings and the best epoch by Spearman. Each seed draws its
-own data order and head initialisation on each side; the same recipe from the same start
-should give the same distribution of outcomes, which the table shows side by side.
+own head (drawn as google initialises one, written into the start so both sides read the
+same) and data order (bertjax's permutation of each epoch, used by the torch loop too); only
+the dropout draws differ, so the same recipe should give the same distribution of outcomes,
+which the table shows side by side.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ if _REPO not in sys.path:
 
 import flax.linen as nn  # noqa: E402
 
-from bertjax import hf  # noqa: E402
+from bertjax import heads, hf  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.metrics import spearman  # noqa: E402
 from bertjax.model import BertConfig, BertForPreTraining  # noqa: E402
@@ -45,6 +47,7 @@ from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
 from configs import finetune as finetune_config  # noqa: E402
 
 BATCH_SIZE, MAX_SEQ_LENGTH, WARMUP_FRACTION = 32, 128, 0.1
+REGRESSION_HEAD = heads.HeadSpec(heads.REGRESSION, ("score",))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -115,6 +118,24 @@ def random_start(directory: str) -> None:
     )
 
 
+def seeded_start(start: str, seed: int, directory: str) -> str:
+    """`start` with a regression head drawn for `seed` as google initialises one (truncated
+    normal at initializer_range, zero bias): both sides begin from the same head."""
+    config, params, _ = hf.load_with_report(start)
+    rng = np.random.default_rng(seed)
+    kernel = rng.normal(0.0, config.initializer_range, (config.hidden_size, 1))
+    while np.any(np.abs(kernel) > 2 * config.initializer_range):  # truncate at 2 std
+        redraw = np.abs(kernel) > 2 * config.initializer_range
+        kernel[redraw] = rng.normal(0.0, config.initializer_range, int(redraw.sum()))
+    params = {
+        "bert": params["bert"],
+        "classifier": {"kernel": kernel.astype(np.float32), "bias": np.zeros(1, np.float32)},
+    }
+    os.makedirs(directory, exist_ok=True)
+    hf.save(config, params, directory, hf.load_tokenizer(start), head=REGRESSION_HEAD)
+    return directory
+
+
 def run_bertjax(args, start: str, data: str, seed: int) -> tuple[float, float]:
     config = finetune_config.get_config()
     config.init_from = start
@@ -142,7 +163,7 @@ def run_transformers(args, start: str, train, dev, seed: int) -> tuple[float, fl
     torch.manual_seed(seed)
     tokenizer = transformers.AutoTokenizer.from_pretrained(start)
     model = transformers.BertForSequenceClassification.from_pretrained(
-        start, num_labels=1, problem_type="regression", attn_implementation="eager"
+        start, attn_implementation="eager"
     )
     named = list(model.named_parameters())
     no_decay = [p for n, p in named if "bias" in n or "LayerNorm" in n]
@@ -168,12 +189,11 @@ def run_transformers(args, start: str, train, dev, seed: int) -> tuple[float, fl
             return_tensors="pt",
         )
 
-    order_rng = np.random.default_rng(seed)
     gold = np.array([r[2] for r in dev])
     best = None
-    for _ in range(args.epochs):
+    for epoch in range(args.epochs):
         model.train()
-        order = order_rng.permutation(len(train))
+        order = loop.epoch_order(seed, epoch, len(train))  # bertjax's order of the epoch
         for step in range(steps_per_epoch):
             rows = [train[i] for i in order[step * BATCH_SIZE : (step + 1) * BATCH_SIZE]]
             loss = model(**inputs(rows), labels=torch.tensor([r[2] for r in rows])).loss
@@ -219,8 +239,9 @@ def main(argv=None) -> None:
     )
     rows = []
     for seed in args.seeds:
-        ours = run_bertjax(args, start, work, seed)
-        theirs = run_transformers(args, start, train, dev, seed)
+        seed_start = seeded_start(start, seed, os.path.join(work, f"start_{seed}"))
+        ours = run_bertjax(args, seed_start, work, seed)
+        theirs = run_transformers(args, seed_start, train, dev, seed)
         rows.append((seed, ours, theirs))
     print("\n| seed | bertjax Spearman | bertjax MSE | transformers Spearman | transformers MSE |")
     print("|---|---|---|---|---|")
