@@ -41,8 +41,8 @@ import flax.linen as nn  # noqa: E402
 from bertjax import heads, hf  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.metrics import spearman  # noqa: E402
+from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
 from bertjax.model import BertConfig, BertForPreTraining  # noqa: E402
-from bertjax.settings import FinetuneSettings  # noqa: E402
 from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
 from configs import finetune as finetune_config  # noqa: E402
 
