@@ -85,6 +85,11 @@ def get_config() -> ml_collections.ConfigDict:
     # its longest example, so short texts do not pay for max_seq_length (at most
     # max_seq_length / length_bucket compiles). 0 pads every batch to max_seq_length.
     config.length_bucket = 32
+    # A fresh regression head's bias starts at the mean of the training targets ("mean"), so the
+    # encoder need not learn the targets' offset: Adam moves the bias by about the learning rate
+    # per step, too little to reach targets like STS-B's 0-5 in a few hundred steps at 2e-5.
+    # "zero" is google's and transformers' start (benchmarks/finetune_parity.py compares both).
+    config.regression_bias_init = "mean"
     config.log_every_steps = 50
     # The latest state is also saved after every epoch; rerunning the command resumes.
     config.checkpoint_every_steps = 1000

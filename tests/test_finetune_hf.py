@@ -201,7 +201,8 @@ def test_fine_tuning_from_a_transformers_classifier_keeps_its_head_for_the_same_
         max_seq_length=8,
     )
     fresh = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), ft.state.abstract.params)
-    started, note = loop.initial_params(source, ft, fresh)
+    started, note, fresh_head = loop.initial_params(source, ft, fresh)
+    assert fresh_head == (not same_task)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(started["bert"]), params["bert"])
     classifier = jax.device_get(started["classifier"])
     if same_task:

@@ -110,3 +110,37 @@ def test_build_finetuning_takes_the_objective_from_the_task():
         sums, outputs = ft.eval_step(params, batch)
     assert outputs["probabilities"].shape == (8, 3)
     assert float(sums.count) == 8 * 3
+
+
+@pytest.mark.parametrize(
+    "name,init", [("regression", "mean"), ("regression", "zero"), ("classification", "mean")]
+)
+def test_a_fresh_regression_head_starts_at_the_training_targets_mean(tmp_path, name, init):
+    settings = _settings(tmp_path, task="classification", regression_bias_init=init)
+    assert settings.run.regression_bias_init == init
+    examples = task_lib.Examples(
+        "train",
+        "train.csv",
+        {"labels": np.array([1.0, 2.0, 4.5], np.float32)},
+        ["0", "1", "2"],
+        True,
+    )
+    head = heads.HeadSpec(heads.REGRESSION, ("score",))
+    data = task_lib.TaskData(head, examples, [examples], [], [])
+    params = {
+        "bert": {},
+        "classifier": {"kernel": jax.numpy.ones((4, 1)), "bias": jax.numpy.zeros(1)},
+    }
+    started, note = task_lib.get(name).start_head(params, data, settings.run)
+    bias = np.asarray(started["classifier"]["bias"])
+    if name == "regression" and init == "mean":
+        np.testing.assert_allclose(bias, [2.5])
+        assert "mean 2.5" in note
+    else:
+        assert not bias.any() and note is None
+    np.testing.assert_array_equal(np.asarray(started["classifier"]["kernel"]), 1.0)
+
+
+def test_an_unknown_regression_bias_init_is_named(tmp_path):
+    with pytest.raises(ConfigError, match="regression_bias_init"):
+        _settings(tmp_path, task="classification", regression_bias_init="median")

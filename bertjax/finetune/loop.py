@@ -69,9 +69,9 @@ def open_source(path: str | pathlib.Path) -> rundir.Run:
         raise ConfigError(f"config.init_from={str(path)!r}: {err}") from None
 
 
-def initial_params(source: rundir.Run, ft: Finetuning, fresh: Any) -> tuple[Any, str]:
+def initial_params(source: rundir.Run, ft: Finetuning, fresh: Any) -> tuple[Any, str, bool]:
     """`fresh` parameters with the source's encoder (and its classifier if the head is the
-    run's), placed on the mesh; and a line saying what was taken."""
+    run's), placed on the mesh; a line saying what was taken; whether the head is fresh."""
     _, params = rundir.read_params(source, ft.mesh)
     if source.kind == rundir.HUGGING_FACE:
         params = jax.tree.map(np.asarray, params)
@@ -81,13 +81,15 @@ def initial_params(source: rundir.Run, ft: Finetuning, fresh: Any) -> tuple[Any,
     classifier = params.get("classifier")
     if classifier is not None and source.head == ft.head:
         classifier = jax.device_put(classifier, ft.state.shardings.params["classifier"])
-        return {**fresh, "bert": bert, "classifier": classifier}, (
-            f"Initialised the encoder and the {ft.head.task} head from {source.path}"
+        return (
+            {**fresh, "bert": bert, "classifier": classifier},
+            f"Initialised the encoder and the {ft.head.task} head from {source.path}",
+            False,
         )
     note = f"Initialised the encoder from {source.path}; the {ft.head.task} head starts fresh"
     if source.head is not None:
         note += f" (the checkpoint's head, {source.head.describe()}, is not this task's)"
-    return {**fresh, "bert": bert}, note
+    return {**fresh, "bert": bert}, note, True
 
 
 # ----------------------------------------------------------------------------- batches
@@ -317,7 +319,11 @@ class _SeedHooks:
 
     def fresh(self) -> tuple[steps.TrainState, jax.Array]:
         state = self.run.ft.state.init(jax.random.key(self.seed))
-        params, note = initial_params(self.run.source, self.run.ft, state.params)
+        params, note, fresh_head = initial_params(self.run.source, self.run.ft, state.params)
+        start_head = getattr(task_lib.get(self.run.settings.task), "start_head", None)
+        if fresh_head and start_head is not None:  # optional (see finetune.task)
+            params, head_note = start_head(params, self.run.task, self.run.settings.run)
+            note += f"; {head_note}" if head_note else ""
         print(note)
         return state.replace(params=params), self.dropout_rng()
 

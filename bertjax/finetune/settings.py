@@ -54,6 +54,9 @@ class FinetuneDataSettings:
     max_seq_length: int
 
 
+REGRESSION_BIAS_INITS = ("mean", "zero")
+
+
 @dataclasses.dataclass(frozen=True)
 class FinetuneRunSettings:
     """The shape of a fine-tuning run: epochs, batches, seeds, mesh and intervals."""
@@ -71,6 +74,8 @@ class FinetuneRunSettings:
     length_bucket: int
     log_every_steps: int
     checkpoint_every_steps: int
+    # A fresh regression head's bias: "mean" of the training targets, or "zero" (google's).
+    regression_bias_init: str = "mean"
 
     @property
     def micro_batch_size(self) -> int:
@@ -191,6 +196,11 @@ def _read_finetune(
         "length_bucket",
         "must be an integer >= 0 (0 pads every batch to data.max_seq_length)",
     )
+    require_(
+        config.regression_bias_init in REGRESSION_BIAS_INITS,
+        "regression_bias_init",
+        f"valid values are {REGRESSION_BIAS_INITS}",
+    )
     run = FinetuneRunSettings(
         num_epochs=config.num_epochs,
         batch_size=config.batch_size,
@@ -203,6 +213,7 @@ def _read_finetune(
         length_bucket=bucket,
         log_every_steps=config.log_every_steps,
         checkpoint_every_steps=config.checkpoint_every_steps,
+        regression_bias_init=config.regression_bias_init,
     )
     mesh = check_mesh(config, run, devices, process_count)
     data_parallel = sharding.data_parallel_size(mesh)

@@ -44,6 +44,10 @@ The contract, per method:
   split, keyed by the names in `metrics` (higher is better unless the name is in
   bertjax.finetune.metrics.LOWER_IS_BETTER).
 - `write_predictions(path, head, examples, outputs)`: one file of a test split's predictions.
+- `start_head(params, data: TaskData, run: FinetuneRunSettings) -> (params, note or None)`,
+  optional: adjusts a head that starts fresh (not taken from config.init_from) before the
+  first step, from the training data (the regression head's bias starts at the targets'
+  mean); the note is added to the line that says what was initialised.
 - `conll_files` (the task reads CoNLL `token TAG` files) and `label_separator` (a label field
   may hold several labels) steer the settings reader's checks of config.data.
 """

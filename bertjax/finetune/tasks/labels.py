@@ -14,13 +14,14 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 
+import jax
 import numpy as np
 
 from bertjax import heads, rundir
 from bertjax.finetune import data as task_data
 from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune.objective import HeadObjective
-from bertjax.finetune.settings import FinetuneDataSettings
+from bertjax.finetune.settings import FinetuneDataSettings, FinetuneRunSettings
 from bertjax.finetune.task import Examples, TaskData, register
 from bertjax.heads import HeadSpec
 from bertjax.model import BertConfig
@@ -59,6 +60,24 @@ class HeadTask:
                 f"config.metric='f1' is the F1 of a two-label task; {data.train.path} has "
                 f"{data.head.num_outputs} labels: use f1_macro"
             )
+
+    def start_head(
+        self, params: dict, data: TaskData, run: FinetuneRunSettings
+    ) -> tuple[dict, str | None]:
+        """A fresh regression head's bias at the training targets' mean (unless
+        run.regression_bias_init is "zero"): Adam moves a bias by about the learning rate per
+        step, so from 0 it cannot reach targets like STS-B's 0-5 within a fine-tuning run, and
+        the encoder would have to learn the offset instead."""
+        if self.name != heads.REGRESSION or run.regression_bias_init != "mean":
+            return params, None
+        mean = float(np.mean(data.train.features["labels"]))
+        bias = params["classifier"]["bias"]
+        start = jax.device_put(np.full(bias.shape, mean, bias.dtype), bias.sharding)
+        classifier = {**params["classifier"], "bias": start}
+        return {
+            **params,
+            "classifier": classifier,
+        }, f"its bias starts at the targets' mean {mean:.4g}"
 
     def objective(self, model_config: BertConfig, head: HeadSpec) -> HeadObjective:
         return HeadObjective(model_config, head)
