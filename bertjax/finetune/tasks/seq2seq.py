@@ -173,15 +173,17 @@ class Seq2SeqObjective(TaskObjective):
         self.config = self.options.config(model_config)
         self._init = s2s.task_init(model_config, head)
         positions = model_config.max_position_embeddings
-        for what, length in (
-            ("data.max_target_length", self.options.max_target_length),
-            ("seq2seq.max_new_tokens + 1", self.options.generation.max_new_tokens + 1),
-        ):
-            if length > positions:
-                raise ConfigError(
-                    f"config.{what}={length}: exceeds the decoder's "
-                    f"max_position_embeddings={positions}"
-                )
+        target, new = self.options.max_target_length, self.options.generation.max_new_tokens
+        if target > positions:
+            raise ConfigError(
+                f"config.data.max_target_length={target}: exceeds the decoder's "
+                f"max_position_embeddings={positions}"
+            )
+        if new + 1 > positions:
+            raise ConfigError(
+                f"config.seq2seq.max_new_tokens={new}: needs {new + 1} decoder positions (the "
+                f"start token first), more than max_position_embeddings={positions}"
+            )
 
     def init_params(self, rng: jax.Array) -> Any:
         return self._init(rng)
