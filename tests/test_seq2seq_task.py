@@ -216,6 +216,7 @@ def _batch(rng, rows=4):
     return batch
 
 
+@pytest.mark.slow  # about a minute on a shared 2-core machine
 def test_objective_sums_are_the_models_loss_and_skip_padding_rows():
     options = s2s.TaskOptions(
         START,
@@ -338,6 +339,7 @@ def exported(tmp_path_factory):
 TEXTS = ["w1 w2 w3", "w4 w5", "w6 w7 w8 w9 w10", "w11", "w3 w3 w12 w20"]
 
 
+@pytest.mark.slow  # 40-50 s each on a shared 2-core machine: two models, compiles
 @pytest.mark.parametrize(
     "search",
     [dict(num_beams=1), dict(num_beams=4), dict(num_beams=3, length_penalty=2.0)],
