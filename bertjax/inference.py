@@ -26,6 +26,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
+import json
 import os
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -41,6 +42,7 @@ from jax.experimental import multihost_utils
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import features as features_lib
 from bertjax import heads, hf, rundir
+from bertjax import seq2seq as seq2seq_lib
 from bertjax import sharding as sharding_lib
 from bertjax.data import storage
 from bertjax.data.sentences import split_sentences
@@ -116,6 +118,12 @@ class Model:
         # Without a mesh, everything runs on this one device.
         self._device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         self.batch_size = _round_up(batch_size, self._rows_multiple)
+        # An encoder-decoder (a seq2seq run or a transformers EncoderDecoderModel) generates.
+        self._seq2seq = (
+            seq2seq_lib.TaskOptions.from_head(head)
+            if head is not None and head.task == seq2seq_lib.TASK
+            else None
+        )
         self.params = self._place(params)
 
     # ------------------------------------------------------------------------------------
@@ -137,6 +145,8 @@ class Model:
         `step` picks a checkpoint of a work directory (default: the latest readable one).
         """
         overrides = {"dtype": dtype} if dtype else {}
+        if _is_encoder_decoder(path):  # a transformers EncoderDecoderModel directory
+            return cls._load_encoder_decoder(path, mesh, batch_size, dtype, progress)
         try:
             run = rundir.open_run(path, step, **overrides)
             restored_step, params = rundir.read_params(run)
@@ -166,7 +176,12 @@ class Model:
         )
 
     def save_hf(self, directory: str | os.PathLike) -> None:
-        """Writes a transformers directory: weights, config.json and the tokenizer files."""
+        """Writes a transformers directory: weights, config.json and the tokenizer files
+        (an encoder-decoder's as transformers' EncoderDecoderModel)."""
+        if self._seq2seq is not None:
+            config = self._seq2seq.config(self.config)
+            hf.save_seq2seq(config, self.params, directory, tokenizer=self.tokenizer)
+            return
         hf.save(self.config, self.params, directory, tokenizer=self.tokenizer, head=self.head)
 
     def __repr__(self) -> str:
@@ -485,6 +500,10 @@ class Model:
             params = params["params"]
         if self.mesh is None:
             return jax.device_put(params, self._device)
+        if self._seq2seq is not None:
+            init = seq2seq_lib.task_init(self._run_config, self.head)
+            abstract = jax.eval_shape(init, jax.random.key(0))
+            return jax.device_put(params, sharding_lib.logical_shardings(abstract, self.mesh))
         model = (
             BertForPreTraining(self._run_config)
             if self.head is None
@@ -513,6 +532,106 @@ class Model:
             return np.asarray(x)[:count]
 
         return jax.tree.map(one, out)
+
+    # ------------------------------------------------------------------------------------
+    # Encoder-decoders
+
+    @classmethod
+    def _load_encoder_decoder(cls, path, mesh, batch_size, dtype, progress) -> Model:
+        try:
+            config, params = hf.load_seq2seq(path)
+            tokenizer = hf.load_tokenizer(path)
+        except (ValueError, FileNotFoundError, ImportError) as err:
+            raise InferenceError(str(err)) from None
+        options = seq2seq_lib.TaskOptions(
+            decoder_start_id=config.decoder_start_id, eos_id=config.eos_id, init=config.init
+        )
+        return cls(
+            config.bert,
+            params,
+            tokenizer,
+            mesh=mesh,
+            batch_size=batch_size,
+            dtype=dtype,
+            progress=progress,
+            source=str(path),
+            head=options.head(),
+        )
+
+    def generate(
+        self,
+        texts: str | Sequence[str],
+        num_beams: int = 4,
+        max_new_tokens: int = 64,
+        *,
+        length_penalty: float = 1.0,
+        no_repeat_ngram_size: int = 0,
+        early_stopping: bool | str = False,
+        max_length: int | None = None,
+    ) -> str | list[str]:
+        """An encoder-decoder's generated text per source text (greedy with num_beams=1).
+
+        The arguments mean what transformers' generate's do; sources longer than max_length
+        tokens (default: the model's positions) are cut. One text gives one string.
+        """
+        if self._seq2seq is None:
+            raise InferenceError(
+                f"{self.source} is not an encoder-decoder: generate needs a seq2seq run of "
+                "finetune.py or a transformers EncoderDecoderModel directory"
+            )
+        try:
+            settings = seq2seq_lib.GenerationSettings(
+                max_new_tokens=max_new_tokens,
+                num_beams=num_beams,
+                length_penalty=length_penalty,
+                no_repeat_ngram_size=no_repeat_ngram_size,
+                early_stopping=early_stopping,
+            )
+        except ValueError as err:
+            raise InferenceError(str(err).replace("GenerationSettings.", "")) from None
+        if max_new_tokens + 1 > self.config.max_position_embeddings:
+            raise InferenceError(
+                f"max_new_tokens={max_new_tokens} is invalid: the decoder has "
+                f"{self.config.max_position_embeddings} positions, so at most "
+                f"{self.config.max_position_embeddings - 1}"
+            )
+        single = isinstance(texts, str)
+        texts = _as_texts(texts, "texts")
+        features = [e.features() for e in self._examples(texts, None, max_length)]
+        function = functools.partial(
+            _generate, config=self._seq2seq.config(self._run_config), settings=settings
+        )
+        eos = self._seq2seq.eos_id
+        results: list[Any] = [None] * len(texts)
+        for rows, (tokens, lengths) in self._run(function, features):
+            generated = seq2seq_lib.Generated(tokens, lengths, None)
+            for row, ids in zip(rows, seq2seq_lib.strip(generated, eos)):
+                results[row] = self.tokenizer.decode(ids, skip_special=True).strip()
+        return results[0] if single else results
+
+
+def _is_encoder_decoder(path: str | os.PathLike) -> bool:
+    """Whether path is a transformers EncoderDecoderModel directory (its config.json says)."""
+    config = os.path.join(path, hf.CONFIG_NAME)
+    if not os.path.isfile(config):
+        return False
+    try:
+        with open(config, encoding="utf-8") as f:
+            return json.load(f).get("model_type") == "encoder-decoder"
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _generate(params, batch, *, config, settings):
+    generated = seq2seq_lib.generate(
+        config,
+        params,
+        batch["input_ids"],
+        batch["input_mask"],
+        batch["segment_ids"],
+        settings=settings,
+    )
+    return generated.tokens, generated.lengths
 
 
 # ----------------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from typing import Any
 import jax
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import heads, hf, steps
+from bertjax import heads, hf, seq2seq, steps
 from bertjax.heads import HeadSpec
 from bertjax.model import ARCHITECTURE_FIELDS, BertConfig, BertForPreTraining, pretraining_init
 from bertjax.settings import ConfigError
@@ -202,6 +202,8 @@ def read_params(run: Run, mesh: jax.sharding.Mesh | None = None) -> tuple[int | 
     if mesh is not None:
         if run.kind == PRETRAINED:
             init = pretraining_init(BertForPreTraining(run.config), 1, 1)
+        elif run.head.task == seq2seq.TASK:  # an encoder-decoder, not an encoder and a head
+            init = seq2seq.task_init(run.config, run.head)
         else:
             model = heads.make_model(run.config, run.head)
             init = functools.partial(heads.init_params, model)

@@ -50,8 +50,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import attention as attention_lib
-from bertjax import sharding
-from bertjax.heads import HeadSums
+from bertjax import heads, sharding
+from bertjax.heads import HeadSpec, HeadSums
 from bertjax.model import (
     STACKED_LAYERS,
     BertConfig,
@@ -74,6 +74,11 @@ RND2RND = "rnd2rnd"
 INITS = (BERT2BERT, BERTSHARE, BERT2RND, RND2RND)
 EARLY_STOPPING = (False, True, "never")
 PAD_ID = 0  # [PAD] is 0 in every bertjax vocabulary
+# The fine-tuning task (bertjax.finetune.tasks.seq2seq) whose checkpoints hold this model.
+# Named here, where every run directory reader sees it, so that a run opens without
+# importing the fine-tuning package.
+TASK = "seq2seq"
+heads.add_task_name(TASK)
 
 # transformers' beam search marks impossible candidates by adding this (not -inf), so that
 # sums stay finite; the same constant keeps the two searches' choices identical.
@@ -421,6 +426,14 @@ def init_params(config: Seq2SeqConfig, rng: jax.Array, pretrained: Mapping | Non
             f"Seq2SeqConfig.init={config.init!r} needs pretrained BERT params; use "
             f"init={RND2RND!r} to start from random weights"
         )
+    return from_pretrained(config, stored_params(config, fresh), pretrained)
+
+
+def from_pretrained(config: Seq2SeqConfig, fresh: Mapping, pretrained: Mapping) -> dict:
+    """Stored parameters ``fresh`` (boxed or not) warm-started from BertForPreTraining's tree
+    (``pretrained``: "bert" and optionally "mlm_head") as ``config.init`` says: the encoder
+    always; for bert2bert also the decoder's embeddings, self-attention, feed-forward and
+    output head; bertshare's decoder shares the encoder's. Cross-attention stays fresh."""
     pretrained = _as_dict(nn.meta.unbox(pretrained))
     if "bert" not in pretrained:
         raise ValueError(
@@ -430,16 +443,17 @@ def init_params(config: Seq2SeqConfig, rng: jax.Array, pretrained: Mapping | Non
     bert = pretrained["bert"]
     if STACKED_LAYERS in bert.get("encoder", {}):
         bert = unstack_layers(bert, config.bert.num_layers)
+    fresh = full_params(config, fresh)
     fresh["bert"] = _graft(fresh["bert"], bert, "bert")
-    if config.init in (BERT2BERT, BERTSHARE):
+    if config.init == BERT2BERT:
         for decoder_path, encoder_path in _decoder_shared_paths(config.bert.num_layers):
             where = "/".join(encoder_path)
             source = _get(bert, encoder_path[1:])
             _set(fresh, decoder_path, _graft(_get(fresh, decoder_path), source, where))
-        if "mlm_head" in pretrained:
-            fresh["decoder"]["mlm_head"] = _graft(
-                fresh["decoder"]["mlm_head"], pretrained["mlm_head"], "mlm_head"
-            )
+    if config.init in (BERT2BERT, BERTSHARE) and "mlm_head" in pretrained:
+        fresh["decoder"]["mlm_head"] = _graft(
+            fresh["decoder"]["mlm_head"], pretrained["mlm_head"], "mlm_head"
+        )
     return stored_params(config, fresh)
 
 
@@ -796,3 +810,96 @@ def strip(generated: Generated, eos_id: int) -> list[list[int]]:
         ids = row[:n].tolist()
         rows.append(ids[:-1] if ids and ids[-1] == eos_id else ids)
     return rows
+
+
+# ------------------------------------------------------------------------------ as a task
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskOptions:
+    """What a fine-tuned encoder-decoder is beyond its BERT architecture: the init, the
+    special ids, the training loss and how evaluation generates.
+
+    A fine-tuning run keeps them in its checkpoints' head (`head` / `from_head`: the
+    HeadSpec's labels hold them as name=value), so the run directory reopens on its own and
+    a resumed run checks that they did not change.
+    """
+
+    decoder_start_id: int
+    eos_id: int
+    init: str = BERT2BERT
+    label_smoothing: float = 0.0
+    max_target_length: int = 64
+    generation: GenerationSettings = GenerationSettings()
+
+    def __post_init__(self):
+        if not 0.0 <= self.label_smoothing < 1.0:
+            raise ValueError(
+                f"label_smoothing={self.label_smoothing!r} is invalid: must be in [0, 1)"
+            )
+        if self.max_target_length < 2:
+            raise ValueError(
+                f"max_target_length={self.max_target_length!r} is invalid: must be >= 2 "
+                "(a token and [SEP])"
+            )
+        if self.init not in INITS:
+            raise ValueError(f"init={self.init!r} is invalid: must be one of {INITS}")
+
+    def config(self, bert: BertConfig) -> Seq2SeqConfig:
+        """The encoder-decoder over `bert` (its layers unrolled, as the decoder needs)."""
+        return Seq2SeqConfig(
+            dataclasses.replace(bert, scan_layers=False),
+            decoder_start_id=self.decoder_start_id,
+            eos_id=self.eos_id,
+            init=self.init,
+        )
+
+    def head(self) -> HeadSpec:
+        """The HeadSpec a fine-tuning run's checkpoints carry."""
+        g = self.generation
+        values = {
+            "init": self.init,
+            "decoder_start_id": self.decoder_start_id,
+            "eos_id": self.eos_id,
+            "label_smoothing": self.label_smoothing,
+            "max_target_length": self.max_target_length,
+            "num_beams": g.num_beams,
+            "max_new_tokens": g.max_new_tokens,
+            "length_penalty": g.length_penalty,
+            "no_repeat_ngram_size": g.no_repeat_ngram_size,
+        }
+        return HeadSpec(TASK, tuple(f"{k}={v}" for k, v in values.items()))
+
+    @classmethod
+    def from_head(cls, head: HeadSpec) -> TaskOptions:
+        """Inverse of `head`."""
+        if head.task != TASK:
+            raise ValueError(f"head task={head.task!r} is not {TASK!r}")
+        values = dict(label.split("=", 1) for label in head.labels)
+        generation = GenerationSettings(
+            max_new_tokens=int(values["max_new_tokens"]),
+            num_beams=int(values["num_beams"]),
+            length_penalty=float(values["length_penalty"]),
+            no_repeat_ngram_size=int(values["no_repeat_ngram_size"]),
+        )
+        return cls(
+            decoder_start_id=int(values["decoder_start_id"]),
+            eos_id=int(values["eos_id"]),
+            init=values["init"],
+            label_smoothing=float(values["label_smoothing"]),
+            max_target_length=int(values["max_target_length"]),
+            generation=generation,
+        )
+
+
+def task_init(bert: BertConfig, head: HeadSpec):
+    """`rng -> boxed stored parameters` of a fine-tuning run's encoder-decoder (fresh: the
+    run's warm start replaces them), for bertjax.steps.make_state."""
+    config = TaskOptions.from_head(head).config(bert)
+
+    def init(rng: jax.Array) -> dict:
+        ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
+        fresh = Seq2SeqModel(config).init({"params": rng}, ids, None, None, ids)["params"]
+        return stored_params(config, fresh)
+
+    return init

@@ -20,8 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
     # The model to fine-tune: a bertjax work directory (its latest checkpoint), a directory
     # written by bertjax.hf.save, or a Hugging Face BERT directory with its tokenizer. Required.
     config.init_from = ""
-    # classification | regression | multi_label | token_classification; may stay empty with
-    # data.glue_task, which implies it.
+    # classification | regression | multi_label | token_classification | seq2seq; may stay
+    # empty with data.glue_task, which implies it.
     config.task = ""
 
     config.data = ml_collections.ConfigDict(
@@ -42,6 +42,25 @@ def get_config() -> ml_collections.ConfigDict:
             glue_task="",
             dir="",
             max_seq_length=128,
+            # seq2seq: the source and target text fields, the source's tokens ([CLS] and
+            # [SEP] included; 0: max_seq_length) and the target's ([SEP] included).
+            source_field="source",
+            target_field="target",
+            max_source_length=0,
+            max_target_length=64,
+        )
+    )
+    # seq2seq (an encoder-decoder warm-started from init_from, Rothe et al. 2020): init is
+    # bert2bert | bertshare | bert2rnd | rnd2rnd; evaluation generates greedily (num_beams
+    # 1) or by beam search, at most max_new_tokens (0: data.max_target_length) tokens.
+    config.seq2seq = ml_collections.ConfigDict(
+        dict(
+            init="bert2bert",
+            label_smoothing=0.0,
+            num_beams=1,
+            max_new_tokens=0,
+            length_penalty=1.0,
+            no_repeat_ngram_size=0,
         )
     )
     # BertConfig fields a run may change; the architecture comes from init_from.
@@ -74,7 +93,8 @@ def get_config() -> ml_collections.ConfigDict:
     # One run per seed (--config.seeds=1,2,3): each in <workdir>/seed_<n>, and the median of
     # the best validation metric over them, as GLUE papers report.
     config.seeds = (1,)
-    # The metric that picks the best checkpoint; empty: the task's (GLUE's) own.
+    # The metric that picks the best checkpoint; empty: the task's (GLUE's) own. seq2seq:
+    # bleu (default) | rouge1 | rouge2 | rougeL | exact_match.
     config.metric = ""
     config.mesh_shape = (-1, 1, 1)  # (data, fsdp, tensor); one -1 takes the remaining devices
     # Token packing (see default.py): the encoder skips padding. 0 chooses the packed slots

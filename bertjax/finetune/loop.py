@@ -73,6 +73,10 @@ def initial_params(source: rundir.Run, ft: Finetuning, fresh: Any) -> tuple[Any,
     """`fresh` parameters with the source's encoder (and its classifier if the head is the
     run's), placed on the mesh; a line saying what was taken; whether the head is fresh."""
     _, params = rundir.read_params(source, ft.mesh)
+    warm_start = getattr(ft.objective, "warm_start", None)
+    if warm_start is not None:  # a model that is more than the encoder and a classifier
+        params, note = warm_start(source, params, fresh)
+        return jax.device_put(params, ft.state.shardings.params), note
     if source.kind == rundir.HUGGING_FACE:
         params = jax.tree.map(np.asarray, params)
         bert = jax.device_put(params["bert"], ft.state.shardings.params["bert"])

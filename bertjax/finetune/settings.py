@@ -52,6 +52,8 @@ class FinetuneDataSettings:
     glue_task: str  # a key of finetune.layouts.GLUE_TASKS, or empty
     labels: tuple[str, ...] | None  # GLUE's label set; None: those found in training
     max_seq_length: int
+    # What a task reads from the config beyond these (its Task.read_options), or None.
+    task_options: Any = None
 
 
 REGRESSION_BIAS_INITS = ("mean", "zero")
@@ -171,9 +173,20 @@ def _read_finetune(
             f"{glue.task} or leave it empty",
         )
     require_(3 <= config.data.max_seq_length, "data.max_seq_length", "must be at least 3")
-    data = _read_finetune_glue(config, glue) if glue else _read_finetune_files(config, task)
-
     spec = task_lib.get(task)
+    # A task with settings of its own reads (and checks) them itself.
+    read_options = getattr(spec, "read_options", None)
+    options = read_options(config) if read_options is not None else None
+    if glue:
+        data = _read_finetune_glue(config, glue)
+    else:
+        data = _read_finetune_files(config, task, getattr(options, "fields", None))
+    if options is not None:
+        data = dataclasses.replace(
+            data,
+            task_options=options,
+            max_seq_length=getattr(options, "max_seq_length", data.max_seq_length),
+        )
     metric = config.metric or (glue.metric if glue else spec.default_metric)
     require_(
         metric in spec.metrics,
@@ -295,7 +308,8 @@ def _read_finetune_glue(config, glue) -> FinetuneDataSettings:
     )
 
 
-def _read_finetune_files(config, task: str) -> FinetuneDataSettings:
+def _read_finetune_files(config, task: str, fields=None) -> FinetuneDataSettings:
+    """`fields`: a task's own (text fields, label field), read by its read_options."""
     require_ = functools.partial(require, config)
     d = config.data
     require_(
@@ -315,7 +329,10 @@ def _read_finetune_files(config, task: str) -> FinetuneDataSettings:
     )
     text_fields = tuple(f.strip() for f in d.text_fields.split(",") if f.strip())
     token_task = task_lib.get(task).conll_files
-    if not token_task:
+    label_field = d.label_field
+    if fields is not None:
+        text_fields, label_field = fields
+    elif not token_task:
         require_(
             len(text_fields) in (1, 2),
             "data.text_fields",
@@ -357,7 +374,7 @@ def _read_finetune_files(config, task: str) -> FinetuneDataSettings:
                 layouts.Layout(
                     kind,
                     text_fields if kind != layouts.CONLL else (),
-                    d.label_field if kind != layouts.CONLL else None,
+                    label_field if kind != layouts.CONLL else None,
                     label_separator=d.label_separator,
                 ),
             )

@@ -50,6 +50,13 @@ The contract, per method:
   mean); the note is added to the line that says what was initialised.
 - `conll_files` (the task reads CoNLL `token TAG` files) and `label_separator` (a label field
   may hold several labels) steer the settings reader's checks of config.data.
+
+Two optional members, for a task with more than an encoder and a classifier (seq2seq):
+- `read_options(config)`: the task's own settings, checked with one-line ConfigErrors; kept
+  as config.data's `task_options` for `read`. Its `fields` ((text fields), label field), if
+  any, replace data.text_fields / data.label_field; its `max_seq_length` the input width.
+- the objective's `warm_start(source_run, source_params, fresh) -> (params, note)`: the
+  run's first parameters from init_from, in place of "the encoder (and the classifier)".
 """
 
 from __future__ import annotations
