@@ -76,7 +76,7 @@ def initial_params(source: rundir.Run, ft: Finetuning, fresh: Any) -> tuple[Any,
     warm_start = getattr(ft.objective, "warm_start", None)
     if warm_start is not None:  # a model that is more than the encoder and a classifier
         params, note = warm_start(source, params, fresh)
-        return jax.device_put(params, ft.state.shardings.params), note
+        return jax.device_put(params, ft.state.shardings.params), note, False
     if source.kind == rundir.HUGGING_FACE:
         params = jax.tree.map(np.asarray, params)
         bert = jax.device_put(params["bert"], ft.state.shardings.params["bert"])
