@@ -52,6 +52,9 @@ class FinetuneDataSettings:
     glue_task: str  # a key of finetune.layouts.GLUE_TASKS, or empty
     labels: tuple[str, ...] | None  # GLUE's label set; None: those found in training
     max_seq_length: int
+    # What a task reads from its own config block (a task's optional `read_config(config)`
+    # hook, e.g. config.embedding), as (name, value) pairs.
+    task_options: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -169,6 +172,10 @@ def _read_finetune(
     data = _read_finetune_glue(config, glue) if glue else _read_finetune_files(config, task)
 
     spec = task_lib.get(task)
+    # A task with settings of its own reads (and validates) them itself.
+    read_config = getattr(spec, "read_config", None)
+    if read_config is not None:
+        data = dataclasses.replace(data, task_options=read_config(config))
     metric = config.metric or (glue.metric if glue else spec.default_metric)
     require_(
         metric in spec.metrics,
@@ -304,7 +311,8 @@ def _read_finetune_files(config, task: str) -> FinetuneDataSettings:
     )
     text_fields = tuple(f.strip() for f in d.text_fields.split(",") if f.strip())
     token_task = task_lib.get(task).conll_files
-    if not token_task:
+    # A task that reads its own config block checks its text and label fields there.
+    if not token_task and not hasattr(task_lib.get(task), "read_config"):
         require_(
             len(text_fields) in (1, 2),
             "data.text_fields",
