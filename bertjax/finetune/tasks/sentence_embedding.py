@@ -245,9 +245,12 @@ def read_retrieval(
                 )
             q, d = parts[0].strip(), parts[1].strip()
             if q not in query_row or d not in doc_row:
-                missing = f"query {q!r}" if q not in query_row else f"document {d!r}"
+                if q not in query_row:
+                    missing, where = f"query {q!r}", queries
+                else:
+                    missing, where = f"document {d!r}", corpus
                 raise task_data.TaskDataError(
-                    f"{relevance} line {line}: {missing} is not in {queries if q not in query_row else corpus}"
+                    f"{relevance} line {line}: {missing} is not in {where}"
                 )
             relevant[query_row[q]].add(doc_row[d])
     if not any(relevant):
