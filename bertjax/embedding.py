@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import sharding
+from bertjax import heads, sharding
 from bertjax.model import BertConfig, BertModel
 from bertjax.sharding import ACTIVATION_EMBED, BATCH
 from bertjax.tokenizer import Tokenizer
@@ -41,8 +41,10 @@ MEAN = "mean"
 CLS = "cls"
 MAX = "max"
 POOLINGS = (MEAN, CLS, MAX)
-# The fine-tuning task (and HeadSpec task name) of a trained embedding model.
+# The fine-tuning task (and HeadSpec task name) of a trained embedding model. Named here so
+# that a run's head reads back wherever bertjax is imported, fine-tuning or not.
 EMBEDDING_TASK = "embedding"
+heads.add_task_name(EMBEDDING_TASK)
 # Below this norm a vector is not scaled up (torch.nn.functional.normalize's eps, which
 # sentence-transformers' Normalize module uses).
 NORM_EPS = 1e-12
