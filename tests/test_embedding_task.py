@@ -1,12 +1,21 @@
 """The embedding fine-tuning task: settings, files, the flat-batch objective, the notebook
 Model of an embedding model, sentence-transformers both ways, and a short run that learns."""
 
+import functools
 import pathlib
 
+import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from test_embedding import CONFIG, TEXTS, random_params, synthetic_pairs, synthetic_sts
+from test_embedding import (
+    CONFIG,
+    SHALLOW,
+    TEXTS,
+    random_params,
+    synthetic_pairs,
+    synthetic_sts,
+)
 
 import bertjax
 from bertjax import embedding, sbert
@@ -22,6 +31,7 @@ from bertjax.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_config
 
 SEQ = 16
+TRAIN_EXAMPLES = 2048
 LONG = " ".join(f"w{i % 90}" for i in range(60))  # far longer than SEQ: cut
 
 
@@ -37,9 +47,12 @@ def files(tmp_path_factory) -> pathlib.Path:
     sbert.save(
         root / "source", CONFIG, random_params(3), tokenizer, EmbeddingSpec("mean", False, SEQ)
     )
+    # A freshly initialised encoder (BERT's initializer) as the model a short run starts from.
+    fresh = nn.meta.unbox(embedding.init_params(embedding.BiEncoder(CONFIG), jax.random.key(0)))
+    sbert.save(root / "initial", CONFIG, fresh, tokenizer, EmbeddingSpec("mean", False, SEQ))
     rng = np.random.default_rng(0)
-    anchors, positives = synthetic_pairs(rng, 256)
-    negatives, _ = synthetic_pairs(rng, 256)
+    anchors, positives = synthetic_pairs(rng, TRAIN_EXAMPLES)
+    negatives, _ = synthetic_pairs(rng, TRAIN_EXAMPLES)
     (root / "train.tsv").write_text(
         "anchor\tpositive\tnegative\n"
         + "".join(f"{a}\t{p}\t{n}\n" for a, p, n in zip(anchors, positives, negatives))
@@ -133,9 +146,9 @@ def test_reads_triples_scored_pairs_and_retrieval_files(files):
     assert EmbeddingSpec.from_labels(data.head.labels) == EmbeddingSpec("max", True, SEQ)
     assert task_module.loss_of(data.head) == training.LossSettings(symmetric=True)
     train = data.train.features
-    assert len(data.train) == 256
+    assert len(data.train) == TRAIN_EXAMPLES
     for prefix in ("", "positive_", "negative_"):
-        assert train[prefix + "input_ids"].shape == (256, SEQ)
+        assert train[prefix + "input_ids"].shape == (TRAIN_EXAMPLES, SEQ)
         assert (train[prefix + "input_ids"][:, 0] == tokenizer.cls_id).all()
     # A retrieval metric decides: the retrieval split is evaluated first.
     retrieval, sts = data.validation
@@ -162,44 +175,52 @@ def test_retrieval_files_name_the_line_of_a_bad_pair(files, tmp_path):
 # ----------------------------------------------------------------------------- the objective
 
 
-def test_flat_objective_equals_the_stacked_one(files):
+def _flat_and_stacked(texts: int, seed: int) -> tuple[dict, dict]:
+    """The same random examples as the task's flat features and as [batch, texts, seq]."""
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(SEQ) < rng.integers(2, SEQ, (8, texts, 1))).astype(np.int32)
+    ids = rng.integers(5, CONFIG.vocab_size, (8, texts, SEQ)).astype(np.int32) * mask
+    stacked = {"input_ids": ids, "input_mask": mask, "segment_ids": 0 * ids}
+    stacked["weights"] = np.asarray([1] * 7 + [0], np.float32)  # the last row only pads
+    stacked["scores"] = rng.uniform(0, 3, 8).astype(np.float32)
+    flat = {k: stacked[k] for k in ("weights", "scores")}
+    for k, prefix in enumerate(("", "positive_", "negative_")[:texts]):
+        for name in ("input_ids", "input_mask", "segment_ids"):
+            flat[prefix + name] = stacked[name][:, k]
+    return flat, stacked
+
+
+@pytest.mark.parametrize(
+    "loss, texts",
+    [
+        (training.LossSettings(symmetric=True), 3),
+        (training.LossSettings("cosine_regression", score_max=3.0), 2),
+    ],
+)
+def test_flat_objective_equals_the_stacked_one(loss, texts):
     """The task's flat features (anchor, positive_*, negative_*) give the loss, gradients
     and outputs of bertjax.finetune.embedding's [batch, texts, seq] objective."""
     spec = EmbeddingSpec("mean", False, SEQ)
-    for loss in (
-        training.LossSettings(symmetric=True),
-        training.LossSettings("cosine_regression", score_max=3.0),
-    ):
-        head = task_module.head_for(spec, loss)
-        flat = task_module.EmbeddingTaskObjective(CONFIG, head)
-        stacked = training.EmbeddingObjective(embedding.make_model(CONFIG, spec), loss)
-        rng = np.random.default_rng(1)
-        texts = 3 if loss.loss == "in_batch_negatives" else 2
-        mask = (np.arange(SEQ) < rng.integers(2, SEQ, (8, texts, 1))).astype(np.int32)
-        ids = rng.integers(5, CONFIG.vocab_size, (8, texts, SEQ)).astype(np.int32) * mask
-        batch3 = {"input_ids": ids, "input_mask": mask, "segment_ids": 0 * ids}
-        batch3["weights"] = np.asarray([1] * 7 + [0], np.float32)
-        batch3["scores"] = rng.uniform(0, 3, 8).astype(np.float32)
-        flat_batch = {k: batch3[k] for k in ("weights", "scores")}
-        for k, prefix in enumerate(("", "positive_", "negative_")[:texts]):
-            for name in ("input_ids", "input_mask", "segment_ids"):
-                flat_batch[prefix + name] = batch3[name][:, k]
-        params = random_params(5)
+    flat = task_module.EmbeddingTaskObjective(SHALLOW, task_module.head_for(spec, loss))
+    stacked = training.EmbeddingObjective(embedding.make_model(SHALLOW, spec), loss)
+    flat_batch, stacked_batch = _flat_and_stacked(texts, seed=1)
+    params = random_params(5, SHALLOW)
 
-        def loss_fn(objective, batch, params=params):
-            def f(p):
-                sums = objective.sums(p, batch, rng=None, deterministic=True)
-                return objective.loss(sums, objective.denominators(batch))
+    @functools.partial(jax.jit, static_argnums=0)
+    def loss_and_grads(objective, batch):
+        def f(p):
+            sums = objective.sums(p, batch, rng=None, deterministic=True)
+            return objective.loss(sums, objective.denominators(batch))
 
-            return jax.value_and_grad(f)(params)
+        return jax.value_and_grad(f)(params)
 
-        (a, ga), (b, gb) = loss_fn(flat, flat_batch), loss_fn(stacked, batch3)
-        np.testing.assert_allclose(a, b, rtol=1e-5)
-        for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
-            np.testing.assert_allclose(x, y, atol=1e-5)
-        _, outputs = flat.evaluate(params, flat_batch)
-        vectors = stacked.embeddings(params, batch3, rng=None, deterministic=True)
-        np.testing.assert_allclose(outputs["positive"], vectors[:, 1], atol=1e-5)
+    (a, ga), (b, gb) = loss_and_grads(flat, flat_batch), loss_and_grads(stacked, stacked_batch)
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+    _, outputs = jax.jit(flat.evaluate)(params, flat_batch)
+    vectors = stacked.embeddings(params, stacked_batch, rng=None, deterministic=True)
+    np.testing.assert_allclose(outputs["positive"], vectors[:, 1], atol=1e-5)
 
 
 def test_scores_are_sts_or_retrieval_by_split(files):
@@ -281,7 +302,8 @@ def test_a_short_finetune_run_raises_held_out_sts_spearman(files, tmp_path):
 
     config = _config(
         files,
-        num_epochs=6,
+        init_from=str(files / "initial"),
+        num_epochs=3,
         length_bucket=0,
         token_capacity=1.0,
         **{
@@ -293,7 +315,7 @@ def test_a_short_finetune_run_raises_held_out_sts_spearman(files, tmp_path):
     )
     rng = np.random.default_rng(7)
     left, right, gold = synthetic_sts(rng, 300)
-    untrained = bertjax.Model.load(files / "source")
+    untrained = bertjax.Model.load(files / "initial")
     before = embedding_eval.sts_scores(untrained.embed(left), untrained.embed(right), gold)
     summary = loop.finetune(FinetuneSettings.from_config(config), tmp_path / "run")
     best = summary["seeds"][0]["best"]
