@@ -190,6 +190,7 @@ def _flat_and_stacked(texts: int, seed: int) -> tuple[dict, dict]:
     return flat, stacked
 
 
+@pytest.mark.slow  # two gradient programs compile per case
 @pytest.mark.parametrize(
     "loss, texts",
     [
