@@ -1,6 +1,8 @@
-"""Embedding throughput: bertjax.embedding.embed_texts beside sentence-transformers' encode.
+"""Embedding throughput: bertjax.embedding.embed_texts beside sentence-transformers' encode,
+and contrastive training steps beside sentence-transformers' fit.
 
     python benchmarks/embedding.py [--sentences 4000] [--batch_size 32] [--layers 4]
+        [--train_steps 30]
 
 One model of random weights (H256, A4, `--layers` layers, mean pooling, normalised), written
 as a sentence-transformers directory by bertjax.sbert.save and read by
@@ -9,11 +11,20 @@ texts are random words of a WordPiece vocabulary, 2 to 100 words long (cut at
 max_seq_length 128). Both sides batch `--batch_size` texts sorted by length. The outputs are
 checked to agree within 1e-4; times are the best of `--repeats` calls after a warm-up call
 (bertjax's first call, which compiles each length bucket, is printed separately).
+
+Training: (anchor, positive) pairs cut from the same random texts, in-batch negatives with
+scale 20 (sentence-transformers' MultipleNegativesRankingLoss), AdamW, `--batch_size` pairs
+a step, from the same weights. bertjax: the jitted train step of
+bertjax.finetune.embedding.build_embedding_training, batches padded to 64 positions, timed
+over `--train_steps` steps after a compiling one. sentence-transformers: `fit` (which needs
+the `datasets` package) run for 2 and for 2 + `--train_steps` steps; the difference of the
+two wall times is the steps' time, so its set-up cost is left out as ours is.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import pathlib
 import sys
@@ -28,8 +39,9 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bertjax import embedding, sbert  # noqa: E402
+from bertjax import embedding, optim, sbert  # noqa: E402
 from bertjax.embedding import EmbeddingSpec  # noqa: E402
+from bertjax.finetune import embedding as training  # noqa: E402
 from bertjax.model import BertConfig  # noqa: E402
 from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
 
@@ -65,6 +77,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--train_steps", type=int, default=30)
     args = parser.parse_args()
 
     from sentence_transformers import SentenceTransformer
@@ -117,6 +130,78 @@ def main() -> None:
     print(f"ratio bertjax / sentence-transformers: {theirs_time / ours_time:.2f}")
     if difference > TOLERANCE:
         raise SystemExit(f"outputs differ by {difference:.2e} > {TOLERANCE}")
+    if args.train_steps > 0:
+        train_benchmark(args, config, spec, params, tokenizer, texts)
+
+
+TRAIN_LENGTH = 64
+
+
+def train_benchmark(args, config, spec, params, tokenizer, texts) -> None:
+    """Training examples/s of both libraries on the same pairs (see the module docstring)."""
+    from sentence_transformers import InputExample, SentenceTransformer, losses
+    from torch.utils.data import DataLoader
+
+    rows = args.batch_size
+    steps_count = args.train_steps + 1
+    words = [t.split() for t in texts[: rows * (steps_count + 2)]]
+    # A pair: the text's first half and its second half (texts of 2+ words).
+    pairs = [(" ".join(w[: len(w) // 2 + 1]), " ".join(w[len(w) // 2 :])) for w in words]
+    spec = dataclasses.replace(spec, max_seq_length=TRAIN_LENGTH)
+    optimizer = optim.OptimizerSettings(
+        learning_rate=2e-5, warmup_steps=0, total_steps=steps_count, weight_decay=0.01
+    )
+    run = training.build_embedding_training(
+        config, spec, training.LossSettings(), optimizer, mesh_shape=(-1, 1, 1)
+    )
+    batches = []
+    for step in range(steps_count):
+        part = pairs[step * rows : (step + 1) * rows]
+        sides = [
+            embedding.pad_inputs(embedding.token_ids(tokenizer, side, TRAIN_LENGTH), TRAIN_LENGTH)
+            for side in zip(*part)
+        ]
+        batch = {n: np.stack([sides[0][n], sides[1][n]], axis=1) for n in sides[0]}  # [b, 2, s]
+        batch["weights"] = np.ones(rows, np.float32)
+        batches.append(batch)
+    with jax.set_mesh(run.mesh):
+        state = run.state.init(jax.random.key(0))
+        state = state.replace(params={"bert": jax.device_put(params["bert"])})
+        start = time.perf_counter()
+        state, metrics = run.train_step(state, batches[0], jax.random.key(1))
+        jax.block_until_ready(metrics)
+        compile_time = time.perf_counter() - start
+        start = time.perf_counter()
+        for batch in batches[1:]:
+            state, metrics = run.train_step(state, batch, jax.random.key(1))
+        jax.block_until_ready(metrics)
+        ours = (time.perf_counter() - start) / args.train_steps
+
+    with tempfile.TemporaryDirectory() as tmp:
+        sbert.save(pathlib.Path(tmp) / "model", config, params, tokenizer, spec)
+
+        def fit(steps: int) -> float:
+            model = SentenceTransformer(str(pathlib.Path(tmp) / "model"), device="cpu")
+            examples = [InputExample(texts=list(p)) for p in pairs[: steps * rows]]
+            loader = DataLoader(examples, batch_size=rows, shuffle=False)
+            loss = losses.MultipleNegativesRankingLoss(model, scale=20.0)
+            start = time.perf_counter()
+            model.fit(
+                train_objectives=[(loader, loss)],
+                epochs=1,
+                warmup_steps=0,
+                optimizer_params={"lr": 2e-5},
+                show_progress_bar=False,
+            )
+            return time.perf_counter() - start
+
+        theirs = (fit(2 + args.train_steps) - fit(2)) / args.train_steps
+    print(
+        f"training, {rows} pairs a step, {TRAIN_LENGTH} positions: bertjax "
+        f"{rows / ours:,.0f} examples/s (first step, compiling: {compile_time:.1f} s); "
+        f"sentence-transformers fit {rows / theirs:,.0f} examples/s; "
+        f"ratio bertjax / sentence-transformers: {theirs / ours:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import sharding
+from bertjax import heads, sharding
 from bertjax.model import BertConfig, BertModel
 from bertjax.sharding import ACTIVATION_EMBED, BATCH
 from bertjax.tokenizer import Tokenizer
@@ -41,6 +41,10 @@ MEAN = "mean"
 CLS = "cls"
 MAX = "max"
 POOLINGS = (MEAN, CLS, MAX)
+# The fine-tuning task (and HeadSpec task name) of a trained embedding model. Named here so
+# that a run's head reads back wherever bertjax is imported, fine-tuning or not.
+EMBEDDING_TASK = "embedding"
+heads.add_task_name(EMBEDDING_TASK)
 # Below this norm a vector is not scaled up (torch.nn.functional.normalize's eps, which
 # sentence-transformers' Normalize module uses).
 NORM_EPS = 1e-12
@@ -87,6 +91,27 @@ class EmbeddingSpec:
     @classmethod
     def from_dict(cls, d: dict) -> EmbeddingSpec:
         return cls(**d)
+
+    def to_labels(self) -> tuple[str, ...]:
+        """The spec as `name=value` strings: the first labels of an embedding run's head."""
+        return (
+            f"pooling={self.pooling}",
+            f"normalize={self.normalize}",
+            f"max_seq_length={self.max_seq_length}",
+        )
+
+    @classmethod
+    def from_labels(cls, labels: Sequence[str]) -> EmbeddingSpec:
+        """The spec an embedding head's labels carry (other `name=value` labels ignored)."""
+        items = dict(label.split("=", 1) for label in labels if "=" in label)
+        missing = [k for k in ("pooling", "normalize", "max_seq_length") if k not in items]
+        if missing:
+            raise ValueError(f"embedding head labels {list(labels)} lack {missing}")
+        return cls(
+            pooling=items["pooling"],
+            normalize=items["normalize"] == "True",
+            max_seq_length=int(items["max_seq_length"]),
+        )
 
 
 # ----------------------------------------------------------------------------- pooling

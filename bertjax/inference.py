@@ -40,8 +40,9 @@ import tqdm.auto
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as checkpoint_lib
+from bertjax import embedding as embedding_lib
 from bertjax import features as features_lib
-from bertjax import heads, hf, rundir
+from bertjax import heads, hf, rundir, sbert
 from bertjax import seq2seq as seq2seq_lib
 from bertjax import sharding as sharding_lib
 from bertjax.data import storage
@@ -92,6 +93,7 @@ class Model:
         source: str = "memory",
         fresh_heads: Sequence[str] = (),
         head: heads.HeadSpec | None = None,
+        embedding: embedding_lib.EmbeddingSpec | None = None,
     ):
         try:
             hf.check_vocab(config, tokenizer, source)
@@ -108,7 +110,12 @@ class Model:
         self.fresh_heads = tuple(fresh_heads)
         # A fine-tuned model's task and labels; it has no pretraining heads to fill masks with.
         self.head = head
-        if head is not None:
+        # An embedding model's own pooling, normalisation and longest input: `embed`'s
+        # defaults, and what save_hf writes as a sentence-transformers directory.
+        if embedding is None and head is not None and head.task == embedding_lib.EMBEDDING_TASK:
+            embedding = embedding_lib.EmbeddingSpec.from_labels(head.labels)
+        self.embedding = embedding
+        if head is not None or embedding is not None:
             self.fresh_heads = tuple(sorted({*self.fresh_heads, "mlm_head", "nsp_head"}))
         # Inference never needs rematerialisation; the compute dtype may be overridden.
         self._run_config = dataclasses.replace(
@@ -147,6 +154,10 @@ class Model:
         overrides = {"dtype": dtype} if dtype else {}
         if _is_encoder_decoder(path):  # a transformers EncoderDecoderModel directory
             return cls._load_encoder_decoder(path, mesh, batch_size, dtype, progress)
+        if step is None and sbert.is_sentence_transformers_dir(path):
+            return cls._load_sentence_transformers(
+                path, mesh=mesh, batch_size=batch_size, progress=progress, **overrides
+            )
         try:
             run = rundir.open_run(path, step, **overrides)
             restored_step, params = rundir.read_params(run)
@@ -176,11 +187,15 @@ class Model:
         )
 
     def save_hf(self, directory: str | os.PathLike) -> None:
-        """Writes a transformers directory: weights, config.json and the tokenizer files
-        (an encoder-decoder's as transformers' EncoderDecoderModel)."""
+        """Writes a transformers directory: weights, config.json and the tokenizer files (an
+        encoder-decoder's as transformers' EncoderDecoderModel); for an embedding model, a
+        sentence-transformers directory (bertjax.sbert.save)."""
         if self._seq2seq is not None:
             config = self._seq2seq.config(self.config)
             hf.save_seq2seq(config, self.params, directory, tokenizer=self.tokenizer)
+            return
+        if self.embedding is not None:
+            sbert.save(directory, self.config, self.params, self.tokenizer, self.embedding)
             return
         hf.save(self.config, self.params, directory, tokenizer=self.tokenizer, head=self.head)
 
@@ -258,14 +273,23 @@ class Model:
         return results[0] if single else results
 
     def embed(
-        self, texts: str | Sequence[str], pooling: str = "mean", normalize: bool = False
+        self,
+        texts: str | Sequence[str],
+        pooling: str | None = None,
+        normalize: bool | None = None,
     ) -> np.ndarray:
         """One float32 vector per text, [n, hidden].
 
         pooling: "mean" of the encoder's outputs over the text's tokens ([CLS] and [SEP]
         included, padding not), "cls" the output at [CLS], "pooler" BERT's tanh pooler on it.
-        normalize: scale each vector to unit length.
+        normalize: scale each vector to unit length. An embedding model (a trained embedding
+        run, a sentence-transformers directory) embeds as it was trained when both are left
+        out: its pooling ("max" too), normalisation and max_seq_length, empty texts included.
         """
+        if self.embedding is not None and pooling is None and normalize is None:
+            return self._embed_as_trained(texts)
+        pooling = "mean" if pooling is None else pooling
+        normalize = False if normalize is None else normalize
         if pooling not in POOLINGS:
             raise InferenceError(f"pooling={pooling!r} is invalid: choose one of {POOLINGS}")
         if pooling == "pooler" and "pooler" in self.fresh_heads:
@@ -504,11 +528,12 @@ class Model:
             init = seq2seq_lib.task_init(self._run_config, self.head)
             abstract = jax.eval_shape(init, jax.random.key(0))
             return jax.device_put(params, sharding_lib.logical_shardings(abstract, self.mesh))
-        model = (
-            BertForPreTraining(self._run_config)
-            if self.head is None
-            else heads.make_model(self._run_config, self.head)
-        )
+        if self.embedding is not None:
+            model = embedding_lib.make_model(self._run_config, self.embedding)
+        elif self.head is None:
+            model = BertForPreTraining(self._run_config)
+        else:
+            model = heads.make_model(self._run_config, self.head)
         ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
         # Shapes and logical axis names only; nothing is computed.
         abstract = jax.eval_shape(lambda key: model.init(key, ids)["params"], jax.random.key(0))
@@ -609,6 +634,75 @@ class Model:
                 results[row] = self.tokenizer.decode(ids, skip_special=True).strip()
         return results[0] if single else results
 
+    # Embedding models: sentence-transformers directories and trained embedding runs
+
+    @classmethod
+    def _load_sentence_transformers(
+        cls, path: str | os.PathLike, *, mesh, batch_size: int, progress, **overrides
+    ) -> Model:
+        try:
+            loaded = sbert.load(path, **overrides)
+        except (ValueError, FileNotFoundError, ImportError) as err:
+            raise InferenceError(str(err)) from None
+        return cls(
+            loaded.config,
+            loaded.params,
+            loaded.tokenizer,
+            mesh=mesh,
+            batch_size=batch_size,
+            progress=progress,
+            source=str(path),
+            embedding=loaded.spec,
+        )
+
+    def _embed_as_trained(self, texts: str | Sequence[str]) -> np.ndarray:
+        """Texts embedded by the model's own EmbeddingSpec, as sentence-transformers does:
+        cut to its max_seq_length, an empty text as [CLS] [SEP]."""
+        texts = _as_texts(texts, "texts")
+        with self._context():
+            return embedding_lib.embed_texts(
+                self._run_config,
+                self.params,
+                self.tokenizer,
+                self.embedding,
+                texts,
+                batch_size=self.batch_size,
+            )
+
+    def _vectors(self, texts_or_vectors: Any) -> np.ndarray:
+        if isinstance(texts_or_vectors, (np.ndarray, jax.Array)):
+            return np.asarray(texts_or_vectors, np.float32)
+        return self.embed(texts_or_vectors)
+
+    def similarity(self, a: Any, b: Any) -> np.ndarray:
+        """Cosine similarity [len(a), len(b)] of texts (embedded with `embed`'s defaults) or
+        of [n, hidden] vectors."""
+        return embedding_lib.similarity(self._vectors(a), self._vectors(b))
+
+    def search(self, queries: Any, corpus: Any, top_k: int = 10) -> list[list[dict[str, Any]]]:
+        """Per query, its top_k corpus entries by cosine similarity, best first, as
+        sentence-transformers' semantic_search: [{"corpus_id": row, "score": cosine}, ...].
+
+        queries and corpus are texts (embedded with `embed`'s defaults) or vectors; the
+        search is exact (bertjax.embedding.search).
+        """
+        if isinstance(queries, str):
+            queries = [queries]
+        try:
+            scores, rows = embedding_lib.search(
+                self._vectors(queries), self._vectors(corpus), top_k=top_k
+            )
+        except ValueError as err:
+            raise InferenceError(str(err)) from None
+        return [
+            [{"corpus_id": int(r), "score": float(s)} for r, s in zip(row, score)]
+            for row, score in zip(rows, scores)
+        ]
+
+
+# ----------------------------------------------------------------------------------------
+# The jitted tasks: params and a padded batch in, numpy-ready outputs out.
+
 
 def _is_encoder_decoder(path: str | os.PathLike) -> bool:
     """Whether path is a transformers EncoderDecoderModel directory (its config.json says)."""
@@ -632,10 +726,6 @@ def _generate(params, batch, *, config, settings):
         settings=settings,
     )
     return generated.tokens, generated.lengths
-
-
-# ----------------------------------------------------------------------------------------
-# The jitted tasks: params and a padded batch in, numpy-ready outputs out.
 
 
 @functools.partial(jax.jit, static_argnames=("config", "usable", "top_k"))

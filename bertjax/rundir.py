@@ -39,7 +39,8 @@ from typing import Any
 import jax
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import heads, hf, seq2seq, steps
+from bertjax import embedding, heads, hf, seq2seq, steps
+from bertjax.embedding import EmbeddingSpec
 from bertjax.heads import HeadSpec
 from bertjax.model import ARCHITECTURE_FIELDS, BertConfig, BertForPreTraining, pretraining_init
 from bertjax.settings import ConfigError
@@ -204,6 +205,9 @@ def read_params(run: Run, mesh: jax.sharding.Mesh | None = None) -> tuple[int | 
             init = pretraining_init(BertForPreTraining(run.config), 1, 1)
         elif run.head.task == seq2seq.TASK:  # an encoder-decoder, not an encoder and a head
             init = seq2seq.task_init(run.config, run.head)
+        elif run.head.task == embedding.EMBEDDING_TASK:  # a bi-encoder: the encoder only
+            model = embedding.make_model(run.config, EmbeddingSpec.from_labels(run.head.labels))
+            init = functools.partial(embedding.init_params, model)
         else:
             model = heads.make_model(run.config, run.head)
             init = functools.partial(heads.init_params, model)

@@ -20,8 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
     # The model to fine-tune: a bertjax work directory (its latest checkpoint), a directory
     # written by bertjax.hf.save, or a Hugging Face BERT directory with its tokenizer. Required.
     config.init_from = ""
-    # classification | regression | multi_label | token_classification | seq2seq; may stay
-    # empty with data.glue_task, which implies it.
+    # classification | regression | multi_label | token_classification | seq2seq | embedding;
+    # may stay empty with data.glue_task, which implies it.
     config.task = ""
 
     config.data = ml_collections.ConfigDict(
@@ -61,6 +61,25 @@ def get_config() -> ml_collections.ConfigDict:
             max_new_tokens=0,
             length_penalty=1.0,
             no_repeat_ngram_size=0,
+        )
+    )
+    # task=embedding (a bi-encoder; see bertjax/finetune/tasks/embedding.py). Its files:
+    # data.text_fields="anchor,positive" or "anchor,positive,negative" (with
+    # loss=cosine_regression: two fields and data.label_field, the gold score); the
+    # validation file holds scored pairs (the first two text fields and data.label_field).
+    config.embedding = ml_collections.ConfigDict(
+        dict(
+            pooling="mean",  # mean | cls | max, of the encoder's outputs over the text's tokens
+            normalize=False,  # unit-length vectors
+            loss="in_batch_negatives",  # or cosine_regression (scored pairs)
+            scale=20.0,  # in_batch_negatives: inverse temperature of the softmax
+            symmetric=False,  # in_batch_negatives: also each positive against every anchor
+            score_max=1.0,  # cosine_regression: gold scores are divided by it (5 for STS-B)
+            # Optional retrieval evaluation, TSV without a header: `id<TAB>text` queries and
+            # corpus, `query_id<TAB>doc_id` relevance (config.metric may then be ndcg@10, ...).
+            queries="",
+            corpus="",
+            relevance="",
         )
     )
     # BertConfig fields a run may change; the architecture comes from init_from.

@@ -52,7 +52,8 @@ class FinetuneDataSettings:
     glue_task: str  # a key of finetune.layouts.GLUE_TASKS, or empty
     labels: tuple[str, ...] | None  # GLUE's label set; None: those found in training
     max_seq_length: int
-    # What a task reads from the config beyond these (its Task.read_options), or None.
+    # What a task reads from its own config fields or block (its optional Task.read_options:
+    # seq2seq's source and target fields, config.embedding), or None.
     task_options: Any = None
 
 
@@ -332,7 +333,8 @@ def _read_finetune_files(config, task: str, fields=None) -> FinetuneDataSettings
     label_field = d.label_field
     if fields is not None:
         text_fields, label_field = fields
-    elif not token_task:
+    # A task that reads its own options (Task.read_options) checks its text fields there.
+    elif not token_task and not hasattr(task_lib.get(task), "read_options"):
         require_(
             len(text_fields) in (1, 2),
             "data.text_fields",

@@ -1,0 +1,335 @@
+"""The embedding fine-tuning task: settings, files, the flat-batch objective, the notebook
+Model of an embedding model, sentence-transformers both ways, and a short run that learns."""
+
+import functools
+import pathlib
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from test_embedding import (
+    CONFIG,
+    SHALLOW,
+    TEXTS,
+    random_params,
+    synthetic_pairs,
+    synthetic_sts,
+)
+
+import bertjax
+from bertjax import embedding, sbert
+from bertjax.embedding import EmbeddingSpec
+from bertjax.finetune import embedding as training
+from bertjax.finetune import embedding_eval
+from bertjax.finetune import task as task_lib
+from bertjax.finetune.data import TaskDataError
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.finetune.tasks import sentence_embedding as task_module
+from bertjax.settings import ConfigError
+from bertjax.tokenizer import WordPieceTokenizer
+from configs import finetune as finetune_config
+
+SEQ = 16
+TRAIN_EXAMPLES = 2048
+LONG = " ".join(f"w{i % 90}" for i in range(60))  # far longer than SEQ: cut
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> pathlib.Path:
+    """A sentence-transformers directory of a random tiny model, and the task's files."""
+    root = tmp_path_factory.mktemp("embedding_task")
+    words = [f"w{i}" for i in range(CONFIG.vocab_size - 5)]
+    (root / "vocab.txt").write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n"
+    )
+    tokenizer = WordPieceTokenizer.from_vocab(root / "vocab.txt")
+    sbert.save(
+        root / "source", CONFIG, random_params(3), tokenizer, EmbeddingSpec("mean", False, SEQ)
+    )
+    # A freshly initialised encoder (BERT's initializer) as the model a short run starts from.
+    fresh = nn.meta.unbox(embedding.init_params(embedding.BiEncoder(CONFIG), jax.random.key(0)))
+    sbert.save(root / "initial", CONFIG, fresh, tokenizer, EmbeddingSpec("mean", False, SEQ))
+    rng = np.random.default_rng(0)
+    anchors, positives = synthetic_pairs(rng, TRAIN_EXAMPLES)
+    negatives, _ = synthetic_pairs(rng, TRAIN_EXAMPLES)
+    (root / "train.tsv").write_text(
+        "anchor\tpositive\tnegative\n"
+        + "".join(f"{a}\t{p}\t{n}\n" for a, p, n in zip(anchors, positives, negatives))
+    )
+    left, right, gold = synthetic_sts(rng, 300)
+    (root / "dev.tsv").write_text(
+        "anchor\tpositive\tscore\n"
+        + "".join(f"{a}\t{b}\t{g}\n" for a, b, g in zip(left, right, gold))
+    )
+    # Retrieval: each query's relevant document is its paraphrase; the rest distract.
+    queries, documents = synthetic_pairs(rng, 40)
+    (root / "queries.tsv").write_text("".join(f"q{i}\t{t}\n" for i, t in enumerate(queries)))
+    (root / "corpus.tsv").write_text("".join(f"d{i}\t{t}\n" for i, t in enumerate(documents)))
+    (root / "qrels.tsv").write_text("".join(f"q{i}\td{i}\n" for i in range(40)))
+    return root
+
+
+def _config(root: pathlib.Path, **fields):
+    config = finetune_config.get_config()
+    config.init_from = str(root / "source")
+    config.task = "embedding"
+    config.data.train = str(root / "train.tsv")
+    config.data.validation = str(root / "dev.tsv")
+    config.data.text_fields = "anchor,positive,negative"
+    config.data.label_field = "score"
+    config.data.max_seq_length = SEQ
+    config.batch_size = 32
+    config.eval_batch_size = 64
+    for key, value in fields.items():
+        target = config
+        *parents, leaf = key.split(".")
+        for parent in parents:
+            target = target[parent]
+        target[leaf] = value
+    return config
+
+
+def _settings(root, **fields) -> FinetuneSettings:
+    return FinetuneSettings.from_config(_config(root, **fields))
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_the_task_is_registered_after_the_four_heads():
+    assert task_lib.names()[4:5] == ("embedding",)
+    task = task_lib.get("embedding")
+    assert task.default_metric == "spearman" and "ndcg@10" in task.metrics
+
+
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        ({"embedding.pooling": "sum"}, r"config.embedding: EmbeddingSpec.pooling='sum' is invalid"),
+        ({"embedding.loss": "triplet"}, r"config.embedding: LossSettings.loss='triplet' is inv"),
+        ({"embedding.scale": 0.0}, r"LossSettings.scale=0.0 is invalid: must be a number > 0"),
+        ({"data.text_fields": "anchor"}, r"text_fields='anchor': the embedding task reads two"),
+        (
+            {"embedding.loss": "cosine_regression", "data.text_fields": "a,b,c"},
+            r"reads two \(scored pairs",
+        ),
+        ({"grad_accum_steps": 2, "batch_size": 32}, r"config.grad_accum_steps=2: in_batch_neg"),
+        ({"embedding.queries": "q.tsv"}, r"needs queries, corpus and relevance; only \['queries"),
+        ({"metric": "ndcg@10"}, r"config.metric='ndcg@10' is a retrieval metric"),
+        ({"data.label_field": ""}, r"config.data.label_field is empty"),
+        ({"metric": "accuracy"}, r"config.metric='accuracy': must be one of \('spearman'"),
+    ],
+)
+def test_settings_refuse_bad_values_in_one_line(files, fields, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        _settings(files, **fields)
+    assert "\n" not in str(error.value)
+
+
+def test_reads_triples_scored_pairs_and_retrieval_files(files):
+    settings = _settings(
+        files,
+        **{
+            "embedding.queries": str(files / "queries.tsv"),
+            "embedding.corpus": str(files / "corpus.tsv"),
+            "embedding.relevance": str(files / "qrels.tsv"),
+            "embedding.pooling": "max",
+            "embedding.normalize": True,
+            "embedding.symmetric": True,
+            "metric": "ndcg@10",
+        },
+    )
+    tokenizer = WordPieceTokenizer.from_vocab(files / "vocab.txt")
+    data = task_lib.get("embedding").read(settings.data, tokenizer)
+    # The head carries the model's spec and the loss: a run directory opens as it was trained.
+    assert EmbeddingSpec.from_labels(data.head.labels) == EmbeddingSpec("max", True, SEQ)
+    assert task_module.loss_of(data.head) == training.LossSettings(symmetric=True)
+    train = data.train.features
+    assert len(data.train) == TRAIN_EXAMPLES
+    for prefix in ("", "positive_", "negative_"):
+        assert train[prefix + "input_ids"].shape == (TRAIN_EXAMPLES, SEQ)
+        assert (train[prefix + "input_ids"][:, 0] == tokenizer.cls_id).all()
+    # A retrieval metric decides: the retrieval split is evaluated first.
+    retrieval, sts = data.validation
+    assert isinstance(retrieval, task_module.RetrievalExamples)
+    assert retrieval.name == "validation_retrieval" and retrieval.queries == 40
+    assert len(retrieval) == 80 and retrieval.relevant[7] == frozenset({7})
+    assert sts.features["scores"].shape == (300,) and set(sts.features["scores"]) <= {0, 1, 2, 3}
+    assert "negative_input_ids" not in sts.features
+
+
+def test_retrieval_files_name_the_line_of_a_bad_pair(files, tmp_path):
+    (tmp_path / "qrels.tsv").write_text("q0\td0\nq1\td99\n")
+    tokenizer = WordPieceTokenizer.from_vocab(files / "vocab.txt")
+    with pytest.raises(TaskDataError, match=r"qrels.tsv line 2: document 'd99' is not in .*corpus"):
+        task_module.read_retrieval(
+            str(files / "queries.tsv"),
+            str(files / "corpus.tsv"),
+            str(tmp_path / "qrels.tsv"),
+            tokenizer,
+            SEQ,
+        )
+
+
+# ----------------------------------------------------------------------------- the objective
+
+
+def _flat_and_stacked(texts: int, seed: int) -> tuple[dict, dict]:
+    """The same random examples as the task's flat features and as [batch, texts, seq]."""
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(SEQ) < rng.integers(2, SEQ, (8, texts, 1))).astype(np.int32)
+    ids = rng.integers(5, CONFIG.vocab_size, (8, texts, SEQ)).astype(np.int32) * mask
+    stacked = {"input_ids": ids, "input_mask": mask, "segment_ids": 0 * ids}
+    stacked["weights"] = np.asarray([1] * 7 + [0], np.float32)  # the last row only pads
+    stacked["scores"] = rng.uniform(0, 3, 8).astype(np.float32)
+    flat = {k: stacked[k] for k in ("weights", "scores")}
+    for k, prefix in enumerate(("", "positive_", "negative_")[:texts]):
+        for name in ("input_ids", "input_mask", "segment_ids"):
+            flat[prefix + name] = stacked[name][:, k]
+    return flat, stacked
+
+
+@pytest.mark.slow  # two gradient programs compile per case
+@pytest.mark.parametrize(
+    "loss, texts",
+    [
+        (training.LossSettings(symmetric=True), 3),
+        (training.LossSettings("cosine_regression", score_max=3.0), 2),
+    ],
+)
+def test_flat_objective_equals_the_stacked_one(loss, texts):
+    """The task's flat features (anchor, positive_*, negative_*) give the loss, gradients
+    and outputs of bertjax.finetune.embedding's [batch, texts, seq] objective."""
+    spec = EmbeddingSpec("mean", False, SEQ)
+    flat = task_module.EmbeddingTaskObjective(SHALLOW, task_module.head_for(spec, loss))
+    stacked = training.EmbeddingObjective(embedding.make_model(SHALLOW, spec), loss)
+    flat_batch, stacked_batch = _flat_and_stacked(texts, seed=1)
+    params = random_params(5, SHALLOW)
+
+    @functools.partial(jax.jit, static_argnums=0)
+    def loss_and_grads(objective, batch):
+        def f(p):
+            sums = objective.sums(p, batch, rng=None, deterministic=True)
+            return objective.loss(sums, objective.denominators(batch))
+
+        return jax.value_and_grad(f)(params)
+
+    (a, ga), (b, gb) = loss_and_grads(flat, flat_batch), loss_and_grads(stacked, stacked_batch)
+    np.testing.assert_allclose(a, b, rtol=1e-5)
+    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
+        np.testing.assert_allclose(x, y, atol=1e-5)
+    _, outputs = jax.jit(flat.evaluate)(params, flat_batch)
+    vectors = stacked.embeddings(params, stacked_batch, rng=None, deterministic=True)
+    np.testing.assert_allclose(outputs["positive"], vectors[:, 1], atol=1e-5)
+
+
+def test_scores_are_sts_or_retrieval_by_split(files):
+    task = task_lib.get("embedding")
+    head = task_module.head_for(EmbeddingSpec(), training.LossSettings())
+    tokenizer = WordPieceTokenizer.from_vocab(files / "vocab.txt")
+    retrieval = task_module.read_retrieval(
+        str(files / "queries.tsv"),
+        str(files / "corpus.tsv"),
+        str(files / "qrels.tsv"),
+        tokenizer,
+        SEQ,
+    )
+    # Each query's vector is its relevant document's, slightly moved: a perfect ranking.
+    docs = np.random.default_rng(2).normal(size=(40, 8)).astype(np.float32)
+    vectors = np.concatenate([docs + 0.01, docs])
+    scores = task.scores(head, retrieval, {"anchor": vectors})
+    assert scores["mrr@10"] == 1.0 and scores["ndcg@10"] == 1.0 and scores["recall@1"] == 1.0
+    gold = np.asarray([0.0, 1.0, 2.0, 3.0], np.float32)
+    a = np.eye(4, dtype=np.float32)
+    b = a + gold[::-1, None] * np.roll(a, 1, axis=0)  # cosine rises with the gold score
+    examples = task_lib.Examples("validation", "x", {"scores": gold}, list("abcd"), True)
+    got = task.scores(head, examples, {"anchor": a, "positive": b})
+    assert got == pytest.approx(embedding_eval.sts_scores(a, b, gold))
+    assert got["spearman"] == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------- the notebook
+
+
+def test_model_embeds_a_sentence_transformers_directory_as_it_does(files):
+    """SentenceTransformer(path).encode == Model.load(path).embed(texts), long and empty
+    texts included; similarity and search agree with the vectors."""
+    from sentence_transformers import SentenceTransformer
+
+    texts = [*TEXTS, LONG, ""]
+    model = bertjax.Model.load(files / "source")
+    assert model.embedding == EmbeddingSpec("mean", False, SEQ)
+    ours = model.embed(texts)
+    expected = SentenceTransformer(str(files / "source"), device="cpu").encode(texts)
+    np.testing.assert_allclose(ours, expected, atol=1e-4)
+    sims = model.similarity(texts[:3], texts)
+    np.testing.assert_allclose(sims, embedding.similarity(ours[:3], ours), atol=1e-5)
+    hits = model.search(texts[:2], texts, top_k=3)
+    assert [h["corpus_id"] for h in hits[0]][0] == 0 and len(hits[1]) == 3
+    assert hits[1][0]["score"] == pytest.approx(float(np.max(sims[1])), abs=1e-5)
+    # Pooling named explicitly keeps the older, encoder-only behaviour.
+    assert model.embed(["w1 w2"], pooling="cls").shape == (1, CONFIG.hidden_size)
+
+
+@pytest.mark.parametrize("spec", [EmbeddingSpec("max", True, 12), EmbeddingSpec("cls", False, 20)])
+def test_model_save_hf_of_an_embedding_model_loads_in_sentence_transformers(files, tmp_path, spec):
+    from sentence_transformers import SentenceTransformer
+
+    tokenizer = WordPieceTokenizer.from_vocab(files / "vocab.txt")
+    model = bertjax.Model(CONFIG, {"bert": random_params(4)["bert"]}, tokenizer, embedding=spec)
+    model.save_hf(tmp_path / "export")
+    reference = SentenceTransformer(str(tmp_path / "export"), device="cpu")
+    assert reference.max_seq_length == spec.max_seq_length
+    texts = [*TEXTS, LONG, ""]
+    np.testing.assert_allclose(model.embed(texts), reference.encode(texts), atol=1e-4)
+    # And back through Model.load: the same spec, the same vectors.
+    again = bertjax.Model.load(tmp_path / "export")
+    assert again.embedding == spec
+    np.testing.assert_allclose(again.embed(texts), reference.encode(texts), atol=1e-4)
+
+
+# ----------------------------------------------------------------------------- a run learns
+
+
+@pytest.mark.slow
+def test_a_short_finetune_run_raises_held_out_sts_spearman(files, tmp_path):
+    """finetune.loop.finetune on synthetic triples from a random tiny model: held-out STS
+    Spearman of the best epoch rises clearly above the untrained pooled embeddings; the run
+    directory opens in Model and exports to sentence-transformers."""
+    from sentence_transformers import SentenceTransformer
+
+    from bertjax.finetune import loop
+
+    config = _config(
+        files,
+        init_from=str(files / "initial"),
+        num_epochs=3,
+        length_bucket=0,
+        token_capacity=1.0,
+        **{
+            "optimizer.learning_rate": 2e-3,
+            "embedding.queries": str(files / "queries.tsv"),
+            "embedding.corpus": str(files / "corpus.tsv"),
+            "embedding.relevance": str(files / "qrels.tsv"),
+        },
+    )
+    rng = np.random.default_rng(7)
+    left, right, gold = synthetic_sts(rng, 300)
+    untrained = bertjax.Model.load(files / "initial")
+    before = embedding_eval.sts_scores(untrained.embed(left), untrained.embed(right), gold)
+    summary = loop.finetune(FinetuneSettings.from_config(config), tmp_path / "run")
+    best = summary["seeds"][0]["best"]
+    trained = bertjax.Model.load(tmp_path / "run")
+    after = embedding_eval.sts_scores(trained.embed(left), trained.embed(right), gold)
+    print(
+        f"held-out STS Spearman: untrained {before['spearman']:.3f}, trained "
+        f"{after['spearman']:.3f} (validation {best['value']:.3f}, epoch {best['epoch']}); "
+        f"retrieval ndcg@10 {best['scores']['eval_retrieval/ndcg@10']:.3f}"
+    )
+    assert after["spearman"] > before["spearman"] + 0.2 and after["spearman"] > 0.6
+    assert best["scores"]["eval_retrieval/ndcg@10"] > 0.5
+    trained.save_hf(tmp_path / "export")
+    reference = SentenceTransformer(str(tmp_path / "export"), device="cpu")
+    texts = [*TEXTS, LONG, ""]
+    np.testing.assert_allclose(trained.embed(texts), reference.encode(texts), atol=1e-4)
