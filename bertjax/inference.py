@@ -167,7 +167,18 @@ class Model:
 
     def save_hf(self, directory: str | os.PathLike) -> None:
         """Writes a transformers directory: weights, config.json and the tokenizer files."""
-        hf.save(self.config, self.params, directory, tokenizer=self.tokenizer, head=self.head)
+        # Heads this model never had (read from a BertModel directory) are not exported as
+        # trained: the copy lacks them too, and refuses fill_mask as this one does.
+        untrained = () if self.head is not None else self.fresh_heads
+        with _as_inference_error():
+            hf.save(
+                self.config,
+                self.params,
+                directory,
+                tokenizer=self.tokenizer,
+                head=self.head,
+                untrained=untrained,
+            )
 
     def __repr__(self) -> str:
         c = self.config
