@@ -11,6 +11,8 @@ import os
 import pathlib
 import shutil
 import stat
+import subprocess
+import sys
 
 import flax.linen as nn
 import jax
@@ -337,3 +339,60 @@ def test_load_prints_no_read_only_warning(pretraining_workdir, caplog):
     with caplog.at_level(logging.WARNING):
         Model.load(workdir)
     assert "read only" not in caplog.text
+
+
+# --------------------------------------------------------------------- 9: saves on many devices
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_checkpoints_on_eight_devices_while_a_cpu_hog_competes(synthetic_data, tmp_path):
+    """train.py on 8 simulated devices saving every 10 steps, with busy processes on every
+    core: each save fingerprints the state; before those fingerprints ran as one program per
+    device set, this run aborted at the first save in XLA's all-reduce rendezvous."""
+    workdir = tmp_path / "run"
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "--config",
+        str(REPO / "configs" / "tiny.py"),
+        "--config.mesh_shape=(1,-1,1)",
+        f"--config.data.dir={synthetic_data}",
+        "--config.data.max_seq_length=64",
+        "--config.data.max_predictions_per_seq=10",
+        "--config.batch_size=8",
+        "--config.num_train_steps=30",
+        "--config.checkpoint_every_steps=10",
+        "--config.eval_every_steps=1000",
+        "--config.log_every_steps=10",
+        "--config.optimizer.warmup_steps=5",
+        "--workdir",
+        str(workdir),
+    ]
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
+    }
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range((os.cpu_count() or 2) + 1)
+    ]
+    try:
+        run = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=900, cwd=REPO
+        )
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    assert "rendezvous" not in output
+    steps = sorted(
+        int(p.name) for p in (workdir / rundir.CHECKPOINT_DIR).iterdir() if p.name.isdigit()
+    )
+    assert steps[-1] == 30, steps
+    model = Model.load(workdir)
+    assert model.source.endswith("step 30")

@@ -221,9 +221,6 @@ def _json_kind(raw: Any) -> str:
         return "boolean"
     if isinstance(raw, (int, float)):
         return "number"
-    if isinstance(raw, list):
-        kinds = sorted({_json_kind(value) for value in raw})
-        return f"list of {' and '.join(kinds)}" if kinds else "list"
     return "string" if isinstance(raw, str) else type(raw).__name__
 
 
@@ -258,13 +255,15 @@ def _read_jsonl(path: pathlib.Path, layout: Layout, task: str):
         label = None
         if has_label:
             raw = _json_label(obj[layout.label_field])
-            if task != REGRESSION:
-                kind = _json_kind(raw)
+            # Regression reads numbers from either; a multi-label list counts by its elements.
+            values = [] if task == REGRESSION else raw if isinstance(raw, list) else [raw]
+            for value in values:
+                kind = _json_kind(value)
                 if first_kind is None:
-                    first_kind = (kind, line, raw)
+                    first_kind = (kind, line, value)
                 elif kind != first_kind[0]:
                     raise TaskDataError(
-                        f"{path} line {line}: label {raw!r} is a {kind}, but line "
+                        f"{path} line {line}: label {value!r} is a {kind}, but line "
                         f"{first_kind[1]}'s label {first_kind[2]!r} is a {first_kind[0]}; "
                         "write every label the same way (all numbers or all strings)"
                     )
