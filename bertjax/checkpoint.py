@@ -214,17 +214,9 @@ def _leaf_summary(x: jax.Array) -> jax.Array:
     return jnp.stack([_fingerprint(x), jnp.asarray(finite, jnp.uint32)])  # [2]
 
 
-@jax.jit
-def _summaries(leaves: list[jax.Array]) -> jax.Array:
-    """[n, 2] uint32: every leaf's [fingerprint, finite], in one program."""
-    return jnp.stack([_leaf_summary(x) for x in leaves])  # [n, 2]
-
-
-def _placement(leaf: Any) -> Any:
-    """Leaves that one program can take together: the same devices (host arrays apart)."""
-    if isinstance(leaf, jax.Array):
-        return tuple(sorted(d.id for d in leaf.sharding.device_set))
-    return None
+# Compiled once per distinct shape, dtype and sharding (14 for BERT-small, whatever the number
+# of layers): one program over every leaf compiled 2-3 times slower (benchmarks/checkpoint.py).
+_leaf_summary_jit = jax.jit(_leaf_summary)
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
@@ -263,21 +255,17 @@ def summarise(trees: dict[str, Any]) -> list[LeafSummary]:
         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
         if _fingerprintable(leaf)
     ]
-    # One program for all the leaves on the same devices (optax keeps its count on one
-    # device, apart from the mesh), dispatched only once the values are computed and fetched
-    # before anything else is dispatched. One program per leaf (235 for BERT-small, each a
-    # cross-device reduction) left hundreds of collective programs queued behind a train
-    # step; on XLA's CPU backend with simulated devices under load, a rendezvous of one of
-    # them timed out with some of its devices still busy elsewhere and aborted the process.
+    # One leaf at a time, each fetched before the next is dispatched, once the state itself
+    # is computed: at most one of these cross-device reductions is in flight, never queued
+    # beside a train step. Dispatching every leaf's program at once (235 for BERT-small)
+    # behind an unfinished train step aborted runs on 8 simulated CPU devices under load: an
+    # all-reduce rendezvous timed out with some devices still busy with other programs.
     jax.block_until_ready([leaf for _, _, leaf in entries])
-    groups: dict[Any, list[int]] = {}
-    for k, (_, _, leaf) in enumerate(entries):
-        groups.setdefault(_placement(leaf), []).append(k)
-    fingerprints, finite = [0] * len(entries), [True] * len(entries)
-    for members in groups.values():
-        table = _to_host(_summaries([entries[k][2] for k in members]))  # [len(members), 2]
-        for k, (fingerprint, ok) in zip(members, table.tolist()):
-            fingerprints[k], finite[k] = int(fingerprint), bool(ok)
+    fingerprints, finite = [], []
+    for _, _, leaf in entries:
+        fingerprint, ok = _to_host(_leaf_summary_jit(leaf))
+        fingerprints.append(int(fingerprint))
+        finite.append(bool(ok))
     return [
         LeafSummary(item, path, str(leaf.dtype), tuple(leaf.shape), fp, ok)
         for (item, path, leaf), fp, ok in zip(entries, fingerprints, finite)
