@@ -119,7 +119,21 @@ def _item_handlers() -> dict[str, ocp.CheckpointHandler]:
     }
 
 
+class _ReadOnlyNotice(logging.Filter):
+    """Drops Orbax's "Given directory is read only" warning: every reader opens a read-only
+    manager on purpose (it never writes beside a live run), so there is nothing to warn of."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (
+            record.pathname.startswith(_ORBAX_DIR)
+            and str(record.msg).startswith("Given directory is read only")
+        )
+
+
 def _read_only_manager(path: epath.Path) -> ocp.CheckpointManager:
+    absl_logger = logging.getLogger("absl")
+    if not any(isinstance(f, _ReadOnlyNotice) for f in absl_logger.filters):
+        absl_logger.addFilter(_ReadOnlyNotice())
     return ocp.CheckpointManager(
         path,
         item_names=ITEM_NAMES,
@@ -194,11 +208,15 @@ def _fingerprint(x: jax.Array) -> jax.Array:
     return jnp.sum(_mix32(_words(x) ^ salt), dtype=jnp.uint32)  # wraps: exact in any order
 
 
-@jax.jit
 def _leaf_summary(x: jax.Array) -> jax.Array:
-    """[fingerprint, finite] of one leaf, as uint32: one small array to fetch per leaf."""
+    """[fingerprint, finite] of one leaf, as uint32."""
     finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else True
     return jnp.stack([_fingerprint(x), jnp.asarray(finite, jnp.uint32)])  # [2]
+
+
+# Compiled once per distinct shape, dtype and sharding (14 for BERT-small, whatever the number
+# of layers): one program over every leaf compiled 2-3 times slower (benchmarks/checkpoint.py).
+_leaf_summary_jit = jax.jit(_leaf_summary)
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
@@ -237,14 +255,15 @@ def summarise(trees: dict[str, Any]) -> list[LeafSummary]:
         for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
         if _fingerprintable(leaf)
     ]
-    # One small computation per leaf rather than one over the whole tree: compiled once per
-    # distinct shape, dtype and sharding (14 for BERT-small, whatever the number of layers),
-    # where one program over every leaf compiled about half as fast for the same run time
-    # and cannot mix arrays committed to different devices (optax keeps its count on one).
-    dispatched = [_leaf_summary(leaf) for _, _, leaf in entries]  # all start before any fetch
+    # One leaf at a time, each fetched before the next is dispatched, once the state itself
+    # is computed: at most one of these cross-device reductions is in flight, never queued
+    # beside a train step. Dispatching every leaf's program at once (235 for BERT-small)
+    # behind an unfinished train step aborted runs on 8 simulated CPU devices under load: an
+    # all-reduce rendezvous timed out with some devices still busy with other programs.
+    jax.block_until_ready([leaf for _, _, leaf in entries])
     fingerprints, finite = [], []
-    for summary in dispatched:
-        fingerprint, ok = _to_host(summary)
+    for _, _, leaf in entries:
+        fingerprint, ok = _to_host(_leaf_summary_jit(leaf))
         fingerprints.append(int(fingerprint))
         finite.append(bool(ok))
     return [
@@ -404,7 +423,7 @@ def _candidate_steps(all_steps: list[int], step: int | None, path: epath.Path) -
 
 
 def _restore_with_fallback(
-    path: epath.Path, steps: list[int], restore_one
+    path: epath.Path, steps: list[int], restore_one, *, reader: bool = False
 ) -> tuple[int, Any, list[int]]:
     """Try restore_one(step) newest first; returns (step, result, steps that failed).
 
@@ -413,11 +432,19 @@ def _restore_with_fallback(
     """
     _contain_orbax_noise()
     failures: list[tuple[int, BaseException]] = []
+    vanished: list[int] = []
     for candidate in steps:
         try:
             result = restore_one(candidate)
         except Exception as error:  # noqa: BLE001 - any failure of one step means "try older"
             failures.append((candidate, error))
+            if not (path / str(candidate)).exists():
+                # A live run deleted it (it keeps only its newest steps): not damage.
+                logger.info(
+                    "checkpoint step %d in %s was removed while being read", candidate, path
+                )
+                vanished.append(candidate)
+                continue
             logger.warning(
                 "checkpoint step %d in %s cannot be restored (%s); trying the previous step",
                 candidate,
@@ -425,16 +452,22 @@ def _restore_with_fallback(
                 _brief(error),
             )
             continue
-        if failures:
+        damaged = [s for s, _ in failures if s not in vanished]
+        if damaged:
             logger.warning(
                 "restored checkpoint step %d from %s after skipping unreadable or damaged "
                 "step(s) %s",
                 candidate,
                 path,
-                [s for s, _ in failures],
+                damaged,
             )
-        return candidate, result, [s for s, _ in failures]
+        return candidate, result, damaged
     details = "; ".join(f"step {s}: {_brief(e)}" for s, e in failures)
+    if reader:
+        raise CheckpointRestoreError(
+            f"no checkpoint in {path} could be read (tried steps {sorted(steps)}). "
+            f"Errors: {details}"
+        ) from failures[0][1]
     raise CheckpointRestoreError(
         f"checkpoints exist in {path} (steps {sorted(steps)}) but none could be restored; "
         f"refusing to start from scratch. Errors: {details}"
@@ -728,6 +761,41 @@ def _single_device_target(metadata_tree: Any) -> Any:
     return jax.tree.map(to_struct, metadata_tree)
 
 
+# How many times a reader lists the steps again when those it tried vanished under it.
+_READ_ATTEMPTS = 5
+
+
+def _read_newest(
+    path: epath.Path, manager: ocp.CheckpointManager, step: int | None, restore_one
+) -> tuple[int, Any]:
+    """(step, result) of a reader: newest first, as `_restore_with_fallback`; when a live run
+    deleted the steps it tried and saved newer ones meanwhile, tries those (step=None only)."""
+    tried: set[int] = set()
+    for _ in range(_READ_ATTEMPTS):
+        candidates = [
+            s for s in _candidate_steps(list(manager.all_steps()), step, path) if s not in tried
+        ]
+        try:
+            good, result, _ = _restore_with_fallback(path, candidates, restore_one, reader=True)
+            return good, result
+        except CheckpointRestoreError:
+            tried.update(candidates)
+            manager.reload()
+            newer = set(manager.all_steps()) - tried
+            if step is not None or not newer:
+                raise
+            logger.info(
+                "steps %s of %s were removed while being read; trying %s",
+                sorted(candidates),
+                path,
+                sorted(newer),
+            )
+    raise CheckpointRestoreError(
+        f"the steps in {path} kept changing while being read ({_READ_ATTEMPTS} attempts, steps "
+        f"{sorted(tried)}); read it again, or once the run writing there has stopped"
+    )
+
+
 def _open_for_reading(directory: str | os.PathLike) -> tuple[epath.Path, ocp.CheckpointManager]:
     path = _as_path(directory)
     if not path.exists():
@@ -751,7 +819,6 @@ def restore_params(
     """
     path, manager = _open_for_reading(directory)
     try:
-        candidates = _candidate_steps(list(manager.all_steps()), step, path)
 
         def restore_one(candidate: int):
             target = abstract_params
@@ -773,7 +840,7 @@ def restore_params(
             verify(candidate, meta, {PARAMS_ITEM: params})
             return params, _public_meta(meta)
 
-        good, (params, meta), _ = _restore_with_fallback(path, candidates, restore_one)
+        good, (params, meta) = _read_newest(path, manager, step, restore_one)
         return good, params, meta
     finally:
         manager.close()
@@ -783,7 +850,6 @@ def read_meta(directory: str | os.PathLike, step: int | None = None) -> dict:
     """The JSON meta dict of a step (default: the newest readable one)."""
     path, manager = _open_for_reading(directory)
     try:
-        candidates = _candidate_steps(list(manager.all_steps()), step, path)
 
         def restore_one(candidate: int) -> dict:
             restored = manager.restore(
@@ -793,6 +859,6 @@ def read_meta(directory: str | os.PathLike, step: int | None = None) -> dict:
                 raise FileNotFoundError(f"step {candidate} has no {META_ITEM} item")
             return _public_meta(restored[META_ITEM])
 
-        return _restore_with_fallback(path, candidates, restore_one)[1]
+        return _read_newest(path, manager, step, restore_one)[1]
     finally:
         manager.close()

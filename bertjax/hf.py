@@ -26,6 +26,7 @@ query/key/value and [N*D, H] -> [N, D, H] for the attention output.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import importlib
@@ -33,7 +34,9 @@ import json
 import logging
 import os
 import pathlib
-from collections.abc import Mapping
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -409,8 +412,7 @@ def load_with_report(
     config_path = directory / CONFIG_NAME
     if not config_path.is_file():
         raise FileNotFoundError(f"{config_path}: missing; a transformers BERT directory needs it")
-    with open(config_path) as f:
-        hf_config = json.load(f)
+    hf_config = _read_config(config_path)
     config = config_from_hf(hf_config, **overrides)
     question_answering = QA_ARCHITECTURE in (hf_config.get("architectures") or [])
     head = None if question_answering else head_from_hf(hf_config)
@@ -486,6 +488,7 @@ def save(
     head: HeadSpec | None = None,
     *,
     question_answering: bool = False,
+    untrained: Sequence[str] = (),
 ) -> None:
     """Writes config.json and model.safetensors loadable by transformers.BertForPreTraining.
 
@@ -499,8 +502,21 @@ def save(
     scan_layers, optionally wrapped in {"params": ...}); tensors keep their dtype. With a
     tokenizer, its files are written too (tokenizer.json, tokenizer_config.json,
     special_tokens_map.json and its own tokenizer.model or vocab.txt).
+
+    `untrained` names parameter groups (MLM_HEAD, NSP_HEAD, POOLER) that were never trained
+    (freshly initialised when a BertModel directory was read): they are left out, so the
+    export claims only what exists (a BertModel without the MLM head, BertForMaskedLM without
+    the NSP head) and a reload refuses what the original refused.
+
+    The files are written into a temporary sibling directory and moved in only once every
+    one is complete: a failure part-way (a full disk) leaves a previous export whole.
     """
     _require_safetensors()
+    unknown = sorted(set(untrained) - {MLM_HEAD, NSP_HEAD, POOLER})
+    if unknown:
+        raise ValueError(
+            f"untrained={unknown} is invalid: valid groups are {[MLM_HEAD, NSP_HEAD, POOLER]}"
+        )
     if question_answering and head is not None:
         raise ValueError(f"saving to {path}: give a head or question_answering=True, not both")
     if tokenizer is not None:
@@ -520,6 +536,12 @@ def save(
     expected = {spec.path for spec in specs if spec.group != SINUSOIDAL}
     if question_answering or (head is not None and head.token_level):  # in params, not written
         specs = [spec for spec in specs if spec.group != POOLER]
+    if head is None and not question_answering and untrained:
+        specs = [spec for spec in specs if spec.group not in untrained]
+        if MLM_HEAD in untrained:
+            hf_config["architectures"] = ["BertModel"]
+        elif NSP_HEAD in untrained:
+            hf_config["architectures"] = ["BertForMaskedLM"]
     unexpected = sorted("/".join(p) for p in set(flat) - expected)
     if unexpected:
         raise ValueError(f"params: unexpected parameter(s) {_name_list(unexpected)} for {config}")
@@ -549,12 +571,12 @@ def save(
     tensors = {spec.hf_name: tensors[spec.hf_name] for spec in specs}
 
     directory = pathlib.Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / CONFIG_NAME, "w") as f:
-        json.dump(hf_config, f, indent=2, sort_keys=True)
-        f.write("\n")
-    # transformers refuses safetensors files whose metadata does not name a known format.
-    safetensors_numpy.save_file(tensors, directory / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
+    with _staged(directory) as staging:
+        _write_json(staging / CONFIG_NAME, hf_config)
+        # transformers refuses safetensors files whose metadata does not name a known format.
+        safetensors_numpy.save_file(tensors, staging / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_hf(staging, model_max_length=config.max_position_embeddings)
     for stale in (SAFE_WEIGHTS_INDEX_NAME, TORCH_WEIGHTS_NAME, TORCH_WEIGHTS_INDEX_NAME):
         if (directory / stale).exists():
             logger.warning(
@@ -562,8 +584,6 @@ def save(
                 directory / stale,
                 SAFE_WEIGHTS_NAME,
             )
-    if tokenizer is not None:
-        tokenizer.save_hf(directory, model_max_length=config.max_position_embeddings)
 
 
 def check_vocab(config: BertConfig, tokenizer: Tokenizer, what: str) -> None:
@@ -644,12 +664,12 @@ def _read_weights(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
     torch_index = directory / TORCH_WEIGHTS_INDEX_NAME
     if safe.is_file():
         _require_safetensors()
-        return dict(safetensors_numpy.load_file(safe)), str(safe)
+        return _read_safetensors(safe), str(safe)
     if safe_index.is_file():
         _require_safetensors()
         tensors = {}
         for shard in _index_shards(safe_index):
-            tensors.update(safetensors_numpy.load_file(directory / shard))
+            tensors.update(_read_safetensors(directory / shard))
         return tensors, str(safe_index)
     if torch_file.is_file():
         return _read_torch_file(torch_file), str(torch_file)
@@ -662,6 +682,70 @@ def _read_weights(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
         f"{directory}: no weights found; expected one of {SAFE_WEIGHTS_NAME}, "
         f"{SAFE_WEIGHTS_INDEX_NAME}, {TORCH_WEIGHTS_NAME}, {TORCH_WEIGHTS_INDEX_NAME}"
     )
+
+
+def _read_config(path: pathlib.Path) -> dict[str, Any]:
+    """config.json as a dict; a file that is not a JSON object is named with what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f)
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{path}: line {err.lineno}: not valid JSON ({err.msg}); expected a transformers "
+            "config object"
+        ) from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"{path}: holds a JSON {type(value).__name__}; expected a transformers config object"
+        )
+    return value
+
+
+def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+    """Every tensor of a safetensors file; a damaged file is named with what is wrong."""
+    try:
+        return dict(safetensors_numpy.load_file(path))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: missing (named by the weights index)") from None
+    except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ValueError(
+            f"{path}: not a readable safetensors file ({reason}); it is truncated or damaged, "
+            "export or download it again"
+        ) from None
+
+
+def _write_json(path: pathlib.Path, value: Any) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+@contextlib.contextmanager
+def _staged(directory: pathlib.Path):
+    """Yields a temporary sibling of `directory`; once the block completes, moves its files in.
+
+    Each file then replaces its namesake by one rename, after every file was written whole,
+    so a failure while writing (a full disk, a bad tensor) leaves the old files untouched;
+    other files already in `directory` stay. Files get the umask's permissions, as `open`
+    would give them (safetensors and temporary directories are private by default).
+    """
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(
+        tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent)
+    )
+    try:
+        yield staging
+        umask = os.umask(0)
+        os.umask(umask)
+        directory.mkdir(exist_ok=True)
+        for file in sorted(staging.iterdir()):
+            os.chmod(file, 0o666 & ~umask)
+            os.replace(file, directory / file.name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _index_shards(index_path: pathlib.Path) -> list[str]:
@@ -968,20 +1052,15 @@ def save_seq2seq(
             )
         tensors[spec.hf_name] = spec.to_hf(array)
     hf_config = seq2seq_config_to_hf(config)
-    directory = pathlib.Path(path)
-    directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / CONFIG_NAME, "w") as f:
-        json.dump(hf_config, f, indent=2, sort_keys=True)
-        f.write("\n")
     generation = {
         key: hf_config[key] for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id")
     }
-    with open(directory / GENERATION_CONFIG_NAME, "w") as f:
-        json.dump(generation, f, indent=2, sort_keys=True)
-        f.write("\n")
-    safetensors_numpy.save_file(tensors, directory / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
-    if tokenizer is not None:
-        tokenizer.save_hf(directory, model_max_length=config.bert.max_position_embeddings)
+    with _staged(pathlib.Path(path)) as staging:
+        _write_json(staging / CONFIG_NAME, hf_config)
+        _write_json(staging / GENERATION_CONFIG_NAME, generation)
+        safetensors_numpy.save_file(tensors, staging / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
+        if tokenizer is not None:
+            tokenizer.save_hf(staging, model_max_length=config.bert.max_position_embeddings)
 
 
 def load_seq2seq(path: str | os.PathLike, **overrides) -> tuple[seq2seq_lib.Seq2SeqConfig, dict]:
@@ -993,8 +1072,7 @@ def load_seq2seq(path: str | os.PathLike, **overrides) -> tuple[seq2seq_lib.Seq2
         raise FileNotFoundError(
             f"{config_path}: missing; a transformers EncoderDecoderModel directory needs it"
         )
-    with open(config_path) as f:
-        config = seq2seq_config_from_hf(json.load(f), **overrides)
+    config = seq2seq_config_from_hf(_read_config(config_path), **overrides)
     tensors, source = _read_weights(directory)
     tensors = dict(tensors)
     word_name = "decoder." + _WORD_EMBEDDINGS

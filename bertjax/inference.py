@@ -192,12 +192,25 @@ class Model:
         sentence-transformers directory (bertjax.sbert.save)."""
         if self._seq2seq is not None:
             config = self._seq2seq.config(self.config)
-            hf.save_seq2seq(config, self.params, directory, tokenizer=self.tokenizer)
+            with _as_inference_error():
+                hf.save_seq2seq(config, self.params, directory, tokenizer=self.tokenizer)
             return
         if self.embedding is not None:
-            sbert.save(directory, self.config, self.params, self.tokenizer, self.embedding)
+            with _as_inference_error():
+                sbert.save(directory, self.config, self.params, self.tokenizer, self.embedding)
             return
-        hf.save(self.config, self.params, directory, tokenizer=self.tokenizer, head=self.head)
+        # Heads this model never had (read from a BertModel directory) are not exported as
+        # trained: the copy lacks them too, and refuses fill_mask as this one does.
+        untrained = () if self.head is not None else self.fresh_heads
+        with _as_inference_error():
+            hf.save(
+                self.config,
+                self.params,
+                directory,
+                tokenizer=self.tokenizer,
+                head=self.head,
+                untrained=untrained,
+            )
 
     def __repr__(self) -> str:
         c = self.config

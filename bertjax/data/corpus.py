@@ -16,10 +16,8 @@ counted in an InputReport, which also names the first few files and lines where 
 
 from __future__ import annotations
 
-import codecs
 import dataclasses
 import glob
-import gzip
 import io
 import json
 import os
@@ -29,6 +27,8 @@ import zlib
 from collections.abc import Iterator, Sequence
 
 from bertjax.data.sentences import split_sentences
+from bertjax.textfile import BYTE_COUNT_CODEC, UTF8_BOM, sniff
+from bertjax.textfile import open_binary as _open_binary
 
 DEFAULT_MAX_LINE_CHARS = 2000
 DEFAULT_MAX_DOCUMENT_SENTENCES = 10_000
@@ -42,39 +42,6 @@ MAX_LINE_BYTES = 1 << 20
 # C0/C1 control characters except tab, line feed and carriage return (whitespace), plus the
 # byte-order mark and interlinear annotation marks, which carry no text.
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ufeff\ufff9-\ufffb]")
-
-# Whether a file is text is judged from its first SNIFF_BYTES (after gunzipping).
-SNIFF_BYTES = 1 << 16
-# A text file may hold a stray NUL or a few bad bytes, which are repaired; a binary file is full
-# of them. Shares of the sniffed bytes above which a file is binary:
-MAX_NUL_SHARE = 0.01
-MAX_UNDECODABLE_SHARE = 0.3
-# Byte-order marks of the wide encodings: (mark, Python codec, name in the report). UTF-32-LE's
-# mark begins with UTF-16-LE's, so it is tried first. The codecs read the mark themselves.
-_BYTE_ORDER_MARKS = (
-    (b"\xff\xfe\x00\x00", "utf-32", "UTF-32-LE"),
-    (b"\x00\x00\xfe\xff", "utf-32", "UTF-32-BE"),
-    (b"\xff\xfe", "utf-16", "UTF-16-LE"),
-    (b"\xfe\xff", "utf-16", "UTF-16-BE"),
-)
-_UTF8_BOM = b"\xef\xbb\xbf"
-# How the wide encodings count bytes per character (the same for either byte order).
-_BYTE_COUNT_CODEC = {"utf-16": "utf-16-le", "utf-32": "utf-32-le"}
-# Leading bytes of common binary formats. gzip data is only text when its name ends in .gz.
-_MAGIC_NUMBERS = (
-    (b"\x89PNG\r\n\x1a\n", "a PNG image"),
-    (b"\xff\xd8\xff", "a JPEG image"),
-    (b"GIF87a", "a GIF image"),
-    (b"GIF89a", "a GIF image"),
-    (b"%PDF-", "a PDF document"),
-    (b"PK\x03\x04", "a ZIP archive"),
-    (b"PK\x05\x06", "a ZIP archive"),
-    (b"\x1f\x8b", "gzip data in a file not named .gz"),
-    (b"\x7fELF", "an ELF executable"),
-    (b"\xfd7zXZ\x00", "xz data"),
-    (b"\x28\xb5\x2f\xfd", "zstd data"),
-    (b"7z\xbc\xaf\x27\x1c", "a 7z archive"),
-)
 
 
 def _kind(unit: str):
@@ -265,48 +232,6 @@ def read_documents(
         )
 
 
-def _open_binary(path: pathlib.Path):
-    """The file's bytes, gunzipped when its name ends in .gz."""
-    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
-
-
-def sniff(path: str | os.PathLike) -> tuple[str, str]:
-    """(encoding, detail): how to read a file, judged from its first SNIFF_BYTES.
-
-    The encoding is "utf-8", or "utf-16" / "utf-32" when a byte-order mark says so (detail then
-    names it, e.g. "UTF-16-LE"), or "" for a file that is not text (detail says why). A .gz file
-    is judged by its gunzipped bytes.
-    """
-    head = b""
-    with _open_binary(pathlib.Path(path)) as f:
-        # In small reads: a truncated .gz file still shows its beginning (reading it then keeps
-        # the documents before the damage, and reports the file).
-        try:
-            while len(head) < SNIFF_BYTES and (block := f.read(min(4096, SNIFF_BYTES - len(head)))):
-                head += block
-        except (EOFError, zlib.error):
-            pass
-    for mark, encoding, name in _BYTE_ORDER_MARKS:
-        if head.startswith(mark):
-            return encoding, name
-    for magic, what in _MAGIC_NUMBERS:
-        if head.startswith(magic):
-            return "", what
-    nuls = head.count(0)
-    if nuls > 1 and nuls >= MAX_NUL_SHARE * len(head):
-        return "", f"NUL bytes: {nuls} in the first {len(head)} bytes"
-    # An incremental decoder leaves a character cut at the end of head out of the count.
-    decoder = codecs.getincrementaldecoder("utf-8")(errors="ignore")
-    decoded = len(decoder.decode(head).encode()) + len(decoder.getstate()[0])
-    undecodable = len(head) - decoded
-    if undecodable > MAX_UNDECODABLE_SHARE * len(head):
-        return "", (
-            f"not UTF-8 text: {undecodable / len(head):.0%} of the first {len(head)} bytes "
-            "do not decode"
-        )
-    return "utf-8", ""
-
-
 class _Reader:
     """Line cleaning shared by both formats; updates the report as it goes."""
 
@@ -382,8 +307,8 @@ class _Reader:
         Undecodable bytes become U+FFFD. Counts bytes, numbers lines (self.line).
         """
         report = self.report
-        if f.read(len(_UTF8_BOM)) == _UTF8_BOM:
-            report.bytes += len(_UTF8_BOM)  # the file's encoding mark, not text
+        if f.read(len(UTF8_BOM)) == UTF8_BOM:
+            report.bytes += len(UTF8_BOM)  # the file's encoding mark, not text
         else:
             f.seek(0)
         line_start = True  # whether the next piece begins a line
@@ -415,7 +340,7 @@ class _Reader:
         report = self.report
         # newline="\n": lines end where UTF-8 lines end, nowhere else, and keep their ending.
         text = io.TextIOWrapper(f, encoding=encoding, errors="replace", newline="\n")
-        count_codec = _BYTE_COUNT_CODEC[encoding]
+        count_codec = BYTE_COUNT_CODEC[encoding]
         report.bytes += len("\ufeff".encode(count_codec))  # the codec consumes the mark
         line_start = True
         while piece := text.readline(-1 if max_chars is None else max_chars):

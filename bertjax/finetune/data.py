@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bertjax import features as features_lib
-from bertjax import heads
+from bertjax import heads, textfile
 from bertjax.finetune.layouts import CONLL, JSONL, TRAIN, TSV, Layout
 from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, TaskData
@@ -78,13 +78,16 @@ def read_split(
         raise TaskDataError(f"{path}: no such file ({name} data)")
     if path.stat().st_size == 0:
         raise TaskDataError(f"{path} is empty ({name} data): it holds no examples")
-    if layout.format == CONLL:
-        records, skipped = _read_conll(path), 0
-        has_labels = bool(records) and records[0].label is not None
-    elif layout.format == JSONL:
-        records, has_labels, skipped = _read_jsonl(path, layout, task)
-    else:
-        records, has_labels, skipped = _read_delimited(path, layout, task)
+    try:
+        if layout.format == CONLL:
+            records, skipped = _read_conll(path), 0
+            has_labels = bool(records) and records[0].label is not None
+        elif layout.format == JSONL:
+            records, has_labels, skipped = _read_jsonl(path, layout, task)
+        else:
+            records, has_labels, skipped = _read_delimited(path, layout, task)
+    except textfile.TextFileError as err:
+        raise TaskDataError(f"{err} ({name} data)") from None
     if not records:
         raise TaskDataError(f"{path} holds no examples ({name} data)")
     if require_labels and not has_labels:
@@ -139,54 +142,53 @@ def _read_delimited(path: pathlib.Path, layout: Layout, task: str):
     delimiter = "\t" if layout.format == TSV else ","
     # TSV files (GLUE's among them) do not quote: a quote character is text.
     quoting = csv.QUOTE_NONE if layout.format == TSV else csv.QUOTE_MINIMAL
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, delimiter=delimiter, quoting=quoting)
-        rows = _rows(reader)
-        columns: dict[str | int, int]
-        if layout.header:
-            first = next(rows, None)
-            if first is None:
-                raise TaskDataError(f"{path} is empty: no header and no examples")
-            _, header = first
-            columns = {name.strip(): k for k, name in enumerate(header)}
-        else:
-            columns = {}
+    reader = csv.reader(textfile.read_lines(path), delimiter=delimiter, quoting=quoting)
+    rows = _rows(reader)
+    columns: dict[str | int, int]
+    if layout.header:
+        first = next(rows, None)
+        if first is None:
+            raise TaskDataError(f"{path} is empty: no header and no examples")
+        _, header = first
+        columns = {name.strip(): k for k, name in enumerate(header)}
+    else:
+        columns = {}
 
-        def position(field: str | int, role: str, required: bool) -> int | None:
-            if isinstance(field, int):
-                return field
-            if field in columns:
-                return columns[field]
-            if not required:
-                return None
-            raise TaskDataError(
-                f"{path} line 1: no {role} column {field!r}; the header has {list(columns)}"
-            )
-
-        text_at = [position(f, "text", True) for f in layout.text_fields]
-        label_at = (
-            position(layout.label_field, "label", False) if layout.label_field is not None else None
+    def position(field: str | int, role: str, required: bool) -> int | None:
+        if isinstance(field, int):
+            return field
+        if field in columns:
+            return columns[field]
+        if not required:
+            return None
+        raise TaskDataError(
+            f"{path} line 1: no {role} column {field!r}; the header has {list(columns)}"
         )
-        index_at = position(layout.index_field, "id", False) if layout.index_field else None
-        needed = max([*text_at, label_at if label_at is not None else -1]) + 1
-        records, skipped = [], 0
-        for line, row in rows:
-            if len(row) < needed:
-                if layout.skip_malformed:
-                    skipped += 1
-                    continue
-                raise TaskDataError(
-                    f"{path} line {line}: {len(row)} field(s), but column "
-                    f"{_field_name(layout, needed - 1, columns)!r} is field {needed}"
-                )
-            texts = tuple(
-                _text(path, line, row[k], field) for k, field in zip(text_at, layout.text_fields)
+
+    text_at = [position(f, "text", True) for f in layout.text_fields]
+    label_at = (
+        position(layout.label_field, "label", False) if layout.label_field is not None else None
+    )
+    index_at = position(layout.index_field, "id", False) if layout.index_field else None
+    needed = max([*text_at, label_at if label_at is not None else -1]) + 1
+    records, skipped = [], 0
+    for line, row in rows:
+        if len(row) < needed:
+            if layout.skip_malformed:
+                skipped += 1
+                continue
+            raise TaskDataError(
+                f"{path} line {line}: {len(row)} field(s), but column "
+                f"{_field_name(layout, needed - 1, columns)!r} is field {needed}"
             )
-            label = None
-            if label_at is not None:
-                label = _label_value(path, line, row[label_at], layout, task)
-            index = row[index_at].strip() if index_at is not None else str(len(records))
-            records.append(Record(line, index, texts, label))
+        texts = tuple(
+            _text(path, line, row[k], field) for k, field in zip(text_at, layout.text_fields)
+        )
+        label = None
+        if label_at is not None:
+            label = _label_value(path, line, row[label_at], layout, task)
+        index = row[index_at].strip() if index_at is not None else str(len(records))
+        records.append(Record(line, index, texts, label))
     return records, label_at is not None, skipped
 
 
@@ -204,41 +206,70 @@ def _field_name(layout: Layout, position: int, columns: dict) -> str | int:
     return names.get(position, position)
 
 
+def _json_label(raw: Any) -> Any:
+    """Equal numbers as one label: 1 and 1.0 are both 1 (lists element by element)."""
+    if isinstance(raw, list):
+        return [_json_label(value) for value in raw]
+    if isinstance(raw, float) and math.isfinite(raw) and raw == int(raw):
+        return int(raw)
+    return raw
+
+
+def _json_kind(raw: Any) -> str:
+    """What kind of JSON value a label is, for the check that a file writes them one way."""
+    if isinstance(raw, bool):
+        return "boolean"
+    if isinstance(raw, (int, float)):
+        return "number"
+    return "string" if isinstance(raw, str) else type(raw).__name__
+
+
 def _read_jsonl(path: pathlib.Path, layout: Layout, task: str):
     records = []
     labelled = None
-    with open(path, encoding="utf-8-sig") as f:
-        for line, text in enumerate(f, start=1):
-            if not text.strip():
-                continue
-            try:
-                obj = json.loads(text)
-            except ValueError as err:
-                raise TaskDataError(f"{path} line {line}: not a JSON object ({err})") from None
-            if not isinstance(obj, dict):
-                raise TaskDataError(f"{path} line {line}: a JSON {type(obj).__name__}, not object")
-            for field in layout.text_fields:
-                if field not in obj:
-                    raise TaskDataError(
-                        f"{path} line {line}: no text field {field!r}; it has {sorted(obj)}"
-                    )
-            texts = tuple(_text(path, line, obj[field], field) for field in layout.text_fields)
-            has_label = layout.label_field is not None and layout.label_field in obj
-            if labelled is None:
-                labelled = has_label
-            elif has_label != labelled:
-                state = "has" if has_label else "lacks"
+    first_kind: tuple[str, int, Any] | None = None  # the first label's kind, line and value
+    for line, text in enumerate(textfile.read_lines(path), start=1):
+        if not text.strip():
+            continue
+        try:
+            obj = json.loads(text)
+        except ValueError as err:
+            raise TaskDataError(f"{path} line {line}: not a JSON object ({err})") from None
+        if not isinstance(obj, dict):
+            raise TaskDataError(f"{path} line {line}: a JSON {type(obj).__name__}, not object")
+        for field in layout.text_fields:
+            if field not in obj:
                 raise TaskDataError(
-                    f"{path} line {line}: {state} label field {layout.label_field!r}, unlike "
-                    "the lines before it; give every example a label, or none"
+                    f"{path} line {line}: no text field {field!r}; it has {sorted(obj)}"
                 )
-            label = (
-                _label_value(path, line, obj[layout.label_field], layout, task)
-                if has_label
-                else None
+        texts = tuple(_text(path, line, obj[field], field) for field in layout.text_fields)
+        has_label = layout.label_field is not None and layout.label_field in obj
+        if labelled is None:
+            labelled = has_label
+        elif has_label != labelled:
+            state = "has" if has_label else "lacks"
+            raise TaskDataError(
+                f"{path} line {line}: {state} label field {layout.label_field!r}, unlike "
+                "the lines before it; give every example a label, or none"
             )
-            index = str(obj[layout.index_field]) if layout.index_field in obj else str(len(records))
-            records.append(Record(line, index, texts, label))
+        label = None
+        if has_label:
+            raw = _json_label(obj[layout.label_field])
+            # Regression reads numbers from either; a multi-label list counts by its elements.
+            values = [] if task == REGRESSION else raw if isinstance(raw, list) else [raw]
+            for value in values:
+                kind = _json_kind(value)
+                if first_kind is None:
+                    first_kind = (kind, line, value)
+                elif kind != first_kind[0]:
+                    raise TaskDataError(
+                        f"{path} line {line}: label {value!r} is a {kind}, but line "
+                        f"{first_kind[1]}'s label {first_kind[2]!r} is a {first_kind[0]}; "
+                        "write every label the same way (all numbers or all strings)"
+                    )
+            label = _label_value(path, line, raw, layout, task)
+        index = str(obj[layout.index_field]) if layout.index_field in obj else str(len(records))
+        records.append(Record(line, index, texts, label))
     return records, bool(labelled), 0
 
 
@@ -256,25 +287,24 @@ def _read_conll(path: pathlib.Path) -> list[Record]:
             words.clear()
             tags.clear()
 
-    with open(path, encoding="utf-8-sig") as f:
-        for line, text in enumerate(f, start=1):
-            parts = text.split()
-            if not parts or parts[0] == _DOCSTART:
-                close()
-                continue
-            if not words:
-                start = line
-            has_tag = len(parts) > 1
-            if tagged is None:
-                tagged = has_tag
-            elif has_tag != tagged:
-                raise TaskDataError(
-                    f"{path} line {line}: {'a' if has_tag else 'no'} tag after "
-                    f"{'untagged' if has_tag else 'tagged'} lines; write `token TAG` on every "
-                    "line, or only tokens"
-                )
-            words.append(parts[0])
-            tags.append(parts[-1])
+    for line, text in enumerate(textfile.read_lines(path), start=1):
+        parts = text.split()
+        if not parts or parts[0] == _DOCSTART:
+            close()
+            continue
+        if not words:
+            start = line
+        has_tag = len(parts) > 1
+        if tagged is None:
+            tagged = has_tag
+        elif has_tag != tagged:
+            raise TaskDataError(
+                f"{path} line {line}: {'a' if has_tag else 'no'} tag after "
+                f"{'untagged' if has_tag else 'tagged'} lines; write `token TAG` on every "
+                "line, or only tokens"
+            )
+        words.append(parts[0])
+        tags.append(parts[-1])
     close()
     return records
 
