@@ -52,6 +52,7 @@ class FinetuneDataSettings:
     glue_task: str  # a key of finetune.layouts.GLUE_TASKS, or empty
     labels: tuple[str, ...] | None  # GLUE's label set; None: those found in training
     max_seq_length: int
+    qa: Any = None  # question_answering: its windowing and decoding (QASettings)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +128,7 @@ class FinetuneSettings:
 def _read_finetune(
     config: ml_collections.ConfigDict, *, devices, process_count: int
 ) -> FinetuneSettings:
+    config = _with_task_defaults(config)
     require_ = functools.partial(require, config)
     for field in (
         "num_epochs",
@@ -248,6 +250,24 @@ def _read_finetune(
     )
 
 
+def _with_task_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The config with the named task's own defaults (a Task's `config_defaults`: dotted
+    field -> (generic default, the task's)) wherever a field still holds the generic one."""
+    task = config.get("task")
+    defaults = (
+        getattr(task_lib.get(task), "config_defaults", ()) if task in task_lib.names() else ()
+    )
+    if not defaults:
+        return config
+    config = ml_collections.ConfigDict(config.to_dict())
+    for field, (generic, value) in dict(defaults).items():
+        *parents, name = field.split(".")
+        node = functools.reduce(lambda c, key: c[key], parents, config)
+        if node[name] == generic:
+            node[name] = value
+    return config
+
+
 def _read_finetune_glue(config, glue) -> FinetuneDataSettings:
     require_ = functools.partial(require, config)
     d = config.data
@@ -285,6 +305,9 @@ def _read_finetune_glue(config, glue) -> FinetuneDataSettings:
 
 
 def _read_finetune_files(config, task: str) -> FinetuneDataSettings:
+    reader = getattr(task_lib.get(task), "read_settings", None)
+    if reader is not None:  # a task whose files are its own (question_answering's SQuAD)
+        return reader(config)
     require_ = functools.partial(require, config)
     d = config.data
     require_(
