@@ -18,6 +18,7 @@ from bertjax.finetune import question_answering as qa
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.finetune.tasks import extractive_qa
+from bertjax.inference import InferenceError
 from bertjax.settings import ConfigError
 from configs import finetune as finetune_config
 
@@ -261,11 +262,12 @@ def test_model_answer_and_save_hf_match_transformers(tmp_path):
     assert first["score"] == pytest.approx(got["score"], rel=1e-5)  # batched with another row
 
 
-def test_answer_needs_a_question_answering_model(pretrained_run):
-    from bertjax.inference import InferenceError
-
+def test_answer_needs_a_question_answering_model(tmp_path):
+    encoder_only = Model.load(random_export(tmp_path / "qa")).params["bert"]
+    model = Model(CONFIG, {"bert": encoder_only}, TOKENIZER)
+    assert not model.answers_questions
     with pytest.raises(InferenceError, match="qa_outputs"):
-        Model.load(pretrained_run).answer("q", "c")
+        model.answer("the w1", "w1 w2")
 
 
 # ----------------------------------------------------------------------------- a run
