@@ -8,7 +8,8 @@ bertjax.finetune.question_answering; this module wires them into the fine-tuning
   trains on windows and its evaluation gathers start and end logits per window; `scores`
   and `write_predictions` decode them per example (best span over all of its windows).
 - Training leaves out examples whose answer text is not the context at answer_start; the
-  run's notes name them. Evaluation keeps every example.
+  run's notes name them. Evaluation keeps every example (its windows point at the answer
+  too, so the validation loss and span_accuracy mean what training's do).
 - Metrics: f1 (the default, picks the best epoch) and exact_match, as the official scripts
   compute them (percentages). v2.0 adds best_f1 and best_exact (at the null-odds threshold
   that scores best on the split) beside the thresholded ones.
@@ -124,7 +125,18 @@ def encode_split(
         data = qa.read_examples(path, version_2_with_negative=settings.version_2_with_negative)
     except (ValueError, FileNotFoundError) as err:
         raise TaskDataError(str(err)) from None
-    windows = qa.make_features(data.examples, tokenizer, settings, training=training)
+    examples = data.examples
+    if not training:
+        # Evaluation keeps every example; its windows still point at the answer (where the
+        # answer matches the context) so that the validation loss means what training's does.
+        examples = [
+            e
+            if e.is_impossible or e.answer_matches
+            else dataclasses.replace(e, answers=(), is_impossible=True)
+            for e in examples
+        ]
+    # Windows do not depend on the answers: the same rows either way.
+    windows = qa.make_features(examples, tokenizer, settings, training=True)
     batch = windows.batch()
     del batch["weights"]  # the loop adds its own
     ids = [data.examples[k].id for k in windows.example_index]
