@@ -41,7 +41,7 @@ from bertjax import optim, steps  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
-from bertjax.finetune.tasks import extractive_qa  # noqa: E402
+from bertjax.finetune.tasks import question_answering as qa_task  # noqa: E402
 from bertjax.heads import HeadSpec  # noqa: E402
 from bertjax.model import PRESETS, BertConfig  # noqa: E402
 
@@ -54,7 +54,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK]
 CLS_ID, SEP_ID = 2, 3
-HEAD = HeadSpec("question_answering", extractive_qa.LABELS)
+HEAD = HeadSpec("question_answering", qa_task.LABELS)
 
 
 def _pair(text: str, name: str, parser: argparse.ArgumentParser) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from bertjax.finetune import loop
 from bertjax.finetune import question_answering as qa
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.finetune.tasks import extractive_qa
+from bertjax.finetune.tasks import question_answering as qa_task
 from bertjax.inference import InferenceError
 from bertjax.settings import ConfigError
 from configs import finetune as finetune_config
@@ -74,7 +74,7 @@ def files(tmp_path_factory):
 
 def test_task_is_registered():
     task = task_lib.get("question_answering")
-    assert task is extractive_qa.TASK
+    assert task is qa_task.TASK
     assert task.default_metric == "f1" and set(task.metrics) == {"f1", "exact_match"}
 
 
@@ -291,7 +291,7 @@ def test_finetune_run_learns_synthetic_squad(tmp_path):
         random_export(tmp_path / "init", LEARNER),
         train,
         dev,
-        num_epochs=6,
+        num_epochs=12,
         batch_size=32,
         eval_batch_size=64,
         log_every_steps=1000,
