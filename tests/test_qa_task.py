@@ -85,7 +85,7 @@ def test_run_squad_defaults_apply_unless_overridden(files):
     assert settings.run.num_epochs == 2 and settings.run.batch_size == 32
     assert settings.warmup_fraction == 0.1 and settings.run.metric == "f1"
     assert settings.data.max_seq_length == 384
-    assert settings.data.qa == qa.QASettings()  # google's: 384, 128, 64, 20, 30, 0.0
+    assert settings.data.task_settings == qa.QASettings()  # google's: 384, 128, 64, 20, 30, 0.0
     chosen = FinetuneSettings.from_config(
         qa_config(
             init,
@@ -101,7 +101,9 @@ def test_run_squad_defaults_apply_unless_overridden(files):
         )
     )
     assert chosen.optimizer.learning_rate == 5e-5 and chosen.run.num_epochs == 5
-    assert chosen.data.qa.max_seq_length == 32 and chosen.data.qa.doc_stride == 8
+    assert (
+        chosen.data.task_settings.max_seq_length == 32 and chosen.data.task_settings.doc_stride == 8
+    )
     # Other tasks keep the generic defaults.
     config = qa_config(init, train, dev)
     config.task = "classification"

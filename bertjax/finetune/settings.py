@@ -52,7 +52,9 @@ class FinetuneDataSettings:
     glue_task: str  # a key of finetune.layouts.GLUE_TASKS, or empty
     labels: tuple[str, ...] | None  # GLUE's label set; None: those found in training
     max_seq_length: int
-    qa: Any = None  # question_answering: its windowing and decoding (QASettings)
+    # A task's own settings (Task.read_settings of its config section), e.g. question
+    # answering's windowing and decoding.
+    task_settings: Any = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,10 +306,42 @@ def _read_finetune_glue(config, glue) -> FinetuneDataSettings:
     )
 
 
+def _read_task_files(config, spec) -> FinetuneDataSettings:
+    """config.data's files for a task that reads them itself, and its config section
+    (spec.settings_section) as spec.read_settings makes it."""
+    require_ = functools.partial(require, config)
+    d = config.data
+    require_(bool(d.train), "data.train", f"set it to the {spec.name} training file")
+    require_(
+        bool(d.validation),
+        "data.validation",
+        "set it to a validation file: each epoch is scored on it to keep the best checkpoint",
+    )
+    for field in ("train", "validation", "test"):
+        if d[field]:
+            require_(os.path.isfile(d[field]), f"data.{field}", "no such file")
+    section = spec.settings_section
+    values = config[section].to_dict() if section in config else {}
+    try:
+        task_settings = spec.read_settings(values, d.max_seq_length)
+    except ValueError as err:
+        raise ConfigError(f"config.{section}: {err}") from None
+    return FinetuneDataSettings(
+        train=d.train,
+        validation=((layouts.VALIDATION, d.validation),),
+        test=((layouts.TEST, d.test),) if d.test else (),
+        layouts=(),
+        glue_task="",
+        labels=None,
+        max_seq_length=d.max_seq_length,
+        task_settings=task_settings,
+    )
+
+
 def _read_finetune_files(config, task: str) -> FinetuneDataSettings:
-    reader = getattr(task_lib.get(task), "read_settings", None)
-    if reader is not None:  # a task whose files are its own (question_answering's SQuAD)
-        return reader(config)
+    spec = task_lib.get(task)
+    if getattr(spec, "settings_section", ""):  # files and settings of its own (SQuAD's)
+        return _read_task_files(config, spec)
     require_ = functools.partial(require, config)
     d = config.data
     require_(

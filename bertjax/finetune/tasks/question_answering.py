@@ -28,7 +28,6 @@ import functools
 import pathlib
 from typing import Any
 
-import ml_collections
 import numpy as np
 
 from bertjax.finetune import layouts
@@ -38,7 +37,7 @@ from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, TaskData, TaskObjective, register
 from bertjax.heads import HeadSpec, HeadSums
 from bertjax.model import BertConfig
-from bertjax.settings import ConfigError, require
+from bertjax.settings import ConfigError
 from bertjax.tokenizer import Tokenizer
 
 # The head's two outputs, for the HeadSpec a checkpoint records.
@@ -51,6 +50,15 @@ CONFIG_DEFAULTS = {
 }
 # Files of one split's predictions, in this directory name under the run directory.
 PREDICTIONS_DIR = "predictions_{}"
+# config.qa's fields (QASettings but max_seq_length, which is config.data's).
+QA_FIELDS = (
+    "doc_stride",
+    "max_query_length",
+    "n_best_size",
+    "max_answer_length",
+    "null_score_diff_threshold",
+    "version_2_with_negative",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,57 +72,10 @@ class QAExamples(Examples):
     settings: qa.QASettings | None = None
 
 
-def qa_settings(config: ml_collections.ConfigDict) -> qa.QASettings:
-    """config.qa (and data.max_seq_length) as QASettings; a bad value names its field."""
-    section = config.get("qa") or ml_collections.ConfigDict()
-    fields = {
-        name: section[name]
-        for name in (
-            "doc_stride",
-            "max_query_length",
-            "n_best_size",
-            "max_answer_length",
-            "null_score_diff_threshold",
-            "version_2_with_negative",
-        )
-        if name in section
-    }
-    try:
-        return qa.QASettings(max_seq_length=config.data.max_seq_length, **fields)
-    except ValueError as err:
-        raise ConfigError(f"config.qa: {err}") from None
-
-
-def read_settings(config: ml_collections.ConfigDict) -> FinetuneDataSettings:
-    """config.data's files for question answering (SQuAD JSON or JSON Lines), checked."""
-    d = config.data
-    require(config, bool(d.train), "data.train", "set it to SQuAD JSON or JSON Lines questions")
-    require(
-        config,
-        bool(d.validation),
-        "data.validation",
-        "set it to a SQuAD JSON or JSON Lines file: each epoch is scored on it (F1)",
-    )
-    require(
-        config,
-        not d.glue_task,
-        "data.glue_task",
-        "question_answering reads SQuAD files; leave it empty",
-    )
-    for field in ("train", "validation", "test"):
-        if d[field]:
-            require(config, pathlib.Path(d[field]).is_file(), f"data.{field}", "no such file")
-    settings = qa_settings(config)
-    return FinetuneDataSettings(
-        train=d.train,
-        validation=((layouts.VALIDATION, d.validation),),
-        test=((layouts.TEST, d.test),) if d.test else (),
-        layouts=(),
-        glue_task="",
-        labels=LABELS,
-        max_seq_length=d.max_seq_length,
-        qa=settings,
-    )
+def qa_settings(values: dict[str, Any], max_seq_length: int) -> qa.QASettings:
+    """The config's qa section (a plain dict) and data.max_seq_length as QASettings."""
+    fields = {name: values[name] for name in QA_FIELDS if name in values}
+    return qa.QASettings(max_seq_length=max_seq_length, **fields)
 
 
 def encode_split(
@@ -198,12 +159,14 @@ class QuestionAnsweringTask:
     label_separator: bool = False
     config_defaults: tuple = tuple(CONFIG_DEFAULTS.items())
     predicts_validation: bool = True  # the official files for the validation split too
+    settings_section: str = "qa"  # config.qa: windowing and decoding
 
-    def read_settings(self, config: ml_collections.ConfigDict) -> FinetuneDataSettings:
-        return read_settings(config)
+    def read_settings(self, values: dict[str, Any], max_seq_length: int) -> qa.QASettings:
+        """config.qa's values as QASettings (raises ValueError naming the field)."""
+        return qa_settings(values, max_seq_length)
 
     def read(self, data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData:
-        settings = data.qa or qa.QASettings(max_seq_length=data.max_seq_length)
+        settings = data.task_settings or qa.QASettings(max_seq_length=data.max_seq_length)
         encode = functools.partial(encode_split, tokenizer=tokenizer, settings=settings)
         train, train_data = encode(layouts.TRAIN, data.train, training=True)
         notes = [train_data.report()]
