@@ -188,8 +188,9 @@ class Model:
 
     def save_hf(self, directory: str | os.PathLike) -> None:
         """Writes a transformers directory: weights, config.json and the tokenizer files (an
-        encoder-decoder's as transformers' EncoderDecoderModel); for an embedding model, a
-        sentence-transformers directory (bertjax.sbert.save)."""
+        encoder-decoder's as transformers' EncoderDecoderModel, a question-answering model's as
+        BertForQuestionAnswering); for an embedding model, a sentence-transformers directory
+        (bertjax.sbert.save)."""
         if self._seq2seq is not None:
             config = self._seq2seq.config(self.config)
             with _as_inference_error():
@@ -198,6 +199,16 @@ class Model:
         if self.embedding is not None:
             with _as_inference_error():
                 sbert.save(directory, self.config, self.params, self.tokenizer, self.embedding)
+            return
+        if self.answers_questions:  # transformers' BertForQuestionAnswering
+            with _as_inference_error():
+                hf.save(
+                    self.config,
+                    self.params,
+                    directory,
+                    tokenizer=self.tokenizer,
+                    question_answering=True,
+                )
             return
         # Heads this model never had (read from a BertModel directory) are not exported as
         # trained: the copy lacks them too, and refuses fill_mask as this one does.
@@ -356,6 +367,48 @@ class Model:
             outputs = self._predict_rows([e.features() for e in examples])
             results = [_sequence_prediction(head, out) for out in outputs]
         return results[0] if single else results
+
+    @property
+    def answers_questions(self) -> bool:
+        """Whether this is an extractive question-answering model (a qa_outputs head)."""
+        return isinstance(self.params, dict) and hf.QA_OUTPUTS in self.params
+
+    def answer(
+        self,
+        question: str | Sequence[str],
+        context: str | Sequence[str],
+        top_k: int = 1,
+        **options: Any,
+    ) -> dict | list:
+        """Answers as transformers' question-answering pipeline returns them.
+
+        Each answer is {"score", "start", "end", "answer"}: character offsets into the
+        context and context[start:end]. A long context is windowed as the pipeline does
+        (max_seq_len 384, doc_stride 128). One question gives a dict (top_k=1) or a list of
+        top_k; a list of questions (one context, or one per question) a list of those.
+        `options`: the pipeline's max_seq_len, doc_stride, max_question_len, max_answer_len,
+        handle_impossible_answer, align_to_words. Needs a question-answering model: a
+        fine-tuned question_answering run directory or a BertForQuestionAnswering one.
+        """
+        from bertjax.finetune import question_answering as qa  # the task's own module
+
+        if not self.answers_questions:
+            raise InferenceError(
+                f"answer() needs a question-answering model; {self.source} has no qa_outputs "
+                "head (load a question_answering run or a BertForQuestionAnswering directory)"
+            )
+        try:
+            return qa.answer(
+                self._run_config,
+                self.params,
+                self.tokenizer,
+                question,
+                context,
+                top_k=top_k,
+                **options,
+            )
+        except (ValueError, TypeError) as err:
+            raise InferenceError(str(err)) from None
 
     def _predict_rows(self, features: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
         """The head's outputs (bertjax.heads.outputs) for each row of features, in order."""

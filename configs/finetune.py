@@ -20,8 +20,8 @@ def get_config() -> ml_collections.ConfigDict:
     # The model to fine-tune: a bertjax work directory (its latest checkpoint), a directory
     # written by bertjax.hf.save, or a Hugging Face BERT directory with its tokenizer. Required.
     config.init_from = ""
-    # classification | regression | multi_label | token_classification | seq2seq | embedding;
-    # may stay empty with data.glue_task, which implies it.
+    # classification | regression | multi_label | token_classification | question_answering |
+    # seq2seq | embedding; may stay empty with data.glue_task, which implies it.
     config.task = ""
 
     config.data = ml_collections.ConfigDict(
@@ -80,6 +80,21 @@ def get_config() -> ml_collections.ConfigDict:
             queries="",
             corpus="",
             relevance="",
+        )
+    )
+    # question_answering (SQuAD v1.1/v2.0 JSON or JSON Lines in data.train etc.): google's
+    # run_squad.py windowing and decoding. With config.task=question_answering,
+    # learning_rate, num_epochs and data.max_seq_length left at this file's values become
+    # run_squad.py's (3e-5, 2, 384).
+    config.qa = ml_collections.ConfigDict(
+        dict(
+            doc_stride=128,  # tokens from one window's start to the next one's
+            max_query_length=64,  # question tokens kept
+            n_best_size=20,
+            max_answer_length=30,  # tokens
+            null_score_diff_threshold=0.0,  # v2.0: predict "" above this null - best score
+            # True / False; unset: as the data says (SQuAD v2.0's is_impossible)
+            version_2_with_negative=ml_collections.config_dict.placeholder(bool),
         )
     )
     # BertConfig fields a run may change; the architecture comes from init_from.

@@ -438,21 +438,27 @@ def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
 
 
 def _predict_tests(run: _Run, workdir: pathlib.Path) -> list[str]:
-    """Writes each test split's predictions by the best parameters; their paths."""
-    if not run.task.test:
+    """Writes each test split's predictions by the best parameters; their paths.
+
+    A task with `predicts_validation` (question answering's official files) writes the
+    validation splits' too; a task's write_predictions may return where it wrote.
+    """
+    kind = task_lib.get(run.ft.head.task)
+    splits = list(run.task.test)
+    if getattr(kind, "predicts_validation", False):
+        splits = list(run.task.validation) + splits
+    if not splits:
         return []
     with jax.set_mesh(run.ft.mesh):
         _, params, _ = checkpoint_lib.restore_params(
             workdir / rundir.BEST_CHECKPOINT_DIR, abstract_params=run.ft.state.abstract.params
         )
         written = []
-        for examples in run.task.test:
+        for examples in splits:
             _, outputs = run_eval(run.ft, params, examples, run.settings.run.eval_batch_size)
             path = workdir / rundir.PREDICTIONS_FILE.format(examples.name)
             if jax.process_index() == 0:
-                task_lib.get(run.ft.head.task).write_predictions(
-                    path, run.ft.head, examples, outputs
-                )
+                path = kind.write_predictions(path, run.ft.head, examples, outputs) or path
             written.append(str(path))
     return written
 

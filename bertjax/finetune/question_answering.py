@@ -48,13 +48,12 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import sentencepiece as spm
 
 from bertjax import sharding, steps
 from bertjax.heads import HeadSums
 from bertjax.model import BertConfig, BertModel
 from bertjax.sharding import BATCH, EMBED, LABELS, LENGTH
-from bertjax.tokenizer import SentencePieceTokenizer, Tokenizer, WordPieceTokenizer
+from bertjax.tokenizer import Tokenizer
 
 TASK = "question_answering"
 # The head's parameters, beside "bert": transformers' name (bertjax.hf.QA_OUTPUTS).
@@ -350,58 +349,20 @@ class TokenSpans(NamedTuple):
 def token_offsets(tokenizer: Tokenizer, texts: Sequence[str]) -> list[TokenSpans]:
     """Ids (the same as `tokenizer.encode_batch`) with character spans into each text.
 
-    Spans never start with whitespace (sentencepiece's word-boundary pieces carry the space
-    before the word). A sentencepiece byte-fallback character is several pieces: all but the
-    last cover no bytes of their own and take the character's span.
+    The spans are the tokenizer's own (`Tokenizer.encode_with_offsets`, what
+    bertjax.features.offsets returns; read once here with the ids), cleaned for answer
+    spans: none starts with whitespace, and a piece that covers no character of its own (all
+    but the last byte piece of a byte-fallback character) takes the character's span, or
+    NO_OFFSET when it has none to take.
     """
-    if isinstance(tokenizer, SentencePieceTokenizer):
-        return _sentencepiece_offsets(tokenizer, texts)
-    if isinstance(tokenizer, WordPieceTokenizer):
-        return _wordpiece_offsets(tokenizer, texts)
-    raise TypeError(f"token_offsets: unsupported tokenizer {type(tokenizer).__name__}")
-
-
-@functools.lru_cache(maxsize=8)
-def _sentencepiece_processor(proto: bytes) -> spm.SentencePieceProcessor:
-    processor = spm.SentencePieceProcessor()
-    processor.LoadFromSerializedProto(proto)
-    return processor
-
-
-def _sentencepiece_offsets(
-    tokenizer: SentencePieceTokenizer, texts: Sequence[str]
-) -> list[TokenSpans]:
-    processor = _sentencepiece_processor(tokenizer.model_proto)
-    result = []
-    for text, proto in zip(texts, processor.encode(list(texts), out_type="proto")):
-        # Piece offsets are bytes of the UTF-8 text: char_at[byte] is the character index.
-        encoded = text.encode("utf-8")
-        lead = np.frombuffer(encoded, np.uint8) & 0xC0 != 0x80  # [bytes] starts a character
-        char_at = np.concatenate([[0], np.cumsum(lead)])  # [bytes + 1]
-        ids = [piece.id for piece in proto.pieces]
-        spans = np.array(
-            [(char_at[piece.begin], char_at[piece.end]) for piece in proto.pieces], np.int64
-        ).reshape(-1, 2)  # [tokens, 2]
-        result.append(TokenSpans(ids, _clean_spans(text, spans)))
-    return result
-
-
-def _wordpiece_offsets(tokenizer: WordPieceTokenizer, texts: Sequence[str]) -> list[TokenSpans]:
-    pipeline = _wordpiece_pipeline(tokenizer)
-    result = []
-    for text, encoding in zip(texts, pipeline.encode_batch(list(texts), add_special_tokens=False)):
-        spans = np.array(encoding.offsets, np.int64).reshape(-1, 2)  # [tokens, 2]
-        result.append(TokenSpans(list(encoding.ids), _clean_spans(text, spans)))
-    return result
-
-
-@functools.lru_cache(maxsize=8)
-def _wordpiece_pipeline(tokenizer: WordPieceTokenizer):
-    # A copy of the tokenizer's pipeline that reads "[MASK]" in text as text, as
-    # encode_batch does.
-    pipeline = tokenizer.hf_tokenizer()
-    pipeline.encode_special_tokens = True
-    return pipeline
+    texts = list(texts)
+    return [
+        TokenSpans(
+            list(ids),
+            _clean_spans(text, np.asarray(spans, np.int64).reshape(len(ids), 2)),  # [tokens, 2]
+        )
+        for text, (ids, spans) in zip(texts, tokenizer.encode_with_offsets(texts))
+    ]
 
 
 def _clean_spans(text: str, spans: np.ndarray) -> np.ndarray:

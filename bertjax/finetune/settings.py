@@ -55,6 +55,9 @@ class FinetuneDataSettings:
     # What a task reads from its own config fields or block (its optional Task.read_options:
     # seq2seq's source and target fields, config.embedding), or None.
     task_options: Any = None
+    # A task's own settings (Task.read_settings of its config section), e.g. question
+    # answering's windowing and decoding.
+    task_settings: Any = None
 
 
 REGRESSION_BIAS_INITS = ("mean", "zero")
@@ -135,6 +138,7 @@ class FinetuneSettings:
 def _read_finetune(
     config: ml_collections.ConfigDict, *, devices, process_count: int
 ) -> FinetuneSettings:
+    config = _with_task_defaults(config)
     require_ = functools.partial(require, config)
     for field in (
         "num_epochs",
@@ -273,6 +277,24 @@ def _read_finetune(
     )
 
 
+def _with_task_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The config with the named task's own defaults (a Task's `config_defaults`: dotted
+    field -> (generic default, the task's)) wherever a field still holds the generic one."""
+    task = config.get("task")
+    defaults = (
+        getattr(task_lib.get(task), "config_defaults", ()) if task in task_lib.names() else ()
+    )
+    if not defaults:
+        return config
+    config = ml_collections.ConfigDict(config.to_dict())
+    for field, (generic, value) in dict(defaults).items():
+        *parents, name = field.split(".")
+        node = functools.reduce(lambda c, key: c[key], parents, config)
+        if node[name] == generic:
+            node[name] = value
+    return config
+
+
 def _read_finetune_glue(config, glue) -> FinetuneDataSettings:
     require_ = functools.partial(require, config)
     d = config.data
@@ -309,8 +331,43 @@ def _read_finetune_glue(config, glue) -> FinetuneDataSettings:
     )
 
 
+def _read_task_files(config, spec) -> FinetuneDataSettings:
+    """config.data's files for a task that reads them itself, and its config section
+    (spec.settings_section) as spec.read_settings makes it."""
+    require_ = functools.partial(require, config)
+    d = config.data
+    require_(bool(d.train), "data.train", f"set it to the {spec.name} training file")
+    require_(
+        bool(d.validation),
+        "data.validation",
+        "set it to a validation file: each epoch is scored on it to keep the best checkpoint",
+    )
+    for field in ("train", "validation", "test"):
+        if d[field]:
+            require_(os.path.isfile(d[field]), f"data.{field}", "no such file")
+    section = spec.settings_section
+    values = config[section].to_dict() if section in config else {}
+    try:
+        task_settings = spec.read_settings(values, d.max_seq_length)
+    except ValueError as err:
+        raise ConfigError(f"config.{section}: {err}") from None
+    return FinetuneDataSettings(
+        train=d.train,
+        validation=((layouts.VALIDATION, d.validation),),
+        test=((layouts.TEST, d.test),) if d.test else (),
+        layouts=(),
+        glue_task="",
+        labels=None,
+        max_seq_length=d.max_seq_length,
+        task_settings=task_settings,
+    )
+
+
 def _read_finetune_files(config, task: str, fields=None) -> FinetuneDataSettings:
     """`fields`: a task's own (text fields, label field), read by its read_options."""
+    spec = task_lib.get(task)
+    if getattr(spec, "settings_section", ""):  # files and settings of its own (SQuAD's)
+        return _read_task_files(config, spec)
     require_ = functools.partial(require, config)
     d = config.data
     require_(

@@ -1,0 +1,226 @@
+"""Extractive question answering (SQuAD v1.1 / v2.0) as a fine-tuning task.
+
+The parts (reading, google's windows, the head, n-best decoding, the official scorer) live in
+bertjax.finetune.question_answering; this module wires them into the fine-tuning run:
+
+- `read` reads config.data's train, validation and test files (SQuAD JSON or JSON Lines) and
+  turns every example into its windows. A split's rows are windows, not examples: the loop
+  trains on windows and its evaluation gathers start and end logits per window; `scores`
+  and `write_predictions` decode them per example (best span over all of its windows).
+- Training leaves out examples whose answer text is not the context at answer_start; the
+  run's notes name them. Evaluation keeps every example (its windows point at the answer
+  too, so the validation loss and span_accuracy mean what training's do).
+- Metrics: f1 (the default, picks the best epoch) and exact_match, as the official scripts
+  compute them (percentages). v2.0 adds best_f1 and best_exact (at the null-odds threshold
+  that scores best on the split) beside the thresholded ones.
+- Predictions: predictions.json, nbest_predictions.json and (v2.0) null_odds.json in the
+  official formats, in <workdir>/predictions_<split>/, for the validation and test files.
+
+`config.qa` holds the windowing and decoding settings; `CONFIG_DEFAULTS` are google's
+run_squad.py values that replace the generic fine-tuning defaults when config.task is
+question_answering and the field still holds the generic default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import pathlib
+from typing import Any
+
+import numpy as np
+
+from bertjax.finetune import layouts
+from bertjax.finetune import question_answering as qa
+from bertjax.finetune.data import TaskDataError
+from bertjax.finetune.settings import FinetuneDataSettings
+from bertjax.finetune.task import Examples, TaskData, TaskObjective, register
+from bertjax.heads import HeadSpec, HeadSums
+from bertjax.model import BertConfig
+from bertjax.settings import ConfigError
+from bertjax.tokenizer import Tokenizer
+
+# The head's two outputs, for the HeadSpec a checkpoint records.
+LABELS = ("start", "end")
+# field: (configs/finetune.py's generic default, google's run_squad.py value).
+CONFIG_DEFAULTS = {
+    "optimizer.learning_rate": (2e-5, 3e-5),
+    "num_epochs": (3, 2),
+    "data.max_seq_length": (128, 384),
+}
+# Files of one split's predictions, in this directory name under the run directory.
+PREDICTIONS_DIR = "predictions_{}"
+# config.qa's fields (QASettings but max_seq_length, which is config.data's).
+QA_FIELDS = (
+    "doc_stride",
+    "max_query_length",
+    "n_best_size",
+    "max_answer_length",
+    "null_score_diff_threshold",
+    "version_2_with_negative",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class QAExamples(Examples):
+    """A split as windows (`features` rows, `indices` their example's id) and what decoding
+    per example needs: the examples, the windows' offsets and max-context flags."""
+
+    examples: tuple[qa.QAExample, ...] = ()
+    windows: qa.QAFeatures | None = None
+    version_2: bool = False
+    settings: qa.QASettings | None = None
+
+
+def qa_settings(values: dict[str, Any], max_seq_length: int) -> qa.QASettings:
+    """The config's qa section (a plain dict) and data.max_seq_length as QASettings."""
+    fields = {name: values[name] for name in QA_FIELDS if name in values}
+    return qa.QASettings(max_seq_length=max_seq_length, **fields)
+
+
+def encode_split(
+    name: str, path: str, tokenizer: Tokenizer, settings: qa.QASettings, *, training: bool
+) -> tuple[QAExamples, qa.QAData]:
+    """A file's examples as windows; bad input raises TaskDataError naming the file."""
+    try:
+        data = qa.read_examples(path, version_2_with_negative=settings.version_2_with_negative)
+    except (ValueError, FileNotFoundError) as err:
+        raise TaskDataError(str(err)) from None
+    examples = data.examples
+    if not training:
+        # Evaluation keeps every example; its windows still point at the answer (where the
+        # answer matches the context) so that the validation loss means what training's does.
+        examples = [
+            e
+            if e.is_impossible or e.answer_matches
+            else dataclasses.replace(e, answers=(), is_impossible=True)
+            for e in examples
+        ]
+    # Windows do not depend on the answers: the same rows either way.
+    windows = qa.make_features(examples, tokenizer, settings, training=True)
+    batch = windows.batch()
+    del batch["weights"]  # the loop adds its own
+    ids = [data.examples[k].id for k in windows.example_index]
+    full = int((windows.input_mask.sum(axis=1) == settings.max_seq_length).sum())
+    split = QAExamples(
+        name=name,
+        path=path,
+        features=batch,
+        indices=ids,
+        has_labels=True,
+        full_rows=full,
+        examples=data.examples,
+        windows=windows,
+        version_2=data.version_2,
+        settings=settings,
+    )
+    return split, data
+
+
+class QAHeadObjective(qa.QAObjective, TaskObjective):
+    """The QA head's loss, with the initialisation and evaluation a fine-tuning run asks."""
+
+    eval_outputs = True
+
+    def __init__(self, model_config: BertConfig):
+        super().__init__(qa.QuestionAnswering(model_config))
+
+    def init_params(self, rng):
+        return qa.init_params(self.model, rng)
+
+    def evaluate(self, params, batch) -> tuple[HeadSums, dict[str, Any]]:
+        start, end = self.logits(params, batch, rng=None, deterministic=True)
+        sums = qa.qa_sums(
+            start, end, batch["start_positions"], batch["end_positions"], batch["weights"]
+        )
+        return sums, {"start_logits": start, "end_logits": end}  # [b, s] each
+
+
+def decode_split(examples: QAExamples, outputs: dict[str, np.ndarray]) -> qa.QAPredictions:
+    """Each example's n-best answers from its windows' logits (outputs rows = windows)."""
+    return qa.decode(
+        examples.examples,
+        examples.windows,
+        outputs["start_logits"],
+        outputs["end_logits"],
+        examples.settings,
+        version_2=examples.version_2,
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class QuestionAnsweringTask:
+    """Extractive question answering (a bertjax.finetune.task.Task)."""
+
+    name: str = qa.TASK
+    metrics: tuple[str, ...] = ("f1", "exact_match")
+    default_metric: str = "f1"
+    conll_files: bool = False
+    label_separator: bool = False
+    config_defaults: tuple = tuple(CONFIG_DEFAULTS.items())
+    predicts_validation: bool = True  # the official files for the validation split too
+    settings_section: str = "qa"  # config.qa: windowing and decoding
+
+    def read_settings(self, values: dict[str, Any], max_seq_length: int) -> qa.QASettings:
+        """config.qa's values as QASettings (raises ValueError naming the field)."""
+        return qa_settings(values, max_seq_length)
+
+    def read(self, data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData:
+        settings = data.task_settings or qa.QASettings(max_seq_length=data.max_seq_length)
+        encode = functools.partial(encode_split, tokenizer=tokenizer, settings=settings)
+        train, train_data = encode(layouts.TRAIN, data.train, training=True)
+        notes = [train_data.report()]
+        validation, test = [], []
+        for name, path in data.validation:
+            split, read = encode(name, path, training=False)
+            validation.append(split)
+            notes.append(read.report())
+        for name, path in data.test:
+            split, read = encode(name, path, training=False)
+            test.append(split)
+            notes.append(read.report())
+        for split in (train, *validation, *test):
+            notes.append(
+                f"{split.path}: {len(split)} windows of {settings.max_seq_length} tokens "
+                f"(doc_stride {settings.doc_stride}) for {len(split.examples)} questions"
+            )
+        return TaskData(HeadSpec(qa.TASK, LABELS), train, validation, test, notes)
+
+    def check(self, data: TaskData, metric: str) -> None:
+        if not len(data.train):
+            raise ConfigError(f"{data.train.path}: no question is left to train on")
+
+    def objective(self, model_config: BertConfig, head: HeadSpec) -> QAHeadObjective:
+        return QAHeadObjective(model_config)
+
+    def scores(
+        self, head: HeadSpec, examples: QAExamples, outputs: dict[str, np.ndarray]
+    ) -> dict[str, float]:
+        predictions = decode_split(examples, outputs)
+        result = qa.evaluate(
+            examples.examples,
+            predictions.predictions,
+            version_2=examples.version_2,
+            null_odds=predictions.null_odds,
+        )
+        if not examples.version_2:
+            return result
+        out = {"f1": result["f1"], "exact_match": result["exact"]}
+        out.update({k: float(v) for k, v in result.items() if k.startswith(("best_", "HasAns_"))})
+        out.update({k: float(v) for k, v in result.items() if k.startswith("NoAns_")})
+        return out
+
+    def write_predictions(
+        self,
+        path: pathlib.Path,
+        head: HeadSpec,
+        examples: QAExamples,
+        outputs: dict[str, np.ndarray],
+    ) -> pathlib.Path:
+        """The official files of a split in <run>/predictions_<split>/; that directory."""
+        directory = pathlib.Path(path).parent / PREDICTIONS_DIR.format(examples.name)
+        qa.write_predictions(directory, decode_split(examples, outputs))
+        return directory
+
+
+TASK = register(QuestionAnsweringTask())
