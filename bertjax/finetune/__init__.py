@@ -1,4 +1,4 @@
-"""Fine-tuning the pretrained encoder on a task, a peer of bertjax.pretrain over the engine.
+"""Fine-tuning the pretrained encoder on a task, a peer of the pretraining package over the engine.
 
     settings.py  the run's settings, read once from the config (configs/finetune.py)
     task.py      what a task is (the `Task` contract) and the registry config.task names

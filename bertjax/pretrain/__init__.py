@@ -1,5 +1,5 @@
 """Pretraining (masked LM + next-sentence or sentence-order prediction), a peer of
-bertjax.finetune over the engine (bertjax.steps, bertjax.loop).
+the fine-tuning package over the engine (bertjax.steps, bertjax.loop).
 
     settings.py  the run's settings, read once from the config (configs/default.py)
     data.py      the run's prepared data: prepared on first use, checked against the settings
