@@ -18,7 +18,7 @@ from test_embedding import (
 )
 
 import bertjax
-from bertjax import embedding, sbert
+from bertjax import embedding, heads, sbert
 from bertjax.embedding import EmbeddingSpec
 from bertjax.finetune import embedding as training
 from bertjax.finetune import embedding_eval
@@ -98,7 +98,7 @@ def _settings(root, **fields) -> FinetuneSettings:
 
 
 def test_the_task_is_registered_after_the_four_heads():
-    assert task_lib.names()[4:5] == ("embedding",)
+    assert task_lib.names()[:4] == heads.TASKS and "embedding" in task_lib.names()[4:]
     task = task_lib.get("embedding")
     assert task.default_metric == "spearman" and "ndcg@10" in task.metrics
 
