@@ -152,6 +152,37 @@ class Objective:
         return self.sums(params, batch, rng=None, deterministic=True)
 
 
+def apply_gradients(state: TrainState, grads, sums, loss, objective: Objective, tx, schedule):
+    """One optimizer update from a step's gradients, and the step's train metrics.
+
+    A non-finite loss or gradient keeps the last good state (train/nonfinite=1), so no bad
+    value is ever checkpointed; a conditional rather than a select, so the update is skipped,
+    not computed and discarded.
+    """
+    grad_norm = optax.tree.norm(grads)
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+
+    def apply_update(_):
+        updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+        return optax.apply_updates(state.params, updates), new_opt_state
+
+    new_params, new_opt_state = jax.lax.cond(
+        finite, apply_update, lambda _: (state.params, state.opt_state), None
+    )
+    new_state = TrainState(step=state.step + 1, params=new_params, opt_state=new_opt_state)
+    metrics = objective.metrics(sums, "train")
+    metrics.update(
+        {
+            "train/loss": loss,
+            "train/learning_rate": schedule(state.step),
+            "train/grad_norm": grad_norm,
+            "train/param_norm": optax.tree.norm(new_state.params),
+            "train/nonfinite": 1.0 - finite.astype(jnp.float32),
+        }
+    )
+    return new_state, metrics
+
+
 def make_train_step(
     objective: Objective,
     tx: optax.GradientTransformation,
@@ -223,33 +254,12 @@ def make_train_step(
                 accumulate, (zeros_grads, objective.zero_sums(), 0), micro_batches
             )
 
-        loss = objective.loss(sums, denominators)
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-        def apply_update(_):
-            updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-            return optax.apply_updates(state.params, updates), new_opt_state
-
-        # A non-finite step keeps the last good state, so no bad value is ever checkpointed.
-        # A conditional rather than a select: the update is skipped, not computed and discarded.
-        new_params, new_opt_state = jax.lax.cond(
-            finite, apply_update, lambda _: (state.params, state.opt_state), None
+        new_state, metrics = apply_gradients(
+            state, grads, sums, objective.loss(sums, denominators), objective, tx, schedule
         )
-        new_state = TrainState(step=state.step + 1, params=new_params, opt_state=new_opt_state)
-        metrics = objective.metrics(sums, "train")
         if packed_length is not None:
             masks = split_micro_batches(batch["input_mask"], grad_accum_steps)
             metrics["train/packed"] = jnp.mean(jax.vmap(fits)(masks).astype(jnp.float32))
-        metrics.update(
-            {
-                "train/loss": loss,
-                "train/learning_rate": schedule(state.step),
-                "train/grad_norm": grad_norm,
-                "train/param_norm": optax.tree.norm(new_state.params),
-                "train/nonfinite": 1.0 - finite.astype(jnp.float32),
-            }
-        )
         return new_state, metrics
 
     return train_step

@@ -347,30 +347,7 @@ def make_cached_train_step(
             objective, state.params, batch, step_rng, chunks, chunk_sharding
         )
         loss = objective.loss(sums, objective.denominators(batch))
-        grad_norm = optax.tree.norm(grads)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-
-        def apply_update(_):
-            updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-            return optax.apply_updates(state.params, updates), new_opt_state
-
-        new_params, new_opt_state = jax.lax.cond(
-            finite, apply_update, lambda _: (state.params, state.opt_state), None
-        )
-        new_state = steps.TrainState(
-            step=state.step + 1, params=new_params, opt_state=new_opt_state
-        )
-        metrics = objective.metrics(sums, "train")
-        metrics.update(
-            {
-                "train/loss": loss,
-                "train/learning_rate": schedule(state.step),
-                "train/grad_norm": grad_norm,
-                "train/param_norm": optax.tree.norm(new_state.params),
-                "train/nonfinite": 1.0 - finite.astype(jnp.float32),
-            }
-        )
-        return new_state, metrics
+        return steps.apply_gradients(state, grads, sums, loss, objective, tx, schedule)
 
     return train_step
 
