@@ -15,6 +15,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pathlib  # noqa: E402
 
+import gcs_emulator  # noqa: E402
 import pytest  # noqa: E402
 from synthetic_corpus import (  # noqa: E402
     finetune_config,
@@ -139,3 +140,14 @@ def demo_run(demo_corpus):
     workdir = demo_corpus.parent.parent
     result = pretrain_loop.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
     return workdir, result, config
+
+
+@pytest.fixture(scope="session")
+def gcs():
+    """A GCS emulator on 127.0.0.1 for the session; `gcs.bucket()` makes an empty bucket.
+
+    Every GCS client (gcsfs, tensorstore) in this process and its subprocesses talks to it.
+    """
+    emulator = gcs_emulator.Emulator()
+    yield emulator
+    emulator.stop()
