@@ -13,9 +13,10 @@ import codecs
 import gzip
 import io
 import os
-import pathlib
 import zlib
 from collections.abc import Iterator
+
+from bertjax import fs
 
 
 class TextFileError(ValueError):
@@ -56,9 +57,16 @@ _MAGIC_NUMBERS = (
 )
 
 
-def open_binary(path: pathlib.Path):
-    """The file's bytes, gunzipped when its name ends in .gz."""
-    return gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")
+def open_binary(path: str | os.PathLike):
+    """The file's bytes (local or gs://), gunzipped when its name ends in .gz."""
+    path = fs.path(path)
+    with fs.errors(path, "read"):
+        raw = path.open("rb")
+    if not path.name.lower().endswith(".gz"):
+        return raw
+    gunzipped = gzip.GzipFile(fileobj=raw, mode="rb")
+    gunzipped.myfileobj = raw  # the file GzipFile closes with itself, as gzip.open's own
+    return gunzipped
 
 
 def sniff(path: str | os.PathLike) -> tuple[str, str]:
@@ -69,7 +77,7 @@ def sniff(path: str | os.PathLike) -> tuple[str, str]:
     is judged by its gunzipped bytes.
     """
     head = b""
-    with open_binary(pathlib.Path(path)) as f:
+    with open_binary(path) as f:
         # In small reads: a truncated .gz file still shows its beginning (reading it then keeps
         # the documents before the damage, and reports the file).
         try:
@@ -105,7 +113,7 @@ def read_lines(path: str | os.PathLike) -> Iterator[str]:
     Raises TextFileError naming the file when it is not text (an image, an archive, random
     bytes), and the file and line when a line does not decode.
     """
-    path = pathlib.Path(path)
+    path = fs.path(path)
     encoding, detail = sniff(path)
     if not encoding:
         raise TextFileError(f"{path}: not a text file ({detail}); expected UTF-8 text")
