@@ -39,7 +39,7 @@ from typing import Any
 import jax
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import embedding, heads, hf, seq2seq, steps
+from bertjax import embedding, fs, heads, hf, seq2seq, steps
 from bertjax.embedding import EmbeddingSpec
 from bertjax.heads import HeadSpec
 from bertjax.model import ARCHITECTURE_FIELDS, BertConfig, BertForPreTraining, pretraining_init
@@ -87,8 +87,8 @@ def tokenizer_file(tokenizer: Tokenizer) -> str:
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Writes one of a run's small files (results, predictions) whole."""
-    pathlib.Path(path).write_text(text, encoding="utf-8")
+    """Writes one of a run's small files (results, predictions) whole, local or gs://."""
+    fs.write_text(path, text)
 
 
 @dataclasses.dataclass(frozen=True)
