@@ -560,7 +560,7 @@ def check_backends(
 ) -> tuple[list[Check], str]:
     """The fused backend against xla (and bf16 xla against float32 xla) on one batch."""
     settings = make_settings(model_name, "xla", batch_size, seq_len, DTYPE, seed)
-    mesh = build_pretraining(settings, settings.model).mesh
+    mesh = sharding.make_mesh(settings.run.mesh_shape)
     init = pretraining_init(BertForPreTraining(settings.model), seq_len, num_predictions(seq_len))
     with jax.set_mesh(mesh):
         params = steps.make_state(init, None, mesh).init(jax.random.key(seed)).params
@@ -737,6 +737,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"{NOISE_FACTOR:g} x bf16's own error against float32)"
         )
         print(format_table(CHECK_COLUMNS, [c.row() for c in checks]))
+        print()
         print(f"backend check: {'PASS' if all(c.passed for c in checks) else 'FAIL'}")
     for note in notes:
         print(f"note: {note}")

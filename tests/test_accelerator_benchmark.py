@@ -32,7 +32,7 @@ def table_lines(out: str, columns: tuple[str, ...]) -> list[list[str]]:
     for line in lines[header + 2 :]:
         if not line.strip():
             break
-        rows.append([cell for cell in line.split("  ") if cell.strip()])
+        rows.append([cell.strip() for cell in line.split("  ") if cell.strip()])
     return rows
 
 
