@@ -150,3 +150,18 @@ def test_cpu_run_without_a_fused_backend_says_so(capsys):
     assert [r[3] for r in rows] == ["xla"] and float(rows[0][5]) > 0 and rows[0][9] == "n/a"
     assert "note: backend comparison: not run, no fused backend" in out
     assert result["fused"] is None and result["checks"] == []
+
+
+def test_a_failing_kernel_is_reported_not_raised(monkeypatch, capsys):
+    def no_kernel(*args, **kwargs):
+        raise RuntimeError("cuDNN is not detected.\nmore detail")
+
+    monkeypatch.setattr(accelerator, "time_cell", no_kernel)
+    monkeypatch.setattr(accelerator, "check_backends", no_kernel)
+    result = accelerator.main(["--fused", "splash"])
+    out = capsys.readouterr().out
+    rows = table_lines(out, accelerator.COLUMNS)
+    assert [r[3] for r in rows] == ["xla", "splash"]
+    assert all(r[-1] == "failed: RuntimeError: cuDNN is not detected." for r in rows)
+    assert "note: check tiny seq 128: failed: RuntimeError: cuDNN is not detected." in out
+    assert [c["step_s"] for c in result["cells"]] == [None, None]
