@@ -640,6 +640,77 @@ class Budget:
         self.estimates[kind] = seconds
 
 
+def run_check(
+    model_name: str, fused: str, args: argparse.Namespace, budget: Budget, notes: list[str]
+) -> list[Check]:
+    """The backend check of one model at the longest sequence, if the budget allows it."""
+    check_seq = max(args.seq_lens)
+    if not budget.allows("check"):
+        notes.append(f"check {model_name}: skipped, over the {args.budget_s:g} s budget")
+        return []
+    start = time.perf_counter()
+    try:
+        checks, why = check_backends(
+            model_name, fused, check_seq, round_up_to_devices(args.check_batch), args.seed
+        )
+    except Exception as e:  # a kernel that does not compile here: say so, go on
+        checks, why = [], f"failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+    budget.record("check", time.perf_counter() - start)
+    if why:
+        notes.append(f"check {model_name} seq {check_seq}: {why}")
+    for c in checks:
+        print("check " + " ".join(c.row()), flush=True)
+    return checks
+
+
+def run_cells(
+    model_name: str,
+    seq_len: int,
+    backends: tuple[str, ...],
+    args: argparse.Namespace,
+    budget: Budget,
+    total_peak: float | None,
+) -> list[Cell]:
+    """One cell per backend for a model and sequence length, on the same batches."""
+    batch_size = round_up_to_devices(default_batch_size(args, seq_len))
+    rng = np.random.default_rng(args.seed + seq_len)
+    batches = None
+    cells = []
+    for impl in backends:
+        settings = make_settings(model_name, impl, batch_size, seq_len, DTYPE, args.seed)
+        model = settings.model
+        flops = perf.training_flops_per_sequence(model, seq_len, num_predictions(seq_len))
+        base = Cell(
+            model_name, seq_len, batch_size, impl, flops_per_sequence=flops, peak_flops=total_peak
+        )
+        if not budget.allows("cell"):
+            cells.append(dataclasses.replace(base, note="skipped: over the time budget"))
+            continue
+        setup = build_pretraining(settings, model)
+        resolved, why = resolved_attention(model, batch_size, seq_len, setup.mesh)
+        if resolved != impl:
+            note = f"falls back to {resolved}: {why}" if why else f"runs {resolved}"
+            cells.append(dataclasses.replace(base, note=note))
+            continue
+        if batches is None:
+            batches = [
+                synthetic_batch(rng, batch_size, seq_len, model.vocab_size) for _ in range(2)
+            ]
+        start = time.perf_counter()
+        try:
+            compile_s, step_s = time_cell(setup, args.seed, batches, args.warmup, args.steps)
+            cell = dataclasses.replace(base, compile_s=compile_s, step_s=step_s)
+        except Exception as e:  # e.g. out of memory, or a kernel this device lacks
+            first = str(e).splitlines()[0] if str(e) else ""
+            cell = dataclasses.replace(base, note=f"failed: {type(e).__name__}: {first}")
+        budget.record("cell", time.perf_counter() - start)
+        cells.append(cell)
+        print("cell " + " ".join(v for v in cell.row() if v), flush=True)
+        del setup
+        gc.collect()
+    return cells
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the benchmark, prints its tables and returns (and optionally writes) the results."""
     args = parse_args(argv)
@@ -671,61 +742,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     for model_name in args.models:
         if fused and not args.no_check:
-            check_seq = max(args.seq_lens)
-            check_batch = round_up_to_devices(args.check_batch)
-            if budget.allows("check"):
-                start = time.perf_counter()
-                try:
-                    new_checks, why = check_backends(
-                        model_name, fused, check_seq, check_batch, args.seed
-                    )
-                except Exception as e:  # a kernel that does not compile here: say so, go on
-                    new_checks, why = [], f"failed: {type(e).__name__}: {str(e).splitlines()[0]}"
-                budget.record("check", time.perf_counter() - start)
-                checks += new_checks
-                if why:
-                    notes.append(f"check {model_name} seq {check_seq}: {why}")
-                for c in new_checks:
-                    print("check " + " ".join(c.row()), flush=True)
-            else:
-                notes.append(f"check {model_name}: skipped, over the {args.budget_s:g} s budget")
+            checks += run_check(model_name, fused, args, budget, notes)
         for seq_len in args.seq_lens:
-            batch_size = round_up_to_devices(default_batch_size(args, seq_len))
-            rng = np.random.default_rng(args.seed + seq_len)
-            for impl in backends:
-                settings = make_settings(model_name, impl, batch_size, seq_len, DTYPE, args.seed)
-                model = settings.model
-                flops = perf.training_flops_per_sequence(model, seq_len, num_predictions(seq_len))
-                base = Cell(
-                    model_name, seq_len, batch_size, impl,
-                    flops_per_sequence=flops, peak_flops=total_peak,
-                )  # fmt: skip
-                if not budget.allows("cell"):
-                    cells.append(dataclasses.replace(base, note="skipped: over the time budget"))
-                    continue
-                setup = build_pretraining(settings, model)
-                resolved, why = resolved_attention(model, batch_size, seq_len, setup.mesh)
-                if resolved != impl:
-                    note = f"falls back to {resolved}: {why}" if why else f"runs {resolved}"
-                    cells.append(dataclasses.replace(base, note=note))
-                    continue
-                batches = [
-                    synthetic_batch(rng, batch_size, seq_len, model.vocab_size) for _ in range(2)
-                ]
-                start = time.perf_counter()
-                try:
-                    compile_s, step_s = time_cell(
-                        setup, args.seed, batches, args.warmup, args.steps
-                    )
-                    cell = dataclasses.replace(base, compile_s=compile_s, step_s=step_s)
-                except Exception as e:  # e.g. out of memory, or a kernel this device lacks
-                    first = str(e).splitlines()[0] if str(e) else ""
-                    cell = dataclasses.replace(base, note=f"failed: {type(e).__name__}: {first}")
-                budget.record("cell", time.perf_counter() - start)
-                cells.append(cell)
-                print("cell " + " ".join(v for v in cell.row() if v), flush=True)
-                del setup
-                gc.collect()
+            cells += run_cells(model_name, seq_len, backends, args, budget, total_peak)
 
     if not fused:
         notes.append("backend comparison: not run, no fused backend (see 'fused attention' above)")

@@ -165,3 +165,23 @@ def test_a_failing_kernel_is_reported_not_raised(monkeypatch, capsys):
     assert all(r[-1] == "failed: RuntimeError: cuDNN is not detected." for r in rows)
     assert "note: check tiny seq 128: failed: RuntimeError: cuDNN is not detected." in out
     assert [c["step_s"] for c in result["cells"]] == [None, None]
+
+
+def test_the_device_grid_uses_the_recipes_at_google_sizes():
+    args = accelerator.parse_args(["--tiny"])
+    args.tiny = False  # as on a GPU or TPU
+    for name, layers, hidden in (("base", 12, 768), ("large", 24, 1024)):
+        for seq_len, batch, predictions in ((128, 256, 20), (512, 64, 80)):
+            assert accelerator.default_batch_size(args, seq_len) == batch
+            settings = accelerator.make_settings(name, "cudnn", batch, seq_len, "bfloat16", 0)
+            model = settings.model
+            assert (model.num_layers, model.hidden_size, model.vocab_size) == (
+                layers,
+                hidden,
+                30522,
+            )
+            assert model.attention_impl == "cudnn" and model.attention_dropout == 0.0
+            assert model.dtype == "bfloat16" and model.hidden_dropout == 0.1
+            assert settings.data.masking.max_predictions_per_seq == predictions
+            assert settings.run.token_capacity == 1.0 and settings.optimizer.name == "adamw"
+    assert settings.model.scan_layers and settings.model.remat_policy == "dots"  # large's recipe
