@@ -301,6 +301,12 @@ def _object_name(p: str | os.PathLike) -> str:
 def makedirs(directory: str | os.PathLike) -> AnyPath:
     """Creates a directory (a no-op on GCS, whose directories are name prefixes)."""
     directory = path(directory)
+    if is_remote(directory):
+        # Nothing to create; but gcsfs's mkdir would create a missing *bucket*, so name it.
+        bucket = bucket_of(directory)
+        if not _bucket_exists(bucket):
+            raise StorageError(f"{directory}: the bucket {bucket} does not exist")
+        return directory
     with errors(directory, "create"):
         directory.mkdir(parents=True, exist_ok=True)
     return directory
