@@ -143,8 +143,11 @@ def move(source: str | os.PathLike, target: str | os.PathLike) -> None:
             source.rename(target)
             return
         store = gcs_filesystem()
-        store.mv(_object_name(source), _object_name(target), recursive=True)
-        store.invalidate_cache()
+        # Copy on the server, then delete (gcsfs's mv tries an API for hierarchical-namespace
+        # buckets first and logs an error on the others).
+        store.copy(_object_name(source), _object_name(target), recursive=True)
+        store.rm(_object_name(source), recursive=True)
+        invalidate_listings()
 
 
 def create_exclusive(target: str | os.PathLike, data: bytes) -> bool:
@@ -287,10 +290,20 @@ def remove(target: str | os.PathLike) -> None:
 
 
 def gcs_filesystem():
-    """The process's gcsfs filesystem (fsspec caches the instance)."""
+    """The process's gcsfs filesystem: the instance epath (and so Orbax's step listing) uses,
+    so that what this layer writes or moves is not hidden by a stale cached listing."""
     import fsspec
 
-    return fsspec.filesystem("gs")
+    return fsspec.filesystem("gs", finalize_on_close=True)  # epath's arguments: its instance
+
+
+def invalidate_listings(p: str | os.PathLike | None = None) -> None:
+    """Forgets cached GCS listings (of `p`, or all), in every gcsfs instance this process
+    made with the usual arguments, so the next listing sees other writers' objects."""
+    import fsspec
+
+    for store in {id(s): s for s in (fsspec.filesystem("gs"), gcs_filesystem())}.values():
+        store.invalidate_cache(None if p is None else _object_name(p))
 
 
 def _object_name(p: str | os.PathLike) -> str:

@@ -142,7 +142,7 @@ def _garble(gcs, step_url: str) -> None:
     largest = max(files, key=gcs.fs.size)
     data = bytearray(gcs.fs.cat_file(largest))
     middle = len(data) // 2
-    data[middle : middle + 256] = np.random.default_rng(7).integers(0, 256, 256, np.uint8)
+    data[middle : middle + 256] = np.random.default_rng(7).integers(0, 256, 256, np.uint8).tobytes()
     gcs.fs.pipe_file(largest, bytes(data))
 
 
