@@ -313,8 +313,9 @@ class WorkdirLock:
     On disk a lock whose process is gone (killed on this host) is taken over; another host's
     lock is respected. On GCS the lock object is created only if absent (a precondition the
     store checks), a background thread rewrites it every `heartbeat_seconds`, and a lock not
-    rewritten for `stale_after_seconds` by the store's clock is a dead run's: it is taken over
-    by a write conditional on the generation found stale, so of two takers exactly one wins.
+    rewritten for `stale_after_seconds` by the store's clock is a dead run's (as is one whose
+    process is gone from this host): it is taken over by a write conditional on the
+    generation found, so of two takers exactly one wins.
     """
 
     def __init__(
@@ -399,14 +400,15 @@ class WorkdirLock:
             except ValueError:
                 holder = {}
             age = fs.server_time(self.path.parent) - fs.parse_time(found["updated"])
-            if age <= self.stale_after_seconds:
+            # Dead: silent too long, or (on this host, where it can be checked) gone.
+            if age <= self.stale_after_seconds and not self._is_stale(holder):
                 raise self._refusal(holder, f", last heartbeat {max(age, 0.0):.0f} s ago")
             # Replace exactly the generation found stale: if another run took it over (or
             # its holder wrote a heartbeat) meanwhile, this write fails and we look again.
             generation = fs.write_if_generation(self.path, data, int(found["generation"]))
             if generation is not None:
                 logger.warning(
-                    "took over the lock %s of process %s on %s, silent for %.0f s",
+                    "took over the lock %s of process %s on %s (gone; last heartbeat %.0f s ago)",
                     self.path,
                     holder.get("pid"),
                     holder.get("host"),

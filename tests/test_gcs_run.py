@@ -295,9 +295,26 @@ def test_metrics_upload_in_the_background_and_fully_at_close(gcs):
 # ----------------------------------------------------------------------------- subprocesses
 
 
-def cli(values: dict, workdir: str) -> list[str]:
-    args = [sys.executable, str(REPO / "train.py"), "--workdir", workdir]
-    return args + [f"--config.{key}={value}" for key, value in values.items()]
+MODEL_FIELDS = ("model.num_layers", "model.hidden_size", "model.intermediate_size")
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory) -> pathlib.Path:
+    """tiny.py with the one-layer model of `overrides` (fields the command line cannot add)."""
+    path = tmp_path_factory.mktemp("config") / "one_layer.py"
+    values = {key: overrides("")[key] for key in MODEL_FIELDS}
+    path.write_text(
+        "from configs import tiny\n\n\ndef get_config():\n    config = tiny.get_config()\n"
+        f"    config.update_from_flattened_dict({values!r})\n    return config\n"
+    )
+    return path
+
+
+def cli(values: dict, workdir: str, config: pathlib.Path) -> list[str]:
+    args = [sys.executable, str(REPO / "train.py"), "--config", str(config), "--workdir", workdir]
+    return args + [
+        f"--config.{key}={value}" for key, value in values.items() if key not in MODEL_FIELDS
+    ]
 
 
 def subprocess_env(device_count: int) -> dict:
@@ -309,17 +326,23 @@ def subprocess_env(device_count: int) -> dict:
 
 
 @pytest.mark.slow
-def test_resume_after_a_kill_during_a_save_on_gcs_is_bit_identical(gcs, synthetic_data, tmp_path):
+def test_resume_after_a_kill_during_a_save_on_gcs_is_bit_identical(
+    gcs, synthetic_data, config_file, tmp_path
+):
     values = overrides(synthetic_data, num_train_steps=20, checkpoint_every_steps=10)
     straight = gcs.bucket() + "/run"
     subprocess.run(
-        cli(values, straight), env=subprocess_env(2), check=True, capture_output=True, timeout=300
+        cli(values, straight, config_file),
+        env=subprocess_env(2),
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
 
     killed = gcs.bucket() + "/run"
     root = killed[5:] + "/checkpoints"
     process = subprocess.Popen(
-        cli(values, killed),
+        cli(values, killed, config_file),
         env=subprocess_env(2),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -342,7 +365,7 @@ def test_resume_after_a_kill_during_a_save_on_gcs_is_bit_identical(gcs, syntheti
         gcs.fs.rm(root + "/20", recursive=True)
 
     completed = subprocess.run(
-        cli(values, killed),
+        cli(values, killed, config_file),
         env=subprocess_env(2),
         capture_output=True,
         text=True,
@@ -358,19 +381,23 @@ def test_resume_after_a_kill_during_a_save_on_gcs_is_bit_identical(gcs, syntheti
 
 
 @pytest.mark.slow
-def test_two_processes_share_a_gcs_work_directory(gcs, synthetic_data, tmp_path):
+def test_two_processes_share_a_gcs_work_directory(gcs, synthetic_data, config_file, tmp_path):
     values = overrides(
         synthetic_data, **{"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
     )
     single = gcs.bucket() + "/run"
     subprocess.run(
-        cli(values, single), env=subprocess_env(4), check=True, capture_output=True, timeout=300
+        cli(values, single, config_file),
+        env=subprocess_env(4),
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     multi = gcs.bucket() + "/run"
     port = 20000 + (os.getpid() + 7) % 20000
     processes = [
         subprocess.Popen(
-            cli(values, multi)
+            cli(values, multi, config_file)
             + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
             env=subprocess_env(2),
             stdout=subprocess.PIPE,
