@@ -43,7 +43,7 @@ class MetricWriter:
         tensorboard_dir: str | os.PathLike,
         enabled=True,
         *,
-        upload_every_seconds: float = UPLOAD_EVERY_SECONDS,
+        upload_every_seconds: float | None = None,  # default: UPLOAD_EVERY_SECONDS
     ):
         self.enabled = enabled
         self._mirror: _Mirror | None = None
@@ -51,7 +51,8 @@ class MetricWriter:
             return
         jsonl_path, tensorboard_dir = fs.path(jsonl_path), fs.path(tensorboard_dir)
         if fs.is_remote(jsonl_path) or fs.is_remote(tensorboard_dir):
-            self._mirror = _Mirror(jsonl_path, tensorboard_dir, upload_every_seconds)
+            interval = upload_every_seconds or UPLOAD_EVERY_SECONDS
+            self._mirror = _Mirror(jsonl_path, tensorboard_dir, interval)
             jsonl_path, tensorboard_dir = self._mirror.local_jsonl, self._mirror.local_tensorboard
         self._jsonl = jsonl_path.open("a", encoding="utf-8")
         self._tensorboard = SummaryWriter(str(tensorboard_dir))

@@ -23,6 +23,7 @@ import pytest
 import bertjax
 from bertjax import checkpoint as ckpt
 from bertjax import fs, metrics_writer, rundir
+from bertjax import loop as engine_loop
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.tokenizer import SENTENCEPIECE_FILE
@@ -146,6 +147,7 @@ def _garble(gcs, step_url: str) -> None:
     gcs.fs.pipe_file(largest, bytes(data))
 
 
+@pytest.mark.slow  # a resumed run besides the shared one: about 40 s on two busy cores
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_a_damaged_newest_step_on_gcs_falls_back_and_is_moved_aside(gcs_run, gcs, caplog):
     url, _, _ = gcs_run
@@ -290,6 +292,24 @@ def test_metrics_upload_in_the_background_and_fully_at_close(gcs):
     steps = [json.loads(line)["step"] for line in fs.read_text(jsonl).splitlines()]
     assert steps == list(range(1, 30))
     assert any(n.startswith("tensorboard/events.out.tfevents.") for n in objects(gcs, url))
+
+
+@pytest.mark.slow  # a run of its own: 30-70 s on two busy cores
+def test_a_preempted_run_on_gcs_uploads_its_metrics_before_it_stops(
+    gcs, synthetic_data, monkeypatch, tmp_path
+):
+    url = gcs.bucket() + "/run"
+    monkeypatch.chdir(tmp_path)
+    # The upload interval is longer than the run: only the stop's own upload can bring them.
+    monkeypatch.setattr(metrics_writer, "UPLOAD_EVERY_SECONDS", 3600.0)
+    monkeypatch.setattr(engine_loop.PreemptionWatcher, "should_stop", lambda self, step: step == 3)
+    values = overrides(synthetic_data, num_train_steps=10, checkpoint_every_steps=100)
+    result = trainer.train_and_evaluate(settings_of(values), url)
+    assert result["preempted"] and result["steps"] == 3
+    assert sorted(losses(gcs, url)) == [1, 2, 3]
+    names = objects(gcs, url)
+    assert "checkpoints/3/commit_success.txt" in names and rundir.LOCK_FILE not in names
+    assert local_names(tmp_path) == []
 
 
 # ----------------------------------------------------------------------------- subprocesses
