@@ -147,7 +147,6 @@ def _garble(gcs, step_url: str) -> None:
     gcs.fs.pipe_file(largest, bytes(data))
 
 
-@pytest.mark.slow  # a resumed run besides the shared one: about 40 s on two busy cores
 @pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
 def test_a_damaged_newest_step_on_gcs_falls_back_and_is_moved_aside(gcs_run, gcs, caplog):
     url, _, _ = gcs_run
@@ -294,7 +293,6 @@ def test_metrics_upload_in_the_background_and_fully_at_close(gcs):
     assert any(n.startswith("tensorboard/events.out.tfevents.") for n in objects(gcs, url))
 
 
-@pytest.mark.slow  # a run of its own: 30-70 s on two busy cores
 def test_a_preempted_run_on_gcs_uploads_its_metrics_before_it_stops(
     gcs, synthetic_data, monkeypatch, tmp_path
 ):
