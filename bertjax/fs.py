@@ -150,29 +150,6 @@ def move(source: str | os.PathLike, target: str | os.PathLike) -> None:
         invalidate_listings()
 
 
-def create_exclusive(target: str | os.PathLike, data: bytes) -> bool:
-    """Writes `target` only if it does not exist yet; whether this call created it.
-
-    Locally O_CREAT|O_EXCL; on GCS an upload with the precondition "no live object"
-    (ifGenerationMatch=0), which the store decides, so of two writers exactly one wins.
-    """
-    target = path(target)
-    with errors(target, "create"):
-        if not is_remote(target):
-            try:
-                fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666)
-            except FileExistsError:
-                return False
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            return True
-        try:
-            gcs_filesystem().pipe_file(_object_name(target), data, mode="create")
-        except FileExistsError:
-            return False
-        return True
-
-
 def write_if_generation(target: str | os.PathLike, data: bytes, generation: int) -> int | None:
     """GCS only: writes the object `target` if its live generation is `generation` (0: if
     there is none); its new generation, or None when the precondition failed.
