@@ -57,6 +57,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 
+from bertjax import fs
+
 logger = logging.getLogger(__name__)
 
 PARAMS_ITEM = "params"
@@ -102,9 +104,10 @@ class CheckpointSaveError(RuntimeError):
 
 
 def _as_path(directory: str | os.PathLike) -> epath.Path:
-    """Absolute local paths (Orbax requires them); URLs such as gs:// are kept as given."""
-    text = os.fspath(directory)
-    if "://" not in text:
+    """Absolute local paths (Orbax requires them); gs:// kept as given, once `fs.path` has
+    checked that it can be reached (the gcs extra installed, a bucket named)."""
+    text = os.fspath(fs.path(directory))
+    if not fs.is_remote(text):
         text = os.path.abspath(text)
     return epath.Path(text)
 
@@ -707,7 +710,7 @@ class Checkpointer:
         """Move unreadable step directories aside (primary host), then resync every host."""
         if jax.process_index() == 0:
             target_root = self.directory / CORRUPT_SUBDIR
-            target_root.mkdir(parents=True, exist_ok=True)
+            fs.makedirs(target_root)
             for bad_step in steps:
                 source = self.directory / str(bad_step)
                 stamp = int(time.time())
@@ -715,7 +718,7 @@ class Checkpointer:
                 while target.exists():
                     stamp += 1
                     target = target_root / f"{bad_step}-{stamp}"
-                source.rename(target)
+                fs.move(source, target)  # on GCS object by object, commit file included
                 logger.warning(
                     "moved unreadable or damaged checkpoint step %d to %s", bad_step, target
                 )

@@ -17,6 +17,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
+from bertjax import fs
 from bertjax import settings as settings_lib
 
 FLAGS = flags.FLAGS
@@ -52,6 +53,9 @@ def run(
         # Library chatter (Orbax logs every save at INFO) would drown the progress bar.
         logging.set_verbosity(logging.WARNING)
         try:
+            # A work directory that cannot be reached (gs:// without the gcs extra, another
+            # scheme) is named before anything starts or is written.
+            fs.path(FLAGS.workdir)
             # The distributed runtime must start before anything touches a device.
             if FLAGS.distributed or FLAGS.coordinator_address:
                 jax.distributed.initialize(
@@ -65,7 +69,7 @@ def run(
         except Exception as e:
             if FLAGS.verbose:
                 raise
-            if isinstance(e, expected):
+            if isinstance(e, (*expected, fs.StorageError)):
                 raise SystemExit(f"error: {e}") from None
             raise SystemExit(f"error: {type(e).__name__}: {e} (--verbose shows where)") from None
 

@@ -16,10 +16,14 @@ path and what to do.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import importlib.util
+import json
 import os
 import pathlib
 import tempfile
+import urllib.parse
+import uuid
 from collections.abc import Iterator
 
 from etils import epath
@@ -90,11 +94,19 @@ def write_bytes(target: str | os.PathLike, data: bytes) -> None:
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+            # mkstemp makes the file private (0600); give it what `open` would have.
+            os.chmod(tmp, 0o666 & ~_umask())
             os.replace(tmp, target)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_text(target: str | os.PathLike, text: str) -> None:
@@ -112,9 +124,179 @@ def read_text(source: str | os.PathLike) -> str:
     return read_bytes(source).decode("utf-8")
 
 
+def copy(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Copies one file's bytes to `target` (whole, as `write_bytes`), local or gs:// either side."""
+    write_bytes(target, read_bytes(source))
+
+
+def move(source: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Moves a file or a directory tree to `target` (same storage on both sides).
+
+    Locally one rename. On GCS, where a directory is a name prefix, every object under it is
+    copied on the server and then deleted: not atomic, so callers move only what no reader
+    relies on (a damaged checkpoint step, say).
+    """
+    source, target = path(source), path(target)
+    with errors(source, "move"):
+        if not is_remote(source):
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source.rename(target)
+            return
+        store = gcs_filesystem()
+        # Copy on the server, then delete (gcsfs's mv tries an API for hierarchical-namespace
+        # buckets first and logs an error on the others).
+        store.copy(_object_name(source), _object_name(target), recursive=True)
+        store.rm(_object_name(source), recursive=True)
+        invalidate_listings()
+
+
+def write_if_generation(target: str | os.PathLike, data: bytes, generation: int) -> int | None:
+    """GCS only: writes the object `target` if its live generation is `generation` (0: if
+    there is none); its new generation, or None when the precondition failed.
+
+    The store checks the precondition with the write, so of several writers that read the
+    same generation exactly one succeeds.
+    """
+    target = path(target)
+    if not is_remote(target):
+        raise StorageError(f"{target}: conditional writes apply to gs:// objects only")
+    from fsspec.asyn import sync
+
+    store = gcs_filesystem()
+    bucket, key = _object_name(target).split("/", 1)
+    header = json.dumps({"name": key})
+    # One multipart upload (metadata, then the bytes), as gcsfs's own simple upload sends it,
+    # with the generation precondition it has no argument for.
+    body = (
+        (
+            f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{header}\n--==0==\n"
+            "Content-Type: application/octet-stream\n\n"
+        ).encode()
+        + data
+        + b"\n--==0==--"
+    )
+    with errors(target, "write"):
+        try:
+            written = sync(
+                store.loop,
+                store._call,
+                "POST",
+                f"{store._location}/upload/storage/v1/b/{urllib.parse.quote(bucket)}/o",
+                uploadType="multipart",
+                headers={"Content-Type": 'multipart/related; boundary="==0=="'},
+                data=body,
+                json_out=True,
+                ifGenerationMatch=str(int(generation)),
+            )
+        except FileExistsError:  # gcsfs's name for "precondition failed" (HTTP 412)
+            return None
+        finally:
+            store.invalidate_cache(_object_name(target))
+    return int(written["generation"])
+
+
+def remove_if_generation(target: str | os.PathLike, generation: int) -> None:
+    """GCS only: deletes the object `target` if its live generation is still `generation`;
+    otherwise (another writer replaced it, or it is gone) leaves the store as it is."""
+    target = path(target)
+    if not is_remote(target):
+        raise StorageError(f"{target}: conditional deletes apply to gs:// objects only")
+    from fsspec.asyn import sync
+
+    store = gcs_filesystem()
+    bucket, key = _object_name(target).split("/", 1)
+    with errors(target, "delete"):
+        try:
+            sync(
+                store.loop,
+                store._call,
+                "DELETE",
+                "b/{}/o/{}",
+                bucket,
+                key,
+                ifGenerationMatch=str(int(generation)),
+            )
+        except (FileNotFoundError, FileExistsError):  # gone, or replaced by another writer
+            pass
+        finally:
+            store.invalidate_cache(_object_name(target))
+
+
+def stat_remote(target: str | os.PathLike) -> dict:
+    """The object store's record of a gs:// object, fresh (not from a cached listing): its
+    `generation`, `updated` (server time, RFC 3339) and `size`. FileNotFoundError if absent."""
+    target = path(target)
+    store = gcs_filesystem()
+    with errors(target, "stat"):
+        store.invalidate_cache(_object_name(target))
+        return store.info(_object_name(target))
+
+
+def server_time(directory: str | os.PathLike) -> float:
+    """The object store's clock now (unix seconds), read from a probe object it stamps.
+
+    For deciding the age of objects by their `updated` time without trusting this host's
+    clock. The probe is deleted again.
+    """
+    probe = path(directory) / f".clock-{uuid.uuid4().hex}"
+    write_bytes(probe, b"")
+    try:
+        return parse_time(stat_remote(probe)["updated"])
+    finally:
+        remove(probe)
+
+
+def parse_time(stamp: str) -> float:
+    """Unix seconds of an RFC 3339 time as GCS writes it ("2026-12-01T06:17:48.99171Z")."""
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def remove(target: str | os.PathLike) -> None:
+    """Deletes one file; no error when it is already gone."""
+    target = path(target)
+    with errors(target, "delete"):
+        if not is_remote(target):
+            target.unlink(missing_ok=True)
+            return
+        store = gcs_filesystem()
+        try:
+            store.rm_file(_object_name(target))
+        except FileNotFoundError:
+            pass
+        store.invalidate_cache(_object_name(target))
+
+
+def gcs_filesystem():
+    """The process's gcsfs filesystem: the instance epath (and so Orbax's step listing) uses,
+    so that what this layer writes or moves is not hidden by a stale cached listing."""
+    import fsspec
+
+    return fsspec.filesystem("gs", finalize_on_close=True)  # epath's arguments: its instance
+
+
+def invalidate_listings(p: str | os.PathLike | None = None) -> None:
+    """Forgets cached GCS listings (of `p`, or all), in every gcsfs instance this process
+    made with the usual arguments, so the next listing sees other writers' objects."""
+    import fsspec
+
+    for store in {id(s): s for s in (fsspec.filesystem("gs"), gcs_filesystem())}.values():
+        store.invalidate_cache(None if p is None else _object_name(p))
+
+
+def _object_name(p: str | os.PathLike) -> str:
+    """`bucket/key` of `gs://bucket/key`, as gcsfs takes it."""
+    return os.fspath(p)[len(GCS_SCHEME) :]
+
+
 def makedirs(directory: str | os.PathLike) -> AnyPath:
     """Creates a directory (a no-op on GCS, whose directories are name prefixes)."""
     directory = path(directory)
+    if is_remote(directory):
+        # Nothing to create; but gcsfs's mkdir would create a missing *bucket*, so name it.
+        bucket = bucket_of(directory)
+        if not _bucket_exists(bucket):
+            raise StorageError(f"{directory}: the bucket {bucket} does not exist")
+        return directory
     with errors(directory, "create"):
         directory.mkdir(parents=True, exist_ok=True)
     return directory

@@ -2,28 +2,60 @@
 
 Only process 0 writes; the others get disabled writers so the loop needs no branches.
 TensorBoard files are written with tensorboardX, which needs no TensorFlow.
+
+A work directory on gs:// cannot be appended to (an object is written whole) and each
+upload takes a network round trip, which a training step must not wait for. So the writer
+keeps metrics.jsonl and the event files in a local cache directory (a fresh temporary
+directory, removed at close; a few kilobytes per thousand logged steps) and a background
+thread uploads every file that changed, whole, at most once every `upload_every_seconds`;
+`close` (the end of a run, or its stop for preemption) uploads the final state and waits
+for it. A resumed run first downloads the existing metrics.jsonl and appends to it.
 """
 
 from __future__ import annotations
 
 import json
-import pathlib
+import logging
+import os
+import shutil
+import tempfile
+import threading
 from collections.abc import Mapping
 
 import tqdm
 from tensorboardX import SummaryWriter
+
+from bertjax import fs
+
+logger = logging.getLogger(__name__)
+
+# How often, at most, the cached metrics of a gs:// run are uploaded while it trains. GCS
+# allows about one update per second of one object; the upload is off the training thread.
+UPLOAD_EVERY_SECONDS = 15.0
 
 
 class MetricWriter:
     """Appends {"step": N, metric: value, ...} lines to a JSON-lines file and TensorBoard."""
 
     def __init__(
-        self, jsonl_path: str | pathlib.Path, tensorboard_dir: str | pathlib.Path, enabled=True
+        self,
+        jsonl_path: str | os.PathLike,
+        tensorboard_dir: str | os.PathLike,
+        enabled=True,
+        *,
+        upload_every_seconds: float | None = None,  # default: UPLOAD_EVERY_SECONDS
     ):
         self.enabled = enabled
-        if enabled:
-            self._jsonl = open(jsonl_path, "a", encoding="utf-8")
-            self._tensorboard = SummaryWriter(str(tensorboard_dir))
+        self._mirror: _Mirror | None = None
+        if not enabled:
+            return
+        jsonl_path, tensorboard_dir = fs.path(jsonl_path), fs.path(tensorboard_dir)
+        if fs.is_remote(jsonl_path) or fs.is_remote(tensorboard_dir):
+            interval = upload_every_seconds or UPLOAD_EVERY_SECONDS
+            self._mirror = _Mirror(jsonl_path, tensorboard_dir, interval)
+            jsonl_path, tensorboard_dir = self._mirror.local_jsonl, self._mirror.local_tensorboard
+        self._jsonl = jsonl_path.open("a", encoding="utf-8")
+        self._tensorboard = SummaryWriter(str(tensorboard_dir))
 
     def write(self, step: int, metrics: Mapping[str, float]) -> None:
         if not self.enabled or not metrics:
@@ -35,11 +67,87 @@ class MetricWriter:
         for key, value in metrics.items():
             self._tensorboard.add_scalar(key, float(value), step)
         self._tensorboard.flush()
+        if self._mirror is not None:
+            self._mirror.changed()
 
     def close(self) -> None:
+        """Closes the files; on gs://, uploads their final state (raises if that fails)."""
         if self.enabled:
+            self.enabled = False
             self._jsonl.close()
             self._tensorboard.close()
+            if self._mirror is not None:
+                self._mirror.close()
+
+
+class _Mirror:
+    """A local cache of a remote run's metrics files, uploaded by a background thread."""
+
+    def __init__(self, jsonl: fs.AnyPath, tensorboard: fs.AnyPath, upload_every_seconds: float):
+        self._cache = tempfile.mkdtemp(prefix="bertjax-metrics-")
+        self.local_jsonl = fs.path(os.path.join(self._cache, "metrics.jsonl"))
+        self.local_tensorboard = fs.path(os.path.join(self._cache, "tensorboard"))
+        self.local_tensorboard.mkdir()
+        try:
+            # A resumed run appends to what the earlier runs logged.
+            self.local_jsonl.write_bytes(fs.read_bytes(jsonl))
+        except FileNotFoundError:
+            pass
+        self._targets = (jsonl, tensorboard)
+        self._interval = upload_every_seconds
+        self._uploaded: dict[str, tuple[int, int]] = {}  # local file -> (size, mtime) sent
+        self._changed = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._run, name="bertjax-metrics-upload", daemon=True
+        )
+        self._thread.start()
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._changed.wait()
+            if self._stop.is_set():
+                return
+            self._changed.clear()
+            try:
+                self._upload(partial=True)
+            except Exception as e:  # noqa: BLE001 - retried at the next change and at close
+                logger.warning("could not upload metrics to %s: %s", self._targets[0].parent, e)
+            self._stop.wait(self._interval)  # at most one upload per interval
+
+    def _files(self) -> list[tuple[str, fs.AnyPath]]:
+        jsonl, tensorboard = self._targets
+        files = [(os.fspath(self.local_jsonl), jsonl)] if self.local_jsonl.exists() else []
+        for root, _, names in os.walk(self.local_tensorboard):
+            for name in sorted(names):
+                local = os.path.join(root, name)
+                relative = os.path.relpath(local, self.local_tensorboard)
+                files.append((local, tensorboard / relative))
+        return files
+
+    def _upload(self, *, partial: bool) -> None:
+        for local, remote in self._files():
+            stat = os.stat(local)
+            if self._uploaded.get(local) == (stat.st_size, stat.st_mtime_ns):
+                continue
+            with open(local, "rb") as f:
+                data = f.read()
+            if partial and local == os.fspath(self.local_jsonl):
+                data = data[: data.rfind(b"\n") + 1]  # whole lines only while it is written
+            fs.write_bytes(remote, data)
+            self._uploaded[local] = (stat.st_size, stat.st_mtime_ns)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._changed.set()
+        self._thread.join()
+        try:
+            self._upload(partial=False)
+        finally:
+            shutil.rmtree(self._cache, ignore_errors=True)
 
 
 class Progress:

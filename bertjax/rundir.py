@@ -30,10 +30,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
-import pathlib
 import socket
+import threading
 import time
+import uuid
 from typing import Any
 
 import jax
@@ -96,12 +98,12 @@ class Run:
     """An opened run: what it is, its architecture, tokenizer and head (parameters come with
     `read_params`)."""
 
-    path: pathlib.Path
+    path: fs.AnyPath
     kind: str  # PRETRAINED, FINETUNED or HUGGING_FACE
     config: BertConfig
     tokenizer: Tokenizer
     head: HeadSpec | None  # the fine-tuning head its parameters include
-    checkpoints: pathlib.Path | None  # the Orbax directory its parameters come from
+    checkpoints: fs.AnyPath | None  # the Orbax directory its parameters come from
     step: int | None  # the step asked for; None: the newest readable one
     best: bool = False  # the checkpoints are a fine-tuning run's best/
     params: Any = None  # HUGGING_FACE: host arrays, read with the config
@@ -116,9 +118,10 @@ def open_run(path: str | os.PathLike, step: int | None = None, *, best: bool = T
     was trained with. `overrides` are BertConfig fields (e.g. dtype) of a Hugging Face
     directory. Raises RunDirectoryError, FileNotFoundError, or what reading the files does.
     """
-    path = pathlib.Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
+    path = fs.path(path)
+    with fs.errors(path, "read"):
+        if not path.exists():
+            raise FileNotFoundError(f"{path} does not exist")
     if (path / CHECKPOINT_DIR).is_dir():
         use_best = best and step is None and (path / BEST_CHECKPOINT_DIR).is_dir()
         checkpoints = path / (BEST_CHECKPOINT_DIR if use_best else CHECKPOINT_DIR)
@@ -166,7 +169,7 @@ def open_run(path: str | os.PathLike, step: int | None = None, *, best: bool = T
     )
 
 
-def _run_tokenizer(path: pathlib.Path, fingerprint: str, config: BertConfig) -> Tokenizer:
+def _run_tokenizer(path: fs.AnyPath, fingerprint: str, config: BertConfig) -> Tokenizer:
     """The tokenizer beside a run's checkpoints, checked against the one they were trained
     with."""
     for name in TOKENIZER_FILES:
@@ -218,9 +221,9 @@ def read_params(run: Run, mesh: jax.sharding.Mesh | None = None) -> tuple[int | 
     return step, params
 
 
-def checkpoint_dir(path: str | os.PathLike) -> pathlib.Path:
+def checkpoint_dir(path: str | os.PathLike) -> fs.AnyPath:
     """The checkpoint directory of a workdir, or `path` itself when it is one already."""
-    path = pathlib.Path(path)
+    path = fs.path(path)
     return path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
 
 
@@ -252,7 +255,7 @@ def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[BertConfi
     Reads the parameters only, never the optimizer state, and places them on this
     machine's first device whatever mesh they were saved from.
     """
-    workdir = pathlib.Path(workdir)
+    workdir = fs.path(workdir)
     if not (workdir / CHECKPOINT_DIR).is_dir():
         raise FileNotFoundError(
             f"{workdir} has no {CHECKPOINT_DIR}/ directory: is it a bertjax work directory?"
@@ -277,16 +280,73 @@ def restore_run_params(
     return params
 
 
+# The lock of a work directory on GCS, where no process can see another host's: the holder
+# rewrites the lock object every LOCK_HEARTBEAT_SECONDS, and one whose last write (the
+# store's own `updated` time, compared with the store's clock) is older than
+# LOCK_STALE_SECONDS is a dead run's, taken over. Both can be set per run through the
+# environment variables named below (e.g. shorter in tests, longer on a flaky network).
+LOCK_HEARTBEAT_SECONDS = 30.0
+LOCK_STALE_SECONDS = 120.0
+LOCK_HEARTBEAT_ENV = "BERTJAX_LOCK_HEARTBEAT_SECONDS"
+LOCK_STALE_ENV = "BERTJAX_LOCK_STALE_SECONDS"
+
+logger = logging.getLogger(__name__)
+
+
+def _seconds_from_env(name: str, default: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ConfigError(f"{name}={text!r} is invalid; must be a number of seconds > 0")
+    return value
+
+
 class WorkdirLock:
     """Keeps two runs out of one work directory (a second one would delete the first one's
-    in-progress save). The lock file names the host and process that hold it; a lock whose
-    process is gone (killed on this host) is taken over."""
+    in-progress save). The lock file names the host and process that hold it.
 
-    def __init__(self, workdir: str | os.PathLike):
-        self.path = pathlib.Path(workdir) / LOCK_FILE
+    On disk a lock whose process is gone (killed on this host) is taken over; another host's
+    lock is respected. On GCS the lock object is created only if absent (a precondition the
+    store checks), a background thread rewrites it every `heartbeat_seconds`, and a lock not
+    rewritten for `stale_after_seconds` by the store's clock is a dead run's (as is one whose
+    process is gone from this host): it is taken over by a write conditional on the
+    generation found, so of two takers exactly one wins.
+    """
+
+    def __init__(
+        self,
+        workdir: str | os.PathLike,
+        *,
+        heartbeat_seconds: float | None = None,
+        stale_after_seconds: float | None = None,
+    ):
+        self.path = fs.path(workdir) / LOCK_FILE
+        self.remote = fs.is_remote(self.path)
+        self.heartbeat_seconds = heartbeat_seconds or _seconds_from_env(
+            LOCK_HEARTBEAT_ENV, LOCK_HEARTBEAT_SECONDS
+        )
+        self.stale_after_seconds = stale_after_seconds or _seconds_from_env(
+            LOCK_STALE_ENV, LOCK_STALE_SECONDS
+        )
+        if self.stale_after_seconds <= 2 * self.heartbeat_seconds:
+            raise ConfigError(
+                f"lock staleness {self.stale_after_seconds} s must exceed two heartbeats "
+                f"({self.heartbeat_seconds} s each), or a live run's lock could be taken"
+            )
         self._held = False
+        self._generation: int | None = None  # GCS: the lock object's generation we wrote
+        self._stop = threading.Event()
+        self._heartbeat: threading.Thread | None = None
+        self.lost = False  # GCS: another run took the lock over (this one was silent too long)
 
     def acquire(self) -> WorkdirLock:
+        if self.remote:
+            return self._acquire_remote()
         me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
         while True:
             try:
@@ -297,20 +357,96 @@ class WorkdirLock:
                     time.sleep(0.1)  # just created by another process, not yet written
                     continue
                 if holder is not None and not self._is_stale(holder):
-                    since = time.strftime(
-                        "%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0))
-                    )
-                    raise WorkdirLockedError(
-                        f"{self.path.parent} is in use by process {holder.get('pid')} on "
-                        f"{holder.get('host')} (since {since}); wait for it to finish or use "
-                        f"another --workdir. If that process is gone, delete {self.path}"
-                    ) from None
+                    raise self._refusal(holder, "") from None
                 self.path.unlink(missing_ok=True)  # stale or unreadable: take it over
                 continue
             with os.fdopen(fd, "w") as f:
                 json.dump(me, f)
             self._held = True
             return self
+
+    def _refusal(self, holder: dict, detail: str) -> WorkdirLockedError:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+        gone = (
+            f"If that process is gone, its lock is taken over once it is older than "
+            f"{self.stale_after_seconds:g} s, or delete {self.path}"
+            if self.remote
+            else f"If that process is gone, delete {self.path}"
+        )
+        return WorkdirLockedError(
+            f"{self.path.parent} is in use by process {holder.get('pid')} on "
+            f"{holder.get('host')} (since {since}{detail}); wait for it to finish or use "
+            f"another --workdir. {gone}"
+        )
+
+    def _acquire_remote(self) -> WorkdirLock:
+        me = {
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "since": time.time(),
+            "token": uuid.uuid4().hex,  # tells this run's lock from a later one of the same pid
+        }
+        self._me = me
+        data = json.dumps(me).encode()
+        for _ in range(20):
+            generation = fs.write_if_generation(self.path, data, 0)  # create if absent
+            if generation is not None:
+                return self._hold(generation)
+            try:
+                found = fs.stat_remote(self.path)
+                holder = json.loads(fs.read_bytes(self.path))
+            except FileNotFoundError:
+                continue  # released meanwhile: try again
+            except ValueError:
+                holder = {}
+            age = fs.server_time(self.path.parent) - fs.parse_time(found["updated"])
+            # Dead: silent too long, or (on this host, where it can be checked) gone.
+            if age <= self.stale_after_seconds and not self._is_stale(holder):
+                raise self._refusal(holder, f", last heartbeat {max(age, 0.0):.0f} s ago")
+            # Replace exactly the generation found stale: if another run took it over (or
+            # its holder wrote a heartbeat) meanwhile, this write fails and we look again.
+            generation = fs.write_if_generation(self.path, data, int(found["generation"]))
+            if generation is not None:
+                logger.warning(
+                    "took over the lock %s of process %s on %s (gone; last heartbeat %.0f s ago)",
+                    self.path,
+                    holder.get("pid"),
+                    holder.get("host"),
+                    age,
+                )
+                return self._hold(generation)
+        raise WorkdirLockedError(f"{self.path}: the lock kept changing hands; try again")
+
+    def _hold(self, generation: int) -> WorkdirLock:
+        self._generation = generation
+        self._held = True
+        self._stop.clear()
+        self._heartbeat = threading.Thread(
+            target=self._beat, name="bertjax-lock-heartbeat", daemon=True
+        )
+        self._heartbeat.start()
+        return self
+
+    def _beat(self) -> None:
+        """Rewrites the lock object (conditional on our generation) until released."""
+        data = json.dumps(self._me).encode()
+        while not self._stop.wait(self.heartbeat_seconds):
+            try:
+                generation = fs.write_if_generation(self.path, data, self._generation)
+            except Exception as e:  # noqa: BLE001 - a failed heartbeat is retried next time
+                logger.warning("could not renew the lock %s: %s", self.path, e)
+                continue
+            if generation is None:
+                self.lost = True
+                logger.error(
+                    "the lock %s was taken over by another run (this one missed its "
+                    "heartbeats for over %g s); two runs may now write to %s",
+                    self.path,
+                    self.stale_after_seconds,
+                    self.path.parent,
+                )
+                return
+            self._generation = generation
 
     def _age(self) -> float:
         try:
@@ -337,9 +473,18 @@ class WorkdirLock:
         return False
 
     def release(self) -> None:
-        if self._held:
+        if not self._held:
+            return
+        self._held = False
+        if not self.remote:
             self.path.unlink(missing_ok=True)
-            self._held = False
+            return
+        self._stop.set()
+        if self._heartbeat is not None:
+            self._heartbeat.join()
+            self._heartbeat = None
+        if not self.lost:  # only our own generation: never a lock another run took over
+            fs.remove_if_generation(self.path, self._generation)
 
     def __enter__(self) -> WorkdirLock:
         return self.acquire()

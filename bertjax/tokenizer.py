@@ -34,7 +34,6 @@ import io
 import json
 import logging
 import os
-import pathlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -44,6 +43,8 @@ import sentencepiece as spm
 import tokenizers
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import decoders, normalizers, pre_tokenizers, processors
+
+from bertjax import fs
 
 logger = logging.getLogger(__name__)
 
@@ -268,9 +269,10 @@ class Tokenizer:
         whether it is cased: load it with `WordPieceTokenizer.from_vocab` or, with its
         tokenizer_config.json, `bertjax.hf.load_tokenizer`.
         """
-        path = pathlib.Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"tokenizer model {str(path)!r} does not exist")
+        path = fs.path(path)
+        with fs.errors(path, "read"):
+            if not path.is_file():
+                raise FileNotFoundError(f"tokenizer model {str(path)!r} does not exist")
         source = f"tokenizer model {str(path)!r}"
         if path.suffix == ".txt":
             raise ValueError(
@@ -279,11 +281,10 @@ class Tokenizer:
                 "lowercase=...) or load its directory with bertjax.hf.load_tokenizer"
             )
         if path.suffix == ".json":
-            tokenizer: Tokenizer = WordPieceTokenizer.from_json(
-                path.read_text(encoding="utf-8"), source=source
-            )
+            tokenizer: Tokenizer = WordPieceTokenizer.from_json(fs.read_text(path), source=source)
         else:
-            tokenizer = SentencePieceTokenizer(path.read_bytes(), source=source)
+            # sentencepiece reads the model from its bytes: no local copy of a gs:// file.
+            tokenizer = SentencePieceTokenizer(fs.read_bytes(path), source=source)
         if not isinstance(tokenizer, cls):
             raise ValueError(f"{source} is a {tokenizer.kind} tokenizer, not a {cls.__name__}")
         if expected_fingerprint is not None and tokenizer.fingerprint != expected_fingerprint:
@@ -344,14 +345,14 @@ class Tokenizer:
         tokenizer's own file (tokenizer.model or vocab.txt), so that bertjax reads back the
         same tokenizer (same fingerprint). `model_max_length` is the model's position limit.
         """
-        directory = pathlib.Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        self.hf_tokenizer().save(str(directory / HF_TOKENIZER_FILE))
+        directory = fs.makedirs(directory)
+        # What tokenizers' own save writes (pretty JSON), through the storage layer.
+        fs.write_text(directory / HF_TOKENIZER_FILE, self.hf_tokenizer().to_str(pretty=True))
         self._save_own_file(directory)
         for other in (SENTENCEPIECE_FILE, WORDPIECE_VOCAB_FILE):
             # Another tokenizer's file would be read in place of this one.
             if other != self.own_file and (directory / other).exists():
-                (directory / other).unlink()
+                fs.remove(directory / other)
                 logger.warning("%s: removed, it belonged to another tokenizer", directory / other)
         config: dict[str, Any] = {**self._hf_config(), **HF_SPECIAL_TOKENS}
         if model_max_length is not None:
@@ -359,7 +360,7 @@ class Tokenizer:
         _write_json(directory / HF_TOKENIZER_CONFIG_FILE, config)
         _write_json(directory / HF_SPECIAL_TOKENS_FILE, dict(HF_SPECIAL_TOKENS))
 
-    def _save_own_file(self, directory: pathlib.Path) -> None:
+    def _save_own_file(self, directory: fs.AnyPath) -> None:
         """Writes own_file into directory."""
         raise NotImplementedError
 
@@ -384,18 +385,12 @@ class Tokenizer:
         )
 
 
-def _write_json(path: pathlib.Path, value: dict) -> None:
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2, ensure_ascii=False)
-        f.write("\n")
+def _write_json(path: fs.AnyPath, value: dict) -> None:
+    fs.write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
 def _save_atomic(path: str | os.PathLike, data: bytes) -> None:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    fs.write_bytes(path, data)  # whole or not at all, local or gs://
 
 
 def _bert_post_processor(cls_id: int, sep_id: int) -> processors.TemplateProcessing:
@@ -619,7 +614,7 @@ class SentencePieceTokenizer(Tokenizer):
                 f"{', '.join(problems)}; bertjax.tokenizer.train_tokenizer models have none"
             )
 
-    def _save_own_file(self, directory: pathlib.Path) -> None:
+    def _save_own_file(self, directory: fs.AnyPath) -> None:
         self.save(directory / self.own_file)
 
     def _hf_config(self) -> dict[str, Any]:
@@ -776,11 +771,12 @@ class WordPieceTokenizer(Tokenizer):
         Whether the vocabulary is cased is not in the file: bert-base-uncased and its kin
         want lowercase=True (transformers' default too), the -cased models lowercase=False.
         """
-        path = pathlib.Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"WordPiece vocabulary {str(path)!r} does not exist")
+        path = fs.path(path)
+        with fs.errors(path, "read"):
+            if not path.is_file():
+                raise FileNotFoundError(f"WordPiece vocabulary {str(path)!r} does not exist")
         # Read as transformers reads it: universal newlines, only the newline stripped.
-        with open(path, encoding="utf-8") as f:
+        with io.StringIO(fs.read_text(path), newline=None) as f:
             vocab = [line.rstrip("\n") for line in f.readlines()]
         return cls(
             vocab,
@@ -871,7 +867,7 @@ class WordPieceTokenizer(Tokenizer):
         """The `tokenizers` pipeline itself (a copy)."""
         return tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
 
-    def _save_own_file(self, directory: pathlib.Path) -> None:
+    def _save_own_file(self, directory: fs.AnyPath) -> None:
         _save_atomic(
             directory / WORDPIECE_VOCAB_FILE, "".join(p + "\n" for p in self._vocab).encode()
         )

@@ -10,11 +10,17 @@ arrays) and an anonymous token (tensorstore asks for one).
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 
 # gcsfs's experimental bucket-type probe talks gRPC, which the emulator does not serve, and
 # would wait a minute per bucket; it must be off before gcsfs is first imported.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def _discard(stream) -> None:
+    for _ in iter(lambda: stream.read(65536), b""):
+        pass
 
 
 class Emulator:
@@ -23,6 +29,12 @@ class Emulator:
 
         self._server = FakeGCSServer()
         self._server.start()  # sets STORAGE_EMULATOR_HOST
+        # The wrapper pipes the server's log (a line per request) and never reads it: once
+        # the pipe's buffer is full the server blocks and every request hangs. Drain it.
+        self._drain = threading.Thread(
+            target=_discard, args=(self._server._process.stderr,), daemon=True
+        )
+        self._drain.start()
         self.url = self._server.url
         self.env = {
             "STORAGE_EMULATOR_HOST": self.url,

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import pathlib
-import shutil
 
 import jax
 from jax.experimental import multihost_utils
 
 from bertjax import data as data_lib
+from bertjax import fs
 from bertjax.pretrain.settings import DataSettings
 from bertjax.rundir import CORPUS_DIR, DATA_DIR
 from bertjax.settings import ConfigError
@@ -18,7 +17,7 @@ from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
 def ensure_data(
     data: DataSettings, workdir: str | os.PathLike, *, eval_batch_size: int, seed: int
-) -> tuple[pathlib.Path, Tokenizer]:
+) -> tuple[fs.AnyPath, Tokenizer]:
     """(prepared data directory, its tokenizer), preparing it on process 0 when it has none.
 
     With neither data.dir nor data.input set, the built-in demo corpus is prepared into
@@ -26,8 +25,8 @@ def ensure_data(
     prepared data must fit the run: its sequence length, its tokenizer (when the config
     names one) and an eval split of at least one batch.
     """
-    workdir = pathlib.Path(workdir)
-    data_dir = pathlib.Path(data.dir or workdir / DATA_DIR)
+    workdir = fs.path(workdir)
+    data_dir = fs.path(data.dir) if data.dir else workdir / DATA_DIR
     if jax.process_index() == 0 and not (data_dir / data_lib.MANIFEST_FILE).exists():
         inputs = list(data.inputs)
         if not inputs:
@@ -77,5 +76,5 @@ def ensure_data(
             "batch_size / grad_accum_steps); prepare with a larger eval fraction"
         )
     if jax.process_index() == 0:  # bertjax.load finds the tokenizer beside the checkpoints
-        shutil.copyfile(data_dir / SENTENCEPIECE_FILE, workdir / SENTENCEPIECE_FILE)
+        fs.copy(data_dir / SENTENCEPIECE_FILE, workdir / SENTENCEPIECE_FILE)
     return data_dir, tokenizer

@@ -9,7 +9,6 @@ throughput figures, and at the end the baselines and fill-mask samples of the su
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import data, inference, losses, metrics_writer, perf, rundir, steps
+from bertjax import data, fs, inference, losses, metrics_writer, perf, rundir, steps
 from bertjax import loop as loop_lib
 from bertjax.data import baseline
 from bertjax.model import BertConfig
@@ -56,7 +55,7 @@ class _Hooks:
     tokenizer: Tokenizer
     train_loader: data.Loader
     eval_batches: Callable[[], Any]
-    checkpoint_dir: pathlib.Path
+    checkpoint_dir: fs.AnyPath
     dropout_rng: jax.Array | None = None
 
     def fresh(self) -> tuple[steps.TrainState, jax.Array]:
@@ -100,8 +99,11 @@ class _Hooks:
 def train_and_evaluate(settings: PretrainSettings, workdir: str) -> dict[str, Any]:
     """Runs (or resumes) pretraining in workdir; returns the final summary."""
     start_time = time.time()
-    workdir_path = pathlib.Path(workdir)
-    workdir_path.mkdir(parents=True, exist_ok=True)
+    # Reachable (a gs:// path needs the gcs extra, a bucket that exists) before any write.
+    workdir_path = fs.path(workdir)
+    if settings.data.dir:
+        fs.path(settings.data.dir)
+    workdir_path = fs.makedirs(workdir_path)
     is_main_process = jax.process_index() == 0
     lock = rundir.WorkdirLock(workdir_path)
     if is_main_process:
@@ -224,7 +226,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     return result
 
 
-def eval_baselines(settings: PretrainSettings, data_dir: pathlib.Path) -> dict[str, float]:
+def eval_baselines(settings: PretrainSettings, data_dir: fs.AnyPath) -> dict[str, float]:
     """What the eval accuracies of a model that learned nothing would be, on the same batches."""
     batches = {
         "batch_size": settings.run.micro_batch_size,
@@ -252,7 +254,7 @@ def print_summary(result: dict[str, Any]) -> None:
         if key in baselines:  # what always answering the commonest token or label scores
             line += f"   (baseline {baselines[key]:.4f}, {value / baselines[key]:.1f}x)"
         lines.append(line)
-    metrics_file = pathlib.Path(result["workdir"]) / rundir.METRICS_FILE
+    metrics_file = fs.path(result["workdir"]) / rundir.METRICS_FILE
     lines += [
         f"  checkpoints: {result['checkpoint_dir']}",
         f"  metrics:     {metrics_file} (and TensorBoard events)",

@@ -13,12 +13,11 @@ import dataclasses
 import functools
 import glob
 import os
-import pathlib
 
 import jax
 import ml_collections
 
-from bertjax import optim
+from bertjax import fs, optim
 from bertjax.data import instances
 from bertjax.data.masking import MaskingSettings
 from bertjax.data.storage import MANIFEST_FILE
@@ -185,7 +184,7 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
     )
     if config.init_from:
         require_(
-            os.path.exists(config.init_from),
+            fs.path(config.init_from).exists(),
             "init_from",
             "no such workdir or checkpoint directory",
         )
@@ -221,6 +220,9 @@ def _read_data(config) -> DataSettings:
     )
     inputs = tuple(path.strip() for path in d.input.split(",") if path.strip())
     for path in inputs:
+        if fs.is_remote(path):
+            fs.path(path)  # the gcs extra is there; what it matches is listed when prepared
+            continue
         require_(
             os.path.exists(path) or bool(glob.glob(path, recursive=True)),
             "data.input",
@@ -228,13 +230,13 @@ def _read_data(config) -> DataSettings:
         )
     if d.dir and not inputs:
         require_(
-            (pathlib.Path(d.dir) / MANIFEST_FILE).exists(),
+            (fs.path(d.dir) / MANIFEST_FILE).exists(),
             "data.dir",
             "holds no prepared data (no manifest) and data.input names nothing to prepare; "
             "run python -m bertjax.data.prepare or set data.input",
         )
     if d.tokenizer:
-        require_(os.path.isfile(d.tokenizer), "data.tokenizer", "no such file")
+        require_(fs.path(d.tokenizer).is_file(), "data.tokenizer", "no such file")
     return DataSettings(
         dir=d.dir,
         inputs=inputs,
