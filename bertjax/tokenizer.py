@@ -45,6 +45,8 @@ import tokenizers
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import decoders, normalizers, pre_tokenizers, processors
 
+from bertjax import fs
+
 logger = logging.getLogger(__name__)
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
@@ -268,7 +270,7 @@ class Tokenizer:
         whether it is cased: load it with `WordPieceTokenizer.from_vocab` or, with its
         tokenizer_config.json, `bertjax.hf.load_tokenizer`.
         """
-        path = pathlib.Path(path)
+        path = fs.path(path)  # local or gs://
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer model {str(path)!r} does not exist")
         source = f"tokenizer model {str(path)!r}"
@@ -391,11 +393,7 @@ def _write_json(path: pathlib.Path, value: dict) -> None:
 
 
 def _save_atomic(path: str | os.PathLike, data: bytes) -> None:
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    fs.write_bytes(path, data)  # local or gs://, all or nothing
 
 
 def _bert_post_processor(cls_id: int, sep_id: int) -> processors.TemplateProcessing:

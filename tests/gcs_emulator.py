@@ -10,11 +10,17 @@ arrays) and an anonymous token (tensorstore asks for one).
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 
 # gcsfs's experimental bucket-type probe talks gRPC, which the emulator does not serve, and
 # would wait a minute per bucket; it must be off before gcsfs is first imported.
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
+
+
+def _drain(stream) -> None:
+    for _ in iter(lambda: stream.read(1 << 16), b""):
+        pass
 
 
 class Emulator:
@@ -23,6 +29,10 @@ class Emulator:
 
         self._server = FakeGCSServer()
         self._server.start()  # sets STORAGE_EMULATOR_HOST
+        # The wrapper pipes the server's log (a line per request) to stderr and never reads
+        # it: once the pipe's buffer (64 KiB, a few hundred requests) is full, the server
+        # blocks on its next log line and every request hangs. Drain it for the server's life.
+        threading.Thread(target=_drain, args=(self._server._process.stderr,), daemon=True).start()
         self.url = self._server.url
         self.env = {
             "STORAGE_EMULATOR_HOST": self.url,

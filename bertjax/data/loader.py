@@ -17,7 +17,6 @@ rates wanted if every example were its own record).
 
 from __future__ import annotations
 
-import pathlib
 import sys
 import threading
 
@@ -25,11 +24,14 @@ import grain
 import jax
 import numpy as np
 
+from bertjax import fs
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
-from bertjax.data.storage import SplitReader, read_manifest
+from bertjax.data.storage import RemoteTokens, SplitReader, read_manifest
 from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
 STATE_VERSION = 1
+# Prefetch threads a loader of gs:// data uses at least: each batch is a round trip to the store.
+REMOTE_READ_AHEAD = 4
 # Stream tags keep the shuffle and masking random streams apart for the same seed.
 _SHUFFLE_STREAM, _MASKING_STREAM = 0, 1
 
@@ -136,6 +138,11 @@ class Loader:
         self._iterator = dataset.to_iter_dataset(read_options).__iter__()
         self._step = 0
 
+    @property
+    def remote_tokens(self) -> RemoteTokens | None:
+        """The byte-range reader of gs:// data (its bytes_read and peak_bytes); None on disk."""
+        return self._maker.reader.remote
+
     def __iter__(self) -> Loader:
         if self._step >= self.num_steps:
             self._seek(0)
@@ -216,10 +223,13 @@ def make_loader(
     """A loader of masked batches (this process's ``batch_size`` rows) from a prepared directory.
 
     ``worker_count`` is the number of prefetch threads (0: batches are made on demand in the
-    calling thread); it never changes the batches.
+    calling thread); it never changes the batches. Data on ``gs://`` is read by byte ranges
+    (storage.RemoteTokens), never downloaded whole, with at least REMOTE_READ_AHEAD threads
+    making the next batches ahead (a bounded number: twice the threads), so that a request's
+    round trip does not stall each step.
     """
     manifest = read_manifest(data_dir)
-    data_dir = pathlib.Path(data_dir)
+    data_dir = fs.path(data_dir)
     if expected_max_seq_length not in (None, manifest["max_seq_length"]):
         raise ValueError(
             f"{str(data_dir)!r} was prepared with max_seq_length={manifest['max_seq_length']} "
@@ -281,4 +291,6 @@ def make_loader(
         process_index=process_index,
         process_count=process_count,
     )
+    if fs.is_remote(data_dir):
+        worker_count = max(worker_count, REMOTE_READ_AHEAD)
     return Loader(maker, tokenizer, num_epochs, worker_count)
