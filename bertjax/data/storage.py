@@ -140,6 +140,10 @@ class RemoteTokens:
     """
 
     HEADER_BYTES = 4096  # numpy pads .npy headers to a multiple of 64 bytes; ours are ~128
+    # Runs of one shard closer than this are read as one range: each range is a request, and
+    # below a few tens of KiB a request's overhead costs more than the bytes between the runs.
+    # A batch of B instances thus reads at most (B - 1) * MERGE_GAP_BYTES beyond its tokens.
+    MERGE_GAP_BYTES = 1 << 15
 
     def __init__(self, paths: Sequence[fs.AnyPath]):
         self.paths = list(paths)
@@ -168,17 +172,19 @@ class RemoteTokens:
     def take(self, shard: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
         """Tokens ``[starts[i], starts[i] + lengths[i])`` of shard ``shard[i]``, for each i."""
         order = np.lexsort((starts, shard))
-        # [shard, begin, end) runs; an instance's run merges into the previous one it touches.
+        size = self.dtype.itemsize
+        gap = self.MERGE_GAP_BYTES // size
+        # [shard, begin, end) runs; an instance's run merges into the previous one it touches
+        # or nearly touches (within the gap).
         runs: list[list[int]] = []
         run_of = np.empty(len(starts), dtype=np.int64)
         for i in order:
             s, begin, end = int(shard[i]), int(starts[i]), int(starts[i] + lengths[i])
-            if runs and runs[-1][0] == s and begin <= runs[-1][2]:
+            if runs and runs[-1][0] == s and begin <= runs[-1][2] + gap:
                 runs[-1][2] = max(runs[-1][2], end)
             else:
                 runs.append([s, begin, end])
             run_of[i] = len(runs) - 1
-        size = self.dtype.itemsize
         wanted = sum(end - begin for _, begin, end in runs) * size
         with self._lock:
             self._held += wanted
