@@ -67,6 +67,9 @@ class _BatchMaker:
         self.is_word_start = np.asarray(tokenizer.is_word_start, dtype=bool)
         self._lock = threading.Lock()
         self._orders: dict[int, np.ndarray] = {}
+        self.closed = False  # set by close()
+        self._in_progress = 0
+        self._busy = threading.Condition()
 
     def order(self, epoch: int) -> np.ndarray:
         """The epoch's visiting order of the split (a permutation when shuffling)."""
@@ -83,7 +86,25 @@ class _BatchMaker:
                 self._orders[epoch] = order
             return order
 
-    def __call__(self, step: int) -> dict[str, np.ndarray]:
+    def __call__(self, step: int) -> dict[str, np.ndarray] | None:
+        with self._busy:
+            if self.closed:
+                return None
+            self._in_progress += 1
+        try:
+            return self._make(step)
+        finally:
+            with self._busy:
+                self._in_progress -= 1
+                self._busy.notify_all()
+
+    def close(self) -> None:
+        """Makes no batch from now on, and returns once those being made are done."""
+        with self._busy:
+            self.closed = True
+            self._busy.wait_for(lambda: self._in_progress == 0)
+
+    def _make(self, step: int) -> dict[str, np.ndarray]:
         epoch, batch_in_epoch = divmod(int(step), self.batches_per_epoch)
         first = batch_in_epoch * self.global_batch_size + self.process_index * self.batch_size
         indices = self.order(epoch)[first : first + self.batch_size]  # [B]
@@ -158,6 +179,12 @@ class Loader:
         if self.num_epochs is None:
             raise TypeError("An endless loader (num_epochs=None) has no length.")
         return self.num_steps
+
+    def close(self) -> None:
+        """Stops the prefetch threads, once the batches being made are done (no request to
+        the store is left in flight); iterating after close is not supported."""
+        self._iterator.close()
+        self._maker.close()
 
     def _seek(self, step: int) -> None:
         self._iterator.set_state({"next_index": step})

@@ -133,10 +133,11 @@ class RemoteTokens:
     """The token files of a split's shards on GCS, read by byte ranges: only what a batch needs.
 
     Each file's .npy header is read once; `take` fetches each instance's run of tokens (runs
-    that touch are merged, so an unshuffled pass reads one range per shard and batch), the
-    ranges of one call from all shards concurrently. Nothing is cached: a reader holds the
-    batches in flight, whatever the files' sizes. `bytes_read` and `peak_bytes` (the most held
-    at once by calls in progress) let a caller check that.
+    of a shard that touch, or lie within MERGE_GAP_BYTES, are read as one range: an unshuffled
+    pass reads one range per shard and batch), the ranges of one call from all shards
+    concurrently. Nothing is cached: a reader holds the batches in flight, whatever the files'
+    sizes. `bytes_read`, `held_bytes` (now) and `peak_bytes` (the most held at once by calls
+    in progress) let a caller check that.
     """
 
     HEADER_BYTES = 4096  # numpy pads .npy headers to a multiple of 64 bytes; ours are ~128
@@ -166,7 +167,7 @@ class RemoteTokens:
         self.dtype = dtypes.pop() if dtypes else np.dtype(np.int32)
         self.bytes_read = 0
         self.peak_bytes = 0
-        self._held = 0
+        self.held_bytes = 0
         self._lock = threading.Lock()
 
     def take(self, shard: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
@@ -187,9 +188,9 @@ class RemoteTokens:
             run_of[i] = len(runs) - 1
         wanted = sum(end - begin for _, begin, end in runs) * size
         with self._lock:
-            self._held += wanted
+            self.held_bytes += wanted
             self.bytes_read += wanted
-            self.peak_bytes = max(self.peak_bytes, self._held)
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
         try:
             pieces = fs.read_ranges(
                 [self.paths[s] for s, _, _ in runs],
@@ -205,7 +206,7 @@ class RemoteTokens:
             return out
         finally:
             with self._lock:
-                self._held -= wanted
+                self.held_bytes -= wanted
 
 
 def _missing_shard(p) -> str:
