@@ -49,7 +49,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--corpus_mb", type=float, default=8.0, help="synthetic corpus size")
     parser.add_argument("--batches", type=int, default=60, help="loader batches timed")
     parser.add_argument("--threads", type=int, default=4, help="loader prefetch threads")
-    parser.add_argument("--presets", nargs="+", default=["tiny", "base"], help="tree sizes")
+    parser.add_argument(
+        "--presets", nargs="*", default=["tiny", "base"], help="tree sizes (none: loader only)"
+    )
     parser.add_argument("--repeats", type=int, default=2, help="checkpoint saves and restores")
     return parser.parse_args()
 
@@ -88,6 +90,7 @@ def time_loader(data_dir, batches: int, threads: int) -> tuple[float, float]:
     for _ in range(batches):
         tokens += int(next(loader)["input_mask"].sum())
     seconds = time.perf_counter() - start
+    loader.close()
     return batches / seconds, tokens * itemsize / seconds / 1e6
 
 

@@ -183,6 +183,8 @@ def test_gcs_loader_holds_a_bounded_number_of_bytes(local_data, remote_data, mon
     assert 0 < tokens.peak_bytes <= REMOTE_READ_AHEAD * batch_bytes
     if gap == 0:
         assert tokens.bytes_read < token_bytes / 3
+    remote.close()  # waits for the batches being made: nothing is left in flight
+    assert tokens.held_bytes == 0
 
 
 def test_gcs_eval_pass_reads_each_token_once(local_data, remote_data):
