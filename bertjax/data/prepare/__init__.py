@@ -33,8 +33,10 @@ eval split (its documents come from every chunk) and the manifest. The division 
 the unit one process already hands its workers, and a chunk's shard depends only on its
 documents and ``(seed, chunk index)``: the output is byte for byte the one a single process
 writes. The price is that every process reads (not tokenizes) the whole input to find the
-chunk boundaries, which depend on the characters before them; reading is a small part of the
-time, the tokenizing, instance creation and writing that are divided are the rest.
+chunk boundaries, which depend on the characters before them. Reading and chunking the demo
+corpus takes about a sixth of the time its tokenizing, instance creation and writing take at
+dupe_factor=1 (less at larger dupe factors): the division pays for a handful of processes;
+beyond that the reading that every process repeats bounds the gain.
 """
 
 from __future__ import annotations
