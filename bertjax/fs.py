@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import glob as globbing
 import importlib.util
 import json
 import os
 import pathlib
+import shutil
 import tempfile
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from etils import epath
 
@@ -293,9 +295,7 @@ def makedirs(directory: str | os.PathLike) -> AnyPath:
     directory = path(directory)
     if is_remote(directory):
         # Nothing to create; but gcsfs's mkdir would create a missing *bucket*, so name it.
-        bucket = bucket_of(directory)
-        if not _bucket_exists(bucket):
-            raise StorageError(f"{directory}: the bucket {bucket} does not exist")
+        require_bucket(directory)
         return directory
     with errors(directory, "create"):
         directory.mkdir(parents=True, exist_ok=True)
@@ -335,6 +335,12 @@ def bucket_of(p: str | os.PathLike) -> str:
     return GCS_SCHEME + os.fspath(p)[len(GCS_SCHEME) :].split("/", 1)[0]
 
 
+def require_bucket(p: str | os.PathLike) -> None:
+    """Raises StorageError naming the bucket of a `gs://` path when that bucket does not exist."""
+    if is_remote(p) and not _bucket_exists(bucket_of(p)):
+        raise StorageError(f"{os.fspath(p)}: the bucket {bucket_of(p)} does not exist")
+
+
 def _bucket_exists(bucket: str) -> bool:
     try:
         return epath.Path(bucket).exists()
@@ -358,3 +364,113 @@ def describe_remote_error(e: BaseException) -> str | None:
     if isinstance(e, (ConnectionError, TimeoutError)) or "HttpError" in name:
         return f"{name}: {text.strip()}"
     return None
+
+
+# Listing, ranged reads and removal: what prepared data (bertjax.data) needs beyond whole files.
+
+
+def filesystem(p: str | os.PathLike):
+    """The fsspec filesystem of a `gs://` path (gcsfs), for what epath does not offer."""
+    require_gcs(os.fspath(p))
+    return gcs_filesystem()
+
+
+def _remote(p: str) -> str:
+    """A `gs://` URL of what gcsfs returns ("bucket/key", without the scheme)."""
+    return p if p.startswith(GCS_SCHEME) else GCS_SCHEME + p
+
+
+def glob(pattern: str | os.PathLike) -> list[str]:
+    """Sorted paths matching a glob (`*`, `?`, `[...]`, `**`), files and directories."""
+    text = os.fspath(pattern)
+    if not is_remote(text):
+        return sorted(globbing.glob(text, recursive=True))
+    store = filesystem(text)
+    with errors(text, "list"):
+        store.invalidate_cache()  # another process may have written since the last listing
+        return sorted(_remote(p) for p in store.glob(text))
+
+
+def files_under(directory: str | os.PathLike) -> list[AnyPath]:
+    """Every file below a directory (recursively), sorted by its path within it; hidden files
+    and directories (a leading ".": ".git", ".DS_Store") are left out."""
+    directory = path(directory)
+    if not is_remote(directory):
+        found = (f for f in directory.rglob("*") if f.is_file())
+    else:
+        store = filesystem(directory)
+        with errors(directory, "list"):
+            store.invalidate_cache()
+            found = (path(_remote(p)) for p in store.find(os.fspath(directory)))
+    return sorted(
+        (f for f in found if not any(p.startswith(".") for p in relative_parts(f, directory))),
+        key=lambda f: relative_parts(f, directory),
+    )
+
+
+def relative_parts(p: AnyPath, directory: AnyPath) -> tuple[str, ...]:
+    """The parts of `p` below `directory` (`p` lies below it)."""
+    if not is_remote(p):
+        return pathlib.PurePath(p).relative_to(directory).parts
+    return tuple(os.fspath(p)[len(os.fspath(directory).rstrip("/")) + 1 :].split("/"))
+
+
+def is_dir(p: str | os.PathLike) -> bool:
+    """Whether `p` is a directory (on GCS: a prefix that some object lies under)."""
+    p = path(p)
+    with errors(p, "read"):
+        return p.is_dir()
+
+
+def is_file(p: str | os.PathLike) -> bool:
+    """Whether `p` is a file (on GCS: an object)."""
+    p = path(p)
+    with errors(p, "read"):
+        return p.is_file()
+
+
+def size(p: str | os.PathLike) -> int:
+    """The size of a file in bytes."""
+    p = path(p)
+    with errors(p, "read"):
+        if not is_remote(p):
+            return p.stat().st_size
+        return int(filesystem(p).size(os.fspath(p)))
+
+
+def read_ranges(
+    paths: Sequence[str | os.PathLike], starts: Sequence[int], ends: Sequence[int]
+) -> list[bytes]:
+    """Bytes `[starts[i], ends[i])` of file `paths[i]` for each i (all local or all gs://).
+
+    On GCS every range is its own request and all are in flight together, so a batch of
+    scattered reads costs about one round trip and nothing beyond the ranges is downloaded.
+    """
+    if not paths:
+        return []
+    first = path(paths[0])
+    with errors(first, "read"):
+        if not is_remote(first):
+            pieces = []
+            for p, start, end in zip(paths, starts, ends, strict=True):
+                with open(p, "rb") as f:
+                    f.seek(start)
+                    pieces.append(f.read(end - start))
+            return pieces
+        return filesystem(first).cat_ranges(
+            [os.fspath(p) for p in paths], list(starts), list(ends), on_error="raise"
+        )
+
+
+def remove_tree(directory: str | os.PathLike) -> None:
+    """Removes a directory and everything below it; nothing happens when it does not exist."""
+    directory = path(directory)
+    with errors(directory, "remove"):
+        if not is_remote(directory):
+            if directory.is_dir():
+                shutil.rmtree(directory)
+            return
+        store = filesystem(directory)
+        store.invalidate_cache()
+        if store.find(os.fspath(directory)):
+            store.rm(os.fspath(directory), recursive=True)

@@ -23,6 +23,8 @@ class TextFileError(ValueError):
     """A file that is not text, or not decodable; the message names the file (and line)."""
 
 
+# Reads of a gs:// file go to the store in pieces of this size.
+REMOTE_BUFFER_BYTES = 1 << 22
 # Whether a file is text is judged from its first SNIFF_BYTES (after gunzipping).
 SNIFF_BYTES = 1 << 16
 # A text file may hold a stray NUL or a few bad bytes, which are repaired; a binary file is full
@@ -62,6 +64,9 @@ def open_binary(path: str | os.PathLike):
     path = fs.path(path)
     with fs.errors(path, "read"):
         raw = path.open("rb")
+    if fs.is_remote(path):
+        # fsspec's file object has no readline(size), which long lines are read with.
+        raw = io.BufferedReader(raw, buffer_size=REMOTE_BUFFER_BYTES)
     if not path.name.lower().endswith(".gz"):
         return raw
     gunzipped = gzip.GzipFile(fileobj=raw, mode="rb")

@@ -26,6 +26,7 @@ import re
 import zlib
 from collections.abc import Iterator, Sequence
 
+from bertjax import fs
 from bertjax.data.sentences import split_sentences
 from bertjax.textfile import BYTE_COUNT_CODEC, UTF8_BOM, sniff
 from bertjax.textfile import open_binary as _open_binary
@@ -155,16 +156,23 @@ _UNITS = {
 }
 
 
-def expand_paths(paths: Sequence[str | os.PathLike] | str | os.PathLike) -> list[pathlib.Path]:
-    """Files named by paths: files, globs, directories (recursive); sorted and de-duplicated."""
+def expand_paths(
+    paths: Sequence[str | os.PathLike] | str | os.PathLike,
+) -> list[fs.AnyPath]:
+    """Files named by paths: files, globs, directories (recursive); sorted and de-duplicated.
+
+    Local paths and `gs://` ones alike (a `gs://` directory is a prefix of object names).
+    """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     if not paths:
         raise ValueError("no input paths given; pass files, globs or directories")
-    files: list[pathlib.Path] = []
+    files: list[fs.AnyPath] = []
     for raw in paths:
         path = os.fspath(raw)
-        if os.path.isdir(path):
+        if fs.is_remote(path):
+            found = _remote_files(path)
+        elif os.path.isdir(path):
             found = _files_under(pathlib.Path(path))
         elif os.path.isfile(path):
             found = [pathlib.Path(path)]
@@ -182,10 +190,32 @@ def expand_paths(paths: Sequence[str | os.PathLike] | str | os.PathLike) -> list
         if not found:
             raise FileNotFoundError(f"input directory {path!r} contains no files")
         files.extend(found)
-    unique: dict[pathlib.Path, None] = {}
+    unique: dict[fs.AnyPath, None] = {}
     for file in files:
         unique.setdefault(file, None)
     return list(unique)
+
+
+def _remote_files(path: str) -> list[fs.AnyPath]:
+    """Files named by a `gs://` file, glob or directory (prefix), as expand_paths finds them."""
+    fs.path(path)  # a gs:// path without the gcs extra ends here, in one line
+    if glob.has_magic(path[len(fs.GCS_SCHEME) :]):
+        found: list[fs.AnyPath] = []
+        for match in fs.glob(path):
+            if fs.is_file(match):
+                found.append(fs.path(match))
+            else:
+                found.extend(fs.files_under(match))
+        if not found:
+            fs.require_bucket(path)
+            raise FileNotFoundError(f"input glob {path!r} matches no files")
+        return found
+    if fs.is_file(path):
+        return [fs.path(path)]
+    if fs.is_dir(path):
+        return fs.files_under(path)
+    fs.require_bucket(path)
+    raise FileNotFoundError(f"input path {path!r} does not exist")
 
 
 def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:

@@ -10,6 +10,7 @@ reused on later calls. The output depends only on the interpreter's version.
 from __future__ import annotations
 
 import ast
+import io
 import os
 import pathlib
 import pydoc_data.topics
@@ -19,6 +20,7 @@ import sysconfig
 import warnings
 from collections.abc import Iterator
 
+from bertjax import fs
 from bertjax.data.sentences import split_sentences
 
 # Bump when the extraction below changes, so that old caches are not reused.
@@ -96,21 +98,19 @@ def demo_documents() -> Iterator[list[str]]:
             yield sentences
 
 
-def demo_corpus_path(cache_dir: str | os.PathLike) -> pathlib.Path:
-    """Writes the demo corpus into cache_dir once and returns its path (a text file)."""
-    cache_dir = pathlib.Path(cache_dir)
+def demo_corpus_path(cache_dir: str | os.PathLike) -> fs.AnyPath:
+    """Writes the demo corpus into cache_dir (local or gs://) once and returns its path."""
+    cache_dir = fs.path(cache_dir)
     version = ".".join(str(v) for v in sys.version_info[:3])
     path = cache_dir / f"demo_corpus-v{FORMAT_VERSION}-python{version}.txt"
-    if path.is_file() and path.stat().st_size > 0:
+    if fs.is_file(path) and fs.size(path) > 0:
         return path
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    # Write beside the target and rename, so that a crash never leaves half a corpus behind.
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8", newline="\n") as f:
-        for i, document in enumerate(demo_documents()):
-            if i:
-                f.write("\n")
-            f.write("\n".join(document))
-            f.write("\n")
-    os.replace(tmp, path)
+    # Written whole (a few MB), atomically: a crash never leaves half a corpus behind.
+    text = io.StringIO()
+    for i, document in enumerate(demo_documents()):
+        if i:
+            text.write("\n")
+        text.write("\n".join(document))
+        text.write("\n")
+    fs.write_text(path, text.getvalue())
     return path

@@ -17,7 +17,6 @@ rates wanted if every example were its own record).
 
 from __future__ import annotations
 
-import pathlib
 import sys
 import threading
 
@@ -25,11 +24,14 @@ import grain
 import jax
 import numpy as np
 
+from bertjax import fs
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
-from bertjax.data.storage import SplitReader, read_manifest
+from bertjax.data.storage import RemoteTokens, SplitReader, read_manifest
 from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
 STATE_VERSION = 1
+# Prefetch threads a loader of gs:// data uses at least: each batch is a round trip to the store.
+REMOTE_READ_AHEAD = 4
 # Stream tags keep the shuffle and masking random streams apart for the same seed.
 _SHUFFLE_STREAM, _MASKING_STREAM = 0, 1
 
@@ -65,6 +67,9 @@ class _BatchMaker:
         self.is_word_start = np.asarray(tokenizer.is_word_start, dtype=bool)
         self._lock = threading.Lock()
         self._orders: dict[int, np.ndarray] = {}
+        self.closed = False  # set by close()
+        self._in_progress = 0
+        self._busy = threading.Condition()
 
     def order(self, epoch: int) -> np.ndarray:
         """The epoch's visiting order of the split (a permutation when shuffling)."""
@@ -81,7 +86,25 @@ class _BatchMaker:
                 self._orders[epoch] = order
             return order
 
-    def __call__(self, step: int) -> dict[str, np.ndarray]:
+    def __call__(self, step: int) -> dict[str, np.ndarray] | None:
+        with self._busy:
+            if self.closed:
+                return None
+            self._in_progress += 1
+        try:
+            return self._make(step)
+        finally:
+            with self._busy:
+                self._in_progress -= 1
+                self._busy.notify_all()
+
+    def close(self) -> None:
+        """Makes no batch from now on, and returns once those being made are done."""
+        with self._busy:
+            self.closed = True
+            self._busy.wait_for(lambda: self._in_progress == 0)
+
+    def _make(self, step: int) -> dict[str, np.ndarray]:
         epoch, batch_in_epoch = divmod(int(step), self.batches_per_epoch)
         first = batch_in_epoch * self.global_batch_size + self.process_index * self.batch_size
         indices = self.order(epoch)[first : first + self.batch_size]  # [B]
@@ -136,6 +159,11 @@ class Loader:
         self._iterator = dataset.to_iter_dataset(read_options).__iter__()
         self._step = 0
 
+    @property
+    def remote_tokens(self) -> RemoteTokens | None:
+        """The byte-range reader of gs:// data (its bytes_read and peak_bytes); None on disk."""
+        return self._maker.reader.remote
+
     def __iter__(self) -> Loader:
         if self._step >= self.num_steps:
             self._seek(0)
@@ -151,6 +179,12 @@ class Loader:
         if self.num_epochs is None:
             raise TypeError("An endless loader (num_epochs=None) has no length.")
         return self.num_steps
+
+    def close(self) -> None:
+        """Stops the prefetch threads, once the batches being made are done (no request to
+        the store is left in flight); iterating after close is not supported."""
+        self._iterator.close()
+        self._maker.close()
 
     def _seek(self, step: int) -> None:
         self._iterator.set_state({"next_index": step})
@@ -216,10 +250,13 @@ def make_loader(
     """A loader of masked batches (this process's ``batch_size`` rows) from a prepared directory.
 
     ``worker_count`` is the number of prefetch threads (0: batches are made on demand in the
-    calling thread); it never changes the batches.
+    calling thread); it never changes the batches. Data on ``gs://`` is read by byte ranges
+    (storage.RemoteTokens), never downloaded whole, with at least REMOTE_READ_AHEAD threads
+    making the next batches ahead (a bounded number: twice the threads), so that a request's
+    round trip does not stall each step.
     """
     manifest = read_manifest(data_dir)
-    data_dir = pathlib.Path(data_dir)
+    data_dir = fs.path(data_dir)
     if expected_max_seq_length not in (None, manifest["max_seq_length"]):
         raise ValueError(
             f"{str(data_dir)!r} was prepared with max_seq_length={manifest['max_seq_length']} "
@@ -281,4 +318,6 @@ def make_loader(
         process_index=process_index,
         process_count=process_count,
     )
+    if fs.is_remote(data_dir):
+        worker_count = max(worker_count, REMOTE_READ_AHEAD)
     return Loader(maker, tokenizer, num_epochs, worker_count)

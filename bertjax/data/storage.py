@@ -8,19 +8,24 @@ A prepared directory holds::
     <split>/shard-NNNNN.index.npy       int64 [n, 4]: start, length, segment_b_start, label
 
 Instance ``i`` of a shard is ``tokens[start:start + length]`` = "[CLS] A [SEP] B [SEP]";
-segment 1 begins at ``segment_b_start``. Both files open with ``np.load(mmap_mode="r")``,
-so readers touch only the pages they gather from.
+segment 1 begins at ``segment_b_start``. On disk both files open with ``np.load(mmap_mode="r")``,
+so readers touch only the pages they gather from. On GCS (``gs://``) the small index file is
+read whole and the token file by byte ranges (`RemoteTokens`): a batch fetches only its
+instances' tokens, concurrently, and nothing is downloaded ahead of need but the batches the
+loader's threads prefetch.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
-import pathlib
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
+from bertjax import fs
 from bertjax.data.instances import Instances
 
 FORMAT_VERSION = 1
@@ -37,34 +42,33 @@ def token_dtype(vocab_size: int) -> np.dtype:
     return np.dtype(np.uint16) if vocab_size <= np.iinfo(np.uint16).max + 1 else np.dtype(np.int32)
 
 
-def _prepare_hint(path: pathlib.Path) -> str:
+def _prepare_hint(path: fs.AnyPath) -> str:
     return (
         f"run `python -m bertjax.data.prepare --input <corpus files> --output {path}` "
         "(or bertjax.data.prepare(...)) to create it"
     )
 
 
-def _save_atomic(path: pathlib.Path, array: np.ndarray) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-    os.replace(tmp, path)
+def _save(path: fs.AnyPath, array: np.ndarray) -> None:
+    """Writes an .npy file whole (atomically, local or gs://)."""
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    fs.write_bytes(path, buffer.getvalue())
 
 
 def shard_paths(
     data_dir: str | os.PathLike, split: str, name: str
-) -> tuple[pathlib.Path, pathlib.Path]:
+) -> tuple[fs.AnyPath, fs.AnyPath]:
     """Paths of a shard's token file and index file."""
-    split_dir = pathlib.Path(data_dir) / split
+    split_dir = fs.path(data_dir) / split
     return split_dir / f"{name}.tokens.npy", split_dir / f"{name}.index.npy"
 
 
 def write_shard(
     data_dir: str | os.PathLike, split: str, name: str, instances: Instances, dtype: np.dtype
 ) -> dict:
-    """Writes one shard (each file under a temporary name, then renamed); returns its record."""
+    """Writes one shard (each file whole, atomically: local or gs://); returns its record."""
     tokens_path, index_path = shard_paths(data_dir, split, name)
-    tokens_path.parent.mkdir(parents=True, exist_ok=True)
     tokens = np.asarray(instances.tokens)
     if tokens.size and (tokens.min() < 0 or tokens.max() > np.iinfo(dtype).max):
         raise ValueError(
@@ -78,8 +82,8 @@ def write_shard(
     index[:, LENGTH] = np.diff(offsets)
     index[:, SEGMENT_B_START] = instances.segment_b_start
     index[:, LABEL] = instances.next_sentence_labels
-    _save_atomic(tokens_path, tokens.astype(dtype))
-    _save_atomic(index_path, index)
+    _save(tokens_path, tokens.astype(dtype))
+    _save(index_path, index)
     return {
         "name": name,
         "num_instances": int(n),
@@ -89,27 +93,33 @@ def write_shard(
 
 
 def write_manifest(data_dir: str | os.PathLike, manifest: dict) -> None:
-    """Writes manifest.json under a temporary name and renames it into place."""
-    path = pathlib.Path(data_dir) / MANIFEST_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """Writes manifest.json whole (atomically): a reader sees none or all of it."""
+    fs.write_text(
+        fs.path(data_dir) / MANIFEST_FILE, json.dumps(manifest, indent=2, sort_keys=True) + "\n"
+    )
 
 
 def read_manifest(data_dir: str | os.PathLike) -> dict:
     """Reads a prepared directory's manifest; clear errors when it is missing or foreign."""
-    path = pathlib.Path(data_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"Prepared data directory {str(path)!r} does not exist: {_prepare_hint(path)}."
-        )
+    path = fs.path(data_dir)
     manifest_path = path / MANIFEST_FILE
-    if not manifest_path.is_file():
+    try:
+        text = fs.read_text(manifest_path)
+    except FileNotFoundError:
+        fs.require_bucket(path)
+        if not fs.is_dir(path):
+            raise FileNotFoundError(
+                f"Prepared data directory {str(path)!r} does not exist: {_prepare_hint(path)}."
+            ) from None
         raise FileNotFoundError(
             f"{str(manifest_path)!r} is missing: {str(path)!r} was never prepared or its "
             f"preparation did not finish; {_prepare_hint(path)}."
-        )
-    manifest = json.loads(manifest_path.read_text())
+        ) from None
+    except (IsADirectoryError, NotADirectoryError):
+        raise FileNotFoundError(
+            f"Prepared data directory {str(path)!r} is not a directory: {_prepare_hint(path)}."
+        ) from None
+    manifest = json.loads(text)
     version = manifest.get("format_version")
     if version != FORMAT_VERSION:
         raise ValueError(
@@ -119,25 +129,128 @@ def read_manifest(data_dir: str | os.PathLike) -> dict:
     return manifest
 
 
+class RemoteTokens:
+    """The token files of a split's shards on GCS, read by byte ranges: only what a batch needs.
+
+    Each file's .npy header is read once; `take` fetches each instance's run of tokens (runs
+    of a shard that touch, or lie within MERGE_GAP_BYTES, are read as one range: an unshuffled
+    pass reads one range per shard and batch), the ranges of one call from all shards
+    concurrently. Nothing is cached: a reader holds the batches in flight, whatever the files'
+    sizes. `bytes_read`, `held_bytes` (now) and `peak_bytes` (the most held at once by calls
+    in progress) let a caller check that.
+    """
+
+    HEADER_BYTES = 4096  # numpy pads .npy headers to a multiple of 64 bytes; ours are ~128
+    # Runs of one shard closer than this are read as one range: each range is a request, and
+    # below a few tens of KiB a request's overhead costs more than the bytes between the runs.
+    # A batch of B instances thus reads at most (B - 1) * MERGE_GAP_BYTES beyond its tokens.
+    MERGE_GAP_BYTES = 1 << 15
+
+    def __init__(self, paths: Sequence[fs.AnyPath]):
+        self.paths = list(paths)
+        heads = fs.read_ranges(self.paths, [0] * len(paths), [self.HEADER_BYTES] * len(paths))
+        self.offsets = []  # where each file's array bytes begin
+        dtypes = set()
+        for path, head in zip(self.paths, heads):
+            stream = io.BytesIO(head)
+            version = np.lib.format.read_magic(stream)
+            if version == (1, 0):
+                shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(stream)
+            else:
+                shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(stream)
+            if len(shape) != 1 or fortran_order or dtype.hasobject:
+                raise ValueError(f"{path}: not a flat token file (shape {shape}, dtype {dtype})")
+            self.offsets.append(stream.tell())
+            dtypes.add(dtype)
+        if len(dtypes) > 1:
+            raise ValueError(f"the token files {self.paths} mix dtypes {sorted(map(str, dtypes))}")
+        self.dtype = dtypes.pop() if dtypes else np.dtype(np.int32)
+        self.bytes_read = 0
+        self.peak_bytes = 0
+        self.held_bytes = 0
+        self._lock = threading.Lock()
+
+    def take(self, shard: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
+        """Tokens ``[starts[i], starts[i] + lengths[i])`` of shard ``shard[i]``, for each i."""
+        order = np.lexsort((starts, shard))
+        size = self.dtype.itemsize
+        gap = self.MERGE_GAP_BYTES // size
+        # [shard, begin, end) runs; an instance's run merges into the previous one it touches
+        # or nearly touches (within the gap).
+        runs: list[list[int]] = []
+        run_of = np.empty(len(starts), dtype=np.int64)
+        for i in order:
+            s, begin, end = int(shard[i]), int(starts[i]), int(starts[i] + lengths[i])
+            if runs and runs[-1][0] == s and begin <= runs[-1][2] + gap:
+                runs[-1][2] = max(runs[-1][2], end)
+            else:
+                runs.append([s, begin, end])
+            run_of[i] = len(runs) - 1
+        wanted = sum(end - begin for _, begin, end in runs) * size
+        with self._lock:
+            self.held_bytes += wanted
+            self.bytes_read += wanted
+            self.peak_bytes = max(self.peak_bytes, self.held_bytes)
+        try:
+            pieces = fs.read_ranges(
+                [self.paths[s] for s, _, _ in runs],
+                [self.offsets[s] + begin * size for s, begin, _ in runs],
+                [self.offsets[s] + end * size for s, _, end in runs],
+            )
+            arrays = [np.frombuffer(piece, dtype=self.dtype) for piece in pieces]
+            out = []
+            for i in range(len(starts)):
+                s, begin, _ = runs[run_of[i]]
+                at = int(starts[i]) - begin
+                out.append(arrays[run_of[i]][at : at + int(lengths[i])])
+            return out
+        finally:
+            with self._lock:
+                self.held_bytes -= wanted
+
+
+def _missing_shard(p) -> str:
+    return f"Shard file {str(p)!r} listed in the manifest is missing; prepare the data again."
+
+
+def _read_remote_index(index_path: fs.AnyPath) -> np.ndarray:
+    """A shard's index file from GCS, read whole (it is small: 32 bytes per instance)."""
+    try:
+        data = fs.read_bytes(index_path)
+    except FileNotFoundError:
+        raise FileNotFoundError(_missing_shard(index_path)) from None
+    return np.load(io.BytesIO(data), allow_pickle=False)  # [n, 4]
+
+
 class SplitReader:
     """Random access to one split's instances: vectorised gather of padded examples."""
 
     def __init__(self, data_dir: str | os.PathLike, split: str, shards: Sequence[dict]):
-        self.tokens = []
+        # On disk: memory-mapped token files. On GCS: one RemoteTokens over all of them.
+        self.tokens: list[np.ndarray] = []
+        self.remote: RemoteTokens | None = None
         index_parts = []
         shard_of = []
+        token_paths = []
         for shard_number, record in enumerate(shards):
             tokens_path, index_path = shard_paths(data_dir, split, record["name"])
-            for p in (tokens_path, index_path):
-                if not p.is_file():
-                    raise FileNotFoundError(
-                        f"Shard file {str(p)!r} listed in the manifest is missing; prepare "
-                        "the data again."
-                    )
-            self.tokens.append(np.load(tokens_path, mmap_mode="r"))
-            index = np.load(index_path)  # [n, 4]: small, so kept in memory
+            token_paths.append(tokens_path)
+            if fs.is_remote(tokens_path):
+                index = _read_remote_index(index_path)
+            else:
+                for p in (tokens_path, index_path):
+                    if not p.is_file():
+                        raise FileNotFoundError(_missing_shard(p))
+                self.tokens.append(np.load(tokens_path, mmap_mode="r"))
+                index = np.load(index_path)  # [n, 4]: small, so kept in memory
             index_parts.append(index)
             shard_of.append(np.full(len(index), shard_number, dtype=np.int32))
+        if token_paths and fs.is_remote(token_paths[0]):
+            try:
+                self.remote = RemoteTokens(token_paths)
+            except FileNotFoundError:
+                missing = next((p for p in token_paths if not fs.is_file(p)), token_paths[0])
+                raise FileNotFoundError(_missing_shard(missing)) from None
         if not index_parts:
             index_parts = [np.zeros((0, INDEX_COLUMNS), np.int64)]
         index = np.concatenate(index_parts)  # [N, 4]
@@ -159,7 +272,13 @@ class SplitReader:
         # Padding positions re-read the last real token (always in range) and are zeroed below.
         within = self.start[indices][:, None] + np.minimum(positions, length[:, None] - 1)  # [B,S]
         shard = self.shard[indices]
-        if len(self.tokens) == 1:
+        if self.remote is not None:
+            # The runs themselves, not their padding: nothing past an instance is fetched.
+            runs = self.remote.take(shard, self.start[indices], np.minimum(length, max_seq_length))
+            input_ids = np.zeros(within.shape, dtype=np.int32)  # [B,S]
+            for row, run in enumerate(runs):
+                input_ids[row, : len(run)] = run
+        elif len(self.tokens) == 1:
             input_ids = self.tokens[0][within].astype(np.int32)  # [B,S]
         else:
             input_ids = np.empty(within.shape, dtype=np.int32)  # [B,S]

@@ -1,0 +1,242 @@
+"""Pretraining data on gs:// (the emulator): inputs, prepared output, the streaming loader,
+the demo corpus, and the one-line errors of a missing bucket or object."""
+
+import gzip
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+from bertjax import fs
+from bertjax.data import MaskingSettings, demo_corpus_path, make_loader, prepare, read_manifest
+from bertjax.data.corpus import InputReport, expand_paths, read_documents
+from bertjax.data.loader import REMOTE_READ_AHEAD
+from bertjax.data.storage import RemoteTokens
+
+SEQ_LEN = 48
+BATCH = 8
+
+
+def write_corpus(path: pathlib.Path, num_documents: int, seed: int) -> pathlib.Path:
+    """Google's format: one sentence per line, a blank line between documents."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = ["".join(rng.choice(letters, size=rng.integers(2, 10))) for _ in range(500)]
+    lines = []
+    for _ in range(num_documents):
+        for _ in range(rng.integers(2, 9)):
+            lines.append(" ".join(rng.choice(words, size=rng.integers(4, 18))) + ".")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus_dir(tmp_path_factory) -> pathlib.Path:
+    """A directory of three inputs, one of each format: text, gzipped text, JSON Lines."""
+    root = tmp_path_factory.mktemp("gcs_corpus") / "corpus"
+    root.mkdir()
+    write_corpus(root / "a.txt", 120, seed=1)
+    plain = write_corpus(root / "b.tmp", 80, seed=2)
+    (root / "b.txt.gz").write_bytes(gzip.compress(plain.read_bytes()))
+    plain.unlink()
+    rng = np.random.default_rng(3)
+    with open(root / "c.jsonl", "w") as f:
+        for d in range(60):
+            words = [f"w{int(x)}" for x in rng.integers(0, 300, size=40)]
+            text = ". ".join(" ".join(words[i : i + 8]) for i in range(0, 40, 8)) + "."
+            f.write(json.dumps({"text": f"Doc {d}. {text}"}) + "\n")
+    return root
+
+
+def upload(gcs, local: pathlib.Path, remote: str) -> None:
+    """Copies a local directory tree to gs:// (what `gcloud storage cp -r` would do)."""
+    for file in sorted(local.rglob("*")):
+        if file.is_file():
+            gcs.fs.pipe_file(
+                f"{remote[len('gs://') :]}/{file.relative_to(local).as_posix()}", file.read_bytes()
+            )
+    gcs.fs.invalidate_cache()
+
+
+def prepare_kwargs():
+    return dict(
+        max_seq_length=SEQ_LEN,
+        vocab_size=300,
+        workers=1,
+        eval_fraction=0.1,
+        seed=5,
+        chunk_mb=0.01,
+        verbose=False,
+    )
+
+
+@pytest.fixture(scope="module")
+def local_data(corpus_dir) -> pathlib.Path:
+    out = corpus_dir.parent / "prepared"
+    prepare([str(corpus_dir)], out, **prepare_kwargs())
+    return out
+
+
+@pytest.fixture(scope="module")
+def remote_data(gcs, local_data) -> str:
+    """A gs:// copy of the locally prepared directory."""
+    remote = f"{gcs.bucket()}/prepared"
+    upload(gcs, local_data, remote)
+    return remote
+
+
+def test_expand_paths_finds_gcs_files_globs_and_directories(gcs, corpus_dir):
+    bucket = gcs.bucket()
+    upload(gcs, corpus_dir, f"{bucket}/in")
+    gcs.fs.pipe_file(f"{bucket[5:]}/in/.hidden/skip.txt", b"never read\n")
+    names = [f.name for f in expand_paths([f"{bucket}/in"])]
+    assert names == ["a.txt", "b.txt.gz", "c.jsonl"]
+    assert [f.name for f in expand_paths([f"{bucket}/in/*.txt*"])] == ["a.txt", "b.txt.gz"]
+    assert [str(f) for f in expand_paths([f"{bucket}/in/c.jsonl"])] == [f"{bucket}/in/c.jsonl"]
+    # The same documents as from the local copy, every format decoded the same way.
+    local, remote = InputReport(), InputReport()
+    assert list(read_documents([f"{bucket}/in"], remote)) == list(
+        read_documents([str(corpus_dir)], local)
+    )
+    assert remote.files == local.files == 3 and remote.bytes == local.bytes
+
+
+def test_prepare_from_and_to_gcs_writes_the_local_bytes(gcs, corpus_dir, local_data):
+    bucket = gcs.bucket()
+    upload(gcs, corpus_dir, f"{bucket}/in")
+    out = f"{bucket}/data"
+    manifest = prepare([f"{bucket}/in/*"], out, **prepare_kwargs())
+    local_manifest = read_manifest(local_data)
+    assert manifest["num_chunks"] > 2  # several shards, so their order is checked too
+    assert manifest["splits"] == local_manifest["splits"]
+    assert manifest["tokenizer_fingerprint"] == local_manifest["tokenizer_fingerprint"]
+    # Every file the local prepare wrote, byte for byte, except the manifest, which names
+    # the inputs by their paths.
+    local_files = sorted(
+        p.relative_to(local_data).as_posix() for p in local_data.rglob("*") if p.is_file()
+    )
+    gcs.fs.invalidate_cache()
+    remote_files = sorted(p[len(out) - 5 + 1 :] for p in gcs.fs.find(out[5:]))
+    assert remote_files == local_files
+    for name in local_files:
+        if name != "manifest.json":
+            assert gcs.fs.cat_file(f"{out[5:]}/{name}") == (local_data / name).read_bytes(), name
+    assert read_manifest(out) == manifest
+
+
+def batches(loader, n):
+    return [next(loader) for _ in range(n)]
+
+
+def assert_same_batches(a, b):
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert x.keys() == y.keys()
+        for key in x:
+            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
+
+
+def loaders(local_data, remote_data, **kwargs):
+    kwargs = dict(batch_size=BATCH, seed=11, masking=MaskingSettings(), **kwargs)
+    return make_loader(local_data, **kwargs), make_loader(remote_data, **kwargs)
+
+
+def test_gcs_loader_streams_the_local_batches_and_resumes(local_data, remote_data):
+    local, remote = loaders(local_data, remote_data)
+    assert local.remote_tokens is None and remote.remote_tokens is not None
+    steps = local.batches_per_epoch + 3  # across an epoch boundary
+    expected = batches(local, steps)
+    assert_same_batches(batches(remote, steps), expected)
+
+    # Resume at step k: a fresh gs:// loader given the position continues exactly.
+    k = 5
+    local_again, _ = loaders(local_data, remote_data)
+    batches(local_again, k)
+    state = json.loads(json.dumps(local_again.get_state()))
+    _, resumed = loaders(local_data, remote_data)
+    resumed.set_state(state)
+    assert_same_batches(batches(resumed, steps - k), expected[k:])
+
+
+@pytest.mark.parametrize("gap", [0, RemoteTokens.MERGE_GAP_BYTES])
+def test_gcs_loader_holds_a_bounded_number_of_bytes(local_data, remote_data, monkeypatch, gap):
+    """It reads the instances of the batches it makes (plus a bounded read-ahead and the gaps
+    it merges over), not the token files: the bytes in flight at once stay under what the
+    read-ahead threads' batches can hold; without merging, after a few batches it has read
+    a small part of the files."""
+    monkeypatch.setattr(RemoteTokens, "MERGE_GAP_BYTES", gap)
+    _, remote = loaders(local_data, remote_data)
+    manifest = read_manifest(local_data)
+    token_bytes = sum(
+        f.stat().st_size for f in (pathlib.Path(local_data) / "train").glob("*.tokens.npy")
+    )
+    itemsize = np.dtype(manifest["token_dtype"]).itemsize
+    # The most one batch reads: its instances, and the gaps between them it reads over.
+    batch_bytes = BATCH * SEQ_LEN * itemsize + (BATCH - 1) * gap
+    batches(remote, 3)
+    tokens = remote.remote_tokens
+    # Made so far: the 3 taken plus at most the prefetch buffer (2 per thread) and one per thread.
+    made_at_most = 3 + 3 * REMOTE_READ_AHEAD
+    assert 0 < tokens.bytes_read <= made_at_most * batch_bytes
+    assert 0 < tokens.peak_bytes <= REMOTE_READ_AHEAD * batch_bytes
+    if gap == 0:
+        assert tokens.bytes_read < token_bytes / 3
+    remote.close()  # waits for the batches being made: nothing is left in flight
+    assert tokens.held_bytes == 0
+
+
+def test_gcs_eval_pass_reads_each_token_once(local_data, remote_data):
+    """Unshuffled, one pass over the split reads the split's bytes once: touching runs of a
+    batch merge into one range, and nothing is read twice or beyond the instances."""
+    local, remote = loaders(
+        local_data, remote_data, split="eval", shuffle=False, num_epochs=1, worker_count=0
+    )
+    assert_same_batches(list(remote), list(local))
+    manifest = read_manifest(local_data)
+    used = local.batches_per_epoch * BATCH
+    lengths = np.concatenate(
+        [
+            np.load(pathlib.Path(local_data) / "eval" / f"{s['name']}.index.npy")[:, 1]
+            for s in manifest["splits"]["eval"]["shards"]
+        ]
+    )
+    itemsize = np.dtype(manifest["token_dtype"]).itemsize
+    assert remote.remote_tokens.bytes_read == int(lengths[:used].sum()) * itemsize
+
+
+def test_demo_corpus_into_gcs(gcs, demo_corpus):
+    cache = f"{gcs.bucket()}/run/corpus"
+    path = demo_corpus_path(cache)
+    assert str(path).startswith(cache)
+    assert fs.read_bytes(path) == pathlib.Path(demo_corpus).read_bytes()
+    updated = gcs.fs.info(str(path)[5:])["updated"]
+    assert demo_corpus_path(cache) == path  # reused, not written again
+    assert gcs.fs.info(str(path)[5:])["updated"] == updated
+
+
+def test_missing_bucket_and_object_are_one_line_errors(gcs, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(fs.StorageError, match=r"gs://no-such-bucket-x1 does not exist"):
+        expand_paths(["gs://no-such-bucket-x1/corpus/*.txt"])
+    with pytest.raises(fs.StorageError, match=r"gs://no-such-bucket-x1 does not exist"):
+        read_manifest("gs://no-such-bucket-x1/data")
+    bucket = gcs.bucket()
+    with pytest.raises(FileNotFoundError, match=rf"input path '{bucket}/none.txt' does not"):
+        expand_paths([f"{bucket}/none.txt"])
+    with pytest.raises(FileNotFoundError, match=rf"Prepared data directory '{bucket}/data' does"):
+        read_manifest(f"{bucket}/data")
+    with pytest.raises(fs.StorageError, match="no-such-bucket-x1"):
+        prepare(["gs://no-such-bucket-x1/in.txt"], "gs://no-such-bucket-x1/out")
+    assert not list(tmp_path.iterdir())  # nothing local under a mangled name ("gs:")
+
+
+def test_gcs_prepare_with_a_missing_shard_names_it(gcs, local_data):
+    remote = f"{gcs.bucket()}/prepared"
+    upload(gcs, local_data, remote)
+    shard = read_manifest(local_data)["splits"]["train"]["shards"][1]["name"]
+    gcs.fs.rm(f"{remote[5:]}/train/{shard}.tokens.npy")
+    gcs.fs.invalidate_cache()
+    with pytest.raises(FileNotFoundError, match=rf"{shard}.tokens.npy"):
+        make_loader(remote, batch_size=BATCH)

@@ -1,0 +1,140 @@
+"""prepare spread over two processes (jax.distributed on CPU): the same bytes as one process."""
+
+import os
+import pathlib
+import re
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bertjax.data import prepare, read_manifest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SETTINGS = [
+    "--max_seq_length=48",
+    "--vocab_size=300",
+    "--workers=1",
+    "--eval_fraction=0.1",
+    "--seed=7",
+    "--chunk_mb=0.01",
+]
+
+
+def write_corpus(path: pathlib.Path, num_documents: int, seed: int) -> pathlib.Path:
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    words = ["".join(rng.choice(letters, size=rng.integers(2, 10))) for _ in range(500)]
+    lines = []
+    for _ in range(num_documents):
+        for _ in range(rng.integers(2, 9)):
+            lines.append(" ".join(rng.choice(words, size=rng.integers(4, 18))) + ".")
+        lines.append("")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> pathlib.Path:
+    """Two files, so that chunks straddle a file boundary."""
+    root = tmp_path_factory.mktemp("distributed") / "corpus"
+    root.mkdir()
+    write_corpus(root / "a.txt", 150, seed=1)
+    write_corpus(root / "b.txt", 100, seed=2)
+    return root
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_in_processes(inputs: list[str], output: str, count: int) -> list[str]:
+    """Runs the prepare command line in `count` processes of one jax.distributed job."""
+    address = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "bertjax.data.prepare",
+                "--input",
+                *inputs,
+                "--output",
+                output,
+                *SETTINGS,
+                f"--coordinator_address={address}",
+                f"--num_processes={count}",
+                f"--process_id={i}",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(count)
+    ]
+    outputs = []
+    try:
+        for proc in procs:
+            out, _ = proc.communicate(timeout=240)
+            assert proc.returncode == 0, out
+            outputs.append(out)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    return outputs
+
+
+def files_of(directory: pathlib.Path) -> dict[str, bytes]:
+    return {
+        p.relative_to(directory).as_posix(): p.read_bytes()
+        for p in sorted(directory.rglob("*"))
+        if p.is_file()
+    }
+
+
+def single_process(corpus: pathlib.Path, out: pathlib.Path) -> dict:
+    kwargs = {}
+    for flag in SETTINGS:
+        name, value = flag[2:].split("=")
+        kwargs[name] = float(value) if "." in value else int(value)
+    return prepare([str(corpus)], out, verbose=False, **kwargs)
+
+
+@pytest.mark.slow
+def test_two_processes_write_the_single_process_bytes(corpus, tmp_path):
+    manifest = single_process(corpus, tmp_path / "one")
+    assert manifest["num_chunks"] >= 4  # both processes get several chunks
+    outputs = prepare_in_processes([str(corpus)], str(tmp_path / "two"), 2)
+    share = re.search(r"Process 1: prepared (\d+) of (\d+) chunks", outputs[1])
+    assert share and int(share.group(1)) == manifest["num_chunks"] // 2  # odd chunk indices
+    assert "x 2 process(es)" in outputs[0]
+    # Every file (tokenizer, shards of both splits, manifest) byte for byte; no records left.
+    assert files_of(tmp_path / "two") == files_of(tmp_path / "one")
+    assert not (tmp_path / "two" / ".parts").exists()
+
+
+@pytest.mark.slow
+def test_two_processes_prepare_into_gcs(gcs, corpus, tmp_path):
+    manifest = single_process(corpus, tmp_path / "one")
+    out = f"{gcs.bucket()}/data"
+    prepare_in_processes([str(corpus)], out, 2)
+    gcs.fs.invalidate_cache()
+    remote = {p[len(out) - 5 + 1 :]: gcs.fs.cat_file(p) for p in gcs.fs.find(out[5:])}
+    assert remote == files_of(tmp_path / "one")
+    assert read_manifest(out) == manifest
+
+
+def test_process_count_without_a_distributed_job_is_refused(corpus, tmp_path):
+    with pytest.raises(ValueError, match=r"process_count=2 but jax.distributed runs 1"):
+        prepare([str(corpus)], tmp_path / "out", process_index=1, process_count=2)
+    with pytest.raises(ValueError, match=r"process_index=2 is invalid for process_count=2"):
+        prepare([str(corpus)], tmp_path / "out", process_index=2, process_count=2)
+    assert not (tmp_path / "out").exists()
