@@ -399,10 +399,23 @@ def test_resume_after_a_kill_during_a_save_on_gcs_is_bit_identical(
 
 
 @pytest.mark.slow
-def test_two_processes_share_a_gcs_work_directory(gcs, synthetic_data, config_file, tmp_path):
+def test_two_processes_share_a_gcs_work_directory(gcs, synthetic_corpus, config_file, tmp_path):
+    # The corpus is in the bucket and no data.dir is given: each run prepares its data into
+    # <workdir>/data, the two-process run with each process preparing half of the chunks.
+    corpus = gcs.bucket("corpus") + "/corpus.txt"
+    fs.write_bytes(corpus, synthetic_corpus.read_bytes())
     values = overrides(
-        synthetic_data, **{"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0}
+        "",
+        **{
+            "data.input": corpus,
+            "data.vocab_size": 350,
+            "data.dupe_factor": 3,
+            "data.eval_fraction": 0.1,
+            "model.hidden_dropout": 0.0,
+            "model.attention_dropout": 0.0,
+        },
     )
+    del values["data.dir"]
     single = gcs.bucket() + "/run"
     subprocess.run(
         cli(values, single, config_file),
@@ -439,6 +452,12 @@ def test_two_processes_share_a_gcs_work_directory(gcs, synthetic_data, config_fi
     assert "checkpoints/4/commit_success.txt" in names
     assert any(n.startswith("checkpoints/4/params/ocdbt.process_1") for n in names), names
     assert rundir.LOCK_FILE not in names
+    prepared = sorted(n for n in names if n.startswith("data/"))
+    assert "data/manifest.json" in prepared and not any("/.parts" in n for n in prepared)
+    assert prepared == sorted(n for n in objects(gcs, single) if n.startswith("data/"))
+    for name in prepared:
+        if name.endswith(".npy"):  # the shards: what one process writes, byte for byte
+            assert fs.read_bytes(f"{multi}/{name}") == fs.read_bytes(f"{single}/{name}"), name
     expected, got = losses(gcs, single), losses(gcs, multi)
     assert sorted(got) == [1, 2, 3, 4]
     np.testing.assert_allclose([got[s] for s in got], [expected[s] for s in got], rtol=1e-5)

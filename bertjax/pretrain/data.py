@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 
 from bertjax import data as data_lib
@@ -18,21 +19,35 @@ from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 def ensure_data(
     data: DataSettings, workdir: str | os.PathLike, *, eval_batch_size: int, seed: int
 ) -> tuple[fs.AnyPath, Tokenizer]:
-    """(prepared data directory, its tokenizer), preparing it on process 0 when it has none.
+    """(prepared data directory, its tokenizer), preparing it when it has none.
 
     With neither data.dir nor data.input set, the built-in demo corpus is prepared into
-    <workdir>/data. Every process waits for process 0 (the directories are shared). The
+    <workdir>/data. With several processes each prepares its share of the input into the
+    shared directory (bertjax.data.prepare), and all wait until the manifest is written. The
     prepared data must fit the run: its sequence length, its tokenizer (when the config
     names one) and an eval split of at least one batch.
     """
     workdir = fs.path(workdir)
     data_dir = fs.path(data.dir) if data.dir else workdir / DATA_DIR
-    if jax.process_index() == 0 and not (data_dir / data_lib.MANIFEST_FILE).exists():
+    processes = jax.process_count()
+    missing = not (data_dir / data_lib.MANIFEST_FILE).exists()
+    if processes > 1:  # process 0's answer for all: a listing may differ between hosts
+        missing = bool(multihost_utils.broadcast_one_to_all(np.asarray(missing)))
+    if missing:
         inputs = list(data.inputs)
         if not inputs:
-            inputs = [str(data_lib.demo_corpus_path(workdir / CORPUS_DIR))]
-            print(f"No data.input given: using the built-in demo corpus {inputs[0]}")
-        print(f"Preparing data into {data_dir} ...")
+            corpus_dir = workdir / CORPUS_DIR
+            if jax.process_index() == 0:
+                data_lib.demo_corpus_path(corpus_dir)
+            if processes > 1:
+                multihost_utils.sync_global_devices("bertjax:demo_corpus_written")
+            inputs = [str(data_lib.demo_corpus_path(corpus_dir))]
+            if jax.process_index() == 0:
+                print(f"No data.input given: using the built-in demo corpus {inputs[0]}")
+        if jax.process_index() == 0:
+            print(f"Preparing data into {data_dir} over {processes} process(es) ...")
+        # Every process prepares its share of the chunks into the shared directory; prepare
+        # itself waits for all of them before process 0 writes the manifest.
         data_lib.prepare(
             inputs,
             data_dir,
@@ -48,8 +63,10 @@ def ensure_data(
             eval_fraction=data.eval_fraction,
             workers=data.workers or None,
             seed=seed,
+            process_index=jax.process_index(),
+            process_count=processes,
         )
-    if jax.process_count() > 1:
+    if processes > 1:
         multihost_utils.sync_global_devices("bertjax:data_prepared")
 
     manifest = data_lib.read_manifest(data_dir)
