@@ -462,3 +462,36 @@ def test_two_processes_share_a_gcs_work_directory(gcs, synthetic_corpus, config_
     assert sorted(got) == [1, 2, 3, 4]
     np.testing.assert_allclose([got[s] for s in got], [expected[s] for s in got], rtol=1e-5)
     assert local_names(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_the_demo_command_runs_wholly_on_gcs(gcs, tmp_path):
+    """The issue's command: train.py's defaults (the demo corpus, tiny config) with only a
+    gs:// work directory. Corpus, prepared data, checkpoints, eval and metrics land in the
+    bucket; nothing is left on local disk, not even in the metrics cache under $TMPDIR."""
+    url = gcs.bucket() + "/run"
+    cwd, tmp = tmp_path / "cwd", tmp_path / "tmp"
+    cwd.mkdir()
+    tmp.mkdir()
+    env = subprocess_env(1)
+    env["TMPDIR"] = str(tmp)
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "train.py"), "--workdir", url]
+        + ["--config.num_train_steps=5", "--config.optimizer.warmup_steps=1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=cwd,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    names = objects(gcs, url)
+    assert any(n.startswith("corpus/demo_corpus-") for n in names), names
+    assert "data/manifest.json" in names and any(n.startswith("data/train/shard-") for n in names)
+    assert "checkpoints/5/commit_success.txt" in names
+    assert SENTENCEPIECE_FILE in names and rundir.LOCK_FILE not in names
+    records = [json.loads(line) for line in fs.read_text(url + "/metrics.jsonl").splitlines()]
+    assert any("eval/mlm_loss" in r for r in records), records[-1]
+    assert max(r["step"] for r in records) == 5
+    assert local_names(cwd) == [] and local_names(tmp) == []
+    assert bertjax.Model.load(url).fill_mask("the [MASK] sat")  # and it opens from there
