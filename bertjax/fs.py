@@ -191,7 +191,7 @@ def _bucket_exists(bucket: str) -> bool:
 
 def describe_remote_error(e: BaseException) -> str | None:
     """What went wrong talking to GCS, in words; None for errors that are not the store's."""
-    text = str(e)
+    text = " ".join(str(e).split())  # one line: the store's messages may span several
     name = type(e).__name__
     if "DefaultCredentialsError" in name or "credentials were not found" in text:
         return (
