@@ -23,7 +23,9 @@ from test_tokenizer import training_sentences
 from bertjax import fs, hf, sbert
 from bertjax.embedding import EmbeddingSpec
 from bertjax.finetune import loop
+from bertjax.finetune import question_answering as qa
 from bertjax.finetune.settings import FinetuneSettings
+from bertjax.finetune.tasks import sentence_embedding
 from bertjax.inference import InferenceError, Model
 from bertjax.model import BertConfig, BertForPreTraining, pretraining_init
 from bertjax.settings import ConfigError
@@ -209,6 +211,86 @@ def test_finetune_reads_its_files_from_gcs(gcs, tiny, tmp_path):
     predictions = (workdir / "predictions_test.tsv").read_text().splitlines()
     assert len(predictions) == 1 + 8  # a header and one line per test row
     assert json.loads((workdir / "result.json").read_text())["steps"] == 2 * (64 // 16)
+
+
+def test_glue_directory_on_gcs_resolves_its_files(gcs, tiny, tmp_path):
+    config, params, tokenizer = tiny
+    init_from = tmp_path / "init"
+    hf.save(config, params, init_from, tokenizer=tokenizer)
+    glue = gcs.bucket() + "/glue/SST-2"
+    for name in ("train.tsv", "dev.tsv", "test.tsv"):
+        fs.write_text(f"{glue}/{name}", "sentence\tlabel\nthe film was good\t1\n")
+    settings = FinetuneSettings.from_config(
+        _finetune_config(init_from, **{"data.glue_task": "sst2", "data.dir": glue})
+    )
+    assert settings.data.train == f"{glue}/train.tsv"
+    assert settings.data.validation == (("validation", f"{glue}/dev.tsv"),)
+    assert settings.data.test == (("test", f"{glue}/test.tsv"),)
+    fs.path(f"{glue}/dev.tsv").unlink()
+    fsspec.filesystem("gs").invalidate_cache()
+    with pytest.raises(ConfigError, match="config.data.dir=.*has no dev.tsv"):
+        FinetuneSettings.from_config(
+            _finetune_config(init_from, **{"data.glue_task": "sst2", "data.dir": glue})
+        )
+
+
+def test_squad_and_retrieval_files_read_from_gcs_and_predictions_written_there(gcs, tiny, tmp_path):
+    squad = {
+        "version": "1.1",
+        "data": [
+            {
+                "title": "T",
+                "paragraphs": [
+                    {
+                        "context": "The cat sat on the mat.\r\nIt slept.",
+                        "qas": [
+                            {
+                                "id": "a",
+                                "question": "Who sat?",
+                                "answers": [{"text": "The cat", "answer_start": 0}],
+                            }
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    bucket = gcs.bucket()
+    text = "\ufeff" + json.dumps(squad, indent=1).replace("\n", "\r\n")  # a mark, CRLF lines
+    fs.write_text(bucket + "/squad/dev.json", text)
+    (tmp_path / "dev.json").write_text(text, encoding="utf-8", newline="")
+    remote = qa.read_examples(bucket + "/squad/dev.json")
+    local = qa.read_examples(tmp_path / "dev.json")
+    assert [dataclasses.replace(e, where="") for e in remote.examples] == [
+        dataclasses.replace(e, where="") for e in local.examples
+    ]
+    assert remote.examples[0].where.startswith(bucket + "/squad/dev.json: ")
+    assert remote.source == bucket + "/squad/dev.json"
+
+    predictions = qa.QAPredictions(
+        {"a": "The cat"}, {"a": [qa.Candidate("The cat", 0, 7, 2.0, 1.5, 0.9)]}, None
+    )
+    written = qa.write_predictions(bucket + "/run/predictions_validation", predictions)
+    qa.write_predictions(tmp_path / "predictions", predictions)
+    assert written == [
+        f"{bucket}/run/predictions_validation/{qa.PREDICTIONS_FILE}",
+        f"{bucket}/run/predictions_validation/{qa.NBEST_FILE}",
+    ]
+    assert _objects(gcs, bucket + "/run/predictions_validation") == _files(tmp_path / "predictions")
+
+    _, _, tokenizer = tiny
+    files = {
+        "queries": "q1\twhat was good\nq2\twhat was dull\n",
+        "corpus": "d1\tthe film was good\r\nd2\tthe plot was dull\r\n",
+        "relevance": "q1\td1\nq2\td2\n",
+    }
+    for name, content in files.items():
+        fs.write_text(f"{bucket}/retrieval/{name}.tsv", content)
+    retrieval = sentence_embedding.read_retrieval(
+        *(f"{bucket}/retrieval/{name}.tsv" for name in files), tokenizer, 16
+    )
+    assert retrieval.queries == 2
+    assert retrieval.relevant == (frozenset({0}), frozenset({1}))
 
 
 # ----------------------------------------------------------------------------- bad input
