@@ -8,8 +8,14 @@ that asks for it, so the fast tier builds only the ones its tests use.
 
 import os
 
+# The tests' models are tiny, so XLA's time goes into compiling, not running: LLVM's
+# optimisation passes at level 0 cut the suite's CPU time by about a quarter (half for
+# test_model.py). They change no semantics: XLA's own HLO passes, which decide fusion and
+# numerics, still run, and the pinned runs in test_trainer.py pass unchanged. Subprocesses
+# inherit both flags.
 os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    os.environ.get("XLA_FLAGS", "")
+    + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 

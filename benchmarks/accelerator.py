@@ -1,0 +1,789 @@
+"""Accelerator benchmark: BERT-base and BERT-large pretraining steps per attention backend.
+
+    python benchmarks/accelerator.py                      # GPU or TPU: the full grid, < 8 min
+    python benchmarks/accelerator.py --json accel.json    # also write the figures as JSON
+    python benchmarks/accelerator.py --tiny               # CPU: a tiny model (automatic on CPU)
+
+For BERT-base and BERT-large (configs/base.py, configs/large.py: AdamW, bf16 compute, large
+with scanned layers and "dots" rematerialisation) at sequence 128 and 512, times bertjax's
+real pretraining train step (bertjax.steps, MLM + NSP, optimizer update included) with each
+attention backend: "xla" and the device's fused kernel ("cudnn" flash attention on an NVIDIA
+GPU, "splash" on a TPU). It prints compile time, step time, sequences/s, tokens/s, model
+FLOP/s and MFU (bertjax.perf's model-FLOP count against the data-sheet peak of the device;
+"n/a" for a device not in the table unless --peak_flops is given).
+
+Before each model's timings it checks the fused backend against xla on one batch with
+padding (at the longest sequence length): the MLM and NSP logits, the encoder output at real
+tokens, the loss, and the gradient of the loss with respect to every parameter (all as one
+vector, and the worst single leaf). Errors are relative L2 norms, ||fused - xla|| / ||xla||;
+the largest absolute difference is printed beside them. Both backends run in bf16, so they
+cannot agree exactly: the check also runs xla in float32 (matmuls at "highest" precision) to
+measure bf16's own error on that batch, and a quantity passes when the fused-vs-xla error is
+within max(floor, 3 x that bf16 error), the floor being 2e-2 for outputs and 5e-2 for
+gradients.
+
+Attention dropout is set to 0 for every backend: the fused kernels cannot drop attention
+weights (bertjax.attention runs xla whenever it is active), and the backends must compute the
+same function to be compared. Hidden dropout stays at the configs' 0.1. Token packing is off
+(token_capacity 1), so MFU counts every padded slot as work. Batches are synthetic: random
+token ids, 90% of sequences full length and the rest between a quarter and all of it (as
+google's create_pretraining_data fills sequences), S * 5 / 32 predictions per sequence (20 at
+128, 80 at 512), batch 256 at sequence 128 and 64 at 512 (32k tokens a step).
+
+A global time budget (--budget_s, default 390 s) keeps the run under 8 minutes on one device:
+a piece of work (a model's check or one cell) that is not expected to finish within it is
+skipped with a note. Compilation dominates the run; the timed steps take seconds. To rerun
+faster, give jax a persistent compilation cache (JAX_COMPILATION_CACHE_DIR=<dir> in the
+environment): the "compile s" column then counts loading from it.
+
+On CPU the fused kernels do not exist; with --tiny (automatic on CPU) the model is
+L2/H64/A2 with a 512-word vocabulary, and "--fused splash" runs the TPU splash kernel in
+Pallas interpret mode so that the backend comparison is exercised there too (its timings
+mean nothing). Without a fused backend the table has xla rows only and says why.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import gc
+import importlib.util
+import json
+import logging
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import flax
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# The script runs from a checkout: make `bertjax` and `configs` importable from the root.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _REPO not in sys.path:
+    sys.path.insert(0, _REPO)
+
+from bertjax import attention, fs, losses, perf, sharding, steps  # noqa: E402
+from bertjax.model import BertConfig, BertForPreTraining, pretraining_init  # noqa: E402
+from bertjax.pretrain.objective import PretrainingObjective, build_pretraining  # noqa: E402
+from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
+
+FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK] in bertjax tokenizers
+DTYPE = "bfloat16"
+MODELS = ("base", "large")
+TINY_MODEL = "tiny"
+FUSED_CHOICES = ("auto", "cudnn", "splash", "none")
+# Tolerance floors of the backend check, relative L2 error (see the module docstring).
+OUTPUT_TOLERANCE = 2e-2
+GRADIENT_TOLERANCE = 5e-2
+NOISE_FACTOR = 3.0
+# A gradient leaf whose float32 RMS is below this fraction of the whole gradient's is ~zero.
+ZERO_GRADIENT_RMS = 1e-3
+# Tokens per batch of the default batch sizes: 256 x 128 = 64 x 512.
+TOKENS_PER_BATCH = 32768
+TINY_OVERRIDES = dict(hidden_size=64, num_heads=2, intermediate_size=256)
+TINY_VOCAB = 512
+
+COLUMNS = (
+    "model",
+    "seq",
+    "batch",
+    "attention",
+    "compile s",
+    "step ms",
+    "seq/s",
+    "tokens/s",
+    "TFLOP/s",
+    "MFU",
+    "note",
+)
+CHECK_COLUMNS = ("model", "seq", "quantity", "max abs err", "rel err", "bf16 err", "tol", "result")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One timed (model, sequence length, attention backend) configuration."""
+
+    model: str
+    seq_len: int
+    batch_size: int
+    attention: str  # the backend asked for
+    compile_s: float | None = None
+    step_s: float | None = None
+    flops_per_sequence: float = 0.0
+    peak_flops: float | None = None  # of all devices together
+    note: str = ""
+
+    @property
+    def sequences_per_sec(self) -> float | None:
+        return self.batch_size / self.step_s if self.step_s else None
+
+    @property
+    def tokens_per_sec(self) -> float | None:
+        rate = self.sequences_per_sec
+        return rate * self.seq_len if rate else None
+
+    @property
+    def flops_per_sec(self) -> float | None:
+        rate = self.sequences_per_sec
+        return rate * self.flops_per_sequence if rate else None
+
+    @property
+    def mfu(self) -> float | None:
+        flops = self.flops_per_sec
+        return flops / self.peak_flops if flops and self.peak_flops else None
+
+    def row(self) -> tuple[str, ...]:
+        def fmt(x: float | None, spec: str, scale: float = 1.0) -> str:
+            return "-" if x is None else format(x * scale, spec)
+
+        return (
+            self.model,
+            str(self.seq_len),
+            str(self.batch_size),
+            self.attention,
+            fmt(self.compile_s, ".1f"),
+            fmt(self.step_s, ".2f", 1e3),
+            fmt(self.sequences_per_sec, ".1f"),
+            fmt(self.tokens_per_sec, ".0f"),
+            fmt(self.flops_per_sec, ".2f", 1e-12),
+            "n/a" if self.step_s and self.mfu is None else fmt(self.mfu, ".1%"),
+            self.note,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out.update(
+            sequences_per_sec=self.sequences_per_sec,
+            tokens_per_sec=self.tokens_per_sec,
+            flops_per_sec=self.flops_per_sec,
+            mfu=self.mfu,
+        )
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """The fused backend against xla for one quantity on one batch."""
+
+    model: str
+    seq_len: int
+    quantity: str
+    max_abs_error: float
+    rel_error: float  # ||fused - xla|| / ||xla||; the largest over leaves for gradients
+    bf16_error: float  # ||xla bf16 - xla float32|| / ||xla float32||, the same way
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rel_error <= self.tolerance)
+
+    def row(self) -> tuple[str, ...]:
+        return (
+            self.model,
+            str(self.seq_len),
+            self.quantity,
+            f"{self.max_abs_error:.3g}",
+            f"{self.rel_error:.3g}",
+            f"{self.bf16_error:.3g}",
+            f"{self.tolerance:.3g}",
+            "PASS" if self.passed else "FAIL",
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "passed": self.passed}
+
+
+# ----------------------------------------------------------------------------- arguments
+
+
+def _int_list(flag: str, text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(s) for s in text.split(",") if s.strip())
+    except ValueError:
+        values = ()
+    if not values or min(values) < 1:
+        raise SystemExit(f"{flag}={text!r} is invalid: give positive integers like 128,512")
+    return values
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help="a tiny model (L2/H64/A2, vocabulary 512); automatic when the backend is cpu",
+    )
+    parser.add_argument(
+        "--models",
+        default=None,
+        help=f"comma-separated, from {MODELS} (default: both; 'tiny' with --tiny)",
+    )
+    parser.add_argument(
+        "--seq_lens", default=None, help="comma-separated (default: 128,512; 128 with --tiny)"
+    )
+    parser.add_argument(
+        "--batch_size",
+        type=int,
+        default=0,
+        help=f"global batch for every cell (default: {TOKENS_PER_BATCH} tokens / seq; 8 tiny)",
+    )
+    parser.add_argument(
+        "--fused",
+        default="auto",
+        choices=FUSED_CHOICES,
+        help="the fused backend beside xla (auto: cudnn on NVIDIA GPUs, splash on TPUs)",
+    )
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per cell")
+    parser.add_argument(
+        "--warmup", type=int, default=2, help="untimed steps per cell after the compiling one"
+    )
+    parser.add_argument(
+        "--check_batch",
+        type=int,
+        default=8,
+        help="sequences in the backend check's batch (rounded up to the device count)",
+    )
+    parser.add_argument(
+        "--no_check", action="store_true", help="skip the fused-vs-xla check of outputs/gradients"
+    )
+    parser.add_argument(
+        "--budget_s",
+        type=float,
+        default=390.0,
+        help="time budget in seconds; work not expected to finish within it is skipped",
+    )
+    parser.add_argument(
+        "--peak_flops",
+        type=float,
+        default=0.0,
+        help="peak bf16 FLOP/s of one device for MFU (default: bertjax.perf's data-sheet table)",
+    )
+    parser.add_argument("--json", default="", help="also write the results to this JSON file")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    for name in ("steps", "check_batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 1")
+    for name in ("warmup", "batch_size"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 0")
+    if args.budget_s <= 0 or args.peak_flops < 0:
+        parser.error("--budget_s must be > 0 and --peak_flops >= 0")
+    args.tiny = args.tiny or jax.default_backend() == "cpu"
+    valid_models = (TINY_MODEL,) if args.tiny else MODELS
+    default_models = ",".join(valid_models)
+    args.models = tuple(s.strip() for s in (args.models or default_models).split(",") if s.strip())
+    for name in args.models:
+        if name not in valid_models:
+            parser.error(f"--models: {name!r} is not one of {valid_models}")
+    args.seq_lens = _int_list("--seq_lens", args.seq_lens or ("128" if args.tiny else "128,512"))
+    if min(args.seq_lens) < 16:
+        parser.error(f"--seq_lens={args.seq_lens} is invalid: every length must be >= 16")
+    return args
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def load_config(name: str):
+    """configs/<name>.py's get_config() (configs/tiny.py for the tiny model)."""
+    path = os.path.join(_REPO, "configs", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"accelerator_config_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def num_predictions(seq_len: int) -> int:
+    """Masked positions per sequence: S * 5 / 32 (google's 20 at 128, 80 at 512)."""
+    return max(1, seq_len * 5 // 32)
+
+
+def default_batch_size(args: argparse.Namespace, seq_len: int) -> int:
+    if args.batch_size:
+        return args.batch_size
+    if args.tiny:
+        return 8
+    return max(1, TOKENS_PER_BATCH // seq_len)
+
+
+def round_up_to_devices(n: int) -> int:
+    count = jax.device_count()
+    return -(-n // count) * count
+
+
+def make_settings(
+    model_name: str, attention_impl: str, batch_size: int, seq_len: int, dtype: str, seed: int
+) -> PretrainSettings:
+    """The recipe's settings with this cell's sizes and attention backend."""
+    config = load_config(model_name)
+    if model_name == TINY_MODEL:
+        config.model.update(TINY_OVERRIDES)
+        config.model.vocab_size = TINY_VOCAB
+    else:
+        config.model.vocab_size = 30522
+    config.model.dtype = dtype
+    config.model.attention_impl = attention_impl
+    config.model.attention_dropout = 0.0  # the fused kernels cannot drop attention weights
+    config.batch_size = batch_size
+    config.grad_accum_steps = 1
+    config.token_capacity = 1.0
+    config.data.max_seq_length = seq_len
+    config.data.max_predictions_per_seq = num_predictions(seq_len)
+    config.mesh_shape = (-1, 1, 1)
+    config.seed = seed
+    return PretrainSettings.from_config(config)
+
+
+def fused_backend(requested: str) -> tuple[str | None, str]:
+    """(the fused backend to run or None, a line saying what was chosen and why)."""
+    backend = jax.default_backend()
+    kind = jax.devices()[0].device_kind
+    nvidia = backend == "gpu" and "cuda" in jax.devices()[0].client.platform_version.lower()
+    if requested == "none":
+        return None, "fused attention: not requested (--fused none); xla only"
+    if requested == "auto":
+        if backend == "tpu":
+            return "splash", f"fused attention: splash (Pallas TPU kernel) on {kind}"
+        if nvidia:
+            return "cudnn", f"fused attention: cudnn (cuDNN flash attention) on {kind}"
+        return None, (
+            f"fused attention: none available on {backend} ({kind}): cuDNN flash attention "
+            "needs an NVIDIA GPU and splash a TPU; xla only (--fused splash runs splash in "
+            "Pallas interpret mode, for the backend check)"
+        )
+    if requested == "cudnn" and not nvidia:
+        return None, (
+            f"fused attention: cudnn unavailable on {backend} ({kind}): it needs an NVIDIA "
+            "GPU; xla only"
+        )
+    if requested == "splash" and backend != "tpu":
+        return "splash", (
+            f"fused attention: splash in Pallas interpret mode on {backend} ({kind}): "
+            "correct but slow, its timings mean nothing"
+        )
+    return requested, f"fused attention: {requested} on {kind}"
+
+
+@contextlib.contextmanager
+def attention_messages() -> Iterator[list[str]]:
+    """Collects what bertjax.attention logs (why a requested kernel falls back to xla)."""
+    messages: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            messages.append(record.getMessage())
+
+    handler = Collect(level=logging.INFO)
+    logger = logging.getLogger(attention.__name__)
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+def resolved_attention(model: BertConfig, batch: int, seq_len: int, mesh) -> tuple[str, str]:
+    """(the backend bertjax.attention will run for these shapes, why if not the requested)."""
+    with attention_messages() as messages, jax.set_mesh(mesh):
+        impl = attention.resolve_implementation(
+            model.attention_impl,
+            dtype=jnp.dtype(model.dtype),
+            batch=batch,
+            seq_len=seq_len,
+            num_heads=model.num_heads,
+            head_dim=model.head_dim,
+        )
+    return impl, "; ".join(messages)
+
+
+# ----------------------------------------------------------------------------- batches
+
+
+def synthetic_batch(
+    rng: np.random.Generator, batch_size: int, seq_len: int, vocab_size: int
+) -> dict[str, np.ndarray]:
+    """A pretraining batch in google's feature layout: mostly full sequences, some shorter."""
+    predictions = num_predictions(seq_len)
+    input_ids = np.zeros((batch_size, seq_len), np.int32)
+    input_mask = np.zeros((batch_size, seq_len), np.int32)
+    segment_ids = np.zeros((batch_size, seq_len), np.int32)
+    positions = np.zeros((batch_size, predictions), np.int32)
+    shortest = max(predictions + 2, seq_len // 4)
+    for row in range(batch_size):
+        # Row 0 always short, so that even a one-row batch exercises padding.
+        full = row > 0 and rng.random() < 0.9
+        length = seq_len if full else int(rng.integers(shortest, seq_len))
+        input_ids[row, :length] = rng.integers(FIRST_REAL_ID, vocab_size, length)
+        input_mask[row, :length] = 1
+        segment_ids[row, int(rng.integers(2, length - 1)) : length] = 1
+        positions[row] = np.sort(rng.choice(np.arange(1, length), predictions, replace=False))
+    return {
+        "input_ids": input_ids,
+        "input_mask": input_mask,
+        "segment_ids": segment_ids,
+        "masked_lm_positions": positions,
+        "masked_lm_ids": rng.integers(FIRST_REAL_ID, vocab_size, (batch_size, predictions)).astype(
+            np.int32
+        ),
+        "masked_lm_weights": np.ones((batch_size, predictions), np.float32),
+        "next_sentence_labels": rng.integers(0, 2, batch_size).astype(np.int32),
+    }
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def time_cell(
+    setup: steps.Steps,
+    seed: int,
+    batches: list[dict[str, np.ndarray]],
+    warmup: int,
+    num_steps: int,
+) -> tuple[float, float]:
+    """(compile + first step seconds, seconds per timed step) of the real train step."""
+    device_batches = [steps.global_batch(b, setup.batch_sharding, 1) for b in batches]
+    rng = jax.random.key(seed + 1)
+    with jax.set_mesh(setup.mesh):
+        state = setup.state.init(jax.random.key(seed))
+        jax.block_until_ready(state)
+
+        def run(count: int, offset: int):
+            nonlocal state
+            metrics = None
+            for i in range(count):
+                batch = device_batches[(offset + i) % len(device_batches)]
+                state, metrics = setup.train_step(state, batch, rng)
+            loss = float(metrics["train/loss"])  # waits for the device
+            if not math.isfinite(loss):
+                raise FloatingPointError(f"the train step gave a non-finite loss {loss}")
+
+        start = time.perf_counter()
+        run(1, 0)
+        compile_s = time.perf_counter() - start
+        if warmup:
+            run(warmup, 1)
+        start = time.perf_counter()
+        run(num_steps, 1 + warmup)
+        step_s = (time.perf_counter() - start) / num_steps
+    return compile_s, step_s
+
+
+# ----------------------------------------------------------------------------- check
+
+
+def _relative_errors(test, reference) -> tuple[float, float]:
+    """(largest |test - reference|, ||test - reference|| / ||reference||) in float64."""
+    a = np.asarray(test, np.float64)
+    b = np.asarray(reference, np.float64)
+    diff = a - b
+    max_abs = float(np.max(np.abs(diff))) if diff.size else 0.0
+    norm = float(np.linalg.norm(b))
+    rel = float(np.linalg.norm(diff)) / norm if norm > 0 else (0.0 if max_abs == 0 else math.inf)
+    return max_abs, rel
+
+
+def _outputs_and_grads(model: BertForPreTraining, params, batch, mesh) -> dict[str, Any]:
+    """The pretraining outputs and the gradient of the loss for one batch (deterministic)."""
+    objective = PretrainingObjective(model)
+
+    def forward(p):
+        out = model.apply(
+            {"params": p},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            batch["masked_lm_positions"],
+            deterministic=True,
+        )
+        sums = losses.loss_sums(out.mlm_logits, out.nsp_logits, batch)
+        loss = losses.total_loss(sums, *objective.denominators(batch))
+        # Padded positions' encoder outputs mean nothing; compare real tokens only.
+        real = batch["input_mask"][..., None].astype(jnp.float32)  # [b, s, 1]
+        sequence = out.sequence_output.astype(jnp.float32) * real  # [b, s, h]
+        return loss, {
+            "mlm_logits": out.mlm_logits.astype(jnp.float32),
+            "nsp_logits": out.nsp_logits.astype(jnp.float32),
+            "sequence_output": sequence,
+            "loss": loss,
+        }
+
+    with jax.set_mesh(mesh):
+        (_, outputs), grads = jax.jit(jax.value_and_grad(forward, has_aux=True))(params)
+        outputs, grads = jax.device_get((outputs, grads))
+    return {**outputs, "grads": grads}
+
+
+def _gradient_errors(fused, xla, exact) -> list[tuple[str, float, float, float]]:
+    """(quantity, error vs xla, bf16 error vs float32, largest |difference|) for gradients.
+
+    Two views: all gradients as one vector, and the worst leaf. Leaves whose float32
+    gradient is essentially zero are left out of the per-leaf view, where any rounding would
+    be an infinite relative error: the key projection's bias, for one, gets no gradient in
+    exact arithmetic (softmax ignores a shift shared by all of a query's scores).
+    """
+    f_leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(fused)]
+    x_leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(xla)]
+    e_leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(exact)]
+    flat = [
+        np.concatenate([x.ravel() for x in leaves]) for leaves in (f_leaves, x_leaves, e_leaves)
+    ]
+    max_abs, rel_all = _relative_errors(flat[0], flat[1])
+    _, noise_all = _relative_errors(flat[1], flat[2])
+    rms_all = float(np.sqrt(np.mean(flat[2] ** 2)))
+    kept = [
+        (f, x, e)
+        for f, x, e in zip(f_leaves, x_leaves, e_leaves)
+        if np.sqrt(np.mean(e**2)) > ZERO_GRADIENT_RMS * rms_all
+    ]
+    rel_leaf = max((_relative_errors(f, x)[1] for f, x, _ in kept), default=0.0)
+    noise_leaf = max((_relative_errors(x, e)[1] for _, x, e in kept), default=0.0)
+    leaf_label = f"grads, worst of {len(kept)}/{len(f_leaves)} leaves"
+    return [
+        ("grads, all as one", rel_all, noise_all, max_abs),
+        (leaf_label, rel_leaf, noise_leaf, max_abs),
+    ]
+
+
+def check_backends(
+    model_name: str, fused: str, seq_len: int, batch_size: int, seed: int
+) -> tuple[list[Check], str]:
+    """The fused backend against xla (and bf16 xla against float32 xla) on one batch."""
+    settings = make_settings(model_name, "xla", batch_size, seq_len, DTYPE, seed)
+    mesh = sharding.make_mesh(settings.run.mesh_shape)
+    init = pretraining_init(BertForPreTraining(settings.model), seq_len, num_predictions(seq_len))
+    with jax.set_mesh(mesh):
+        params = steps.make_state(init, None, mesh).init(jax.random.key(seed)).params
+    rng = np.random.default_rng(seed + 7)
+    host_batch = synthetic_batch(rng, batch_size, seq_len, settings.model.vocab_size)
+    batch = steps.global_batch(host_batch, sharding.batch_sharding(mesh), 1)
+
+    def model(impl: str, dtype: str) -> BertForPreTraining:
+        return BertForPreTraining(
+            dataclasses.replace(settings.model, attention_impl=impl, dtype=dtype)
+        )
+
+    impl, why = resolved_attention(model(fused, DTYPE).config, batch_size, seq_len, mesh)
+    if impl != fused:
+        return [], f"{fused} would fall back to {impl} at these shapes ({why}); not checked"
+    xla = _outputs_and_grads(model("xla", DTYPE), params, batch, mesh)
+    fused_out = _outputs_and_grads(model(fused, DTYPE), params, batch, mesh)
+    with jax.default_matmul_precision("highest"):
+        exact = _outputs_and_grads(model("xla", "float32"), params, batch, mesh)
+
+    checks = []
+    for quantity in ("mlm_logits", "nsp_logits", "sequence_output", "loss"):
+        max_abs, rel = _relative_errors(fused_out[quantity], xla[quantity])
+        _, noise = _relative_errors(xla[quantity], exact[quantity])
+        tolerance = max(OUTPUT_TOLERANCE, NOISE_FACTOR * noise)
+        checks.append(Check(model_name, seq_len, quantity, max_abs, rel, noise, tolerance))
+    for quantity, rel, noise, max_abs in _gradient_errors(
+        fused_out["grads"], xla["grads"], exact["grads"]
+    ):
+        tolerance = max(GRADIENT_TOLERANCE, NOISE_FACTOR * noise)
+        checks.append(Check(model_name, seq_len, quantity, max_abs, rel, noise, tolerance))
+    return checks, ""
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def format_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    """A plain-text table, columns as wide as their widest cell."""
+    widths = [
+        max(len(c), *(len(r[i]) for r in rows)) if rows else len(c) for i, c in enumerate(columns)
+    ]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def versions() -> dict[str, str]:
+    return {
+        "python": platform.python_version(),
+        "jax": jax.__version__,
+        "jaxlib": getattr(jax.lib, "__version__", jax.__version__),
+        "flax": flax.__version__,
+        "numpy": np.__version__,
+    }
+
+
+class Budget:
+    """Wall-clock budget: a piece of work runs only if it is expected to finish within it."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.start = time.perf_counter()
+        self.estimates: dict[str, float] = {}
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def allows(self, kind: str) -> bool:
+        # The last piece of the same kind, with a margin: later cells are the larger ones.
+        return self.elapsed() + 1.5 * self.estimates.get(kind, 0.0) <= self.seconds
+
+    def record(self, kind: str, seconds: float) -> None:
+        self.estimates[kind] = seconds
+
+
+def run_check(
+    model_name: str, fused: str, args: argparse.Namespace, budget: Budget, notes: list[str]
+) -> list[Check]:
+    """The backend check of one model at the longest sequence, if the budget allows it."""
+    check_seq = max(args.seq_lens)
+    if not budget.allows("check"):
+        notes.append(f"check {model_name}: skipped, over the {args.budget_s:g} s budget")
+        return []
+    start = time.perf_counter()
+    try:
+        checks, why = check_backends(
+            model_name, fused, check_seq, round_up_to_devices(args.check_batch), args.seed
+        )
+    except Exception as e:  # a kernel that does not compile here: say so, go on
+        checks, why = [], f"failed: {type(e).__name__}: {str(e).splitlines()[0]}"
+    budget.record("check", time.perf_counter() - start)
+    if why:
+        notes.append(f"check {model_name} seq {check_seq}: {why}")
+    for c in checks:
+        print("check " + " ".join(c.row()), flush=True)
+    return checks
+
+
+def run_cells(
+    model_name: str,
+    seq_len: int,
+    backends: tuple[str, ...],
+    args: argparse.Namespace,
+    budget: Budget,
+    total_peak: float | None,
+) -> list[Cell]:
+    """One cell per backend for a model and sequence length, on the same batches."""
+    batch_size = round_up_to_devices(default_batch_size(args, seq_len))
+    rng = np.random.default_rng(args.seed + seq_len)
+    batches = None
+    cells = []
+    for impl in backends:
+        settings = make_settings(model_name, impl, batch_size, seq_len, DTYPE, args.seed)
+        model = settings.model
+        flops = perf.training_flops_per_sequence(model, seq_len, num_predictions(seq_len))
+        base = Cell(
+            model_name, seq_len, batch_size, impl, flops_per_sequence=flops, peak_flops=total_peak
+        )
+        if not budget.allows("cell"):
+            cells.append(dataclasses.replace(base, note="skipped: over the time budget"))
+            continue
+        setup = build_pretraining(settings, model)
+        resolved, why = resolved_attention(model, batch_size, seq_len, setup.mesh)
+        if resolved != impl:
+            note = f"falls back to {resolved}: {why}" if why else f"runs {resolved}"
+            cells.append(dataclasses.replace(base, note=note))
+            continue
+        if batches is None:
+            batches = [
+                synthetic_batch(rng, batch_size, seq_len, model.vocab_size) for _ in range(2)
+            ]
+        start = time.perf_counter()
+        try:
+            compile_s, step_s = time_cell(setup, args.seed, batches, args.warmup, args.steps)
+            cell = dataclasses.replace(base, compile_s=compile_s, step_s=step_s)
+        except Exception as e:  # e.g. out of memory, or a kernel this device lacks
+            first = str(e).splitlines()[0] if str(e) else ""
+            cell = dataclasses.replace(base, note=f"failed: {type(e).__name__}: {first}")
+        budget.record("cell", time.perf_counter() - start)
+        cells.append(cell)
+        print("cell " + " ".join(v for v in cell.row() if v), flush=True)
+        del setup
+        gc.collect()
+    return cells
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark, prints its tables and returns (and optionally writes) the results."""
+    args = parse_args(argv)
+    budget = Budget(args.budget_s)
+    device = jax.devices()[0]
+    fused, fused_line = fused_backend(args.fused)
+    peak = perf.peak_flops_per_device(device.device_kind, DTYPE, args.peak_flops or None)
+    total_peak = peak * jax.device_count() if peak else None
+    print(f"versions: {', '.join(f'{k} {v}' for k, v in versions().items())}")
+    print(f"backend: {jax.default_backend()}, {jax.device_count()} x {device.device_kind}")
+    print(
+        "peak bf16 FLOP/s per device: "
+        + (
+            f"{peak / 1e12:.0f} T ({'--peak_flops' if args.peak_flops else 'data sheet'})"
+            if peak
+            else f"unknown for {device.device_kind!r}: MFU n/a (give --peak_flops)"
+        )
+    )
+    print(fused_line)
+    print(
+        f"models {', '.join(args.models)}; sequence lengths {args.seq_lens}; {DTYPE} compute; "
+        f"{args.warmup} warm-up + {args.steps} timed steps per cell; budget {args.budget_s:g} s",
+        flush=True,
+    )
+    backends = ("xla",) + ((fused,) if fused else ())
+    cells: list[Cell] = []
+    checks: list[Check] = []
+    notes: list[str] = []
+
+    for model_name in args.models:
+        if fused and not args.no_check:
+            checks += run_check(model_name, fused, args, budget, notes)
+        for seq_len in args.seq_lens:
+            cells += run_cells(model_name, seq_len, backends, args, budget, total_peak)
+
+    if not fused:
+        notes.append("backend comparison: not run, no fused backend (see 'fused attention' above)")
+    print()
+    print(format_table(COLUMNS, [c.row() for c in cells]))
+    print()
+    if checks:
+        print(
+            "fused vs xla on one batch: relative L2 error; bf16 err: xla bf16 vs float32; "
+            f"tolerance max({OUTPUT_TOLERANCE:g} outputs / {GRADIENT_TOLERANCE:g} gradients, "
+            f"{NOISE_FACTOR:g} x bf16's own error against float32)"
+        )
+        print(format_table(CHECK_COLUMNS, [c.row() for c in checks]))
+        print()
+        print(f"backend check: {'PASS' if all(c.passed for c in checks) else 'FAIL'}")
+    for note in notes:
+        print(f"note: {note}")
+    print(f"total {budget.elapsed():.0f} s")
+
+    result = {
+        "device_kind": device.device_kind,
+        "backend": jax.default_backend(),
+        "device_count": jax.device_count(),
+        "peak_flops_per_device": peak,
+        "fused": fused,
+        "fused_note": fused_line,
+        "versions": versions(),
+        "cells": [c.to_json() for c in cells],
+        "checks": [c.to_json() for c in checks],
+        "check_passed": all(c.passed for c in checks) if checks else None,
+        "notes": notes,
+        "elapsed_s": budget.elapsed(),
+        "argv": sys.argv[1:] if argv is None else list(argv),
+    }
+    if args.json:
+        fs.write_text(args.json, json.dumps(result, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

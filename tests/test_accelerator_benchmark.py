@@ -1,0 +1,187 @@
+"""benchmarks/accelerator.py keeps working on CPU: its tiny setting, tables, check and JSON.
+
+The fast tests cover what needs no compilation (choosing the fused backend, the budget,
+the figures and the error measures); the slow ones run the script end to end on the tiny
+model, once with splash attention in Pallas interpret mode (so that the fused-vs-xla check
+really runs) and once as a user on CPU would, where no fused backend exists.
+"""
+
+import importlib.util
+import json
+import pathlib
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax import perf, sharding
+
+_PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "accelerator.py"
+_SPEC = importlib.util.spec_from_file_location("accelerator_benchmark", _PATH)
+accelerator = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = accelerator  # dataclasses look their module up while being built
+_SPEC.loader.exec_module(accelerator)
+
+
+def table_lines(out: str, columns: tuple[str, ...]) -> list[list[str]]:
+    """The rows (split on 2+ spaces) of the printed table whose header is `columns`."""
+    lines = out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split() == " ".join(columns).split())
+    rows = []
+    for line in lines[header + 2 :]:
+        if not line.strip():
+            break
+        rows.append([cell.strip() for cell in line.split("  ") if cell.strip()])
+    return rows
+
+
+def test_cpu_defaults_to_the_tiny_model_and_names_the_missing_fused_backend():
+    args = accelerator.parse_args([])
+    assert args.tiny and args.models == ("tiny",) and args.seq_lens == (128,)
+    fused, line = accelerator.fused_backend("auto")
+    assert fused is None
+    assert "none available on cpu" in line and "NVIDIA GPU" in line
+    fused, line = accelerator.fused_backend("cudnn")
+    assert fused is None and "needs an NVIDIA GPU" in line
+    fused, line = accelerator.fused_backend("splash")
+    assert fused == "splash" and "interpret mode" in line
+    with pytest.raises(SystemExit):
+        accelerator.parse_args(["--models", "base"])  # the full models are not for CPU
+    with pytest.raises(SystemExit):
+        accelerator.parse_args(["--seq_lens", "128,x"])
+
+
+def test_a_fused_request_that_falls_back_says_why():
+    settings = accelerator.make_settings("tiny", "splash", 8, 64, "bfloat16", 0)
+    mesh = sharding.make_mesh((-1, 1, 1))
+    impl, why = accelerator.resolved_attention(settings.model, 8, 64, mesh)
+    assert impl == "xla" and "not a multiple of 128" in why
+    impl, _ = accelerator.resolved_attention(settings.model, 8, 128, mesh)
+    assert impl == "splash"
+
+
+def test_figures_of_a_cell():
+    cell = accelerator.Cell(
+        "base", 128, 8, "xla", compile_s=3.0, step_s=0.1, flops_per_sequence=1e9, peak_flops=1e11
+    )
+    assert cell.sequences_per_sec == pytest.approx(80.0)
+    assert cell.tokens_per_sec == pytest.approx(80.0 * 128)
+    assert cell.mfu == pytest.approx(0.8)
+    row = dict(zip(accelerator.COLUMNS, cell.row()))
+    assert row["step ms"] == "100.00" and row["MFU"] == "80.0%" and row["tokens/s"] == "10240"
+    unknown = accelerator.Cell("base", 128, 8, "xla", step_s=0.1, flops_per_sequence=1e9)
+    assert unknown.mfu is None and dict(zip(accelerator.COLUMNS, unknown.row()))["MFU"] == "n/a"
+    skipped = accelerator.Cell("base", 128, 8, "cudnn", note="skipped: over the time budget")
+    assert dict(zip(accelerator.COLUMNS, skipped.row()))["step ms"] == "-"
+    assert perf.peak_flops_per_device("NVIDIA H200", "bfloat16") == 989e12
+    assert perf.peak_flops_per_device("TPU v5 lite", "bfloat16") == 197e12
+
+
+def test_gradient_errors_skip_leaves_without_gradient():
+    rng = np.random.default_rng(0)
+    exact = {"w": rng.standard_normal(100), "key_bias": np.full(4, 1e-12)}
+    xla = {"w": exact["w"] * 1.001, "key_bias": np.full(4, 1e-6)}
+    fused = {"w": exact["w"] * 1.002, "key_bias": np.full(4, -1e-6)}
+    (all_name, rel_all, noise_all, max_abs), (leaf_name, rel_leaf, noise_leaf, _) = (
+        accelerator._gradient_errors(fused, xla, exact)
+    )
+    assert "1/2 leaves" in leaf_name
+    # The key bias's rounding (2e-6 apart, relative error 2) would dominate the worst leaf.
+    assert rel_leaf == pytest.approx(0.001 / 1.001, rel=1e-6)
+    assert noise_leaf == pytest.approx(0.001, rel=1e-6)
+    assert max_abs == pytest.approx(np.max(np.abs(exact["w"])) * 0.001, rel=1e-6)
+    assert 0 < rel_all < 0.01 and 0 < noise_all < 0.01
+
+
+def test_budget_skips_work_with_a_note(tmp_path, capsys):
+    out_json = tmp_path / "out.json"
+    result = accelerator.main(
+        ["--fused", "splash", "--budget_s", "1e-9", "--peak_flops", "2e12", "--json", str(out_json)]
+    )
+    out = capsys.readouterr().out
+    assert "2 T (--peak_flops)" in out
+    rows = table_lines(out, accelerator.COLUMNS)
+    assert [r[3] for r in rows] == ["xla", "splash"]
+    assert all("skipped: over the time budget" in r[-1] for r in rows)
+    assert "check tiny: skipped, over the 1e-09 s budget" in out
+    assert json.loads(out_json.read_text()) == json.loads(json.dumps(result))
+    assert result["checks"] == [] and result["check_passed"] is None
+
+
+@pytest.mark.slow
+def test_tiny_run_times_both_backends_and_checks_them(tmp_path, capsys):
+    out_json = tmp_path / "accelerator.json"
+    accelerator.main(
+        ["--fused", "splash", "--steps", "2", "--warmup", "0", "--peak_flops", "1e12"]
+        + ["--json", str(out_json)]
+    )
+    out = capsys.readouterr().out
+    rows = table_lines(out, accelerator.COLUMNS)
+    assert [r[3] for r in rows] == ["xla", "splash"]
+    for row in rows:
+        assert len(row) == len(accelerator.COLUMNS) - 1  # every figure, no note
+        assert float(row[5]) > 0 and float(row[7]) > 0 and row[9].endswith("%")
+    checks = table_lines(out, accelerator.CHECK_COLUMNS)
+    quantities = [r[2] for r in checks]
+    assert quantities[:4] == ["mlm_logits", "nsp_logits", "sequence_output", "loss"]
+    assert quantities[4] == "grads, all as one" and quantities[5].startswith("grads, worst of")
+    assert all(r[-1] == "PASS" for r in checks) and "backend check: PASS" in out
+
+    result = json.loads(out_json.read_text())
+    assert result["fused"] == "splash" and result["check_passed"] is True
+    for cell in result["cells"]:
+        assert cell["step_s"] > 0 and cell["tokens_per_sec"] == pytest.approx(
+            cell["sequences_per_sec"] * 128
+        )
+        assert cell["mfu"] == pytest.approx(cell["flops_per_sec"] / (1e12 * jax.device_count()))
+    # bf16 against float32 is a real error, and the fused kernel is about as close to xla.
+    for check in result["checks"]:
+        assert check["rel_error"] <= check["tolerance"]
+        assert check["bf16_error"] > 0
+
+
+@pytest.mark.slow
+def test_cpu_run_without_a_fused_backend_says_so(capsys):
+    result = accelerator.main(["--steps", "1", "--warmup", "0"])
+    out = capsys.readouterr().out
+    assert "fused attention: none available on cpu" in out
+    rows = table_lines(out, accelerator.COLUMNS)
+    assert [r[3] for r in rows] == ["xla"] and float(rows[0][5]) > 0 and rows[0][9] == "n/a"
+    assert "note: backend comparison: not run, no fused backend" in out
+    assert result["fused"] is None and result["checks"] == []
+
+
+def test_a_failing_kernel_is_reported_not_raised(monkeypatch, capsys):
+    def no_kernel(*args, **kwargs):
+        raise RuntimeError("cuDNN is not detected.\nmore detail")
+
+    monkeypatch.setattr(accelerator, "time_cell", no_kernel)
+    monkeypatch.setattr(accelerator, "check_backends", no_kernel)
+    result = accelerator.main(["--fused", "splash"])
+    out = capsys.readouterr().out
+    rows = table_lines(out, accelerator.COLUMNS)
+    assert [r[3] for r in rows] == ["xla", "splash"]
+    assert all(r[-1] == "failed: RuntimeError: cuDNN is not detected." for r in rows)
+    assert "note: check tiny seq 128: failed: RuntimeError: cuDNN is not detected." in out
+    assert [c["step_s"] for c in result["cells"]] == [None, None]
+
+
+def test_the_device_grid_uses_the_recipes_at_google_sizes():
+    args = accelerator.parse_args(["--tiny"])
+    args.tiny = False  # as on a GPU or TPU
+    for name, layers, hidden in (("base", 12, 768), ("large", 24, 1024)):
+        for seq_len, batch, predictions in ((128, 256, 20), (512, 64, 80)):
+            assert accelerator.default_batch_size(args, seq_len) == batch
+            settings = accelerator.make_settings(name, "cudnn", batch, seq_len, "bfloat16", 0)
+            model = settings.model
+            assert (model.num_layers, model.hidden_size, model.vocab_size) == (
+                layers,
+                hidden,
+                30522,
+            )
+            assert model.attention_impl == "cudnn" and model.attention_dropout == 0.0
+            assert model.dtype == "bfloat16" and model.hidden_dropout == 0.1
+            assert settings.data.masking.max_predictions_per_seq == predictions
+            assert settings.run.token_capacity == 1.0 and settings.optimizer.name == "adamw"
+    assert settings.model.scan_layers and settings.model.remat_policy == "dots"  # large's recipe
