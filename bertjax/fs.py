@@ -149,7 +149,7 @@ def errors(target: str | os.PathLike, action: str) -> Iterator[None]:
 
 
 def kind(p: str | os.PathLike) -> str | None:
-    """ "file", "directory" or None (nothing there) at `p`, local or `gs://`.
+    """What is at `p`, local or `gs://`: "file", "directory", or None for nothing.
 
     On GCS the store is asked directly, so a missing bucket, missing credentials or a refused
     permission raise StorageError naming the path, where `is_dir()` / `is_file()` (which
