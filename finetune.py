@@ -15,7 +15,7 @@ import os
 
 import jax
 
-from bertjax import cli
+from bertjax import cli, fs
 from bertjax.checkpoint import CheckpointRestoreError, CheckpointSaveError
 from bertjax.finetune import data, loop
 from bertjax.finetune.settings import FinetuneSettings
@@ -36,6 +36,7 @@ EXPECTED_FAILURES = (
     CheckpointSaveError,
     WorkdirLockedError,
     FileNotFoundError,
+    fs.StorageError,
 )
 
 

@@ -330,6 +330,35 @@ def errors(target: str | os.PathLike, action: str) -> Iterator[None]:
         raise StorageError(f"{target}: cannot {action}: {message}") from e
 
 
+def kind(p: str | os.PathLike) -> str | None:
+    """What is at `p`, local or `gs://`: "file", "directory", or None for nothing.
+
+    On GCS the store is asked directly, so a missing bucket, missing credentials or a refused
+    permission raise StorageError naming the path, where `is_dir()` / `is_file()` (which
+    swallow the store's errors) would read as "not there".
+    """
+    p = path(p)
+    if not is_remote(p):
+        return "directory" if p.is_dir() else "file" if p.is_file() else None
+    import fsspec  # the gs backend is present: path() checked the extra
+
+    try:
+        with errors(p, "read"):
+            info = fsspec.filesystem("gs").info(os.fspath(p))
+    except FileNotFoundError:
+        return None
+    return "directory" if info.get("type") == "directory" else "file"
+
+
+def size(p: str | os.PathLike) -> int:
+    """The size of the file at `p` in bytes, local or `gs://`."""
+    p = path(p)
+    if not is_remote(p):
+        return p.stat().st_size
+    with errors(p, "read"):
+        return int(p.stat().length)
+
+
 def bucket_of(p: str | os.PathLike) -> str:
     """`gs://bucket` of a `gs://bucket/...` path."""
     return GCS_SCHEME + os.fspath(p)[len(GCS_SCHEME) :].split("/", 1)[0]
@@ -350,14 +379,20 @@ def _bucket_exists(bucket: str) -> bool:
 
 def describe_remote_error(e: BaseException) -> str | None:
     """What went wrong talking to GCS, in words; None for errors that are not the store's."""
-    text = str(e)
+    text = " ".join(str(e).split())  # one line: the store's messages may span several
     name = type(e).__name__
     if "DefaultCredentialsError" in name or "credentials were not found" in text:
         return (
             "no Google Cloud credentials found; run `gcloud auth application-default login` "
             "or set GOOGLE_APPLICATION_CREDENTIALS"
         )
-    if isinstance(e, PermissionError) or "403" in text or "401" in text:
+    # gcsfs raises a 403 as OSError("Forbidden: <path>..."), a 401 as HttpError.
+    if (
+        isinstance(e, PermissionError)
+        or text.startswith("Forbidden")
+        or "403" in text
+        or "401" in text
+    ):
         return (
             f"permission denied ({text.strip() or name}); check the account's access to the bucket"
         )

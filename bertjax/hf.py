@@ -19,6 +19,10 @@ one back with its dense layer under params["qa_outputs"] (see bertjax.finetune.q
 Safetensors files are read and written with `safetensors.numpy`, so neither torch nor
 transformers is needed at run time; torch is imported only to read pytorch_model.bin.
 
+Directories may be local or `gs://` (bertjax.fs): files are read whole through the storage
+layer, and an export to GCS is written in a local temporary directory, then uploaded file by
+file (each object appears only once its upload is complete).
+
 Layout differences handled here: torch Linear weights are [out, in] and ours are
 [in, out]; the attention projections are split per head, [H, N*D] -> [H, N, D] for
 query/key/value and [N*D, H] -> [N, D, H] for the attention output.
@@ -30,6 +34,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib
+import io
 import json
 import logging
 import os
@@ -44,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import heads
+from bertjax import fs, heads
 from bertjax import model as model_lib
 from bertjax import seq2seq as seq2seq_lib
 from bertjax.heads import HF_ARCHITECTURES, HF_PROBLEM_TYPES, HeadSpec
@@ -403,14 +408,14 @@ def load_with_report(
     path: str | os.PathLike, *, seed: int = 0, **overrides
 ) -> tuple[BertConfig, dict, LoadReport]:
     """Like `load`, also returning a LoadReport of initialised and ignored tensors."""
-    directory = pathlib.Path(path)
-    if not directory.is_dir():
+    directory = fs.path(path)
+    if fs.kind(directory) != "directory":
         raise FileNotFoundError(
             f"{directory}: not a directory (expected a transformers BERT "
             f"directory with {CONFIG_NAME} and {SAFE_WEIGHTS_NAME})"
         )
     config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
+    if fs.kind(config_path) != "file":
         raise FileNotFoundError(f"{config_path}: missing; a transformers BERT directory needs it")
     hf_config = _read_config(config_path)
     config = config_from_hf(hf_config, **overrides)
@@ -570,7 +575,7 @@ def save(
     # HF's order, which is also the order of the specs.
     tensors = {spec.hf_name: tensors[spec.hf_name] for spec in specs}
 
-    directory = pathlib.Path(path)
+    directory = fs.path(path)
     with _staged(directory) as staging:
         _write_json(staging / CONFIG_NAME, hf_config)
         # transformers refuses safetensors files whose metadata does not name a known format.
@@ -607,21 +612,30 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     then BERT's vocab.txt with tokenizer_config.json's do_lower_case (True when absent, as in
     transformers), strip_accents and tokenize_chinese_chars.
     """
-    directory = pathlib.Path(path)
+    directory = fs.path(path)
     sentencepiece_file = directory / SENTENCEPIECE_FILE
     json_file = directory / HF_TOKENIZER_FILE
     vocab_file = directory / WORDPIECE_VOCAB_FILE
-    if sentencepiece_file.is_file():
-        return SentencePieceTokenizer.load(sentencepiece_file)
+    # Read as bytes through the storage layer (the files may be on gs://), with the sources
+    # Tokenizer.load and WordPieceTokenizer.from_vocab would name.
+    if fs.kind(sentencepiece_file) == "file":
+        return SentencePieceTokenizer(
+            fs.read_bytes(sentencepiece_file), source=f"tokenizer model {str(sentencepiece_file)!r}"
+        )
     if json_file.is_file():
-        return WordPieceTokenizer.load(json_file)
+        return WordPieceTokenizer.from_json(
+            fs.read_text(json_file), source=f"tokenizer model {str(json_file)!r}"
+        )
     if vocab_file.is_file():
         settings = _tokenizer_config(directory)
-        return WordPieceTokenizer.from_vocab(
-            vocab_file,
+        # As transformers reads vocab.txt: universal newlines, only the newline stripped.
+        lines = io.StringIO(fs.read_text(vocab_file), newline=None).readlines()
+        return WordPieceTokenizer(
+            [line.rstrip("\n") for line in lines],
             lowercase=bool(settings.get("do_lower_case", True)),
             strip_accents=settings.get("strip_accents"),
             tokenize_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+            source=f"WordPiece vocabulary {str(vocab_file)!r}",
         )
     raise FileNotFoundError(
         f"{directory}: no tokenizer found; expected {HF_TOKENIZER_FILE}, {WORDPIECE_VOCAB_FILE} "
@@ -629,13 +643,12 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     )
 
 
-def _tokenizer_config(directory: pathlib.Path) -> dict[str, Any]:
+def _tokenizer_config(directory: fs.AnyPath) -> dict[str, Any]:
     """tokenizer_config.json (empty when absent), refusing special tokens BERT does not use."""
     config_file = directory / HF_TOKENIZER_CONFIG_FILE
     if not config_file.is_file():
         return {}
-    with open(config_file, encoding="utf-8") as f:
-        settings = json.load(f)
+    settings = json.loads(fs.read_text(config_file))
     for name, expected in HF_SPECIAL_TOKENS.items():
         value = settings.get(name, expected)
         if isinstance(value, dict):  # transformers' serialized AddedToken
@@ -656,7 +669,7 @@ def _require_safetensors() -> None:
         )
 
 
-def _read_weights(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
+def _read_weights(directory: fs.AnyPath) -> tuple[dict[str, np.ndarray], str]:
     """Reads every tensor of the directory's weights, in the order transformers prefers."""
     safe = directory / SAFE_WEIGHTS_NAME
     safe_index = directory / SAFE_WEIGHTS_INDEX_NAME
@@ -684,11 +697,10 @@ def _read_weights(directory: pathlib.Path) -> tuple[dict[str, np.ndarray], str]:
     )
 
 
-def _read_config(path: pathlib.Path) -> dict[str, Any]:
+def _read_config(path: fs.AnyPath) -> dict[str, Any]:
     """config.json as a dict; a file that is not a JSON object is named with what is wrong."""
     try:
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f)
+        value = json.loads(fs.read_text(path))
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     except json.JSONDecodeError as err:
@@ -703,10 +715,14 @@ def _read_config(path: pathlib.Path) -> dict[str, Any]:
     return value
 
 
-def _read_safetensors(path: pathlib.Path) -> dict[str, np.ndarray]:
+def _read_safetensors(path: fs.AnyPath) -> dict[str, np.ndarray]:
     """Every tensor of a safetensors file; a damaged file is named with what is wrong."""
     try:
+        if fs.is_remote(path):  # read whole: the tensors are all wanted anyway
+            return dict(safetensors_numpy.load(fs.read_bytes(path)))
         return dict(safetensors_numpy.load_file(path))
+    except fs.StorageError:
+        raise
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: missing (named by the weights index)") from None
     except Exception as err:  # noqa: BLE001 - safetensors raises its own error types
@@ -724,14 +740,22 @@ def _write_json(path: pathlib.Path, value: Any) -> None:
 
 
 @contextlib.contextmanager
-def _staged(directory: pathlib.Path):
+def _staged(directory: fs.AnyPath):
     """Yields a temporary sibling of `directory`; once the block completes, moves its files in.
 
     Each file then replaces its namesake by one rename, after every file was written whole,
     so a failure while writing (a full disk, a bad tensor) leaves the old files untouched;
     other files already in `directory` stay. Files get the umask's permissions, as `open`
     would give them (safetensors and temporary directories are private by default).
+
+    For a `gs://` directory the files are made in a local temporary directory and uploaded
+    once all are complete (see `upload`): a failure while writing them uploads nothing.
     """
+    if fs.is_remote(directory):
+        with tempfile.TemporaryDirectory(prefix="bertjax-export-") as staging:
+            yield pathlib.Path(staging)
+            upload(staging, directory)
+        return
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = pathlib.Path(
         tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent)
@@ -748,15 +772,28 @@ def _staged(directory: pathlib.Path):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _index_shards(index_path: pathlib.Path) -> list[str]:
-    with open(index_path) as f:
-        weight_map = json.load(f).get("weight_map")
+def upload(local: str | os.PathLike, directory: str | os.PathLike) -> None:
+    """Copies a local directory's files (and subdirectories) into `directory` (local or
+    gs://), each file written whole; config.json last, so that a reader who finds it finds
+    the weights it describes already there."""
+    local = pathlib.Path(local)
+    files = sorted(
+        (f for f in local.rglob("*") if f.is_file()),
+        key=lambda f: (f.relative_to(local).as_posix() == CONFIG_NAME, f.relative_to(local).parts),
+    )
+    fs.makedirs(directory)
+    for file in files:
+        fs.write_bytes(fs.join(directory, *file.relative_to(local).parts), file.read_bytes())
+
+
+def _index_shards(index_path: fs.AnyPath) -> list[str]:
+    weight_map = json.loads(fs.read_text(index_path)).get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise ValueError(f"{index_path}: no 'weight_map' of tensor name -> shard file")
     return sorted(set(weight_map.values()))
 
 
-def _read_torch_file(file: pathlib.Path) -> dict[str, np.ndarray]:
+def _read_torch_file(file: fs.AnyPath) -> dict[str, np.ndarray]:
     """Reads a torch state dict; torch is optional, so it is imported only here."""
     try:
         torch = importlib.import_module("torch")
@@ -766,7 +803,8 @@ def _read_torch_file(file: pathlib.Path) -> dict[str, np.ndarray]:
             f"install the extra (pip install 'bertjax[hf]') or convert the checkpoint to "
             f"{SAFE_WEIGHTS_NAME}"
         ) from e
-    state = torch.load(file, map_location="cpu", weights_only=True)
+    source = io.BytesIO(fs.read_bytes(file)) if fs.is_remote(file) else file
+    state = torch.load(source, map_location="cpu", weights_only=True)
     if not isinstance(state, Mapping):
         raise ValueError(f"{file}: expected a state dict of tensors, got {type(state).__name__}")
     tensors = {}
@@ -1055,7 +1093,7 @@ def save_seq2seq(
     generation = {
         key: hf_config[key] for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id")
     }
-    with _staged(pathlib.Path(path)) as staging:
+    with _staged(fs.path(path)) as staging:
         _write_json(staging / CONFIG_NAME, hf_config)
         _write_json(staging / GENERATION_CONFIG_NAME, generation)
         safetensors_numpy.save_file(tensors, staging / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
@@ -1066,9 +1104,9 @@ def save_seq2seq(
 def load_seq2seq(path: str | os.PathLike, **overrides) -> tuple[seq2seq_lib.Seq2SeqConfig, dict]:
     """Reads a transformers EncoderDecoderModel directory (BERT on both sides) into a
     Seq2SeqConfig (init bert2bert) and bertjax.seq2seq's params tree (numpy arrays)."""
-    directory = pathlib.Path(path)
+    directory = fs.path(path)
     config_path = directory / CONFIG_NAME
-    if not config_path.is_file():
+    if fs.kind(config_path) != "file":
         raise FileNotFoundError(
             f"{config_path}: missing; a transformers EncoderDecoderModel directory needs it"
         )

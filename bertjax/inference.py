@@ -42,7 +42,7 @@ from jax.experimental import multihost_utils
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import embedding as embedding_lib
 from bertjax import features as features_lib
-from bertjax import heads, hf, rundir, sbert
+from bertjax import fs, heads, hf, rundir, sbert
 from bertjax import seq2seq as seq2seq_lib
 from bertjax import sharding as sharding_lib
 from bertjax.data import storage
@@ -152,9 +152,18 @@ class Model:
         `step` picks a checkpoint of a work directory (default: the latest readable one).
         """
         overrides = {"dtype": dtype} if dtype else {}
-        if _is_encoder_decoder(path):  # a transformers EncoderDecoderModel directory
+        try:
+            # Local or gs://: a missing bucket, no credentials or no permission is said here,
+            # in one line naming the path.
+            if fs.kind(path) is None:
+                raise InferenceError(f"{path} does not exist")
+            encoder_decoder = _is_encoder_decoder(path)
+            sentence_transformers = step is None and sbert.is_sentence_transformers_dir(path)
+        except fs.StorageError as err:
+            raise InferenceError(str(err)) from None
+        if encoder_decoder:  # a transformers EncoderDecoderModel directory
             return cls._load_encoder_decoder(path, mesh, batch_size, dtype, progress)
-        if step is None and sbert.is_sentence_transformers_dir(path):
+        if sentence_transformers:
             return cls._load_sentence_transformers(
                 path, mesh=mesh, batch_size=batch_size, progress=progress, **overrides
             )
@@ -772,12 +781,13 @@ class Model:
 
 def _is_encoder_decoder(path: str | os.PathLike) -> bool:
     """Whether path is a transformers EncoderDecoderModel directory (its config.json says)."""
-    config = os.path.join(path, hf.CONFIG_NAME)
-    if not os.path.isfile(config):
+    config = fs.path(path) / hf.CONFIG_NAME
+    if fs.kind(config) != "file":
         return False
     try:
-        with open(config, encoding="utf-8") as f:
-            return json.load(f).get("model_type") == "encoder-decoder"
+        return json.loads(fs.read_text(config)).get("model_type") == "encoder-decoder"
+    except fs.StorageError:
+        raise
     except (OSError, ValueError, AttributeError):
         return False
 

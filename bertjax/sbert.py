@@ -16,6 +16,10 @@ the bi-encoder's parameters ({"bert": ...}), the tokenizer and the EmbeddingSpec
 normalisation, max_seq_length). The pooling config is read in both the classic layout
 (pooling_mode_mean_tokens: true, ...) and the newer one (pooling_mode: "mean"); the classic
 one is written, which every sentence-transformers release reads.
+
+The directory may be local or `gs://` (bertjax.fs). On GCS, whose directories are only name
+prefixes, an empty 2_Normalize/ leaves no object: modules.json alone says the vectors are
+normalised, which is what `load` reads.
 """
 
 from __future__ import annotations
@@ -24,13 +28,14 @@ import json
 import logging
 import os
 import pathlib
+import tempfile
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import flax.linen as nn
 import numpy as np
 
-from bertjax import embedding, hf
+from bertjax import embedding, fs, hf
 from bertjax import model as model_lib
 from bertjax.embedding import EmbeddingSpec
 from bertjax.model import BertConfig
@@ -116,7 +121,28 @@ def save(
             )
         tensors[name] = spec_.to_hf(array)
 
-    out = pathlib.Path(directory)
+    out = fs.path(directory)
+    if not fs.is_remote(out):
+        _write(out, config, tensors, tokenizer, spec)
+        return
+    # GCS: the files are made locally, then uploaded (config.json last, see hf.upload).
+    with tempfile.TemporaryDirectory(prefix="bertjax-export-") as staging:
+        _write(pathlib.Path(staging), config, tensors, tokenizer, spec)
+        hf.upload(staging, out)
+    if not spec.normalize:  # a previous export's Normalize module would be read back
+        for stale in (out / NORMALIZE_DIR).glob("*"):
+            with fs.errors(stale, "delete"):
+                stale.unlink()
+
+
+def _write(
+    out: pathlib.Path,
+    config: BertConfig,
+    tensors: dict[str, np.ndarray],
+    tokenizer: Tokenizer,
+    spec: EmbeddingSpec,
+) -> None:
+    """Writes the directory's files into a local directory."""
     out.mkdir(parents=True, exist_ok=True)
     hf_config = hf.config_to_hf(config)
     hf_config["architectures"] = ["BertModel"]
@@ -152,14 +178,14 @@ def save(
 
 def is_sentence_transformers_dir(path: str | os.PathLike) -> bool:
     """Whether path is a sentence-transformers directory (it has modules.json)."""
-    return (pathlib.Path(path) / MODULES_FILE).is_file()
+    return fs.kind(fs.path(path) / MODULES_FILE) == "file"
 
 
 def _kind(module_type: str) -> str:
     return module_type.rsplit(".", 1)[-1]
 
 
-def _pooling_mode(config: Mapping[str, Any], source: pathlib.Path) -> str:
+def _pooling_mode(config: Mapping[str, Any], source: fs.AnyPath) -> str:
     """The one pooling mode of a Pooling module's config, classic or newer layout."""
     if "pooling_mode" in config:
         mode = config["pooling_mode"]
@@ -175,9 +201,8 @@ def _pooling_mode(config: Mapping[str, Any], source: pathlib.Path) -> str:
     return modes[0]
 
 
-def _read_json(path: pathlib.Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+def _read_json(path: fs.AnyPath) -> Any:
+    return json.loads(fs.read_text(path))
 
 
 def load(path: str | os.PathLike, **overrides) -> SentenceModel:
@@ -186,9 +211,9 @@ def load(path: str | os.PathLike, **overrides) -> SentenceModel:
     `overrides` set non-architecture BertConfig fields (dtype, attention_impl, ...), as
     bertjax.hf.load. Other modules (Dense, LayerNorm, ...) are refused by name.
     """
-    root = pathlib.Path(path)
+    root = fs.path(path)
     modules_file = root / MODULES_FILE
-    if not modules_file.is_file():
+    if fs.kind(modules_file) != "file":
         raise FileNotFoundError(f"{root}: no {MODULES_FILE}; not a sentence-transformers directory")
     modules = sorted(_read_json(modules_file), key=lambda m: int(m.get("idx", 0)))
     kinds = [_kind(m["type"]) for m in modules]

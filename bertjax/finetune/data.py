@@ -20,7 +20,7 @@ import csv
 import dataclasses
 import json
 import math
-import pathlib
+import os
 import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from bertjax import features as features_lib
-from bertjax import heads, textfile
+from bertjax import fs, heads, textfile
 from bertjax.finetune.layouts import CONLL, JSONL, TRAIN, TSV, Layout
 from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, TaskData
@@ -70,13 +70,13 @@ class Split:
 
 
 def read_split(
-    path: str | pathlib.Path, layout: Layout, task: str, name: str, require_labels: bool
+    path: str | os.PathLike, layout: Layout, task: str, name: str, require_labels: bool
 ) -> Split:
     """Reads one file; `require_labels`: a file without its label column is an error."""
-    path = pathlib.Path(path)
-    if not path.is_file():
+    path = fs.path(path)
+    if fs.kind(path) != "file":
         raise TaskDataError(f"{path}: no such file ({name} data)")
-    if path.stat().st_size == 0:
+    if fs.size(path) == 0:
         raise TaskDataError(f"{path} is empty ({name} data): it holds no examples")
     try:
         if layout.format == CONLL:
@@ -138,7 +138,7 @@ def _text(path, line: int, value: Any, field: str | int) -> str:
     return value
 
 
-def _read_delimited(path: pathlib.Path, layout: Layout, task: str):
+def _read_delimited(path: fs.AnyPath, layout: Layout, task: str):
     delimiter = "\t" if layout.format == TSV else ","
     # TSV files (GLUE's among them) do not quote: a quote character is text.
     quoting = csv.QUOTE_NONE if layout.format == TSV else csv.QUOTE_MINIMAL
@@ -224,7 +224,7 @@ def _json_kind(raw: Any) -> str:
     return "string" if isinstance(raw, str) else type(raw).__name__
 
 
-def _read_jsonl(path: pathlib.Path, layout: Layout, task: str):
+def _read_jsonl(path: fs.AnyPath, layout: Layout, task: str):
     records = []
     labelled = None
     first_kind: tuple[str, int, Any] | None = None  # the first label's kind, line and value
@@ -273,7 +273,7 @@ def _read_jsonl(path: pathlib.Path, layout: Layout, task: str):
     return records, bool(labelled), 0
 
 
-def _read_conll(path: pathlib.Path) -> list[Record]:
+def _read_conll(path: fs.AnyPath) -> list[Record]:
     records = []
     words: list[str] = []
     tags: list[str] = []

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import pathlib
+import os
 import statistics
 import time
 from collections.abc import Iterator
@@ -40,7 +40,7 @@ import tqdm
 from jax.experimental import multihost_utils
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import heads, metrics_writer, rundir, sharding, steps
+from bertjax import fs, heads, metrics_writer, rundir, sharding, steps
 from bertjax import loop as loop_lib
 from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune import task as task_lib
@@ -59,7 +59,7 @@ class HeadMismatchError(ConfigError):
 # ----------------------------------------------------------------------------- the model to tune
 
 
-def open_source(path: str | pathlib.Path) -> rundir.Run:
+def open_source(path: str | os.PathLike) -> rundir.Run:
     """Opens what init_from is: its architecture, tokenizer and head (parameters come later)."""
     try:
         return rundir.open_run(path)
@@ -315,7 +315,7 @@ class _SeedHooks:
     run: _Run
     seed: int
     best_checkpointer: checkpoint_lib.Checkpointer
-    checkpoint_dir: pathlib.Path
+    checkpoint_dir: fs.AnyPath
     best: dict | None = None
 
     def dropout_rng(self) -> jax.Array:
@@ -377,7 +377,7 @@ class _SeedHooks:
         return _meta(self.run, self.seed, self.best)
 
 
-def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
+def _run_seed(run: _Run, seed: int, workdir: fs.AnyPath) -> dict[str, Any]:
     settings = run.settings
     is_main = jax.process_index() == 0
     # Checked before anything is written there: a directory of another run keeps its files.
@@ -389,7 +389,7 @@ def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
             meta = None
         if meta is not None:
             _check_resumable(meta, run, existing)
-    workdir.mkdir(parents=True, exist_ok=True)
+    fs.makedirs(workdir)
     if is_main:
         run.tokenizer.save(workdir / rundir.tokenizer_file(run.tokenizer))
     checkpointer = checkpoint_lib.Checkpointer(
@@ -437,7 +437,7 @@ def _run_seed(run: _Run, seed: int, workdir: pathlib.Path) -> dict[str, Any]:
     return result
 
 
-def _predict_tests(run: _Run, workdir: pathlib.Path) -> list[str]:
+def _predict_tests(run: _Run, workdir: fs.AnyPath) -> list[str]:
     """Writes each test split's predictions by the best parameters; their paths.
 
     A task with `predicts_validation` (question answering's official files) writes the
@@ -467,15 +467,18 @@ def _predict_tests(run: _Run, workdir: pathlib.Path) -> list[str]:
 
 
 def finetune(
-    settings: FinetuneSettings, workdir: str | pathlib.Path, devices=None
+    settings: FinetuneSettings, workdir: str | os.PathLike, devices=None
 ) -> dict[str, Any]:
     """Fine-tunes (or resumes) for every seed of the settings in workdir; returns the summary.
 
-    `devices`: the devices of the mesh (default: all of them).
+    `workdir` is a local directory or `gs://bucket/path`. `devices`: the devices of the mesh
+    (default: all of them).
     """
     start = time.time()
-    workdir = pathlib.Path(workdir)
-    workdir.mkdir(parents=True, exist_ok=True)
+    workdir = fs.makedirs(workdir)
+    # On GCS making a directory writes nothing: ask the store now, so that a missing bucket,
+    # missing credentials or a refused permission end here, in one line naming the path.
+    fs.kind(workdir)
     lock = rundir.WorkdirLock(workdir)
     if jax.process_index() == 0:
         lock.acquire()
@@ -542,7 +545,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
     return _Run(settings, ft, task, source, source.tokenizer, steps_per_epoch)
 
 
-def _seed_summary(settings, results: list[dict], workdir: pathlib.Path, seconds: float) -> dict:
+def _seed_summary(settings, results: list[dict], workdir: fs.AnyPath, seconds: float) -> dict:
     values = [r["best"]["value"] for r in results if r.get("best")]
     summary = {
         "workdir": str(workdir),

@@ -35,10 +35,10 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
+import io
 import json
 import math
 import os
-import pathlib
 import re
 import string
 from collections.abc import Iterable, Mapping, Sequence
@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import sharding, steps
+from bertjax import fs, sharding, steps
 from bertjax.heads import HeadSums
 from bertjax.model import BertConfig, BertModel
 from bertjax.sharding import BATCH, EMBED, LABELS, LENGTH
@@ -188,11 +188,12 @@ def read_examples(
     question without an answer is an error. Bad input fails with one line naming the file and
     the record.
     """
-    path = pathlib.Path(path)
-    if not path.is_file():
+    path = fs.path(path)
+    if fs.kind(path) != "file":
         raise FileNotFoundError(f"question-answering data {str(path)!r} does not exist")
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        # Local or gs://, with universal newlines as a text-mode read gives them.
+        text = io.StringIO(fs.read_bytes(path).decode("utf-8-sig"), newline=None).read()
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
     if _is_squad_json(path, text):
@@ -225,7 +226,7 @@ def read_examples(
     return QAData(tuple(examples), version_2, str(path), mismatched)
 
 
-def _is_squad_json(path: pathlib.Path, text: str) -> bool:
+def _is_squad_json(path: fs.AnyPath, text: str) -> bool:
     # SQuAD is one JSON object with "data"; anything else not named .jsonl is read as JSON
     # Lines, whose errors name the line.
     if path.suffix == ".jsonl" or not text.lstrip().startswith("{"):
@@ -811,8 +812,7 @@ def decode(
 def write_predictions(directory: str | os.PathLike, predictions: QAPredictions) -> list[str]:
     """Writes predictions.json, nbest_predictions.json and (v2.0) null_odds.json, the files
     the official evaluation scripts read; returns their paths."""
-    directory = pathlib.Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory = fs.makedirs(directory)
     contents = {
         PREDICTIONS_FILE: predictions.predictions,
         NBEST_FILE: {
@@ -824,11 +824,7 @@ def write_predictions(directory: str | os.PathLike, predictions: QAPredictions) 
     written = []
     for name, value in contents.items():
         path = directory / name
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(value, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-        os.replace(tmp, path)
+        fs.write_text(path, json.dumps(value, indent=2, ensure_ascii=False) + "\n")
         written.append(str(path))
     return written
 

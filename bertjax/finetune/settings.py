@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
-import pathlib
 from typing import Any
 
 import jax
 import ml_collections
 
-from bertjax import optim, sharding
+from bertjax import fs, optim, sharding
 from bertjax.finetune import layouts
 from bertjax.finetune import task as task_lib
 from bertjax.model import BertConfig
@@ -156,7 +154,7 @@ def _read_finetune(
         "set it to the model to fine-tune: a bertjax work directory, a directory written by "
         "bertjax.hf.save, or a Hugging Face BERT directory (config.json, weights, tokenizer)",
     )
-    require_(os.path.isdir(config.init_from), "init_from", "no such directory")
+    require_(_is(config.init_from, "directory", "init_from"), "init_from", "no such directory")
     glue = layouts.glue_task(config.data.glue_task) if config.data.glue_task else None
     require_(
         not config.data.glue_task or glue is not None,
@@ -295,11 +293,20 @@ def _with_task_defaults(config: ml_collections.ConfigDict) -> ml_collections.Con
     return config
 
 
+def _is(path: str, kind: str, field: str) -> bool:
+    """Whether `path` (local or gs://) is a "file" or a "directory"; a bucket that is missing
+    or refused, or a scheme this library cannot reach, fails naming the field."""
+    try:
+        return fs.kind(path) == kind
+    except fs.StorageError as err:
+        raise ConfigError(f"config.{field}: {err}") from None
+
+
 def _read_finetune_glue(config, glue) -> FinetuneDataSettings:
     require_ = functools.partial(require, config)
     d = config.data
     require_(bool(d.dir), "data.dir", f"set it to GLUE's {d.glue_task} directory (train.tsv, ...)")
-    require_(os.path.isdir(d.dir), "data.dir", "no such directory")
+    require_(_is(d.dir, "directory", "data.dir"), "data.dir", "no such directory")
     for field in ("train", "validation", "test"):
         require_(
             not d[field],
@@ -308,17 +315,19 @@ def _read_finetune_glue(config, glue) -> FinetuneDataSettings:
         )
 
     def path(name: str) -> str:
-        return os.path.join(d.dir, name)
+        return fs.join(d.dir, name)
 
     required = [glue.train, *(f for _, f in glue.validation)]
     for file in required:
         require_(
-            os.path.isfile(path(file.name)),
+            _is(path(file.name), "file", "data.dir"),
             "data.dir",
             f"has no {file.name}: GLUE's {d.glue_task} directory holds "
             f"{[f.name for f in required]}",
         )
-    test = tuple((name, path(f.name)) for name, f in glue.test if os.path.isfile(path(f.name)))
+    test = tuple(
+        (name, path(f.name)) for name, f in glue.test if _is(path(f.name), "file", "data.dir")
+    )
     files = [glue.train, *(f for _, f in glue.validation), *(f for _, f in glue.test)]
     return FinetuneDataSettings(
         train=path(glue.train.name),
@@ -344,7 +353,7 @@ def _read_task_files(config, spec) -> FinetuneDataSettings:
     )
     for field in ("train", "validation", "test"):
         if d[field]:
-            require_(os.path.isfile(d[field]), f"data.{field}", "no such file")
+            require_(_is(d[field], "file", f"data.{field}"), f"data.{field}", "no such file")
     section = spec.settings_section
     values = config[section].to_dict() if section in config else {}
     try:
@@ -408,8 +417,8 @@ def _read_finetune_files(config, task: str, fields=None) -> FinetuneDataSettings
         file = d[field]
         if not file:
             continue
-        require_(os.path.isfile(file), f"data.{field}", "no such file")
-        kind = d.format or layouts.EXTENSIONS.get(pathlib.Path(file).suffix.lower())
+        require_(_is(file, "file", f"data.{field}"), f"data.{field}", "no such file")
+        kind = d.format or layouts.EXTENSIONS.get(fs.path(file).suffix.lower())
         if kind is None and token_task:
             kind = layouts.CONLL  # CoNLL files come as .txt, .conll, .iob ...
         require_(

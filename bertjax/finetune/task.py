@@ -62,13 +62,12 @@ Two optional members, for a task with more than an encoder and a classifier (seq
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 from typing import Any, Protocol
 
 import jax
 import numpy as np
 
-from bertjax import heads, steps
+from bertjax import fs, heads, steps
 from bertjax.heads import HeadSpec
 from bertjax.model import BertConfig
 
@@ -137,7 +136,7 @@ class Task(Protocol):
 
     def write_predictions(
         self,
-        path: pathlib.Path,
+        path: fs.AnyPath,
         head: HeadSpec,
         examples: Examples,
         outputs: dict[str, np.ndarray],

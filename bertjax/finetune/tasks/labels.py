@@ -12,12 +12,11 @@ space-separated.
 from __future__ import annotations
 
 import dataclasses
-import pathlib
 
 import jax
 import numpy as np
 
-from bertjax import heads, rundir
+from bertjax import fs, heads, rundir
 from bertjax.finetune import data as task_data
 from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune.objective import HeadObjective
@@ -89,7 +88,7 @@ class HeadTask:
 
     def write_predictions(
         self,
-        path: pathlib.Path,
+        path: fs.AnyPath,
         head: HeadSpec,
         examples: Examples,
         outputs: dict[str, np.ndarray],
@@ -133,7 +132,7 @@ def split_scores(
 
 
 def write_predictions(
-    path: pathlib.Path, head: HeadSpec, examples: Examples, outputs: dict[str, np.ndarray]
+    path: fs.AnyPath, head: HeadSpec, examples: Examples, outputs: dict[str, np.ndarray]
 ) -> None:
     """A TSV of predictions, one line per example (see the module docstring)."""
     lines = ["index\tprediction" if head.task == heads.REGRESSION else "index\tlabel\tscore"]

@@ -25,11 +25,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import pathlib
 from typing import Any
 
 import numpy as np
 
+from bertjax import fs
 from bertjax.finetune import layouts
 from bertjax.finetune import question_answering as qa
 from bertjax.finetune.data import TaskDataError
@@ -212,13 +212,13 @@ class QuestionAnsweringTask:
 
     def write_predictions(
         self,
-        path: pathlib.Path,
+        path: fs.AnyPath,
         head: HeadSpec,
         examples: QAExamples,
         outputs: dict[str, np.ndarray],
-    ) -> pathlib.Path:
+    ) -> fs.AnyPath:
         """The official files of a split in <run>/predictions_<split>/; that directory."""
-        directory = pathlib.Path(path).parent / PREDICTIONS_DIR.format(examples.name)
+        directory = fs.path(path).parent / PREDICTIONS_DIR.format(examples.name)
         qa.write_predictions(directory, decode_split(examples, outputs))
         return directory
 

@@ -33,15 +33,14 @@ Test predictions: index, cosine similarity of the pair.
 from __future__ import annotations
 
 import dataclasses
-import os
-import pathlib
+import io
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import embedding, rundir
+from bertjax import embedding, fs, rundir
 from bertjax.embedding import EmbeddingSpec
 from bertjax.finetune import data as task_data
 from bertjax.finetune import embedding as objective_lib
@@ -102,7 +101,11 @@ def read_settings(config) -> EmbeddingSettings:
             f"only {given} are set"
         )
     for name, path in files.items():
-        if path and not os.path.isfile(path):
+        try:
+            missing = bool(path) and fs.kind(path) != "file"
+        except fs.StorageError as err:
+            raise ConfigError(f"config.embedding.{name}: {err}") from None
+        if missing:
             raise ConfigError(f"config.embedding.{name}={path!r}: no such file")
     fields = [f for f in config.data.text_fields.split(",") if f.strip()]
     counts = (2,) if loss.loss == objective_lib.COSINE_REGRESSION else (2, 3)
@@ -204,9 +207,15 @@ class RetrievalExamples(Examples):
     relevant: tuple[frozenset[int], ...] = ()  # per query: corpus rows (0-based)
 
 
+def _text_lines(path: str) -> io.StringIO:
+    """The lines of a UTF-8 file (local or gs://, a leading mark dropped), with universal
+    newlines as a text-mode read gives them."""
+    return io.StringIO(fs.read_bytes(path).decode("utf-8-sig"), newline=None)
+
+
 def _read_id_text(path: str, what: str) -> tuple[list[str], list[str]]:
     ids, texts = [], []
-    with open(path, encoding="utf-8-sig") as f:
+    with _text_lines(path) as f:
         for line, row in enumerate(f, start=1):
             row = row.rstrip("\n").rstrip("\r")
             if not row.strip():
@@ -234,7 +243,7 @@ def read_retrieval(
     query_row = {q: i for i, q in enumerate(query_ids)}
     doc_row = {d: i for i, d in enumerate(doc_ids)}
     relevant: list[set[int]] = [set() for _ in query_ids]
-    with open(relevance, encoding="utf-8-sig") as f:
+    with _text_lines(relevance) as f:
         for line, row in enumerate(f, start=1):
             if not row.strip():
                 continue
@@ -437,7 +446,7 @@ class EmbeddingTask:
 
     def write_predictions(
         self,
-        path: pathlib.Path,
+        path: fs.AnyPath,
         head: HeadSpec,
         examples: Examples,
         outputs: dict[str, np.ndarray],

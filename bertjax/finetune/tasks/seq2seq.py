@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import pathlib
 import warnings
 from typing import Any
 
@@ -27,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import features as features_lib
-from bertjax import rundir, text_metrics
+from bertjax import fs, rundir, text_metrics
 from bertjax import seq2seq as s2s
 from bertjax.finetune import data as task_data
 from bertjax.finetune.layouts import TRAIN
@@ -391,7 +390,7 @@ class Seq2SeqTask:
 
     def write_predictions(
         self,
-        path: pathlib.Path,
+        path: fs.AnyPath,
         head: HeadSpec,
         examples: Examples,
         outputs: dict[str, np.ndarray],
