@@ -113,14 +113,12 @@ def test_hf_export_to_gcs_matches_local_export_and_loads_back(gcs, tiny, tmp_pat
     assert hf.load_tokenizer(remote).fingerprint == tokenizer.fingerprint
 
 
-def test_model_save_hf_to_gcs_then_read_back_gives_equal_outputs(gcs, tiny, tmp_path):
+def test_model_save_hf_to_gcs_then_load_gives_equal_outputs(gcs, tiny, tmp_path):
     config, params, tokenizer = tiny
     model = Model(config, params, tokenizer)
     remote = gcs.bucket() + "/model"
     model.save_hf(remote)
-    # Model.load(remote) opens it through rundir.open_run, which reads gs:// once the run
-    # directory work is in; the parts it uses are checked here.
-    reloaded = Model(*hf.load(remote), hf.load_tokenizer(remote))
+    reloaded = Model.load(remote)
     texts = ["the film was [MASK] and warm", "the plot was dull"]
     np.testing.assert_array_equal(reloaded.embed(texts), model.embed(texts))
     assert reloaded.fill_mask(texts[0], top_k=3) == model.fill_mask(texts[0], top_k=3)
@@ -213,6 +211,40 @@ def test_finetune_reads_its_files_from_gcs(gcs, tiny, tmp_path):
     predictions = (workdir / "predictions_test.tsv").read_text().splitlines()
     assert len(predictions) == 1 + 8  # a header and one line per test row
     assert json.loads((workdir / "result.json").read_text())["steps"] == 2 * (64 // 16)
+
+
+@pytest.mark.slow
+def test_finetune_from_gcs_init_into_gcs_workdir(gcs, pretrained_run, tmp_path, monkeypatch):
+    """init_from (a pretraining work directory), task files and workdir all in a bucket;
+    nothing written locally; the run opens again from the bucket with Model.load."""
+    bucket = gcs.bucket()
+    gcs.fs.put(str(pretrained_run[0]), bucket[len("gs://") :] + "/init", recursive=True)
+    fields = {
+        "task": "classification",
+        "data.train": _write_rows(bucket + "/task/train.csv", 64, 1),
+        "data.validation": _write_rows(bucket + "/task/dev.csv", 32, 2),
+        "data.test": _write_rows(bucket + "/task/test.csv", 8, 3),
+    }
+    settings = FinetuneSettings.from_config(_finetune_config(bucket + "/init", **fields))
+    monkeypatch.chdir(tmp_path)
+    workdir = bucket + "/run"
+    summary = loop.finetune(settings, workdir)
+    assert list(tmp_path.iterdir()) == []  # no local "gs:" directory, no stray files
+    objects = _objects(gcs, workdir)
+    assert {"result.json", "predictions_test.tsv", "tokenizer.model"} <= set(objects)
+    assert any(name.startswith("best/") for name in objects)
+    assert any(name.startswith("checkpoints/") for name in objects)
+    result = json.loads(objects["result.json"])
+    assert result["steps"] == 2 * (64 // 16)
+    assert result["best"] == summary["seeds"][0]["best"]
+    assert len(objects["predictions_test.tsv"].decode().splitlines()) == 1 + 8
+
+    model = Model.load(workdir)  # the best checkpoint, from the bucket
+    assert model.source.startswith(workdir) and "(best)" in model.source
+    texts = [line.split(",")[0] for line in fs.read_text(fields["data.test"]).splitlines()[1:]]
+    labels = [p["label"] for p in model.predict(texts)]
+    written = [line.split("\t") for line in objects["predictions_test.tsv"].decode().splitlines()]
+    assert labels == [row[1] for row in written[1:]]
 
 
 def test_glue_directory_on_gcs_resolves_its_files(gcs, tiny, tmp_path):
