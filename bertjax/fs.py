@@ -340,23 +340,12 @@ def kind(p: str | os.PathLike) -> str | None:
     p = path(p)
     if not is_remote(p):
         return "directory" if p.is_dir() else "file" if p.is_file() else None
-    import fsspec  # the gs backend is present: path() checked the extra
-
     try:
         with errors(p, "read"):
-            info = fsspec.filesystem("gs").info(os.fspath(p))
+            info = gcs_filesystem().info(os.fspath(p))
     except FileNotFoundError:
         return None
     return "directory" if info.get("type") == "directory" else "file"
-
-
-def size(p: str | os.PathLike) -> int:
-    """The size of the file at `p` in bytes, local or `gs://`."""
-    p = path(p)
-    if not is_remote(p):
-        return p.stat().st_size
-    with errors(p, "read"):
-        return int(p.stat().length)
 
 
 def bucket_of(p: str | os.PathLike) -> str:
