@@ -9,10 +9,10 @@ that asks for it, so the fast tier builds only the ones its tests use.
 import os
 
 # The tests' models are tiny, so XLA's time goes into compiling, not running: LLVM's
-# optimisation passes at level 0 cut the suite's CPU time by about a quarter (half for
-# test_model.py). They change no semantics: XLA's own HLO passes, which decide fusion and
-# numerics, still run, and the pinned runs in test_trainer.py pass unchanged. Subprocesses
-# inherit both flags.
+# optimisation passes at level 0 nearly halve the CPU time of test_model.py (208 s -> 112 s).
+# XLA's own HLO passes, which decide fusion, still run, and the pinned runs in test_trainer.py
+# pass unchanged; only the last bits of a float may round differently than at the default
+# level. Subprocesses inherit both flags.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "")
     + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
