@@ -277,12 +277,9 @@ def gcs_filesystem():
 
 
 def invalidate_listings(p: str | os.PathLike | None = None) -> None:
-    """Forgets cached GCS listings (of `p`, or all), in every gcsfs instance this process
-    made with the usual arguments, so the next listing sees other writers' objects."""
-    import fsspec
-
-    for store in {id(s): s for s in (fsspec.filesystem("gs"), gcs_filesystem())}.values():
-        store.invalidate_cache(None if p is None else _object_name(p))
+    """Forgets the cached GCS listings (of `p`, or all) of this layer's gcsfs instance, so the
+    next listing sees other writers' objects."""
+    gcs_filesystem().invalidate_cache(None if p is None else _object_name(p))
 
 
 def _object_name(p: str | os.PathLike) -> str:
