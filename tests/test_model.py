@@ -429,7 +429,9 @@ def test_token_packing_matches_the_padded_model(params, mesh_shape, scan):
         (plain_loss, plain), plain_grads = loss_and_grads(None)
         (loss, packed), grads = loss_and_grads(needed)
     assert groups == (mesh_shape[0] * mesh_shape[1] if mesh_shape else 1)
-    np.testing.assert_allclose(loss, plain_loss, rtol=1e-6)
+    # The loss (about -0.004) is a sum of larger terms that nearly cancel, so one rounding of a
+    # term (7e-9 was seen, one float32 step at 0.1) is 2e-6 of it: allow that absolute step.
+    np.testing.assert_allclose(loss, plain_loss, rtol=1e-6, atol=1e-7)
     real = mask.astype(bool)
     np.testing.assert_allclose(
         np.asarray(packed.sequence_output)[real], np.asarray(plain.sequence_output)[real], atol=1e-5
