@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+import weakref
 
 import jax
 import jax.numpy as jnp
@@ -646,6 +647,16 @@ def _poll_until_save_fails(checkpointer):
         time.sleep(0.01)
 
 
+def _ends_when_its_work_is_done(thread: threading.Thread) -> bool:
+    """Orbax's one-shot threads end after their write, and so do the workers of an executor
+    that has been shut down. A worker of an executor still open (the default executor of an
+    event loop that lives on, such as gcsfs's once a GCS test ran in this process) waits for
+    work until the interpreter exits: joining it would only wait out the timeout."""
+    args = getattr(thread, "_args", ())  # concurrent.futures' _worker(executor_reference, ...)
+    executor = args[0]() if args and isinstance(args[0], weakref.ref) else None
+    return executor is None or executor._shutdown
+
+
 @pytest.mark.parametrize("noticed_by", ["check_for_errors", "next_save", "close", "sync_save"])
 # A synchronous save that fails leaves Orbax's array writes never started; Python warns once
 # when they are collected (the training loop saves asynchronously, where this does not occur).
@@ -691,7 +702,7 @@ def test_full_disk_is_one_error_at_the_save_that_failed(
     # exits after the error, so its next start never meets them; this test goes on in the same
     # process and must not race them when it reopens the directory below.
     for thread in set(threading.enumerate()) - threads_before:
-        if not thread.daemon:
+        if not thread.daemon and _ends_when_its_work_is_done(thread):
             try:
                 thread.join(timeout=60)
             except OSError:  # Orbax's threads raise their error again from join()
