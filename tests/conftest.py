@@ -8,18 +8,11 @@ that asks for it, so the fast tier builds only the ones its tests use.
 
 import os
 
-# The tests' models are tiny, so XLA's time goes into compiling, not running: LLVM's
-# optimisation passes at level 0 nearly halve the CPU time of test_model.py (208 s -> 112 s),
-# and emitting fusions with XLA's classic emitters instead of its newer MLIR ones cuts the
-# file's wall time by another third (59 s -> 39 s; test_trainer.py's fast tests 48 s -> 33 s).
-# XLA's own HLO passes, which decide fusion, still run, and the pinned runs in test_trainer.py
-# pass unchanged; only the last bits of a float may round differently than by default.
-# Subprocesses inherit the flags.
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "")
-    + " --xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
-    + " --xla_cpu_use_fusion_emitters=false"
-).strip()
+from xla_env import xla_flags  # imports no jax
+
+# Eight simulated devices, compiled for speed (xla_env.py says why); the processes the tests
+# start get the same compile flags from xla_env.subprocess_env.
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pathlib  # noqa: E402
@@ -45,6 +38,24 @@ from configs import tiny  # noqa: E402
 # The synthetic corpus's prepared data: what test_trainer's pinned run was recorded on.
 SYNTHETIC_SEQ_LEN = 64
 SYNTHETIC_PREDICTIONS = 10
+
+
+@pytest.fixture(scope="session", autouse=True)
+def subprocess_compilation_cache(tmp_path_factory):
+    """One persistent XLA compilation cache for the jax processes the tests start, so that a
+    resumed, second or later run of a configuration loads what the first one compiled (the
+    kill, SIGTERM and two-process tests of test_trainer.py: 127 s -> 103 s). This process
+    read jax's settings when it imported jax, so it compiles as before; only subprocesses,
+    which inherit the environment, use the cache."""
+    settings = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla_cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+    os.environ.update(settings)
+    yield
+    for key in settings:
+        os.environ.pop(key, None)
 
 
 @pytest.fixture(scope="session")

@@ -23,10 +23,9 @@ import pytest
 from etils import epath
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
+from xla_env import subprocess_env
 
 from bertjax import checkpoint as ckpt
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @pytest.fixture(scope="module")
@@ -383,10 +382,7 @@ def test_saved_on_8_devices_restores_in_1_device_process(tmp_path, mesh):
     (tmp_path / "dtypes.json").write_text(
         json.dumps({jax.tree_util.keystr(k): str(v.dtype) for k, v in leaves})
     )
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [REPO_ROOT, env.get("PYTHONPATH")]))
+    env = subprocess_env(1)
     result = subprocess.run(
         [sys.executable, "-c", _ONE_DEVICE_SCRIPT, str(tmp_path / "ckpt"), str(tmp_path)],
         env=env,

@@ -1,7 +1,6 @@
 """End-to-end fine-tuning from a short demo pretraining: learning, seeds, resume, every head."""
 
 import json
-import os
 import pathlib
 import subprocess
 import sys
@@ -13,6 +12,7 @@ import pytest
 import transformers
 from synthetic_corpus import LABELS, sentences, write_topic_csv
 from synthetic_corpus import finetune_config as make_config
+from xla_env import subprocess_env
 
 import bertjax
 from bertjax import heads, hf, optim, rundir, steps
@@ -340,7 +340,7 @@ def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained_
     train.write_text("sentence,label\nthe cat,yes\nthe dog,no\n")
     dev = tmp_path / "dev.csv"
     dev.write_text("sentence,label\nthe cat,yes\nthe mat,maybe\n")
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1")
+    env = subprocess_env(1)
     process = subprocess.run(
         [
             sys.executable,

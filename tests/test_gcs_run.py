@@ -19,6 +19,7 @@ import time
 import jax
 import numpy as np
 import pytest
+from xla_env import subprocess_env
 
 import bertjax
 from bertjax import checkpoint as ckpt
@@ -333,14 +334,6 @@ def cli(values: dict, workdir: str, config: pathlib.Path) -> list[str]:
     return args + [
         f"--config.{key}={value}" for key, value in values.items() if key not in MODEL_FIELDS
     ]
-
-
-def subprocess_env(device_count: int) -> dict:
-    env = dict(os.environ)  # the emulator's variables included
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={device_count}"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 @pytest.mark.slow

@@ -1,12 +1,12 @@
 """Settings: the config is read once, each mistake fails in one line naming the field."""
 
-import os
 import pathlib
 import subprocess
 import sys
 
 import pytest
 from flax import linen as nn
+from xla_env import subprocess_env
 
 from bertjax import settings as settings_lib
 from bertjax import sharding
@@ -108,9 +108,7 @@ def test_no_module_below_the_settings_takes_a_config_dict():
 
 
 def _train_cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    env = dict(
-        os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=1"
-    )
+    env = subprocess_env(1)
     return subprocess.run(
         [sys.executable, str(REPO / "train.py"), "--workdir", str(cwd / "run"), *args],
         env=env,

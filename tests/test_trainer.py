@@ -14,6 +14,7 @@ import ml_collections
 import numpy as np
 import pytest
 from synthetic_corpus import write_corpus
+from xla_env import subprocess_env
 
 import bertjax
 from bertjax import data as data_lib
@@ -101,14 +102,6 @@ def read_losses(workdir: pathlib.Path) -> dict[int, float]:
         if "train/loss" in record:
             losses[record["step"]] = record["train/loss"]
     return losses
-
-
-def subprocess_env(device_count: int = 2) -> dict:
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={device_count}"
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 # ----------------------------------------------------------------------------- learning
