@@ -2,8 +2,9 @@
 runs that tests in several files need, each built once per session.
 
 Two speeds: `pytest -q -m "not slow"` leaves out the tests marked `slow` (subprocesses and
-end-to-end runs); `pytest -q` runs everything. A session fixture is built by the first test
-that asks for it, so the fast tier builds only the ones its tests use.
+end-to-end runs); `pytest -q` runs everything, in parallel workers (pytest-xdist). A session
+fixture is built in each worker by the first of its tests that asks for it, so the fast tier
+builds only the ones its tests use.
 """
 
 import os
