@@ -44,8 +44,8 @@ SYNTHETIC_PREDICTIONS = 10
 def pytest_xdist_auto_num_workers(config) -> int:
     """One worker more than the cores: about a fifth of a worker's time is spent waiting (on
     the processes a test starts, the GCS emulator, a lock's heartbeat), which the extra worker
-    fills (fast tier on two cores: 3:14 with two workers, 2:46 with three). At most five, as
-    each worker holds jax, torch and eight simulated devices."""
+    fills (fast tier on two cores: 3:14 with two workers; 2:46, 3:19 and 3:15 with three). At
+    most five, as each worker holds jax, torch and eight simulated devices."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return min((cores or 1) + 1, 5)
 
