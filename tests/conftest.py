@@ -41,15 +41,6 @@ SYNTHETIC_SEQ_LEN = 64
 SYNTHETIC_PREDICTIONS = 10
 
 
-def pytest_xdist_auto_num_workers(config) -> int:
-    """One worker more than the cores: about a fifth of a worker's time is spent waiting (on
-    the processes a test starts, the GCS emulator, a lock's heartbeat), which the extra worker
-    fills (fast tier on two cores: 3:14 with two workers; 2:46, 3:19 and 3:15 with three). At
-    most five, as each worker holds jax, torch and eight simulated devices."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return min((cores or 1) + 1, 5)
-
-
 @pytest.fixture(scope="session", autouse=True)
 def subprocess_compilation_cache(tmp_path_factory):
     """One persistent XLA compilation cache for the jax processes the tests start, so that a
