@@ -1,5 +1,5 @@
 """Test setup: 8 simulated CPU devices, set before jax is first imported, and the data and
-runs that tests in several files need, each built once per session.
+runs that tests in several files need, each built once per session of a worker.
 
 Two speeds: `pytest -q -m "not slow"` leaves out the tests marked `slow` (subprocesses and
 end-to-end runs); `pytest -q` runs everything, in parallel workers (pytest-xdist). A session

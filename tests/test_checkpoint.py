@@ -646,8 +646,8 @@ def _poll_until_save_fails(checkpointer):
 def _ends_when_its_work_is_done(thread: threading.Thread) -> bool:
     """Orbax's one-shot threads end after their write, and so do the workers of an executor
     that has been shut down. A worker of an executor still open (the default executor of an
-    event loop that lives on, such as gcsfs's once a GCS test ran in this process) waits for
-    work until the interpreter exits: joining it would only wait out the timeout."""
+    event loop that lives on, as one does in this process once a GCS test has run here) waits
+    for work until the interpreter exits: joining it would only wait out the timeout."""
     args = getattr(thread, "_args", ())  # concurrent.futures' _worker(executor_reference, ...)
     executor = args[0]() if args and isinstance(args[0], weakref.ref) else None
     return executor is None or executor._shutdown
