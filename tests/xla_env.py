@@ -1,7 +1,7 @@
 """The XLA settings the test suite's jax processes run with: this one (conftest.py) and the
 ones the tests start (train.py, finetune.py, notebook scripts), so that all compile alike. Two
-tests keep their own: the demo recipe's plateau test runs `python train.py` as a user does,
-and the CPU-hog test keeps the settings its fault was reproduced with.
+tests keep their own XLA flags: the demo recipe's plateau test runs `python train.py` as a user
+does, and the CPU-hog test keeps the flags its fault was reproduced with.
 
 The tests' models are tiny, so XLA's time goes into compiling, not running: LLVM's
 optimisation passes at level 0 nearly halve the CPU time of test_model.py (208 s -> 112 s),
