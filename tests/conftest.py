@@ -9,11 +9,12 @@ builds only the ones its tests use.
 
 import os
 
-from xla_env import xla_flags  # imports no jax
+from xla_env import QUICK_COMPILES, full_optimization, xla_flags  # imports no jax
 
 # Eight simulated devices, compiled for speed (xla_env.py says why); the processes the tests
-# start get the same compile flags from xla_env.subprocess_env.
+# start inherit QUICK_COMPILES and get the same flags from xla_env.subprocess_env.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
+os.environ.update(QUICK_COMPILES)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import pathlib  # noqa: E402
@@ -39,6 +40,13 @@ from configs import tiny  # noqa: E402
 # The synthetic corpus's prepared data: what test_trainer's pinned run was recorded on.
 SYNTHETIC_SEQ_LEN = 64
 SYNTHETIC_PREDICTIONS = 10
+
+
+@pytest.fixture
+def optimized():
+    """For a test that runs hundreds of steps: its programs compile at full optimisation."""
+    with full_optimization():
+        yield
 
 
 @pytest.fixture(scope="session", autouse=True)

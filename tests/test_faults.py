@@ -22,6 +22,7 @@ import pytest
 import transformers
 from safetensors import numpy as safetensors_numpy
 from test_tokenizer import training_sentences, write_wordpiece_vocab
+from xla_env import subprocess_env
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import heads, hf, rundir, textfile
@@ -349,8 +350,9 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 def test_checkpoints_on_eight_devices_while_a_cpu_hog_competes(synthetic_data, tmp_path):
     """train.py on 8 simulated devices saving every 10 steps, with busy processes on every
-    core: each save fingerprints the state; before those fingerprints ran as one program per
-    device set, this run aborted at the first save in XLA's all-reduce rendezvous."""
+    core: each save fingerprints the state; before each leaf's fingerprint was fetched before
+    the next was dispatched, this run aborted at the first save in XLA's all-reduce
+    rendezvous."""
     workdir = tmp_path / "run"
     command = [
         sys.executable,
@@ -370,11 +372,9 @@ def test_checkpoints_on_eight_devices_while_a_cpu_hog_competes(synthetic_data, t
         "--workdir",
         str(workdir),
     ]
-    env = {
-        **os.environ,
-        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
-        "JAX_PLATFORMS": "cpu",
-    }
+    # The suite's compile settings: with the fault put back (every leaf's fingerprint
+    # dispatched at once), this run still aborts at its first save.
+    env = subprocess_env(8)
     hogs = [
         subprocess.Popen([sys.executable, "-c", "while True: pass"])
         for _ in range((os.cpu_count() or 2) + 1)

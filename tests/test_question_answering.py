@@ -722,7 +722,7 @@ def test_training_positions_point_at_the_answer_text():
 
 
 @pytest.mark.slow
-def test_a_short_run_learns_a_synthetic_task():
+def test_a_short_run_learns_a_synthetic_task(optimized):
     rng = np.random.default_rng(0)
     settings = qa.QASettings(max_seq_length=24, doc_stride=8, max_query_length=4)
     train = qa.make_features(synthetic_examples(rng, 4096), TOKENIZER, settings, training=True)

@@ -108,7 +108,7 @@ def read_losses(workdir: pathlib.Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path):
+def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path, optimized):
     workdir = tmp_path / "run"
     config = make_config(
         data_dir,

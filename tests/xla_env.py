@@ -1,36 +1,63 @@
-"""The XLA settings the test suite's jax processes run with: this one (conftest.py) and the
-ones the tests start (train.py, finetune.py, notebook scripts), so that all compile alike. Two
-tests keep their own XLA flags: the demo recipe's plateau test runs `python train.py` as a user
-does, and the CPU-hog test keeps the flags its fault was reproduced with.
+"""How the test suite's jax processes compile: this one (conftest.py) and the ones the tests
+start (train.py, finetune.py, notebook scripts), so that all compile alike. One test keeps
+XLA's defaults: the demo recipe's plateau test runs `python train.py` as a user does.
 
-The tests' models are tiny, so XLA's time goes into compiling, not running: LLVM's
-optimisation passes at level 0 nearly halve the CPU time of test_model.py (208 s -> 112 s),
-and emitting fusions with XLA's classic emitters instead of its newer MLIR ones cuts the
-file's wall time by another third (59 s -> 39 s; test_trainer.py's fast tests 48 s -> 33 s).
+Most tests run tiny models for a step or two, so XLA's time goes into compiling, not running:
+- LLVM's optimisation passes at level 0 nearly halve the CPU time of test_model.py
+  (208 s -> 112 s); jax's `jax_disable_most_optimizations` sets that level (and turns LLVM's
+  costly passes off);
+- emitting fusions with XLA's classic emitters instead of its newer MLIR ones cuts that
+  file's wall time by another third (59 s -> 39 s; test_trainer.py's fast tests 48 s -> 33 s).
 XLA's own HLO passes, which decide fusion, still run, and the pinned runs in test_trainer.py
 pass unchanged; only the last bits of a float may round differently than by default.
+
+A few tests run one train step hundreds of times, and a step compiled at level 0 takes
+almost twice as long (a tiny-preset step on 8 devices: 187 ms against 103 ms). They compile at
+full optimisation inside `full_optimization()` (or conftest.py's `optimized` fixture): unlike
+XLA_FLAGS, which a process reads once, jax reads that setting at each compile. Only tests
+whose time goes into one repeated step gain: `test_tiny_model_learns_and_loads_in_a_notebook`
+80 s -> 60 s, while runs that also compile many evaluation or generation programs got slower
+(the embedding fine-tuning run 37 s -> 72 s) and stay at level 0.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-COMPILE_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false")
+FUSION_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
+# Read by jax when it is imported, in this process and in the ones it starts.
+QUICK_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 
 
 def xla_flags(device_count: int) -> str:
     """XLA_FLAGS for `device_count` simulated CPU devices, compiled as the suite compiles."""
-    return " ".join((f"--xla_force_host_platform_device_count={device_count}", *COMPILE_FLAGS))
+    return " ".join((f"--xla_force_host_platform_device_count={device_count}", *FUSION_FLAGS))
 
 
 def subprocess_env(device_count: int = 2) -> dict[str, str]:
     """The environment of a jax process a test starts: this one's (the GCS emulator's
-    variables and the session's compilation cache included), on `device_count` CPU devices,
-    with the repository importable."""
+    variables, the session's compilation cache and QUICK_COMPILES included), on
+    `device_count` CPU devices, with the repository importable."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = xla_flags(device_count)
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
+
+
+@contextlib.contextmanager
+def full_optimization():
+    """XLA's full optimisation for what is compiled inside the block. Programs compiled
+    before are kept as they are: jax caches them by function and shapes."""
+    # Imported here, not above: conftest.py imports this module before it sets the
+    # environment that jax reads when it is first imported.
+    import jax
+
+    jax.config.update("jax_disable_most_optimizations", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_disable_most_optimizations", True)
