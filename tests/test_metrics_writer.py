@@ -1,0 +1,87 @@
+"""Metrics files: metrics.jsonl and TensorBoard event files, the bytes tensorboardX writes."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from tensorboardX import SummaryWriter
+from xla_env import REPO, subprocess_env
+
+from bertjax import metrics_writer
+
+# Steps from 0 (a proto3 zero, left out) to past one varint byte; values 0.0 (a oneof member,
+# written anyway), negative, huge and subnormal in float32.
+SCALARS = [
+    (0, "train/loss", 5.4),
+    (1, "train/nonfinite", 0.0),
+    (300, "eval/mlm_accuracy", 0.2147),
+    (2**40, "perf/tokens_per_sec", -1e30),
+    (7, "a", 1e-40),
+]
+
+
+def records(data: bytes) -> list[bytes]:
+    """The TFRecord payloads of an event file (lengths trusted, CRCs compared elsewhere)."""
+    out, at = [], 0
+    while at < len(data):
+        length = int.from_bytes(data[at : at + 8], "little")
+        out.append(data[at + 12 : at + 12 + length])
+        at += 12 + length + 4
+    assert at == len(data)
+    return out
+
+
+def test_event_file_has_the_bytes_tensorboardx_writes(tmp_path, monkeypatch):
+    start = 1_700_000_000.25
+    ours = metrics_writer.EventFile(tmp_path / "ours", wall_time=start)
+    for k, (step, tag, value) in enumerate(SCALARS):
+        ours.add_scalar(tag, value, step, wall_time=start + 1.5 + k)
+    ours.close()
+    monkeypatch.setattr(time, "time", lambda: start)  # the wall time of its first event
+    theirs = SummaryWriter(str(tmp_path / "theirs"))
+    monkeypatch.undo()
+    for k, (step, tag, value) in enumerate(SCALARS):
+        theirs.add_scalar(tag, value, step, walltime=start + 1.5 + k)
+    theirs.close()
+    (ours_file,) = (tmp_path / "ours").iterdir()
+    (theirs_file,) = (tmp_path / "theirs").iterdir()
+    assert ours_file.name == theirs_file.name  # events.out.tfevents.<seconds>.<host>
+    assert ours_file.name.startswith("events.out.tfevents.1700000000.")
+    assert ours_file.read_bytes() == theirs_file.read_bytes()
+    assert len(records(ours_file.read_bytes())) == 1 + len(SCALARS)
+
+
+def test_metric_writer_writes_json_lines_and_one_event_per_metric(tmp_path):
+    writer = metrics_writer.MetricWriter(tmp_path / "metrics.jsonl", tmp_path / "tb")
+    writer.write(10, {"train/loss": 2.5, "train/mlm_accuracy": 0.25})
+    writer.write(20, {})  # nothing to log: no line, no event
+    writer.write(30, {"eval/mlm_accuracy": 0.5})
+    (events,) = (tmp_path / "tb").iterdir()
+    assert len(records(events.read_bytes())) == 1 + 3  # flushed as written, before close
+    writer.close()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert lines == [
+        {"step": 10, "train/loss": 2.5, "train/mlm_accuracy": 0.25},
+        {"step": 30, "eval/mlm_accuracy": 0.5},
+    ]
+    disabled = metrics_writer.MetricWriter(tmp_path / "x.jsonl", tmp_path / "x", enabled=False)
+    disabled.write(1, {"train/loss": 1.0})
+    disabled.close()
+    assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x").exists()
+
+
+@pytest.mark.slow
+def test_train_py_starts_without_importing_torch_or_tensorboardx():
+    """torch (through tensorboardX) took 2 of the 4 s train.py spent importing."""
+    script = "import sys, train; print(sorted({'torch', 'tensorboardX'} & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(1),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]", out.stderr
