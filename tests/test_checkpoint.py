@@ -27,6 +27,10 @@ from xla_env import subprocess_env
 
 from bertjax import checkpoint as ckpt
 
+# The checkpoint tests save as Orbax does by default (conftest.py's whole_shard_saves says
+# what the rest of the suite does instead).
+pytestmark = pytest.mark.usefixtures("orbax_defaults")
+
 
 @pytest.fixture(scope="module")
 def mesh():
