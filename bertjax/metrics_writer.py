@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -102,7 +103,7 @@ class EventFile:
     ) -> None:
         wall_time = time.time() if wall_time is None else wall_time
         # Summary.Value{tag = 1, simple_value = 2}; a oneof member, so written even when 0.
-        summary_value = _bytes(1, tag.encode()) + _key(2, 5) + struct.pack("<f", value)
+        summary_value = _bytes(1, tag.encode()) + _key(2, 5) + _float32(value)
         step_field = _key(2, 0) + _varint(step) if step else b""  # proto3 omits a zero
         self._write(_double(1, wall_time) + step_field + _bytes(5, _bytes(1, summary_value)))
 
@@ -119,6 +120,7 @@ class EventFile:
 
 # Protocol-buffer wire format: a key is (field number << 3) | wire type.
 def _varint(n: int) -> bytes:
+    n &= (1 << 64) - 1  # int64: a negative number as its two's complement, in ten bytes
     out = bytearray()
     while True:
         byte, n = n & 0x7F, n >> 7
@@ -133,6 +135,14 @@ def _key(field: int, wire_type: int) -> bytes:
 
 def _double(field: int, value: float) -> bytes:
     return _key(field, 1) + struct.pack("<d", value)
+
+
+def _float32(value: float) -> bytes:
+    """As protobuf stores a float field: rounded to float32, beyond its range an infinity."""
+    try:
+        return struct.pack("<f", value)
+    except OverflowError:
+        return struct.pack("<f", math.copysign(math.inf, value))
 
 
 def _bytes(field: int, value: bytes) -> bytes:

@@ -11,14 +11,18 @@ from xla_env import REPO, subprocess_env
 
 from bertjax import metrics_writer
 
-# Steps from 0 (a proto3 zero, left out) to past one varint byte; values 0.0 (a oneof member,
-# written anyway), negative, huge and subnormal in float32.
+# Steps from 0 (a proto3 zero, left out) to past one varint byte, and negative; values 0.0 (a
+# oneof member, written anyway), negative, subnormal, beyond float32's range, infinite, NaN.
 SCALARS = [
     (0, "train/loss", 5.4),
     (1, "train/nonfinite", 0.0),
     (300, "eval/mlm_accuracy", 0.2147),
     (2**40, "perf/tokens_per_sec", -1e30),
-    (7, "a", 1e-40),
+    (-3, "a", 1e-40),
+    (8, "train/grad_norm", 1e39),
+    (9, "train/loss", -1e39),
+    (10, "train/loss", float("-inf")),
+    (11, "train/loss", float("nan")),
 ]
 
 
