@@ -17,6 +17,7 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8))
 os.environ.update(QUICK_COMPILES)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import contextlib  # noqa: E402
 import pathlib  # noqa: E402
 
 import gcs_emulator  # noqa: E402
@@ -61,19 +62,26 @@ def whole_shard_saves():
     first save of a process 4.9 s and 1.8 s). The values saved are the same. The processes
     the tests start (train.py, finetune.py) save with Orbax's defaults, as users' runs do, and
     test_checkpoint.py puts them back for its tests (`orbax_defaults`)."""
-    whole = ocp.type_handlers.ArrayHandler(use_replica_parallel=False)
-    ocp.type_handlers.register_type_handler(jax.Array, whole, override=True)
-    yield
-    ocp.type_handlers.register_type_handler(jax.Array, ORBAX_ARRAY_HANDLER, override=True)
+    with orbax_array_handler(ocp.type_handlers.ArrayHandler(use_replica_parallel=False)):
+        yield
 
 
 @pytest.fixture(scope="module")
 def orbax_defaults():
     """Orbax's own jax.Array handler (replica-parallel saves) for a module's tests."""
-    whole = ocp.type_handlers.get_type_handler(jax.Array)
-    ocp.type_handlers.register_type_handler(jax.Array, ORBAX_ARRAY_HANDLER, override=True)
-    yield
-    ocp.type_handlers.register_type_handler(jax.Array, whole, override=True)
+    with orbax_array_handler(ORBAX_ARRAY_HANDLER):
+        yield
+
+
+@contextlib.contextmanager
+def orbax_array_handler(handler):
+    """Orbax saves and restores jax.Arrays with `handler` inside the block."""
+    before = ocp.type_handlers.get_type_handler(jax.Array)
+    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    try:
+        yield
+    finally:
+        ocp.type_handlers.register_type_handler(jax.Array, before, override=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
