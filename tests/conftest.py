@@ -9,12 +9,23 @@ builds only the ones its tests use.
 
 import os
 
-from xla_env import QUICK_COMPILES, full_optimization, xla_flags  # imports no jax
+from xla_env import (  # imports no jax
+    COMPILATION_CACHE,
+    COMPILATION_CACHE_DIR,
+    COMPILATION_CACHE_LIMIT_BYTES,
+    QUICK_COMPILES,
+    full_optimization,
+    prune_compilation_cache,
+    xla_flags,
+)
 
-# Eight simulated devices, compiled for speed (xla_env.py says why); the processes the tests
-# start inherit QUICK_COMPILES and get the same flags from xla_env.subprocess_env.
+# Eight simulated devices, compiled for speed, with a compilation cache kept between runs
+# (xla_env.py says why); the processes the tests start inherit QUICK_COMPILES and the cache
+# and get the same flags from xla_env.subprocess_env.
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
 os.environ.update(QUICK_COMPILES)
+for variable, value in COMPILATION_CACHE.items():
+    os.environ.setdefault(variable, value)
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import contextlib  # noqa: E402
@@ -39,6 +50,15 @@ from bertjax.pretrain import loop as pretrain_loop  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 from bertjax.rundir import CORPUS_DIR  # noqa: E402
 from configs import tiny  # noqa: E402
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    """Keeps the compilation cache's size bounded, before any worker uses it."""
+    is_worker = hasattr(session.config, "workerinput")  # pytest-xdist's workers have it
+    if not is_worker and os.environ["JAX_COMPILATION_CACHE_DIR"] == str(COMPILATION_CACHE_DIR):
+        prune_compilation_cache(COMPILATION_CACHE_DIR, COMPILATION_CACHE_LIMIT_BYTES)
+
 
 # The synthetic corpus's prepared data: what test_trainer's pinned run was recorded on.
 SYNTHETIC_SEQ_LEN = 64
@@ -82,24 +102,6 @@ def orbax_array_handler(handler):
         yield
     finally:
         ocp.type_handlers.register_type_handler(jax.Array, before, override=True)
-
-
-@pytest.fixture(scope="session", autouse=True)
-def subprocess_compilation_cache(tmp_path_factory):
-    """One persistent XLA compilation cache for the jax processes the tests start, so that a
-    resumed, second or later run of a configuration loads what the first one compiled (the
-    kill, SIGTERM and two-process tests of test_trainer.py: 127 s -> 103 s). This process
-    read jax's settings when it imported jax, so it compiles as before; only subprocesses,
-    which inherit the environment, use the cache."""
-    settings = {
-        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla_cache")),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
-    os.environ.update(settings)
-    yield
-    for key in settings:
-        os.environ.pop(key, None)
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,47 @@ FUSION_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 # Read by jax when it is imported, in this process and in the ones it starts.
 QUICK_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 
+# jax's persistent compilation cache, kept between runs of the suite in pytest's cache
+# directory (`pytest --cache-clear` empties it). Every test process and every process they
+# start reads and writes it, so a program compiled once is loaded after that: by the other
+# worker, by a resumed or second run of a command, and by the next run of the suite for
+# every program that a change did not touch. jax keys an entry by the program, its compile
+# options (QUICK_COMPILES or full optimisation included), the devices and jax's version, so
+# a stale entry is never loaded. A set variable wins (`JAX_COMPILATION_CACHE_DIR=` turns
+# the cache off).
+COMPILATION_CACHE_DIR = REPO / ".pytest_cache" / "xla-compilation-cache"
+COMPILATION_CACHE = {
+    "JAX_COMPILATION_CACHE_DIR": str(COMPILATION_CACHE_DIR),
+    # Every program, however quick to compile: the tests' programs are small and many.
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
+# conftest.py keeps the directory under this size. jax's own limit (jax_compilation_cache_max_size)
+# takes a file lock and lists the whole directory at every write: a first run of the fast
+# tier with it took 4:41 and 65 s of system time, against 3:27 and 26 s with none.
+COMPILATION_CACHE_LIMIT_BYTES = 2 * 1024**3
+
+
+def prune_compilation_cache(directory: pathlib.Path, limit_bytes: int) -> int:
+    """Once `directory` holds more than `limit_bytes`, deletes the least recently used
+    entries until it holds half that; returns how many it deleted. jax does not touch an
+    entry it loads, so "used" is the later of its write and its last read as the file system
+    records it (atime, which most mounts update about once a day)."""
+    if not directory.is_dir():
+        return 0
+    entries = [(entry.stat(), entry) for entry in directory.iterdir() if entry.is_file()]
+    total = sum(stat.st_size for stat, _ in entries)
+    if total <= limit_bytes:
+        return 0
+    deleted = 0
+    for stat, entry in sorted(entries, key=lambda pair: max(pair[0].st_atime, pair[0].st_mtime)):
+        if total <= limit_bytes // 2:
+            break
+        entry.unlink(missing_ok=True)
+        total -= stat.st_size
+        deleted += 1
+    return deleted
+
 
 def xla_flags(device_count: int) -> str:
     """XLA_FLAGS for `device_count` simulated CPU devices, compiled as the suite compiles."""
@@ -40,7 +81,7 @@ def xla_flags(device_count: int) -> str:
 
 def subprocess_env(device_count: int = 2) -> dict[str, str]:
     """The environment of a jax process a test starts: this one's (the GCS emulator's
-    variables, the session's compilation cache and QUICK_COMPILES included), on
+    variables, the compilation cache and QUICK_COMPILES included), on
     `device_count` CPU devices, with the repository importable."""
     env = dict(os.environ)
     env["XLA_FLAGS"] = xla_flags(device_count)
