@@ -60,6 +60,13 @@ def pytest_sessionstart(session):
         prune_compilation_cache(COMPILATION_CACHE_DIR, COMPILATION_CACHE_LIMIT_BYTES)
 
 
+def pytest_collection_modifyitems(items):
+    """The slow tests first, each group in file order. pytest-xdist hands each worker a run
+    of consecutive tests and an idle worker takes the end of a busy one's queue, so a long
+    run left for the end would keep one core busy while the other waits."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 # The synthetic corpus's prepared data: what test_trainer's pinned run was recorded on.
 SYNTHETIC_SEQ_LEN = 64
 SYNTHETIC_PREDICTIONS = 10
