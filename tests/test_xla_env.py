@@ -1,4 +1,5 @@
-"""The suite's own compilation settings (tests/xla_env.py): the cache's size bound."""
+"""The suite's own compilation settings (tests/xla_env.py): one shared compilation cache,
+kept under its size limit."""
 
 import os
 

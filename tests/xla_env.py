@@ -38,8 +38,9 @@ QUICK_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 # worker, by a resumed or second run of a command, and by the next run of the suite for
 # every program that a change did not touch. jax keys an entry by the program, its compile
 # options (QUICK_COMPILES or full optimisation included), the devices and jax's version, so
-# a stale entry is never loaded. A set variable wins (`JAX_COMPILATION_CACHE_DIR=` turns
-# the cache off).
+# a stale entry is never loaded. Two processes may write one entry at once (jax does not
+# write atomically); an entry read half-written fails zlib's checksum, and jax then warns and
+# compiles. A set variable wins (`JAX_COMPILATION_CACHE_DIR=` turns the cache off).
 COMPILATION_CACHE_DIR = REPO / ".pytest_cache" / "xla-compilation-cache"
 COMPILATION_CACHE = {
     "JAX_COMPILATION_CACHE_DIR": str(COMPILATION_CACHE_DIR),
@@ -49,7 +50,7 @@ COMPILATION_CACHE = {
 }
 # conftest.py keeps the directory under this size. jax's own limit (jax_compilation_cache_max_size)
 # takes a file lock and lists the whole directory at every write: a first run of the fast
-# tier with it took 4:41 and 65 s of system time, against 3:27 and 26 s with none.
+# tier with it took 4:41 and 65 s of system time, against 3:19 and 26 s with none.
 COMPILATION_CACHE_LIMIT_BYTES = 2 * 1024**3
 
 
