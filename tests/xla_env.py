@@ -39,7 +39,7 @@ QUICK_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 # every program that a change did not touch. jax keys an entry by the program, its compile
 # options (QUICK_COMPILES or full optimisation included), the devices and jax's version, so
 # a stale entry is never loaded. Two processes may write one entry at once (jax does not
-# write atomically); an entry read half-written fails zlib's checksum, and jax then warns and
+# write atomically); an entry read half-written fails to decompress, and jax then warns and
 # compiles. A set variable wins (`JAX_COMPILATION_CACHE_DIR=` turns the cache off).
 COMPILATION_CACHE_DIR = REPO / ".pytest_cache" / "xla-compilation-cache"
 COMPILATION_CACHE = {
