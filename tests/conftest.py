@@ -14,7 +14,7 @@ from xla_env import (  # imports no jax
     COMPILATION_CACHE_DIR,
     COMPILATION_CACHE_LIMIT_BYTES,
     QUICK_COMPILES,
-    full_optimization,
+    optimized_compiles,
     prune_compilation_cache,
     xla_flags,
 )
@@ -75,8 +75,8 @@ ORBAX_ARRAY_HANDLER = ocp.type_handlers.get_type_handler(jax.Array)  # before an
 
 @pytest.fixture
 def optimized():
-    """For a test that runs hundreds of steps: its programs compile at full optimisation."""
-    with full_optimization():
+    """For a test that runs hundreds of steps: its programs compile optimised (xla_env.py)."""
+    with optimized_compiles():
         yield
 
 

@@ -281,7 +281,7 @@ LEARNER = dataclasses.replace(CONFIG, hidden_size=64, intermediate_size=128)
 
 
 @pytest.mark.slow
-def test_finetune_run_learns_synthetic_squad(tmp_path):
+def test_finetune_run_learns_synthetic_squad(tmp_path, optimized):
     """'the wX' over 12 random words, SQuAD v1.1 style, through finetune.py's loop from a
     random BertForQuestionAnswering export: the answer is the word asked for."""
     rng = np.random.default_rng(0)

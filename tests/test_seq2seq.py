@@ -12,7 +12,7 @@ import optax
 import pytest
 import torch
 import transformers
-from xla_env import full_optimization
+from xla_env import optimized_compiles
 
 from bertjax import hf, sharding, text_metrics
 from bertjax import seq2seq as s2s
@@ -425,7 +425,7 @@ class Trainer:
         self._step = jax.jit(step)
 
     def train_to(self, steps):
-        with full_optimization():  # hundreds of steps: running, not compiling, dominates
+        with optimized_compiles():  # hundreds of steps: running, not compiling, dominates
             while self.steps < steps:
                 batch, _ = reversal_batch(self.rng, 64)
                 self.params, self.state = self._step(self.params, self.state, batch)

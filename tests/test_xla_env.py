@@ -4,7 +4,13 @@ kept under its size limit."""
 import os
 
 import jax
-from xla_env import COMPILATION_CACHE_DIR, prune_compilation_cache, subprocess_env
+from xla_env import (
+    COMPILATION_CACHE_DIR,
+    OPTIMIZED_FLAGS,
+    optimized_compiles,
+    prune_compilation_cache,
+    subprocess_env,
+)
 
 
 def test_the_suite_and_the_processes_it_starts_share_one_cache():
@@ -37,3 +43,12 @@ def test_pruning_a_full_cache_deletes_the_least_recently_used_down_to_half(tmp_p
     os.utime(entries[0], (2_000, 1_000))  # atime: read after every other was written
     assert prune_compilation_cache(tmp_path, limit_bytes=600) == 4  # 700 bytes -> 300
     assert sorted(p.name for p in tmp_path.iterdir()) == ["entry-0", "entry-5", "entry-6"]
+
+
+def test_quick_compiles_unless_a_block_asks_for_optimised_ones():
+    assert jax.config.read("jax_disable_most_optimizations")  # LLVM at level 0
+    with optimized_compiles():
+        assert not jax.config.read("jax_disable_most_optimizations")
+        assert all(flag in os.environ["XLA_FLAGS"].split() for flag in OPTIMIZED_FLAGS)
+    assert jax.config.read("jax_disable_most_optimizations")
+    assert all(flag in subprocess_env(2)["XLA_FLAGS"].split() for flag in OPTIMIZED_FLAGS)
