@@ -45,7 +45,7 @@ QUICK_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 # start reads and writes it, so a program compiled once is loaded after that: by the other
 # worker, by a resumed or second run of a command, and by the next run of the suite for
 # every program that a change did not touch. jax keys an entry by the program, its compile
-# options (QUICK_COMPILES or full optimisation included), the devices and jax's version, so
+# options (QUICK_COMPILES or optimised compiles included), the devices and jax's version, so
 # a stale entry is never loaded. Two processes may write one entry at once (jax does not
 # write atomically); an entry read half-written fails to decompress, and jax then warns and
 # compiles. A set variable wins (`JAX_COMPILATION_CACHE_DIR=` turns the cache off).
