@@ -1,11 +1,11 @@
-"""Embedding throughput: bertjax.embedding.embed_texts beside sentence-transformers' encode,
+"""Embedding throughput: bertjax.tasks.embed.model.embed_texts beside sentence-transformers' encode,
 and contrastive training steps beside sentence-transformers' fit.
 
     python benchmarks/embedding.py [--sentences 4000] [--batch_size 32] [--layers 4]
         [--train_steps 30]
 
 One model of random weights (H256, A4, `--layers` layers, mean pooling, normalised), written
-as a sentence-transformers directory by bertjax.sbert.save and read by
+as a sentence-transformers directory by bertjax.tasks.embed.hf.save and read by
 `SentenceTransformer(path)`: the same weights, tokenizer and settings on both sides. The
 texts are random words of a WordPiece vocabulary, 2 to 100 words long (cut at
 max_seq_length 128). Both sides batch `--batch_size` texts sorted by length. The outputs are
@@ -15,7 +15,7 @@ checked to agree within 1e-4; times are the best of `--repeats` calls after a wa
 Training: (anchor, positive) pairs cut from the same random texts, in-batch negatives with
 scale 20 (sentence-transformers' MultipleNegativesRankingLoss), AdamW, `--batch_size` pairs
 a step, from the same weights. bertjax: the jitted train step of
-bertjax.finetune.embedding.build_embedding_training, batches padded to 64 positions, timed
+bertjax.tasks.embed.objective.build_embedding_training, batches padded to 64 positions, timed
 over `--train_steps` steps after a compiling one. sentence-transformers: `fit` (which needs
 the `datasets` package) run for 2 and for 2 + `--train_steps` steps; the difference of the
 two wall times is the steps' time, so its set-up cost is left out as ours is.
@@ -39,10 +39,12 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bertjax import embedding, optim, sbert  # noqa: E402
-from bertjax.embedding import EmbeddingSpec  # noqa: E402
-from bertjax.finetune import embedding as training  # noqa: E402
+from bertjax import optim  # noqa: E402
 from bertjax.model import BertConfig  # noqa: E402
+from bertjax.tasks.embed import hf as sbert
+from bertjax.tasks.embed import model as embedding
+from bertjax.tasks.embed import objective as training
+from bertjax.tasks.embed.model import EmbeddingSpec  # noqa: E402
 from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
 
 TOLERANCE = 1e-4

@@ -45,6 +45,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from bertjax import heads, optim, steps  # noqa: E402
+from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.finetune import data as task_data  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
@@ -134,7 +135,7 @@ class Bertjax:
         self.examples, self.batch_size = examples, args.batch_size
         self.length_bucket = length_bucket
         config = BertConfig.preset(args.preset, vocab_size=args.vocab_size, dtype=args.dtype)
-        head = heads.HeadSpec(heads.CLASSIFICATION, ("0", "1"))
+        head = HeadSpec(heads.CLASSIFICATION, ("0", "1"))
         self.ft = build_finetuning(
             config,
             head,

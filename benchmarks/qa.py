@@ -38,12 +38,12 @@ if _REPO not in sys.path:
 
 from benchmarks.finetune import _no_decay, versions  # noqa: E402
 from bertjax import optim, steps  # noqa: E402
+from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
-from bertjax.finetune.tasks import question_answering as qa_task  # noqa: E402
-from bertjax.heads import HeadSpec  # noqa: E402
 from bertjax.model import PRESETS, BertConfig  # noqa: E402
+from bertjax.tasks.qa import task as qa_task  # noqa: E402
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch

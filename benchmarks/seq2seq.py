@@ -1,10 +1,11 @@
-"""Encoder-decoder throughput: bertjax.seq2seq beside transformers' EncoderDecoderModel.
+"""Encoder-decoder throughput: bertjax.tasks.seq2seq.model beside transformers' EncoderDecoderModel.
 
     python benchmarks/seq2seq.py [--layers 4] [--hidden 256] [--batch_size 16]
         [--source_length 32] [--max_new_tokens 32] [--repeats 3]
 
 One random bert2bert-shaped model (rnd2rnd weights, vocabulary 8000), written with
-bertjax.hf.save_seq2seq and read by transformers: the same weights and inputs on both sides.
+bertjax.tasks.seq2seq.hf.save_seq2seq and read by transformers: the same weights and inputs
+on both sides.
 Generation runs greedy and beam search (4 beams) for bertjax with its key/value cache, for
 bertjax recomputing the whole prefix every step (use_cache=False), and for transformers'
 generate (its own cache); random weights almost never choose [SEP], so every row runs the full
@@ -46,9 +47,9 @@ from flax import linen as nn  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bertjax import hf  # noqa: E402
-from bertjax import seq2seq as s2s  # noqa: E402
 from bertjax.model import BertConfig  # noqa: E402
+from bertjax.tasks.seq2seq import hf as seq2seq_hf  # noqa: E402
+from bertjax.tasks.seq2seq import model as s2s  # noqa: E402
 
 START, EOS = 2, 3
 
@@ -99,7 +100,7 @@ def main() -> None:
     config = s2s.Seq2SeqConfig(bert, START, EOS, init=s2s.RND2RND)
     params = jax.tree.map(np.asarray, nn.meta.unbox(s2s.init_params(config, jax.random.key(0))))
     directory = pathlib.Path(tempfile.mkdtemp()) / "model"
-    hf.save_seq2seq(config, params, directory)
+    seq2seq_hf.save_seq2seq(config, params, directory)
     torch.set_num_threads(args.threads)
     model = transformers.EncoderDecoderModel.from_pretrained(directory).eval()
     ids, mask = inputs(args.batch_size, args.source_length, args.vocab, seed=1)

@@ -4,10 +4,13 @@ The public API: the model and its config, the tokenizer, `Model` to use a traine
 (fill-mask, embeddings; from a run, an export or a Hugging Face directory) and `load` to
 open a training run's checkpoint as (config, params, tokenizer). Data preparation lives in
 `bertjax.data`, Hugging Face interop in `bertjax.hf` (needs the `hf` extra), pretraining in
-`bertjax.pretrain`, fine-tuning in `bertjax.finetune`.
+`bertjax.pretrain`, fine-tuning in `bertjax.finetune`, and the capabilities a fine-tuned
+model has (question answering, embeddings, generation, labels) in `bertjax.tasks`, which is
+imported here so that every kind of run opens in a fresh process.
 """
 
-from bertjax.heads import HeadSpec
+from bertjax import tasks
+from bertjax.capability import HeadSpec
 from bertjax.inference import Model
 from bertjax.model import PRESETS, BertConfig, BertForPreTraining, BertModel, BertOutput
 from bertjax.rundir import load
@@ -23,4 +26,5 @@ __all__ = [
     "Model",
     "Tokenizer",
     "load",
+    "tasks",
 ]

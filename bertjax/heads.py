@@ -39,87 +39,25 @@ REGRESSION = "regression"
 MULTI_LABEL = "multi_label"
 TOKEN_CLASSIFICATION = "token_classification"
 TASKS = (CLASSIFICATION, REGRESSION, MULTI_LABEL, TOKEN_CLASSIFICATION)
-# Every task a HeadSpec may name: these four, and those fine-tuning tasks add
-# (bertjax.finetune.task.register calls add_task_name).
-_TASK_NAMES = list(TASKS)
-
-
-def add_task_name(name: str) -> None:
-    """Lets HeadSpec name a task whose model and loss live outside this module."""
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"task name {name!r} is invalid: must be a non-empty str")
-    if name not in _TASK_NAMES:
-        _TASK_NAMES.append(name)
-
-
-def task_names() -> tuple[str, ...]:
-    """The tasks a HeadSpec may name."""
-    return tuple(_TASK_NAMES)
-
 
 MULTI_LABEL_THRESHOLD = 0.5
 # Token positions that carry no label: continuation sub-words, [CLS], [SEP], padding.
 IGNORE_LABEL = -1
-
-# transformers' class and problem_type for each task.
-HF_ARCHITECTURES = {
-    CLASSIFICATION: "BertForSequenceClassification",
-    REGRESSION: "BertForSequenceClassification",
-    MULTI_LABEL: "BertForSequenceClassification",
-    TOKEN_CLASSIFICATION: "BertForTokenClassification",
-}
-HF_PROBLEM_TYPES = {
-    CLASSIFICATION: "single_label_classification",
-    REGRESSION: "regression",
-    MULTI_LABEL: "multi_label_classification",
-}
+# The dense layer's name beside the encoder (transformers' too).
+CLASSIFIER = "classifier"
 
 
-@dataclasses.dataclass(frozen=True)
-class HeadSpec:
-    """A task and its labels: class names in output order (regression: one output name)."""
-
-    task: str
-    labels: tuple[str, ...]
-
-    def __post_init__(self):
-        if self.task not in _TASK_NAMES:
-            raise ValueError(f"task={self.task!r} is invalid: must be one of {task_names()}")
-        labels = tuple(self.labels)
-        object.__setattr__(self, "labels", labels)
-        if not all(isinstance(label, str) and label for label in labels):
-            raise ValueError(f"labels={labels!r} are invalid: each must be a non-empty str")
-        if len(set(labels)) != len(labels):
-            raise ValueError(f"labels={labels!r} are invalid: a label appears twice")
-        if self.task == REGRESSION and len(labels) != 1:
-            raise ValueError(f"a regression head has one output; got labels={labels!r}")
-        if self.task in (CLASSIFICATION, TOKEN_CLASSIFICATION) and len(labels) < 2:
-            raise ValueError(
-                f"a {self.task} head needs at least 2 labels; got {labels!r} (the training "
-                "data holds a single label)"
-            )
-        if self.task == MULTI_LABEL and not labels:
-            raise ValueError("a multi_label head needs at least 1 label")
-
-    @property
-    def num_outputs(self) -> int:
-        return len(self.labels)
-
-    @property
-    def token_level(self) -> bool:
-        return self.task == TOKEN_CLASSIFICATION
-
-    def to_dict(self) -> dict:
-        """JSON-serialisable form, for checkpoint meta."""
-        return {"task": self.task, "labels": list(self.labels)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> HeadSpec:
-        return cls(task=d["task"], labels=tuple(d["labels"]))
-
-    def describe(self) -> str:
-        shown = ", ".join(self.labels[:8]) + (" ..." if len(self.labels) > 8 else "")
-        return f"{self.task} with {self.num_outputs} label(s) ({shown})"
+def check_labels(task: str, labels: tuple[str, ...]) -> None:
+    """Raises ValueError unless `labels` suit a head of `task` (one of TASKS)."""
+    if task == REGRESSION and len(labels) != 1:
+        raise ValueError(f"a regression head has one output; got labels={labels!r}")
+    if task in (CLASSIFICATION, TOKEN_CLASSIFICATION) and len(labels) < 2:
+        raise ValueError(
+            f"a {task} head needs at least 2 labels; got {labels!r} (the training "
+            "data holds a single label)"
+        )
+    if task == MULTI_LABEL and not labels:
+        raise ValueError("a multi_label head needs at least 1 label")
 
 
 def _classifier(config: BertConfig, features: int) -> nn.Dense:
@@ -132,7 +70,7 @@ def _classifier(config: BertConfig, features: int) -> nn.Dense:
             nn.initializers.truncated_normal(config.initializer_range), (EMBED, LABELS)
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
-        name="classifier",
+        name=CLASSIFIER,
     )
 
 
@@ -196,10 +134,11 @@ class TokenClassifier(nn.Module):
         return sharding.constrain(logits, (BATCH, LENGTH, LABELS))
 
 
-def make_model(config: BertConfig, head: HeadSpec) -> nn.Module:
-    """The linen module of a head: TokenClassifier for token labels, else SequenceClassifier."""
-    cls = TokenClassifier if head.token_level else SequenceClassifier
-    return cls(config, head.num_outputs)
+def make_model(config: BertConfig, task: str, num_outputs: int) -> nn.Module:
+    """The linen module of a label head: TokenClassifier for token labels, else
+    SequenceClassifier."""
+    cls = TokenClassifier if task == TOKEN_CLASSIFICATION else SequenceClassifier
+    return cls(config, num_outputs)
 
 
 def init_params(model: nn.Module, rng: jax.Array, seq_len: int = 1):

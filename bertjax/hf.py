@@ -9,12 +9,11 @@ the rest, see `bertjax.tokenizer.Tokenizer.save_hf`), so that `AutoTokenizer` an
 fill-mask pipeline work on the directory; `load_tokenizer` reads a directory's tokenizer
 back (bertjax's sentencepiece model, a WordPiece tokenizer.json, or BERT's vocab.txt).
 
-Fine-tuned models travel too: `save(..., head=HeadSpec)` writes a BertForSequenceClassification
-or BertForTokenClassification directory (id2label, label2id, problem_type), and `load_with_report`
-reads one back, its head in `LoadReport.head` and its classifier under params["classifier"].
-Question answering travels the same way: `save(..., question_answering=True)` writes a
-BertForQuestionAnswering directory (qa_outputs.weight and .bias), and `load_with_report` reads
-one back with its dense layer under params["qa_outputs"] (see bertjax.finetune.question_answering).
+Fine-tuned models travel too: `save(..., head=HeadSpec)` writes the transformers class of the
+head's capability (bertjax.capability.TransformersHead: BertForSequenceClassification,
+BertForTokenClassification, BertForQuestionAnswering, with their config fields such as
+id2label), and `load_with_report` reads one back, its head in `LoadReport.head` (asked of every
+capability) and the head's dense layer under its own name beside "bert".
 
 Safetensors files are read and written with `safetensors.numpy`, so neither torch nor
 transformers is needed at run time; torch is imported only to read pytorch_model.bin.
@@ -49,10 +48,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import fs, heads
+from bertjax import capability, fs
 from bertjax import model as model_lib
-from bertjax import seq2seq as seq2seq_lib
-from bertjax.heads import HF_ARCHITECTURES, HF_PROBLEM_TYPES, HeadSpec
+from bertjax.capability import HeadSpec, TransformersHead
 from bertjax.model import ARCHITECTURE_FIELDS, BertConfig
 from bertjax.tokenizer import (
     HF_SPECIAL_TOKENS,
@@ -85,9 +83,6 @@ POOLER = "pooler"
 MLM_HEAD = "mlm_head"
 NSP_HEAD = "nsp_head"
 SINUSOIDAL = "sinusoidal"  # the fixed position table: written by `save`, never a parameter
-CLASSIFIER = "classifier"  # a fine-tuning head's dense layer (classifier.weight, .bias)
-QA_OUTPUTS = "qa_outputs"  # the question-answering head's dense layer (qa_outputs.weight, .bias)
-QA_ARCHITECTURE = "BertForQuestionAnswering"
 
 # HF hidden_act -> ours. "gelu" in HF is the exact erf form, like ours; "gelu_fast" is the
 # tanh form with sqrt(2/pi) rounded to 10 digits, below float32 resolution.
@@ -103,10 +98,10 @@ _ACT_TO_HF = {"gelu": "gelu", "gelu_tanh": "gelu_pytorch_tanh"}
 # Tensors older transformers versions wrote that carry no parameters of their own.
 _BUFFER_NAMES = frozenset({"bert.embeddings.position_ids"})
 # Tied copies: the MLM decoder shares the word embeddings and the prediction bias.
-_TIED_DECODER_WEIGHT = "cls.predictions.decoder.weight"
-_TIED_DECODER_BIAS = "cls.predictions.decoder.bias"
-_PREDICTION_BIAS = "cls.predictions.bias"
-_WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
+TIED_DECODER_WEIGHT = "cls.predictions.decoder.weight"
+TIED_DECODER_BIAS = "cls.predictions.decoder.bias"
+PREDICTION_BIAS = "cls.predictions.bias"
+WORD_EMBEDDINGS = "bert.embeddings.word_embeddings.weight"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,8 +136,7 @@ class LoadReport:
     source: str  # the weights file(s) read
     initialized: tuple[str, ...]  # bertjax param paths freshly initialised
     ignored: tuple[str, ...]  # HF tensors skipped (buffers, tied copies)
-    head: HeadSpec | None = None  # a sequence/token classification checkpoint's head
-    question_answering: bool = False  # a BertForQuestionAnswering checkpoint
+    head: HeadSpec | None = None  # a fine-tuned checkpoint's head (BertFor<Task>)
 
     def __str__(self) -> str:
         lines = [f"read {self.source}"]
@@ -229,7 +223,7 @@ def tensor_specs(config: BertConfig) -> list[TensorSpec]:
 
     dense("bert.pooler.dense", ("bert", "pooler"), h, h, group=POOLER)
     # HF's order within cls.predictions: bias first, then the transform.
-    add(_PREDICTION_BIAS, ("mlm_head", "output_bias"), (v,), group=MLM_HEAD)
+    add(PREDICTION_BIAS, ("mlm_head", "output_bias"), (v,), group=MLM_HEAD)
     dense("cls.predictions.transform.dense", ("mlm_head", "transform"), h, h, group=MLM_HEAD)
     layer_norm("cls.predictions.transform.LayerNorm", ("mlm_head", "layer_norm"), group=MLM_HEAD)
     dense("cls.seq_relationship", ("nsp_head",), h, 2, group=NSP_HEAD)
@@ -294,7 +288,7 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides) -> BertConfig:
 
 def config_to_hf(config: BertConfig, head: HeadSpec | None = None) -> dict[str, Any]:
     """The transformers config.json dict for `config` (architecture BertForPreTraining, or the
-    classification class of `head` with its labels).
+    transformers class of `head` with its config fields, e.g. the labels).
 
     Sinusoidal positions become HF's absolute (learned) ones: `save` writes the table.
     """
@@ -319,75 +313,35 @@ def config_to_hf(config: BertConfig, head: HeadSpec | None = None) -> dict[str, 
         "dtype": str(np.dtype(config.param_dtype)),
     }
     if head is not None:
-        hf_config["architectures"] = [HF_ARCHITECTURES[head.task]]
-        hf_config["id2label"] = {str(i): label for i, label in enumerate(head.labels)}
-        hf_config["label2id"] = {label: i for i, label in enumerate(head.labels)}
-        if head.task in HF_PROBLEM_TYPES:
-            hf_config["problem_type"] = HF_PROBLEM_TYPES[head.task]
+        th = _transformers_head(head)
+        hf_config["architectures"] = [th.architecture]
+        hf_config.update(th.config)
     return hf_config
 
 
-def head_specs(config: BertConfig, head: HeadSpec) -> list[TensorSpec]:
-    """Every HF tensor of a fine-tuned model: the encoder, the pooler and the classifier.
+def _transformers_head(head: HeadSpec) -> TransformersHead:
+    th = capability.of(head).transformers_head(head)
+    if th is None:
+        raise ValueError(
+            f"a {head.task} model is not a transformers BERT class; Model.save_hf writes it "
+            "in its own format"
+        )
+    return th
 
-    transformers' BertForTokenClassification has no pooler: `save` leaves it out for token
-    heads, and `load_with_report` initialises it afresh (bertjax's encoder always has one).
+
+def head_specs(config: BertConfig, head: TransformersHead) -> list[TensorSpec]:
+    """Every HF tensor of a fine-tuned model: the encoder, the pooler and the head's dense
+    layer [outputs, hidden] under its own name.
+
+    transformers' BertForTokenClassification and BertForQuestionAnswering have no pooler:
+    `save` leaves it out for those, and `load_with_report` initialises it afresh (bertjax's
+    encoder always has one).
     """
-    h, n = config.hidden_size, head.num_outputs
+    h, n, name = config.hidden_size, head.outputs, head.param
     specs = [spec for spec in tensor_specs(config) if spec.group in (CORE, SINUSOIDAL, POOLER)]
-    specs.append(
-        TensorSpec("classifier.weight", ("classifier", "kernel"), (n, h), (h, n), True, CLASSIFIER)
-    )
-    specs.append(
-        TensorSpec("classifier.bias", ("classifier", "bias"), (n,), (n,), False, CLASSIFIER)
-    )
+    specs.append(TensorSpec(f"{name}.weight", (name, "kernel"), (n, h), (h, n), True, name))
+    specs.append(TensorSpec(f"{name}.bias", (name, "bias"), (n,), (n,), False, name))
     return specs
-
-
-def question_answering_specs(config: BertConfig) -> list[TensorSpec]:
-    """Every HF tensor of BertForQuestionAnswering: the encoder and qa_outputs [2, hidden].
-
-    transformers' class has no pooler: `save` leaves it out, and `load_with_report`
-    initialises it afresh (bertjax's encoder always has one).
-    """
-    h = config.hidden_size
-    specs = [spec for spec in tensor_specs(config) if spec.group in (CORE, SINUSOIDAL, POOLER)]
-    specs.append(
-        TensorSpec("qa_outputs.weight", (QA_OUTPUTS, "kernel"), (2, h), (h, 2), True, QA_OUTPUTS)
-    )
-    specs.append(TensorSpec("qa_outputs.bias", (QA_OUTPUTS, "bias"), (2,), (2,), False, QA_OUTPUTS))
-    return specs
-
-
-def head_from_hf(hf_config: Mapping[str, Any]) -> HeadSpec | None:
-    """The head of a BertForSequenceClassification or BertForTokenClassification config.json
-    (its labels from id2label); None for other architectures."""
-    architectures = hf_config.get("architectures") or []
-    if HF_ARCHITECTURES[heads.TOKEN_CLASSIFICATION] in architectures:
-        task = heads.TOKEN_CLASSIFICATION
-    elif HF_ARCHITECTURES[heads.CLASSIFICATION] in architectures:
-        problem = hf_config.get("problem_type")
-        tasks = {problem_type: task for task, problem_type in HF_PROBLEM_TYPES.items()}
-        if problem is not None and problem not in tasks:
-            raise ValueError(
-                f"config.json: problem_type={problem!r} is not supported; valid: {sorted(tasks)}"
-            )
-        count = len(hf_config.get("id2label") or {}) or int(hf_config.get("num_labels", 2))
-        if problem:
-            task = tasks[problem]
-        else:  # transformers' own rule without a problem_type: one output is a regression
-            task = heads.REGRESSION if count == 1 else heads.CLASSIFICATION
-    else:
-        return None
-    id2label = hf_config.get("id2label") or {
-        str(i): f"LABEL_{i}" for i in range(int(hf_config.get("num_labels", 2)))
-    }
-    if sorted(int(k) for k in id2label) != list(range(len(id2label))):
-        raise ValueError(f"config.json: id2label keys {sorted(id2label)} are not 0..n-1")
-    try:
-        return HeadSpec(task, tuple(id2label[k] for k in sorted(id2label, key=int)))
-    except ValueError as err:
-        raise ValueError(f"config.json: {err}") from None
 
 
 def load(path: str | os.PathLike, *, seed: int = 0, **overrides) -> tuple[BertConfig, dict]:
@@ -417,23 +371,28 @@ def load_with_report(
     config_path = directory / CONFIG_NAME
     if fs.kind(config_path) != "file":
         raise FileNotFoundError(f"{config_path}: missing; a transformers BERT directory needs it")
-    hf_config = _read_config(config_path)
+    hf_config = read_config(config_path)
     config = config_from_hf(hf_config, **overrides)
-    question_answering = QA_ARCHITECTURE in (hf_config.get("architectures") or [])
-    head = None if question_answering else head_from_hf(hf_config)
-
-    tensors, source = _read_weights(directory)
-    found, ignored = _canonical_tensors(tensors, source)
-    if question_answering:
-        specs = question_answering_specs(config)
+    try:
+        head = capability.head_from_transformers(hf_config)
+    except ValueError as err:
+        raise ValueError(f"{config_path}: {err}") from None
+    required = {CORE}
+    if head is None:
+        specs = tensor_specs(config)
     else:
-        specs = tensor_specs(config) if head is None else head_specs(config, head)
+        th = _transformers_head(head)
+        specs = head_specs(config, th)
+        required.add(th.param)
+
+    tensors, source = read_weights(directory)
+    found, ignored = _canonical_tensors(tensors, source)
     by_name = {spec.hf_name: spec for spec in specs}
 
     unexpected = sorted(set(found) - set(by_name))
     if unexpected:
         raise ValueError(
-            f"{source}: unexpected tensor(s) {_name_list(unexpected)} for a BERT "
+            f"{source}: unexpected tensor(s) {name_list(unexpected)} for a BERT "
             f"with {config.num_layers} layers"
         )
 
@@ -443,7 +402,7 @@ def load_with_report(
     flat: dict[tuple[str, ...], np.ndarray] = {}
     for spec in specs:
         if spec.hf_name not in found:
-            if spec.group in (CORE, CLASSIFIER, QA_OUTPUTS) or spec.group in present_groups:
+            if spec.group in required or spec.group in present_groups:
                 raise ValueError(
                     f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})"
                 )
@@ -471,7 +430,7 @@ def load_with_report(
             ", ".join(initialized),
         )
 
-    params = _unflatten(flat)
+    params = unflatten_tree(flat)
     if config.scan_layers:
         # Back to host arrays: stack_layers stacks with jnp.
         params = jax.tree.map(np.asarray, model_lib.stack_layers(params, config.num_layers))
@@ -480,7 +439,6 @@ def load_with_report(
         initialized=tuple(initialized),
         ignored=tuple(ignored),
         head=head,
-        question_answering=question_answering,
     )
     return config, params, report
 
@@ -492,16 +450,14 @@ def save(
     tokenizer: Tokenizer | None = None,
     head: HeadSpec | None = None,
     *,
-    question_answering: bool = False,
     untrained: Sequence[str] = (),
 ) -> None:
     """Writes config.json and model.safetensors loadable by transformers.BertForPreTraining.
 
-    With a `head`, `params` is a fine-tuned model's tree ("bert" and "classifier", see
-    bertjax.heads) and the directory loads in BertForSequenceClassification or
-    BertForTokenClassification, with the head's labels as id2label. With
-    `question_answering`, `params` holds "bert" and "qa_outputs" and the directory loads in
-    BertForQuestionAnswering.
+    With a `head`, `params` is a fine-tuned model's tree ("bert" and the head's dense layer,
+    e.g. "classifier" or "qa_outputs") and the directory loads in the transformers class its
+    capability names (BertForSequenceClassification with the labels as id2label,
+    BertForTokenClassification, BertForQuestionAnswering).
 
     `params` is BertForPreTraining's tree (boxed or unboxed, stacked per the config's
     scan_layers, optionally wrapped in {"params": ...}); tensors keep their dtype. With a
@@ -516,14 +472,12 @@ def save(
     The files are written into a temporary sibling directory and moved in only once every
     one is complete: a failure part-way (a full disk) leaves a previous export whole.
     """
-    _require_safetensors()
+    require_safetensors()
     unknown = sorted(set(untrained) - {MLM_HEAD, NSP_HEAD, POOLER})
     if unknown:
         raise ValueError(
             f"untrained={unknown} is invalid: valid groups are {[MLM_HEAD, NSP_HEAD, POOLER]}"
         )
-    if question_answering and head is not None:
-        raise ValueError(f"saving to {path}: give a head or question_answering=True, not both")
     if tokenizer is not None:
         check_vocab(config, tokenizer, f"saving to {path}")
     params = nn.meta.unbox(params)
@@ -532,16 +486,13 @@ def save(
     if config.scan_layers:
         params = model_lib.unstack_layers(params, config.num_layers)
     hf_config = config_to_hf(config, head)
-    flat = {path: leaf for path, leaf in _flatten(params)}
-    if question_answering:
-        hf_config["architectures"] = [QA_ARCHITECTURE]
-        specs = question_answering_specs(config)
-    else:
-        specs = tensor_specs(config) if head is None else head_specs(config, head)
+    flat = {path: leaf for path, leaf in flatten_tree(params)}
+    th = None if head is None else _transformers_head(head)
+    specs = tensor_specs(config) if th is None else head_specs(config, th)
     expected = {spec.path for spec in specs if spec.group != SINUSOIDAL}
-    if question_answering or (head is not None and head.token_level):  # in params, not written
+    if th is not None and not th.pooler:  # in params, not written
         specs = [spec for spec in specs if spec.group != POOLER]
-    if head is None and not question_answering and untrained:
+    if head is None and untrained:
         specs = [spec for spec in specs if spec.group not in untrained]
         if MLM_HEAD in untrained:
             hf_config["architectures"] = ["BertModel"]
@@ -549,7 +500,7 @@ def save(
             hf_config["architectures"] = ["BertForMaskedLM"]
     unexpected = sorted("/".join(p) for p in set(flat) - expected)
     if unexpected:
-        raise ValueError(f"params: unexpected parameter(s) {_name_list(unexpected)} for {config}")
+        raise ValueError(f"params: unexpected parameter(s) {name_list(unexpected)} for {config}")
 
     tensors: dict[str, np.ndarray] = {}
     dtypes = set()
@@ -559,7 +510,7 @@ def save(
             continue
         if spec.path not in flat:
             raise ValueError(f"params: missing parameter {name!r} (shape {spec.shape})")
-        array = _to_numpy(flat[spec.path])
+        array = to_numpy(flat[spec.path])
         if tuple(array.shape) != spec.shape:
             raise ValueError(
                 f"params: parameter {name!r} has shape {tuple(array.shape)}, expected {spec.shape}"
@@ -576,8 +527,8 @@ def save(
     tensors = {spec.hf_name: tensors[spec.hf_name] for spec in specs}
 
     directory = fs.path(path)
-    with _staged(directory) as staging:
-        _write_json(staging / CONFIG_NAME, hf_config)
+    with staged(directory) as staging:
+        write_json(staging / CONFIG_NAME, hf_config)
         # transformers refuses safetensors files whose metadata does not name a known format.
         safetensors_numpy.save_file(tensors, staging / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
         if tokenizer is not None:
@@ -661,7 +612,7 @@ def _tokenizer_config(directory: fs.AnyPath) -> dict[str, Any]:
     return settings
 
 
-def _require_safetensors() -> None:
+def require_safetensors() -> None:
     if safetensors_numpy is None:
         raise ImportError(
             "reading and writing transformers weights needs the safetensors "
@@ -669,17 +620,17 @@ def _require_safetensors() -> None:
         )
 
 
-def _read_weights(directory: fs.AnyPath) -> tuple[dict[str, np.ndarray], str]:
+def read_weights(directory: fs.AnyPath) -> tuple[dict[str, np.ndarray], str]:
     """Reads every tensor of the directory's weights, in the order transformers prefers."""
     safe = directory / SAFE_WEIGHTS_NAME
     safe_index = directory / SAFE_WEIGHTS_INDEX_NAME
     torch_file = directory / TORCH_WEIGHTS_NAME
     torch_index = directory / TORCH_WEIGHTS_INDEX_NAME
     if safe.is_file():
-        _require_safetensors()
+        require_safetensors()
         return _read_safetensors(safe), str(safe)
     if safe_index.is_file():
-        _require_safetensors()
+        require_safetensors()
         tensors = {}
         for shard in _index_shards(safe_index):
             tensors.update(_read_safetensors(directory / shard))
@@ -697,7 +648,7 @@ def _read_weights(directory: fs.AnyPath) -> tuple[dict[str, np.ndarray], str]:
     )
 
 
-def _read_config(path: fs.AnyPath) -> dict[str, Any]:
+def read_config(path: fs.AnyPath) -> dict[str, Any]:
     """config.json as a dict; a file that is not a JSON object is named with what is wrong."""
     try:
         value = json.loads(fs.read_text(path))
@@ -733,14 +684,14 @@ def _read_safetensors(path: fs.AnyPath) -> dict[str, np.ndarray]:
         ) from None
 
 
-def _write_json(path: pathlib.Path, value: Any) -> None:
+def write_json(path: pathlib.Path, value: Any) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=2, sort_keys=True)
         f.write("\n")
 
 
 @contextlib.contextmanager
-def _staged(directory: fs.AnyPath):
+def staged(directory: fs.AnyPath):
     """Yields a temporary sibling of `directory`; once the block completes, moves its files in.
 
     Each file then replaces its namesake by one rename, after every file was written whole,
@@ -849,28 +800,28 @@ def _canonical_tensors(
     for name in sorted(_BUFFER_NAMES & set(found)):
         del found[name]
         ignored.append(original[name])
-    if _TIED_DECODER_WEIGHT in found:
-        decoder = found.pop(_TIED_DECODER_WEIGHT)
-        words = found.get(_WORD_EMBEDDINGS)
+    if TIED_DECODER_WEIGHT in found:
+        decoder = found.pop(TIED_DECODER_WEIGHT)
+        words = found.get(WORD_EMBEDDINGS)
         if words is not None and not np.array_equal(decoder, words):
             raise ValueError(
-                f"{source}: tensor {original[_TIED_DECODER_WEIGHT]!r} differs from "
-                f"{original[_WORD_EMBEDDINGS]!r}; untied MLM decoder weights are "
+                f"{source}: tensor {original[TIED_DECODER_WEIGHT]!r} differs from "
+                f"{original[WORD_EMBEDDINGS]!r}; untied MLM decoder weights are "
                 "not supported (bertjax ties them to the word embeddings)"
             )
-        ignored.append(original[_TIED_DECODER_WEIGHT])
-    if _TIED_DECODER_BIAS in found:
-        decoder_bias = found.pop(_TIED_DECODER_BIAS)
-        bias = found.setdefault(_PREDICTION_BIAS, decoder_bias)
+        ignored.append(original[TIED_DECODER_WEIGHT])
+    if TIED_DECODER_BIAS in found:
+        decoder_bias = found.pop(TIED_DECODER_BIAS)
+        bias = found.setdefault(PREDICTION_BIAS, decoder_bias)
         if not np.array_equal(bias, decoder_bias):
             raise ValueError(
-                f"{source}: tensor {original[_TIED_DECODER_BIAS]!r} differs from "
-                f"{original[_PREDICTION_BIAS]!r}; they must be the same bias"
+                f"{source}: tensor {original[TIED_DECODER_BIAS]!r} differs from "
+                f"{original[PREDICTION_BIAS]!r}; they must be the same bias"
             )
-        if _PREDICTION_BIAS not in original:
-            original[_PREDICTION_BIAS] = original[_TIED_DECODER_BIAS]
+        if PREDICTION_BIAS not in original:
+            original[PREDICTION_BIAS] = original[TIED_DECODER_BIAS]
         else:
-            ignored.append(original[_TIED_DECODER_BIAS])
+            ignored.append(original[TIED_DECODER_BIAS])
     return found, ignored
 
 
@@ -896,7 +847,7 @@ def _init_selected(
     return [_get(params, path) for path in paths]
 
 
-def _to_numpy(leaf: Any) -> np.ndarray:
+def to_numpy(leaf: Any) -> np.ndarray:
     if isinstance(leaf, jax.Array) and not leaf.is_fully_addressable:
         raise ValueError(
             "params hold arrays spread over several processes; gather them first "
@@ -906,15 +857,15 @@ def _to_numpy(leaf: Any) -> np.ndarray:
     return np.asarray(jax.device_get(leaf))
 
 
-def _flatten(tree: Mapping, prefix: tuple[str, ...] = ()):
+def flatten_tree(tree: Mapping, prefix: tuple[str, ...] = ()):
     for key, value in tree.items():
         if isinstance(value, Mapping):
-            yield from _flatten(value, (*prefix, key))
+            yield from flatten_tree(value, (*prefix, key))
         else:
             yield (*prefix, key), value
 
 
-def _unflatten(flat: Mapping[tuple[str, ...], Any]) -> dict:
+def unflatten_tree(flat: Mapping[tuple[str, ...], Any]) -> dict:
     tree: dict = {}
     for path, value in flat.items():
         node = tree
@@ -930,215 +881,6 @@ def _get(tree: Mapping, path: tuple[str, ...]) -> Any:
     return tree
 
 
-def _name_list(names: list[str], limit: int = 8) -> str:
+def name_list(names: list[str], limit: int = 8) -> str:
     shown = ", ".join(repr(n) for n in names[:limit])
     return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
-
-
-# ---------------------------------------------------------------------------------------------
-# Encoder-decoders: transformers' EncoderDecoderModel with a BertModel encoder and a
-# BertLMHeadModel decoder (is_decoder, add_cross_attention), as bertjax.seq2seq builds them.
-
-ENCODER_DECODER_ARCHITECTURE = "EncoderDecoderModel"
-GENERATION_CONFIG_NAME = "generation_config.json"
-_DECODER_TIED_WEIGHT = "decoder." + _TIED_DECODER_WEIGHT
-_DECODER_TIED_BIAS = "decoder." + _TIED_DECODER_BIAS
-
-
-def seq2seq_specs(config: seq2seq_lib.Seq2SeqConfig) -> list[TensorSpec]:
-    """Every tensor of transformers' EncoderDecoderModel for `config` and its bertjax path.
-
-    The encoder's are BertModel's ("encoder.*", pooler included); the decoder's are
-    BertLMHeadModel's ("decoder.bert.*" without a pooler, each layer's "crossattention",
-    "decoder.cls.predictions.*"). The tied decoder weight and bias are not listed.
-    """
-    specs = []
-    for spec in tensor_specs(config.bert):
-        if spec.group in (CORE, SINUSOIDAL, POOLER):
-            specs.append(dataclasses.replace(spec, hf_name="encoder." + spec.hf_name[5:]))
-    for spec in tensor_specs(config.bert):
-        if spec.group in (CORE, SINUSOIDAL):
-            rest = spec.path[1:]
-            if rest[0] == "encoder":  # ("encoder", "layer_i", ...) -> ("layer_i", ...)
-                rest = rest[1:]
-            decoder_spec = dataclasses.replace(
-                spec, hf_name="decoder." + spec.hf_name, path=("decoder", *rest)
-            )
-            specs.append(decoder_spec)
-            if len(rest) > 1 and rest[1] == "attention":
-                specs.append(
-                    dataclasses.replace(
-                        decoder_spec,
-                        hf_name=decoder_spec.hf_name.replace(".attention.", ".crossattention."),
-                        path=("decoder", rest[0], "cross_attention", *rest[2:]),
-                    )
-                )
-        elif spec.group == MLM_HEAD:
-            specs.append(
-                dataclasses.replace(
-                    spec, hf_name="decoder." + spec.hf_name, path=("decoder", *spec.path)
-                )
-            )
-    return specs
-
-
-def seq2seq_config_to_hf(config: seq2seq_lib.Seq2SeqConfig) -> dict[str, Any]:
-    """transformers' EncoderDecoderConfig dict (config.json) for `config`."""
-    special = {
-        "decoder_start_token_id": config.decoder_start_id,
-        "eos_token_id": config.eos_id,
-        "pad_token_id": seq2seq_lib.PAD_ID,
-    }
-    encoder = {**config_to_hf(config.bert), "architectures": ["BertModel"]}
-    decoder = {
-        **config_to_hf(config.bert),
-        "architectures": ["BertLMHeadModel"],
-        "is_decoder": True,
-        "add_cross_attention": True,
-        **special,
-    }
-    return {
-        "architectures": [ENCODER_DECODER_ARCHITECTURE],
-        "model_type": "encoder-decoder",
-        "is_encoder_decoder": True,
-        "encoder": encoder,
-        "decoder": decoder,
-        "dtype": encoder["dtype"],
-        **special,
-    }
-
-
-def seq2seq_config_from_hf(
-    hf_config: Mapping[str, Any], init: str = seq2seq_lib.BERT2BERT, **overrides
-) -> seq2seq_lib.Seq2SeqConfig:
-    """A Seq2SeqConfig from an EncoderDecoderConfig dict with BERT on both sides.
-
-    `overrides` set non-architecture BertConfig fields, as for `config_from_hf`.
-    """
-    if hf_config.get("model_type") != "encoder-decoder":
-        raise ValueError(
-            f"config.json: model_type={hf_config.get('model_type')!r} is not an encoder-decoder; "
-            "valid: 'encoder-decoder'"
-        )
-    for side in ("encoder", "decoder"):
-        if not isinstance(hf_config.get(side), Mapping):
-            raise ValueError(f"config.json: missing the {side!r} config")
-    encoder = config_from_hf(hf_config["encoder"], **overrides)
-    decoder = config_from_hf(hf_config["decoder"], **overrides)
-    different = [
-        name for name in ARCHITECTURE_FIELDS if getattr(encoder, name) != getattr(decoder, name)
-    ]
-    if different:
-        raise ValueError(
-            f"config.json: encoder and decoder differ in {different}; bertjax's encoder-decoder "
-            "needs one BERT architecture for both"
-        )
-    if not hf_config["decoder"].get("add_cross_attention", False):
-        raise ValueError("config.json: the decoder has add_cross_attention=false; it must be true")
-    special = {}
-    for key in ("decoder_start_token_id", "eos_token_id"):
-        value = hf_config.get(key, hf_config["decoder"].get(key))
-        if value is None:
-            raise ValueError(f"config.json: missing {key!r} (at the top level or the decoder's)")
-        special[key] = int(value)
-    return seq2seq_lib.Seq2SeqConfig(
-        encoder,
-        decoder_start_id=special["decoder_start_token_id"],
-        eos_id=special["eos_token_id"],
-        init=init,
-    )
-
-
-def save_seq2seq(
-    config: seq2seq_lib.Seq2SeqConfig,
-    params: Mapping,
-    path: str | os.PathLike,
-    tokenizer: Tokenizer | None = None,
-) -> None:
-    """Writes a directory that transformers.EncoderDecoderModel.from_pretrained loads:
-    config.json, generation_config.json, model.safetensors and, given one, the tokenizer.
-
-    `params` is the stored tree of bertjax.seq2seq (boxed or not); a bertshare model is
-    written with the shared weights copied into the decoder.
-    """
-    _require_safetensors()
-    if tokenizer is not None:
-        check_vocab(config.bert, tokenizer, f"saving to {path}")
-    params = nn.meta.unbox(params)
-    if set(params) == {"params"}:
-        params = params["params"]
-    params = seq2seq_lib.full_params(config, params)
-    specs = seq2seq_specs(config)
-    flat = dict(_flatten(params))
-    expected = {spec.path for spec in specs if spec.group != SINUSOIDAL}
-    unexpected = sorted("/".join(p) for p in set(flat) - expected)
-    if unexpected:
-        raise ValueError(f"params: unexpected parameter(s) {_name_list(unexpected)}")
-    tensors: dict[str, np.ndarray] = {}
-    table = model_lib.sinusoidal_table(config.bert.max_position_embeddings, config.bert.hidden_size)
-    for spec in specs:
-        if spec.group == SINUSOIDAL:
-            tensors[spec.hf_name] = table.astype(np.dtype(config.bert.param_dtype))
-            continue
-        if spec.path not in flat:
-            raise ValueError(f"params: missing parameter {'/'.join(spec.path)!r}")
-        array = _to_numpy(flat[spec.path])
-        if tuple(array.shape) != spec.shape:
-            raise ValueError(
-                f"params: parameter {'/'.join(spec.path)!r} has shape {tuple(array.shape)}, "
-                f"expected {spec.shape}"
-            )
-        tensors[spec.hf_name] = spec.to_hf(array)
-    hf_config = seq2seq_config_to_hf(config)
-    generation = {
-        key: hf_config[key] for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id")
-    }
-    with _staged(fs.path(path)) as staging:
-        _write_json(staging / CONFIG_NAME, hf_config)
-        _write_json(staging / GENERATION_CONFIG_NAME, generation)
-        safetensors_numpy.save_file(tensors, staging / SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
-        if tokenizer is not None:
-            tokenizer.save_hf(staging, model_max_length=config.bert.max_position_embeddings)
-
-
-def load_seq2seq(path: str | os.PathLike, **overrides) -> tuple[seq2seq_lib.Seq2SeqConfig, dict]:
-    """Reads a transformers EncoderDecoderModel directory (BERT on both sides) into a
-    Seq2SeqConfig (init bert2bert) and bertjax.seq2seq's params tree (numpy arrays)."""
-    directory = fs.path(path)
-    config_path = directory / CONFIG_NAME
-    if fs.kind(config_path) != "file":
-        raise FileNotFoundError(
-            f"{config_path}: missing; a transformers EncoderDecoderModel directory needs it"
-        )
-    config = seq2seq_config_from_hf(_read_config(config_path), **overrides)
-    tensors, source = _read_weights(directory)
-    tensors = dict(tensors)
-    word_name = "decoder." + _WORD_EMBEDDINGS
-    bias_name = "decoder." + _PREDICTION_BIAS
-    for tied, twin in ((_DECODER_TIED_WEIGHT, word_name), (_DECODER_TIED_BIAS, bias_name)):
-        if tied in tensors:
-            copy = np.asarray(tensors.pop(tied))
-            tensors.setdefault(twin, copy)
-            if not np.array_equal(np.asarray(tensors[twin]), copy):
-                raise ValueError(
-                    f"{source}: tensor {tied!r} differs from {twin!r}; bertjax ties them"
-                )
-    specs = seq2seq_specs(config)
-    by_name = {spec.hf_name: spec for spec in specs}
-    unexpected = sorted(set(tensors) - set(by_name))
-    if unexpected:
-        raise ValueError(f"{source}: unexpected tensor(s) {_name_list(unexpected)}")
-    dtype = np.dtype(config.bert.param_dtype)
-    flat = {}
-    for spec in specs:
-        if spec.hf_name not in tensors:
-            raise ValueError(f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})")
-        array = np.asarray(tensors[spec.hf_name])
-        if tuple(array.shape) != spec.hf_shape:
-            raise ValueError(
-                f"{source}: tensor {spec.hf_name!r} has shape {tuple(array.shape)}, "
-                f"expected {spec.hf_shape}"
-            )
-        if spec.group != SINUSOIDAL:
-            flat[spec.path] = spec.to_bertjax(array).astype(dtype)
-    return config, _unflatten(flat)

@@ -26,9 +26,7 @@ import collections
 import contextlib
 import dataclasses
 import functools
-import json
 import os
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -39,16 +37,15 @@ import numpy as np
 import tqdm.auto
 from jax.experimental import multihost_utils
 
+from bertjax import capability as capability_lib
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import embedding as embedding_lib
 from bertjax import features as features_lib
-from bertjax import fs, heads, hf, rundir, sbert
-from bertjax import seq2seq as seq2seq_lib
+from bertjax import fs, hf, rundir
 from bertjax import sharding as sharding_lib
-from bertjax.data import storage
-from bertjax.data.sentences import split_sentences
-from bertjax.features import TruncationWarning
-from bertjax.model import BertConfig, BertForPreTraining, BertModel
+from bertjax import vectors as vectors_lib
+from bertjax.capability import HeadSpec
+from bertjax.features import TruncationWarning  # noqa: F401  (callers catch it from here)
+from bertjax.model import BertConfig, BertForPreTraining, BertModel, pretraining_init
 from bertjax.tokenizer import Tokenizer
 
 POOLINGS = ("mean", "cls", "pooler")
@@ -92,8 +89,7 @@ class Model:
         progress: bool | None = None,
         source: str = "memory",
         fresh_heads: Sequence[str] = (),
-        head: heads.HeadSpec | None = None,
-        embedding: embedding_lib.EmbeddingSpec | None = None,
+        head: HeadSpec | None = None,
     ):
         try:
             hf.check_vocab(config, tokenizer, source)
@@ -108,29 +104,20 @@ class Model:
         self.source = source
         # Parameter groups the checkpoint did not have (freshly initialised by hf.load).
         self.fresh_heads = tuple(fresh_heads)
-        # A fine-tuned model's task and labels; it has no pretraining heads to fill masks with.
+        # A fine-tuned model's task, labels and options; it has no pretraining heads to fill
+        # masks with. Its capability (bertjax.tasks) serves the notebook methods that fit it.
         self.head = head
-        # An embedding model's own pooling, normalisation and longest input: `embed`'s
-        # defaults, and what save_hf writes as a sentence-transformers directory.
-        if embedding is None and head is not None and head.task == embedding_lib.EMBEDDING_TASK:
-            embedding = embedding_lib.EmbeddingSpec.from_labels(head.labels)
-        self.embedding = embedding
-        if head is not None or embedding is not None:
+        self.capability = None if head is None else capability_lib.of(head)
+        if head is not None:
             self.fresh_heads = tuple(sorted({*self.fresh_heads, "mlm_head", "nsp_head"}))
         # Inference never needs rematerialisation; the compute dtype may be overridden.
-        self._run_config = dataclasses.replace(
+        self.run_config = dataclasses.replace(
             config, dtype=dtype or config.dtype, remat_policy="none"
         )
         self._rows_multiple = 1 if mesh is None else sharding_lib.data_parallel_size(mesh)
         # Without a mesh, everything runs on this one device.
         self._device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         self.batch_size = _round_up(batch_size, self._rows_multiple)
-        # An encoder-decoder (a seq2seq run or a transformers EncoderDecoderModel) generates.
-        self._seq2seq = (
-            seq2seq_lib.TaskOptions.from_head(head)
-            if head is not None and head.task == seq2seq_lib.TASK
-            else None
-        )
         self.params = self._place(params)
 
     # ------------------------------------------------------------------------------------
@@ -157,15 +144,31 @@ class Model:
             # in one line naming the path.
             if fs.kind(path) is None:
                 raise InferenceError(f"{path} does not exist")
-            encoder_decoder = _is_encoder_decoder(path)
-            sentence_transformers = step is None and sbert.is_sentence_transformers_dir(path)
+            # A directory in a capability's own format (sentence-transformers,
+            # EncoderDecoderModel), or else a bertjax run or a transformers BERT directory.
+            own = capability_lib.recognising(path)
         except fs.StorageError as err:
             raise InferenceError(str(err)) from None
-        if encoder_decoder:  # a transformers EncoderDecoderModel directory
-            return cls._load_encoder_decoder(path, mesh, batch_size, dtype, progress)
-        if sentence_transformers:
-            return cls._load_sentence_transformers(
-                path, mesh=mesh, batch_size=batch_size, progress=progress, **overrides
+        if own is not None:
+            if step is not None:
+                raise InferenceError(
+                    f"step={step} applies to bertjax work directories; {path} holds a single "
+                    "set of weights"
+                )
+            try:
+                opened = own.open(path, **overrides)
+            except (ValueError, FileNotFoundError, ImportError) as err:
+                raise InferenceError(str(err)) from None
+            return cls(
+                opened.config,
+                opened.params,
+                opened.tokenizer,
+                mesh=mesh,
+                batch_size=batch_size,
+                dtype=dtype,
+                progress=progress,
+                source=str(path),
+                head=opened.head,
             )
         try:
             run = rundir.open_run(path, step, **overrides)
@@ -196,39 +199,26 @@ class Model:
         )
 
     def save_hf(self, directory: str | os.PathLike) -> None:
-        """Writes a transformers directory: weights, config.json and the tokenizer files (an
-        encoder-decoder's as transformers' EncoderDecoderModel, a question-answering model's as
-        BertForQuestionAnswering); for an embedding model, a sentence-transformers directory
-        (bertjax.sbert.save)."""
-        if self._seq2seq is not None:
-            config = self._seq2seq.config(self.config)
-            with _as_inference_error():
-                hf.save_seq2seq(config, self.params, directory, tokenizer=self.tokenizer)
-            return
-        if self.embedding is not None:
-            with _as_inference_error():
-                sbert.save(directory, self.config, self.params, self.tokenizer, self.embedding)
-            return
-        if self.answers_questions:  # transformers' BertForQuestionAnswering
-            with _as_inference_error():
-                hf.save(
-                    self.config,
-                    self.params,
-                    directory,
-                    tokenizer=self.tokenizer,
-                    question_answering=True,
-                )
-            return
-        # Heads this model never had (read from a BertModel directory) are not exported as
-        # trained: the copy lacks them too, and refuses fill_mask as this one does.
-        untrained = () if self.head is not None else self.fresh_heads
-        with _as_inference_error():
+        """Writes a transformers directory: weights, config.json and the tokenizer files.
+
+        A fine-tuned model is written in its capability's format: BertFor* for label and
+        question-answering heads, EncoderDecoderModel for seq2seq, a sentence-transformers
+        directory for an embedding model.
+        """
+        head = self.head
+        with as_inference_error():
+            if head is not None and self.capability.transformers_head(head) is None:
+                self.capability.save(self, directory)
+                return
+            # Heads this model never had (read from a BertModel directory) are not exported
+            # as trained: the copy lacks them too, and refuses fill_mask as this one does.
+            untrained = () if head is not None else self.fresh_heads
             hf.save(
                 self.config,
                 self.params,
                 directory,
                 tokenizer=self.tokenizer,
-                head=self.head,
+                head=head,
                 untrained=untrained,
             )
 
@@ -255,7 +245,7 @@ class Model:
         positions) lose tokens from the longer text first, as google's run_classifier.py.
         """
         limit = self.config.max_position_embeddings
-        with _as_inference_error():
+        with as_inference_error():
             return features_lib.encode(
                 self.tokenizer,
                 texts,
@@ -277,13 +267,13 @@ class Model:
                 "names), so it cannot fill masks; embed and encode work"
             )
         single = isinstance(text_or_texts, str)
-        texts = _as_texts(text_or_texts, "text_or_texts")
+        texts = as_texts(text_or_texts, "text_or_texts")
         if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
             raise InferenceError(f"top_k={top_k!r} is invalid: must be an int >= 1")
         top_k = min(top_k, self.tokenizer.vocab_size)
-        examples = self._examples(texts, None, None, mask_checked=True)
+        examples = self.examples(texts, None, None, mask_checked=True)
         results = []
-        predictions = self._predict_masks([e.ids for e in examples], top_k)
+        predictions = self.predict_masks([e.ids for e in examples], top_k)
         for example, (positions, scores, ids) in zip(examples, predictions):
             one_mask = len(positions) == 1
             per_mask = []
@@ -319,8 +309,9 @@ class Model:
         run, a sentence-transformers directory) embeds as it was trained when both are left
         out: its pooling ("max" too), normalisation and max_seq_length, empty texts included.
         """
-        if self.embedding is not None and pooling is None and normalize is None:
-            return self._embed_as_trained(texts)
+        as_trained = self.capability.notebook.get("embed") if self.capability else None
+        if as_trained is not None and pooling is None and normalize is None:
+            return as_trained(self, texts)
         pooling = "mean" if pooling is None else pooling
         normalize = False if normalize is None else normalize
         if pooling not in POOLINGS:
@@ -330,150 +321,53 @@ class Model:
                 f"{self.source} has no pooler weights (bert.pooler.* in transformers' names); "
                 "use pooling='mean' or 'cls'"
             )
-        texts = _as_texts(texts, "texts")
-        examples = self._examples(texts, None, None)
-        function = self._function("embed", pooling=pooling, normalize=bool(normalize))
+        texts = as_texts(texts, "texts")
+        examples = self.examples(texts, None, None)
+        function = functools.partial(
+            _embed, config=self.run_config, pooling=pooling, normalize=bool(normalize)
+        )
         out = np.zeros((len(examples), self.config.hidden_size), np.float32)
-        for rows, vectors in self._run(function, [e.features() for e in examples]):
+        for rows, vectors in self.batched(function, [e.features() for e in examples]):
             out[rows] = vectors
         return out
 
-    def predict(
-        self,
-        texts: str | Sequence[str],
-        text_pairs: str | Sequence[str] | None = None,
-        max_length: int | None = None,
-    ) -> Any:
-        """A fine-tuned model's predictions with their scores, per text (or pair).
+    def predict(self, texts, text_pairs=None, max_length=None) -> Any:
+        """A fine-tuned label head's predictions with their scores, per text (or pair):
+        see bertjax.tasks.labels.predict."""
+        return self._method("predict")(self, texts, text_pairs, max_length)
 
-        classification: {"label", "score"}, the most probable label and its probability;
-        regression: {"label": the output's name, "score": the predicted value};
-        multi_label: [{"label", "score"}, ...] for every label of probability >= 0.5, most
-        probable first; token_classification: [{"word", "label", "score"}, ...] per word of
-        the text split at whitespace (a word past max_length gets "O", or the first label,
-        with score 0). One text gives one result, a list of texts a list of them.
-        """
-        head = self.head
-        if head is None:
-            raise InferenceError(
-                f"{self.source} has no fine-tuning head: predict needs a run of finetune.py, "
-                "or a transformers BertForSequenceClassification/BertForTokenClassification"
-            )
-        single = isinstance(texts, str)
-        texts = _as_texts(texts, "texts")
-        if head.token_level:
-            if text_pairs is not None:
-                raise InferenceError("token classification labels single texts: give no pairs")
-            results = self._predict_words(texts, max_length)
-        else:
-            pairs = None if text_pairs is None else _as_texts(text_pairs, "text_pairs")
-            if pairs is not None and len(pairs) != len(texts):
-                raise InferenceError(
-                    f"text_pairs has {len(pairs)} texts but texts has {len(texts)}; give one "
-                    "pair per text"
-                )
-            examples = self._examples(texts, pairs, max_length)
-            outputs = self._predict_rows([e.features() for e in examples])
-            results = [_sequence_prediction(head, out) for out in outputs]
-        return results[0] if single else results
+    def answer(self, question, context, top_k: int = 1, **options: Any) -> dict | list:
+        """Answers as transformers' question-answering pipeline returns them: see
+        bertjax.tasks.qa.answer."""
+        return self._method("answer")(self, question, context, top_k=top_k, **options)
 
-    @property
-    def answers_questions(self) -> bool:
-        """Whether this is an extractive question-answering model (a qa_outputs head)."""
-        return isinstance(self.params, dict) and hf.QA_OUTPUTS in self.params
-
-    def answer(
-        self,
-        question: str | Sequence[str],
-        context: str | Sequence[str],
-        top_k: int = 1,
-        **options: Any,
-    ) -> dict | list:
-        """Answers as transformers' question-answering pipeline returns them.
-
-        Each answer is {"score", "start", "end", "answer"}: character offsets into the
-        context and context[start:end]. A long context is windowed as the pipeline does
-        (max_seq_len 384, doc_stride 128). One question gives a dict (top_k=1) or a list of
-        top_k; a list of questions (one context, or one per question) a list of those.
-        `options`: the pipeline's max_seq_len, doc_stride, max_question_len, max_answer_len,
-        handle_impossible_answer, align_to_words. Needs a question-answering model: a
-        fine-tuned question_answering run directory or a BertForQuestionAnswering one.
-        """
-        from bertjax.finetune import question_answering as qa  # the task's own module
-
-        if not self.answers_questions:
-            raise InferenceError(
-                f"answer() needs a question-answering model; {self.source} has no qa_outputs "
-                "head (load a question_answering run or a BertForQuestionAnswering directory)"
-            )
-        try:
-            return qa.answer(
-                self._run_config,
-                self.params,
-                self.tokenizer,
-                question,
-                context,
-                top_k=top_k,
-                **options,
-            )
-        except (ValueError, TypeError) as err:
-            raise InferenceError(str(err)) from None
-
-    def _predict_rows(self, features: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
-        """The head's outputs (bertjax.heads.outputs) for each row of features, in order."""
-        per_row: list[Any] = [None] * len(features)
-        for rows, outputs in self._run(self._function("predict"), features):
-            for k, row in enumerate(rows):
-                per_row[row] = {name: values[k] for name, values in outputs.items()}
-        return per_row
-
-    def _predict_words(self, texts: list[str], max_length: int | None) -> list[list[dict]]:
-        limit = self.config.max_position_embeddings
-        max_length = limit if max_length is None else max_length
-        if isinstance(max_length, bool) or not isinstance(max_length, int):
-            raise InferenceError(f"max_length={max_length!r} is invalid: must be an int")
-        if not 2 < max_length <= limit:
-            raise InferenceError(f"max_length={max_length} is invalid: must be in [3, {limit}]")
-        words = [text.split() for text in texts]
-        for i, sentence in enumerate(words):
-            if not sentence:
-                raise InferenceError(
-                    f"{features_lib.which(i, len(texts), 'text')} is empty; every text needs "
-                    "some words"
-                )
-        inputs = heads.encode_words(self.tokenizer, words, max_length)
-        lengths = inputs.input_mask.sum(axis=1)
-        outputs = self._predict_rows(
-            [
-                {"input_ids": inputs.input_ids[r, :n], "segment_ids": inputs.segment_ids[r, :n]}
-                for r, n in enumerate(lengths)
-            ]
+    def generate(self, texts, num_beams: int = 4, max_new_tokens: int = 64, **options: Any):
+        """An encoder-decoder's generated text per source text: see
+        bertjax.tasks.seq2seq.generate."""
+        return self._method("generate")(
+            self, texts, num_beams=num_beams, max_new_tokens=max_new_tokens, **options
         )
-        if inputs.words_cut:
-            warnings.warn(
-                f"{inputs.words_cut} word(s) lie past the limit of {max_length} tokens (or have "
-                "no tokens) and get no prediction of their own",
-                TruncationWarning,
-                stacklevel=3,
-            )
-        labels = self.head.labels
-        default = "O" if "O" in labels else labels[0]
-        return [
-            [
-                {
-                    "word": word,
-                    "label": labels[out["labels"][p]] if p >= 0 else default,
-                    "score": float(out["scores"][p]) if p >= 0 else 0.0,
-                }
-                for word, p in zip(sentence, where)
-            ]
-            for sentence, where, out in zip(words, inputs.word_positions, outputs)
-        ]
+
+    def _method(self, name: str) -> Callable:
+        """The function of this model's capability that serves `name`, or a one-line error
+        naming the method that fits this model."""
+        function = self.capability.notebook.get(name) if self.capability else None
+        if function is not None:
+            return function
+        needs = [task for c in capability_lib.serving(name) for task in c.tasks if c.method == name]
+        if self.capability is None:
+            what, fits = "a pretrained encoder", "fill_mask(...) or embed(...)"
+        else:
+            what, fits = f"a {self.head.task} model", self.capability.usage
+        raise InferenceError(
+            f"{name}() needs a fine-tuned {' or '.join(needs) or 'model'} model; {self.source} "
+            f"is {what}: use {fits}"
+        )
 
     # ------------------------------------------------------------------------------------
     # Text to examples
 
-    def _examples(
+    def examples(
         self,
         texts: list[str],
         pairs: list[str] | None,
@@ -481,7 +375,7 @@ class Model:
         mask_checked: bool = False,
     ) -> list[features_lib.Example]:
         limit = self.config.max_position_embeddings
-        with _as_inference_error():
+        with as_inference_error():
             return features_lib.inputs(
                 self.tokenizer,
                 texts,
@@ -491,14 +385,14 @@ class Model:
                 need_mask=mask_checked,
             )
 
-    def _token_ids(self, texts: list[str], what: str) -> list[list[int]]:
-        with _as_inference_error():
+    def token_ids(self, texts: list[str], what: str) -> list[list[int]]:
+        with as_inference_error():
             return features_lib.token_ids(self.tokenizer, texts, what)
 
     # ------------------------------------------------------------------------------------
     # Running the model
 
-    def _predict_masks(
+    def predict_masks(
         self, sequences: list[list[int]], top_k: int
     ) -> list[tuple[list[int], np.ndarray, np.ndarray]]:
         """For token id sequences holding [MASK]s: per sequence, the mask positions and the
@@ -512,29 +406,20 @@ class Model:
             }
             for ids, p in zip(sequences, positions)
         ]
-        function = self._function("fill_mask", top_k=top_k)
+        # Jitted once for every Model: a model loaded again, or another model of the same
+        # configuration, reuses what was compiled (once per bucket shape).
+        function = functools.partial(
+            _fill_mask, config=self.run_config, usable=self.tokenizer.vocab_size, top_k=top_k
+        )
         scores: list[Any] = [None] * len(sequences)
         ids_out: list[Any] = [None] * len(sequences)
-        for rows, (batch_scores, batch_ids) in self._run(function, features):
+        for rows, (batch_scores, batch_ids) in self.batched(function, features):
             for row, s, t in zip(rows, batch_scores, batch_ids):
                 count = len(positions[row])
                 scores[row], ids_out[row] = s[:count], t[:count]
         return list(zip(positions, scores, ids_out))
 
-    def _function(self, kind: str, **static) -> Callable:
-        """The task's jitted function with this model's static arguments bound.
-
-        The jitted functions are shared by every Model, so a model loaded again, or another
-        model of the same configuration, reuses what was compiled; jit compiles once per
-        bucket shape.
-        """
-        if kind == "fill_mask":
-            static["usable"] = self.tokenizer.vocab_size
-        if kind == "predict":
-            static["head"] = self.head
-        return functools.partial(_TASKS[kind], config=self._run_config, **static)
-
-    def _run(self, function: Callable, features: list[dict[str, np.ndarray]]) -> Iterator:
+    def batched(self, function: Callable, features: list[dict[str, np.ndarray]]) -> Iterator:
         """Yields (rows, outputs) per batch: the rows of `features` and numpy outputs for them.
 
         Batches are dispatched one ahead of reading their results back, so the host builds
@@ -551,8 +436,8 @@ class Model:
         try:
             for rows in self._batches(features):
                 batch = _pad_batch([features[r] for r in rows], self._bucket(rows, features))
-                with self._context():  # the mesh, for the model's sharding constraints
-                    pending.append((rows, function(self.params, self._put(batch))))
+                with self.context():  # the mesh, for the model's sharding constraints
+                    pending.append((rows, function(self.params, self.put(batch))))
                 if len(pending) > 1:
                     rows_done, out = pending.popleft()
                     yield rows_done, self._fetch(out, len(rows_done))
@@ -584,7 +469,7 @@ class Model:
             shape["masks"] = _next_power_of_two(most)
         return shape
 
-    def _context(self):
+    def context(self):
         if self.mesh is None:
             return contextlib.nullcontext()
         stack = contextlib.ExitStack()
@@ -599,23 +484,15 @@ class Model:
             params = params["params"]
         if self.mesh is None:
             return jax.device_put(params, self._device)
-        if self._seq2seq is not None:
-            init = seq2seq_lib.task_init(self._run_config, self.head)
-            abstract = jax.eval_shape(init, jax.random.key(0))
-            return jax.device_put(params, sharding_lib.logical_shardings(abstract, self.mesh))
-        if self.embedding is not None:
-            model = embedding_lib.make_model(self._run_config, self.embedding)
-        elif self.head is None:
-            model = BertForPreTraining(self._run_config)
+        if self.head is None:
+            init = pretraining_init(BertForPreTraining(self.run_config), 1, 1)
         else:
-            model = heads.make_model(self._run_config, self.head)
-        ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
+            init = self.capability.init(self.run_config, self.head)
         # Shapes and logical axis names only; nothing is computed.
-        abstract = jax.eval_shape(lambda key: model.init(key, ids)["params"], jax.random.key(0))
-        shardings = sharding_lib.logical_shardings(abstract, self.mesh)
-        return jax.device_put(params, shardings)
+        abstract = jax.eval_shape(init, jax.random.key(0))
+        return jax.device_put(params, sharding_lib.logical_shardings(abstract, self.mesh))
 
-    def _put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+    def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         if self.mesh is None:
             return jax.device_put(batch, self._device)
         rows = sharding_lib.batch_sharding(self.mesh)
@@ -633,117 +510,6 @@ class Model:
 
         return jax.tree.map(one, out)
 
-    # ------------------------------------------------------------------------------------
-    # Encoder-decoders
-
-    @classmethod
-    def _load_encoder_decoder(cls, path, mesh, batch_size, dtype, progress) -> Model:
-        try:
-            config, params = hf.load_seq2seq(path)
-            tokenizer = hf.load_tokenizer(path)
-        except (ValueError, FileNotFoundError, ImportError) as err:
-            raise InferenceError(str(err)) from None
-        options = seq2seq_lib.TaskOptions(
-            decoder_start_id=config.decoder_start_id, eos_id=config.eos_id, init=config.init
-        )
-        return cls(
-            config.bert,
-            params,
-            tokenizer,
-            mesh=mesh,
-            batch_size=batch_size,
-            dtype=dtype,
-            progress=progress,
-            source=str(path),
-            head=options.head(),
-        )
-
-    def generate(
-        self,
-        texts: str | Sequence[str],
-        num_beams: int = 4,
-        max_new_tokens: int = 64,
-        *,
-        length_penalty: float = 1.0,
-        no_repeat_ngram_size: int = 0,
-        early_stopping: bool | str = False,
-        max_length: int | None = None,
-    ) -> str | list[str]:
-        """An encoder-decoder's generated text per source text (greedy with num_beams=1).
-
-        The arguments mean what transformers' generate's do; sources longer than max_length
-        tokens (default: the model's positions) are cut. One text gives one string.
-        """
-        if self._seq2seq is None:
-            raise InferenceError(
-                f"{self.source} is not an encoder-decoder: generate needs a seq2seq run of "
-                "finetune.py or a transformers EncoderDecoderModel directory"
-            )
-        try:
-            settings = seq2seq_lib.GenerationSettings(
-                max_new_tokens=max_new_tokens,
-                num_beams=num_beams,
-                length_penalty=length_penalty,
-                no_repeat_ngram_size=no_repeat_ngram_size,
-                early_stopping=early_stopping,
-            )
-        except ValueError as err:
-            raise InferenceError(str(err).replace("GenerationSettings.", "")) from None
-        if max_new_tokens + 1 > self.config.max_position_embeddings:
-            raise InferenceError(
-                f"max_new_tokens={max_new_tokens} is invalid: the decoder has "
-                f"{self.config.max_position_embeddings} positions, so at most "
-                f"{self.config.max_position_embeddings - 1}"
-            )
-        single = isinstance(texts, str)
-        texts = _as_texts(texts, "texts")
-        features = [e.features() for e in self._examples(texts, None, max_length)]
-        function = functools.partial(
-            _generate, config=self._seq2seq.config(self._run_config), settings=settings
-        )
-        eos = self._seq2seq.eos_id
-        results: list[Any] = [None] * len(texts)
-        for rows, (tokens, lengths) in self._run(function, features):
-            generated = seq2seq_lib.Generated(tokens, lengths, None)
-            for row, ids in zip(rows, seq2seq_lib.strip(generated, eos)):
-                results[row] = self.tokenizer.decode(ids, skip_special=True).strip()
-        return results[0] if single else results
-
-    # Embedding models: sentence-transformers directories and trained embedding runs
-
-    @classmethod
-    def _load_sentence_transformers(
-        cls, path: str | os.PathLike, *, mesh, batch_size: int, progress, **overrides
-    ) -> Model:
-        try:
-            loaded = sbert.load(path, **overrides)
-        except (ValueError, FileNotFoundError, ImportError) as err:
-            raise InferenceError(str(err)) from None
-        return cls(
-            loaded.config,
-            loaded.params,
-            loaded.tokenizer,
-            mesh=mesh,
-            batch_size=batch_size,
-            progress=progress,
-            source=str(path),
-            embedding=loaded.spec,
-        )
-
-    def _embed_as_trained(self, texts: str | Sequence[str]) -> np.ndarray:
-        """Texts embedded by the model's own EmbeddingSpec, as sentence-transformers does:
-        cut to its max_seq_length, an empty text as [CLS] [SEP]."""
-        texts = _as_texts(texts, "texts")
-        with self._context():
-            return embedding_lib.embed_texts(
-                self._run_config,
-                self.params,
-                self.tokenizer,
-                self.embedding,
-                texts,
-                batch_size=self.batch_size,
-            )
-
     def _vectors(self, texts_or_vectors: Any) -> np.ndarray:
         if isinstance(texts_or_vectors, (np.ndarray, jax.Array)):
             return np.asarray(texts_or_vectors, np.float32)
@@ -752,19 +518,22 @@ class Model:
     def similarity(self, a: Any, b: Any) -> np.ndarray:
         """Cosine similarity [len(a), len(b)] of texts (embedded with `embed`'s defaults) or
         of [n, hidden] vectors."""
-        return embedding_lib.similarity(self._vectors(a), self._vectors(b))
+        try:
+            return vectors_lib.similarity(self._vectors(a), self._vectors(b))
+        except ValueError as err:
+            raise InferenceError(str(err)) from None
 
     def search(self, queries: Any, corpus: Any, top_k: int = 10) -> list[list[dict[str, Any]]]:
         """Per query, its top_k corpus entries by cosine similarity, best first, as
         sentence-transformers' semantic_search: [{"corpus_id": row, "score": cosine}, ...].
 
         queries and corpus are texts (embedded with `embed`'s defaults) or vectors; the
-        search is exact (bertjax.embedding.search).
+        search is exact (bertjax.vectors.search).
         """
         if isinstance(queries, str):
             queries = [queries]
         try:
-            scores, rows = embedding_lib.search(
+            scores, rows = vectors_lib.search(
                 self._vectors(queries), self._vectors(corpus), top_k=top_k
             )
         except ValueError as err:
@@ -777,31 +546,6 @@ class Model:
 
 # ----------------------------------------------------------------------------------------
 # The jitted tasks: params and a padded batch in, numpy-ready outputs out.
-
-
-def _is_encoder_decoder(path: str | os.PathLike) -> bool:
-    """Whether path is a transformers EncoderDecoderModel directory (its config.json says)."""
-    config = fs.path(path) / hf.CONFIG_NAME
-    if fs.kind(config) != "file":
-        return False
-    try:
-        return json.loads(fs.read_text(config)).get("model_type") == "encoder-decoder"
-    except fs.StorageError:
-        raise
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
-def _generate(params, batch, *, config, settings):
-    generated = seq2seq_lib.generate(
-        config,
-        params,
-        batch["input_ids"],
-        batch["input_mask"],
-        batch["segment_ids"],
-        settings=settings,
-    )
-    return generated.tokens, generated.lengths
 
 
 @functools.partial(jax.jit, static_argnames=("config", "usable", "top_k"))
@@ -851,51 +595,22 @@ def _embed(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
     return vectors
 
 
-@functools.partial(jax.jit, static_argnames=("config", "head"))
-def _predict(params, batch, *, config: BertConfig, head: heads.HeadSpec):
-    """What a fine-tuning head gives per row (bertjax.heads.outputs)."""
-    logits = heads.make_model(config, head).apply(
-        {"params": params},
-        batch["input_ids"],
-        batch["segment_ids"],
-        batch["input_mask"],
-        deterministic=True,
-    )  # [b, labels] or [b, s, labels]
-    return heads.outputs(head.task, logits)
-
-
-_TASKS = {"fill_mask": _fill_mask, "embed": _embed, "predict": _predict}
-
-
 # ----------------------------------------------------------------------------------------
 # Helpers
 
 
-def _as_texts(value: Any, name: str) -> list[str]:
-    with _as_inference_error():
+def as_texts(value: Any, name: str) -> list[str]:
+    with as_inference_error():
         return features_lib.as_texts(value, name)
 
 
 @contextlib.contextmanager
-def _as_inference_error():
+def as_inference_error():
     """Bad input found while encoding text is an InferenceError here."""
     try:
         yield
     except features_lib.InputError as err:
         raise InferenceError(str(err)) from None
-
-
-def _sequence_prediction(head: heads.HeadSpec, out: dict[str, np.ndarray]) -> Any:
-    """One text's prediction (see Model.predict) from its row of heads.outputs."""
-    if head.task == heads.REGRESSION:
-        return {"label": head.labels[0], "score": float(out["values"])}
-    probabilities = out["probabilities"]
-    if head.task == heads.MULTI_LABEL:
-        chosen = np.flatnonzero(probabilities >= heads.MULTI_LABEL_THRESHOLD)
-        chosen = sorted(chosen, key=lambda k: -probabilities[k])
-        return [{"label": head.labels[k], "score": float(probabilities[k])} for k in chosen]
-    best = int(np.argmax(probabilities))
-    return {"label": head.labels[best], "score": float(probabilities[best])}
 
 
 def _pad_batch(features: list[dict[str, np.ndarray]], shape: dict[str, int]) -> dict:
@@ -920,97 +635,3 @@ def _pad_batch(features: list[dict[str, np.ndarray]], shape: dict[str, int]) -> 
             positions[row, : len(f["masked_lm_positions"])] = f["masked_lm_positions"]
         batch["masked_lm_positions"] = positions
     return batch
-
-
-# ----------------------------------------------------------------------------------------
-# What the trainer prints at the end of a run
-
-
-def held_out_texts(data_dir: str | os.PathLike, tokenizer: Tokenizer, count: int = 4) -> list[str]:
-    """The first sentence of the first `count` evaluation instances of a prepared directory.
-
-    The evaluation split holds documents the model was not trained on; each instance's
-    first segment is decoded and its first sentence kept.
-    """
-    manifest = storage.read_manifest(data_dir)
-    reader = storage.SplitReader(data_dir, "eval", manifest["splits"]["eval"]["shards"])
-    texts: list[str] = []
-    for i in range(len(reader)):
-        if len(texts) == count:
-            break
-        length = int(reader.length[i])
-        ids = reader.gather(np.asarray([i]), length)["input_ids"][0]  # [length]
-        first_sep = int(np.argmax(ids == tokenizer.sep_id))
-        sentences = split_sentences(tokenizer.decode(ids[1:first_sep], skip_special=True))
-        if sentences and len(sentences[0].split()) >= 4:
-            texts.append(sentences[0])
-    return texts
-
-
-def fill_mask_samples(
-    config: BertConfig,
-    params: Any,
-    tokenizer: Tokenizer,
-    texts: Sequence[str],
-    *,
-    top_k: int = 3,
-    mesh: jax.sharding.Mesh | None = None,
-) -> list[str]:
-    """Printable lines showing what a model predicts for a word hidden in each text.
-
-    A text without [MASK] gets one whole word masked: a one-piece word of letters near the
-    middle. Each line reads `<text with [MASK]>  ->  try 0.41 · for 0.12 · if 0.05  (was: with)`.
-    """
-    model = Model(config, params, tokenizer, mesh=mesh, progress=False)
-    sequences, answers = [], []
-    for ids in model._token_ids(list(texts), "text"):
-        ids = [tokenizer.cls_id, *ids[: config.max_position_embeddings - 2], tokenizer.sep_id]
-        answer = None
-        if tokenizer.mask_id not in ids:
-            position = _word_to_mask(ids, tokenizer)
-            answer = _shown(tokenizer, ids[position])
-            ids[position] = tokenizer.mask_id
-        sequences.append(ids)
-        answers.append(answer)
-    lines = []
-    for ids, answer, (_, scores, predicted) in zip(
-        sequences, answers, model._predict_masks(sequences, top_k)
-    ):
-        guesses = " · ".join(
-            f"{_shown(tokenizer, t)} {s:.2f}" for s, t in zip(scores[0], predicted[0])
-        )
-        line = f"{tokenizer.decode(ids[1:-1])}  ->  {guesses}"
-        lines.append(line if answer is None else f"{line}  (was: {answer})")
-    return lines
-
-
-def _shown(tokenizer: Tokenizer, token_id: int) -> str:
-    """A token as text, or as its piece when that text is blank (sentencepiece's lone "▁")."""
-    return tokenizer.decode([token_id]).strip() or tokenizer.id_to_piece(token_id)
-
-
-def _word_to_mask(ids: list[int], tokenizer: Tokenizer) -> int:
-    """The position to hide in [CLS] ... [SEP], nearest the middle among, by preference:
-    one-piece words of three or more letters, other one-piece words, first pieces of words,
-    any piece with text (not a lone "▁")."""
-    starts = tokenizer.is_word_start
-
-    def text(p: int) -> str:
-        return tokenizer.decode([ids[p]]).strip()
-
-    def whole_word(p: int) -> bool:
-        return bool(starts[ids[p]] and starts[ids[p + 1]])  # the next piece starts a word
-
-    inner = range(1, len(ids) - 1)
-    middle = len(ids) // 2
-    for wanted in (
-        lambda p: whole_word(p) and len(text(p)) >= 3 and text(p).isalpha(),
-        lambda p: whole_word(p) and text(p),
-        lambda p: starts[ids[p]] and text(p),
-        text,
-        lambda p: True,
-    ):
-        candidates = [p for p in inner if wanted(p)]
-        if candidates:
-            return min(candidates, key=lambda p: abs(p - middle))
-    raise ValueError("a text of [CLS] and [SEP] alone has nothing to hide")

@@ -28,7 +28,6 @@ writes besides checkpoints and metrics go through `write_text`.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import logging
 import os
@@ -40,10 +39,9 @@ from typing import Any
 
 import jax
 
+from bertjax import capability, fs, hf, steps
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import embedding, fs, heads, hf, seq2seq, steps
-from bertjax.embedding import EmbeddingSpec
-from bertjax.heads import HeadSpec
+from bertjax.capability import HeadSpec
 from bertjax.model import ARCHITECTURE_FIELDS, BertConfig, BertForPreTraining, pretraining_init
 from bertjax.settings import ConfigError
 from bertjax.tokenizer import HF_TOKENIZER_FILE, SENTENCEPIECE_FILE, Tokenizer
@@ -206,14 +204,8 @@ def read_params(run: Run, mesh: jax.sharding.Mesh | None = None) -> tuple[int | 
     if mesh is not None:
         if run.kind == PRETRAINED:
             init = pretraining_init(BertForPreTraining(run.config), 1, 1)
-        elif run.head.task == seq2seq.TASK:  # an encoder-decoder, not an encoder and a head
-            init = seq2seq.task_init(run.config, run.head)
-        elif run.head.task == embedding.EMBEDDING_TASK:  # a bi-encoder: the encoder only
-            model = embedding.make_model(run.config, EmbeddingSpec.from_labels(run.head.labels))
-            init = functools.partial(embedding.init_params, model)
-        else:
-            model = heads.make_model(run.config, run.head)
-            init = functools.partial(heads.init_params, model)
+        else:  # the layout of the head's capability
+            init = capability.of(run.head).init(run.config, run.head)
         abstract = steps.make_state(init, None, mesh).abstract.params
     step, params, _ = checkpoint_lib.restore_params(
         run.checkpoints, step=run.step, abstract_params=abstract

@@ -13,6 +13,7 @@ any data is read or anything is compiled.
 """
 
 import ml_collections
+from ml_collections.config_dict import placeholder
 
 
 def get_config() -> ml_collections.ConfigDict:
@@ -41,7 +42,8 @@ def get_config() -> ml_collections.ConfigDict:
             # its directory of the standard download: its labels and metric come with it.
             glue_task="",
             dir="",
-            max_seq_length=128,
+            # Unset: 128, or the task's own (question_answering: 384, run_squad.py's).
+            max_seq_length=placeholder(int),
             # seq2seq: the source and target text fields, the source's tokens ([CLS] and
             # [SEP] included; 0: max_seq_length) and the target's ([SEP] included).
             source_field="source",
@@ -83,9 +85,8 @@ def get_config() -> ml_collections.ConfigDict:
         )
     )
     # question_answering (SQuAD v1.1/v2.0 JSON or JSON Lines in data.train etc.): google's
-    # run_squad.py windowing and decoding. With config.task=question_answering,
-    # learning_rate, num_epochs and data.max_seq_length left at this file's values become
-    # run_squad.py's (3e-5, 2, 384).
+    # run_squad.py windowing and decoding. With config.task=question_answering, unset
+    # learning_rate, num_epochs and data.max_seq_length are run_squad.py's (3e-5, 2, 384).
     config.qa = ml_collections.ConfigDict(
         dict(
             doc_stride=128,  # tokens from one window's start to the next one's
@@ -94,7 +95,7 @@ def get_config() -> ml_collections.ConfigDict:
             max_answer_length=30,  # tokens
             null_score_diff_threshold=0.0,  # v2.0: predict "" above this null - best score
             # True / False; unset: as the data says (SQuAD v2.0's is_impossible)
-            version_2_with_negative=ml_collections.config_dict.placeholder(bool),
+            version_2_with_negative=placeholder(bool),
         )
     )
     # BertConfig fields a run may change; the architecture comes from init_from.
@@ -111,7 +112,7 @@ def get_config() -> ml_collections.ConfigDict:
     # then linear decay to 0.
     config.optimizer = ml_collections.ConfigDict(
         dict(
-            learning_rate=2e-5,
+            learning_rate=placeholder(float),  # unset: 2e-5, or the task's (QA: 3e-5)
             warmup_fraction=0.1,
             weight_decay=0.01,
             b1=0.9,
@@ -120,7 +121,8 @@ def get_config() -> ml_collections.ConfigDict:
             max_grad_norm=1.0,
         )
     )
-    config.num_epochs = 3  # evaluated on data.validation after each one
+    # Evaluated on data.validation after each one. Unset: 3, or the task's (QA: 2).
+    config.num_epochs = placeholder(int)
     config.batch_size = 32  # global, over all processes and devices
     config.grad_accum_steps = 1
     config.eval_batch_size = 64

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import embedding, optim, sbert, sharding, steps
-from bertjax.embedding import EmbeddingSpec
-from bertjax.finetune import embedding as training
-from bertjax.finetune import embedding_eval
+from bertjax import optim, sharding, steps, vectors
 from bertjax.inference import TruncationWarning
 from bertjax.model import BertConfig
+from bertjax.tasks.embed import hf as sbert
+from bertjax.tasks.embed import metrics as embedding_eval
+from bertjax.tasks.embed import model as embedding
+from bertjax.tasks.embed import objective as training
+from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 
 TOL = 1e-5
@@ -99,7 +101,7 @@ def test_pooling_hand_values():
     for pooling in ("mean", "max"):  # a row that only pads a batch pools to zeros
         np.testing.assert_array_equal(embedding.pool(sequence[:1], empty, pooling), [[0.0, 0.0]])
     np.testing.assert_allclose(
-        embedding.l2_normalize(jnp.asarray([[3.0, 4.0], [0.0, 0.0]])), [[0.6, 0.8], [0.0, 0.0]]
+        vectors.l2_normalize(jnp.asarray([[3.0, 4.0], [0.0, 0.0]])), [[0.6, 0.8], [0.0, 0.0]]
     )
 
 
@@ -294,14 +296,14 @@ def test_search_is_exact_across_blocks():
     rng = np.random.default_rng(8)
     corpus = rng.normal(size=(50, 6)).astype(np.float32)
     queries = rng.normal(size=(11, 6)).astype(np.float32)
-    scores, rows = embedding.search(queries, corpus, top_k=7, query_batch=4, corpus_block=16)
+    scores, rows = vectors.search(queries, corpus, top_k=7, query_batch=4, corpus_block=16)
     cosine = _unit(queries.astype(np.float64)) @ _unit(corpus.astype(np.float64)).T  # [11, 50]
     expected_rows = np.argsort(-cosine, axis=1)[:, :7]
     np.testing.assert_array_equal(rows, expected_rows)
     np.testing.assert_allclose(scores, np.take_along_axis(cosine, expected_rows, 1), atol=TOL)
-    np.testing.assert_allclose(embedding.similarity(queries, corpus), cosine, atol=TOL)
+    np.testing.assert_allclose(vectors.similarity(queries, corpus), cosine, atol=TOL)
     # top_k beyond the corpus: every row, best first.
-    _, rows = embedding.search(queries[:2], corpus[:3], top_k=10)
+    _, rows = vectors.search(queries[:2], corpus[:3], top_k=10)
     np.testing.assert_array_equal(rows, np.argsort(-cosine[:2, :3], axis=1))
 
 

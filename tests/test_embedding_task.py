@@ -18,15 +18,17 @@ from test_embedding import (
 )
 
 import bertjax
-from bertjax import embedding, heads, sbert
-from bertjax.embedding import EmbeddingSpec
-from bertjax.finetune import embedding as training
-from bertjax.finetune import embedding_eval
+from bertjax import heads, vectors
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.finetune.tasks import sentence_embedding as task_module
 from bertjax.settings import ConfigError
+from bertjax.tasks.embed import hf as sbert
+from bertjax.tasks.embed import metrics as embedding_eval
+from bertjax.tasks.embed import model as embedding
+from bertjax.tasks.embed import objective as training
+from bertjax.tasks.embed import task as task_module
+from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_config
 
@@ -143,7 +145,7 @@ def test_reads_triples_scored_pairs_and_retrieval_files(files):
     tokenizer = WordPieceTokenizer.from_vocab(files / "vocab.txt")
     data = task_lib.get("embedding").read(settings.data, tokenizer)
     # The head carries the model's spec and the loss: a run directory opens as it was trained.
-    assert EmbeddingSpec.from_labels(data.head.labels) == EmbeddingSpec("max", True, SEQ)
+    assert data.head.options.spec == EmbeddingSpec("max", True, SEQ)
     assert task_module.loss_of(data.head) == training.LossSettings(symmetric=True)
     train = data.train.features
     assert len(data.train) == TRAIN_EXAMPLES
@@ -200,7 +202,7 @@ def _flat_and_stacked(texts: int, seed: int) -> tuple[dict, dict]:
 )
 def test_flat_objective_equals_the_stacked_one(loss, texts):
     """The task's flat features (anchor, positive_*, negative_*) give the loss, gradients
-    and outputs of bertjax.finetune.embedding's [batch, texts, seq] objective."""
+    and outputs of bertjax.tasks.embed.objective's [batch, texts, seq] objective."""
     spec = EmbeddingSpec("mean", False, SEQ)
     flat = task_module.EmbeddingTaskObjective(SHALLOW, task_module.head_for(spec, loss))
     stacked = training.EmbeddingObjective(embedding.make_model(SHALLOW, spec), loss)
@@ -259,12 +261,12 @@ def test_model_embeds_a_sentence_transformers_directory_as_it_does(files):
 
     texts = [*TEXTS, LONG, ""]
     model = bertjax.Model.load(files / "source")
-    assert model.embedding == EmbeddingSpec("mean", False, SEQ)
+    assert model.head.options.spec == EmbeddingSpec("mean", False, SEQ)
     ours = model.embed(texts)
     expected = SentenceTransformer(str(files / "source"), device="cpu").encode(texts)
     np.testing.assert_allclose(ours, expected, atol=1e-4)
     sims = model.similarity(texts[:3], texts)
-    np.testing.assert_allclose(sims, embedding.similarity(ours[:3], ours), atol=1e-5)
+    np.testing.assert_allclose(sims, vectors.similarity(ours[:3], ours), atol=1e-5)
     hits = model.search(texts[:2], texts, top_k=3)
     assert [h["corpus_id"] for h in hits[0]][0] == 0 and len(hits[1]) == 3
     assert hits[1][0]["score"] == pytest.approx(float(np.max(sims[1])), abs=1e-5)
@@ -277,7 +279,9 @@ def test_model_save_hf_of_an_embedding_model_loads_in_sentence_transformers(file
     from sentence_transformers import SentenceTransformer
 
     tokenizer = WordPieceTokenizer.from_vocab(files / "vocab.txt")
-    model = bertjax.Model(CONFIG, {"bert": random_params(4)["bert"]}, tokenizer, embedding=spec)
+    model = bertjax.Model(
+        CONFIG, {"bert": random_params(4)["bert"]}, tokenizer, head=task_module.head_for(spec)
+    )
     model.save_hf(tmp_path / "export")
     reference = SentenceTransformer(str(tmp_path / "export"), device="cpu")
     assert reference.max_seq_length == spec.max_seq_length
@@ -285,7 +289,7 @@ def test_model_save_hf_of_an_embedding_model_loads_in_sentence_transformers(file
     np.testing.assert_allclose(model.embed(texts), reference.encode(texts), atol=1e-4)
     # And back through Model.load: the same spec, the same vectors.
     again = bertjax.Model.load(tmp_path / "export")
-    assert again.embedding == spec
+    assert again.head.options.spec == spec
     np.testing.assert_allclose(again.embed(texts), reference.encode(texts), atol=1e-4)
 
 

@@ -26,6 +26,7 @@ from xla_env import subprocess_env
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import heads, hf, rundir, textfile
+from bertjax.capability import HeadSpec
 from bertjax.data import corpus
 from bertjax.finetune import data as finetune_data
 from bertjax.finetune import loop as finetune_loop
@@ -266,8 +267,8 @@ def _meta(config: BertConfig, tokenizer: WordPieceTokenizer, **extra) -> dict:
 
 def test_finetuning_run_without_best_is_a_finetuning_run(bert, tmp_path):
     config, _, tokenizer = bert
-    head = heads.HeadSpec("classification", ("neg", "pos"))
-    model = heads.make_model(config, head)
+    head = HeadSpec("classification", ("neg", "pos"))
+    model = heads.make_model(config, head.task, head.num_outputs)
     params = jax.tree.map(
         np.asarray, nn.meta.unbox(heads.init_params(model, jax.random.key(0), seq_len=4))
     )

@@ -17,6 +17,7 @@ from xla_env import subprocess_env
 import bertjax
 from bertjax import heads, hf, optim, rundir, steps
 from bertjax import model as model_lib
+from bertjax.capability import HeadSpec
 from bertjax.finetune import data as finetune_data
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
@@ -81,7 +82,7 @@ def test_the_best_epoch_is_kept_and_predicts_the_test_file(finetuned_run):
 def test_the_fine_tuned_directory_predicts_in_a_notebook(finetuned_run, tmp_path):
     root, _, _, _ = finetuned_run
     model = bertjax.Model.load(root / "alone")
-    assert model.head == heads.HeadSpec("classification", LABELS)
+    assert model.head == HeadSpec("classification", LABELS)
     texts = [line.rsplit(",", 1)[0] for line in (root / "test.csv").read_text().splitlines()[1:]]
     predictions = model.predict(texts)
     written = [
@@ -298,7 +299,7 @@ def small_config(positions: int) -> BertConfig:
 
 def test_sharded_steps_equal_data_parallel_ones():
     config = small_config(16)
-    head = heads.HeadSpec(heads.CLASSIFICATION, ("a", "b", "c"))
+    head = HeadSpec(heads.CLASSIFICATION, ("a", "b", "c"))
     optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
     rng = np.random.default_rng(0)
     batch = {
@@ -372,7 +373,7 @@ def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained_
 @pytest.mark.parametrize("task", [heads.CLASSIFICATION, heads.TOKEN_CLASSIFICATION])
 def test_length_buckets_cut_only_padding_and_train_the_same(task):
     config = small_config(32)
-    head = heads.HeadSpec(task, ("a", "b", "c"))
+    head = HeadSpec(task, ("a", "b", "c"))
     rng = np.random.default_rng(0)
     count, seq = 16, 32
     lengths = rng.integers(3, 14, size=count)  # the longest, 13 or less, fits 16 positions

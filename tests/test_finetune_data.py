@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from bertjax import heads
+from bertjax.capability import HeadSpec
 from bertjax.finetune import data, layouts
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import Model
@@ -81,7 +82,7 @@ def test_csv_sentence_pairs_are_encoded_as_the_model_encodes_them(tmp_path, enco
             "data.text_fields": "premise,hypothesis",
         },
     )
-    assert task.head == heads.HeadSpec("classification", ("no", "yes"))
+    assert task.head == HeadSpec("classification", ("no", "yes"))
     features = task.train.features
     expected = encoder.encode(["the cat, the dog", "the mat"], ["a cat sat", "the dog ran"])
     width = expected["input_ids"].shape[1]
@@ -192,7 +193,7 @@ def test_glue_cola_reads_headerless_train_and_dev_and_a_headed_test(tmp_path, en
         },
     )
     task = load(tmp_path, encoder, **{"data.glue_task": "CoLA", "data.dir": str(directory)})
-    assert task.head == heads.HeadSpec("classification", ("0", "1"))
+    assert task.head == HeadSpec("classification", ("0", "1"))
     assert task.train.features["labels"].tolist() == [1, 0]
     assert [e.name for e in task.validation] == ["validation"]
     assert task.test[0].indices == ["0", "1"] and not task.test[0].has_labels

@@ -14,9 +14,11 @@ from safetensors import numpy as safetensors_numpy
 
 import bertjax
 from bertjax import heads, hf, optim
+from bertjax.capability import HeadSpec
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.model import BertConfig
+from bertjax.tasks import labels as labels_capability
 from bertjax.tokenizer import WordPieceTokenizer
 
 ATOL = 1e-4
@@ -32,12 +34,10 @@ IDS = np.array([[2, 17, 45, 3, 60, 3, 0, 0], [2, 80, 9, 31, 3, 0, 0, 0]], np.int
 SEGMENTS = np.array([[0, 0, 0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]], np.int32)
 MASK = (IDS > 0).astype(np.int32)
 HEADS = {
-    "classification": heads.HeadSpec(heads.CLASSIFICATION, ("neg", "neutral", "pos")),
-    "regression": heads.HeadSpec(heads.REGRESSION, ("similarity",)),
-    "multi_label": heads.HeadSpec(heads.MULTI_LABEL, ("plot", "acting")),
-    "token_classification": heads.HeadSpec(
-        heads.TOKEN_CLASSIFICATION, ("B-LOC", "B-PER", "I-PER", "O")
-    ),
+    "classification": HeadSpec(heads.CLASSIFICATION, ("neg", "neutral", "pos")),
+    "regression": HeadSpec(heads.REGRESSION, ("similarity",)),
+    "multi_label": HeadSpec(heads.MULTI_LABEL, ("plot", "acting")),
+    "token_classification": HeadSpec(heads.TOKEN_CLASSIFICATION, ("B-LOC", "B-PER", "I-PER", "O")),
 }
 HF_CLASSES = {
     heads.TOKEN_CLASSIFICATION: transformers.BertForTokenClassification,
@@ -45,9 +45,9 @@ HF_CLASSES = {
 }
 
 
-def random_params(head: heads.HeadSpec, seed: int):
+def random_params(head: HeadSpec, seed: int):
     """Every parameter random (biases and LayerNorm scales too, which a zero init would hide)."""
-    model = heads.make_model(CONFIG, head)
+    model = heads.make_model(CONFIG, head.task, head.num_outputs)
     abstract = jax.eval_shape(lambda: heads.init_params(model, jax.random.key(0)))
     rng = np.random.default_rng(seed)
 
@@ -58,8 +58,8 @@ def random_params(head: heads.HeadSpec, seed: int):
     return jax.tree.map_with_path(fill, nn.meta.unbox(abstract))
 
 
-def our_logits(head: heads.HeadSpec, params) -> np.ndarray:
-    model = heads.make_model(CONFIG, head)
+def our_logits(head: HeadSpec, params) -> np.ndarray:
+    model = heads.make_model(CONFIG, head.task, head.num_outputs)
     return np.asarray(jax.jit(model.apply)({"params": params}, IDS, SEGMENTS, MASK))
 
 
@@ -88,7 +88,7 @@ def test_exported_heads_load_in_transformers_with_equal_logits(tmp_path, name):
     assert config.id2label == dict(enumerate(head.labels))
     assert config.label2id == {label: i for i, label in enumerate(head.labels)}
     if head.task != heads.TOKEN_CLASSIFICATION:
-        assert config.problem_type == heads.HF_PROBLEM_TYPES[head.task]
+        assert config.problem_type == labels_capability.HF_PROBLEM_TYPES[head.task]
     model.eval()
     ours, theirs = our_logits(head, params), torch_logits(model)
     if head.token_level:  # padding positions compute garbage on both sides: compare the rest
@@ -190,7 +190,7 @@ def test_fine_tuning_from_a_transformers_classifier_keeps_its_head_for_the_same_
     source = loop.open_source(tmp_path / "export")
     assert source.kind == "hf" and source.head == head
 
-    run_head = head if same_task else heads.HeadSpec(heads.CLASSIFICATION, ("no", "yes"))
+    run_head = head if same_task else HeadSpec(heads.CLASSIFICATION, ("no", "yes"))
     ft = build_finetuning(
         CONFIG,
         run_head,
@@ -231,7 +231,7 @@ def test_fine_tuning_from_a_transformers_classifier_keeps_its_head_for_the_same_
 PARITY_STEPS, PARITY_BATCH, PARITY_SEQ, PARITY_LR = 20, 8, 16, 1e-3
 
 
-def parity_batches(head: heads.HeadSpec, pairs: bool, seed: int = 0) -> list[dict]:
+def parity_batches(head: HeadSpec, pairs: bool, seed: int = 0) -> list[dict]:
     """Batches of random ids with lengths 4..16; pairs put the second half in segment 1."""
     rng = np.random.default_rng(seed)
     batches = []
@@ -262,7 +262,7 @@ def parity_batches(head: heads.HeadSpec, pairs: bool, seed: int = 0) -> list[dic
     return batches
 
 
-def torch_labels(head: heads.HeadSpec, labels: np.ndarray):
+def torch_labels(head: HeadSpec, labels: np.ndarray):
     if head.task == heads.TOKEN_CLASSIFICATION:  # transformers ignores -100
         return torch.tensor(np.where(labels == heads.IGNORE_LABEL, -100, labels)).long()
     if head.task == heads.CLASSIFICATION:

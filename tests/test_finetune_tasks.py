@@ -1,4 +1,5 @@
-"""The fine-tuning task registry: what config.task can name, and what a new task plugs into."""
+"""The capability registry as fine-tuning sees it: what config.task can name, and what a new
+capability plugs into."""
 
 import pathlib
 
@@ -6,19 +7,21 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import heads, optim
+from bertjax import capability, heads, optim
+from bertjax.capability import HeadSpec
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.finetune.tasks.labels import HeadTask
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
+from bertjax.tasks import labels
+from bertjax.tasks.labels.task import HeadTask
 from configs import finetune as finetune_config
 
 
 class _Echo(HeadTask):
     """A task registered from outside the package: the classification head under a new
-    name and its own metric, as a new task module would register one."""
+    name and its own metric, as a new capability package would register one."""
 
     @property
     def metrics(self):
@@ -27,6 +30,14 @@ class _Echo(HeadTask):
     @property
     def default_metric(self):
         return "exact"
+
+
+class _EchoCapability(labels.Labels):
+    tasks = ("echo_test",)
+    fine_tuning = {"echo_test": _Echo("echo_test")}
+
+    def check_head(self, head):
+        heads.check_labels(heads.CLASSIFICATION, head.labels)
 
 
 def _settings(tmp_path: pathlib.Path, **fields) -> FinetuneSettings:
@@ -53,22 +64,23 @@ def test_the_four_heads_are_registered_in_order():
 
 def test_a_name_is_registered_once():
     with pytest.raises(ValueError, match="registered twice"):
-        task_lib.register(HeadTask(heads.CLASSIFICATION))
+        capability.register(labels.Labels())
 
 
 def test_settings_take_a_task_and_its_metrics_from_the_registry(tmp_path):
     with pytest.raises(ConfigError, match=r"config.task='echo_test': must be one of \("):
         _settings(tmp_path, task="echo_test")
-    echo = task_lib.register(_Echo("echo_test"))
+    echo = capability.register(_EchoCapability())
     try:
         settings = _settings(tmp_path, task="echo_test")
         assert settings.task == "echo_test" and settings.run.metric == "exact"
         # Its checkpoints' head names it too.
-        assert heads.HeadSpec("echo_test", ("yes", "no")).task == "echo_test"
+        assert HeadSpec("echo_test", ("yes", "no")).task == "echo_test"
         with pytest.raises(ConfigError, match=r"must be one of \('exact',\) for a echo_test"):
             _settings(tmp_path, task="echo_test", metric="accuracy")
     finally:
-        task_lib._REGISTRY.pop(echo.name)
+        capability._CAPABILITIES.remove(echo)
+        capability._BY_TASK.pop("echo_test")
 
 
 def test_the_optimizer_has_pretraining_s_shape_with_a_warmup_fraction(tmp_path):
@@ -85,7 +97,7 @@ def test_build_finetuning_takes_the_objective_from_the_task():
     config = BertConfig(
         vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64
     )
-    head = heads.HeadSpec(heads.MULTI_LABEL, ("a", "b", "c"))
+    head = HeadSpec(heads.MULTI_LABEL, ("a", "b", "c"))
     ft = build_finetuning(
         config,
         head,
@@ -125,7 +137,7 @@ def test_a_fresh_regression_head_starts_at_the_training_targets_mean(tmp_path, n
         ["0", "1", "2"],
         True,
     )
-    head = heads.HeadSpec(heads.REGRESSION, ("score",))
+    head = HeadSpec(heads.REGRESSION, ("score",))
     data = task_lib.TaskData(head, examples, [examples], [], [])
     params = {
         "bert": {},

@@ -20,15 +20,16 @@ import torch
 import transformers
 from test_tokenizer import training_sentences
 
-from bertjax import fs, hf, sbert
-from bertjax.embedding import EmbeddingSpec
+from bertjax import fs, hf
 from bertjax.finetune import loop
-from bertjax.finetune import question_answering as qa
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.finetune.tasks import sentence_embedding
 from bertjax.inference import InferenceError, Model
 from bertjax.model import BertConfig, BertForPreTraining, pretraining_init
 from bertjax.settings import ConfigError
+from bertjax.tasks.embed import hf as sbert
+from bertjax.tasks.embed import task as sentence_embedding
+from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

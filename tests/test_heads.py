@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from bertjax import heads, sharding
+from bertjax.capability import HeadSpec
 from bertjax.model import BertConfig, BertModel
 from bertjax.tokenizer import WordPieceTokenizer
 
@@ -181,12 +182,12 @@ def test_outputs_are_probabilities_values_or_labels():
 )
 def test_impossible_heads_are_refused(task, labels, message):
     with pytest.raises(ValueError, match=message):
-        heads.HeadSpec(task, labels)
+        HeadSpec(task, labels)
 
 
 def test_head_spec_round_trips_through_meta():
-    spec = heads.HeadSpec(heads.MULTI_LABEL, ("sports", "politics"))
-    assert heads.HeadSpec.from_dict(spec.to_dict()) == spec
+    spec = HeadSpec(heads.MULTI_LABEL, ("sports", "politics"))
+    assert HeadSpec.from_dict(spec.to_dict()) == spec
     assert spec.num_outputs == 2 and not spec.token_level
 
 

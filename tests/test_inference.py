@@ -28,6 +28,7 @@ from bertjax import inference, losses
 from bertjax import sharding as sharding_lib
 from bertjax.inference import InferenceError, Model, TruncationWarning
 from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.pretrain import samples
 from bertjax.tokenizer import Tokenizer, TokenizerSettings, train_tokenizer
 
 ATOL = 1e-4
@@ -92,7 +93,7 @@ def trained(workdir) -> Model:
 @pytest.fixture(scope="module")
 def held_out(synthetic_data, trained) -> list[str]:
     """Sentences of the corpus's evaluation documents, which training never saw."""
-    return inference.held_out_texts(synthetic_data, trained.tokenizer, count=6)
+    return samples.held_out_texts(synthetic_data, trained.tokenizer, count=6)
 
 
 def _randomize(module, seed):
@@ -346,7 +347,7 @@ def test_each_bucket_compiles_once(trained, held_out):
     compiled = inference._embed._cache_size()
     # A pooling of its own, so that other tests' compilations do not count here.
     vectors = model.embed(texts, pooling="cls", normalize=True)
-    features = [e.features() for e in model._examples(texts, None, None)]
+    features = [e.features() for e in model.examples(texts, None, None)]
     buckets = {tuple(model._bucket(rows, features).values()) for rows in model._batches(features)}
     assert inference._embed._cache_size() - compiled == len(buckets)
     model.embed(list(reversed(texts)), pooling="cls", normalize=True)  # nothing new to compile
@@ -470,9 +471,9 @@ def test_checkpoint_without_mlm_head(wordpiece_hf_dir, tmp_path):
 
 def test_fill_mask_samples_for_the_demo(workdir, synthetic_data):
     config, params, tokenizer = bertjax.load(workdir)
-    texts = inference.held_out_texts(synthetic_data, tokenizer, count=3)
+    texts = samples.held_out_texts(synthetic_data, tokenizer, count=3)
     assert len(texts) == 3 and all(len(t.split()) >= 4 for t in texts)
-    lines = inference.fill_mask_samples(config, params, tokenizer, texts + ["Give [MASK] here."])
+    lines = samples.fill_mask_samples(config, params, tokenizer, texts + ["Give [MASK] here."])
     assert len(lines) == 4
     for line in lines[:3]:
         assert line.count("[MASK]") == 1 and "  ->  " in line and "(was: " in line

@@ -11,16 +11,17 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from test_question_answering import CONFIG, TOKENIZER, synthetic_examples
+from test_question_answering import CONFIG, TOKENIZER, qa_head, synthetic_examples
 
 from bertjax import Model, hf
 from bertjax.finetune import loop
-from bertjax.finetune import question_answering as qa
+from bertjax.finetune import settings as finetune_settings
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.finetune.tasks import question_answering as qa_task
 from bertjax.inference import InferenceError
 from bertjax.settings import ConfigError
+from bertjax.tasks.qa import squad as qa
+from bertjax.tasks.qa import task as qa_task
 from configs import finetune as finetune_config
 
 ATOL = 1e-4
@@ -44,7 +45,7 @@ def random_export(directory, config=CONFIG, seed=0):
     """A random BertForQuestionAnswering directory with the test tokenizer."""
     model = qa.QuestionAnswering(config)
     params = jax.tree.map(np.asarray, qa.init_params(model, jax.random.key(seed)))
-    hf.save(config, params, directory, tokenizer=TOKENIZER, question_answering=True)
+    hf.save(config, params, directory, tokenizer=TOKENIZER, head=qa_head())
     return str(directory)
 
 
@@ -74,7 +75,7 @@ def files(tmp_path_factory):
 
 def test_task_is_registered():
     task = task_lib.get("question_answering")
-    assert task is qa_task.TASK
+    assert isinstance(task, qa_task.QuestionAnsweringTask)
     assert task.default_metric == "f1" and set(task.metrics) == {"f1", "exact_match"}
 
 
@@ -104,10 +105,17 @@ def test_run_squad_defaults_apply_unless_overridden(files):
     assert (
         chosen.data.task_settings.max_seq_length == 32 and chosen.data.task_settings.doc_stride == 8
     )
+    # A value given equal to another task's default is still the user's (it once was not).
+    given = FinetuneSettings.from_config(
+        qa_config(init, train, dev, num_epochs=3, **{"data.max_seq_length": 128})
+    )
+    assert given.data.max_seq_length == 128 and given.run.num_epochs == 3
+    assert given.optimizer.learning_rate == 3e-5
     # Other tasks keep the generic defaults.
     config = qa_config(init, train, dev)
     config.task = "classification"
-    assert config.optimizer.learning_rate == 2e-5
+    config = finetune_settings.apply_task_defaults(config)
+    assert config.optimizer.learning_rate == 2e-5 and config.data.max_seq_length == 128
 
 
 def test_bad_qa_setting_names_its_field(files):
@@ -195,7 +203,7 @@ def test_objective_evaluates_windows(files):
     objective = task.objective(CONFIG, data.head)
     params = jax.tree.map(np.asarray, objective.init_params(jax.random.key(0)))
     params = nn.meta.unbox(params)
-    assert set(params) == {"bert", hf.QA_OUTPUTS}
+    assert set(params) == {"bert", qa.HEAD_NAME}
     batch = {k: v[:4] for k, v in data.train.features.items()}
     batch["weights"] = np.array([1, 1, 1, 0], np.float32)
     sums, outputs = objective.evaluate(params, batch)
@@ -211,7 +219,7 @@ def test_model_answer_and_save_hf_match_transformers(tmp_path):
     logits equal ours, and the answer equals the pipeline's formula computed from
     transformers' own logits (transformers 5.x here has no question-answering pipeline)."""
     model = Model.load(random_export(tmp_path / "in", seed=3))
-    assert model.answers_questions
+    assert model.head == qa_head()
     model.save_hf(tmp_path / "out")
     theirs = transformers.BertForQuestionAnswering.from_pretrained(
         tmp_path / "out", attn_implementation="eager"
@@ -268,8 +276,12 @@ def test_model_answer_and_save_hf_match_transformers(tmp_path):
 def test_answer_needs_a_question_answering_model(tmp_path):
     encoder_only = Model.load(random_export(tmp_path / "qa")).params["bert"]
     model = Model(CONFIG, {"bert": encoder_only}, TOKENIZER)
-    assert not model.answers_questions
-    with pytest.raises(InferenceError, match="qa_outputs"):
+    assert model.head is None
+    with pytest.raises(
+        InferenceError,
+        match=r"answer\(\) needs a fine-tuned question_answering model; .* is a "
+        r"pretrained encoder: use fill_mask",
+    ):
         model.answer("the w1", "w1 w2")
 
 

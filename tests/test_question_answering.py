@@ -13,9 +13,10 @@ import torch
 import transformers
 from test_tokenizer import training_sentences
 
-from bertjax import hf, optim, sharding, steps
-from bertjax.finetune import question_answering as qa
+from bertjax import Model, hf, optim, sharding, steps
+from bertjax.capability import HeadSpec
 from bertjax.model import BertConfig
+from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 
 ATOL = 1e-4
@@ -34,6 +35,15 @@ CONFIG = BertConfig(
     intermediate_size=48,
     max_position_embeddings=64,
 )
+
+
+def qa_head() -> HeadSpec:
+    return HeadSpec(qa.TASK, qa.HEAD_LABELS)
+
+
+def qa_model(config: BertConfig, params, tokenizer) -> Model:
+    """A question-answering Model of these parameters, as a notebook holds one."""
+    return Model(config, params, tokenizer, head=qa_head())
 
 
 def char_span(first: int, last: int, context: str = CONTEXT) -> tuple[int, int]:
@@ -553,7 +563,7 @@ def torch_logits(model):
 
 def test_export_loads_in_transformers_with_equal_logits(tmp_path):
     params = random_params(seed=1)
-    hf.save(CONFIG, params, tmp_path, question_answering=True)
+    hf.save(CONFIG, params, tmp_path, head=qa_head())
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
         "BertForQuestionAnswering"
     ]
@@ -583,13 +593,13 @@ def test_transformers_model_imports_with_equal_logits(tmp_path):
             parameter.add_(torch.randn_like(parameter) * 0.2)
     model.save_pretrained(tmp_path)
     config, params, report = hf.load_with_report(tmp_path)
-    assert report.question_answering and report.head is None
+    assert report.head == qa_head()
     assert report.initialized == ("bert/pooler/kernel", "bert/pooler/bias")  # HF has none
     assert set(params) == {"bert", "qa_outputs"} and config == CONFIG
     for ours, theirs in zip(our_logits(jax.tree.map(jnp.asarray, params)), torch_logits(model)):
         np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
     # And back out: the re-exported weights are the same tensors.
-    hf.save(config, params, tmp_path / "again", question_answering=True)
+    hf.save(config, params, tmp_path / "again", head=qa_head())
     again = transformers.BertForQuestionAnswering.from_pretrained(tmp_path / "again").eval()
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(again.state_dict()[name], tensor, rtol=0, atol=0)
@@ -630,16 +640,16 @@ def dataclasses_replace(settings, stride):
 @pytest.mark.parametrize("context", ["w1 w2 w3", CONTEXT])  # one window, and three
 def test_answer_scores_as_the_pipeline(context):
     params = random_params(seed=3)
-    top = qa.answer(CONFIG, params, TOKENIZER, "q1 q2", context, top_k=3, max_seq_len=11)
+    top = qa_model(CONFIG, params, TOKENIZER).answer("q1 q2", context, top_k=3, max_seq_len=11)
     expected = reference_answers(params, "q1 q2", context)[:3]
     assert [(a["start"], a["end"]) for a in top] == [span for span, _ in expected]
     np.testing.assert_allclose([a["score"] for a in top], [s for _, s in expected], rtol=1e-5)
     for a in top:
         assert a["answer"] == context[a["start"] : a["end"]]
-    one = qa.answer(CONFIG, params, TOKENIZER, "q1 q2", context, max_seq_len=11)
+    one = qa_model(CONFIG, params, TOKENIZER).answer("q1 q2", context, max_seq_len=11)
     assert one == top[0]
-    both = qa.answer(
-        CONFIG, params, TOKENIZER, ["q1 q2", "q1"], [context, "the cat"], max_seq_len=11
+    both = qa_model(CONFIG, params, TOKENIZER).answer(
+        ["q1 q2", "q1"], [context, "the cat"], max_seq_len=11
     )
     # Batched with another question: the same span, the score up to float rounding.
     assert both[0]["answer"] == top[0]["answer"] and both[0]["start"] == top[0]["start"]
@@ -649,10 +659,7 @@ def test_answer_scores_as_the_pipeline(context):
 
 def test_answer_with_impossible_answer():
     params = random_params(seed=3)
-    answers = qa.answer(
-        CONFIG,
-        params,
-        TOKENIZER,
+    answers = qa_model(CONFIG, params, TOKENIZER).answer(
         "q1",
         "w1 w2",
         top_k=10,
@@ -669,11 +676,11 @@ def test_answer_aligns_to_words():
     context = "the CAFES cat cafe"
     params = random_params(seed=4)
     kwargs = dict(top_k=20, max_answer_len=3)
-    aligned = qa.answer(CONFIG, params, tokenizer, "cat", context, **kwargs)
+    aligned = qa_model(CONFIG, params, tokenizer).answer("cat", context, **kwargs)
     words = {(0, 3), (4, 9), (10, 13), (14, 18)}
     starts, ends = {s for s, _ in words}, {e for _, e in words}
     assert all(a["start"] in starts and a["end"] in ends for a in aligned)
-    raw = qa.answer(CONFIG, params, tokenizer, "cat", context, align_to_words=False, **kwargs)
+    raw = qa_model(CONFIG, params, tokenizer).answer("cat", context, align_to_words=False, **kwargs)
     assert any(a["answer"] in ("CAF", "ES", "S", "caf", "e") for a in raw)
     assert len(raw) == len(
         {(s, e) for s in range(7) for e in range(s, min(s + 3, 7))}

@@ -14,9 +14,11 @@ import torch
 import transformers
 from xla_env import optimized_compiles
 
-from bertjax import hf, sharding, text_metrics
-from bertjax import seq2seq as s2s
+from bertjax import sharding
 from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.tasks.seq2seq import hf as seq2seq_hf
+from bertjax.tasks.seq2seq import metrics as text_metrics
+from bertjax.tasks.seq2seq import model as s2s
 
 VOCAB = 40
 START, EOS = 2, 3  # [CLS] and [SEP] in this tiny vocabulary; words are 4..39
@@ -347,7 +349,7 @@ def test_logits_match_transformers_both_ways(tmp_path):
     params = random_params()
     ids, mask = sources(8)
     decoder_ids = np.array(sources(9)[0][:, :6])
-    hf.save_seq2seq(CONFIG, params, tmp_path / "ours")
+    seq2seq_hf.save_seq2seq(CONFIG, params, tmp_path / "ours")
     theirs = hf_model(tmp_path / "ours")
     ours = logits_of(params, ids, mask, decoder_ids)
     np.testing.assert_allclose(hf_logits(theirs, ids, mask, decoder_ids), ours, atol=1e-4)
@@ -373,7 +375,7 @@ def test_logits_match_transformers_both_ways(tmp_path):
     config.decoder_start_token_id, config.eos_token_id, config.pad_token_id = START, EOS, 0
     model = transformers.EncoderDecoderModel(config=config).eval()
     model.save_pretrained(tmp_path / "theirs")
-    loaded_config, loaded = hf.load_seq2seq(tmp_path / "theirs")
+    loaded_config, loaded = seq2seq_hf.load_seq2seq(tmp_path / "theirs")
     assert (loaded_config.decoder_start_id, loaded_config.eos_id) == (START, EOS)
     np.testing.assert_allclose(
         logits_of(loaded, ids, mask, decoder_ids, loaded_config),
@@ -381,7 +383,7 @@ def test_logits_match_transformers_both_ways(tmp_path):
         atol=1e-4,
     )
     # And back: the round trip writes the same tensors transformers wrote.
-    hf.save_seq2seq(loaded_config, loaded, tmp_path / "again")
+    seq2seq_hf.save_seq2seq(loaded_config, loaded, tmp_path / "again")
     again = hf_model(tmp_path / "again").state_dict()
     for name, tensor in model.state_dict().items():
         np.testing.assert_array_equal(again[name].numpy(), tensor.numpy(), err_msg=name)
@@ -457,7 +459,7 @@ SEARCHES = [
 @pytest.mark.parametrize("search", SEARCHES, ids=lambda s: "-".join(map(str, s.values())))
 def test_generate_matches_transformers(search, half_trained, tmp_path):
     directory = tmp_path / "model"
-    hf.save_seq2seq(CONFIG, half_trained, directory)
+    seq2seq_hf.save_seq2seq(CONFIG, half_trained, directory)
     model = hf_model(directory)
     batch, _ = reversal_batch(np.random.default_rng(11), 6)
     ids, mask = batch["input_ids"], batch["input_mask"]

@@ -15,13 +15,14 @@ import transformers
 
 import bertjax
 from bertjax import hf, rundir
-from bertjax import seq2seq as s2s
 from bertjax.finetune import loop
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.finetune.tasks import seq2seq as s2s_task
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.settings import ConfigError
+from bertjax.tasks.seq2seq import hf as seq2seq_hf
+from bertjax.tasks.seq2seq import model as s2s
+from bertjax.tasks.seq2seq import task as s2s_task
 from bertjax.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_config
 
@@ -262,7 +263,7 @@ def test_warm_start_takes_what_each_init_says(source, init):
     )
     objective = s2s_task.Seq2SeqObjective(run.config, options.head())
     fresh = nn.meta.unbox(objective.init_params(jax.random.key(3)))
-    params, note = objective.warm_start(run, run.params, fresh)
+    params, note = s2s_task.warm_start(options, run.config, run, run.params, fresh)
     assert init in note
     assert jax.tree.structure(params) == jax.tree.structure(fresh)
     pretrained = run.params["bert"]
@@ -332,7 +333,7 @@ def exported(tmp_path_factory):
     )
     params = nn.meta.unbox(s2s.init_params(config, jax.random.key(5)))
     directory = run_dir / "export"
-    hf.save_seq2seq(config, params, directory, tokenizer)
+    seq2seq_hf.save_seq2seq(config, params, directory, tokenizer)
     return directory
 
 
@@ -378,7 +379,10 @@ def test_model_save_hf_writes_an_encoder_decoder(exported, tmp_path):
 
 
 def test_generate_needs_an_encoder_decoder(source):
-    with pytest.raises(bertjax.inference.InferenceError, match="is not an encoder-decoder"):
+    with pytest.raises(
+        bertjax.inference.InferenceError,
+        match=r"generate\(\) needs a fine-tuned seq2seq model; .* use fill_mask",
+    ):
         bertjax.Model.load(source).generate(["w1"])
 
 

@@ -29,10 +29,11 @@ import numpy as np
 
 from bertjax import features as features_lib
 from bertjax import fs, heads, textfile
+from bertjax.capability import HeadSpec
 from bertjax.finetune.layouts import CONLL, JSONL, TRAIN, TSV, Layout
 from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, TaskData
-from bertjax.heads import MULTI_LABEL, REGRESSION, HeadSpec
+from bertjax.heads import MULTI_LABEL, REGRESSION
 from bertjax.tokenizer import Tokenizer
 
 # Texts per call to the encoder: bounds the memory of its padded intermediate arrays.

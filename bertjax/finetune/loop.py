@@ -39,15 +39,15 @@ import numpy as np
 import tqdm
 from jax.experimental import multihost_utils
 
+from bertjax import capability, fs, heads, metrics_writer, rundir, sharding, steps
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import fs, heads, metrics_writer, rundir, sharding, steps
 from bertjax import loop as loop_lib
+from bertjax.capability import HeadSpec
 from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.objective import Finetuning, build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.finetune.task import Examples, TaskData
-from bertjax.heads import HeadSpec
 from bertjax.settings import ConfigError, check_mesh_fits
 from bertjax.tokenizer import Tokenizer
 
@@ -70,30 +70,14 @@ def open_source(path: str | os.PathLike) -> rundir.Run:
 
 
 def initial_params(source: rundir.Run, ft: Finetuning, fresh: Any) -> tuple[Any, str, bool]:
-    """`fresh` parameters with the source's encoder (and its classifier if the head is the
-    run's), placed on the mesh; a line saying what was taken; whether the head is fresh."""
+    """The run's first parameters from init_from, placed on the mesh, as the head's capability
+    takes them (the encoder, and the head if the source has this run's); a line saying what
+    was taken; whether the head starts fresh."""
     _, params = rundir.read_params(source, ft.mesh)
-    warm_start = getattr(ft.objective, "warm_start", None)
-    if warm_start is not None:  # a model that is more than the encoder and a classifier
-        params, note = warm_start(source, params, fresh)
-        return jax.device_put(params, ft.state.shardings.params), note, False
-    if source.kind == rundir.HUGGING_FACE:
-        params = jax.tree.map(np.asarray, params)
-        bert = jax.device_put(params["bert"], ft.state.shardings.params["bert"])
-    else:
-        bert = params["bert"]
-    classifier = params.get("classifier")
-    if classifier is not None and source.head == ft.head:
-        classifier = jax.device_put(classifier, ft.state.shardings.params["classifier"])
-        return (
-            {**fresh, "bert": bert, "classifier": classifier},
-            f"Initialised the encoder and the {ft.head.task} head from {source.path}",
-            False,
-        )
-    note = f"Initialised the encoder from {source.path}; the {ft.head.task} head starts fresh"
-    if source.head is not None:
-        note += f" (the checkpoint's head, {source.head.describe()}, is not this task's)"
-    return {**fresh, "bert": bert}, note, True
+    params, note, fresh_head = capability.of(ft.head).warm_start(
+        ft.model_config, ft.head, source, params, fresh
+    )
+    return jax.device_put(params, ft.state.shardings.params), note, fresh_head
 
 
 # ----------------------------------------------------------------------------- batches
@@ -324,9 +308,9 @@ class _SeedHooks:
     def fresh(self) -> tuple[steps.TrainState, jax.Array]:
         state = self.run.ft.state.init(jax.random.key(self.seed))
         params, note, fresh_head = initial_params(self.run.source, self.run.ft, state.params)
-        start_head = getattr(task_lib.get(self.run.settings.task), "start_head", None)
-        if fresh_head and start_head is not None:  # optional (see finetune.task)
-            params, head_note = start_head(params, self.run.task, self.run.settings.run)
+        if fresh_head:
+            task = task_lib.get(self.run.settings.task)
+            params, head_note = task.start_head(params, self.run.task, self.run.settings.run)
             note += f"; {head_note}" if head_note else ""
         print(note)
         return state.replace(params=params), self.dropout_rng()
@@ -445,7 +429,7 @@ def _predict_tests(run: _Run, workdir: fs.AnyPath) -> list[str]:
     """
     kind = task_lib.get(run.ft.head.task)
     splits = list(run.task.test)
-    if getattr(kind, "predicts_validation", False):
+    if kind.predicts_validation:
         splits = list(run.task.validation) + splits
     if not splits:
         return []
@@ -553,6 +537,8 @@ def _seed_summary(settings, results: list[dict], workdir: fs.AnyPath, seconds: f
         "seeds": results,
         "wall_time_sec": seconds,
         "preempted": any(r["preempted"] for r in results),
+        # The notebook call that fits this run's kind of model.
+        "usage": capability.get(settings.task).usage,
     }
     if len(settings.run.seeds) > 1 and len(values) == len(settings.run.seeds):
         summary["median"] = statistics.median(values)
@@ -581,5 +567,5 @@ def _print_summary(summary: dict) -> None:
         lines.append(f"  median over {len(summary['seeds'])} seeds: {summary['median']:.4f}")
     lines.append(f"  wall time: {summary['wall_time_sec']:.1f} s")
     first = summary["seeds"][0]["workdir"]
-    lines.append(f"  use it:    bertjax.Model.load({first!r}).predict([...])")
+    lines.append(f"  use it:    bertjax.Model.load({first!r}).{summary['usage']}")
     print("\n".join(lines), flush=True)

@@ -136,7 +136,7 @@ class FinetuneSettings:
 def _read_finetune(
     config: ml_collections.ConfigDict, *, devices, process_count: int
 ) -> FinetuneSettings:
-    config = _with_task_defaults(config)
+    config = apply_task_defaults(config)
     require_ = functools.partial(require, config)
     for field in (
         "num_epochs",
@@ -178,17 +178,16 @@ def _read_finetune(
     require_(3 <= config.data.max_seq_length, "data.max_seq_length", "must be at least 3")
     spec = task_lib.get(task)
     # A task with settings of its own reads (and checks) them itself.
-    read_options = getattr(spec, "read_options", None)
-    options = read_options(config) if read_options is not None else None
+    inputs = spec.read_options(config)
     if glue:
         data = _read_finetune_glue(config, glue)
     else:
-        data = _read_finetune_files(config, task, getattr(options, "fields", None))
-    if options is not None:
+        data = _read_finetune_files(config, task, inputs)
+    if inputs is not None:
         data = dataclasses.replace(
             data,
-            task_options=options,
-            max_seq_length=getattr(options, "max_seq_length", data.max_seq_length),
+            task_options=inputs.options,
+            max_seq_length=inputs.max_seq_length or data.max_seq_length,
         )
     metric = config.metric or (glue.metric if glue else spec.default_metric)
     require_(
@@ -275,20 +274,27 @@ def _read_finetune(
     )
 
 
-def _with_task_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The config with the named task's own defaults (a Task's `config_defaults`: dotted
-    field -> (generic default, the task's)) wherever a field still holds the generic one."""
+# Fields configs/finetune.py leaves unset, so that a task's own default (Task.config_defaults)
+# applies only where the user gave no value: these are the values of every other task.
+UNSET_DEFAULTS = {
+    "optimizer.learning_rate": 2e-5,
+    "num_epochs": 3,
+    "data.max_seq_length": 128,
+}
+
+
+def apply_task_defaults(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The config with each unset field (None) at the named task's own default, or else at
+    UNSET_DEFAULTS'; a value the user gave is never replaced."""
     task = config.get("task")
-    defaults = (
-        getattr(task_lib.get(task), "config_defaults", ()) if task in task_lib.names() else ()
-    )
-    if not defaults:
-        return config
+    defaults = dict(UNSET_DEFAULTS)
+    if task in task_lib.names():
+        defaults.update(task_lib.get(task).config_defaults)
     config = ml_collections.ConfigDict(config.to_dict())
-    for field, (generic, value) in dict(defaults).items():
+    for field, value in defaults.items():
         *parents, name = field.split(".")
         node = functools.reduce(lambda c, key: c[key], parents, config)
-        if node[name] == generic:
+        if node.get(name) is None:
             node[name] = value
     return config
 
@@ -372,10 +378,10 @@ def _read_task_files(config, spec) -> FinetuneDataSettings:
     )
 
 
-def _read_finetune_files(config, task: str, fields=None) -> FinetuneDataSettings:
-    """`fields`: a task's own (text fields, label field), read by its read_options."""
+def _read_finetune_files(config, task: str, inputs=None) -> FinetuneDataSettings:
+    """`inputs`: what the task's read_options read (its own text and label fields)."""
     spec = task_lib.get(task)
-    if getattr(spec, "settings_section", ""):  # files and settings of its own (SQuAD's)
+    if spec.settings_section:  # files and settings of its own (SQuAD's)
         return _read_task_files(config, spec)
     require_ = functools.partial(require, config)
     d = config.data
@@ -397,10 +403,10 @@ def _read_finetune_files(config, task: str, fields=None) -> FinetuneDataSettings
     text_fields = tuple(f.strip() for f in d.text_fields.split(",") if f.strip())
     token_task = task_lib.get(task).conll_files
     label_field = d.label_field
-    if fields is not None:
-        text_fields, label_field = fields
+    if inputs is not None and inputs.fields is not None:
+        text_fields, label_field = inputs.fields
     # A task that reads its own options (Task.read_options) checks its text fields there.
-    elif not token_task and not hasattr(task_lib.get(task), "read_options"):
+    elif not token_task and inputs is None:
         require_(
             len(text_fields) in (1, 2),
             "data.text_fields",

@@ -1,4 +1,4 @@
-"""What a fine-tuning task is, and the registry that `config.task` names one from.
+"""What a fine-tuning task is: the part of a capability (bertjax.capability) that trains.
 
 A task is everything the fine-tuning run (bertjax.finetune.loop) does not know by itself: how
 its files are read and encoded, which model and objective it trains, what its evaluation
@@ -6,8 +6,8 @@ outputs mean, which metric picks the best epoch, and how predictions are written
 the settings reader and the engine below them (bertjax.steps, bertjax.loop) only call the
 methods of `Task`; none of them names a task.
 
-Adding a task is one new module in bertjax/finetune/tasks/ (every module there is imported
-when bertjax.finetune is) that defines a `Task` and calls `register(...)` at import:
+A task is defined in its capability's package (bertjax/tasks/<name>/task.py) and listed in
+that capability's `fine_tuning`; `config.task` names it:
 
     class QuestionAnswering:
         name = "question_answering"
@@ -21,8 +21,6 @@ when bertjax.finetune is) that defines a `Task` and calls `register(...)` at imp
         def objective(self, model_config, head): ...    # -> TaskObjective
         def scores(self, head, examples, outputs): ...  # -> {metric: value}
         def write_predictions(self, path, head, examples, outputs): ...
-
-    register(QuestionAnswering())
 
 The contract, per method:
 
@@ -51,24 +49,28 @@ The contract, per method:
 - `conll_files` (the task reads CoNLL `token TAG` files) and `label_separator` (a label field
   may hold several labels) steer the settings reader's checks of config.data.
 
-Two optional members, for a task with more than an encoder and a classifier (seq2seq):
-- `read_options(config)`: the task's own settings, checked with one-line ConfigErrors; kept
-  as config.data's `task_options` for `read`. Its `fields` ((text fields), label field), if
-  any, replace data.text_fields / data.label_field; its `max_seq_length` the input width.
-- the objective's `warm_start(source_run, source_params, fresh) -> (params, note)`: the
-  run's first parameters from init_from, in place of "the encoder (and the classifier)".
+- `read_options(config) -> TaskInputs or None`, optional: the task's own settings, checked
+  with one-line ConfigErrors; `options` is kept as config.data's `task_options` for `read`,
+  `fields` ((text fields), label field) replace data.text_fields / data.label_field, and
+  `max_seq_length` the input width.
+- `settings_section` and `read_settings(values, max_seq_length)`, optional: a config section
+  of the task's own, whose files the task reads itself (SQuAD's).
+- `config_defaults` and `predicts_validation`: see `Task`.
+
+How a run starts from init_from (which weights are taken) is the capability's
+(bertjax.capability.Capability.warm_start), not the task's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import numpy as np
 
-from bertjax import fs, heads, steps
-from bertjax.heads import HeadSpec
+from bertjax import capability, fs, steps
+from bertjax.capability import HeadSpec
 from bertjax.model import BertConfig
 
 
@@ -115,24 +117,48 @@ class TaskObjective(steps.Objective):
         raise NotImplementedError
 
 
-class Task(Protocol):
-    """A fine-tuning task (see the module docstring for the contract of each member)."""
+@dataclasses.dataclass(frozen=True)
+class TaskInputs:
+    """What a task with settings of its own read from the config (Task.read_options)."""
+
+    options: Any  # kept as config.data's task_options, for Task.read
+    # (text fields, label field) of the files, in place of data.text_fields / label_field
+    fields: tuple[tuple[str, ...], str] | None = None
+    max_seq_length: int | None = None  # the input width, in place of data.max_seq_length
+
+
+class Task:
+    """A fine-tuning task (see the module docstring for the contract of each member).
+
+    The members with a value here are optional: a task sets them only where it differs.
+    """
 
     name: str
     metrics: tuple[str, ...]
     default_metric: str
-    conll_files: bool
-    label_separator: bool
+    conll_files: bool = False  # reads CoNLL `token TAG` files
+    label_separator: bool = False  # a label field may hold several labels
+    # Dotted config fields -> the task's own default, used where the user set none.
+    config_defaults: tuple[tuple[str, Any], ...] = ()
+    # Prediction files for the validation splits too (question answering's official ones).
+    predicts_validation: bool = False
+    # A config section of the task's own (config.qa), read by read_settings; the task then
+    # reads its files itself, config.data naming only train, validation and test.
+    settings_section: str = ""
 
-    def read(self, data: Any, tokenizer: Any) -> TaskData: ...
+    def read(self, data: Any, tokenizer: Any) -> TaskData:
+        raise NotImplementedError
 
-    def check(self, data: TaskData, metric: str) -> None: ...
+    def check(self, data: TaskData, metric: str) -> None:
+        """A last check of the data against the chosen metric; raises ConfigError."""
 
-    def objective(self, model_config: BertConfig, head: HeadSpec) -> TaskObjective: ...
+    def objective(self, model_config: BertConfig, head: HeadSpec) -> TaskObjective:
+        raise NotImplementedError
 
     def scores(
         self, head: HeadSpec, examples: Examples, outputs: dict[str, np.ndarray]
-    ) -> dict[str, float]: ...
+    ) -> dict[str, float]:
+        raise NotImplementedError
 
     def write_predictions(
         self,
@@ -140,28 +166,29 @@ class Task(Protocol):
         head: HeadSpec,
         examples: Examples,
         outputs: dict[str, np.ndarray],
-    ) -> None: ...
+    ) -> Any:
+        raise NotImplementedError
 
+    def read_options(self, config: Any) -> TaskInputs | None:
+        """The task's own settings from the config, checked (one-line ConfigErrors)."""
+        return None
 
-_REGISTRY: dict[str, Task] = {}
+    def read_settings(self, values: dict[str, Any], max_seq_length: int) -> Any:
+        """The config section `settings_section` (a plain dict) as the task's settings."""
+        raise NotImplementedError
 
-
-def register(task: Task) -> Task:
-    """Makes `task` what config.task=<task.name> means; a name is registered once."""
-    if task.name in _REGISTRY and _REGISTRY[task.name] is not task:
-        raise ValueError(f"task {task.name!r} is registered twice")
-    heads.add_task_name(task.name)  # its checkpoints' HeadSpec names it
-    _REGISTRY[task.name] = task
-    return task
+    def start_head(self, params: Any, data: TaskData, run: Any) -> tuple[Any, str | None]:
+        """Adjusts a head that starts fresh before the first step; a note or None."""
+        return params, None
 
 
 def names() -> tuple[str, ...]:
-    """The registered tasks' names, in registration order."""
-    return tuple(_REGISTRY)
+    """The tasks config.task may name: every registered capability's (bertjax.capability)."""
+    return capability.task_names()
 
 
 def get(name: str) -> Task:
-    """The registered task of that name."""
-    if name not in _REGISTRY:
+    """The fine-tuning task of that name, from its capability."""
+    if name not in capability.task_names():
         raise ValueError(f"task={name!r} is not a fine-tuning task: valid {names()}")
-    return _REGISTRY[name]
+    return capability.get(name).fine_tuning[name]

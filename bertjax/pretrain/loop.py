@@ -18,10 +18,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import data, fs, inference, losses, metrics_writer, perf, rundir, steps
+from bertjax import data, fs, losses, metrics_writer, perf, rundir, steps
 from bertjax import loop as loop_lib
 from bertjax.data import baseline
 from bertjax.model import BertConfig
+from bertjax.pretrain import samples
 from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
@@ -217,8 +218,8 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
         result["baselines"] = eval_baselines(settings, data_dir)
     # Sampling runs the model outside the training mesh's collectives: one process only.
     if run_settings.fill_mask_samples and jax.process_count() == 1 and not outcome.preempted:
-        texts = inference.held_out_texts(data_dir, tokenizer, run_settings.fill_mask_samples)
-        result["samples"] = inference.fill_mask_samples(
+        texts = samples.held_out_texts(data_dir, tokenizer, run_settings.fill_mask_samples)
+        result["samples"] = samples.fill_mask_samples(
             model_config, outcome.state.params, tokenizer, texts, mesh=run.mesh
         )
     if is_main_process:

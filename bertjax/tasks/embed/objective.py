@@ -1,6 +1,6 @@
 """Training sentence embeddings: contrastive and regression losses over a bi-encoder.
 
-Batch features (bertjax.embedding's BiEncoder embeds every text on its own):
+Batch features (bertjax.tasks.embed.model's BiEncoder embeds every text on its own):
   input_ids, input_mask, segment_ids  [batch, texts, seq] int32; texts is 2 (anchor,
                                       positive) or 3 (anchor, positive, hard negative)
   weights                             [batch] float32; 0 for rows that only pad a batch
@@ -38,9 +38,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
-from bertjax import embedding, optim, sharding, steps
-from bertjax.embedding import BiEncoder, EmbeddingSpec
+from bertjax import optim, sharding, steps, vectors
 from bertjax.model import BertConfig
+from bertjax.tasks.embed import model as embedding
+from bertjax.tasks.embed.model import BiEncoder, EmbeddingSpec
 
 IN_BATCH_NEGATIVES = "in_batch_negatives"
 COSINE_REGRESSION = "cosine_regression"
@@ -131,7 +132,7 @@ def in_batch_negatives_sums(
     Under jit with a batch sharded over the mesh the arrays are global: the compiler gathers
     what each device needs. `gathered_in_batch_negatives_sums` does so explicitly.
     """
-    units = embedding.l2_normalize(embeddings.astype(jnp.float32))  # [b, t, h]
+    units = vectors.l2_normalize(embeddings.astype(jnp.float32))  # [b, t, h]
     weights = weights.astype(jnp.float32)
     rows = _contrastive_rows(units, weights, units, weights, 0, scale, symmetric)
     return EmbeddingSums(jnp.sum(rows), jnp.sum(weights))
@@ -152,7 +153,7 @@ def gathered_in_batch_negatives_sums(
     spec = PartitionSpec(axes)
 
     def local_sums(local: jax.Array, local_weights: jax.Array) -> EmbeddingSums:
-        units = embedding.l2_normalize(local.astype(jnp.float32))  # [r, t, h]
+        units = vectors.l2_normalize(local.astype(jnp.float32))  # [r, t, h]
         local_weights = local_weights.astype(jnp.float32)
         everyone = jax.lax.all_gather(units, axes, tiled=True)  # [R, t, h]
         all_weights = jax.lax.all_gather(local_weights, axes, tiled=True)  # [R]
@@ -176,7 +177,7 @@ def cosine_regression_sums(
     embeddings: jax.Array, scores: jax.Array, weights: jax.Array, score_max: float = 1.0
 ) -> EmbeddingSums:
     """Squared error of cos(anchor, positive) against scores / score_max, as sums."""
-    units = embedding.l2_normalize(embeddings.astype(jnp.float32))  # [b, t, h]
+    units = vectors.l2_normalize(embeddings.astype(jnp.float32))  # [b, t, h]
     cosine = jnp.sum(units[:, 0] * units[:, 1], axis=-1)  # [b]
     error = cosine - scores.astype(jnp.float32) / score_max
     weights = weights.astype(jnp.float32)

@@ -18,15 +18,16 @@ metric (then the retrieval split is evaluated first and its metric decides).
 
 Batch features, one row per example: input_ids, input_mask, segment_ids [n, seq] hold the
 anchor; positive_* and negative_* the other texts; scores [n] the gold score of a pair;
-weights [n]. The loss (bertjax.finetune.embedding) sees the embeddings of the whole global
+weights [n]. The loss (bertjax.tasks.embed.objective) sees the embeddings of the whole global
 batch as [batch, texts, hidden]: in-batch negatives take every positive of the batch as a
 candidate for every anchor. A contrastive batch does not split into micro-batches, so
 grad_accum_steps must be 1 with in_batch_negatives; a batch larger than memory trains
-with bertjax.finetune.embedding.make_cached_train_step (GradCache), a library function.
+with bertjax.tasks.embed.objective.make_cached_train_step (GradCache), a library function.
 
 The head (HeadSpec "embedding") carries the model's pooling, normalisation and longest
-input (EmbeddingSpec.to_labels) and the loss settings, so a run directory opens as an
-embedding model (bertjax.Model.load) and resuming with other settings is refused.
+input (EmbeddingSpec) and the loss settings as its typed options (EmbeddingOptions), so a run
+directory opens as an embedding model (bertjax.Model.load) and resuming with other settings
+is refused.
 Test predictions: index, cosine similarity of the pair.
 """
 
@@ -40,17 +41,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import embedding, fs, rundir
-from bertjax.embedding import EmbeddingSpec
+from bertjax import fs, rundir, vectors
+from bertjax.capability import HeadSpec
 from bertjax.finetune import data as task_data
-from bertjax.finetune import embedding as objective_lib
-from bertjax.finetune import embedding_eval
-from bertjax.finetune.embedding import EmbeddingSums, LossSettings
 from bertjax.finetune.layouts import Layout
-from bertjax.finetune.task import Examples, TaskData, TaskObjective, register
-from bertjax.heads import HeadSpec
+from bertjax.finetune.task import Examples, Task, TaskData, TaskInputs, TaskObjective
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
+from bertjax.tasks.embed import metrics as embedding_eval
+from bertjax.tasks.embed import model as embedding
+from bertjax.tasks.embed import objective as objective_lib
+from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.embed.objective import EmbeddingSums, LossSettings
 from bertjax.tokenizer import Tokenizer
 
 NAME = embedding.EMBEDDING_TASK
@@ -141,26 +143,40 @@ def read_settings(config) -> EmbeddingSettings:
 # ----------------------------------------------------------------------------- the head
 
 
-def head_for(spec: EmbeddingSpec, loss: LossSettings) -> HeadSpec:
-    """The head of an embedding run: its spec's labels, then the loss's."""
-    labels = spec.to_labels() + (
-        f"loss={loss.loss}",
-        f"scale={loss.scale}",
-        f"symmetric={loss.symmetric}",
-        f"score_max={loss.score_max}",
-    )
-    return HeadSpec(NAME, labels)
+@dataclasses.dataclass(frozen=True)
+class EmbeddingOptions:
+    """An embedding head's options: how a text becomes a vector, and what trained it."""
+
+    spec: EmbeddingSpec = EmbeddingSpec()
+    loss: LossSettings = LossSettings()
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EmbeddingOptions:
+        return cls(EmbeddingSpec(**d["spec"]), LossSettings(**d["loss"]))
+
+    @classmethod
+    def from_labels(cls, labels: tuple[str, ...]) -> EmbeddingOptions:
+        """The options of a head written before they were typed: name=value labels."""
+        items = dict(label.split("=", 1) for label in labels if "=" in label)
+        loss = LossSettings()
+        if "loss" in items:
+            loss = LossSettings(
+                loss=items["loss"],
+                scale=float(items["scale"]),
+                symmetric=items["symmetric"] == "True",
+                score_max=float(items["score_max"]),
+            )
+        return cls(EmbeddingSpec.from_labels(labels), loss)
+
+
+def head_for(spec: EmbeddingSpec, loss: LossSettings | None = None) -> HeadSpec:
+    """The head of an embedding model: no labels, its spec and loss as options."""
+    return HeadSpec(NAME, (), EmbeddingOptions(spec, loss or LossSettings()))
 
 
 def loss_of(head: HeadSpec) -> LossSettings:
     """The loss settings an embedding head carries."""
-    items = dict(label.split("=", 1) for label in head.labels)
-    return LossSettings(
-        loss=items["loss"],
-        scale=float(items["scale"]),
-        symmetric=items["symmetric"] == "True",
-        score_max=float(items["score_max"]),
-    )
+    return head.options.loss
 
 
 # ----------------------------------------------------------------------------- reading
@@ -286,7 +302,7 @@ class EmbeddingTaskObjective(TaskObjective):
     eval_outputs = True
 
     def __init__(self, model_config: BertConfig, head: HeadSpec):
-        self.spec = EmbeddingSpec.from_labels(head.labels)
+        self.spec = head.options.spec
         self.settings = loss_of(head)
         self.model = embedding.make_model(model_config, self.spec)
         # Under jit the batch arrays are global: every anchor meets every positive of the
@@ -360,7 +376,7 @@ class EmbeddingTaskObjective(TaskObjective):
 
 
 @dataclasses.dataclass(frozen=True)
-class EmbeddingTask:
+class EmbeddingTask(Task):
     """The embedding task (a bertjax.finetune.task.Task)."""
 
     name: str = NAME
@@ -369,9 +385,9 @@ class EmbeddingTask:
     conll_files: bool = False
     label_separator: bool = False
 
-    def read_options(self, config) -> tuple[tuple[str, Any], ...]:
+    def read_options(self, config) -> TaskInputs:
         """config.embedding, validated, as FinetuneDataSettings.task_options."""
-        return (("embedding", read_settings(config)), ("metric", config.metric))
+        return TaskInputs((("embedding", read_settings(config)), ("metric", config.metric)))
 
     def read(self, data, tokenizer: Tokenizer) -> TaskData:
         settings: EmbeddingSettings = dict(data.task_options)["embedding"]
@@ -451,12 +467,9 @@ class EmbeddingTask:
         examples: Examples,
         outputs: dict[str, np.ndarray],
     ) -> None:
-        a = embedding.l2_normalize(jnp.asarray(outputs["anchor"]))  # [n, h]
-        b = embedding.l2_normalize(jnp.asarray(outputs["positive"]))  # [n, h]
+        a = vectors.l2_normalize(jnp.asarray(outputs["anchor"]))  # [n, h]
+        b = vectors.l2_normalize(jnp.asarray(outputs["positive"]))  # [n, h]
         cosine = np.asarray(jnp.sum(a * b, axis=-1))  # [n]
         lines = ["index\tcosine"]
         lines += [f"{i}\t{c:.6f}" for i, c in zip(examples.indices, cosine)]
         rundir.write_text(path, "\n".join(lines) + "\n")
-
-
-register(EmbeddingTask())

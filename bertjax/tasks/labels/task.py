@@ -12,24 +12,86 @@ space-separated.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bertjax import fs, heads, rundir
+from bertjax.capability import HeadSpec
 from bertjax.finetune import data as task_data
 from bertjax.finetune import metrics as metrics_lib
-from bertjax.finetune.objective import HeadObjective
 from bertjax.finetune.settings import FinetuneDataSettings, FinetuneRunSettings
-from bertjax.finetune.task import Examples, TaskData, register
-from bertjax.heads import HeadSpec
+from bertjax.finetune.task import Examples, Task, TaskData, TaskObjective
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tokenizer import Tokenizer
 
 
+# A label head's batch features: input_ids, input_mask, segment_ids [batch, seq]; labels
+# ([batch] ids or values, [batch, labels] 0/1, or [batch, seq] token ids with
+# heads.IGNORE_LABEL); weights [batch] (0 for rows that only pad an evaluation batch).
+class HeadObjective(TaskObjective):
+    """A fine-tuning head's loss as sums over examples (see steps.Objective)."""
+
+    eval_outputs = True
+
+    def __init__(self, model_config: BertConfig, head: HeadSpec):
+        self.model = heads.make_model(model_config, head.task, head.num_outputs)
+        self.head = head
+
+    def init_params(self, rng: jax.Array) -> Any:
+        return heads.init_params(self.model, rng)
+
+    def evaluate(self, params, batch):
+        logits = self.logits(params, batch, rng=None, deterministic=True)
+        return heads.head_sums(self.head.task, logits, batch), heads.outputs(self.head.task, logits)
+
+    def logits(self, params, batch, *, rng, deterministic: bool, packed_length=None):
+        return self.model.apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            deterministic=deterministic,
+            packed_length=packed_length,
+            rngs={"dropout": rng} if rng is not None else {},
+        )
+
+    def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> heads.HeadSums:
+        logits = self.logits(
+            params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
+        )
+        return heads.head_sums(self.head.task, logits, batch)
+
+    def zero_sums(self) -> heads.HeadSums:
+        return heads.HeadSums(*(jnp.zeros((), jnp.float32) for _ in heads.HeadSums._fields))
+
+    def denominators(self, batch) -> jax.Array:
+        return heads.denominator(self.head.task, batch, self.head.num_outputs)
+
+    def loss(self, sums: heads.HeadSums, denominators: jax.Array) -> jax.Array:
+        # At least 1: a token batch could hold no labelled word at all.
+        return sums.loss / jnp.maximum(denominators, 1.0)
+
+    def metrics(self, sums: heads.HeadSums, prefix: str) -> dict[str, jax.Array]:
+        return summary_metrics(self.head.task, sums, prefix)
+
+
+def summary_metrics(task: str, sums: heads.HeadSums, prefix: str) -> dict[str, Any]:
+    """Loss (and accuracy where it means something) from summed statistics."""
+    count = jnp.maximum(sums.count, 1.0)
+    out = {f"{prefix}/loss": sums.loss / count}
+    if task == heads.MULTI_LABEL:
+        out[f"{prefix}/label_accuracy"] = sums.correct / count
+    elif task != heads.REGRESSION:
+        out[f"{prefix}/accuracy"] = sums.correct / count
+    return out
+
+
 @dataclasses.dataclass(frozen=True)
-class HeadTask:
+class HeadTask(Task):
     """One of bertjax.heads' tasks (a bertjax.finetune.task.Task)."""
 
     name: str
@@ -154,7 +216,3 @@ def write_predictions(
         for index, t, s in zip(examples.indices, tags, scores):
             lines.append(f"{index}\t{' '.join(t)}\t{' '.join(f'{x:.6f}' for x in s)}")
     rundir.write_text(path, "\n".join(lines) + "\n")
-
-
-for _name in heads.TASKS:
-    register(HeadTask(_name))

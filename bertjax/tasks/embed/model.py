@@ -12,7 +12,7 @@ outputs:
 and, with `normalize`, the vector scaled to unit length. `EmbeddingSpec` holds these choices
 with the longest input (`max_seq_length`, [CLS] and [SEP] included); it travels with a trained
 model, as sentence-transformers' modules.json, pooling config and sentence_bert_config.json do
-(bertjax.sbert writes and reads those).
+(bertjax.tasks.embed.hf writes and reads those).
 
 Texts become inputs as sentence-transformers' tokenizers make them: an empty text is
 [CLS] [SEP], a long one keeps its first max_seq_length - 2 tokens. `embed_texts` runs a model
@@ -32,22 +32,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import heads, sharding
+from bertjax import sharding
 from bertjax.model import BertConfig, BertModel
 from bertjax.sharding import ACTIVATION_EMBED, BATCH
 from bertjax.tokenizer import Tokenizer
+from bertjax.vectors import l2_normalize
 
 MEAN = "mean"
 CLS = "cls"
 MAX = "max"
 POOLINGS = (MEAN, CLS, MAX)
-# The fine-tuning task (and HeadSpec task name) of a trained embedding model. Named here so
-# that a run's head reads back wherever bertjax is imported, fine-tuning or not.
+# The fine-tuning task (and HeadSpec task name) of a trained embedding model.
 EMBEDDING_TASK = "embedding"
-heads.add_task_name(EMBEDDING_TASK)
-# Below this norm a vector is not scaled up (torch.nn.functional.normalize's eps, which
-# sentence-transformers' Normalize module uses).
-NORM_EPS = 1e-12
 # The shortest length a batch of texts is padded to: shorter ones would only compile more.
 MIN_LENGTH_BUCKET = 8
 
@@ -92,17 +88,10 @@ class EmbeddingSpec:
     def from_dict(cls, d: dict) -> EmbeddingSpec:
         return cls(**d)
 
-    def to_labels(self) -> tuple[str, ...]:
-        """The spec as `name=value` strings: the first labels of an embedding run's head."""
-        return (
-            f"pooling={self.pooling}",
-            f"normalize={self.normalize}",
-            f"max_seq_length={self.max_seq_length}",
-        )
-
     @classmethod
     def from_labels(cls, labels: Sequence[str]) -> EmbeddingSpec:
-        """The spec an embedding head's labels carry (other `name=value` labels ignored)."""
+        """The spec an embedding head's labels carried before options were typed (other
+        `name=value` labels ignored)."""
         items = dict(label.split("=", 1) for label in labels if "=" in label)
         missing = [k for k in ("pooling", "normalize", "max_seq_length") if k not in items]
         if missing:
@@ -137,12 +126,6 @@ def pool(sequence: jax.Array, input_mask: jax.Array, pooling: str) -> jax.Array:
     weights = mask.astype(jnp.float32)
     total = jnp.sum(values * weights, axis=1)  # [b, h]
     return total / jnp.maximum(jnp.sum(weights, axis=1), 1.0)
-
-
-def l2_normalize(vectors: jax.Array) -> jax.Array:
-    """Each row scaled to unit length (rows shorter than NORM_EPS are divided by it)."""
-    norm = jnp.linalg.norm(vectors, axis=-1, keepdims=True)  # [..., 1]
-    return vectors / jnp.maximum(norm, NORM_EPS)
 
 
 class BiEncoder(nn.Module):
@@ -269,87 +252,3 @@ def embed_texts(
         )
         out[rows] = np.asarray(vectors)[: len(rows)]
     return out
-
-
-# ----------------------------------------------------------------------------- similarity, search
-
-
-def similarity(a: np.ndarray | jax.Array, b: np.ndarray | jax.Array) -> np.ndarray:
-    """Cosine similarity of every row of a [n, h] with every row of b [m, h]: [n, m]."""
-    a = l2_normalize(jnp.asarray(a, jnp.float32))
-    b = l2_normalize(jnp.asarray(b, jnp.float32))
-    return np.asarray(jnp.einsum("nh,mh->nm", a, b, precision=jax.lax.Precision.HIGHEST))
-
-
-@functools.partial(jax.jit, static_argnames=("top_k", "block"))
-def _search_block(queries, corpus, corpus_size, *, top_k: int, block: int):
-    """Top-k cosine scores and corpus rows for a block of queries, over corpus blocks.
-
-    queries [q, h] and corpus [blocks * block, h] are unit rows; rows from corpus_size on pad
-    the corpus and are never returned. Each corpus block's top-k merges with the running
-    top-k, so memory is [q, block], whatever the corpus size.
-    """
-    blocks = corpus.shape[0] // block
-    chunks = corpus.reshape(blocks, block, corpus.shape[1])  # [blocks, block, h]
-    first = jnp.full((queries.shape[0], top_k), -jnp.inf, jnp.float32)  # [q, k]
-
-    def merge(carry, xs):
-        best_scores, best_rows = carry
-        chunk, offset = xs
-        scores = jnp.einsum(
-            "qh,ch->qc", queries, chunk, precision=jax.lax.Precision.HIGHEST
-        )  # [q, block]
-        rows = offset + jnp.arange(block)  # [block]
-        scores = jnp.where(rows < corpus_size, scores, -jnp.inf)
-        k = min(top_k, block)
-        chunk_scores, chunk_index = jax.lax.top_k(scores, k)  # [q, k]
-        scores = jnp.concatenate([best_scores, chunk_scores], axis=1)  # [q, 2k]
-        candidates = jnp.concatenate([best_rows, rows[chunk_index]], axis=1)  # [q, 2k]
-        kept, where = jax.lax.top_k(scores, top_k)  # [q, k]
-        return (kept, jnp.take_along_axis(candidates, where, axis=1)), None
-
-    rows0 = jnp.zeros((queries.shape[0], top_k), jnp.int32)
-    offsets = jnp.arange(blocks, dtype=jnp.int32) * block
-    (scores, rows), _ = jax.lax.scan(merge, (first, rows0), (chunks, offsets))
-    return scores, rows
-
-
-def search(
-    queries: np.ndarray | jax.Array,
-    corpus: np.ndarray | jax.Array,
-    top_k: int = 10,
-    *,
-    query_batch: int = 256,
-    corpus_block: int = 4096,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact nearest neighbours by cosine similarity: (scores [n, k], corpus rows [n, k]).
-
-    Best first; k = min(top_k, corpus size). Brute force over the whole corpus, in blocks of
-    `corpus_block` rows per batch of `query_batch` queries, so any corpus fits in memory.
-    """
-    queries = np.asarray(queries, np.float32)
-    corpus = np.asarray(corpus, np.float32)
-    if queries.ndim != 2 or corpus.ndim != 2 or queries.shape[1] != corpus.shape[1]:
-        raise ValueError(
-            f"search needs [n, h] queries and [m, h] corpus of the same width; got "
-            f"{queries.shape} and {corpus.shape}"
-        )
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise ValueError(f"top_k={top_k!r} is invalid: must be an int >= 1")
-    count = corpus.shape[0]
-    if count == 0:
-        raise ValueError("search needs a corpus of at least one vector")
-    k = min(top_k, count)
-    block = min(corpus_block, 1 << max(count - 1, 0).bit_length())
-    padded = -(-count // block) * block
-    units = l2_normalize(jnp.asarray(np.pad(corpus, ((0, padded - count), (0, 0)))))
-    scores = np.zeros((queries.shape[0], k), np.float32)
-    rows = np.zeros((queries.shape[0], k), np.int64)
-    for start in range(0, queries.shape[0], query_batch):
-        part = queries[start : start + query_batch]
-        size = len(part)
-        part = np.pad(part, ((0, query_batch - size), (0, 0)))  # one compile for every batch
-        s, r = _search_block(l2_normalize(jnp.asarray(part)), units, count, top_k=k, block=block)
-        scores[start : start + size] = np.asarray(s)[:size]
-        rows[start : start + size] = np.asarray(r)[:size]
-    return scores, rows

@@ -23,8 +23,9 @@ The parts, in the order data flows through them:
   evaluate         the official SQuAD v1.1 / v2.0 scoring (EM and F1 after answer
                    normalisation, max over gold answers; v2.0 HasAns/NoAns splits and the best
                    null-odds threshold).
-  answer           question(s) and context(s) -> transformers question-answering pipeline
-                   style dicts (score, start, end, answer), for a notebook.
+
+Model.answer (question(s) and context(s) -> transformers question-answering pipeline style
+dicts) is bertjax.tasks.qa.answer.
 
 Batch features (google's names): input_ids, input_mask, segment_ids [batch, seq];
 start_positions, end_positions [batch]; weights [batch] (0 for rows that only pad a batch).
@@ -41,7 +42,7 @@ import math
 import os
 import re
 import string
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -56,8 +57,10 @@ from bertjax.sharding import BATCH, EMBED, LABELS, LENGTH
 from bertjax.tokenizer import Tokenizer
 
 TASK = "question_answering"
-# The head's parameters, beside "bert": transformers' name (bertjax.hf.QA_OUTPUTS).
+# The head's parameters, beside "bert": transformers' name too.
 HEAD_NAME = "qa_outputs"
+# The head's two outputs, as its HeadSpec records them.
+HEAD_LABELS = ("start", "end")
 
 PREDICTIONS_FILE = "predictions.json"
 NBEST_FILE = "nbest_predictions.json"
@@ -477,15 +480,15 @@ def make_features(
     in `skipped`), and each window carries the answer's token positions, or [CLS]'s when the
     window does not hold the whole answer or the question has none.
     """
-    windows = _windows(examples, tokenizer, settings, settings.doc_stride)
-    rows: list[_Window] = []
+    per_example = windows(examples, tokenizer, settings, settings.doc_stride)
+    rows: list[Window] = []
     skipped = []
-    for example, example_windows in zip(examples, windows):
+    for example, example_windows in zip(examples, per_example):
         if training and not example.is_impossible and not example.answer_matches:
             skipped.append(example.id)
         else:
             rows += example_windows
-    features = _rows_to_features(rows, settings.max_seq_length)
+    features = rows_to_features(rows, settings.max_seq_length)
     if training:
         for row, window in enumerate(rows):
             first, last = window.answer_tokens
@@ -501,8 +504,29 @@ def make_features(
     return dataclasses.replace(features, skipped=tuple(skipped))
 
 
+def rows_to_features(rows: Sequence[Window], seq: int) -> QAFeatures:
+    """Windows as model inputs, with their context offsets and max-context flags."""
+    n = len(rows)
+    input_ids = np.zeros((n, seq), np.int32)
+    input_mask = np.zeros((n, seq), np.int32)
+    segment_ids = np.zeros((n, seq), np.int32)
+    offsets = np.full((n, seq, 2), NO_OFFSET, np.int64)
+    max_context = np.zeros((n, seq), bool)
+    for row, window in enumerate(rows):
+        length = len(window.ids)
+        input_ids[row, :length] = window.ids
+        input_mask[row, :length] = 1
+        segment_ids[row, window.context_start : length] = 1
+        context = slice(window.context_start, window.context_start + len(window.offsets))
+        offsets[row, context] = window.offsets
+        max_context[row, context] = window.max_context
+    index = np.array([w.example_index for w in rows], np.int32).reshape(n)
+    starts, ends = np.zeros(n, np.int32), np.zeros(n, np.int32)
+    return QAFeatures(input_ids, input_mask, segment_ids, starts, ends, index, offsets, max_context)
+
+
 @dataclasses.dataclass(frozen=True)
-class _Window:
+class Window:
     example_index: int
     ids: list[int]  # [CLS] question [SEP] window [SEP]
     context_start: int  # position of the window's first context token
@@ -512,9 +536,9 @@ class _Window:
     answer_tokens: tuple[int, int]  # the (first) answer's tokens in the whole context
 
 
-def _windows(
+def windows(
     examples: Sequence[QAExample], tokenizer: Tokenizer, settings: QASettings, stride: int
-) -> list[list[_Window]]:
+) -> list[list[Window]]:
     questions = tokenizer.encode_batch([e.question for e in examples])
     # SQuAD asks several questions about each paragraph: tokenize each context once.
     unique = list(dict.fromkeys(e.context for e in examples))
@@ -539,7 +563,7 @@ def _windows(
             ids += context.ids[start : start + length]
             ids.append(tokenizer.sep_id)
             windows.append(
-                _Window(
+                Window(
                     k,
                     ids,
                     context_start,
@@ -990,165 +1014,3 @@ def logits(
         starts.append(np.asarray(start)[:real])
         ends.append(np.asarray(end)[:real])
     return np.concatenate(starts), np.concatenate(ends)
-
-
-def answer(
-    config: BertConfig,
-    params,
-    tokenizer: Tokenizer,
-    question: str | Sequence[str],
-    context: str | Sequence[str],
-    *,
-    top_k: int = 1,
-    max_seq_len: int = 384,
-    doc_stride: int = 128,
-    max_question_len: int = 64,
-    max_answer_len: int = 15,
-    handle_impossible_answer: bool = False,
-    align_to_words: bool = True,
-) -> dict | list:
-    """Answers as transformers' question-answering pipeline gives them.
-
-    Each answer is {"score", "start", "end", "answer"}: start and end are character offsets
-    into the context, answer is context[start:end], score is p(start) * p(end) with each
-    probability a softmax over the window's context tokens and [CLS]. A long context is split
-    into windows that overlap by `doc_stride` tokens (the pipeline's meaning of the word);
-    the top_k spans over all windows are returned, best first, one per character span.
-    With handle_impossible_answer the empty answer (score: the lowest [CLS] start x end
-    probability over the windows) competes too. With align_to_words (the pipeline's default)
-    an answer starting or ending inside a word takes the whole word. One question gives a
-    dict (top_k=1) or a list; a list of questions (paired with a context or a list of
-    contexts) gives a list of those.
-    """
-    for name, value in (("top_k", top_k), ("max_answer_len", max_answer_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name}={value!r} is invalid: must be an int >= 1")
-    single = isinstance(question, str)
-    questions = [question] if single else list(question)
-    if isinstance(context, str):
-        contexts = [context] * len(questions)
-    else:
-        contexts = list(context)
-        if len(contexts) != len(questions):
-            raise ValueError(
-                f"answer: {len(questions)} question(s) but {len(contexts)} context(s); give one "
-                "context for all or one per question"
-            )
-    max_seq_length = min(max_seq_len, config.max_position_embeddings)
-    settings = QASettings(
-        max_seq_length=max_seq_length,
-        doc_stride=1,  # unused: each question's step below leaves doc_stride tokens of overlap
-        max_query_length=max(min(max_question_len, max_seq_length - 4), 1),
-    )
-    examples = [
-        QAExample(id=str(k), question=q, context=c, answers=())
-        for k, (q, c) in enumerate(zip(questions, contexts))
-    ]
-    rows: list[_Window] = []
-    for k, example in enumerate(examples):
-        question_ids = tokenizer.encode(example.question)[: settings.max_query_length]
-        room = settings.max_seq_length - len(question_ids) - 3
-        step = max(room - min(doc_stride, room // 2), 1)
-        windows = _windows([example], tokenizer, settings, step)[0]
-        rows += [dataclasses.replace(w, example_index=k) for w in windows]
-    features = _rows_to_features(rows, settings.max_seq_length)
-    starts, ends = logits(config, params, features)
-    results = []
-    for k, example in enumerate(examples):
-        results.append(
-            _pipeline_answers(
-                example.context,
-                features,
-                np.flatnonzero(features.example_index == k),
-                starts,
-                ends,
-                top_k,
-                max_answer_len,
-                handle_impossible_answer,
-                tokenizer.is_word_start if align_to_words else None,
-            )
-        )
-    results = [r[0] if top_k == 1 else r for r in results]
-    return results[0] if single else results
-
-
-def _rows_to_features(rows: Sequence[_Window], seq: int) -> QAFeatures:
-    n = len(rows)
-    input_ids = np.zeros((n, seq), np.int32)
-    input_mask = np.zeros((n, seq), np.int32)
-    segment_ids = np.zeros((n, seq), np.int32)
-    offsets = np.full((n, seq, 2), NO_OFFSET, np.int64)
-    max_context = np.zeros((n, seq), bool)
-    for row, window in enumerate(rows):
-        length = len(window.ids)
-        input_ids[row, :length] = window.ids
-        input_mask[row, :length] = 1
-        segment_ids[row, window.context_start : length] = 1
-        context = slice(window.context_start, window.context_start + len(window.offsets))
-        offsets[row, context] = window.offsets
-        max_context[row, context] = window.max_context
-    index = np.array([w.example_index for w in rows], np.int32).reshape(n)
-    starts, ends = np.zeros(n, np.int32), np.zeros(n, np.int32)
-    return QAFeatures(input_ids, input_mask, segment_ids, starts, ends, index, offsets, max_context)
-
-
-def _pipeline_answers(
-    context: str,
-    features: QAFeatures,
-    rows: Iterable[int],
-    start_logits: np.ndarray,
-    end_logits: np.ndarray,
-    top_k: int,
-    max_answer_len: int,
-    handle_impossible_answer: bool,
-    is_word_start: np.ndarray | None,
-) -> list[dict]:
-    found: dict[tuple[int, int], float] = {}
-    min_null = math.inf
-    for row in rows:
-        allowed = features.offsets[row, :, 0] != NO_OFFSET  # [seq]
-        kept = allowed.copy()
-        kept[0] = True  # [CLS] takes part in the softmax, as in the pipeline
-        probabilities = []
-        for logits_row in (start_logits[row], end_logits[row]):
-            x = np.where(kept, logits_row.astype(np.float64), -10000.0)
-            x = np.exp(x - x.max())
-            probabilities.append(x / x.sum())
-        p_start, p_end = probabilities
-        min_null = min(min_null, float(p_start[0] * p_end[0]))
-        scores = np.triu(np.outer(p_start * allowed, p_end * allowed))  # [seq, seq]
-        scores = np.tril(scores, max_answer_len - 1)  # spans of at most max_answer_len tokens
-        flat = scores.ravel()
-        best = np.argsort(-flat, kind="stable")[:top_k]
-        for index in best:
-            if flat[index] <= 0.0:
-                break
-            s, e = np.unravel_index(index, scores.shape)
-            if is_word_start is not None:
-                s, e = _whole_words(features, row, int(s), int(e), is_word_start)
-            span = (int(features.offsets[row, s, 0]), int(features.offsets[row, e, 1]))
-            found[span] = max(found.get(span, 0.0), float(flat[index]))
-    answers = [
-        {"score": score, "start": start, "end": end, "answer": context[start:end]}
-        for (start, end), score in found.items()
-    ]
-    if handle_impossible_answer and math.isfinite(min_null):
-        answers.append({"score": min_null, "start": 0, "end": 0, "answer": ""})
-    answers.sort(key=lambda a: a["score"], reverse=True)
-    if not answers:
-        answers = [{"score": 0.0, "start": 0, "end": 0, "answer": ""}]
-    return answers[:top_k]
-
-
-def _whole_words(
-    features: QAFeatures, row: int, start: int, end: int, is_word_start: np.ndarray
-) -> tuple[int, int]:
-    """The span widened to the first token of its first word and the last of its last word
-    (within the window's context)."""
-    ids, offsets = features.input_ids[row], features.offsets[row]
-    while not is_word_start[ids[start]] and offsets[start - 1, 0] != NO_OFFSET:
-        start -= 1
-    last = len(ids) - 1
-    while end < last and offsets[end + 1, 0] != NO_OFFSET and not is_word_start[ids[end + 1]]:
-        end += 1
-    return start, end

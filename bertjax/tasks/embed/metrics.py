@@ -4,7 +4,7 @@ STS: the cosine similarity of each pair's embeddings against gold scores, as Spe
 rank correlation (the field's headline figure) and Pearson's.
 
 Retrieval: each query's corpus ranked by cosine similarity with exact brute-force search
-(bertjax.embedding.search), scored against binary relevance judgements as
+(bertjax.tasks.embed.model.search), scored against binary relevance judgements as
 sentence-transformers' InformationRetrievalEvaluator does:
   mrr@10    1 / rank of the first relevant document within the top 10 (0 if none)
   ndcg@10   sum over the top 10 of rel_i / log2(i + 1), divided by the same sum for the
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from bertjax import embedding
+from bertjax import vectors
 from bertjax.finetune import metrics
 
 STS_METRICS = ("spearman", "pearson")
@@ -39,7 +39,7 @@ def sts_scores(a: np.ndarray, b: np.ndarray, gold: Sequence[float]) -> dict[str,
             f"{a.shape}, {b.shape} and {gold.shape}"
         )
     norms = np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1)
-    cosine = np.sum(a * b, axis=1) / np.maximum(norms, embedding.NORM_EPS)  # [n]
+    cosine = np.sum(a * b, axis=1) / np.maximum(norms, vectors.NORM_EPS)  # [n]
     return {
         "spearman": metrics.spearman(cosine, gold),
         "pearson": metrics.pearson(cosine, gold),
@@ -111,5 +111,5 @@ def retrieval_scores(
     """
     sets = _relevant_sets(relevant, len(queries), len(corpus))
     depth = max(mrr_at, ndcg_at, *recall_at)
-    _, ranked = embedding.search(queries, corpus, top_k=depth)
+    _, ranked = vectors.search(queries, corpus, top_k=depth)
     return ranking_scores(ranked, sets, recall_at, mrr_at, ndcg_at)

@@ -50,8 +50,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import attention as attention_lib
-from bertjax import heads, sharding
-from bertjax.heads import HeadSpec, HeadSums
+from bertjax import sharding
+from bertjax.capability import HeadSpec
+from bertjax.heads import HeadSums
 from bertjax.model import (
     STACKED_LAYERS,
     BertConfig,
@@ -74,11 +75,10 @@ RND2RND = "rnd2rnd"
 INITS = (BERT2BERT, BERTSHARE, BERT2RND, RND2RND)
 EARLY_STOPPING = (False, True, "never")
 PAD_ID = 0  # [PAD] is 0 in every bertjax vocabulary
-# The fine-tuning task (bertjax.finetune.tasks.seq2seq) whose checkpoints hold this model.
+# The fine-tuning task (bertjax.tasks.seq2seq.task) whose checkpoints hold this model.
 # Named here, where every run directory reader sees it, so that a run opens without
 # importing the fine-tuning package.
 TASK = "seq2seq"
-heads.add_task_name(TASK)
 
 # transformers' beam search marks impossible candidates by adding this (not -inf), so that
 # sums stay finite; the same constant keeps the two searches' choices identical.
@@ -821,8 +821,8 @@ class TaskOptions:
     special ids, the training loss and how evaluation generates.
 
     A fine-tuning run keeps them in its checkpoints' head (`head` / `from_head`: the
-    HeadSpec's labels hold them as name=value), so the run directory reopens on its own and
-    a resumed run checks that they did not change.
+    HeadSpec's typed options), so the run directory reopens on its own and a resumed run
+    checks that they did not change.
     """
 
     decoder_start_id: int
@@ -856,26 +856,24 @@ class TaskOptions:
 
     def head(self) -> HeadSpec:
         """The HeadSpec a fine-tuning run's checkpoints carry."""
-        g = self.generation
-        values = {
-            "init": self.init,
-            "decoder_start_id": self.decoder_start_id,
-            "eos_id": self.eos_id,
-            "label_smoothing": self.label_smoothing,
-            "max_target_length": self.max_target_length,
-            "num_beams": g.num_beams,
-            "max_new_tokens": g.max_new_tokens,
-            "length_penalty": g.length_penalty,
-            "no_repeat_ngram_size": g.no_repeat_ngram_size,
-        }
-        return HeadSpec(TASK, tuple(f"{k}={v}" for k, v in values.items()))
+        return HeadSpec(TASK, (), self)
 
     @classmethod
     def from_head(cls, head: HeadSpec) -> TaskOptions:
         """Inverse of `head`."""
         if head.task != TASK:
             raise ValueError(f"head task={head.task!r} is not {TASK!r}")
-        values = dict(label.split("=", 1) for label in head.labels)
+        return head.options
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TaskOptions:
+        """Inverse of dataclasses.asdict (the form a checkpoint's meta stores)."""
+        return cls(**{**d, "generation": GenerationSettings(**d["generation"])})
+
+    @classmethod
+    def from_labels(cls, labels: Sequence[str]) -> TaskOptions:
+        """The options of a head written before they were typed: name=value labels."""
+        values = dict(label.split("=", 1) for label in labels)
         generation = GenerationSettings(
             max_new_tokens=int(values["max_new_tokens"]),
             num_beams=int(values["num_beams"]),

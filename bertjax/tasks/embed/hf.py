@@ -35,10 +35,11 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import numpy as np
 
-from bertjax import embedding, fs, hf
+from bertjax import fs, hf
 from bertjax import model as model_lib
-from bertjax.embedding import EmbeddingSpec
 from bertjax.model import BertConfig
+from bertjax.tasks.embed import model as embedding
+from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import HF_TOKENIZER_CONFIG_FILE, Tokenizer
 
 MODULES_FILE = "modules.json"
@@ -66,7 +67,7 @@ _PREFIX = "bert."
 
 
 class SentenceModel(NamedTuple):
-    """What `load` reads: enough for bertjax.embedding.embed_texts."""
+    """What `load` reads: enough for bertjax.tasks.embed.model.embed_texts."""
 
     config: BertConfig
     params: dict  # {"bert": BertModel's tree}, numpy
@@ -90,7 +91,7 @@ def save(
     `params` holds "bert" (a BiEncoder's tree, boxed or not, a fine-tuned model's, or
     BertForPreTraining's); only the encoder and its pooler are written.
     """
-    hf._require_safetensors()
+    hf.require_safetensors()
     spec.check(config)
     hf.check_vocab(config, tokenizer, f"saving to {directory}")
     params = nn.meta.unbox(params)
@@ -101,7 +102,7 @@ def save(
     params = {"bert": params["bert"]}
     if config.scan_layers:
         params = model_lib.unstack_layers(params, config.num_layers)
-    flat = dict(hf._flatten(params))
+    flat = dict(hf.flatten_tree(params))
     tensors: dict[str, np.ndarray] = {}
     for spec_ in hf.tensor_specs(config):
         if spec_.group not in _CORE_GROUPS:
@@ -113,7 +114,7 @@ def save(
             continue
         if spec_.path not in flat:
             raise ValueError(f"params: missing parameter {'/'.join(spec_.path)!r}")
-        array = hf._to_numpy(flat[spec_.path])
+        array = hf.to_numpy(flat[spec_.path])
         if tuple(array.shape) != spec_.shape:
             raise ValueError(
                 f"params: parameter {'/'.join(spec_.path)!r} has shape {tuple(array.shape)}, "

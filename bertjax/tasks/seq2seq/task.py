@@ -1,4 +1,4 @@
-"""The seq2seq task: a BERT encoder-decoder (bertjax.seq2seq) fine-tuned on text pairs.
+"""The seq2seq task: a BERT encoder-decoder (bertjax.tasks.seq2seq.model) fine-tuned on text pairs.
 
     python finetune.py --workdir runs/s2s --config.task=seq2seq --config.init_from=runs/tiny \
         --config.data.train=train.tsv --config.data.validation=dev.tsv \
@@ -26,15 +26,17 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import features as features_lib
-from bertjax import fs, rundir, text_metrics
-from bertjax import seq2seq as s2s
+from bertjax import fs, rundir
+from bertjax.capability import HeadSpec
 from bertjax.finetune import data as task_data
 from bertjax.finetune.layouts import TRAIN
 from bertjax.finetune.settings import FinetuneDataSettings
-from bertjax.finetune.task import Examples, TaskData, TaskObjective, register
-from bertjax.heads import HeadSpec, HeadSums
+from bertjax.finetune.task import Examples, Task, TaskData, TaskInputs, TaskObjective
+from bertjax.heads import HeadSums
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError, require
+from bertjax.tasks.seq2seq import metrics as text_metrics
+from bertjax.tasks.seq2seq import model as s2s
 from bertjax.tokenizer import Tokenizer
 
 METRICS = ("bleu", "rouge1", "rouge2", "rougeL", "exact_match")
@@ -187,31 +189,6 @@ class Seq2SeqObjective(TaskObjective):
     def init_params(self, rng: jax.Array) -> Any:
         return self._init(rng)
 
-    def warm_start(self, source: rundir.Run, params: Any, fresh: Any) -> tuple[Any, str]:
-        """The run's first parameters from init_from, and a line saying what was taken."""
-        init = self.options.init
-        if source.head is not None and source.head.task == s2s.TASK:
-            theirs = s2s.TaskOptions.from_head(source.head)
-            if theirs.init != init:
-                raise ConfigError(
-                    f"config.seq2seq.init={init!r}: config.init_from={str(source.path)!r} is "
-                    f"a {theirs.init} encoder-decoder; set init={theirs.init!r} to go on "
-                    "training it"
-                )
-            return nn.meta.unbox(params), f"Initialised the encoder-decoder from {source.path}"
-        if init == s2s.RND2RND:
-            return fresh, "rnd2rnd: the encoder-decoder starts from random weights"
-        params = s2s.from_pretrained(self.config, fresh, jax.tree.map(np.asarray, params))
-        decoder = {
-            s2s.BERT2BERT: "the decoder from it too",
-            s2s.BERTSHARE: "the decoder shares the encoder's weights",
-            s2s.BERT2RND: "the decoder starts fresh",
-        }[init]
-        return params, (
-            f"{init}: initialised the encoder from {source.path}, {decoder}; cross-attention "
-            "starts fresh"
-        )
-
     def sums(self, params, batch, *, rng, deterministic: bool, packed_length=None) -> HeadSums:
         logits = s2s.Seq2SeqModel(self.config).apply(
             {"params": s2s.full_params(self.config, params)},
@@ -342,7 +319,7 @@ def split_scores(examples: Seq2SeqExamples, outputs: dict[str, np.ndarray]) -> d
 
 
 @dataclasses.dataclass(frozen=True)
-class Seq2SeqTask:
+class Seq2SeqTask(Task):
     """Text to text with a warm-started encoder-decoder (a bertjax.finetune.task.Task)."""
 
     name: str = s2s.TASK
@@ -351,8 +328,9 @@ class Seq2SeqTask:
     conll_files: bool = False
     label_separator: bool = False
 
-    def read_options(self, config) -> Seq2SeqData:
-        return read_options(config)
+    def read_options(self, config) -> TaskInputs:
+        options = read_options(config)
+        return TaskInputs(options, options.fields, options.max_seq_length)
 
     def read(self, data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData:
         settings: Seq2SeqData = data.task_options
@@ -401,4 +379,32 @@ class Seq2SeqTask:
         rundir.write_text(path, "\n".join(lines) + "\n")
 
 
-register(Seq2SeqTask())
+def warm_start(
+    options: s2s.TaskOptions, model_config: BertConfig, source: rundir.Run, params: Any, fresh: Any
+) -> tuple[Any, str]:
+    """A run's first parameters from init_from, and a line saying what was taken: a seq2seq
+    run goes on; an encoder becomes the encoder (and the decoder) as `options.init` says."""
+    init = options.init
+    if source.head is not None and source.head.task == s2s.TASK:
+        theirs = s2s.TaskOptions.from_head(source.head)
+        if theirs.init != init:
+            raise ConfigError(
+                f"config.seq2seq.init={init!r}: config.init_from={str(source.path)!r} is "
+                f"a {theirs.init} encoder-decoder; set init={theirs.init!r} to go on "
+                "training it"
+            )
+        return nn.meta.unbox(params), f"Initialised the encoder-decoder from {source.path}"
+    if init == s2s.RND2RND:
+        return fresh, "rnd2rnd: the encoder-decoder starts from random weights"
+    params = s2s.from_pretrained(
+        options.config(model_config), fresh, jax.tree.map(np.asarray, params)
+    )
+    decoder = {
+        s2s.BERT2BERT: "the decoder from it too",
+        s2s.BERTSHARE: "the decoder shares the encoder's weights",
+        s2s.BERT2RND: "the decoder starts fresh",
+    }[init]
+    return params, (
+        f"{init}: initialised the encoder from {source.path}, {decoder}; cross-attention "
+        "starts fresh"
+    )

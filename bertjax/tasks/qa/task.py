@@ -1,7 +1,7 @@
 """Extractive question answering (SQuAD v1.1 / v2.0) as a fine-tuning task.
 
 The parts (reading, google's windows, the head, n-best decoding, the official scorer) live in
-bertjax.finetune.question_answering; this module wires them into the fine-tuning run:
+bertjax.tasks.qa.squad; this module wires them into the fine-tuning run:
 
 - `read` reads config.data's train, validation and test files (SQuAD JSON or JSON Lines) and
   turns every example into its windows. A split's rows are windows, not examples: the loop
@@ -17,8 +17,8 @@ bertjax.finetune.question_answering; this module wires them into the fine-tuning
   official formats, in <workdir>/predictions_<split>/, for the validation and test files.
 
 `config.qa` holds the windowing and decoding settings; `CONFIG_DEFAULTS` are google's
-run_squad.py values that replace the generic fine-tuning defaults when config.task is
-question_answering and the field still holds the generic default.
+run_squad.py values, used where config.task is question_answering and the config leaves the
+field unset.
 """
 
 from __future__ import annotations
@@ -30,23 +30,22 @@ from typing import Any
 import numpy as np
 
 from bertjax import fs
+from bertjax.capability import HeadSpec
 from bertjax.finetune import layouts
-from bertjax.finetune import question_answering as qa
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneDataSettings
-from bertjax.finetune.task import Examples, TaskData, TaskObjective, register
-from bertjax.heads import HeadSpec, HeadSums
+from bertjax.finetune.task import Examples, Task, TaskData, TaskObjective
+from bertjax.heads import HeadSums
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
+from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import Tokenizer
 
-# The head's two outputs, for the HeadSpec a checkpoint records.
-LABELS = ("start", "end")
-# field: (configs/finetune.py's generic default, google's run_squad.py value).
+# Where the config leaves them unset: google's run_squad.py values.
 CONFIG_DEFAULTS = {
-    "optimizer.learning_rate": (2e-5, 3e-5),
-    "num_epochs": (3, 2),
-    "data.max_seq_length": (128, 384),
+    "optimizer.learning_rate": 3e-5,
+    "num_epochs": 2,
+    "data.max_seq_length": 384,
 }
 # Files of one split's predictions, in this directory name under the run directory.
 PREDICTIONS_DIR = "predictions_{}"
@@ -149,7 +148,7 @@ def decode_split(examples: QAExamples, outputs: dict[str, np.ndarray]) -> qa.QAP
 
 
 @dataclasses.dataclass(frozen=True)
-class QuestionAnsweringTask:
+class QuestionAnsweringTask(Task):
     """Extractive question answering (a bertjax.finetune.task.Task)."""
 
     name: str = qa.TASK
@@ -184,7 +183,7 @@ class QuestionAnsweringTask:
                 f"{split.path}: {len(split)} windows of {settings.max_seq_length} tokens "
                 f"(doc_stride {settings.doc_stride}) for {len(split.examples)} questions"
             )
-        return TaskData(HeadSpec(qa.TASK, LABELS), train, validation, test, notes)
+        return TaskData(HeadSpec(qa.TASK, qa.HEAD_LABELS), train, validation, test, notes)
 
     def check(self, data: TaskData, metric: str) -> None:
         if not len(data.train):
@@ -221,6 +220,3 @@ class QuestionAnsweringTask:
         directory = fs.path(path).parent / PREDICTIONS_DIR.format(examples.name)
         qa.write_predictions(directory, decode_split(examples, outputs))
         return directory
-
-
-TASK = register(QuestionAnsweringTask())
