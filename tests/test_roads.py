@@ -1,0 +1,246 @@
+"""Every capability on the user's road: the literal finetune.py command, then a fresh Python
+process that opens the run as a notebook does (one device, and a mesh of 8 simulated devices
+giving the same answers), exports it and opens the export with transformers or
+sentence-transformers; then a second run on 8 devices starts from the first and keeps its
+head.
+
+One road per registered capability: a capability registered without one fails
+`test_every_capability_has_a_road`.
+"""
+
+import dataclasses
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from synthetic_corpus import LABELS, sentences, write_topic_csv
+from xla_env import REPO, subprocess_env
+
+from bertjax import capability
+
+pytestmark = pytest.mark.slow
+
+
+@dataclasses.dataclass(frozen=True)
+class Road:
+    """One capability's road: its data, command-line flags and notebook call."""
+
+    task: str
+    write: object  # (directory, topics) -> flags naming the files written there
+    call: str  # the notebook call, on `m`, as Python source
+    export: str  # Python source: opens the export at `path` the ecosystem's way, prints it
+    kept: str  # what the init_from run says it took from the first run
+
+
+def _classification(directory: pathlib.Path, topics) -> list[str]:
+    train = write_topic_csv(directory / "train.csv", topics, 64, seed=1)
+    dev = write_topic_csv(directory / "dev.csv", topics, 16, seed=2)
+    return [f"--config.data.train={train}", f"--config.data.validation={dev}"]
+
+
+def _question_answering(directory: pathlib.Path, topics) -> list[str]:
+    """Questions "which sport" over a context naming one word of an odd topic among even
+    topics' words: the answer is that word."""
+    rng = np.random.default_rng(3)
+    for name, count in (("train", 48), ("dev", 8)):
+        lines = []
+        for k, (_, words) in enumerate(sentences(topics, count, seed=count, choose=[0, 2])):
+            answer = str(rng.choice(topics[1]))
+            where = int(rng.integers(0, len(words)))
+            words = [*words[:where], answer, *words[where:]]
+            context = " ".join(words)
+            start = len(" ".join(words[:where])) + (1 if where else 0)
+            record = {
+                "id": f"{name}{k}",
+                "question": f"which {LABELS[1]}",
+                "context": context,
+                "answers": {"text": [answer], "answer_start": [start]},
+            }
+            lines.append(json.dumps(record))
+        (directory / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
+    return [
+        f"--config.data.train={directory / 'train.jsonl'}",
+        f"--config.data.validation={directory / 'dev.jsonl'}",
+        "--config.data.max_seq_length=32",
+        "--config.qa.doc_stride=8",
+        "--config.qa.max_query_length=8",
+    ]
+
+
+def _embedding(directory: pathlib.Path, topics) -> list[str]:
+    """Pairs of sentences of one topic; scored pairs (1 same topic, 0 not) to validate."""
+    pairs = sentences(topics, 128, seed=4)
+    train = ["anchor\tpositive"]
+    train += [f"{' '.join(a[1])}\t{' '.join(b[1])}" for a, b in zip(pairs[::2], pairs[1::2])]
+    (directory / "train.tsv").write_text("\n".join(train) + "\n")
+    scored = sentences(topics, 32, seed=5)
+    dev = ["anchor\tpositive\tscore"]
+    dev += [
+        f"{' '.join(a[1])}\t{' '.join(b[1])}\t{int(a[0] == b[0])}"
+        for a, b in zip(scored[::2], scored[1::2])
+    ]
+    (directory / "dev.tsv").write_text("\n".join(dev) + "\n")
+    return [
+        f"--config.data.train={directory / 'train.tsv'}",
+        f"--config.data.validation={directory / 'dev.tsv'}",
+        "--config.data.text_fields=anchor,positive",
+        "--config.data.label_field=score",
+        "--config.data.max_seq_length=16",
+    ]
+
+
+def _seq2seq(directory: pathlib.Path, topics) -> list[str]:
+    """Each sentence's words reversed."""
+    for name, count, seed in (("train", 64, 6), ("dev", 8, 7)):
+        rows = ["source\ttarget"]
+        rows += [f"{' '.join(w)}\t{' '.join(w[::-1])}" for _, w in sentences(topics, count, seed)]
+        (directory / f"{name}.tsv").write_text("\n".join(rows) + "\n")
+    return [
+        f"--config.data.train={directory / 'train.tsv'}",
+        f"--config.data.validation={directory / 'dev.tsv'}",
+        "--config.data.max_seq_length=12",
+        "--config.data.max_target_length=12",
+        "--config.seq2seq.max_new_tokens=6",
+    ]
+
+
+ROADS = {
+    "classification": Road(
+        "classification",
+        _classification,
+        'm.predict(["{w0} {w1} {w2}", "{w3} {w4}"])',
+        "import transformers\n"
+        "tf = transformers.AutoModelForSequenceClassification.from_pretrained(path)\n"
+        "print(sorted(tf.config.id2label.values()))",
+        "Initialised the encoder and the classification head",
+    ),
+    "question_answering": Road(
+        "question_answering",
+        _question_answering,
+        'm.answer(["which sports", "which sports"], ["{w0} {s0} {w1}", "{w2} {w3} {s1}"])',
+        "import transformers\n"
+        "tf = transformers.AutoModelForQuestionAnswering.from_pretrained(path)\n"
+        "print(type(tf).__name__)",
+        "Initialised the encoder and the question_answering head",
+    ),
+    "embedding": Road(
+        "embedding",
+        _embedding,
+        'm.embed(["{w0} {w1}", "{w2}"]).tolist(), m.search(["{w0}"], ["{w1} {w0}", "{s0}"])',
+        "import sentence_transformers\n"
+        "st = sentence_transformers.SentenceTransformer(path, device='cpu')\n"
+        "print(st.encode(['a b']).shape)",
+        "Initialised the encoder from",
+    ),
+    "seq2seq": Road(
+        "seq2seq",
+        _seq2seq,
+        'm.generate(["{w0} {w1} {w2}"], num_beams=1, max_new_tokens=4)',
+        "import transformers\n"
+        "tf = transformers.EncoderDecoderModel.from_pretrained(path)\n"
+        "print(type(tf).__name__)",
+        "Initialised the encoder-decoder from",
+    ),
+}
+
+# The road's second half, in a fresh process: open the run, call its method on one device
+# and on a mesh of 8, export it and open the export.
+NOTEBOOK = """
+import json, sys
+import jax, numpy as np
+import bertjax
+from bertjax import sharding
+
+run, call, export, path = sys.argv[1:5]
+m = bertjax.Model.load(run)
+one = eval(call, {"m": m})
+mesh = sharding.make_mesh((2, 2, 2))
+m = bertjax.Model.load(run, mesh=mesh)
+eight = eval(call, {"m": m})
+m.save_hf(path)
+print("RESULT " + json.dumps({"one": one, "eight": eight, "head": m.head.task}))
+exec(export)
+"""
+
+
+def _run(args: list[str], devices: int, timeout: int = 600) -> subprocess.CompletedProcess:
+    process = subprocess.run(
+        args, capture_output=True, text=True, env=subprocess_env(devices), timeout=timeout
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    return process
+
+
+def _finetune(workdir, init_from, road: Road, flags: list[str], devices: int):
+    return _run(
+        [
+            sys.executable,
+            str(REPO / "finetune.py"),
+            f"--workdir={workdir}",
+            f"--config.init_from={init_from}",
+            f"--config.task={road.task}",
+            "--config.batch_size=8",
+            "--config.eval_batch_size=8",
+            "--config.num_epochs=1",
+            *flags,
+        ],
+        devices,
+    )
+
+
+def _close(a, b) -> bool:
+    """Equal structures, numbers within float rounding of another batch layout."""
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, float):
+        return abs(a - b) <= 1e-4 + 1e-3 * abs(b)
+    return a == b
+
+
+def test_every_capability_has_a_road():
+    covered = {capability.get(task) for task in ROADS}
+    assert set(capability.capabilities()) == covered
+
+
+@pytest.mark.parametrize("task", ROADS)
+def test_the_users_road(task, pretrained_run, tmp_path):
+    source, topics = pretrained_run
+    road = ROADS[task]
+    flags = road.write(tmp_path, topics)
+    usage = capability.get(task).usage
+    first = _finetune(tmp_path / "run", source, road, flags, devices=1)
+    # The end-of-run summary names the method that fits this kind of run.
+    assert f".{usage}" in first.stdout, first.stdout[-2000:]
+
+    words = {f"w{k}": w for k, w in enumerate(topics[0][:5])}
+    words.update({f"s{k}": w for k, w in enumerate(topics[1][:2])})
+    call = road.call.format(**words)
+    notebook = _run(
+        [
+            sys.executable,
+            "-c",
+            NOTEBOOK,
+            str(tmp_path / "run"),
+            call,
+            road.export,
+            str(tmp_path / "export"),
+        ],
+        devices=8,
+    )
+    lines = notebook.stdout.splitlines()
+    result = json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
+    assert result["head"] == task
+    assert _close(result["one"], result["eight"]), result
+    assert lines[-1]  # the export opened the ecosystem's way and printed what it holds
+    if task == "classification":
+        assert lines[-1] == str(sorted(LABELS))
+
+    # A second run on 8 devices starts from the first and keeps what it learned.
+    second = _finetune(tmp_path / "again", tmp_path / "run", road, flags, devices=8)
+    assert road.kept in second.stdout, second.stdout[-2000:]
+    assert "starts fresh" not in second.stdout
