@@ -815,8 +815,9 @@ class TensorSpec:
     def to_hf(self, array: np.ndarray) -> np.ndarray:
         if self.transpose:
             # Our kernels flatten row-major to [in, out]; torch stores the transpose.
-            return np.ascontiguousarray(array.reshape(self.hf_shape[::-1]).T)  # [out, in]
-        return np.ascontiguousarray(array.reshape(self.hf_shape))
+            array = array.reshape(self.hf_shape[::-1]).T  # [out, in]
+        # A fresh, writable array: torch.from_numpy warns on the read-only views jax gives.
+        return np.array(array.reshape(self.hf_shape), order="C")
 
 
 def tensor_specs(
