@@ -249,6 +249,47 @@ def test_bad_state_dicts_name_the_tensor():
         mb.params_to_hf(params, SMALL)
 
 
+def test_scanned_layer_groups_equal_transformers_and_round_trip():
+    """Layer 0, two scanned groups of (local, local, global), one local tail layer."""
+    config = dataclasses.replace(SMALL, num_layers=8, scan_layers=True, **ALL_BIASES)
+    assert mb.group_layout(config) == (2, 1)
+    hf = _hf_model("ModernBertForMaskedLM", config, seed=9)
+    sd = _state_dict(hf)
+    params = mb.params_from_hf(sd, config)
+    assert sorted(params["model"]) == ["embeddings", "final_norm", "groups", "layer_0", "layer_7"]
+    assert params["model"]["groups"]["layer_2"]["attn"]["wqkv"]["kernel"].shape == (2, 32, 3, 4, 8)
+    ids, mask = _batch(config)
+    theirs = _run_torch(hf, ids, mask).logits.numpy()
+    ours = _apply(ModernBertForMaskedLM(config), params, ids, mask)
+    assert _max_diff(ours, theirs, mask.astype(bool)) <= ATOL
+    back = mb.params_to_hf(params, config)
+    assert set(back) == set(sd) and all(np.array_equal(back[k], sd[k]) for k in sd)
+    plain = dataclasses.replace(config, scan_layers=False)
+    assert mb.stack_layers(mb.unstack_layers(params["model"], config), config).keys() == (
+        params["model"].keys()
+    )
+    assert (
+        _max_diff(
+            _apply(ModernBertForMaskedLM(plain), mb.params_from_hf(sd, plain), ids, mask), ours
+        )
+        <= 1e-6
+    )
+
+
+def test_scanned_stack_traces_the_same_program_for_any_depth():
+    ids = np.zeros((1, 16), np.int32)
+    sizes = []
+    for num_layers in (4, 22):  # 1 + 1 * 3 and 1 + 7 * 3
+        config = dataclasses.replace(SMALL, num_layers=num_layers, scan_layers=True)
+        model = ModernBertModel(config)
+        params = jax.eval_shape(lambda m=model: m.init(jax.random.key(0), ids))["params"]
+        jaxpr = jax.make_jaxpr(lambda p, m=model: m.apply({"params": p}, ids))(
+            nn.meta.unbox(params)
+        )
+        sizes.append(len(jaxpr.jaxpr.eqns))
+    assert sizes[0] == sizes[1]
+
+
 # ---------------------------------------------------------------------------------------------
 # Packed documents.
 
@@ -440,14 +481,21 @@ def test_remat_and_dropout():
         return jnp.mean(jax.nn.log_softmax(logits)[..., 5])
 
     grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
-    value, grads = grad(params, config, jax.random.key(4))
-    for policy in ("full", "dots"):
-        remat_value, remat_grads = grad(
-            params, dataclasses.replace(config, remat_policy=policy), jax.random.key(4)
-        )
-        assert abs(float(remat_value - value)) <= 1e-6, policy
-        diffs = jax.tree.map(lambda a, b: _max_diff(a, b), remat_grads, grads)
-        assert max(jax.tree.leaves(diffs)) <= 1e-6, policy
+    scanned = dataclasses.replace(config, scan_layers=True)
+    scanned_params = {**params, "model": mb.stack_layers(params["model"], scanned)}
+    for cfg, p, policies in [
+        (config, params, ("full",)),
+        (scanned, scanned_params, ("dots",)),
+    ]:
+        value, grads = grad(p, cfg, jax.random.key(4))
+        for policy in policies:
+            remat_value, remat_grads = grad(
+                p, dataclasses.replace(cfg, remat_policy=policy), jax.random.key(4)
+            )
+            assert abs(float(remat_value - value)) <= 1e-6, (policy, cfg.scan_layers)
+            diffs = jax.tree.map(lambda a, b: _max_diff(a, b), remat_grads, grads)
+            assert max(jax.tree.leaves(diffs)) <= 1e-6, (policy, cfg.scan_layers)
+    value, _ = grad(params, config, jax.random.key(4))
     other, _ = grad(params, config, jax.random.key(5))
     assert float(other) != float(value)  # dropout draws from the rng
     deterministic = _apply(ModernBertForMaskedLM(config), params, ids, mask)
@@ -466,7 +514,12 @@ def test_every_parameter_has_a_logical_spec():
     ids = np.zeros((1, 8), np.int32)
     ruled = {name for name, _ in sharding.LOGICAL_RULES} | {None}
     config = dataclasses.replace(SMALL, **ALL_BIASES)
-    for module in (ModernBertForMaskedLM(config), ModernBertForSequenceClassification(config, 2)):
+    scanned = dataclasses.replace(config, scan_layers=True)
+    for module in (
+        ModernBertForMaskedLM(config),
+        ModernBertForSequenceClassification(config, 2),
+        ModernBertForMaskedLM(scanned),
+    ):
         boxed = jax.eval_shape(lambda m=module: m.init(jax.random.key(0), ids))["params"]
         leaves = jax.tree_util.tree_leaves_with_path(boxed, is_leaf=_is_box)
         for path, leaf in leaves:
@@ -474,12 +527,15 @@ def test_every_parameter_has_a_logical_spec():
             assert _is_box(leaf), f"{where} has no partitioning annotation"
             assert len(leaf.names) == leaf.value.ndim, where
             assert set(leaf.names) <= ruled, f"{where} uses names outside the rules: {leaf.names}"
+            if "'groups'" in where:
+                assert leaf.names[0] == sharding.LAYERS, where
 
 
-def test_sharded_forward_equals_single_device():
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_sharded_forward_equals_single_device(scan_layers):
     assert jax.device_count() == 8
     ids, mask = _batch(lengths=(SEQ, 20, 9, 31, 5, 17, 32, 12))  # 8 rows
-    model = ModernBertForMaskedLM(SMALL)
+    model = ModernBertForMaskedLM(dataclasses.replace(SMALL, scan_layers=scan_layers))
     boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, mask))["params"]
     rng = np.random.default_rng(8)
     params = jax.tree.map(
@@ -488,16 +544,21 @@ def test_sharded_forward_equals_single_device():
     forward = lambda p, i, m: model.apply({"params": p}, i, m)  # noqa: E731
     ref = np.asarray(jax.jit(forward)(params, ids, mask))
 
-    for shape in [(8, 1, 1), (2, 2, 2), (1, 2, 4)]:
+    for shape in [(1, 2, 4)] if scan_layers else [(8, 1, 1), (2, 2, 2), (1, 2, 4)]:
         mesh = sharding.make_mesh(shape)
         param_shardings = sharding.logical_shardings(boxed, mesh)
         sharded_params = jax.device_put(params, param_shardings)
         batch = jax.device_put((ids, mask), sharding.batch_sharding(mesh))
         with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
             out = jax.jit(forward)(sharded_params, *batch)
-        wqkv = sharded_params["model"]["layer_1"]["attn"]["wqkv"]["kernel"]
-        if shape == (1, 2, 4):  # [h, 3, n, d]: hidden over fsdp, heads over tensor
+        if (
+            shape == (1, 2, 4) and not scan_layers
+        ):  # [h, 3, n, d]: hidden over fsdp, heads over tensor
+            wqkv = sharded_params["model"]["layer_1"]["attn"]["wqkv"]["kernel"]
             assert {s.data.shape for s in wqkv.addressable_shards} == {(16, 3, 1, 8)}
+        if shape == (1, 2, 4) and scan_layers:  # [groups, h, 3, n, d]
+            wqkv = sharded_params["model"]["groups"]["layer_0"]["attn"]["wqkv"]["kernel"]
+            assert {s.data.shape for s in wqkv.addressable_shards} == {(1, 16, 3, 1, 8)}
         rows = {s.data.shape[0] for s in out.addressable_shards}
         assert rows == {8 // sharding.data_parallel_size(mesh)}, shape  # the batch stays split
         assert _max_diff(out, ref) <= 1e-5, shape

@@ -49,6 +49,7 @@ from bertjax.sharding import (
     HIDDEN,
     KV,
     LABELS,
+    LAYERS,
     LENGTH,
     MLP,
     VOCAB,
@@ -574,6 +575,41 @@ _REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_saveable,
 }
 
+# The encoder's key for the repeated layer groups stacked along a leading axis (scan_layers).
+GROUPS = "groups"
+
+
+def _layer_class(config: ModernBertConfig):
+    if config.remat_policy == "none":
+        return EncoderLayer
+    # argnum 4 (counting self) is `deterministic`: a Python bool, must stay static.
+    return nn.remat(EncoderLayer, policy=_REMAT_POLICIES[config.remat_policy], static_argnums=(4,))
+
+
+def group_layout(config: ModernBertConfig) -> tuple[int, int]:
+    """(groups, tail) of the scanned stack: after layer 0, ``groups`` repeats of n layers
+    (n = global_attn_every_n_layers: n - 1 local, then one global), then ``tail`` local
+    layers. ModernBERT-base (22 layers, n = 3) is 1 + 7 * 3 + 0."""
+    n = config.global_attn_every_n_layers
+    return (config.num_layers - 1) // n, (config.num_layers - 1) % n
+
+
+class LayerGroup(nn.Module):
+    """n consecutive layers, the last one global: the body nn.scan repeats, so compile time
+    does not grow with the number of layers. Returns ``(x, None)`` for nn.scan."""
+
+    config: ModernBertConfig
+
+    @nn.compact
+    def __call__(self, x, masks, rotary, deterministic: bool):
+        n = self.config.global_attn_every_n_layers
+        layer_cls = _layer_class(self.config)
+        for j in range(n):
+            x = layer_cls(self.config, is_global=j == n - 1, name=f"layer_{j}")(
+                x, masks, rotary, deterministic
+            )
+        return x, None
+
 
 class Embeddings(nn.Module):
     """Token embeddings, LayerNorm, dropout."""
@@ -614,15 +650,25 @@ class ModernBertModel(nn.Module):
     def setup(self):
         cfg = self.config
         self.embeddings = Embeddings(cfg)
-        layer_cls = EncoderLayer
-        if cfg.remat_policy != "none":
-            # argnum 4 (counting self) is `deterministic`: a Python bool, must stay static.
-            layer_cls = nn.remat(
-                layer_cls, policy=_REMAT_POLICIES[cfg.remat_policy], static_argnums=(4,)
-            )
+        layer_cls = _layer_class(cfg)
+        plain = range(cfg.num_layers)  # layer indices run one by one
+        self.groups = None
+        if cfg.scan_layers:
+            groups, _ = group_layout(cfg)
+            n = cfg.global_attn_every_n_layers
+            plain = [0, *range(1 + groups * n, cfg.num_layers)]
+            if groups:
+                self.groups = nn.scan(
+                    LayerGroup,
+                    variable_axes={"params": 0},
+                    split_rngs={"params": True, "dropout": True},
+                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                    length=groups,
+                    metadata_params={nn.PARTITION_NAME: LAYERS},
+                )(cfg, name=GROUPS)
         self.layers = [
             layer_cls(cfg, is_global=cfg.is_global(i), first=i == 0, name=f"layer_{i}")
-            for i in range(cfg.num_layers)
+            for i in plain
         ]
         self.final_norm = _layer_norm(cfg, "final_norm")
 
@@ -659,7 +705,10 @@ class ModernBertModel(nn.Module):
         )  # 2 x (cos, sin) [b, s, d]
         x = self.embeddings(input_ids, deterministic)  # [b, s, h]
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
-        for layer in self.layers:
+        x = self.layers[0](x, masks, rotary, deterministic)
+        if self.groups is not None:
+            x, _ = self.groups(x, masks, rotary, deterministic)
+        for layer in self.layers[1:]:
             x = layer(x, masks, rotary, deterministic)
         return self.final_norm(x)
 
@@ -785,6 +834,52 @@ class ModernBertForSequenceClassification(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------
+# The two layouts of the encoder's params: plain (layer_0 .. layer_{L-1}) and scanned
+# (layer_0, the groups stacked under "groups" with a leading [groups] axis, the tail layers).
+
+
+def stack_layers(encoder: Mapping[str, Any], config: ModernBertConfig) -> dict:
+    """ModernBertModel params, plain layout -> scanned layout (unboxed arrays)."""
+    groups, _ = group_layout(config)
+    n = config.global_attn_every_n_layers
+    grouped = {f"layer_{1 + g * n + j}" for g in range(groups) for j in range(n)}
+    missing = sorted(grouped - set(encoder))
+    if missing:
+        raise ValueError(f"encoder params have no {missing[0]!r}: expected the plain layout")
+    out = {key: value for key, value in encoder.items() if key not in grouped}
+    if groups:
+        out[GROUPS] = {
+            f"layer_{j}": jax.tree.map(
+                lambda *xs: jnp.stack(xs),  # [groups, ...]
+                *[encoder[f"layer_{1 + g * n + j}"] for g in range(groups)],
+            )
+            for j in range(n)
+        }
+    return out
+
+
+def unstack_layers(encoder: Mapping[str, Any], config: ModernBertConfig) -> dict:
+    """ModernBertModel params, scanned layout -> plain layout (unboxed arrays)."""
+    groups, _ = group_layout(config)
+    n = config.global_attn_every_n_layers
+    out = {key: value for key, value in encoder.items() if key != GROUPS}
+    if not groups:
+        return out
+    if GROUPS not in encoder:
+        raise ValueError(f"encoder params have no {GROUPS!r}: expected the scanned layout")
+    for j in range(n):
+        stacked = encoder[GROUPS][f"layer_{j}"]
+        for leaf in jax.tree.leaves(stacked):
+            if np.shape(leaf)[0] != groups:
+                raise ValueError(
+                    f"stacked layers have {np.shape(leaf)[0]} groups, the config {groups}"
+                )
+        for g in range(groups):
+            out[f"layer_{1 + g * n + j}"] = jax.tree.map(lambda x, g=g: x[g], stacked)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Weights to and from transformers. torch Linear weights are [out, in]; our kernels are
 # [in, ...out] with the fused outputs split: Wqkv [3h, h] -> [h, 3, n, d], Wi [2f, h] ->
 # [h, 2, f], the attention Wo [h, h] -> [n, d, h].
@@ -890,7 +985,8 @@ def _hf_kind(names) -> str:
 
 
 def params_from_hf(state_dict: Mapping[str, Any], config: ModernBertConfig) -> dict:
-    """Our params from a transformers state dict (numpy arrays or torch tensors).
+    """Our params from a transformers state dict (numpy arrays or torch tensors), in the
+    layout config.scan_layers asks for.
 
     What the state dict holds decides the tree: ModernBertForMaskedLM's (head and decoder) or
     ModernBertForSequenceClassification's (head and classifier) gives that module's params,
@@ -930,6 +1026,10 @@ def params_from_hf(state_dict: Mapping[str, Any], config: ModernBertConfig) -> d
         for key in spec.path[:-1]:
             node = node.setdefault(key, {})
         node[spec.path[-1]] = jnp.asarray(spec.to_ours(array), dtype)
+    if config.scan_layers:
+        if kind == MODEL:
+            return stack_layers(params, config)
+        params[MODEL] = stack_layers(params[MODEL], config)
     return params
 
 
@@ -943,6 +1043,11 @@ def params_to_hf(params: Mapping[str, Any], config: ModernBertConfig) -> dict[st
         kind, num_labels = CLASSIFICATION, np.shape(params["classifier"]["kernel"])[-1]
     else:
         kind, num_labels = MASKED_LM, None
+    if config.scan_layers:
+        if kind == MODEL:
+            params = unstack_layers(params, config)
+        else:
+            params = {**params, MODEL: unstack_layers(params[MODEL], config)}
     state: dict[str, np.ndarray] = {}
     for spec in tensor_specs(config, kind, num_labels):
         node = params
