@@ -3,7 +3,8 @@
 Einsum letters used throughout:
   b batch   s sequence (queries)   t sequence (keys)   h hidden size   n heads
   d head size (h // n)   f feed-forward intermediate   c chunk (3: query/key/value, or
-  2: GeGLU input/gate)   v vocabulary   p masked-LM predictions   l labels
+  2: GeGLU input/gate)   v vocabulary   p masked-LM predictions (or 1, a pooled row)
+  k the hidden size on the output side of a [hidden, hidden] kernel   l labels
 
 The architecture (transformers' ModernBertModel): token embeddings only, then LayerNorm;
 rotary position embeddings on queries and keys (one theta for global layers, another for
@@ -416,13 +417,13 @@ class Projection(nn.Module):
         return y
 
 
-def _layer_norm(config: ModernBertConfig, name: str, dtype: str | None = None) -> nn.LayerNorm:
+def _layer_norm(config: ModernBertConfig, name: str) -> nn.LayerNorm:
     # Statistics in float32 whatever the dtype; two-pass variance, as torch computes it.
     return nn.LayerNorm(
         epsilon=config.norm_eps,
         use_bias=config.norm_bias,
         use_fast_variance=False,
-        dtype=jnp.dtype(dtype or config.dtype),
+        dtype=jnp.dtype(config.dtype),
         param_dtype=jnp.dtype(config.param_dtype),
         scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (HIDDEN,)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (HIDDEN,)),
