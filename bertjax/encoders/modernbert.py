@@ -631,7 +631,11 @@ class Embeddings(nn.Module):
         self.drop = nn.Dropout(cfg.embedding_dropout)
 
     def __call__(self, input_ids, deterministic: bool):
-        x = jnp.take(self.tok_embeddings, input_ids, axis=0)  # [b, s, h]
+        # The whole table for the lookup (as fsdp gathers any weight before use): a lookup
+        # into a table split by columns would leave rows split by columns, and moving those
+        # to batch-split rows makes the partitioner replicate them first.
+        table = sharding.constrain(self.tok_embeddings, (VOCAB, ACTIVATION_EMBED))
+        x = jnp.take(table, input_ids, axis=0)  # [b, s, h]
         x = self.norm(x.astype(jnp.dtype(self.config.dtype)))
         return self.drop(x, deterministic=deterministic)
 
