@@ -451,6 +451,21 @@ def test_config_round_trips_through_transformers():
         assert back == config
 
 
+@pytest.mark.parametrize("name", ["base", "large"])
+def test_preset_parameter_counts_match_transformers(name):
+    torch, transformers = _torch()
+    config = ModernBertConfig.preset(name)
+    ids = np.zeros((1, 8), np.int32)
+    abstract = jax.eval_shape(lambda: ModernBertForMaskedLM(config).init(jax.random.key(0), ids))
+    ours = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(abstract)))
+    with torch.device("meta"):
+        theirs_model = transformers.ModernBertForMaskedLM(_hf_config(config))
+    theirs = sum(p.numel() for p in theirs_model.parameters())  # the tied decoder counted once
+    assert ours == theirs
+    assert ours // 10**6 == {"base": 149, "large": 395}[name]  # the hub's 149M and 395M
+    assert len(mb.tensor_specs(config)) == len(theirs_model.state_dict()) - 1  # less the tie
+
+
 # ---------------------------------------------------------------------------------------------
 # Numerics, remat, dropout.
 
