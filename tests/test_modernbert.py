@@ -421,6 +421,32 @@ def test_config_validates_and_converts():
         ModernBertConfig.preset("huge")
 
     assert ModernBertConfig.from_hf_dict(SMALL.to_hf_dict(), dtype="float32") == SMALL
+    # The hub's answerdotai/ModernBERT-base config.json is in the older form; keys that
+    # carry nothing for the architecture (position_embedding_type, ...) are ignored.
+    hub_base = {
+        "architectures": ["ModernBertForMaskedLM"],
+        "model_type": "modernbert",
+        "vocab_size": 50368,
+        "hidden_size": 768,
+        "intermediate_size": 1152,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 12,
+        "max_position_embeddings": 8192,
+        "global_attn_every_n_layers": 3,
+        "local_attention": 128,
+        "global_rope_theta": 160000.0,
+        "local_rope_theta": 10000.0,
+        "hidden_activation": "gelu",
+        "classifier_pooling": "mean",
+        "norm_eps": 1e-05,
+        "norm_bias": False,
+        "pad_token_id": 50283,
+        "cls_token_id": 50281,
+        "sep_token_id": 50282,
+        "position_embedding_type": "absolute",
+        "reference_compile": True,
+    }
+    assert ModernBertConfig.from_hf_dict(hub_base) == ModernBertConfig.preset("base")
     old_style = {
         "model_type": "modernbert",
         "num_hidden_layers": 5,
