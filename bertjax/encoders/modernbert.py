@@ -65,6 +65,9 @@ CLS_ID = 50281
 SEP_ID = 50282
 PAD_ID = 50283
 
+# The encoder's key in a task model's params, as "model." prefixes its tensors in transformers.
+ENCODER = "model"
+
 # transformers' names for the two kinds of layer (config.json's layer_types).
 HF_GLOBAL = "full_attention"
 HF_LOCAL = "sliding_attention"
@@ -752,7 +755,7 @@ class ModernBertForMaskedLM(nn.Module):
 
     def setup(self):
         cfg = self.config
-        self.model = ModernBertModel(cfg)
+        self.model = ModernBertModel(cfg)  # params under ENCODER
         self.head = PredictionHead(cfg)
         if cfg.decoder_bias:
             self.decoder_bias = _param(
@@ -813,7 +816,7 @@ class ModernBertForSequenceClassification(nn.Module):
         cfg = self.config
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, jnp.int32)
-        x = ModernBertModel(cfg, name="model")(
+        x = ModernBertModel(cfg, name=ENCODER)(
             input_ids, attention_mask, deterministic=deterministic
         )  # [b, s, h]
         if cfg.classifier_pooling == "cls":
@@ -937,7 +940,7 @@ def tensor_specs(
         config.vocab_size,
     )
     specs: list[TensorSpec] = []
-    hf_prefix, root = ("", ()) if kind == MODEL else ("model.", (MODEL,))
+    hf_prefix, root = ("", ()) if kind == MODEL else ("model.", (ENCODER,))
 
     def add(hf_name, path, hf_shape, shape=None, transpose=False):
         specs.append(TensorSpec(hf_name, tuple(path), hf_shape, shape or hf_shape, transpose))
@@ -1034,7 +1037,7 @@ def params_from_hf(state_dict: Mapping[str, Any], config: ModernBertConfig) -> d
     if config.scan_layers:
         if kind == MODEL:
             return stack_layers(params, config)
-        params[MODEL] = stack_layers(params[MODEL], config)
+        params[ENCODER] = stack_layers(params[ENCODER], config)
     return params
 
 
@@ -1042,7 +1045,7 @@ def params_to_hf(params: Mapping[str, Any], config: ModernBertConfig) -> dict[st
     """transformers' state dict (numpy, in param_dtype) from our params, boxed or not: the
     inverse of params_from_hf. A masked-LM tree also gets the tied "decoder.weight"."""
     params = nn.meta.unbox(params)
-    if MODEL not in params:
+    if ENCODER not in params:
         kind, num_labels = MODEL, None
     elif "classifier" in params:
         kind, num_labels = CLASSIFICATION, np.shape(params["classifier"]["kernel"])[-1]
@@ -1052,7 +1055,7 @@ def params_to_hf(params: Mapping[str, Any], config: ModernBertConfig) -> dict[st
         if kind == MODEL:
             params = unstack_layers(params, config)
         else:
-            params = {**params, MODEL: unstack_layers(params[MODEL], config)}
+            params = {**params, ENCODER: unstack_layers(params[ENCODER], config)}
     state: dict[str, np.ndarray] = {}
     for spec in tensor_specs(config, kind, num_labels):
         node = params
