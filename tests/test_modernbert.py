@@ -1,0 +1,610 @@
+"""ModernBERT's encoder (bertjax.encoders.modernbert): parity with transformers' ModernBERT
+(hidden states, MLM and classification logits, weights both ways), packed documents, the
+initialisation, the config, and sharded == single-device on 8 simulated CPU devices."""
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bertjax import sharding
+from bertjax.encoders import modernbert as mb
+from bertjax.encoders.modernbert import (
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+    ModernBertModel,
+)
+
+ATOL = 1e-5
+# Logits reach about 4.4 with these random weights; 2e-5 is some 40 float32 ulps there.
+LOGITS_ATOL = 2e-5
+
+# Small, with every dimension distinct so that a swapped axis shows: 4 layers (0 and 3
+# global, 1 and 2 local), a window of +-4 on sequences of 32, so the local layers matter.
+# Special ids inside the small vocabulary.
+SMALL = ModernBertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=4,
+    num_heads=4,
+    max_position_embeddings=64,
+    local_attention=8,
+    global_rope_theta=1000.0,
+    local_rope_theta=100.0,
+    pad_token_id=0,
+    cls_token_id=1,
+    sep_token_id=2,
+    dtype="float32",
+)
+ALL_BIASES = dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True)
+SEQ = 32
+LENGTHS = (SEQ, 20, 9)  # real tokens per row; the rest is padding
+
+
+def _batch(config=SMALL, lengths=LENGTHS, seq=SEQ, seed=0):
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
+    ids = rng.integers(3, config.vocab_size, mask.shape)
+    ids[:, 0] = config.cls_token_id
+    return np.where(mask == 1, ids, config.pad_token_id).astype(np.int32), mask
+
+
+def _max_diff(a, b, rows=None):
+    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    return float(diff[rows].max() if rows is not None else diff.max())
+
+
+# ---------------------------------------------------------------------------------------------
+# transformers' side, built from a random config in float32 (no network).
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    return torch, transformers
+
+
+def _hf_config(config, **extra):
+    _, transformers = _torch()
+    return transformers.ModernBertConfig(
+        **config.to_hf_dict(), attn_implementation="eager", **extra
+    )
+
+
+def _hf_model(cls_name, config, seed=0, **extra):
+    """A transformers model with every parameter random: its own init zeroes biases and sets
+    norms to one, which would hide a swapped bias or scale."""
+    torch, transformers = _torch()
+    model = getattr(transformers, cls_name)(_hf_config(config, **extra))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.2
+            p.copy_((1.0 + noise) if "norm.weight" in name else noise)
+    return model.eval()
+
+
+def _state_dict(model):
+    return {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
+
+
+def _run_torch(model, ids, mask, **kwargs):
+    torch, _ = _torch()
+    with torch.no_grad():
+        return model(
+            input_ids=torch.from_numpy(ids).long(),
+            attention_mask=torch.from_numpy(mask).long(),
+            **kwargs,
+        )
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _apply(module, params, *args, **kwargs):
+    return module.apply({"params": params}, *args, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity.
+
+
+@pytest.mark.parametrize("biases", [{}, ALL_BIASES], ids=["no_biases", "all_biases"])
+def test_hidden_states_equal_transformers(biases):
+    config = dataclasses.replace(SMALL, **biases)
+    hf = _hf_model("ModernBertModel", config)
+    params = mb.params_from_hf(_state_dict(hf), config)
+    ids, mask = _batch(config)
+    theirs = _run_torch(hf, ids, mask).last_hidden_state.numpy()
+    ours = np.asarray(_apply(ModernBertModel(config), params, ids, mask))
+    real = mask.astype(bool)
+    assert ours.shape == theirs.shape == (3, SEQ, config.hidden_size)
+    assert _max_diff(ours, theirs, real) <= ATOL
+    assert np.abs(theirs[real]).mean() > 0.5  # real numbers, not two sets of zeros
+
+    # The sliding windows matter here: the same weights with one window spanning the whole
+    # sequence compute something else.
+    wide = dataclasses.replace(config, local_attention=2 * SEQ)
+    assert _max_diff(_apply(ModernBertModel(wide), params, ids, mask), theirs, real) > 1e-2
+
+
+def test_masked_lm_logits_equal_transformers():
+    hf = _hf_model("ModernBertForMaskedLM", SMALL, seed=1)
+    params = mb.params_from_hf(_state_dict(hf), SMALL)
+    assert set(params) == {"model", "head", "decoder_bias"}
+    ids, mask = _batch()
+    theirs = _run_torch(hf, ids, mask).logits.numpy()
+    model = ModernBertForMaskedLM(SMALL)
+    ours = np.asarray(_apply(model, params, ids, mask))
+    real = mask.astype(bool)
+    assert ours.shape == theirs.shape == (3, SEQ, SMALL.vocab_size)
+    assert ours.dtype == np.float32
+    assert _max_diff(ours, theirs, real) <= LOGITS_ATOL
+    assert np.abs(theirs[real]).mean() > 0.5
+
+    # At given positions only: the same logits as the full ones there.
+    positions = np.array([[0, 5, 31], [3, 19, 7], [8, 1, 2]], np.int32)
+    some = np.asarray(_apply(model, params, ids, mask, positions))
+    assert some.shape == (3, 3, SMALL.vocab_size)
+    assert _max_diff(some, np.take_along_axis(ours, positions[..., None], axis=1)) <= 1e-6
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_sequence_classification_logits_equal_transformers(pooling):
+    config = dataclasses.replace(SMALL, classifier_pooling=pooling, classifier_bias=True)
+    hf = _hf_model("ModernBertForSequenceClassification", config, seed=2, num_labels=3)
+    params = mb.params_from_hf(_state_dict(hf), config)
+    ids, mask = _batch(config)
+    theirs = _run_torch(hf, ids, mask).logits.numpy()
+    ours = np.asarray(_apply(ModernBertForSequenceClassification(config, 3), params, ids, mask))
+    assert ours.shape == theirs.shape == (3, 3)
+    assert _max_diff(ours, theirs) <= ATOL
+
+
+def test_packed_rotary_positions_equal_transformers_position_ids():
+    """Our `positions` are transformers' position_ids: the same rotary phase per token."""
+    hf = _hf_model("ModernBertModel", SMALL, seed=3)
+    params = mb.params_from_hf(_state_dict(hf), SMALL)
+    ids, mask = _batch(SMALL, lengths=(SEQ, SEQ, SEQ))
+    positions = np.tile(np.arange(SEQ)[::-1] + 7, (3, 1)).astype(np.int32)
+    torch, _ = _torch()
+    theirs = _run_torch(hf, ids, mask, position_ids=torch.from_numpy(positions).long())
+    ours = _apply(ModernBertModel(SMALL), params, ids, mask, positions=positions)
+    assert _max_diff(ours, theirs.last_hidden_state.numpy()) <= ATOL
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights both ways.
+
+
+@pytest.mark.parametrize(
+    "cls_name,biases",
+    [
+        ("ModernBertForMaskedLM", {}),
+        ("ModernBertForMaskedLM", {**ALL_BIASES, "decoder_bias": False}),
+        ("ModernBertModel", ALL_BIASES),
+        ("ModernBertForSequenceClassification", {}),
+    ],
+)
+def test_hf_params_hf_round_trip_is_exact(cls_name, biases):
+    config = dataclasses.replace(SMALL, **biases)
+    extra = {"num_labels": 5} if "Classification" in cls_name else {}
+    sd = _state_dict(_hf_model(cls_name, config, seed=4, **extra))
+    back = mb.params_to_hf(mb.params_from_hf(sd, config), config)
+    assert set(back) == set(sd)
+    for name, array in sd.items():
+        assert back[name].dtype == array.dtype, name
+        assert np.array_equal(back[name], array), name
+
+
+def test_transformers_loads_our_weights_strictly_and_agrees():
+    torch, transformers = _torch()
+    config = dataclasses.replace(SMALL, **ALL_BIASES)
+    ids, mask = _batch(config)
+    model = ModernBertForMaskedLM(config)
+    params = model.init(jax.random.key(0), ids, mask)["params"]  # boxed
+    # Norms and biases random too, so that a swapped one would show.
+    rng = np.random.default_rng(5)
+    params = jax.tree.map(
+        lambda x: jnp.asarray(x + 0.2 * rng.standard_normal(x.shape), x.dtype),
+        nn.meta.unbox(params),
+    )
+    ours = np.asarray(_apply(model, params, ids, mask))
+
+    hf = transformers.ModernBertForMaskedLM(_hf_config(config)).eval()
+    state = {name: torch.from_numpy(a) for name, a in mb.params_to_hf(params, config).items()}
+    result = hf.load_state_dict(state, strict=True)
+    assert not result.missing_keys and not result.unexpected_keys
+    assert hf.decoder.weight.data_ptr() == hf.model.embeddings.tok_embeddings.weight.data_ptr()
+    theirs = _run_torch(hf, ids, mask).logits.numpy()
+    assert _max_diff(ours, theirs, mask.astype(bool)) <= LOGITS_ATOL
+
+
+def test_bad_state_dicts_name_the_tensor():
+    sd = _state_dict(_hf_model("ModernBertForMaskedLM", SMALL, seed=6))
+    wqkv = "model.layers.2.attn.Wqkv.weight"
+
+    missing = {k: v for k, v in sd.items() if k != wqkv}
+    with pytest.raises(
+        ValueError, match=rf"tensor '{wqkv}' is missing \(expected shape \(96, 32\)\)"
+    ):
+        mb.params_from_hf(missing, SMALL)
+    with pytest.raises(ValueError, match=rf"tensor '{wqkv}' has shape \(32, 96\), expected"):
+        mb.params_from_hf({**sd, wqkv: sd[wqkv].T}, SMALL)
+    with pytest.raises(ValueError, match=r"\['model.layers.1.attn.Wqkv.bias'\] are not parameters"):
+        mb.params_from_hf({**sd, "model.layers.1.attn.Wqkv.bias": np.zeros(96, np.float32)}, SMALL)
+    # A checkpoint with more layers than the config says.
+    with pytest.raises(ValueError, match=r"'model.layers.3.attn_norm.weight'.*are not parameters"):
+        mb.params_from_hf(sd, dataclasses.replace(SMALL, num_layers=3))
+    untied = {**sd, "decoder.weight": sd["decoder.weight"] + 1}
+    with pytest.raises(ValueError, match="'decoder.weight' differs .* untied decoder"):
+        mb.params_from_hf(untied, SMALL)
+
+    params = mb.params_from_hf(sd, SMALL)
+    del params["model"]["layer_1"]["mlp"]["wi"]
+    with pytest.raises(ValueError, match=r"params have no model/layer_1/mlp/wi/kernel"):
+        mb.params_to_hf(params, SMALL)
+
+
+def test_scanned_layer_groups_equal_transformers_and_round_trip():
+    """Layer 0, two scanned groups of (local, local, global), one local tail layer."""
+    config = dataclasses.replace(SMALL, num_layers=8, scan_layers=True, **ALL_BIASES)
+    assert mb.group_layout(config) == (2, 1)
+    hf = _hf_model("ModernBertForMaskedLM", config, seed=9)
+    sd = _state_dict(hf)
+    params = mb.params_from_hf(sd, config)
+    assert sorted(params["model"]) == ["embeddings", "final_norm", "groups", "layer_0", "layer_7"]
+    assert params["model"]["groups"]["layer_2"]["attn"]["wqkv"]["kernel"].shape == (2, 32, 3, 4, 8)
+    ids, mask = _batch(config)
+    theirs = _run_torch(hf, ids, mask).logits.numpy()
+    ours = _apply(ModernBertForMaskedLM(config), params, ids, mask)
+    assert _max_diff(ours, theirs, mask.astype(bool)) <= LOGITS_ATOL
+    back = mb.params_to_hf(params, config)
+    assert set(back) == set(sd) and all(np.array_equal(back[k], sd[k]) for k in sd)
+    restacked = mb.stack_layers(mb.unstack_layers(params["model"], config), config)
+    assert jax.tree.all(jax.tree.map(np.array_equal, restacked, params["model"]))
+    plain = dataclasses.replace(config, scan_layers=False)
+    plain_out = _apply(ModernBertForMaskedLM(plain), mb.params_from_hf(sd, plain), ids, mask)
+    assert _max_diff(plain_out, ours) <= 1e-6
+
+
+def test_scanned_stack_traces_the_same_program_for_any_depth():
+    ids = np.zeros((1, 16), np.int32)
+    sizes = []
+    for num_layers in (4, 22):  # 1 + 1 * 3 and 1 + 7 * 3
+        config = dataclasses.replace(SMALL, num_layers=num_layers, scan_layers=True)
+        model = ModernBertModel(config)
+        params = jax.eval_shape(lambda m=model: m.init(jax.random.key(0), ids))["params"]
+        jaxpr = jax.make_jaxpr(lambda p, m=model: m.apply({"params": p}, ids))(
+            nn.meta.unbox(params)
+        )
+        sizes.append(len(jaxpr.jaxpr.eqns))
+    assert sizes[0] == sizes[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Packed documents.
+
+
+def test_packed_documents_equal_each_document_alone():
+    """Two documents in one row (segment ids, positions restarting) compute what each does
+    alone; changing the first leaves the second's outputs unchanged."""
+    rng = np.random.default_rng(7)
+    params = nn.meta.unbox(
+        ModernBertModel(SMALL).init(jax.random.key(1), np.zeros((1, SEQ), np.int32))["params"]
+    )
+    params = jax.tree.map(lambda x: x + 0.2 * rng.standard_normal(x.shape), params)
+    first, second = rng.integers(3, 99, 13), rng.integers(3, 99, 15)  # longer than the window
+
+    def packed(a, b):
+        pad = SEQ - len(a) - len(b)
+        ids = np.concatenate([a, b, np.zeros(pad, int)])[None].astype(np.int32)  # [1, s]
+        mask = (np.arange(SEQ) < len(a) + len(b)).astype(np.int32)[None]
+        segments = np.concatenate([np.full(len(a), 1), np.full(len(b), 2), np.zeros(pad)])
+        positions = np.concatenate([np.arange(len(a)), np.arange(len(b)), np.zeros(pad)])
+        out = _apply(
+            ModernBertModel(SMALL),
+            params,
+            ids,
+            mask,
+            segment_ids=segments[None].astype(np.int32),
+            positions=positions[None].astype(np.int32),
+        )
+        return np.asarray(out)[0]
+
+    def alone(a):
+        ids = np.zeros((1, SEQ), np.int32)
+        ids[0, : len(a)] = a
+        mask = (np.arange(SEQ) < len(a)).astype(np.int32)[None]
+        return np.asarray(_apply(ModernBertModel(SMALL), params, ids, mask))[0, : len(a)]
+
+    out = packed(first, second)
+    assert _max_diff(out[:13], alone(first)) <= ATOL
+    assert _max_diff(out[13:28], alone(second)) <= ATOL
+
+    changed = packed(rng.integers(3, 99, 13), second)
+    assert _max_diff(changed[13:28], out[13:28]) <= 1e-6
+    assert _max_diff(changed[:13], out[:13]) > 1e-2
+    # Without segment ids the documents do see each other.
+    ids = np.concatenate([first, second, np.zeros(4, int)])[None].astype(np.int32)
+    mask = (np.arange(SEQ) < 28).astype(np.int32)[None]
+    joined = np.asarray(_apply(ModernBertModel(SMALL), params, ids, mask))[0]
+    assert _max_diff(joined[13:28], alone(second)) > 1e-2
+
+
+# ---------------------------------------------------------------------------------------------
+# Initialisation and the config.
+
+
+def _truncated_std(cutoff: float) -> float:
+    """Standard deviation of a standard normal truncated at +-cutoff."""
+    density = math.exp(-(cutoff**2) / 2) / math.sqrt(2 * math.pi)
+    mass = math.erf(cutoff / math.sqrt(2))
+    return math.sqrt(1 - 2 * cutoff * density / mass)
+
+
+def test_initialisation_follows_transformers_init_weights():
+    config = dataclasses.replace(
+        SMALL, vocab_size=2000, hidden_size=64, intermediate_size=128, num_layers=8, **ALL_BIASES
+    )
+    ids = np.zeros((1, 8), np.int32)
+    mlm = nn.meta.unbox(ModernBertForMaskedLM(config).init(jax.random.key(0), ids)["params"])
+    clf = ModernBertForSequenceClassification(config, 16)
+    clf = nn.meta.unbox(clf.init(jax.random.key(1), ids)["params"])
+    std_in = config.initializer_range
+    std_out = config.initializer_range / math.sqrt(2 * config.num_layers)
+    groups = {
+        "tok_embeddings": (std_in, [mlm["model"]["embeddings"]["tok_embeddings"]]),
+        "wqkv": (std_in, []),
+        "wi": (std_in, []),
+        "attn wo": (std_out, []),
+        "mlp wo": (std_out, []),
+        "head dense": (std_out, [mlm["head"]["dense"]["kernel"]]),
+        "classifier": (config.hidden_size**-0.5, [clf["classifier"]["kernel"]]),
+    }
+    for i in range(config.num_layers):
+        layer = mlm["model"][f"layer_{i}"]
+        groups["wqkv"][1].append(layer["attn"]["wqkv"]["kernel"])
+        groups["wi"][1].append(layer["mlp"]["wi"]["kernel"])
+        groups["attn wo"][1].append(layer["attn"]["wo"]["kernel"])
+        groups["mlp wo"][1].append(layer["mlp"]["wo"]["kernel"])
+    factor = _truncated_std(config.initializer_cutoff_factor)  # about 0.88
+    for name, (std, arrays) in groups.items():
+        values = np.concatenate([np.ravel(a) for a in arrays])
+        assert abs(values.std() / (std * factor) - 1) < 0.1, (name, values.std(), std)
+        assert abs(values.mean()) < 0.1 * std, name
+        assert np.abs(values).max() <= config.initializer_cutoff_factor * std * (1 + 1e-6), name
+
+    for tree in (mlm, clf):
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree):
+            where = jax.tree_util.keystr(path)
+            if "'scale'" in where:
+                assert np.all(np.asarray(leaf) == 1), where
+            elif "'bias'" in where or "decoder_bias" in where:
+                assert np.all(np.asarray(leaf) == 0), where
+    assert "attn_norm" not in mlm["model"]["layer_0"]  # layer 0's attention norm is the identity
+    assert (
+        "bias"
+        not in nn.meta.unbox(ModernBertModel(SMALL).init(jax.random.key(0), ids)["params"])[
+            "final_norm"
+        ]
+    )
+
+
+def test_config_validates_and_converts():
+    for change, message in [
+        (dict(hidden_size=30), "hidden_size=30 is invalid"),
+        (dict(hidden_size=36, num_heads=12), "hidden_size=36 is invalid: .* even size"),
+        (dict(local_attention=0), "local_attention=0 is invalid"),
+        (dict(global_attn_every_n_layers=1.5), "global_attn_every_n_layers=1.5 is invalid"),
+        (dict(global_rope_theta=-1.0), "global_rope_theta=-1.0 is invalid"),
+        (dict(mlp_dropout=1.0), r"mlp_dropout=1.0 is invalid: must be in \[0, 1\)"),
+        (dict(attention_bias=1), "attention_bias=1 is invalid: must be True or False"),
+        (dict(classifier_pooling="max"), "classifier_pooling='max' is invalid"),
+        (dict(dtype="float64"), "dtype='float64' is invalid"),
+        (dict(pad_token_id=99), r"pad_token_id=99 is invalid: must be an id in \[0, vocab"),
+    ]:
+        with pytest.raises(ValueError, match=f"^ModernBertConfig.{message}"):
+            dataclasses.replace(SMALL, **change)
+
+    assert ModernBertConfig().window == 64
+    assert [SMALL.is_global(i) for i in range(4)] == [True, False, False, True]
+    base = ModernBertConfig.preset("base")
+    assert (base.hidden_size, base.num_layers, base.intermediate_size) == (768, 22, 1152)
+    assert ModernBertConfig.preset("large", dtype="float32").num_layers == 28
+    with pytest.raises(ValueError, match="unknown ModernBERT preset 'huge'"):
+        ModernBertConfig.preset("huge")
+
+    assert ModernBertConfig.from_hf_dict(SMALL.to_hf_dict(), dtype="float32") == SMALL
+    # The hub's answerdotai/ModernBERT-base config.json is in the older form; keys that
+    # carry nothing for the architecture (position_embedding_type, ...) are ignored.
+    hub_base = {
+        "architectures": ["ModernBertForMaskedLM"],
+        "model_type": "modernbert",
+        "vocab_size": 50368,
+        "hidden_size": 768,
+        "intermediate_size": 1152,
+        "num_hidden_layers": 22,
+        "num_attention_heads": 12,
+        "max_position_embeddings": 8192,
+        "global_attn_every_n_layers": 3,
+        "local_attention": 128,
+        "global_rope_theta": 160000.0,
+        "local_rope_theta": 10000.0,
+        "hidden_activation": "gelu",
+        "classifier_pooling": "mean",
+        "norm_eps": 1e-05,
+        "norm_bias": False,
+        "pad_token_id": 50283,
+        "cls_token_id": 50281,
+        "sep_token_id": 50282,
+        "position_embedding_type": "absolute",
+        "reference_compile": True,
+    }
+    assert ModernBertConfig.from_hf_dict(hub_base) == ModernBertConfig.preset("base")
+    old_style = {
+        "model_type": "modernbert",
+        "num_hidden_layers": 5,
+        "global_attn_every_n_layers": 2,
+        "global_rope_theta": 5.0,
+        "local_rope_theta": 7.0,
+    }
+    old = ModernBertConfig.from_hf_dict(old_style)
+    assert (old.num_layers, old.global_attn_every_n_layers) == (5, 2)
+    assert (old.global_rope_theta, old.local_rope_theta) == (5.0, 7.0)
+    with pytest.raises(ValueError, match="layer_types=.* is not supported"):
+        ModernBertConfig.from_hf_dict({"layer_types": ["sliding_attention"] * 3})
+    with pytest.raises(ValueError, match="hidden_activation='silu' is not supported"):
+        ModernBertConfig.from_hf_dict({"hidden_activation": "silu"})
+
+
+def test_config_round_trips_through_transformers():
+    _, transformers = _torch()
+    for config in (
+        SMALL,
+        ModernBertConfig.preset("base"),
+        dataclasses.replace(SMALL, **ALL_BIASES),
+    ):
+        hf = transformers.ModernBertConfig(**config.to_hf_dict())
+        assert hf.layer_types == config.to_hf_dict()["layer_types"]
+        assert hf.sliding_window == config.window
+        back = ModernBertConfig.from_hf_dict(hf.to_dict(), dtype=config.dtype)
+        assert back == config
+
+
+@pytest.mark.parametrize("name", ["base", "large"])
+def test_preset_parameter_counts_match_transformers(name):
+    torch, transformers = _torch()
+    config = ModernBertConfig.preset(name)
+    ids = np.zeros((1, 8), np.int32)
+    abstract = jax.eval_shape(lambda: ModernBertForMaskedLM(config).init(jax.random.key(0), ids))
+    ours = sum(math.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(abstract)))
+    with torch.device("meta"):
+        theirs_model = transformers.ModernBertForMaskedLM(_hf_config(config))
+    theirs = sum(p.numel() for p in theirs_model.parameters())  # the tied decoder counted once
+    assert ours == theirs
+    assert ours // 10**6 == {"base": 149, "large": 395}[name]  # the hub's 149M and 395M
+    assert len(mb.tensor_specs(config)) == len(theirs_model.state_dict()) - 1  # less the tie
+
+
+# ---------------------------------------------------------------------------------------------
+# Numerics, remat, dropout.
+
+
+def test_bfloat16_compute_stays_close_to_float32():
+    ids, mask = _batch()
+    model32 = ModernBertForMaskedLM(SMALL)
+    params = nn.meta.unbox(model32.init(jax.random.key(2), ids, mask)["params"])
+    ref = np.asarray(_apply(model32, params, ids, mask))
+    bf16 = ModernBertForMaskedLM(dataclasses.replace(SMALL, dtype="bfloat16"))
+    out = _apply(bf16, params, ids, mask)
+    assert out.dtype == jnp.float32
+    assert _max_diff(out, ref, mask.astype(bool)) < 0.05 * np.abs(ref).max()
+    hidden = _apply(
+        ModernBertModel(dataclasses.replace(SMALL, dtype="bfloat16")), params["model"], ids
+    )
+    assert hidden.dtype == jnp.bfloat16
+
+
+def test_remat_and_dropout():
+    ids, mask = _batch()
+    config = dataclasses.replace(
+        SMALL, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1
+    )
+    params = nn.meta.unbox(ModernBertForMaskedLM(config).init(jax.random.key(3), ids)["params"])
+
+    def loss(p, cfg, rng):
+        logits = ModernBertForMaskedLM(cfg).apply(
+            {"params": p}, ids, mask, deterministic=False, rngs={"dropout": rng}
+        )
+        return jnp.mean(jax.nn.log_softmax(logits)[..., 5])
+
+    grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
+    scanned = dataclasses.replace(config, scan_layers=True)
+    scanned_params = {**params, "model": mb.stack_layers(params["model"], scanned)}
+    for cfg, p, policies in [
+        (config, params, ("full",)),
+        (scanned, scanned_params, ("dots",)),
+    ]:
+        value, grads = grad(p, cfg, jax.random.key(4))
+        for policy in policies:
+            remat_value, remat_grads = grad(
+                p, dataclasses.replace(cfg, remat_policy=policy), jax.random.key(4)
+            )
+            assert abs(float(remat_value - value)) <= 1e-6, (policy, cfg.scan_layers)
+            diffs = jax.tree.map(lambda a, b: _max_diff(a, b), remat_grads, grads)
+            assert max(jax.tree.leaves(diffs)) <= 1e-6, (policy, cfg.scan_layers)
+
+    # Dropout draws from the rng; deterministic runs ignore the rates.
+    value, _ = grad(params, config, jax.random.key(4))
+    other, _ = grad(params, config, jax.random.key(5))
+    assert float(other) != float(value)
+    deterministic = _apply(ModernBertForMaskedLM(config), params, ids, mask)
+    assert _max_diff(deterministic, _apply(ModernBertForMaskedLM(SMALL), params, ids, mask)) == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharding on 8 simulated devices.
+
+
+def _is_box(x):
+    return isinstance(x, nn.Partitioned)
+
+
+def test_every_parameter_has_a_logical_spec():
+    ids = np.zeros((1, 8), np.int32)
+    ruled = {name for name, _ in sharding.LOGICAL_RULES} | {None}
+    config = dataclasses.replace(SMALL, **ALL_BIASES)
+    scanned = dataclasses.replace(config, scan_layers=True)
+    for module in (
+        ModernBertForMaskedLM(config),
+        ModernBertForSequenceClassification(config, 2),
+        ModernBertForMaskedLM(scanned),
+    ):
+        boxed = jax.eval_shape(lambda m=module: m.init(jax.random.key(0), ids))["params"]
+        leaves = jax.tree_util.tree_leaves_with_path(boxed, is_leaf=_is_box)
+        for path, leaf in leaves:
+            where = jax.tree_util.keystr(path)
+            assert _is_box(leaf), f"{where} has no partitioning annotation"
+            assert len(leaf.names) == leaf.value.ndim, where
+            assert set(leaf.names) <= ruled, f"{where} uses names outside the rules: {leaf.names}"
+            if "'groups'" in where:
+                assert leaf.names[0] == sharding.LAYERS, where
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_sharded_forward_equals_single_device(scan_layers):
+    assert jax.device_count() == 8
+    ids, mask = _batch(lengths=(SEQ, 20, 9, 31, 5, 17, 32, 12))  # 8 rows
+    model = ModernBertForMaskedLM(dataclasses.replace(SMALL, scan_layers=scan_layers))
+    boxed = jax.eval_shape(lambda: model.init(jax.random.key(0), ids, mask))["params"]
+    rng = np.random.default_rng(8)
+    params = jax.tree.map(
+        lambda x: jnp.asarray(0.2 * rng.standard_normal(x.shape), x.dtype), nn.meta.unbox(boxed)
+    )
+    forward = lambda p, i, m: model.apply({"params": p}, i, m)  # noqa: E731
+    ref = np.asarray(jax.jit(forward)(params, ids, mask))
+
+    for shape in [(1, 2, 4)] if scan_layers else [(8, 1, 1), (2, 2, 2), (1, 2, 4)]:
+        mesh = sharding.make_mesh(shape)
+        param_shardings = sharding.logical_shardings(boxed, mesh)
+        sharded_params = jax.device_put(params, param_shardings)
+        batch = jax.device_put((ids, mask), sharding.batch_sharding(mesh))
+        with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.LOGICAL_RULES):
+            out = jax.jit(forward)(sharded_params, *batch)
+        if (
+            shape == (1, 2, 4) and not scan_layers
+        ):  # [h, 3, n, d]: hidden over fsdp, heads over tensor
+            wqkv = sharded_params["model"]["layer_1"]["attn"]["wqkv"]["kernel"]
+            assert {s.data.shape for s in wqkv.addressable_shards} == {(16, 3, 1, 8)}
+        if shape == (1, 2, 4) and scan_layers:  # [groups, h, 3, n, d]
+            wqkv = sharded_params["model"]["groups"]["layer_0"]["attn"]["wqkv"]["kernel"]
+            assert {s.data.shape for s in wqkv.addressable_shards} == {(1, 16, 3, 1, 8)}
+        rows = {s.data.shape[0] for s in out.addressable_shards}
+        assert rows == {8 // sharding.data_parallel_size(mesh)}, shape  # the batch stays split
+        assert _max_diff(out, ref) <= 1e-5, shape
