@@ -696,8 +696,10 @@ def staged(directory: fs.AnyPath):
 
     Each file then replaces its namesake by one rename, after every file was written whole,
     so a failure while writing (a full disk, a bad tensor) leaves the old files untouched;
-    other files already in `directory` stay. Files get the umask's permissions, as `open`
-    would give them (safetensors and temporary directories are private by default).
+    other files already in `directory` stay. Subdirectories are merged the same way. Files
+    get the umask's permissions, as `open` would give them (safetensors and temporary
+    directories are private by default). A failure is reported against `directory`, the
+    path the caller gave, never the temporary one.
 
     For a `gs://` directory the files are made in a local temporary directory and uploaded
     once all are complete (see `upload`): a failure while writing them uploads nothing.
@@ -707,20 +709,34 @@ def staged(directory: fs.AnyPath):
             yield pathlib.Path(staging)
             upload(staging, directory)
         return
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(
-        tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent)
-    )
     try:
-        yield staging
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = pathlib.Path(
+            tempfile.mkdtemp(prefix=f".{directory.name}.partial-", dir=directory.parent)
+        )
+    except OSError as err:
+        raise OSError(err.errno, f"cannot write {directory}: {err.strerror}") from None
+    try:
+        try:
+            yield staging
+        except OSError as err:
+            raise OSError(err.errno, f"cannot write {directory}: {err.strerror}") from None
         umask = os.umask(0)
         os.umask(umask)
-        directory.mkdir(exist_ok=True)
-        for file in sorted(staging.iterdir()):
-            os.chmod(file, 0o666 & ~umask)
-            os.replace(file, directory / file.name)
+        _move_into(staging, directory, umask)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_into(staging: pathlib.Path, directory: pathlib.Path, umask: int) -> None:
+    """Renames each file of `staging` over its namesake in `directory`, subdirectories too."""
+    directory.mkdir(exist_ok=True)
+    for entry in sorted(staging.iterdir()):
+        if entry.is_dir():
+            _move_into(entry, directory / entry.name, umask)
+            continue
+        os.chmod(entry, 0o666 & ~umask)
+        os.replace(entry, directory / entry.name)
 
 
 def upload(local: str | os.PathLike, directory: str | os.PathLike) -> None:

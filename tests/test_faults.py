@@ -34,6 +34,8 @@ from bertjax.finetune.layouts import CONLL, CSV, JSONL, Layout
 from bertjax.inference import InferenceError, Model
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
+from bertjax.tasks.embed import task as embed_task
+from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import WordPieceTokenizer
 
 
@@ -109,6 +111,49 @@ def test_failed_export_leaves_the_previous_one_whole(
     assert not [p for p in tmp_path.iterdir() if p.name != "export"], "staging left behind"
     again = Model.load(out)
     assert _same_params(again.params, first.params)
+
+
+def test_failed_sentence_transformers_export_leaves_the_previous_one_whole(
+    pretraining_dir, tmp_path, monkeypatch
+):
+    pretrained = Model.load(pretraining_dir)
+    out = tmp_path / "export"
+
+    def embedding_model(spec: EmbeddingSpec) -> Model:
+        head = embed_task.head_for(spec)
+        return Model(pretrained.config, pretrained.params, pretrained.tokenizer, head=head)
+
+    embedding_model(EmbeddingSpec("mean", True, 16)).save_hf(out)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    def disk_full(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"\x00" * 100)  # what reached the disk before it filled
+        raise OSError(errno.ENOSPC, "No space left on device", str(filename))
+
+    monkeypatch.setattr(hf.safetensors_numpy, "save_file", disk_full)
+    with pytest.raises(OSError, match=f"cannot write {out}: No space left"):
+        embedding_model(EmbeddingSpec("cls", False, 8)).save_hf(out)
+    monkeypatch.undo()
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert not [p for p in tmp_path.iterdir() if p.name != "export"], "staging left behind"
+    assert Model.load(out).head.options.spec == EmbeddingSpec("mean", True, 16)
+    # Over it, a complete export replaces it, the Normalize module it no longer lists too.
+    embedding_model(EmbeddingSpec("cls", False, 8)).save_hf(out)
+    assert Model.load(out).head.options.spec == EmbeddingSpec("cls", False, 8)
+    assert not (out / "2_Normalize").exists()
+
+
+def test_an_export_into_an_unwritable_place_names_that_place(pretraining_dir, tmp_path):
+    # A file where a directory would go: no export can be written there, even as root.
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file, not a directory\n")
+    out = blocked / "export"
+    with pytest.raises(OSError, match=f"cannot write {out}: "):
+        Model.load(pretraining_dir).save_hf(out)
+    assert blocked.read_text() == "a file, not a directory\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocked"]
 
 
 def test_export_follows_the_umask(pretraining_dir, tmp_path):

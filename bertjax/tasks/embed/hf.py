@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import pathlib
-import tempfile
+import shutil
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -123,17 +123,16 @@ def save(
         tensors[name] = spec_.to_hf(array)
 
     out = fs.path(directory)
-    if not fs.is_remote(out):
-        _write(out, config, tensors, tokenizer, spec)
-        return
-    # GCS: the files are made locally, then uploaded (config.json last, see hf.upload).
-    with tempfile.TemporaryDirectory(prefix="bertjax-export-") as staging:
-        _write(pathlib.Path(staging), config, tensors, tokenizer, spec)
-        hf.upload(staging, out)
-    if not spec.normalize:  # a previous export's Normalize module would be read back
+    # Written whole beside the directory, then moved in (uploaded, on GCS): a failure
+    # part-way leaves a previous export as it was.
+    with hf.staged(out) as staging:
+        _write(staging, config, tensors, tokenizer, spec)
+    if not spec.normalize:  # a previous export's Normalize module, no longer listed
         for stale in (out / NORMALIZE_DIR).glob("*"):
             with fs.errors(stale, "delete"):
                 stale.unlink()
+        if not fs.is_remote(out):
+            shutil.rmtree(out / NORMALIZE_DIR, ignore_errors=True)
 
 
 def _write(
@@ -143,8 +142,7 @@ def _write(
     tokenizer: Tokenizer,
     spec: EmbeddingSpec,
 ) -> None:
-    """Writes the directory's files into a local directory."""
-    out.mkdir(parents=True, exist_ok=True)
+    """Writes the directory's files into a new local directory."""
     hf_config = hf.config_to_hf(config)
     hf_config["architectures"] = ["BertModel"]
     hf_config.pop("tie_word_embeddings", None)  # a BertModel has no decoder to tie
@@ -166,10 +164,6 @@ def _write(
     if spec.normalize:
         modules.append({"idx": 2, "name": "2", "path": NORMALIZE_DIR, "type": NORMALIZE_TYPE})
         (out / NORMALIZE_DIR).mkdir(exist_ok=True)
-    elif (out / NORMALIZE_DIR).is_dir():
-        for stale in (out / NORMALIZE_DIR).iterdir():
-            stale.unlink()
-        (out / NORMALIZE_DIR).rmdir()
     _write_json(out / MODULES_FILE, modules)
     _write_json(
         out / ST_CONFIG_FILE,
