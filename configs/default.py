@@ -36,7 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
             input="",
             max_seq_length=128,
             max_predictions_per_seq=20,
-            masked_lm_prob=0.15,
+            masked_lm_prob=0.15,  # of training batches (ModernBERT: 0.3)
+            # Held-out batches are masked at this rate whatever training's, so that eval
+            # losses of runs with different training rates compare.
+            eval_masked_lm_prob=0.15,
             whole_word_masking=False,
             vocab_size=30000,  # for training a tokenizer when none is given
             tokenizer_model_type="unigram",  # unigram | bpe
@@ -50,16 +53,22 @@ def get_config() -> ml_collections.ConfigDict:
         )
     )
 
+    # What a step minimises: "mlm_sentence" (masked LM + the sentence-pair task of data.task)
+    # or "mlm" (masked LM only; the pooler and the pair head are not trained).
+    config.objective = "mlm_sentence"
+
     # Optimizer and schedule: the fields of bertjax.optim.OptimizerSettings.
     config.optimizer = ml_collections.ConfigDict(
         dict(
-            name="adamw",
+            name="adamw",  # adamw | lamb | stable_adamw
             learning_rate=1e-4,
             warmup_steps=10_000,
             schedule="linear",
             end_learning_rate=0.0,
             polynomial_power=0.5,
+            decay_steps=0,  # schedule "wsd": steps of the final 1 - sqrt decay
             weight_decay=0.01,
+            lr_decoupled_weight_decay=False,
             b1=0.9,
             b2=0.999,
             eps=1e-6,

@@ -33,6 +33,13 @@ from bertjax.settings import (
 )
 from bertjax.tokenizer import MODEL_TYPES
 
+# What a step minimises: the masked LM plus the sentence-pair task that data.task names
+# (next-sentence or sentence-order prediction, google's BERT and ALBERT), or the masked LM
+# alone (RoBERTa, ModernBERT, NeoBERT), with the pair head left untrained.
+OBJECTIVES = ("mlm_sentence", "mlm")
+# The parameters only the sentence-pair task trains: frozen when the objective is MLM only.
+SENTENCE_PAIR_PARAMS = ("nsp_head", "bert/pooler")
+
 
 @dataclasses.dataclass(frozen=True)
 class DataSettings:
@@ -50,7 +57,8 @@ class DataSettings:
     short_seq_prob: float
     eval_fraction: float
     workers: int  # 0: one per CPU core
-    masking: MaskingSettings
+    masking: MaskingSettings  # of the training batches
+    eval_masking: MaskingSettings  # of the held-out batches: a fixed rate, whatever training's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +97,12 @@ class PretrainSettings:
     data: DataSettings
     run: RunSettings
     config: dict  # the config as given, kept in checkpoints for the record
+    objective: str = "mlm_sentence"  # one of OBJECTIVES
+
+    @property
+    def sentence_pair(self) -> bool:
+        """Whether the objective trains (and evaluation reports) the sentence-pair task."""
+        return self.objective == "mlm_sentence"
 
     @classmethod
     def from_config(
@@ -173,7 +187,10 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         "data.max_seq_length",
         f"exceeds the model's max_position_embeddings={model.max_position_embeddings}",
     )
-    optimizer = read_optimizer(config, total_steps=config.num_train_steps)
+    objective = config.objective
+    require_(objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}")
+    frozen = () if objective == "mlm_sentence" else SENTENCE_PAIR_PARAMS
+    optimizer = read_optimizer(config, total_steps=config.num_train_steps, frozen=frozen)
 
     mesh = check_mesh(config, run, devices, process_count)
     check_mesh_fits(model, mesh, check_vocab=bool(requested_vocab))
@@ -195,13 +212,15 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         data=data,
         run=run,
         config=config.to_dict(),
+        objective=objective,
     )
 
 
 def _read_data(config) -> DataSettings:
     require_ = functools.partial(require, config)
     d = config.data
-    require_(0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", "must be in (0, 1)")
+    for field in ("masked_lm_prob", "eval_masked_lm_prob"):
+        require_(0.0 < d[field] < 1.0, f"data.{field}", "must be in (0, 1)")
     require_(
         d.max_predictions_per_seq <= d.max_seq_length,
         "data.max_predictions_per_seq",
@@ -252,6 +271,11 @@ def _read_data(config) -> DataSettings:
         workers=d.workers,
         masking=MaskingSettings(
             masked_lm_prob=d.masked_lm_prob,
+            max_predictions_per_seq=d.max_predictions_per_seq,
+            whole_word_masking=d.whole_word_masking,
+        ),
+        eval_masking=MaskingSettings(
+            masked_lm_prob=d.eval_masked_lm_prob,
             max_predictions_per_seq=d.max_predictions_per_seq,
             whole_word_masking=d.whole_word_masking,
         ),
