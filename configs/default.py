@@ -79,6 +79,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_train_steps = 1_000_000
     config.batch_size = 256  # global, over all processes and devices
     config.grad_accum_steps = 1  # micro-batches per step; batch_size must divide evenly
+    # Batch-size warmup (ModernBERT's): the global batch starts at batch_warmup_start rows and
+    # grows in steps of that size to batch_size over the first batch_warmup_steps steps.
+    # 0 steps: the full batch from the start.
+    config.batch_warmup_start = 0
+    config.batch_warmup_steps = 0
     # Skip padding in the encoder: the real tokens of each batch shard are packed into this
     # fraction of its token slots. A micro-batch with more real tokens than fit runs
     # unpacked, so the value changes speed, not results (dropout draws aside); a value just

@@ -2,6 +2,7 @@
 with StableAdamW and warmup-stable-decay, and a stable run decayed by its continuation."""
 
 import json
+import shutil
 
 import flax.linen as nn
 import jax
@@ -12,6 +13,7 @@ from test_trainer import make_config, read_losses, train
 import bertjax
 from bertjax import data as data_lib
 from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objective import PretrainingObjective, build_pretraining
 from bertjax.pretrain.settings import SENTENCE_PAIR_PARAMS, PretrainSettings
 from bertjax.settings import ConfigError
@@ -221,3 +223,69 @@ def test_the_modern_recipe_config_reads(data_dir):
     assert settings.data.eval_masking.masked_lm_prob == 0.15
     # Room for 30% of 128 tokens: the cap does not lower the rate.
     assert settings.data.masking.max_predictions_per_seq >= round(128 * 0.3)
+
+
+# ----------------------------------------------------------------------------- batch warmup
+
+
+def test_batch_warmup_sizes_and_validation(data_dir):
+    run = PretrainSettings.from_config(
+        make_config(data_dir, batch_warmup_start=8, batch_warmup_steps=8)
+    ).run
+    sizes = [run.batch_size_at(step) for step in range(12)]
+    assert sizes == [8, 8, 8, 16, 16, 16, 24, 24, 32, 32, 32, 32]
+    assert run.loader_batch_size == 8
+    default = PretrainSettings.from_config(make_config(data_dir)).run
+    assert default.loader_batch_size == 32 and default.batch_size_at(0) == 32
+
+    for overrides, message in [
+        ({"batch_warmup_steps": -1}, r"config\.batch_warmup_steps=-1"),
+        ({"batch_warmup_steps": 4}, r"config\.batch_warmup_start=0: must be a positive divisor"),
+        ({"batch_warmup_steps": 4, "batch_warmup_start": 12}, r"batch_warmup_start=12"),
+        (  # 8 devices and 2 micro-batches: each warmup batch must hold 16 rows
+            {"batch_warmup_steps": 4, "batch_warmup_start": 8, "grad_accum_steps": 2},
+            r"batch_warmup_start=8: must be a multiple of grad_accum_steps x the data-parallel "
+            r"size \(16\)",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            PretrainSettings.from_config(make_config(data_dir, **overrides))
+
+
+@pytest.mark.slow  # three short runs, four batch sizes compiled: about 60 s on two cores
+def test_a_run_stopped_during_batch_warmup_resumes_bit_exactly(data_dir, tmp_path, monkeypatch):
+    rows = []
+    batch = trainer._Hooks.batch
+
+    def spy(hooks, step):
+        local_batch = batch(hooks, step)
+        rows.append(len(local_batch["input_ids"]))
+        return local_batch
+
+    monkeypatch.setattr(trainer._Hooks, "batch", spy)
+    warmup = {
+        "batch_warmup_start": 8,
+        "batch_warmup_steps": 8,
+        "checkpoint_every_steps": 4,
+        "optimizer.decay_steps": 0,  # the rates do not depend on num_train_steps
+    }
+    straight = tmp_path / "straight"
+    train(_recipe_config(data_dir, num_train_steps=12, **warmup), straight)
+    assert rows == [8, 8, 8, 16, 16, 16, 24, 24, 32, 32, 32, 32]
+
+    # Stopped after step 6 (mid-warmup), its last checkpoint lost: resumes from step 4.
+    stopped = tmp_path / "stopped"
+    train(_recipe_config(data_dir, num_train_steps=6, **warmup), stopped)
+    shutil.rmtree(stopped / "checkpoints" / "6")
+    rows.clear()
+    train(_recipe_config(data_dir, num_train_steps=12, **warmup), stopped)
+    assert rows == [16, 16, 24, 24, 32, 32, 32, 32]  # steps 5..12
+
+    want, got = read_losses(straight), read_losses(stopped)
+    assert sorted(got) == sorted(want) == list(range(1, 13))
+    for step in want:
+        assert got[step] == want[step], f"step {step}: {got[step]} != {want[step]}"
+    _, params_straight, _ = bertjax.load(straight)
+    _, params_stopped, _ = bertjax.load(stopped)
+    for a, b in zip(jax.tree.leaves(params_straight), jax.tree.leaves(params_stopped)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -84,7 +84,14 @@ class _Hooks:
         return self.dropout_rng
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
-        return next(self.train_loader)
+        # During a batch-size warmup a step takes several of the loader's (smaller) batches;
+        # the loader's position counts them, so a resumed run continues with the same rows.
+        run = self.settings.run
+        pieces = run.batch_size_at(step) // run.loader_batch_size
+        if pieces == 1:
+            return next(self.train_loader)
+        parts = [next(self.train_loader) for _ in range(pieces)]
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
     def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
         return held_out_metrics(
@@ -104,6 +111,20 @@ class _Hooks:
             "tokenizer_fingerprint": self.tokenizer.fingerprint,
             "config": self.settings.config,
         }
+
+
+class _Throughput(perf.Throughput):
+    """perf.Throughput with the batch size of each step (they differ during batch warmup)."""
+
+    def __init__(self, batch_size_at: Callable[[int], int], *args):
+        self._batch_size_at = batch_size_at
+        super().__init__(batch_size_at(0), *args)
+
+    def metrics(self, step: int) -> dict[str, float]:
+        if step > self._step:  # the mean batch of the steps since the last restart
+            sizes = [self._batch_size_at(s) for s in range(self._step, step)]
+            self._batch_size = sum(sizes) / len(sizes)
+        return super().metrics(step)
 
 
 def train_and_evaluate(settings: PretrainSettings, workdir: str) -> dict[str, Any]:
@@ -173,14 +194,14 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     except Exception:
         checkpointer.close()
         raise
-    train_loader = make_loader("train", run_settings.batch_size, data_settings.masking)
+    train_loader = make_loader("train", run_settings.loader_batch_size, data_settings.masking)
     writer = metrics_writer.MetricWriter(
         workdir_path / rundir.METRICS_FILE,
         workdir_path / rundir.TENSORBOARD_DIR,
         enabled=is_main_process,
     )
-    throughput = perf.Throughput(
-        run_settings.batch_size,
+    throughput = _Throughput(
+        run_settings.batch_size_at,
         data_settings.max_seq_length,
         perf.training_flops_per_sequence(
             model_config,

@@ -17,7 +17,7 @@ import os
 import jax
 import ml_collections
 
-from bertjax import fs, optim
+from bertjax import fs, optim, sharding
 from bertjax.data import instances
 from bertjax.data.masking import MaskingSettings
 from bertjax.data.storage import MANIFEST_FILE
@@ -69,6 +69,10 @@ class RunSettings:
     num_train_steps: int
     batch_size: int  # global, over all processes and devices
     grad_accum_steps: int
+    # Batch-size warmup: the global batch starts at batch_warmup_start rows and grows by
+    # that many, linearly, to batch_size at step batch_warmup_steps (0: no warmup).
+    batch_warmup_start: int
+    batch_warmup_steps: int
     token_capacity: float
     mesh_shape: tuple[int, ...]
     log_every_steps: int
@@ -84,6 +88,23 @@ class RunSettings:
     def micro_batch_size(self) -> int:
         """Rows per micro-batch; evaluation uses batches of this size too (they fit)."""
         return self.batch_size // self.grad_accum_steps
+
+    @property
+    def loader_batch_size(self) -> int:
+        """Global rows of one loader batch: a step takes batch_size_at(step) / this many."""
+        return self.batch_warmup_start if self.batch_warmup_steps else self.batch_size
+
+    def batch_size_at(self, step: int) -> int:
+        """The global batch of the step that takes the state from `step` to `step + 1`.
+
+        It grows in multiples of batch_warmup_start: 1 + floor((n - 1) * step / W) of them for
+        step < W = batch_warmup_steps, n = batch_size / batch_warmup_start from step W on.
+        Each size compiles the train step once.
+        """
+        if not self.batch_warmup_steps or step >= self.batch_warmup_steps:
+            return self.batch_size
+        pieces = self.batch_size // self.batch_warmup_start
+        return self.batch_warmup_start * (1 + (pieces - 1) * step // self.batch_warmup_steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,6 +181,8 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         num_train_steps=config.num_train_steps,
         batch_size=config.batch_size,
         grad_accum_steps=config.grad_accum_steps,
+        batch_warmup_start=config.batch_warmup_start,
+        batch_warmup_steps=config.batch_warmup_steps,
         token_capacity=float(config.token_capacity),
         mesh_shape=tuple(config.mesh_shape),
         log_every_steps=config.log_every_steps,
@@ -194,6 +217,7 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
 
     mesh = check_mesh(config, run, devices, process_count)
     check_mesh_fits(model, mesh, check_vocab=bool(requested_vocab))
+    _check_batch_warmup(config, run, sharding.data_parallel_size(mesh))
     require_(
         config.init_from is not None,
         "init_from",
@@ -213,6 +237,29 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         run=run,
         config=config.to_dict(),
         objective=objective,
+    )
+
+
+def _check_batch_warmup(config, run: RunSettings, data_parallel: int) -> None:
+    """Every batch of the warmup splits into the run's micro-batches and device shards."""
+    steps, start = run.batch_warmup_steps, run.batch_warmup_start
+    ok = isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0
+    require(config, ok, "batch_warmup_steps", "must be an integer >= 0 (0: no batch warmup)")
+    if not steps:
+        return
+    unit = run.grad_accum_steps * data_parallel
+    require(
+        config,
+        isinstance(start, int) and 0 < start < run.batch_size and run.batch_size % start == 0,
+        "batch_warmup_start",
+        f"must be a positive divisor of batch_size={run.batch_size} smaller than it",
+    )
+    require(
+        config,
+        start % unit == 0,
+        "batch_warmup_start",
+        f"must be a multiple of grad_accum_steps x the data-parallel size ({unit}), so that "
+        "every batch of the warmup splits into equal micro-batches and device shards",
     )
 
 
