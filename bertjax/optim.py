@@ -123,7 +123,7 @@ def make_schedule(s: OptimizerSettings) -> optax.Schedule:
       cosine:     end + (lr - end) * (1 + cos(pi f)) / 2
       constant:   lr
       wsd:        lr until the last D = decay_steps steps of T, then
-                  end + (lr - end) * (1 - sqrt(g))    g = (step - (T - D)) / D, clipped to [0, 1]
+                  end + (lr - end) * (1 - sqrt(d))    d = (step - (T - D)) / D, clipped to [0, 1]
                   (warmup-stable-decay with Hägele et al.'s 1 - sqrt cooldown, as ModernBERT's
                   one_minus_sqrt). With D = 0 the rate stays at lr: such a run can be resumed
                   with a larger T and D > 0, and its steps so far had exactly the rates of the

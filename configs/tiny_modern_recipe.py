@@ -12,7 +12,11 @@ The recipe of ModernBERT (Warner et al. 2024, arXiv 2412.13663) on BERT's archit
   decay_steps. ModernBERT trains with decay_steps=0 (stable) and decays in a later phase:
   resume the same workdir with a larger num_train_steps and decay_steps > 0.
 
-ModernBERT's batch-size warmup is not here yet. Sized like configs/tiny.py (600 steps of 32).
+- batch-size warmup: the global batch grows from a quarter of its size to all of it over the
+  first steps (ModernBERT: 768 to 4608 sequences over its first 50B tokens); counted in steps,
+  as the learning-rate schedule is.
+
+Sized like configs/tiny.py (600 steps of 32 sequences).
 """
 
 from configs import tiny
@@ -37,4 +41,6 @@ def get_config():
     config.optimizer.warmup_steps = 60
     config.optimizer.decay_steps = 120  # the last fifth of the 600 steps
     config.optimizer.end_learning_rate = 0.0
+    config.batch_warmup_start = 8  # 8, 16, 24 then 32 sequences per step
+    config.batch_warmup_steps = 100
     return config

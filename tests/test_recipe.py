@@ -122,6 +122,7 @@ def _recipe_config(data_dir, **overrides):
     config.optimizer.warmup_steps = 4
     config.optimizer.decay_steps = 6
     config.fill_mask_samples = 0
+    config.batch_warmup_steps = 0  # each batch size compiles: only where a test wants them
     config.update_from_flattened_dict(overrides)
     return config
 
@@ -221,6 +222,7 @@ def test_the_modern_recipe_config_reads(data_dir):
     assert (o.weight_decay, o.lr_decoupled_weight_decay, o.max_grad_norm) == (1e-5, True, None)
     assert settings.objective == "mlm" and settings.data.masking.masked_lm_prob == 0.3
     assert settings.data.eval_masking.masked_lm_prob == 0.15
+    assert (settings.run.batch_size_at(0), settings.run.batch_size_at(100)) == (8, 32)
     # Room for 30% of 128 tokens: the cap does not lower the rate.
     assert settings.data.masking.max_predictions_per_seq >= round(128 * 0.3)
 
