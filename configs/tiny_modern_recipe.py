@@ -16,7 +16,9 @@ The recipe of ModernBERT (Warner et al. 2024, arXiv 2412.13663) on BERT's archit
   first steps (ModernBERT: 768 to 4608 sequences over its first 50B tokens); counted in steps,
   as the learning-rate schedule is.
 
-Sized like configs/tiny.py (600 steps of 32 sequences).
+Sized like configs/tiny.py (600 steps of 32 sequences). On the demo corpus one run ended at
+about configs/tiny.py's eval MLM accuracy (0.129 at the 15% eval rate, against the unigram
+baseline's 0.046), rising through 0.088 and 0.117 at steps 200 and 400.
 """
 
 from configs import tiny
