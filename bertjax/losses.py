@@ -98,11 +98,20 @@ def total_loss(sums: LossSums, mlm_denominator, nsp_denominator) -> jax.Array:
     )
 
 
-def metrics(sums: LossSums, prefix: str) -> dict[str, jax.Array]:
-    """Mean losses and accuracies named `{prefix}/mlm_loss`, `.../mlm_accuracy`, etc."""
-    return {
+def masked_lm_loss(sums: LossSums, mlm_denominator) -> jax.Array:
+    """Training objective without a sentence-pair task: the mean MLM loss alone (the
+    denominator is the whole global batch's MLM weight, as in `total_loss`)."""
+    return _safe_divide(sums.mlm_loss, mlm_denominator)
+
+
+def metrics(sums: LossSums, prefix: str, sentence_pair: bool = True) -> dict[str, jax.Array]:
+    """Mean losses and accuracies named `{prefix}/mlm_loss`, `.../mlm_accuracy`, etc.; the
+    nsp_* ones only when the sentence-pair task is trained."""
+    out = {
         f"{prefix}/mlm_loss": _safe_divide(sums.mlm_loss, sums.mlm_weight),
         f"{prefix}/mlm_accuracy": _safe_divide(sums.mlm_correct, sums.mlm_weight),
-        f"{prefix}/nsp_loss": _safe_divide(sums.nsp_loss, sums.nsp_count),
-        f"{prefix}/nsp_accuracy": _safe_divide(sums.nsp_correct, sums.nsp_count),
     }
+    if sentence_pair:
+        out[f"{prefix}/nsp_loss"] = _safe_divide(sums.nsp_loss, sums.nsp_count)
+        out[f"{prefix}/nsp_accuracy"] = _safe_divide(sums.nsp_correct, sums.nsp_count)
+    return out

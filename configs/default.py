@@ -36,7 +36,10 @@ def get_config() -> ml_collections.ConfigDict:
             input="",
             max_seq_length=128,
             max_predictions_per_seq=20,
-            masked_lm_prob=0.15,
+            masked_lm_prob=0.15,  # of training batches (ModernBERT: 0.3)
+            # Held-out batches are masked at this rate whatever training's, so that eval
+            # losses of runs with different training rates compare.
+            eval_masked_lm_prob=0.15,
             whole_word_masking=False,
             vocab_size=30000,  # for training a tokenizer when none is given
             tokenizer_model_type="unigram",  # unigram | bpe
@@ -50,16 +53,22 @@ def get_config() -> ml_collections.ConfigDict:
         )
     )
 
+    # What a step minimises: "mlm_sentence" (masked LM + the sentence-pair task of data.task)
+    # or "mlm" (masked LM only; the pooler and the pair head are not trained).
+    config.objective = "mlm_sentence"
+
     # Optimizer and schedule: the fields of bertjax.optim.OptimizerSettings.
     config.optimizer = ml_collections.ConfigDict(
         dict(
-            name="adamw",
+            name="adamw",  # adamw | lamb | stable_adamw
             learning_rate=1e-4,
             warmup_steps=10_000,
             schedule="linear",
             end_learning_rate=0.0,
             polynomial_power=0.5,
+            decay_steps=0,  # schedule "wsd": steps of the final 1 - sqrt decay
             weight_decay=0.01,
+            lr_decoupled_weight_decay=False,
             b1=0.9,
             b2=0.999,
             eps=1e-6,
@@ -70,6 +79,11 @@ def get_config() -> ml_collections.ConfigDict:
     config.num_train_steps = 1_000_000
     config.batch_size = 256  # global, over all processes and devices
     config.grad_accum_steps = 1  # micro-batches per step; batch_size must divide evenly
+    # Batch-size warmup (ModernBERT's): the global batch starts at batch_warmup_start rows and
+    # grows in steps of that size to batch_size over the first batch_warmup_steps steps.
+    # 0 steps: the full batch from the start.
+    config.batch_warmup_start = 0
+    config.batch_warmup_steps = 0
     # Skip padding in the encoder: the real tokens of each batch shard are packed into this
     # fraction of its token slots. A micro-batch with more real tokens than fit runs
     # unpacked, so the value changes speed, not results (dropout draws aside); a value just

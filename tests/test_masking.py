@@ -182,3 +182,31 @@ def test_row_random_streams_are_uniform_and_independent_of_the_batch_split():
     halves = [masked(np.arange(4)), masked(np.arange(4, 8))]
     for name, value in whole.items():
         np.testing.assert_array_equal(np.concatenate([h[name] for h in halves]), value)
+
+
+@pytest.mark.parametrize("rate", [0.15, 0.3, 0.5])
+def test_masked_share_follows_the_configured_rate(rate):
+    # ModernBERT's 30% among others: with room for every prediction, round(n * rate) of each
+    # row's n real tokens are chosen, and 80/10/10 holds inside the chosen ones.
+    rng = np.random.default_rng(3)
+    ids, mask = make_batch(rng, batch=2048, seq=64)
+    out = run(ids, mask, seed=4, row_random=True, masked_lm_prob=rate, max_predictions_per_seq=64)
+    weights = out["masked_lm_weights"]
+    lengths = mask.sum(1)
+    maskable = ((mask == 1) & ~np.isin(ids, SPECIALS)).sum(1)
+    expected = np.minimum(np.maximum(1, np.rint(lengths * rate)), maskable)
+    np.testing.assert_array_equal(weights.sum(1), expected)
+    assert weights.sum() / lengths.sum() == pytest.approx(rate, abs=0.01)
+
+    valid = weights > 0
+    rows = np.broadcast_to(np.arange(len(ids))[:, None], weights.shape)
+    positions = out["masked_lm_positions"]
+    new = out["input_ids"][rows[valid], positions[valid]]
+    original = out["masked_lm_ids"][valid]
+    frac_mask = np.mean(new == MASK)
+    frac_same = np.mean(new == original)
+    assert abs(frac_mask - 0.8) < 0.015 and abs(frac_same - 0.1) < 0.015
+    assert abs(1.0 - frac_mask - frac_same - 0.1) < 0.015
+    # The tokens left outside the chosen ones are the input's.
+    changed = out["input_ids"] != ids
+    assert changed.sum() <= valid.sum()

@@ -1,5 +1,6 @@
 """Schedules, weight-decay mask, AdamW/LAMB against numpy references, clipping, validation."""
 
+import dataclasses
 import math
 
 import flax.linen as nn
@@ -437,6 +438,12 @@ def test_clipping_caps_the_global_norm():
         ("b2", -0.5),
         ("eps", -1e-8),
         ("max_grad_norm", -1.0),
+        ("decay_steps", -1),
+        ("decay_steps", 2_000_000),
+        ("decay_steps", 0.5),
+        ("lr_decoupled_weight_decay", "yes"),
+        ("frozen", "nsp_head"),
+        ("frozen", ("",)),
     ],
 )
 def test_invalid_settings_name_the_field(field, value):
@@ -450,4 +457,216 @@ def test_valid_choices_are_listed_in_errors():
         optim.OptimizerSettings(name="adam")
     with pytest.raises(ValueError, match="polynomial"):
         optim.OptimizerSettings(schedule="poly")
+    with pytest.raises(ValueError, match="stable_adamw"):
+        optim.OptimizerSettings(name="stableadamw")
+    with pytest.raises(ValueError, match=r"lr_decoupled_weight_decay=True.*not lamb"):
+        optim.OptimizerSettings(name="lamb", lr_decoupled_weight_decay=True)
+    with pytest.raises(ValueError, match=r"decay_steps=900.*\[0, total_steps - warmup_steps=800\]"):
+        optim.OptimizerSettings(warmup_steps=200, total_steps=1000, decay_steps=900)
     optim.OptimizerSettings(warmup_steps=np.int64(5), total_steps=np.int64(10))
+
+
+# --------------------------------------------------------------------------- the modern recipe
+
+
+def test_wsd_schedule_boundaries():
+    s = optim.OptimizerSettings(
+        learning_rate=8e-4,
+        warmup_steps=100,
+        total_steps=1000,
+        schedule="wsd",
+        decay_steps=400,
+        end_learning_rate=8e-6,
+    )
+    f = optim.make_schedule(s)
+    assert _lr(f, 0) == 0.0
+    assert _lr(f, 50) == pytest.approx(4e-4, rel=1e-6)
+    assert _lr(f, 99) == pytest.approx(8e-4 * 0.99, rel=1e-6)
+    assert _lr(f, 100) == pytest.approx(8e-4, rel=1e-6)  # end of warmup: the peak
+    assert _lr(f, 350) == pytest.approx(8e-4, rel=1e-6)  # stable
+    assert _lr(f, 600) == pytest.approx(8e-4, rel=1e-6)  # start of decay: still the peak
+    # 1 - sqrt: a quarter of the way down the decay the rate has lost half its range.
+    assert _lr(f, 700) == pytest.approx(8e-6 + (8e-4 - 8e-6) * 0.5, rel=1e-6)
+    assert _lr(f, 601) == pytest.approx(8e-6 + (8e-4 - 8e-6) * (1 - math.sqrt(1 / 400)), rel=1e-6)
+    assert _lr(f, 999) == pytest.approx(8e-6 + (8e-4 - 8e-6) * (1 - math.sqrt(399 / 400)), rel=1e-5)
+    assert _lr(f, 1000) == pytest.approx(8e-6, rel=1e-6)  # the final value
+    assert _lr(f, 5000) == pytest.approx(8e-6, rel=1e-6)
+
+    # No decay: stays at the peak, past total_steps too; a continuation with a longer run
+    # and a decay gives the same rates until its decay starts.
+    stable = optim.make_schedule(dataclasses.replace(s, decay_steps=0))
+    longer = optim.make_schedule(dataclasses.replace(s, total_steps=3000, decay_steps=1000))
+    for step in (0, 50, 100, 999, 1000, 2000):
+        assert _lr(stable, step) == _lr(longer, step)
+    assert _lr(stable, 10**6) == pytest.approx(8e-4, rel=1e-6)
+    assert _lr(longer, 2500) == pytest.approx(8e-6 + (8e-4 - 8e-6) * (1 - math.sqrt(0.5)))
+    # The whole run after warmup decaying, under jit on int32 steps.
+    whole = optim.make_schedule(dataclasses.replace(s, decay_steps=900))
+    np.testing.assert_allclose(
+        jax.jit(whole)(jnp.array([100, 325, 1000], jnp.int32)),
+        [8e-4, 8e-6 + (8e-4 - 8e-6) * 0.5, 8e-6],
+        rtol=1e-6,
+    )
+
+
+def _np_stable_adamw(params, grads_per_step, s, stacked_leaves=()):
+    """StableAdamW as published (Wortsman et al.; optimi's loop, which ModernBERT uses):
+    debiased betas b_hat = b (1 - b^(t-1)) / (1 - b^t), then per tensor
+    rms = sqrt(mean(g^2 / max(v, eps^2))), lr_t = lr / max(1, rms),
+    w <- w * (1 - lr_t * wd)  (or 1 - lr_t / lr_max * wd with decoupled weight decay),
+    w <- w - lr_t * m / (sqrt(v) + eps). Returns the params and each step's rms values."""
+    p = {k: np.asarray(x, np.float64) for k, x in params.items()}
+    m = {k: np.zeros_like(x) for k, x in p.items()}
+    v = {k: np.zeros_like(x) for k, x in p.items()}
+    sched = optim.make_schedule(s)
+    rms_per_step = []
+    for t, grads in enumerate(grads_per_step, start=1):
+        lr = float(sched(t - 1))
+        b1_hat = s.b1 * (1 - s.b1 ** (t - 1)) / (1 - s.b1**t)
+        b2_hat = s.b2 * (1 - s.b2 ** (t - 1)) / (1 - s.b2**t)
+        rms_now = {}
+        for k in p:
+            g = np.asarray(grads[k], np.float64)
+            m[k] = b1_hat * m[k] + (1 - b1_hat) * g
+            v[k] = b2_hat * v[k] + (1 - b2_hat) * g * g
+            layers = p[k].shape[0] if k in stacked_leaves else None
+            ratio = g * g / np.maximum(v[k], s.eps**2)
+            if layers:  # one rms per layer of a stacked leaf
+                rms = np.sqrt(ratio.reshape(layers, -1).mean(1)).reshape(
+                    (-1,) + (1,) * (g.ndim - 1)
+                )
+            else:
+                rms = np.sqrt(ratio.mean())
+            rms_now[k] = rms
+            lr_t = lr / np.maximum(1.0, rms)
+            if not ("bias" in k or "layer_norm" in k):
+                scale = lr_t / s.learning_rate if s.lr_decoupled_weight_decay else lr_t
+                p[k] = p[k] * (1 - scale * s.weight_decay)
+            p[k] = p[k] - lr_t * m[k] / (np.sqrt(v[k]) + s.eps)
+        rms_per_step.append(rms_now)
+    return p, rms_per_step
+
+
+@pytest.mark.parametrize("decoupled", [False, True])
+def test_stable_adamw_matches_the_published_formula_with_update_clipping(decoupled):
+    rng = np.random.default_rng(6)
+    params = _tiny_tree(rng)
+    # A calm step, a spike 30x larger (update clipping engages: g^2 far above v), a calm one.
+    grads = [
+        _grads(rng, params),
+        _grads(rng, params, scale=30.0),
+        _grads(rng, params, scale=0.5),
+    ]
+    s = optim.OptimizerSettings(
+        name="stable_adamw",
+        learning_rate=8e-3,
+        warmup_steps=1,
+        total_steps=10,
+        schedule="wsd",
+        decay_steps=0,
+        b1=0.9,
+        b2=0.98,
+        eps=1e-6,
+        weight_decay=0.1 if not decoupled else 1e-3,
+        lr_decoupled_weight_decay=decoupled,
+        max_grad_norm=None,
+    )
+    got = _run(optim.make_optimizer(s), {k: jnp.asarray(x) for k, x in params.items()}, grads)
+    want, rms = _np_stable_adamw(params, grads, s)
+    for k in params:
+        np.testing.assert_allclose(got[k], want[k], rtol=2e-5, atol=1e-7, err_msg=k)
+    # Step 1: v is g^2 itself, so no clipping (rms 1, the zero kernel's 0); step 2 clips
+    # every tensor; plain AdamW would have taken a different step.
+    assert all(np.all(np.asarray(r) <= 1.0 + 1e-9) for r in rms[0].values())
+    assert all(np.all(np.asarray(r) > 1.2) for r in rms[1].values())
+    adamw = optim.OptimizerSettings(**{**dataclasses.asdict(s), "name": "adamw"})
+    unclipped = _run(optim.make_optimizer(adamw), params, grads)
+    assert not np.allclose(unclipped["dense/kernel"], got["dense/kernel"], rtol=1e-4)
+
+
+def test_stable_adamw_divides_per_layer_for_scanned_layers():
+    rng = np.random.default_rng(7)
+    params = _layered_tree(rng)
+    calm = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
+    spike = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
+    spike["bert"]["encoder"]["layer_1"]["dense"]["kernel"] *= 40.0  # one layer spikes
+    s = optim.OptimizerSettings(
+        name="stable_adamw", learning_rate=1e-2, warmup_steps=0, total_steps=10, max_grad_norm=None
+    )
+    tx = optim.make_optimizer(s)
+    unrolled = _run(tx, params, [calm, spike])
+    scanned = _run(tx, _stack(params), [_stack(calm), _stack(spike)])
+    for a, b in zip(jax.tree.leaves(_stack(unrolled)), jax.tree.leaves(scanned)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+
+    flat = {
+        jax.tree_util.keystr(k): x
+        for k, x in jax.tree_util.tree_flatten_with_path(_stack(params))[0]
+    }
+
+    def flatten(tree):
+        return {
+            jax.tree_util.keystr(k): x
+            for k, x in jax.tree_util.tree_flatten_with_path(_stack(tree))[0]
+        }
+
+    want, _ = _np_stable_adamw(
+        flat,
+        [flatten(calm), flatten(spike)],
+        s,
+        stacked_leaves={k for k in flat if "'layers'" in k},
+    )
+    for (_, got), key in zip(jax.tree_util.tree_flatten_with_path(scanned)[0], flat):
+        np.testing.assert_allclose(got, want[key], rtol=2e-5, atol=1e-7, err_msg=key)
+    # Boxed parameters (the trainer's state initialisation) give the same step.
+    boxed = _run(tx, _box(params), [_box(calm), _box(spike)])
+    for a, b in zip(jax.tree.leaves(unrolled), jax.tree.leaves(nn.meta.unbox(boxed))):
+        np.testing.assert_allclose(a, b, rtol=1e-6)
+
+
+def test_lr_decoupled_weight_decay_for_adamw():
+    # Decay of weight_decay * lr(step) / lr per step: with zero gradients only decay moves.
+    params = {
+        "dense/kernel": np.full((2, 2), 2.0, np.float32),
+        "dense/bias": np.ones(2, np.float32),
+    }
+    zeros = {k: np.zeros_like(x) for k, x in params.items()}
+    s = optim.OptimizerSettings(
+        learning_rate=1e-3,
+        warmup_steps=4,
+        total_steps=10,
+        schedule="constant",
+        weight_decay=0.01,
+        lr_decoupled_weight_decay=True,
+        max_grad_norm=None,
+    )
+    got = _run(optim.make_optimizer(s), params, [zeros] * 3)
+    # Steps 0, 1, 2 of a 4-step warmup: rate shares 0, 1/4, 1/2 of the peak.
+    want = 2.0 * (1 - 0.0) * (1 - 0.01 / 4) * (1 - 0.01 / 2)
+    np.testing.assert_allclose(got["dense/kernel"], want, rtol=1e-6)
+    np.testing.assert_allclose(got["dense/bias"], 1.0)
+
+
+def test_frozen_subtrees_never_move():
+    rng = np.random.default_rng(8)
+    params = {
+        "bert": {"pooler": {"kernel": rng.normal(size=(3, 3)).astype(np.float32)}},
+        "nsp_head": {"kernel": rng.normal(size=(3, 2)).astype(np.float32)},
+        "nsp_headless": {"kernel": rng.normal(size=(3, 2)).astype(np.float32)},
+    }
+    grads = jax.tree.map(lambda x: rng.normal(size=x.shape).astype(np.float32), params)
+    for name in optim.OPTIMIZERS:
+        s = optim.OptimizerSettings(
+            name=name,
+            learning_rate=1e-2,
+            warmup_steps=0,
+            total_steps=10,
+            frozen=("nsp_head", "bert/pooler"),
+        )
+        got = _run(optim.make_optimizer(s), _box(params), [_box(grads)] * 2)
+        got = nn.meta.unbox(got)
+        np.testing.assert_array_equal(got["nsp_head"]["kernel"], params["nsp_head"]["kernel"])
+        np.testing.assert_array_equal(
+            got["bert"]["pooler"]["kernel"], params["bert"]["pooler"]["kernel"]
+        )
+        assert not np.allclose(got["nsp_headless"]["kernel"], params["nsp_headless"]["kernel"])

@@ -31,9 +31,14 @@ from bertjax.tokenizer import Tokenizer
 
 
 def held_out_metrics(
-    run: steps.Steps, params, make_batches: Callable[[], Any], max_batches: int
+    run: steps.Steps,
+    params,
+    make_batches: Callable[[], Any],
+    max_batches: int,
+    sentence_pair: bool = True,
 ) -> dict[str, float]:
-    """Eval metrics summed over the held-out split (or its first max_batches batches)."""
+    """Eval metrics summed over the held-out split (or its first max_batches batches); the
+    nsp_* ones only when the objective trains the sentence-pair task."""
     totals = None
     for index, local_batch in enumerate(make_batches()):
         if max_batches and index >= max_batches:
@@ -43,7 +48,8 @@ def held_out_metrics(
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     if totals is None:
         return {}
-    return {k: float(v) for k, v in losses.metrics(totals, "eval").items()}
+    metrics = losses.metrics(totals, "eval", sentence_pair=sentence_pair)
+    return {k: float(v) for k, v in metrics.items()}
 
 
 @dataclasses.dataclass
@@ -79,11 +85,22 @@ class _Hooks:
         return self.dropout_rng
 
     def batch(self, step: int) -> dict[str, np.ndarray]:
-        return next(self.train_loader)
+        # During a batch-size warmup a step takes several of the loader's (smaller) batches;
+        # the loader's position counts them, so a resumed run continues with the same rows.
+        run = self.settings.run
+        pieces = run.batch_size_at(step) // run.loader_batch_size
+        if pieces == 1:
+            return next(self.train_loader)
+        parts = [next(self.train_loader) for _ in range(pieces)]
+        return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
     def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
         return held_out_metrics(
-            self.run, state.params, self.eval_batches, self.settings.run.eval_batches
+            self.run,
+            state.params,
+            self.eval_batches,
+            self.settings.run.eval_batches,
+            sentence_pair=self.settings.sentence_pair,
         )
 
     def meta(self, step: int) -> dict:
@@ -95,6 +112,20 @@ class _Hooks:
             "tokenizer_fingerprint": self.tokenizer.fingerprint,
             "config": self.settings.config,
         }
+
+
+class _Throughput(perf.Throughput):
+    """perf.Throughput with the batch size of each step (they differ during batch warmup)."""
+
+    def __init__(self, batch_size_at: Callable[[int], int], *args):
+        self._batch_size_at = batch_size_at
+        super().__init__(batch_size_at(0), *args)
+
+    def metrics(self, step: int) -> dict[str, float]:
+        if step > self._step:  # the mean batch of the steps since the last restart
+            sizes = [self._batch_size_at(s) for s in range(self._step, step)]
+            self._batch_size = sum(sizes) / len(sizes)
+        return super().metrics(step)
 
 
 def train_and_evaluate(settings: PretrainSettings, workdir: str) -> dict[str, Any]:
@@ -127,20 +158,26 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     run = build_pretraining(settings, model_config)
     check_mesh_fits(model_config, run.mesh)
 
-    def make_loader(split: str, global_batch_size: int, **kwargs) -> data.Loader:
+    def make_loader(split: str, global_batch_size: int, masking, **kwargs) -> data.Loader:
         return data.make_loader(
             data_dir,
             split=split,
             batch_size=global_batch_size // jax.process_count(),
             seed=run_settings.seed,
-            masking=data_settings.masking,
+            masking=masking,
             expected_max_seq_length=data_settings.max_seq_length,
             expected_tokenizer_fingerprint=tokenizer.fingerprint,
             **kwargs,
         )
 
     def eval_batches():
-        return make_loader("eval", run_settings.micro_batch_size, shuffle=False, num_epochs=1)
+        return make_loader(
+            "eval",
+            run_settings.micro_batch_size,
+            data_settings.eval_masking,
+            shuffle=False,
+            num_epochs=1,
+        )
 
     checkpointer = checkpoint_lib.Checkpointer(
         workdir_path / rundir.CHECKPOINT_DIR,
@@ -158,14 +195,14 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     except Exception:
         checkpointer.close()
         raise
-    train_loader = make_loader("train", run_settings.batch_size)
+    train_loader = make_loader("train", run_settings.loader_batch_size, data_settings.masking)
     writer = metrics_writer.MetricWriter(
         workdir_path / rundir.METRICS_FILE,
         workdir_path / rundir.TENSORBOARD_DIR,
         enabled=is_main_process,
     )
-    throughput = perf.Throughput(
-        run_settings.batch_size,
+    throughput = _Throughput(
+        run_settings.batch_size_at,
         data_settings.max_seq_length,
         perf.training_flops_per_sequence(
             model_config,
@@ -234,12 +271,12 @@ def eval_baselines(settings: PretrainSettings, data_dir: fs.AnyPath) -> dict[str
         "max_batches": settings.run.eval_batches,
     }
     unigram = baseline.unigram_baseline(
-        data_dir, masking=settings.data.masking, seed=settings.run.seed, **batches
+        data_dir, masking=settings.data.eval_masking, seed=settings.run.seed, **batches
     )
-    return {
-        "eval/mlm_accuracy": unigram.accuracy,
-        "eval/nsp_accuracy": baseline.sentence_pair_baseline(data_dir, **batches),
-    }
+    baselines = {"eval/mlm_accuracy": unigram.accuracy}
+    if settings.sentence_pair:
+        baselines["eval/nsp_accuracy"] = baseline.sentence_pair_baseline(data_dir, **batches)
+    return baselines
 
 
 def print_summary(result: dict[str, Any]) -> None:

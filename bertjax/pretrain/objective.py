@@ -1,7 +1,9 @@
-"""What a pretraining step minimises (masked LM + next-sentence prediction), and its steps.
+"""What a pretraining step minimises, and its steps.
 
-`build_pretraining` gives the engine (bertjax.steps.build) the pretraining model's
-parameters and `PretrainingObjective`; the loss is normalised as google-research/bert's.
+The masked LM plus the sentence-pair task (next-sentence or sentence-order prediction, as
+the data's labels say), or the masked LM alone. `build_pretraining` gives the engine
+(bertjax.steps.build) the pretraining model's parameters and `PretrainingObjective`; the
+loss is normalised as google-research/bert's.
 """
 
 from __future__ import annotations
@@ -14,10 +16,16 @@ from bertjax.pretrain.settings import PretrainSettings
 
 
 class PretrainingObjective(steps.Objective):
-    """Masked LM + next-sentence prediction, normalised as google-research/bert does."""
+    """Masked LM (+ the sentence-pair task), normalised as google-research/bert does.
 
-    def __init__(self, model: BertForPreTraining):
+    With `sentence_pair=False` the loss is the masked LM's alone: the pair head's logits are
+    still computed (the parameter tree stays BertForPreTraining's) but get no gradient, and
+    the metrics have no nsp_* entries.
+    """
+
+    def __init__(self, model: BertForPreTraining, sentence_pair: bool = True):
         self.model = model
+        self.sentence_pair = sentence_pair
 
     def sums(self, params, batch, *, rng, deterministic, packed_length=None):
         output = self.model.apply(
@@ -41,10 +49,12 @@ class PretrainingObjective(steps.Objective):
         return mlm_denominator, nsp_denominator
 
     def loss(self, sums, denominators):
-        return losses.total_loss(sums, *denominators)
+        if self.sentence_pair:
+            return losses.total_loss(sums, *denominators)
+        return losses.masked_lm_loss(sums, denominators[0])
 
     def metrics(self, sums, prefix):
-        return losses.metrics(sums, prefix)
+        return losses.metrics(sums, prefix, sentence_pair=self.sentence_pair)
 
 
 def build_pretraining(
@@ -55,7 +65,7 @@ def build_pretraining(
     mesh = sharding.make_mesh(run.mesh_shape, devices=devices)
     model = BertForPreTraining(model_config)
     return steps.build(
-        PretrainingObjective(model),
+        PretrainingObjective(model, sentence_pair=settings.sentence_pair),
         pretraining_init(model, data.max_seq_length, data.masking.max_predictions_per_seq),
         settings.optimizer,
         mesh,

@@ -17,7 +17,7 @@ import os
 import jax
 import ml_collections
 
-from bertjax import fs, optim
+from bertjax import fs, optim, sharding
 from bertjax.data import instances
 from bertjax.data.masking import MaskingSettings
 from bertjax.data.storage import MANIFEST_FILE
@@ -32,6 +32,13 @@ from bertjax.settings import (
     token_capacity,
 )
 from bertjax.tokenizer import MODEL_TYPES
+
+# What a step minimises: the masked LM plus the sentence-pair task that data.task names
+# (next-sentence or sentence-order prediction, google's BERT and ALBERT), or the masked LM
+# alone (RoBERTa, ModernBERT, NeoBERT), with the pair head left untrained.
+OBJECTIVES = ("mlm_sentence", "mlm")
+# The parameters only the sentence-pair task trains: frozen when the objective is MLM only.
+SENTENCE_PAIR_PARAMS = ("nsp_head", "bert/pooler")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +57,8 @@ class DataSettings:
     short_seq_prob: float
     eval_fraction: float
     workers: int  # 0: one per CPU core
-    masking: MaskingSettings
+    masking: MaskingSettings  # of the training batches
+    eval_masking: MaskingSettings  # of the held-out batches: a fixed rate, whatever training's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,6 +69,10 @@ class RunSettings:
     num_train_steps: int
     batch_size: int  # global, over all processes and devices
     grad_accum_steps: int
+    # Batch-size warmup: the global batch starts at batch_warmup_start rows and grows by
+    # that many, linearly, to batch_size at step batch_warmup_steps (0: no warmup).
+    batch_warmup_start: int
+    batch_warmup_steps: int
     token_capacity: float
     mesh_shape: tuple[int, ...]
     log_every_steps: int
@@ -77,6 +89,23 @@ class RunSettings:
         """Rows per micro-batch; evaluation uses batches of this size too (they fit)."""
         return self.batch_size // self.grad_accum_steps
 
+    @property
+    def loader_batch_size(self) -> int:
+        """Global rows of one loader batch: a step takes batch_size_at(step) / this many."""
+        return self.batch_warmup_start if self.batch_warmup_steps else self.batch_size
+
+    def batch_size_at(self, step: int) -> int:
+        """The global batch of the step that takes the state from `step` to `step + 1`.
+
+        It grows in multiples of batch_warmup_start: 1 + floor((n - 1) * step / W) of them for
+        step < W = batch_warmup_steps, n = batch_size / batch_warmup_start from step W on.
+        Each size compiles the train step once.
+        """
+        if not self.batch_warmup_steps or step >= self.batch_warmup_steps:
+            return self.batch_size
+        pieces = self.batch_size // self.batch_warmup_start
+        return self.batch_warmup_start * (1 + (pieces - 1) * step // self.batch_warmup_steps)
+
 
 @dataclasses.dataclass(frozen=True)
 class PretrainSettings:
@@ -89,6 +118,12 @@ class PretrainSettings:
     data: DataSettings
     run: RunSettings
     config: dict  # the config as given, kept in checkpoints for the record
+    objective: str = "mlm_sentence"  # one of OBJECTIVES
+
+    @property
+    def sentence_pair(self) -> bool:
+        """Whether the objective trains (and evaluation reports) the sentence-pair task."""
+        return self.objective == "mlm_sentence"
 
     @classmethod
     def from_config(
@@ -146,6 +181,8 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         num_train_steps=config.num_train_steps,
         batch_size=config.batch_size,
         grad_accum_steps=config.grad_accum_steps,
+        batch_warmup_start=config.batch_warmup_start,
+        batch_warmup_steps=config.batch_warmup_steps,
         token_capacity=float(config.token_capacity),
         mesh_shape=tuple(config.mesh_shape),
         log_every_steps=config.log_every_steps,
@@ -173,10 +210,14 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         "data.max_seq_length",
         f"exceeds the model's max_position_embeddings={model.max_position_embeddings}",
     )
-    optimizer = read_optimizer(config, total_steps=config.num_train_steps)
+    objective = config.objective
+    require_(objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}")
+    frozen = () if objective == "mlm_sentence" else SENTENCE_PAIR_PARAMS
+    optimizer = read_optimizer(config, total_steps=config.num_train_steps, frozen=frozen)
 
     mesh = check_mesh(config, run, devices, process_count)
     check_mesh_fits(model, mesh, check_vocab=bool(requested_vocab))
+    _check_batch_warmup(config, run, sharding.data_parallel_size(mesh))
     require_(
         config.init_from is not None,
         "init_from",
@@ -195,13 +236,38 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         data=data,
         run=run,
         config=config.to_dict(),
+        objective=objective,
+    )
+
+
+def _check_batch_warmup(config, run: RunSettings, data_parallel: int) -> None:
+    """Every batch of the warmup splits into the run's micro-batches and device shards."""
+    steps, start = run.batch_warmup_steps, run.batch_warmup_start
+    ok = isinstance(steps, int) and not isinstance(steps, bool) and steps >= 0
+    require(config, ok, "batch_warmup_steps", "must be an integer >= 0 (0: no batch warmup)")
+    if not steps:
+        return
+    unit = run.grad_accum_steps * data_parallel
+    require(
+        config,
+        isinstance(start, int) and 0 < start < run.batch_size and run.batch_size % start == 0,
+        "batch_warmup_start",
+        f"must be a positive divisor of batch_size={run.batch_size} smaller than it",
+    )
+    require(
+        config,
+        start % unit == 0,
+        "batch_warmup_start",
+        f"must be a multiple of grad_accum_steps x the data-parallel size ({unit}), so that "
+        "every batch of the warmup splits into equal micro-batches and device shards",
     )
 
 
 def _read_data(config) -> DataSettings:
     require_ = functools.partial(require, config)
     d = config.data
-    require_(0.0 < d.masked_lm_prob < 1.0, "data.masked_lm_prob", "must be in (0, 1)")
+    for field in ("masked_lm_prob", "eval_masked_lm_prob"):
+        require_(0.0 < d[field] < 1.0, f"data.{field}", "must be in (0, 1)")
     require_(
         d.max_predictions_per_seq <= d.max_seq_length,
         "data.max_predictions_per_seq",
@@ -252,6 +318,11 @@ def _read_data(config) -> DataSettings:
         workers=d.workers,
         masking=MaskingSettings(
             masked_lm_prob=d.masked_lm_prob,
+            max_predictions_per_seq=d.max_predictions_per_seq,
+            whole_word_masking=d.whole_word_masking,
+        ),
+        eval_masking=MaskingSettings(
+            masked_lm_prob=d.eval_masked_lm_prob,
             max_predictions_per_seq=d.max_predictions_per_seq,
             whole_word_masking=d.whole_word_masking,
         ),

@@ -1,0 +1,294 @@
+"""The modern pretraining recipe: the MLM-only objective, the eval masking rate, a short run
+with StableAdamW and warmup-stable-decay, a stable run decayed by its continuation, and the
+batch-size warmup with its exact resume."""
+
+import json
+import shutil
+
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+from test_trainer import make_config, read_losses, train
+
+import bertjax
+from bertjax import data as data_lib
+from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.pretrain import loop as trainer
+from bertjax.pretrain.objective import PretrainingObjective, build_pretraining
+from bertjax.pretrain.settings import SENTENCE_PAIR_PARAMS, PretrainSettings
+from bertjax.settings import ConfigError
+from configs import tiny_modern_recipe
+
+
+@pytest.fixture
+def data_dir(synthetic_data):
+    return synthetic_data
+
+
+def _random_batch(rng, batch=4, seq=16, predictions=5, vocab=60):
+    ids = rng.integers(5, vocab, size=(batch, seq)).astype(np.int32)
+    return {
+        "input_ids": ids,
+        "segment_ids": (np.arange(seq) >= seq // 2).astype(np.int32)[None].repeat(batch, 0),
+        "input_mask": np.ones((batch, seq), np.int32),
+        "masked_lm_positions": rng.integers(1, seq, size=(batch, predictions)).astype(np.int32),
+        "masked_lm_ids": rng.integers(5, vocab, size=(batch, predictions)).astype(np.int32),
+        "masked_lm_weights": np.ones((batch, predictions), np.float32),
+        "next_sentence_labels": rng.integers(0, 2, size=(batch,)).astype(np.int32),
+    }
+
+
+def test_mlm_only_loss_has_no_sentence_term():
+    config = BertConfig.preset("tiny", vocab_size=60, max_position_embeddings=16)
+    model = BertForPreTraining(config)
+    batch = _random_batch(np.random.default_rng(0))
+    params = nn.meta.unbox(
+        model.init(
+            {"params": jax.random.key(0)},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            batch["masked_lm_positions"],
+        )["params"]
+    )
+
+    def loss_and_grads(objective):
+        def loss(p):
+            sums = objective.sums(p, batch, rng=None, deterministic=True)
+            return objective.loss(sums, objective.denominators(batch)), sums
+
+        (value, sums), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        return value, grads, objective.metrics(sums, "train")
+
+    mlm_loss, mlm_grads, mlm_metrics = loss_and_grads(PretrainingObjective(model, False))
+    full_loss, full_grads, full_metrics = loss_and_grads(PretrainingObjective(model))
+    # The MLM-only loss is the MLM term of the full one, and the pair head learns nothing.
+    np.testing.assert_allclose(
+        mlm_loss, full_loss - full_metrics["train/nsp_loss"], rtol=1e-6, atol=1e-6
+    )
+    np.testing.assert_allclose(mlm_loss, mlm_metrics["train/mlm_loss"], rtol=1e-6)
+    for name in SENTENCE_PAIR_PARAMS:
+        subtree = mlm_grads
+        for key in name.split("/"):
+            subtree = subtree[key]
+        assert all(not np.any(np.asarray(g)) for g in jax.tree.leaves(subtree)), name
+    assert np.any(np.asarray(full_grads["nsp_head"]["kernel"]))
+    assert np.any(np.asarray(mlm_grads["mlm_head"]["output_bias"]))
+    assert sorted(mlm_metrics) == ["train/mlm_accuracy", "train/mlm_loss"]
+    assert "train/nsp_accuracy" in full_metrics
+
+
+def test_objective_and_eval_rate_settings(data_dir):
+    default = PretrainSettings.from_config(make_config(data_dir))
+    assert default.objective == "mlm_sentence" and default.sentence_pair
+    assert default.optimizer.frozen == ()
+    assert default.data.masking == default.data.eval_masking  # both google's 15%
+
+    config = make_config(data_dir, objective="mlm")
+    config.data.masked_lm_prob = 0.3
+    config.data.max_predictions_per_seq = 20
+    settings = PretrainSettings.from_config(config)
+    assert not settings.sentence_pair
+    assert settings.optimizer.frozen == SENTENCE_PAIR_PARAMS
+    assert settings.data.masking.masked_lm_prob == 0.3
+    assert settings.data.eval_masking.masked_lm_prob == 0.15
+    assert settings.data.eval_masking.max_predictions_per_seq == 20
+
+    for overrides, field in [
+        (
+            {"objective": "nsp"},
+            r"config\.objective='nsp': must be one of \('mlm_sentence', 'mlm'\)",
+        ),
+        ({"data.eval_masked_lm_prob": 0.0}, r"config\.data\.eval_masked_lm_prob=0\.0"),
+        ({"optimizer.decay_steps": 10**7}, r"config\.optimizer: OptimizerSettings\.decay_steps"),
+        ({"optimizer.name": "stableadamw"}, r"OptimizerSettings\.name='stableadamw'"),
+    ]:
+        with pytest.raises(ConfigError, match=field):
+            PretrainSettings.from_config(make_config(data_dir, **overrides))
+
+
+def _recipe_config(data_dir, **overrides):
+    """configs/tiny_modern_recipe.py on the synthetic data, short."""
+    config = tiny_modern_recipe.get_config()
+    config.data.dir = str(data_dir)
+    config.data.max_seq_length = 64
+    config.data.max_predictions_per_seq = 20  # 64 * 0.3 = 19.2
+    config.batch_size = 32
+    config.num_train_steps = 16
+    config.log_every_steps = 1
+    config.eval_every_steps = 8
+    config.eval_batches = 2
+    config.checkpoint_every_steps = 8
+    config.optimizer.warmup_steps = 4
+    config.optimizer.decay_steps = 6
+    config.fill_mask_samples = 0
+    config.batch_warmup_steps = 0  # each batch size compiles: only where a test wants them
+    config.update_from_flattened_dict(overrides)
+    return config
+
+
+@pytest.mark.slow  # a run and a compiled init: about 30 s on two cores
+def test_a_short_modern_recipe_run_trains_mlm_only(data_dir, tmp_path, monkeypatch):
+    masking_of_split = {}
+    make_loader = data_lib.make_loader
+
+    def spy(data_dir, *, split="train", masking=None, **kwargs):
+        masking_of_split[split] = masking
+        return make_loader(data_dir, split=split, masking=masking, **kwargs)
+
+    monkeypatch.setattr(data_lib, "make_loader", spy)
+    config = _recipe_config(data_dir)
+    settings = PretrainSettings.from_config(config)
+    assert settings.optimizer.name == "stable_adamw" and settings.optimizer.schedule == "wsd"
+    workdir = tmp_path / "run"
+    result = train(config, workdir)
+
+    # Training batches at 30%, held-out ones at 15%.
+    assert masking_of_split["train"].masked_lm_prob == 0.3
+    assert masking_of_split["eval"].masked_lm_prob == 0.15
+
+    losses = read_losses(workdir)
+    assert sorted(losses) == list(range(1, 17))
+    assert all(np.isfinite(v) for v in losses.values())
+    assert np.mean([losses[s] for s in (14, 15, 16)]) < np.mean([losses[s] for s in (1, 2, 3)])
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert not any("nsp" in key for record in records for key in record)
+    assert sorted(result["eval"]) == ["eval/mlm_accuracy", "eval/mlm_loss"]
+    assert sorted(result["baselines"]) == ["eval/mlm_accuracy"]
+    # The decay ends at the configured floor.
+    last = [r for r in records if "train/learning_rate" in r][-1]
+    assert last["step"] == 16
+    assert last["train/learning_rate"] == pytest.approx(
+        config.optimizer.end_learning_rate
+        + (config.optimizer.learning_rate - config.optimizer.end_learning_rate)
+        * (1 - np.sqrt(5 / 6)),
+        rel=1e-5,
+    )
+
+    # The pooler and the pair head are where initialisation left them.
+    _, params, tokenizer = bertjax.load(workdir)
+    setup = build_pretraining(settings, settings.model_config(tokenizer.vocab_size))
+    with jax.set_mesh(setup.mesh):
+        params_rng, _ = jax.random.split(jax.random.key(config.seed))
+        initial = jax.device_get(setup.state.init(params_rng).params)
+    for name in SENTENCE_PAIR_PARAMS:
+        got, want = params, initial
+        for key in name.split("/"):
+            got, want = got[key], want[key]
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=name)
+    assert not np.array_equal(
+        np.asarray(params["mlm_head"]["output_bias"]),
+        np.asarray(initial["mlm_head"]["output_bias"]),
+    )
+
+
+@pytest.mark.slow  # three short runs: about 40 s on two cores
+def test_a_stable_run_is_decayed_by_its_continuation(data_dir, tmp_path):
+    # Straight: 12 steps, the last 4 decaying.
+    straight = tmp_path / "straight"
+    train(_recipe_config(data_dir, num_train_steps=12, **{"optimizer.decay_steps": 4}), straight)
+    # Stable only for 8 steps, then the same workdir continued to 12 with the decay.
+    continued = tmp_path / "continued"
+    train(_recipe_config(data_dir, num_train_steps=8, **{"optimizer.decay_steps": 0}), continued)
+    train(_recipe_config(data_dir, num_train_steps=12, **{"optimizer.decay_steps": 4}), continued)
+
+    want, got = read_losses(straight), read_losses(continued)
+    assert sorted(got) == sorted(want) == list(range(1, 13))
+    # The programs differ (their schedules' constants), so the compiler may sum in another
+    # order: the runs agree to float32 rounding, not bit for bit (an absolute tolerance for
+    # the parameters that stay near 0, where rounding is all that moves them).
+    np.testing.assert_allclose([got[s] for s in want], [want[s] for s in want], rtol=1e-6)
+    _, params_straight, _ = bertjax.load(straight)
+    _, params_continued, _ = bertjax.load(continued)
+    for a, b in zip(jax.tree.leaves(params_straight), jax.tree.leaves(params_continued)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+
+
+def test_the_modern_recipe_config_reads(data_dir):
+    config = tiny_modern_recipe.get_config()
+    config.data.dir = str(data_dir)
+    config.data.max_seq_length = 64
+    settings = PretrainSettings.from_config(config)
+    o = settings.optimizer
+    assert (o.name, o.schedule, o.learning_rate, o.b1, o.b2, o.eps) == (
+        "stable_adamw",
+        "wsd",
+        8e-4,
+        0.9,
+        0.98,
+        1e-6,
+    )
+    assert (o.weight_decay, o.lr_decoupled_weight_decay, o.max_grad_norm) == (1e-5, True, None)
+    assert settings.objective == "mlm" and settings.data.masking.masked_lm_prob == 0.3
+    assert settings.data.eval_masking.masked_lm_prob == 0.15
+    assert (settings.run.batch_size_at(0), settings.run.batch_size_at(100)) == (8, 32)
+    # Room for 30% of 128 tokens: the cap does not lower the rate.
+    assert settings.data.masking.max_predictions_per_seq >= round(128 * 0.3)
+
+
+# ----------------------------------------------------------------------------- batch warmup
+
+
+def test_batch_warmup_sizes_and_validation(data_dir):
+    run = PretrainSettings.from_config(
+        make_config(data_dir, batch_warmup_start=8, batch_warmup_steps=8)
+    ).run
+    sizes = [run.batch_size_at(step) for step in range(12)]
+    assert sizes == [8, 8, 8, 16, 16, 16, 24, 24, 32, 32, 32, 32]
+    assert run.loader_batch_size == 8
+    default = PretrainSettings.from_config(make_config(data_dir)).run
+    assert default.loader_batch_size == 32 and default.batch_size_at(0) == 32
+
+    for overrides, message in [
+        ({"batch_warmup_steps": -1}, r"config\.batch_warmup_steps=-1"),
+        ({"batch_warmup_steps": 4}, r"config\.batch_warmup_start=0: must be a positive divisor"),
+        ({"batch_warmup_steps": 4, "batch_warmup_start": 12}, r"batch_warmup_start=12"),
+        (  # 8 devices and 2 micro-batches: each warmup batch must hold 16 rows
+            {"batch_warmup_steps": 4, "batch_warmup_start": 8, "grad_accum_steps": 2},
+            r"batch_warmup_start=8: must be a multiple of grad_accum_steps x the data-parallel "
+            r"size \(16\)",
+        ),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            PretrainSettings.from_config(make_config(data_dir, **overrides))
+
+
+@pytest.mark.slow  # three short runs, four batch sizes compiled: about 60 s on two cores
+def test_a_run_stopped_during_batch_warmup_resumes_bit_exactly(data_dir, tmp_path, monkeypatch):
+    rows = []
+    batch = trainer._Hooks.batch
+
+    def spy(hooks, step):
+        local_batch = batch(hooks, step)
+        rows.append(len(local_batch["input_ids"]))
+        return local_batch
+
+    monkeypatch.setattr(trainer._Hooks, "batch", spy)
+    warmup = {
+        "batch_warmup_start": 8,
+        "batch_warmup_steps": 8,
+        "checkpoint_every_steps": 4,
+        "optimizer.decay_steps": 0,  # the rates do not depend on num_train_steps
+    }
+    straight = tmp_path / "straight"
+    train(_recipe_config(data_dir, num_train_steps=12, **warmup), straight)
+    assert rows == [8, 8, 8, 16, 16, 16, 24, 24, 32, 32, 32, 32]
+
+    # Stopped after step 6 (mid-warmup), its last checkpoint lost: resumes from step 4.
+    stopped = tmp_path / "stopped"
+    train(_recipe_config(data_dir, num_train_steps=6, **warmup), stopped)
+    shutil.rmtree(stopped / "checkpoints" / "6")
+    rows.clear()
+    train(_recipe_config(data_dir, num_train_steps=12, **warmup), stopped)
+    assert rows == [16, 16, 24, 24, 32, 32, 32, 32]  # steps 5..12
+
+    want, got = read_losses(straight), read_losses(stopped)
+    assert sorted(got) == sorted(want) == list(range(1, 13))
+    for step in want:
+        assert got[step] == want[step], f"step {step}: {got[step]} != {want[step]}"
+    _, params_straight, _ = bertjax.load(straight)
+    _, params_stopped, _ = bertjax.load(stopped)
+    for a, b in zip(jax.tree.leaves(params_straight), jax.tree.leaves(params_stopped)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
