@@ -359,9 +359,14 @@ def load(path: str | os.PathLike, *, seed: int = 0, **overrides) -> tuple[BertCo
 
 
 def load_with_report(
-    path: str | os.PathLike, *, seed: int = 0, **overrides
+    path: str | os.PathLike, *, seed: int = 0, pretraining_heads: bool = True, **overrides
 ) -> tuple[BertConfig, dict, LoadReport]:
-    """Like `load`, also returning a LoadReport of initialised and ignored tensors."""
+    """Like `load`, also returning a LoadReport of initialised and ignored tensors.
+
+    Without `pretraining_heads` (a fine-tuning run, which never uses them) MLM and NSP heads
+    the directory lacks are neither initialised nor reported: the parameters hold what the
+    directory has.
+    """
     directory = fs.path(path)
     if fs.kind(directory) != "directory":
         raise FileNotFoundError(
@@ -406,7 +411,8 @@ def load_with_report(
                 raise ValueError(
                     f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})"
                 )
-            if spec.group not in missing_groups:
+            wanted = pretraining_heads or spec.group not in (MLM_HEAD, NSP_HEAD)
+            if wanted and spec.group not in missing_groups:
                 missing_groups.append(spec.group)
             continue
         array = found[spec.hf_name]

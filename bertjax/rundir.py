@@ -108,7 +108,14 @@ class Run:
     fresh: tuple[str, ...] = ()  # HUGGING_FACE: parameter groups the files did not have
 
 
-def open_run(path: str | os.PathLike, step: int | None = None, *, best: bool = True, **overrides):
+def open_run(
+    path: str | os.PathLike,
+    step: int | None = None,
+    *,
+    best: bool = True,
+    pretraining_heads: bool = True,
+    **overrides,
+):
     """Opens a bertjax work directory, a bertjax export or a Hugging Face BERT directory.
 
     `step` picks a checkpoint of a work directory (default: the newest readable one; for a
@@ -136,7 +143,9 @@ def open_run(path: str | os.PathLike, step: int | None = None, *, best: bool = T
                 f"step={step} applies to bertjax work directories; {path} is a Hugging Face "
                 "directory with a single set of weights"
             )
-        config, params, report = hf.load_with_report(path, **overrides)
+        config, params, report = hf.load_with_report(
+            path, pretraining_heads=pretraining_heads, **overrides
+        )
         try:
             tokenizer = hf.load_tokenizer(path)
         except FileNotFoundError:

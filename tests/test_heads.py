@@ -1,5 +1,6 @@
 """Fine-tuning heads: exact outputs on a tiny model, exact losses on hand-made inputs."""
 
+import json
 import math
 
 import flax.linen as nn
@@ -11,6 +12,10 @@ import pytest
 from bertjax import heads, sharding
 from bertjax.capability import HeadSpec
 from bertjax.model import BertConfig, BertModel
+from bertjax.tasks.embed import task as embed_task
+from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.embed.objective import LossSettings
+from bertjax.tasks.seq2seq import model as s2s
 from bertjax.tokenizer import WordPieceTokenizer
 
 CONFIG = BertConfig(
@@ -207,3 +212,63 @@ def test_words_are_labelled_at_their_first_sub_word_and_cut_at_the_length(tmp_pa
     assert inputs.word_positions[1].tolist() == [1, 2, 4, -1]
     assert inputs.words_cut == 1
     assert inputs.input_mask.sum() == 12 and not inputs.segment_ids.any()
+
+
+# Heads as checkpoints written before options were typed recorded them: options inside the
+# labels as name=value strings. Such checkpoints still open, with typed options.
+LEGACY_EMBEDDING = {
+    "task": "embedding",
+    "labels": [
+        "pooling=max",
+        "normalize=True",
+        "max_seq_length=24",
+        "loss=in_batch_negatives",
+        "scale=20.0",
+        "symmetric=True",
+        "score_max=1.0",
+    ],
+}
+LEGACY_SEQ2SEQ = {
+    "task": "seq2seq",
+    "labels": [
+        "init=bertshare",
+        "decoder_start_id=2",
+        "eos_id=3",
+        "label_smoothing=0.1",
+        "max_target_length=16",
+        "num_beams=4",
+        "max_new_tokens=12",
+        "length_penalty=1.0",
+        "no_repeat_ngram_size=0",
+    ],
+}
+
+
+def test_heads_with_options_in_their_labels_still_open():
+    embedding = HeadSpec.from_dict(LEGACY_EMBEDDING)
+    assert embedding.labels == ()
+    assert embedding.options == embed_task.EmbeddingOptions(
+        EmbeddingSpec("max", True, 24), LossSettings(symmetric=True)
+    )
+    seq2seq = HeadSpec.from_dict(LEGACY_SEQ2SEQ)
+    assert seq2seq.options == s2s.TaskOptions(
+        decoder_start_id=2,
+        eos_id=3,
+        init="bertshare",
+        label_smoothing=0.1,
+        max_target_length=16,
+        generation=s2s.GenerationSettings(max_new_tokens=12, num_beams=4),
+    )
+    # Written again, they take the typed form, which reads back the same.
+    for head in (embedding, seq2seq):
+        stored = json.loads(json.dumps(head.to_dict()))
+        assert "options" in stored and HeadSpec.from_dict(stored) == head
+
+
+def test_a_head_names_a_registered_task_and_suits_it():
+    with pytest.raises(ValueError, match=r"task='nope' is invalid: must be one of \('classif"):
+        HeadSpec("nope", ("a", "b"))
+    with pytest.raises(ValueError, match=r"question_answering head has the labels"):
+        HeadSpec("question_answering", ("a", "b"))
+    with pytest.raises(ValueError, match="embedding head has no labels and EmbeddingOptions"):
+        HeadSpec("embedding", ("pooling=mean",))

@@ -21,6 +21,7 @@ from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
 
 from bertjax import hf
 from bertjax import model as model_lib
+from bertjax.finetune import loop as finetune_loop
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 
@@ -275,6 +276,20 @@ def test_hf_bertjax_hf_round_trip_is_bit_identical(tmp_path, hf_dir, dtype):
         "dtype",
     ):
         assert old_cfg[key] == new_cfg[key], key
+
+
+def test_fine_tuning_from_a_bert_model_directory_misses_no_head(tmp_path, caplog):
+    """A fine-tuning run takes the encoder only: a BertModel directory's missing MLM and NSP
+    heads are neither made up nor warned about."""
+    base = _randomize_torch(transformers.BertModel(_hf_config()), seed=6).eval()
+    base.save_pretrained(tmp_path)
+    pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    pieces += [f"w{i}" for i in range(HF_SMALL["vocab_size"] - len(pieces))]
+    (tmp_path / "vocab.txt").write_text("".join(p + "\n" for p in pieces))
+    with caplog.at_level(logging.WARNING, logger="bertjax.hf"):
+        source = finetune_loop.open_source(tmp_path)
+    assert "freshly initialised" not in caplog.text
+    assert set(source.params) == {"bert"} and source.fresh == ()
 
 
 def test_bert_model_checkpoint_loads_with_fresh_heads(tmp_path, caplog):

@@ -339,3 +339,15 @@ def test_finetune_run_learns_synthetic_squad(tmp_path, optimized):
     # Resuming a finished run takes no step and keeps the best.
     again = loop.finetune(settings, run, devices=jax.devices()[:1])
     assert again["seeds"][0]["best"]["value"] == best["value"]
+
+
+def test_a_method_that_does_not_fit_names_the_one_that_does(tmp_path):
+    model = Model.load(random_export(tmp_path / "qa"))
+    with pytest.raises(
+        InferenceError,
+        match=r"predict\(\) needs a fine-tuned classification or regression or multi_label or "
+        r"token_classification model; .* is a question_answering model: use answer\(",
+    ):
+        model.predict(["the w1"])
+    with pytest.raises(InferenceError, match=r"generate\(\) needs a fine-tuned seq2seq model"):
+        model.generate(["the w1"])

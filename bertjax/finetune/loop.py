@@ -62,7 +62,8 @@ class HeadMismatchError(ConfigError):
 def open_source(path: str | os.PathLike) -> rundir.Run:
     """Opens what init_from is: its architecture, tokenizer and head (parameters come later)."""
     try:
-        return rundir.open_run(path)
+        # A fine-tuning run never uses MLM/NSP heads: a BertModel directory lacks nothing.
+        return rundir.open_run(path, pretraining_heads=False)
     except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
         if isinstance(err, ConfigError):
             raise
