@@ -65,7 +65,7 @@ def get_config() -> ml_collections.ConfigDict:
             no_repeat_ngram_size=0,
         )
     )
-    # task=embedding (a bi-encoder; see bertjax/finetune/tasks/embedding.py). Its files:
+    # task=embedding (a bi-encoder; see bertjax/tasks/embed/task.py). Its files:
     # data.text_fields="anchor,positive" or "anchor,positive,negative" (with
     # loss=cosine_regression: two fields and data.label_field, the gold score); the
     # validation file holds scored pairs (the first two text fields and data.label_field).

@@ -10,10 +10,11 @@ apart. The task itself (reading, objective, scores, predictions) comes from the 
                           every epoch and every checkpoint_every_steps; rerunning resumes it
     best/                 the parameters of the best epoch by the task's metric (Orbax)
     tokenizer.model       the tokenizer (tokenizer.json for WordPiece), so the directory
-                          opens on its own: bertjax.Model.load(workdir).predict(...)
+                          opens on its own: bertjax.Model.load(workdir) and the method
+                          of its capability (predict, answer, embed, generate)
     metrics.jsonl, tensorboard/
     predictions_<split>.tsv   predictions of the best parameters for each test file, as
-                          the task writes them (bertjax.finetune.tasks)
+                          the task writes them (bertjax.tasks)
     result.json           the best epoch and its validation metrics
 
 With several seeds (config.seeds) each seed runs in <workdir>/seed_<n>/ and
