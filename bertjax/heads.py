@@ -157,6 +157,25 @@ class HeadSums(NamedTuple):
     correct: jax.Array  # argmax hits (classification, tokens) or per-label hits (multi-label)
     count: jax.Array  # what the loss is averaged over: examples, example-labels or tokens
 
+    @classmethod
+    def zeros(cls) -> HeadSums:
+        """The sums of no example at all (what accumulation starts from)."""
+        return cls(*(jnp.zeros((), jnp.float32) for _ in cls._fields))
+
+
+def apply_model(model: nn.Module, params, batch, *, rng, deterministic: bool, packed_length=None):
+    """A head model over a batch's google-named features, with dropout drawn from `rng` (None:
+    no dropout rng, for evaluation)."""
+    return model.apply(
+        {"params": params},
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["input_mask"],
+        deterministic=deterministic,
+        packed_length=packed_length,
+        rngs={"dropout": rng} if rng is not None else {},
+    )
+
 
 def classification_sums(logits: jax.Array, labels: jax.Array, weights: jax.Array) -> HeadSums:
     """Softmax cross-entropy of [b, C] logits against int [b] labels; weight 0 drops a row."""

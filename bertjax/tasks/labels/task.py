@@ -49,14 +49,13 @@ class HeadObjective(TaskObjective):
         return heads.head_sums(self.head.task, logits, batch), heads.outputs(self.head.task, logits)
 
     def logits(self, params, batch, *, rng, deterministic: bool, packed_length=None):
-        return self.model.apply(
-            {"params": params},
-            batch["input_ids"],
-            batch["segment_ids"],
-            batch["input_mask"],
+        return heads.apply_model(
+            self.model,
+            params,
+            batch,
+            rng=rng,
             deterministic=deterministic,
             packed_length=packed_length,
-            rngs={"dropout": rng} if rng is not None else {},
         )
 
     def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> heads.HeadSums:
@@ -66,7 +65,7 @@ class HeadObjective(TaskObjective):
         return heads.head_sums(self.head.task, logits, batch)
 
     def zero_sums(self) -> heads.HeadSums:
-        return heads.HeadSums(*(jnp.zeros((), jnp.float32) for _ in heads.HeadSums._fields))
+        return heads.HeadSums.zeros()
 
     def denominators(self, batch) -> jax.Array:
         return heads.denominator(self.head.task, batch, self.head.num_outputs)

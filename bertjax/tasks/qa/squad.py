@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import fs, sharding, steps
+from bertjax import fs, heads, sharding, steps
 from bertjax.heads import HeadSums
 from bertjax.model import BertConfig, BertModel
 from bertjax.sharding import BATCH, EMBED, LABELS, LENGTH
@@ -667,14 +667,13 @@ class QAObjective(steps.Objective):
         self.model = model
 
     def logits(self, params, batch, *, rng, deterministic: bool, packed_length=None):
-        return self.model.apply(
-            {"params": params},
-            batch["input_ids"],
-            batch["segment_ids"],
-            batch["input_mask"],
+        return heads.apply_model(
+            self.model,
+            params,
+            batch,
+            rng=rng,
             deterministic=deterministic,
             packed_length=packed_length,
-            rngs={"dropout": rng} if rng is not None else {},
         )
 
     def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> HeadSums:
@@ -686,7 +685,7 @@ class QAObjective(steps.Objective):
         )
 
     def zero_sums(self) -> HeadSums:
-        return HeadSums(*(jnp.zeros((), jnp.float32) for _ in HeadSums._fields))
+        return HeadSums.zeros()
 
     def denominators(self, batch) -> jax.Array:
         return jnp.sum(batch["weights"].astype(jnp.float32))

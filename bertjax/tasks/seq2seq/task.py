@@ -216,7 +216,7 @@ class Seq2SeqObjective(TaskObjective):
         return sums, {"tokens": generated.tokens, "lengths": generated.lengths}
 
     def zero_sums(self) -> HeadSums:
-        return HeadSums(*(jnp.zeros((), jnp.float32) for _ in HeadSums._fields))
+        return HeadSums.zeros()
 
     def denominators(self, batch) -> jax.Array:
         return jnp.sum(batch["target_mask"] * batch["weights"][:, None]).astype(jnp.float32)
