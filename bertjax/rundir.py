@@ -397,8 +397,14 @@ class WorkdirLock:
                 holder = json.loads(fs.read_bytes(self.path))
             except FileNotFoundError:
                 continue  # released meanwhile: try again
+            except fs.StorageError:
+                raise
             except ValueError:
                 holder = {}
+            if holder.get("token") == me["token"]:
+                # Our own write: it reached the store but its answer was lost, and the
+                # retried write found the object there.
+                return self._hold(int(found["generation"]))
             age = fs.server_time(self.path.parent) - fs.parse_time(found["updated"])
             # Dead: silent too long, or (on this host, where it can be checked) gone.
             if age <= self.stale_after_seconds and not self._is_stale(holder):
@@ -433,6 +439,8 @@ class WorkdirLock:
         while not self._stop.wait(self.heartbeat_seconds):
             try:
                 generation = fs.write_if_generation(self.path, data, self._generation)
+                if generation is None:
+                    generation = self._own_generation()
             except Exception as e:  # noqa: BLE001 - a failed heartbeat is retried next time
                 logger.warning("could not renew the lock %s: %s", self.path, e)
                 continue
@@ -447,6 +455,23 @@ class WorkdirLock:
                 )
                 return
             self._generation = generation
+
+    def _own_generation(self) -> int | None:
+        """The lock object's generation if it still holds this run's token, else None.
+
+        A conditional write whose answer was lost and that was sent again fails its own
+        precondition (the first one changed the generation); the object then is ours.
+        """
+        try:
+            found = fs.stat_remote(self.path)
+            holder = json.loads(fs.read_bytes(self.path))
+        except FileNotFoundError:
+            return None
+        except fs.StorageError:
+            raise
+        except ValueError:
+            return None
+        return int(found["generation"]) if holder.get("token") == self._me["token"] else None
 
     def _age(self) -> float:
         try:
@@ -483,8 +508,20 @@ class WorkdirLock:
         if self._heartbeat is not None:
             self._heartbeat.join()
             self._heartbeat = None
-        if not self.lost:  # only our own generation: never a lock another run took over
+        if self.lost:  # only our own generation: never a lock another run took over
+            return
+        try:
             fs.remove_if_generation(self.path, self._generation)
+        except fs.StorageError as e:
+            # Releasing runs as the run ends, often because of the very failure that makes
+            # this fail too; that failure is the one to report. The lock stops being
+            # renewed, so the next run takes it over once it is stale.
+            logger.warning(
+                "could not remove the lock %s (%s); the next run takes it over after %g s",
+                self.path,
+                e,
+                self.stale_after_seconds,
+            )
 
     def __enter__(self) -> WorkdirLock:
         return self.acquire()
