@@ -347,8 +347,8 @@ def errors(target: str | os.PathLike, action: str) -> Iterator[None]:
         yield
     except StorageUnavailableError as e:
         # The request's own name for the object may be a bucket or an upload session: name
-        # what the caller asked for instead.
-        if e.target == os.fspath(target):
+        # what the caller asked for, and what it was doing.
+        if e.detail.startswith("cannot "):
             raise
         raise StorageUnavailableError(os.fspath(target), f"cannot {action}: {e.detail}") from e
     except StorageError:

@@ -261,13 +261,14 @@ def train(plan: Plan, hooks: LoopHooks) -> Outcome:
 
 def _close_all(*closers, failing: bool) -> None:
     """Calls every closer. If the run is failing, a closer's own failure is logged (the
-    run's error is the one to report); otherwise the first one is raised."""
+    run's error is the one to report); otherwise the first one is raised, the others
+    logged."""
     first: Exception | None = None
     for close in closers:
         try:
             close()
         except Exception as error:  # noqa: BLE001 - see the docstring
-            if failing:
+            if failing or first is not None:
                 logger.warning("%s", " ".join(str(error).split()) or type(error).__name__)
             elif first is None:
                 first = error

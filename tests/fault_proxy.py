@@ -57,9 +57,11 @@ class FaultProxy:
         self.fault_rate = fault_rate
         self.timeout = timeout
         self.counts: collections.Counter[str] = collections.Counter()
+        self.requests: collections.deque[str] = collections.deque(maxlen=10000)  # "GET /path"
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._down_until = 0.0
+        self._script: collections.deque[str] = collections.deque()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
         self._server.proxy = self
@@ -76,15 +78,26 @@ class FaultProxy:
         with self._lock:
             self._down_until = time.monotonic() + seconds
 
-    def decide(self, path: str) -> str | None:
+    def script(self, *faults: str | None) -> None:
+        """The faults of the next requests, in order (None: forward that one)."""
+        with self._lock:
+            self._script.extend(faults)
+
+    def decide(self, request: str, client: str) -> str | None:
         """This request's fault ("outage", one of FAULTS), or None to forward it."""
         with self._lock:
             self.counts["requests"] += 1
+            self.counts[client] += 1
+            self.requests.append(request)
             if time.monotonic() < self._down_until:
                 fault = "outage"
+            elif self._script:
+                fault = self._script.popleft()
+                if fault is None:
+                    return None
             elif self._rng.random() < self.fault_rate:
                 fault = self._rng.choice(FAULTS)
-                if fault == "drop_after" and "upload_id=" in path:
+                if fault == "drop_after" and "upload_id=" in request:
                     fault = "drop"
             else:
                 return None
@@ -144,7 +157,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _serve(self) -> None:
         proxy: FaultProxy = self.server.proxy
         body = self._body()
-        fault = proxy.decide(self.path)
+        # The client by its User-Agent's first word: python-gcsfs/..., tensorstore/...
+        client = self.headers.get("User-Agent", "?").split("/")[0].split()[0]
+        fault = proxy.decide(f"{self.command} {self.path}", client)
         if fault in ("outage", "drop"):
             return self._drop()
         if fault in ("503", "429"):
