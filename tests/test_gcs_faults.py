@@ -190,6 +190,7 @@ def test_the_metrics_uploader_outlives_an_outage(gcs, faults, monkeypatch, caplo
 # ----------------------------------------------------------------------------- whole runs
 
 
+@pytest.mark.slow
 def test_pretraining_through_faults_is_bit_identical(gcs, synthetic_data, faults):
     data = upload(gcs, synthetic_data, gcs.bucket("data") + "/prepared")
     values = overrides(data, num_train_steps=6, checkpoint_every_steps=2)
