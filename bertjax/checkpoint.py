@@ -661,7 +661,9 @@ class Checkpointer:
                 if last is not None
                 else ""
             )
-            listed = f"the checkpoints {where} could not be listed ({_brief(error)}){kept}"
+            # The store's outage is already the cause of the message; name other failures.
+            why = "unreachable" if isinstance(error, fs.StorageUnavailableError) else _brief(error)
+            listed = f"the checkpoints {where} could not be listed ({why}){kept}"
             return last, listed
         if not steps:
             return None, f"no complete checkpoint exists {where} yet"

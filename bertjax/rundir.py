@@ -517,7 +517,8 @@ class WorkdirLock:
             # this fail too; that failure is the one to report. The lock stops being
             # renewed, so the next run takes it over once it is stale.
             logger.warning(
-                "could not remove the lock %s (%s); the next run takes it over after %g s",
+                "could not remove the lock %s (%s); a later run takes it over, on this host "
+                "as soon as this process has ended, from another after %g s",
                 self.path,
                 e,
                 self.stale_after_seconds,
