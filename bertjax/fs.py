@@ -583,9 +583,14 @@ def retry_policy() -> RetryPolicy:
         seconds = float(text)
     except ValueError:
         seconds = -1.0
-    if not seconds > 0:
+    if not 0 < seconds < float("inf"):
         raise StorageError(f"{RETRY_ENV}={text!r} is invalid; must be a number of seconds > 0")
-    return RetryPolicy(seconds, max_delay=min(RETRY_MAX_DELAY, seconds))
+    # A budget shorter than the default waits (tests) shortens them too.
+    return RetryPolicy(
+        seconds,
+        initial_delay=min(RETRY_INITIAL_DELAY, seconds),
+        max_delay=min(RETRY_MAX_DELAY, seconds),
+    )
 
 
 def tensorstore_retries() -> dict:

@@ -127,9 +127,16 @@ def test_the_retry_budget_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv(fs.RETRY_ENV, "3")
     assert fs.retry_policy().deadline == 3
     assert fs.tensorstore_retries()["max_retries"] == 2
-    monkeypatch.setenv(fs.RETRY_ENV, "soon")
-    with pytest.raises(fs.StorageError, match=f"{fs.RETRY_ENV}='soon' is invalid"):
-        fs.retry_policy()
+    monkeypatch.setenv(fs.RETRY_ENV, "0.5")
+    assert fs.tensorstore_retries() == {
+        "max_retries": 1,
+        "initial_delay": "0.5s",
+        "max_delay": "0.5s",
+    }
+    for bad in ("soon", "0", "-1", "inf"):
+        monkeypatch.setenv(fs.RETRY_ENV, bad)
+        with pytest.raises(fs.StorageError, match=f"{fs.RETRY_ENV}='{bad}' is invalid"):
+            fs.retry_policy()
 
 
 def test_an_outage_beyond_the_budget_is_one_line_naming_the_path(gcs, faults, monkeypatch):
