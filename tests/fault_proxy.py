@@ -4,10 +4,11 @@
 that a seeded share of them (`fault_rate`) is answered 503 or 429 without reaching it, or has
 its connection dropped: before the request is forwarded, or after (the store did the work
 and the answer is lost, the case that makes a retried conditional write fail its own
-precondition; never for a resumable upload's session, which GCS answers again with the
-finished object but the emulator with 404). `outage(seconds)` drops every request for that
-long. Clients reach it through
-the endpoints the emulator fixture sets (STORAGE_EMULATOR_HOST for gcsfs,
+precondition). Two kinds of request never lose their answer that way: a resumable upload's
+session, which GCS answers again with the finished object but the emulator with 404, and a
+batch of deletes, which gcsfs, sent again after its objects are gone, reads as "nothing
+deleted" (FileNotFoundError). `outage(seconds)` drops every request for that long. Clients
+reach it through the endpoints the emulator fixture sets (STORAGE_EMULATOR_HOST for gcsfs,
 TENSORSTORE_GCS_HTTP_URL for tensorstore): `env` holds them.
 
 Bounded: every forwarded request times out, and the proxy stops itself after `lifetime`
@@ -97,7 +98,7 @@ class FaultProxy:
                     return None
             elif self._rng.random() < self.fault_rate:
                 fault = self._rng.choice(FAULTS)
-                if fault == "drop_after" and "upload_id=" in request:
+                if fault == "drop_after" and ("upload_id=" in request or "/batch/" in request):
                     fault = "drop"
             else:
                 return None

@@ -139,6 +139,23 @@ def test_the_retry_budget_is_read_from_the_environment(monkeypatch):
             fs.retry_policy()
 
 
+def test_a_failed_request_is_named_by_the_object_it_was_for(gcs):
+    store = fs.gcs_filesystem()
+    location = store._location
+
+    def target(path, *args, **kwargs):
+        return fs._request_target(store, path, args, kwargs)
+
+    assert target("b/{}/o/{}", "bkt", "run/checkpoints/10/x") == "gs://bkt/run/checkpoints/10/x"
+    assert target(f"{location}/download/storage/v1/b/bkt/o/a%2Fb?alt=media") == "gs://bkt/a/b"
+    assert target("b/{}/o", "bkt", prefix="run/checkpoints/") == "gs://bkt/run/checkpoints/"
+    session = f"{location}/upload/storage/v1/b/bkt/o?uploadType=resumable&name=a%2Fb&upload_id=7"
+    assert target(session) == "gs://bkt/a/b"
+    multipart = b'--==0==\nContent-Type: application/json\n\n{"name": "a/lock"}\n--==0=='
+    assert target(f"{location}/upload/storage/v1/b/bkt/o", data=multipart) == "gs://bkt/a/lock"
+    assert target("b/{}", "bkt") == "gs://bkt"
+
+
 def test_an_outage_beyond_the_budget_is_one_line_naming_the_path(gcs, faults, monkeypatch):
     monkeypatch.setenv(fs.RETRY_ENV, "1")
     proxy = faults()
