@@ -208,7 +208,9 @@ class _Mirror:
             except Exception as e:  # noqa: BLE001 - retried at the next change and at close
                 # The thread goes on (a training step never waits for it) and says why.
                 self._changed.set()
-                logger.warning("could not upload metrics to %s: %s", self._targets[0].parent, e)
+                logger.warning(
+                    "could not upload metrics, trying again later: %s", " ".join(str(e).split())
+                )
             self._stop.wait(self._interval)  # at most one upload per interval
 
     def _files(self) -> list[tuple[str, fs.AnyPath]]:

@@ -293,6 +293,10 @@ LOCK_STALE_ENV = "BERTJAX_LOCK_STALE_SECONDS"
 logger = logging.getLogger(__name__)
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def _seconds_from_env(name: str, default: float) -> float:
     text = os.environ.get(name)
     if not text:
@@ -442,7 +446,7 @@ class WorkdirLock:
                 if generation is None:
                     generation = self._own_generation()
             except Exception as e:  # noqa: BLE001 - a failed heartbeat is retried next time
-                logger.warning("could not renew the lock %s: %s", self.path, e)
+                logger.warning("could not renew the lock, trying again: %s", _one_line(e))
                 continue
             if generation is None:
                 self.lost = True
@@ -517,10 +521,9 @@ class WorkdirLock:
             # this fail too; that failure is the one to report. The lock stops being
             # renewed, so the next run takes it over once it is stale.
             logger.warning(
-                "could not remove the lock %s (%s); a later run takes it over, on this host "
-                "as soon as this process has ended, from another after %g s",
-                self.path,
-                e,
+                "could not remove the lock (%s); a later run takes it over, on this host as "
+                "soon as this process has ended, from another after %g s",
+                _one_line(e),
                 self.stale_after_seconds,
             )
 
