@@ -62,6 +62,7 @@ class FaultProxy:
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
         self._down_until = 0.0
+        self._down_client: str | None = None
         self._script: collections.deque[str] = collections.deque()
         self._server = _Server(("127.0.0.1", 0), _Handler)
         self._server.daemon_threads = True
@@ -74,10 +75,12 @@ class FaultProxy:
         self._timer.daemon = True
         self._timer.start()
 
-    def outage(self, seconds: float) -> None:
-        """Drops every request from now on for `seconds`."""
+    def outage(self, seconds: float, client: str | None = None) -> None:
+        """Drops every request (or only those of `client`: "tensorstore", "python-gcsfs")
+        from now on for `seconds`."""
         with self._lock:
             self._down_until = time.monotonic() + seconds
+            self._down_client = client
 
     def script(self, *faults: str | None) -> None:
         """The faults of the next requests, in order (None: forward that one)."""
@@ -90,7 +93,7 @@ class FaultProxy:
             self.counts["requests"] += 1
             self.counts[client] += 1
             self.requests.append(request)
-            if time.monotonic() < self._down_until:
+            if time.monotonic() < self._down_until and self._down_client in (None, client):
                 fault = "outage"
             elif self._script:
                 fault = self._script.popleft()
@@ -103,6 +106,7 @@ class FaultProxy:
             else:
                 return None
             self.counts[fault] += 1
+            self.counts[f"{fault}:{client}"] += 1
             return fault
 
     def stop(self) -> None:

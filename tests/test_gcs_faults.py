@@ -15,6 +15,7 @@ import time
 
 import aiohttp
 import gcsfs.retry
+import jax.numpy as jnp
 import pytest
 import requests
 from fault_proxy import FaultProxy
@@ -31,7 +32,7 @@ from test_gcs_use import _files, _finetune_config, _objects, _write_rows
 from xla_env import subprocess_env
 
 import bertjax
-from bertjax import fs, metrics_writer, rundir
+from bertjax import checkpoint, fs, metrics_writer, rundir
 from bertjax.finetune import loop as finetune_loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import Model
@@ -209,6 +210,62 @@ def test_the_metrics_uploader_outlives_an_outage(gcs, faults, monkeypatch, caplo
     assert any("could not upload metrics" in r.getMessage() for r in caplog.records)
     lines = fs.read_text(url + "/metrics.jsonl").splitlines()
     assert len(lines) == 20
+
+
+def test_a_checkpoint_rides_out_an_outage_within_the_budget(gcs, faults, monkeypatch):
+    monkeypatch.setenv(fs.RETRY_ENV, "20")
+    proxy = faults()
+    url = gcs.bucket() + "/checkpoints"
+    params, opt_state = {"w": jnp.arange(8.0)}, {"m": jnp.ones(3)}
+    with checkpoint.Checkpointer(url, async_save=False) as checkpointer:
+        proxy.outage(4, client="tensorstore")  # the arrays' writes: tensorstore's retries
+        checkpointer.save(1, params=params, opt_state=opt_state, meta={}, force=True)
+    assert proxy.counts["outage:tensorstore"] > 0, proxy.counts  # its retries rode it out
+    step, restored, _ = checkpoint.restore_params(url)
+    assert step == 1 and leaf_hashes(restored) == leaf_hashes(params)
+
+
+def test_tensorstore_keeps_to_the_budget(gcs, faults, monkeypatch):
+    monkeypatch.setenv(fs.RETRY_ENV, "1")
+    proxy = faults()
+    url = gcs.bucket() + "/checkpoints"
+    params, opt_state = {"w": jnp.arange(8.0)}, {"m": jnp.ones(3)}
+    checkpointer = checkpoint.Checkpointer(url, async_save=False)
+    checkpointer.save(1, params=params, opt_state=opt_state, meta={}, force=True)
+    proxy.outage(3600, client="tensorstore")  # left alone, it would retry for 15 minutes
+    started = time.monotonic()
+    with pytest.raises(checkpoint.CheckpointSaveError) as caught:
+        checkpointer.save(2, params=params, opt_state=opt_state, meta={}, force=True)
+    assert time.monotonic() - started < 30
+    message = str(caught.value)
+    assert message.startswith(f"could not write checkpoint step 2 to {url}: "), message
+    assert message.endswith("step 1 is the newest complete checkpoint there and is kept")
+    assert "\n" not in message
+    proxy.outage(0)
+    checkpointer.close()
+
+
+def test_a_checkpoint_outlasted_by_an_outage_says_what_is_kept(gcs, faults, monkeypatch):
+    monkeypatch.setenv(fs.RETRY_ENV, "1")
+    proxy = faults()
+    url = gcs.bucket() + "/checkpoints"
+    params, opt_state = {"w": jnp.arange(8.0)}, {"m": jnp.ones(3)}
+    checkpointer = checkpoint.Checkpointer(url, async_save=False)
+    checkpointer.save(1, params=params, opt_state=opt_state, meta={}, force=True)
+    proxy.outage(3600)
+    with pytest.raises(checkpoint.CheckpointSaveError) as caught:
+        checkpointer.save(2, params=params, opt_state=opt_state, meta={}, force=True)
+    message = str(caught.value)
+    assert message.startswith(f"could not write checkpoint step 2 to {url}: "), message
+    assert "\n" not in message and "no complete checkpoint" not in message
+    assert message.endswith(
+        "the checkpoints there could not be listed (unreachable); step 1 was complete there "
+        "when this run last looked"
+    ), message
+    assert caught.value.last_complete_step == 1
+    proxy.outage(0)
+    checkpointer.close()
+    assert checkpoint.restore_params(url)[0] == 1
 
 
 # ----------------------------------------------------------------------------- whole runs
