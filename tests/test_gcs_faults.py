@@ -33,6 +33,7 @@ from xla_env import subprocess_env
 
 import bertjax
 from bertjax import checkpoint, fs, metrics_writer, rundir
+from bertjax import loop as engine_loop
 from bertjax.finetune import loop as finetune_loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import Model
@@ -266,6 +267,28 @@ def test_a_checkpoint_outlasted_by_an_outage_says_what_is_kept(gcs, faults, monk
     proxy.outage(0)
     checkpointer.close()
     assert checkpoint.restore_params(url)[0] == 1
+
+
+def test_closing_after_a_failure_never_hides_it(caplog):
+    closed = []
+
+    def good():
+        closed.append("good")
+
+    def bad(name):
+        def close():
+            closed.append(name)
+            raise fs.StorageError(f"gs://b/{name}: cannot write: GCS did not answer")
+
+        return close
+
+    with caplog.at_level(logging.WARNING, logger=engine_loop.__name__):
+        engine_loop._close_all(bad("a"), good, bad("b"), failing=True)  # logged, not raised
+        with pytest.raises(fs.StorageError, match="gs://b/c"):
+            engine_loop._close_all(bad("c"), good, bad("d"), failing=False)
+    assert closed == ["a", "good", "b", "c", "good", "d"]  # every closer ran
+    logged = [r.getMessage() for r in caplog.records]
+    assert [m.split(": ")[0] for m in logged] == ["gs://b/a", "gs://b/b", "gs://b/d"]
 
 
 # ----------------------------------------------------------------------------- whole runs
