@@ -361,7 +361,11 @@ def test_an_outage_beyond_the_budget_ends_a_run_in_one_line_and_the_rerun_resume
 
     proxy = FaultProxy(gcs.url)
     try:
-        env = {**subprocess_env(2), **proxy.env, fs.RETRY_ENV: "3"}
+        cwd, cache = tmp_path / "cwd", tmp_path / "tmp"
+        cwd.mkdir()
+        cache.mkdir()
+        # TMPDIR: where the metrics the run could not upload are kept, named in its warning.
+        env = {**subprocess_env(2), **proxy.env, fs.RETRY_ENV: "3", "TMPDIR": str(cache)}
         url = gcs.bucket() + "/run"
         process = subprocess.Popen(
             cli(values, url, config_file),
@@ -369,7 +373,7 @@ def test_an_outage_beyond_the_budget_ends_a_run_in_one_line_and_the_rerun_resume
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            cwd=tmp_path,
+            cwd=cwd,
         )
         # Down from the moment step 10 is complete until the run has ended: it cannot save
         # step 20, its metrics or its lock.
@@ -387,10 +391,18 @@ def test_an_outage_beyond_the_budget_ends_a_run_in_one_line_and_the_rerun_resume
         assert process.returncode != 0, err[-3000:]
         last = err.strip().splitlines()[-1]
         assert last.startswith("error: could not write checkpoint step 20 to " + url), err[-3000:]
-        assert "step 10" in last and "no complete checkpoint" not in last, last
-        assert "GCS did not answer" in last and "last error: " in last
+        assert "no complete checkpoint" not in last, last
+        # Whichever of its requests spent the budget first: the save's, the metrics', the lock's.
+        assert "GCS did not answer" in last or "GCS is unreachable" in last, last
+        assert "last error: " in last
+        assert last.endswith(
+            "the checkpoints there could not be listed (unreachable); step 10 was complete "
+            "there when this run last looked"
+        ), last
         assert "Traceback" not in err, err[-5000:]
         assert "checkpoints/10/commit_success.txt" in objects(gcs, url)
+        kept = [p.name for p in cache.iterdir()]
+        assert len(kept) == 1 and f"the metrics are kept in {cache / kept[0]}" in err
 
         rerun = subprocess.run(
             cli(values, url, config_file),
@@ -398,7 +410,7 @@ def test_an_outage_beyond_the_budget_ends_a_run_in_one_line_and_the_rerun_resume
             capture_output=True,
             text=True,
             timeout=300,
-            cwd=tmp_path,
+            cwd=cwd,
         )
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert "Resumed" in rerun.stdout and "step 10" in rerun.stdout
@@ -406,4 +418,4 @@ def test_an_outage_beyond_the_budget_ends_a_run_in_one_line_and_the_rerun_resume
         proxy.stop()
     assert leaf_hashes(bertjax.load(url)[1]) == leaf_hashes(bertjax.load(straight)[1])
     assert losses(gcs, url)[20] == losses(gcs, straight)[20]
-    assert list(tmp_path.iterdir()) == []
+    assert list(cwd.iterdir()) == []
