@@ -56,6 +56,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
+from orbax.checkpoint._src.serialization import tensorstore_utils as _orbax_tensorstore
 
 from bertjax import fs
 
@@ -103,12 +104,30 @@ class CheckpointSaveError(RuntimeError):
         self.last_complete_step = last_complete_step
 
 
+def _use_storage_retries() -> None:
+    """Gives tensorstore's GCS requests (the arrays of every save and restore) the retry
+    budget of `fs.retry_policy`, instead of tensorstore's own 32 attempts (about 15 minutes).
+
+    Orbax 0.12 builds each operation's tensorstore context from these module defaults and
+    offers no option for it; the budget is read again for every manager, so it follows
+    BERTJAX_GCS_RETRY_SECONDS.
+    """
+    retries = fs.tensorstore_retries()
+    for defaults in (
+        getattr(_orbax_tensorstore, "_BASE_TS_CONTEXT", None),
+        getattr(_orbax_tensorstore, "_DEFAULT_OCDBT_TS_CONTEXT", None),
+    ):
+        if isinstance(defaults, dict):
+            defaults["gcs_request_retries"] = retries
+
+
 def _as_path(directory: str | os.PathLike) -> epath.Path:
     """Absolute local paths (Orbax requires them); gs:// kept as given, once `fs.path` has
     checked that it can be reached (the gcs extra installed, a bucket named)."""
     text = os.fspath(fs.path(directory))
     if not fs.is_remote(text):
         text = os.path.abspath(text)
+    _use_storage_retries()
     return epath.Path(text)
 
 
@@ -625,19 +644,34 @@ class Checkpointer:
                 raise
             raise self._save_error(step, error) from error
 
-    def _newest_complete_step(self, excluding: int) -> int | None:
+    def _newest_complete_step(self, excluding: int, where: str = "there") -> tuple[int | None, str]:
+        """(the newest complete step but `excluding`, or None; a clause saying so, truthfully).
+
+        Listed again (what is in the directory, not what this process believes); when the
+        listing fails, that is said, with the newest step this run knows was complete.
+        """
+        known = [s for s in self._manager.all_steps() if s != excluding]
         try:
-            self._manager.reload()  # what is on disk, not what this process believes
+            self._manager.reload()
             steps = [s for s in self._manager.all_steps() if s != excluding]
-        except Exception:  # noqa: BLE001 - the message must not fail on a broken directory
-            return None
-        return max(steps) if steps else None
+        except Exception as error:  # noqa: BLE001 - the message must not fail on a broken store
+            last = max(known) if known else None
+            kept = (
+                f"; step {last} was complete {where} when this run last looked"
+                if last is not None
+                else ""
+            )
+            # The store's outage is already the cause of the message; name other failures.
+            why = "unreachable" if isinstance(error, fs.StorageUnavailableError) else _brief(error)
+            listed = f"the checkpoints {where} could not be listed ({why}){kept}"
+            return last, listed
+        if not steps:
+            return None, f"no complete checkpoint exists {where} yet"
+        last = max(steps)
+        return last, f"step {last} is the newest complete checkpoint {where} and is kept"
 
     def _what_is_kept(self, step: int) -> str:
-        last = self._newest_complete_step(excluding=step)
-        if last is None:
-            return f"no complete checkpoint exists in {self.directory} yet"
-        return f"step {last} is the newest complete checkpoint in {self.directory} and is kept"
+        return self._newest_complete_step(step, where=f"in {self.directory}")[1]
 
     def _save_error(self, step: int, error: BaseException) -> CheckpointSaveError:
         """The one error to raise for step's failed write (call once per failure)."""
@@ -656,12 +690,7 @@ class Checkpointer:
             if _is_disk_full(error)
             else _brief(error)
         )
-        last = self._newest_complete_step(excluding=step)
-        kept = (
-            f"step {last} is the newest complete checkpoint there and is kept"
-            if last is not None
-            else "no complete checkpoint exists there yet"
-        )
+        last, kept = self._newest_complete_step(excluding=step)
         return CheckpointSaveError(
             f"could not write checkpoint step {step} to {self.directory}: {cause}; {kept}",
             step=step,

@@ -9,6 +9,7 @@ line too, with the closest existing field when the name is misspelt.
 from __future__ import annotations
 
 import importlib.util
+import logging as python_logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,11 @@ from bertjax import fs
 from bertjax import settings as settings_lib
 
 FLAGS = flags.FLAGS
+
+# The storage clients below bertjax log each failed request, often with a traceback (and
+# asyncio the requests they abandon), while bertjax retries it and reports in one line what
+# finally failed. Their records are shown with --verbose only.
+STORAGE_CLIENT_LOGGERS = ("gcsfs", "fsspec", "aiohttp", "asyncio", "google", "urllib3")
 
 
 def define_flags(default_config: str, default_workdir: str, what: str) -> None:
@@ -52,6 +58,9 @@ def run(
             raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
         # Library chatter (Orbax logs every save at INFO) would drown the progress bar.
         logging.set_verbosity(logging.WARNING)
+        if not FLAGS.verbose:
+            for name in STORAGE_CLIENT_LOGGERS:
+                python_logging.getLogger(name).setLevel(python_logging.CRITICAL + 1)
         try:
             # A work directory that cannot be reached (gs:// without the gcs extra, another
             # scheme) is named before anything starts or is written.

@@ -11,22 +11,38 @@ The cloud libraries are an optional extra: a `gs://` path without them ends in o
 naming the extra, before anything is written. Failures of the object store (no such bucket
 or object, no credentials, no permission) become `StorageError`, whose message names the
 path and what to do.
+
+Transient failures (HTTP 408, 429, 5xx, dropped or refused connections) are retried here,
+once for every client in the process: every request of the process's gcsfs instance, which
+this module, epath and so Orbax's directory operations share, is retried with bounded
+exponential backoff and jitter for up to `retry_policy().deadline` seconds (Google's client
+libraries' defaults; `BERTJAX_GCS_RETRY_SECONDS` changes the budget), and tensorstore, which
+writes the checkpoints' arrays, gets the same budget through `tensorstore_retries`. Permanent
+answers (400, 401, 403, 404, 412) are never retried. A fault that outlasts the budget raises
+`StorageUnavailableError`, one line naming the path and the last error.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
 import datetime
 import glob as globbing
 import importlib.util
 import json
+import logging
 import os
 import pathlib
+import random
+import re
 import shutil
 import tempfile
+import threading
+import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 from etils import epath
 
@@ -38,8 +54,24 @@ GCS_EXTRA = "pip install 'bertjax[gcs]'"
 AnyPath = pathlib.Path | epath.Path
 
 
+logger = logging.getLogger(__name__)
+
+
 class StorageError(ValueError):
     """A path that cannot be read or written; the message names it and what to do."""
+
+
+class StorageUnavailableError(StorageError):
+    """GCS kept failing transiently (unreachable, overloaded) for the whole retry budget.
+
+    Not an OSError on purpose: libraries above gcsfs read some OSErrors as "not there"
+    (fsspec's `isdir`), and an unreachable store must never pass for an empty one.
+    """
+
+    def __init__(self, target: str, detail: str):
+        super().__init__(f"{target}: {detail}")
+        self.target = target
+        self.detail = detail
 
 
 def is_remote(p: str | os.PathLike) -> bool:
@@ -60,6 +92,7 @@ def path(p: str | os.PathLike) -> AnyPath:
         require_gcs(text)
         if text.rstrip("/") == GCS_SCHEME.rstrip("/") or text[len(GCS_SCHEME) :].startswith("/"):
             raise StorageError(f"{text}: not a GCS path; write gs://<bucket>/<path>")
+        gcs_filesystem()  # its requests retried before epath (and Orbax) use it
         return epath.Path(text)
     if "://" in text:
         scheme = text.split("://", 1)[0]
@@ -273,7 +306,10 @@ def gcs_filesystem():
     so that what this layer writes or moves is not hidden by a stale cached listing."""
     import fsspec
 
-    return fsspec.filesystem("gs", finalize_on_close=True)  # epath's arguments: its instance
+    store = fsspec.filesystem("gs", finalize_on_close=True)  # epath's arguments: its instance
+    if not getattr(store, "_bertjax_retries", False):
+        _retry_requests(store)
+    return store
 
 
 def invalidate_listings(p: str | os.PathLike | None = None) -> None:
@@ -309,6 +345,12 @@ def errors(target: str | os.PathLike, action: str) -> Iterator[None]:
     """
     try:
         yield
+    except StorageUnavailableError as e:
+        # The request's own name for the object may be a bucket or an upload session: name
+        # what the caller asked for, and what it was doing.
+        if e.detail.startswith("cannot "):
+            raise
+        raise StorageUnavailableError(os.fspath(target), f"cannot {action}: {e.detail}") from e
     except StorageError:
         raise
     except Exception as e:
@@ -495,3 +537,206 @@ def remove_tree(directory: str | os.PathLike) -> None:
         store.invalidate_cache()
         if store.find(os.fspath(directory)):
             store.rm(os.fspath(directory), recursive=True)
+
+
+# ----------------------------------------------------------------------------- retries
+
+RETRY_ENV = "BERTJAX_GCS_RETRY_SECONDS"
+# How long one request may keep failing transiently before it fails for good: the deadline
+# of Google's Python client libraries (google-api-core's retry default).
+RETRY_SECONDS = 120.0
+# The waits between attempts, as Google's client libraries draw them: each one uniform below
+# a cap that starts at 1 s and doubles up to 32 s (the Java client's and tensorstore's
+# maximum), so that clients that failed together do not all come back at the same moment.
+RETRY_INITIAL_DELAY = 1.0
+RETRY_MAX_DELAY = 32.0
+RETRY_MULTIPLIER = 2.0
+# HTTP statuses that may succeed when sent again: request timeout, too many requests, and the
+# server's own failures. Any other answer (400, 401, 403, 404, 412) would come back the same.
+TRANSIENT_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff with full jitter: attempts until `deadline` seconds."""
+
+    deadline: float
+    initial_delay: float = RETRY_INITIAL_DELAY
+    max_delay: float = RETRY_MAX_DELAY
+    multiplier: float = RETRY_MULTIPLIER
+
+    def delays(self, rng: random.Random | None = None) -> Iterator[float]:
+        """The waits before the second, third, ... attempt (without the deadline's cut)."""
+        rng = rng or random.Random()
+        cap = self.initial_delay
+        while True:
+            yield rng.uniform(0.0, cap)
+            cap = min(cap * self.multiplier, self.max_delay)
+
+
+def retry_policy() -> RetryPolicy:
+    """The retry budget of GCS requests: `RETRY_SECONDS`, or `BERTJAX_GCS_RETRY_SECONDS`."""
+    text = os.environ.get(RETRY_ENV)
+    if not text:
+        return RetryPolicy(RETRY_SECONDS)
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise StorageError(f"{RETRY_ENV}={text!r} is invalid; must be a number of seconds > 0")
+    # A budget shorter than the default waits (tests) shortens them too.
+    return RetryPolicy(
+        seconds,
+        initial_delay=min(RETRY_INITIAL_DELAY, seconds),
+        max_delay=min(RETRY_MAX_DELAY, seconds),
+    )
+
+
+def tensorstore_retries() -> dict:
+    """Tensorstore's context resource `gcs_request_retries` with the budget of `retry_policy`.
+
+    Tensorstore counts attempts rather than time and waits min(initial * 2**n, max) plus a
+    little jitter between them: as many retries as those waits take to fill the deadline.
+    """
+    policy = retry_policy()
+    waited, cap, retries = 0.0, policy.initial_delay, 0
+    while waited < policy.deadline:
+        waited += cap
+        retries += 1
+        cap = min(cap * policy.multiplier, policy.max_delay)
+    return {
+        "max_retries": retries,
+        "initial_delay": f"{policy.initial_delay:g}s",
+        "max_delay": f"{policy.max_delay:g}s",
+    }
+
+
+def is_transient(error: BaseException) -> bool:
+    """Whether a failed GCS request may succeed when sent again (see TRANSIENT_STATUSES)."""
+    # gcsfs's answers for 404, 412 and 403 (OSError "Forbidden: ..."), and a 400's ValueError.
+    if isinstance(error, (FileNotFoundError, FileExistsError, PermissionError, ValueError)):
+        return False
+    status = getattr(error, "code", None)  # gcsfs's HttpError
+    if not isinstance(status, int):
+        status = getattr(error, "status", None)  # aiohttp's ClientResponseError
+    if isinstance(status, int):
+        return status in TRANSIENT_STATUSES
+    import aiohttp
+    import requests
+
+    # Refused, reset or dropped connections, a truncated body, a timeout; gcsfs raises a 502
+    # as requests' ProxyError (a ConnectionError).
+    return isinstance(
+        error,
+        (
+            aiohttp.ClientConnectionError,
+            aiohttp.ClientPayloadError,
+            asyncio.TimeoutError,
+            ConnectionError,
+            requests.exceptions.ConnectionError,
+            requests.exceptions.Timeout,
+        ),
+    )
+
+
+# When a request last spent its whole budget (time.monotonic()), or None once one succeeded.
+# Requests that start within a budget after that try once: a run that is stopping because
+# the store is down does not wait out a budget for each of its closing writes.
+_down_since: float | None = None
+_down_lock = threading.Lock()
+
+
+def _mark_down(now: float) -> None:
+    global _down_since
+    with _down_lock:
+        _down_since = now
+
+
+def _mark_up() -> None:
+    global _down_since
+    if _down_since is not None:
+        with _down_lock:
+            _down_since = None
+
+
+def _known_down(started: float, policy: RetryPolicy) -> bool:
+    since = _down_since
+    return since is not None and since <= started < since + policy.deadline
+
+
+async def with_retries(attempt: Callable[[], Awaitable], target: Callable[[], str]):
+    """`await attempt()`, again after each transient failure while the budget lasts.
+
+    Raises the first permanent error as it is, and StorageUnavailableError naming
+    `target()` and the last error once the budget is spent.
+    """
+    policy = retry_policy()
+    started = time.monotonic()
+    delays = policy.delays()
+    tries = 0
+    while True:
+        tries += 1
+        try:
+            result = await attempt()
+        except Exception as error:
+            if not is_transient(error):
+                raise
+            now = time.monotonic()
+            left = policy.deadline - (now - started)
+            last = f"last error: {type(error).__name__}: {' '.join(str(error).split())[:300]}"
+            if left <= 0:
+                _mark_down(now)
+                raise StorageUnavailableError(
+                    target(),
+                    f"GCS did not answer for {now - started:.0f} s ({tries} attempts, the "
+                    f"retry budget; {RETRY_ENV} changes it); {last}",
+                ) from error
+            if _known_down(started, policy):
+                raise StorageUnavailableError(
+                    target(),
+                    f"GCS is unreachable (another request just spent the whole retry budget of "
+                    f"{policy.deadline:g} s); {last}",
+                ) from error
+            delay = min(next(delays), left)
+            logger.debug("%s: %s; trying again in %.1f s", target(), error, delay)
+            await asyncio.sleep(delay)
+            continue
+        _mark_up()
+        return result
+
+
+def _retry_requests(store) -> None:
+    """Sends every HTTP request of the gcsfs instance `store` through `with_retries`.
+
+    gcsfs retries each request 6 times itself (about 30 s); its request function is taken
+    without that loop, so that one policy, with one budget, decides.
+    """
+    send = type(store)._request
+    send = getattr(send, "__wrapped__", send)  # gcsfs's request without its retry decorator
+
+    async def request(method, path, *args, **kwargs):
+        return await with_retries(
+            lambda: send(store, method, path, *args, **kwargs),
+            lambda: _request_target(store, path, args, kwargs),
+        )
+
+    store._request = request
+    store._bertjax_retries = True
+
+
+def _request_target(store, path: str, args: tuple, kwargs: dict) -> str:
+    """`gs://bucket/object` of a gcsfs request, as far as its URL and parameters tell."""
+    url = urllib.parse.urlsplit(store._format_path(path, args))
+    query = urllib.parse.parse_qs(url.query)
+    match = re.search(r"/b/([^/]+)(?:/o/([^/?]+))?", url.path)
+    if match is None:
+        return urllib.parse.urlunsplit(url._replace(query=""))
+    bucket, key = match.group(1), match.group(2)
+    if key is None:  # a listing (prefix=), an upload (name= or in the body), the bucket
+        key = kwargs.get("prefix") or kwargs.get("name") or (query.get("name") or [None])[0]
+        if key is None and isinstance(kwargs.get("data"), (bytes, bytearray)):
+            found = re.search(rb'"name": "([^"]+)"', bytes(kwargs["data"][:4096]))
+            key = found.group(1).decode() if found else None
+    name = urllib.parse.unquote(bucket)
+    return f"{GCS_SCHEME}{name}/{urllib.parse.unquote(key)}" if key else f"{GCS_SCHEME}{name}"

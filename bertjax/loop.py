@@ -14,12 +14,16 @@ The loop knows no task. It owns the cadence:
 - every `checkpoint_every` steps and at every boundary: a save (forced at a boundary).
 
 A boundary is the end of a period (an epoch) and the end of the run. A non-finite step
-stops the run with `NonFiniteError`, naming the step and the last good checkpoint.
+stops the run with `NonFiniteError`, naming the step and the last good checkpoint. However
+the run ends, the progress bar is closed first (so that an error line is the last line of
+the output), and a failure while closing the checkpointer or the metrics never hides the
+error that stopped the run: it is logged, and raised only when the run itself succeeded.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import signal
 from typing import Any, Protocol
 
@@ -29,6 +33,8 @@ import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import metrics_writer, perf, steps
+
+logger = logging.getLogger(__name__)
 
 
 class NonFiniteError(FloatingPointError):
@@ -172,6 +178,8 @@ def train(plan: Plan, hooks: LoopHooks) -> Outcome:
     watcher = PreemptionWatcher(checkpointer)
     eval_metrics: dict[str, float] = {}
     preempted = False
+    progress: metrics_writer.Progress | None = None
+    completed = False
     try:
         # Tracing the model needs the mesh in context for its sharding constraints.
         with jax.set_mesh(plan.steps.mesh):
@@ -233,7 +241,7 @@ def train(plan: Plan, hooks: LoopHooks) -> Outcome:
                     break
                 if step % cadence.checkpoint_every == 0 or boundary:
                     save(force=boundary)
-            progress.close()
+        completed = True
     except NonFiniteError as e:
         checkpointer.wait_until_finished()
         latest = checkpointer.latest_step()
@@ -244,7 +252,25 @@ def train(plan: Plan, hooks: LoopHooks) -> Outcome:
         )
         raise NonFiniteError(f"{e} {kept}.") from None
     finally:
-        checkpointer.close()  # waits for the last asynchronous save
-        watcher.close()
-        writer.close()
+        if progress is not None:
+            progress.close()
+        # The checkpointer waits for the last asynchronous save; the writer uploads.
+        _close_all(checkpointer.close, watcher.close, writer.close, failing=not completed)
     return Outcome(state, step, preempted, eval_metrics)
+
+
+def _close_all(*closers, failing: bool) -> None:
+    """Calls every closer. If the run is failing, a closer's own failure is logged (the
+    run's error is the one to report); otherwise the first one is raised, the others
+    logged."""
+    first: Exception | None = None
+    for close in closers:
+        try:
+            close()
+        except Exception as error:  # noqa: BLE001 - see the docstring
+            if failing or first is not None:
+                logger.warning("%s", " ".join(str(error).split()) or type(error).__name__)
+            elif first is None:
+                first = error
+    if first is not None:
+        raise first

@@ -206,7 +206,11 @@ class _Mirror:
             try:
                 self._upload(partial=True)
             except Exception as e:  # noqa: BLE001 - retried at the next change and at close
-                logger.warning("could not upload metrics to %s: %s", self._targets[0].parent, e)
+                # The thread goes on (a training step never waits for it) and says why.
+                self._changed.set()
+                logger.warning(
+                    "could not upload metrics, trying again later: %s", " ".join(str(e).split())
+                )
             self._stop.wait(self._interval)  # at most one upload per interval
 
     def _files(self) -> list[tuple[str, fs.AnyPath]]:
@@ -232,13 +236,17 @@ class _Mirror:
             self._uploaded[local] = (stat.st_size, stat.st_mtime_ns)
 
     def close(self) -> None:
+        """Uploads the final state; if that fails, says so in one line and keeps the cache."""
         self._stop.set()
         self._changed.set()
         self._thread.join()
         try:
             self._upload(partial=False)
-        finally:
-            shutil.rmtree(self._cache, ignore_errors=True)
+        except Exception as e:
+            raise fs.StorageError(
+                f"{' '.join(str(e).split())}; the metrics are kept in {self._cache}"
+            ) from e
+        shutil.rmtree(self._cache, ignore_errors=True)
 
 
 class Progress:

@@ -294,6 +294,10 @@ LOCK_STALE_ENV = "BERTJAX_LOCK_STALE_SECONDS"
 logger = logging.getLogger(__name__)
 
 
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def _seconds_from_env(name: str, default: float) -> float:
     text = os.environ.get(name)
     if not text:
@@ -398,8 +402,14 @@ class WorkdirLock:
                 holder = json.loads(fs.read_bytes(self.path))
             except FileNotFoundError:
                 continue  # released meanwhile: try again
+            except fs.StorageError:
+                raise
             except ValueError:
                 holder = {}
+            if holder.get("token") == me["token"]:
+                # Our own write: it reached the store but its answer was lost, and the
+                # retried write found the object there.
+                return self._hold(int(found["generation"]))
             age = fs.server_time(self.path.parent) - fs.parse_time(found["updated"])
             # Dead: silent too long, or (on this host, where it can be checked) gone.
             if age <= self.stale_after_seconds and not self._is_stale(holder):
@@ -434,8 +444,10 @@ class WorkdirLock:
         while not self._stop.wait(self.heartbeat_seconds):
             try:
                 generation = fs.write_if_generation(self.path, data, self._generation)
+                if generation is None:
+                    generation = self._own_generation()
             except Exception as e:  # noqa: BLE001 - a failed heartbeat is retried next time
-                logger.warning("could not renew the lock %s: %s", self.path, e)
+                logger.warning("could not renew the lock, trying again: %s", _one_line(e))
                 continue
             if generation is None:
                 self.lost = True
@@ -448,6 +460,23 @@ class WorkdirLock:
                 )
                 return
             self._generation = generation
+
+    def _own_generation(self) -> int | None:
+        """The lock object's generation if it still holds this run's token, else None.
+
+        A conditional write whose answer was lost and that was sent again fails its own
+        precondition (the first one changed the generation); the object then is ours.
+        """
+        try:
+            found = fs.stat_remote(self.path)
+            holder = json.loads(fs.read_bytes(self.path))
+        except FileNotFoundError:
+            return None
+        except fs.StorageError:
+            raise
+        except ValueError:
+            return None
+        return int(found["generation"]) if holder.get("token") == self._me["token"] else None
 
     def _age(self) -> float:
         try:
@@ -484,8 +513,20 @@ class WorkdirLock:
         if self._heartbeat is not None:
             self._heartbeat.join()
             self._heartbeat = None
-        if not self.lost:  # only our own generation: never a lock another run took over
+        if self.lost:  # only our own generation: never a lock another run took over
+            return
+        try:
             fs.remove_if_generation(self.path, self._generation)
+        except fs.StorageError as e:
+            # Releasing runs as the run ends, often because of the very failure that makes
+            # this fail too; that failure is the one to report. The lock stops being
+            # renewed, so the next run takes it over once it is stale.
+            logger.warning(
+                "could not remove the lock (%s); a later run takes it over, on this host as "
+                "soon as this process has ended, from another after %g s",
+                _one_line(e),
+                self.stale_after_seconds,
+            )
 
     def __enter__(self) -> WorkdirLock:
         return self.acquire()

@@ -45,7 +45,9 @@ class Emulator:
         os.environ.update(self.env)
         import gcsfs
 
-        self.fs = gcsfs.GCSFileSystem(token="anon")
+        # Pinned to the emulator, so that the tests look at the bucket directly even while
+        # the library's clients go through a fault proxy (fault_proxy.py).
+        self.fs = gcsfs.GCSFileSystem(token="anon", endpoint_url=self.url)
 
     def bucket(self, prefix: str = "bucket") -> str:
         """A new empty bucket; returns its `gs://` URL."""
