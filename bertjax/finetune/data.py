@@ -355,6 +355,18 @@ def check_labels(split: Split, head: HeadSpec, train_path: str) -> None:
 # ----------------------------------------------------------------------------- encoding
 
 
+def record_fault(
+    split: Split, err: features_lib.InputError, offset: int = 0, field: str = ""
+) -> TaskDataError:
+    """A text that cannot be encoded, named by its file and line. `offset`: the position in
+    the split of the texts' first; `field`: the text's field, when the reader knows it."""
+    if err.index is None:
+        return TaskDataError(f"{split.path}: {err}")
+    record = split.records[offset + err.index]
+    what = f"field {field!r}" if field else f"the {err.what}"
+    return TaskDataError(f"{split.path} line {record.line}: {what} {err.problem}")
+
+
 def encode(split: Split, head: HeadSpec, tokenizer: Tokenizer, max_seq_length: int) -> Examples:
     """A split's examples as [n, max_seq_length] arrays, labels per the head."""
     if head.token_level:
@@ -378,7 +390,7 @@ def encode(split: Split, head: HeadSpec, tokenizer: Tokenizer, max_seq_length: i
                     max_seq_length,
                 )
             except features_lib.InputError as err:
-                raise TaskDataError(f"{split.path}: {err}") from None
+                raise record_fault(split, err, start) from None
         width = encoded["input_ids"].shape[1]
         for name in features:
             features[name][start : start + len(chunk), :width] = encoded[name]

@@ -78,13 +78,29 @@ def qa_settings(values: dict[str, Any], max_seq_length: int) -> qa.QASettings:
 
 
 def encode_split(
-    name: str, path: str, tokenizer: Tokenizer, settings: qa.QASettings, *, training: bool
+    name: str,
+    path: str,
+    tokenizer: Tokenizer,
+    settings: qa.QASettings,
+    *,
+    training: bool,
+    version_2: bool | None = None,
 ) -> tuple[QAExamples, qa.QAData]:
-    """A file's examples as windows; bad input raises TaskDataError naming the file."""
+    """A file's examples as windows; bad input raises TaskDataError naming the file.
+
+    `version_2` given (the training data's task): a test file, which may lack answers and
+    is then decoded as that task.
+    """
     try:
-        data = qa.read_examples(path, version_2_with_negative=settings.version_2_with_negative)
+        data = qa.read_examples(
+            path,
+            version_2_with_negative=settings.version_2_with_negative,
+            answers_required=version_2 is None,
+        )
     except (ValueError, FileNotFoundError) as err:
         raise TaskDataError(str(err)) from None
+    if not data.has_answers:
+        data = dataclasses.replace(data, version_2=version_2)
     examples = data.examples
     if not training:
         # Evaluation keeps every example; its windows still point at the answer (where the
@@ -106,7 +122,7 @@ def encode_split(
         path=path,
         features=batch,
         indices=ids,
-        has_labels=True,
+        has_labels=data.has_answers,
         full_rows=full,
         examples=data.examples,
         windows=windows,
@@ -175,7 +191,7 @@ class QuestionAnsweringTask(Task):
             validation.append(split)
             notes.append(read.report())
         for name, path in data.test:
-            split, read = encode(name, path, training=False)
+            split, read = encode(name, path, training=False, version_2=train_data.version_2)
             test.append(split)
             notes.append(read.report())
         for split in (train, *validation, *test):

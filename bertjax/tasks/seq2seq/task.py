@@ -242,7 +242,10 @@ def encode(
     texts = [record.texts[0] for record in split.records]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", features_lib.TruncationWarning)
-        rows = features_lib.inputs(tokenizer, texts, None, data.max_seq_length)
+        try:
+            rows = features_lib.inputs(tokenizer, texts, None, data.max_seq_length)
+        except features_lib.InputError as err:
+            raise task_data.record_fault(split, err, field=data.source_field) from None
     features = features_lib.stack(rows, width=data.max_seq_length)
     notes = []
     cut_sources = sum(len(r.ids) == data.max_seq_length for r in rows)
@@ -330,7 +333,10 @@ class Seq2SeqTask(Task):
 
     def read_options(self, config) -> TaskInputs:
         options = read_options(config)
-        return TaskInputs(options, options.fields, options.max_seq_length)
+        field = "data.max_source_length" if config.data.max_source_length else ""
+        return TaskInputs(
+            options, options.fields, options.max_seq_length, field or "data.max_seq_length"
+        )
 
     def read(self, data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData:
         settings: Seq2SeqData = data.task_options
