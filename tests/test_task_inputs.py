@@ -244,6 +244,30 @@ def test_a_source_without_tokens_names_file_line_and_field(source, tmp_path):  #
     assert "train.tsv line 13: field 'source'" in message and "has no tokens" in message
 
 
+def test_a_target_without_tokens_names_file_line_and_field(source, tmp_path):  # noqa: F811
+    write_data(tmp_path, 16, 8, 4)
+    lines = (tmp_path / "dev.tsv").read_text().splitlines()
+    lines[3] = "w1 w2\t\x01"
+    (tmp_path / "dev.tsv").write_text("\n".join(lines) + "\n")
+    settings = FinetuneSettings.from_config(make_config(source, tmp_path))
+    tokenizer = WordPieceTokenizer.from_vocab(source / "vocab.txt")
+    with pytest.raises(TaskDataError) as err:
+        task_lib.get(s2s.TASK).read(settings.data, tokenizer)
+    assert "dev.tsv line 4: field 'target' ('\\x01') has no tokens" in one_line(err)
+
+
+def test_an_empty_target_names_file_line_and_field(source, tmp_path):  # noqa: F811
+    write_data(tmp_path, 16, 8, 4)
+    lines = (tmp_path / "train.tsv").read_text().splitlines()
+    lines[2] = "w1 w2\t "
+    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    settings = FinetuneSettings.from_config(make_config(source, tmp_path))
+    tokenizer = WordPieceTokenizer.from_vocab(source / "vocab.txt")
+    with pytest.raises(TaskDataError) as err:
+        task_lib.get(s2s.TASK).read(settings.data, tokenizer)
+    assert "train.tsv line 3: field 'target' is empty" in one_line(err)
+
+
 def test_a_classification_text_without_tokens_names_file_and_line(tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("text\tlabel\nw1\ta\n\x01\tb\n")
@@ -438,3 +462,15 @@ def test_predict_checks_its_arguments(models, untouched, args, options, message)
     with pytest.raises(InferenceError, match=message) as err:
         model.predict(*args, **options)
     one_line(err)
+
+
+def test_good_arguments_still_answer_generate_search_and_predict(models):
+    found = models["qa"].answer(
+        "w1 \U0001f600", "w3 \u65e5\u672c w4 w5", max_seq_len=8, doc_stride=1
+    )
+    assert set(found) == {"score", "start", "end", "answer"}
+    generated = models["seq2seq"].generate(["w1 w2", "w3"], num_beams=1, max_new_tokens=3)
+    assert len(generated) == 2 and all(isinstance(text, str) for text in generated)
+    hits = models["embedding"].search("w1", ["w2", "w3"], top_k=5)
+    assert len(hits) == 1 and len(hits[0]) == 2
+    assert models["classification"].predict("w1 w2")["label"] in ("a", "b")

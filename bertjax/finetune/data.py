@@ -100,13 +100,17 @@ def read_split(
 def _label_value(path, line: int, raw: Any, layout: Layout, task: str) -> Any:
     """A label as read, checked for the task: str, float or tuple of str."""
     where = f"{path} line {line}"
+    # The field named too: a seq2seq target or an embedding score is a "label" here.
+    field = f"field {layout.label_field!r}"
     if task == REGRESSION:
         try:
             value = float(raw)
         except (TypeError, ValueError):
             value = math.nan
         if isinstance(raw, bool) or not math.isfinite(value):
-            raise TaskDataError(f"{where}: label {raw!r} is not a finite number (regression)")
+            raise TaskDataError(
+                f"{where}: label {raw!r} in {field} is not a finite number (regression)"
+            )
         return value
     if task == MULTI_LABEL:
         if isinstance(raw, list):
@@ -116,16 +120,17 @@ def _label_value(path, line: int, raw: Any, layout: Layout, task: str) -> Any:
             labels = [p.strip() for p in parts if p.strip()]
         else:
             raise TaskDataError(
-                f"{where}: label {raw!r} is neither a list nor a string of labels (multi_label)"
+                f"{where}: label {raw!r} in {field} is neither a list nor a string of labels "
+                "(multi_label)"
             )
         if any(not label for label in labels):
-            raise TaskDataError(f"{where}: an empty label in {raw!r}")
+            raise TaskDataError(f"{where}: an empty label in {raw!r} ({field})")
         return tuple(dict.fromkeys(labels))  # each label once, in the order given
     if isinstance(raw, (dict, list)) or raw is None:
-        raise TaskDataError(f"{where}: label {raw!r} is not a single label")
+        raise TaskDataError(f"{where}: label {raw!r} in {field} is not a single label")
     label = str(raw).strip()
     if not label:
-        raise TaskDataError(f"{where}: the label is empty")
+        raise TaskDataError(f"{where}: {field} is empty")
     return label
 
 

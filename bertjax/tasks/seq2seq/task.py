@@ -258,6 +258,13 @@ def encode(
     if split.has_labels:
         targets = tuple(record.label for record in split.records)
         ids = tokenizer.encode_batch(list(targets))
+        for record, target_ids in zip(split.records, ids):
+            if not target_ids:  # nothing to learn but [SEP]
+                raise task_data.TaskDataError(
+                    f"{split.path} line {record.line}: field {data.target_field!r} "
+                    f"({record.label[:40]!r}) has no tokens: the tokenizer drops all of it "
+                    "(control characters only?)"
+                )
         cut = sum(len(t) > data.max_target_length - 1 for t in ids)
         if cut:
             notes.append(
