@@ -371,7 +371,9 @@ def _read_task_files(config, spec) -> FinetuneDataSettings:
     try:
         task_settings = spec.read_settings(values, d.max_seq_length)
     except ValueError as err:
-        raise ConfigError(f"config.{section}: {err}") from None
+        # A task's message that names the config field itself is kept as it is.
+        message = str(err) if str(err).startswith("config.") else f"config.{section}: {err}"
+        raise ConfigError(message) from None
     return FinetuneDataSettings(
         train=d.train,
         validation=((layouts.VALIDATION, d.validation),),

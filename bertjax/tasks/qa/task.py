@@ -74,7 +74,14 @@ class QAExamples(Examples):
 def qa_settings(values: dict[str, Any], max_seq_length: int) -> qa.QASettings:
     """The config's qa section (a plain dict) and data.max_seq_length as QASettings."""
     fields = {name: values[name] for name in QA_FIELDS if name in values}
-    return qa.QASettings(max_seq_length=max_seq_length, **fields)
+    try:
+        return qa.QASettings(max_seq_length=max_seq_length, **fields)
+    except ValueError as err:
+        # Named as the user set them: max_seq_length is config.data's, the rest config.qa's.
+        message = str(err).replace("QASettings.max_seq_length", "config.data.max_seq_length")
+        message = message.replace("QASettings.", "config.qa.")
+        message = message.replace(" max_query_length=", " config.qa.max_query_length=")
+        raise ValueError(message) from None
 
 
 def encode_split(

@@ -53,6 +53,8 @@ class Seq2SeqData:
     init: str
     label_smoothing: float
     generation: s2s.GenerationSettings
+    # The config field max_seq_length was read from, for messages.
+    max_seq_length_field: str = "data.max_seq_length"
 
     @property
     def fields(self) -> tuple[tuple[str, ...], str]:
@@ -154,6 +156,9 @@ def read_options(config) -> Seq2SeqData:
         source_field=d.source_field.strip(),
         target_field=d.target_field.strip(),
         max_seq_length=d.max_source_length or d.max_seq_length,
+        max_seq_length_field="data.max_source_length"
+        if d.max_source_length
+        else "data.max_seq_length",
         max_target_length=d.max_target_length,
         init=s.init,
         label_smoothing=float(smoothing),
@@ -251,7 +256,7 @@ def encode(
     cut_sources = sum(len(r.ids) == data.max_seq_length for r in rows)
     if caught:
         notes.append(
-            f"{split.path}: some sources are longer than data.max_source_length="
+            f"{split.path}: some sources are longer than {data.max_seq_length_field}="
             f"{data.max_seq_length} tokens and were cut"
         )
     targets = None
@@ -340,9 +345,8 @@ class Seq2SeqTask(Task):
 
     def read_options(self, config) -> TaskInputs:
         options = read_options(config)
-        field = "data.max_source_length" if config.data.max_source_length else ""
         return TaskInputs(
-            options, options.fields, options.max_seq_length, field or "data.max_seq_length"
+            options, options.fields, options.max_seq_length, options.max_seq_length_field
         )
 
     def read(self, data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData:
