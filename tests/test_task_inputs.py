@@ -303,6 +303,7 @@ def models() -> dict[str, Model]:
         "seq2seq": _model(s2s.TaskOptions(decoder_start_id=2, eos_id=3).head()),
         "embedding": _model(embed_task.head_for(EmbeddingSpec(max_seq_length=16))),
         "classification": _model(HeadSpec("classification", ("a", "b"))),
+        "tokens": _model(HeadSpec("token_classification", ("O", "X"))),
         "encoder": _model_encoder(),
     }
 
@@ -459,6 +460,23 @@ def test_similarity_names_the_mismatch(models, untouched):
 )
 def test_predict_checks_its_arguments(models, untouched, args, options, message):
     model = untouched(models["classification"])
+    with pytest.raises(InferenceError, match=message) as err:
+        model.predict(*args, **options)
+    one_line(err)
+
+
+@pytest.mark.parametrize(
+    "args, options, message",
+    [
+        ((None,), {}, r"^texts must be a str or a list of str, got NoneType$"),
+        ((["w1", " "],), {}, r"^text 1 is empty"),
+        ((["w1"],), {"text_pairs": ["w2"]}, r"^token classification labels single texts"),
+        ((["w1"],), {"max_length": 2}, r"^max_length=2 is invalid: must be an int in \[3, 32\]"),
+        ((["w1"],), {"max_length": "8"}, r"^max_length='8' is invalid: must be an int$"),
+    ],
+)
+def test_predict_words_checks_its_arguments(models, untouched, args, options, message):
+    model = untouched(models["tokens"])
     with pytest.raises(InferenceError, match=message) as err:
         model.predict(*args, **options)
     one_line(err)

@@ -224,7 +224,7 @@ class RetrievalExamples(Examples):
 
 def _tsv_lines(path: str, what: str):
     """(line number, fields) of each line with text; `textfile` names the file and line of
-    a byte that does not decode, and lines end at "\n" (a lone "\r" ends none)."""
+    a byte that does not decode, and only a line feed ends a line (U+2028 is text)."""
     try:
         for line, row in enumerate(textfile.read_lines(path), start=1):
             row = row.rstrip("\n").rstrip("\r")

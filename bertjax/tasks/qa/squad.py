@@ -136,7 +136,8 @@ class QAExample:
     context: str
     answers: tuple[Answer, ...]  # None only while reading a test file without answers
     is_impossible: bool = False
-    # Where it was read, for messages: "dev.json: data[0].paragraphs[3].qas[1]" or "f.jsonl:7".
+    # Where it was read, for messages: "dev.json: data[0].paragraphs[3].qas[1]" or
+    # "f.jsonl line 7".
     where: str = ""
 
     @property
