@@ -15,6 +15,8 @@ bertjax.tasks.qa.squad; this module wires them into the fine-tuning run:
   that scores best on the split) beside the thresholded ones.
 - Predictions: predictions.json, nbest_predictions.json and (v2.0) null_odds.json in the
   official formats, in <workdir>/predictions_<split>/, for the validation and test files.
+  The test file may lack answers (every question, or none): it is then decoded as the
+  training data's task and only predicted.
 
 `config.qa` holds the windowing and decoding settings; `CONFIG_DEFAULTS` are google's
 run_squad.py values, used where config.task is question_answering and the config leaves the
