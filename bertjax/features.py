@@ -25,7 +25,18 @@ INPUT_FEATURES = ("input_ids", "input_mask", "segment_ids")
 
 
 class InputError(ValueError):
-    """Text that cannot become model inputs; the message says which text and why."""
+    """Text that cannot become model inputs; the message says which text and why.
+
+    A fault of one text also carries its position among the texts (`index`), which one
+    (`what`: "text", "text pair") and what is wrong with it (`problem`), so that a file's
+    reader can name the file and line instead.
+    """
+
+    def __init__(self, message: str, index: int | None = None, what: str = "", problem: str = ""):
+        super().__init__(message)
+        self.index = index
+        self.what = what
+        self.problem = problem
 
 
 class TruncationWarning(UserWarning):
@@ -85,14 +96,16 @@ def token_ids(tokenizer: Tokenizer, texts: list[str], what: str) -> list[list[in
     """Each text's token ids (special pieces typed in the text count); empty texts fail."""
     for i, text in enumerate(texts):
         if not text.strip():
-            raise InputError(f"{which(i, len(texts), what)} is empty; every text needs some words")
+            problem = "is empty; every text needs some words"
+            raise InputError(f"{which(i, len(texts), what)} {problem}", i, what, problem)
     encoded = tokenizer.encode_batch(texts, special_tokens_in_text=True)
     for i, ids in enumerate(encoded):
         if not ids:
-            raise InputError(
-                f"{which(i, len(texts), what)} ({texts[i][:40]!r}) has no tokens: the "
-                "tokenizer drops all of it (control characters only?)"
+            problem = (
+                f"({texts[i][:40]!r}) has no tokens: the tokenizer drops all of it (control "
+                "characters only?)"
             )
+            raise InputError(f"{which(i, len(texts), what)} {problem}", i, what, problem)
     return encoded
 
 

@@ -95,8 +95,7 @@ class Model:
             hf.check_vocab(config, tokenizer, source)
         except ValueError as err:
             raise InferenceError(str(err)) from None
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-            raise InferenceError(f"batch_size={batch_size!r} is invalid: must be an int >= 1")
+        batch_size = as_int(batch_size, "batch_size", 1)
         self.config = config
         self.tokenizer = tokenizer
         self.mesh = mesh
@@ -268,9 +267,7 @@ class Model:
             )
         single = isinstance(text_or_texts, str)
         texts = as_texts(text_or_texts, "text_or_texts")
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise InferenceError(f"top_k={top_k!r} is invalid: must be an int >= 1")
-        top_k = min(top_k, self.tokenizer.vocab_size)
+        top_k = min(as_int(top_k, "top_k", 1), self.tokenizer.vocab_size)
         examples = self.examples(texts, None, None, mask_checked=True)
         results = []
         predictions = self.predict_masks([e.ids for e in examples], top_k)
@@ -313,8 +310,8 @@ class Model:
         if as_trained is not None and pooling is None and normalize is None:
             return as_trained(self, texts)
         pooling = "mean" if pooling is None else pooling
-        normalize = False if normalize is None else normalize
-        if pooling not in POOLINGS:
+        normalize = False if normalize is None else as_bool(normalize, "normalize")
+        if not isinstance(pooling, str) or pooling not in POOLINGS:
             raise InferenceError(f"pooling={pooling!r} is invalid: choose one of {POOLINGS}")
         if pooling == "pooler" and "pooler" in self.fresh_heads:
             raise InferenceError(
@@ -510,16 +507,18 @@ class Model:
 
         return jax.tree.map(one, out)
 
-    def _vectors(self, texts_or_vectors: Any) -> np.ndarray:
-        if isinstance(texts_or_vectors, (np.ndarray, jax.Array)):
-            return np.asarray(texts_or_vectors, np.float32)
-        return self.embed(texts_or_vectors)
+    def _vectors(self, *named: tuple[Any, str]) -> list[np.ndarray]:
+        """[n, h] float32 vectors of each (texts or vectors, argument name): every argument
+        is checked before any text is embedded."""
+        checked = [_checked_vectors(value, name) for value, name in named]
+        return [self.embed(x) if isinstance(x, list) else x for x in checked]
 
     def similarity(self, a: Any, b: Any) -> np.ndarray:
         """Cosine similarity [len(a), len(b)] of texts (embedded with `embed`'s defaults) or
         of [n, hidden] vectors."""
+        a, b = self._vectors((a, "a"), (b, "b"))
         try:
-            return vectors_lib.similarity(self._vectors(a), self._vectors(b))
+            return vectors_lib.similarity(a, b)
         except ValueError as err:
             raise InferenceError(str(err)) from None
 
@@ -530,12 +529,10 @@ class Model:
         queries and corpus are texts (embedded with `embed`'s defaults) or vectors; the
         search is exact (bertjax.vectors.search).
         """
-        if isinstance(queries, str):
-            queries = [queries]
+        top_k = as_int(top_k, "top_k", 1)
+        queries, corpus = self._vectors((queries, "queries"), (corpus, "corpus"))
         try:
-            scores, rows = vectors_lib.search(
-                self._vectors(queries), self._vectors(corpus), top_k=top_k
-            )
+            scores, rows = vectors_lib.search(queries, corpus, top_k=top_k)
         except ValueError as err:
             raise InferenceError(str(err)) from None
         return [
@@ -599,9 +596,59 @@ def _embed(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
 # Helpers
 
 
-def as_texts(value: Any, name: str) -> list[str]:
+def as_texts(value: Any, name: str, *, need_words: bool = False) -> list[str]:
+    """A notebook method's text argument as a non-empty list of str, or an InferenceError
+    naming the argument. `need_words`: every text must hold more than whitespace."""
     with as_inference_error():
-        return features_lib.as_texts(value, name)
+        texts = features_lib.as_texts(value, name)
+    if need_words:
+        for i, text in enumerate(texts):
+            if not text.strip():
+                what = name if isinstance(value, str) else f"{name}[{i}]"
+                raise InferenceError(f"{what}={text!r} is empty; it needs some words")
+    return texts
+
+
+def _checked_vectors(texts_or_vectors: Any, name: str) -> np.ndarray | list[str]:
+    """[n, h] float32 vectors, or a list of texts to embed; an InferenceError naming the
+    argument when it is neither."""
+    if not isinstance(texts_or_vectors, (np.ndarray, jax.Array)):
+        return as_texts(texts_or_vectors, name)
+    vectors = texts_or_vectors
+    if vectors.ndim != 2 or 0 in vectors.shape:
+        raise InferenceError(
+            f"{name} has shape {tuple(vectors.shape)}: give [n, hidden] vectors "
+            "(n, hidden >= 1), or texts"
+        )
+    if not np.issubdtype(vectors.dtype, np.number) or np.issubdtype(
+        vectors.dtype, np.complexfloating
+    ):
+        raise InferenceError(f"{name} holds {vectors.dtype} values: give real numbers")
+    vectors = np.asarray(vectors, np.float32)
+    if not np.isfinite(vectors).all():
+        row = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
+        raise InferenceError(f"{name}[{row}] holds a NaN or infinite value")
+    return vectors
+
+
+def as_int(value: Any, name: str, low: int, high: int | None = None, why: str = "") -> int:
+    """A notebook method's int argument in [low, high], or an InferenceError naming it
+    (`why`: what the bounds come from)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InferenceError(f"{name}={value!r} is invalid: must be an int")
+    if value < low or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise InferenceError(
+            f"{name}={value!r} is invalid: must be an int {bounds}" + (f" ({why})" if why else "")
+        )
+    return int(value)
+
+
+def as_bool(value: Any, name: str) -> bool:
+    """A notebook method's flag, or an InferenceError naming it."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InferenceError(f"{name}={value!r} is invalid: must be True or False")
+    return bool(value)
 
 
 @contextlib.contextmanager

@@ -363,7 +363,9 @@ def test_bad_jsonl_and_conll_lines_are_named(tmp_path, encoder):
         "task": "regression",
         "data.train": str(write(tmp_path / "r.jsonl", '{"sentence": "the", "label": "high"}\n')),
     }
-    with pytest.raises(data.TaskDataError, match=r"r.jsonl line 1: label 'high' is not a finite"):
+    with pytest.raises(
+        data.TaskDataError, match=r"r.jsonl line 1: label 'high' in field 'label' is not a finite"
+    ):
         load(tmp_path, encoder, **regression)
     conll = str(write(tmp_path / "t.conll", "the O\ncat\n"))
     with pytest.raises(data.TaskDataError, match=r"t.conll line 2: no tag after tagged lines"):

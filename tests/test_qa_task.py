@@ -120,8 +120,13 @@ def test_run_squad_defaults_apply_unless_overridden(files):
 
 def test_bad_qa_setting_names_its_field(files):
     _, init, train, dev = files
-    with pytest.raises(ConfigError, match=r"config.qa: .*max_seq_length=16"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^config.data.max_seq_length=16 is invalid: .*config.qa.max_query_length=64",
+    ):
         FinetuneSettings.from_config(qa_config(init, train, dev, **{"data.max_seq_length": 16}))
+    with pytest.raises(ConfigError, match=r"^config.qa.doc_stride=0 is invalid"):
+        FinetuneSettings.from_config(qa_config(init, train, dev, **{"qa.doc_stride": 0}))
     with pytest.raises(ConfigError, match="data.validation"):
         FinetuneSettings.from_config(qa_config(init, train, "", **{"data.max_seq_length": 16}))
 

@@ -444,21 +444,21 @@ def test_read_json_lines(tmp_path):
     [
         (
             '{"question": "q", "answers": {"text": [], "answer_start": []}}',
-            r"x\.jsonl:2: missing 'context'",
+            r"x\.jsonl line 2: missing 'context'",
         ),
         (
             '{"question": "q", "context": "c", "answers": {"text": ["c"], "answer_start": [-1]}}',
-            r"x\.jsonl:2: answers: answer_start=-1",
+            r"x\.jsonl line 2: answers: answer_start=-1",
         ),
         (
             '{"question": "q", "context": "c", "answers": {"text": ["c"], "answer_start": []}}',
-            r"x\.jsonl:2: answers has 1 text",
+            r"x\.jsonl line 2: answers has 1 text",
         ),
-        ("{not json", r"x\.jsonl:2: not valid JSON"),
+        ("{not json", r"x\.jsonl line 2: not valid JSON"),
         (
             '{"id": "1", "question": "q", "context": "c", '
             '"answers": {"text": [], "answer_start": []}}',
-            r"x\.jsonl:2: id '1' was already used at .*x\.jsonl:1",
+            r"x\.jsonl line 2: id '1' was already used at .*x\.jsonl line 1",
         ),
     ],
 )
@@ -786,7 +786,7 @@ def test_reader_formats_by_content(tmp_path):
     assert qa.read_examples(one_line).examples[0].answers == (qa.Answer("Ann", 0),)
     broken = tmp_path / "broken.json"
     broken.write_text('{\n  "data": [\n    {"paragraphs": []\n')
-    with pytest.raises(ValueError, match=r"broken\.json: not valid JSON \(.*line 4"):
+    with pytest.raises(ValueError, match=r"broken\.json line 4: not valid JSON \(.*column 1\)"):
         qa.read_examples(broken)
     empty = tmp_path / "empty.json"
     empty.write_text(json.dumps({"data": []}))

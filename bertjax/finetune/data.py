@@ -100,13 +100,17 @@ def read_split(
 def _label_value(path, line: int, raw: Any, layout: Layout, task: str) -> Any:
     """A label as read, checked for the task: str, float or tuple of str."""
     where = f"{path} line {line}"
+    # The field named too: a seq2seq target or an embedding score is a "label" here.
+    field = f"field {layout.label_field!r}"
     if task == REGRESSION:
         try:
             value = float(raw)
         except (TypeError, ValueError):
             value = math.nan
         if isinstance(raw, bool) or not math.isfinite(value):
-            raise TaskDataError(f"{where}: label {raw!r} is not a finite number (regression)")
+            raise TaskDataError(
+                f"{where}: label {raw!r} in {field} is not a finite number (regression)"
+            )
         return value
     if task == MULTI_LABEL:
         if isinstance(raw, list):
@@ -116,16 +120,17 @@ def _label_value(path, line: int, raw: Any, layout: Layout, task: str) -> Any:
             labels = [p.strip() for p in parts if p.strip()]
         else:
             raise TaskDataError(
-                f"{where}: label {raw!r} is neither a list nor a string of labels (multi_label)"
+                f"{where}: label {raw!r} in {field} is neither a list nor a string of labels "
+                "(multi_label)"
             )
         if any(not label for label in labels):
-            raise TaskDataError(f"{where}: an empty label in {raw!r}")
+            raise TaskDataError(f"{where}: an empty label in {raw!r} ({field})")
         return tuple(dict.fromkeys(labels))  # each label once, in the order given
     if isinstance(raw, (dict, list)) or raw is None:
-        raise TaskDataError(f"{where}: label {raw!r} is not a single label")
+        raise TaskDataError(f"{where}: label {raw!r} in {field} is not a single label")
     label = str(raw).strip()
     if not label:
-        raise TaskDataError(f"{where}: the label is empty")
+        raise TaskDataError(f"{where}: {field} is empty")
     return label
 
 
@@ -355,6 +360,18 @@ def check_labels(split: Split, head: HeadSpec, train_path: str) -> None:
 # ----------------------------------------------------------------------------- encoding
 
 
+def record_fault(
+    split: Split, err: features_lib.InputError, offset: int = 0, field: str = ""
+) -> TaskDataError:
+    """A text that cannot be encoded, named by its file and line. `offset`: the position in
+    the split of the texts' first; `field`: the text's field, when the reader knows it."""
+    if err.index is None:
+        return TaskDataError(f"{split.path}: {err}")
+    record = split.records[offset + err.index]
+    what = f"field {field!r}" if field else f"the {err.what}"
+    return TaskDataError(f"{split.path} line {record.line}: {what} {err.problem}")
+
+
 def encode(split: Split, head: HeadSpec, tokenizer: Tokenizer, max_seq_length: int) -> Examples:
     """A split's examples as [n, max_seq_length] arrays, labels per the head."""
     if head.token_level:
@@ -378,7 +395,7 @@ def encode(split: Split, head: HeadSpec, tokenizer: Tokenizer, max_seq_length: i
                     max_seq_length,
                 )
             except features_lib.InputError as err:
-                raise TaskDataError(f"{split.path}: {err}") from None
+                raise record_fault(split, err, start) from None
         width = encoded["input_ids"].shape[1]
         for name in features:
             features[name][start : start + len(chunk), :width] = encoded[name]

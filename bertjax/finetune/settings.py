@@ -56,6 +56,8 @@ class FinetuneDataSettings:
     # A task's own settings (Task.read_settings of its config section), e.g. question
     # answering's windowing and decoding.
     task_settings: Any = None
+    # The config field max_seq_length was read from (a task may read its own), for messages.
+    max_seq_length_field: str = "data.max_seq_length"
 
 
 REGRESSION_BIAS_INITS = ("mean", "zero")
@@ -126,7 +128,8 @@ class FinetuneSettings:
         model = dataclasses.replace(checkpoint_config, **self.model_overrides)
         if self.data.max_seq_length > model.max_position_embeddings:
             raise ConfigError(
-                f"config.data.max_seq_length={self.data.max_seq_length}: exceeds the "
+                f"config.{self.data.max_seq_length_field}={self.data.max_seq_length}: "
+                "exceeds the "
                 f"max_position_embeddings={model.max_position_embeddings} of "
                 f"config.init_from={self.init_from!r}"
             )
@@ -188,6 +191,9 @@ def _read_finetune(
             data,
             task_options=inputs.options,
             max_seq_length=inputs.max_seq_length or data.max_seq_length,
+            max_seq_length_field=(
+                inputs.max_seq_length_field if inputs.max_seq_length else "data.max_seq_length"
+            ),
         )
     metric = config.metric or (glue.metric if glue else spec.default_metric)
     require_(
@@ -365,7 +371,9 @@ def _read_task_files(config, spec) -> FinetuneDataSettings:
     try:
         task_settings = spec.read_settings(values, d.max_seq_length)
     except ValueError as err:
-        raise ConfigError(f"config.{section}: {err}") from None
+        # A task's message that names the config field itself is kept as it is.
+        message = str(err) if str(err).startswith("config.") else f"config.{section}: {err}"
+        raise ConfigError(message) from None
     return FinetuneDataSettings(
         train=d.train,
         validation=((layouts.VALIDATION, d.validation),),

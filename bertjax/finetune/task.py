@@ -125,6 +125,8 @@ class TaskInputs:
     # (text fields, label field) of the files, in place of data.text_fields / label_field
     fields: tuple[tuple[str, ...], str] | None = None
     max_seq_length: int | None = None  # the input width, in place of data.max_seq_length
+    # The config field that set max_seq_length, for messages about it.
+    max_seq_length_field: str = "data.max_seq_length"
 
 
 class Task:

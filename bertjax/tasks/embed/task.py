@@ -34,14 +34,13 @@ Test predictions: index, cosine similarity of the pair.
 from __future__ import annotations
 
 import dataclasses
-import io
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import fs, rundir, vectors
+from bertjax import fs, rundir, textfile, vectors
 from bertjax.capability import HeadSpec
 from bertjax.finetune import data as task_data
 from bertjax.finetune.layouts import Layout
@@ -223,30 +222,41 @@ class RetrievalExamples(Examples):
     relevant: tuple[frozenset[int], ...] = ()  # per query: corpus rows (0-based)
 
 
-def _text_lines(path: str) -> io.StringIO:
-    """The lines of a UTF-8 file (local or gs://, a leading mark dropped), with universal
-    newlines as a text-mode read gives them."""
-    return io.StringIO(fs.read_bytes(path).decode("utf-8-sig"), newline=None)
+def _tsv_lines(path: str, what: str):
+    """(line number, fields) of each line with text; `textfile` names the file and line of
+    a byte that does not decode, and only a line feed ends a line (U+2028 is text)."""
+    try:
+        for line, row in enumerate(textfile.read_lines(path), start=1):
+            row = row.rstrip("\n").rstrip("\r")
+            if row.strip():
+                yield line, row.split("\t")
+    except textfile.TextFileError as err:
+        raise task_data.TaskDataError(f"{err} ({what})") from None
 
 
 def _read_id_text(path: str, what: str) -> tuple[list[str], list[str]]:
     ids, texts = [], []
-    with _text_lines(path) as f:
-        for line, row in enumerate(f, start=1):
-            row = row.rstrip("\n").rstrip("\r")
-            if not row.strip():
-                continue
-            parts = row.split("\t", 1)
-            if len(parts) != 2:
-                raise task_data.TaskDataError(
-                    f"{path} line {line}: expected `id<TAB>text` ({what})"
-                )
-            ids.append(parts[0].strip())
-            texts.append(parts[1])
+    first_line: dict[str, int] = {}
+    for line, parts in _tsv_lines(path, what):
+        if len(parts) < 2:
+            raise task_data.TaskDataError(f"{path} line {line}: expected `id<TAB>text` ({what})")
+        index, text = parts[0].strip(), "\t".join(parts[1:])
+        if not index:
+            raise task_data.TaskDataError(f"{path} line {line}: the id is empty ({what})")
+        if not text.strip():
+            raise task_data.TaskDataError(
+                f"{path} line {line}: the text of id {index!r} is empty ({what})"
+            )
+        if index in first_line:
+            raise task_data.TaskDataError(
+                f"{path} line {line}: id {index!r} was already used at line "
+                f"{first_line[index]} ({what} ids must be unique)"
+            )
+        first_line[index] = line
+        ids.append(index)
+        texts.append(text)
     if not ids:
         raise task_data.TaskDataError(f"{path} holds no {what}")
-    if len(set(ids)) != len(ids):
-        raise task_data.TaskDataError(f"{path}: an id appears twice ({what} ids must be unique)")
     return ids, texts
 
 
@@ -259,25 +269,19 @@ def read_retrieval(
     query_row = {q: i for i, q in enumerate(query_ids)}
     doc_row = {d: i for i, d in enumerate(doc_ids)}
     relevant: list[set[int]] = [set() for _ in query_ids]
-    with _text_lines(relevance) as f:
-        for line, row in enumerate(f, start=1):
-            if not row.strip():
-                continue
-            parts = row.rstrip("\n").split("\t")
-            if len(parts) < 2:
-                raise task_data.TaskDataError(
-                    f"{relevance} line {line}: expected `query_id<TAB>doc_id`"
-                )
-            q, d = parts[0].strip(), parts[1].strip()
-            if q not in query_row or d not in doc_row:
-                if q not in query_row:
-                    missing, where = f"query {q!r}", queries
-                else:
-                    missing, where = f"document {d!r}", corpus
-                raise task_data.TaskDataError(
-                    f"{relevance} line {line}: {missing} is not in {where}"
-                )
-            relevant[query_row[q]].add(doc_row[d])
+    for line, parts in _tsv_lines(relevance, "relevance"):
+        if len(parts) < 2:
+            raise task_data.TaskDataError(
+                f"{relevance} line {line}: expected `query_id<TAB>doc_id`"
+            )
+        q, d = parts[0].strip(), parts[1].strip()
+        if q not in query_row or d not in doc_row:
+            if q not in query_row:
+                missing, where = f"query {q!r}", queries
+            else:
+                missing, where = f"document {d!r}", corpus
+            raise task_data.TaskDataError(f"{relevance} line {line}: {missing} is not in {where}")
+        relevant[query_row[q]].add(doc_row[d])
     if not any(relevant):
         raise task_data.TaskDataError(f"{relevance} holds no relevance pair")
     features, full = _encode_texts(tokenizer, query_texts + doc_texts, max_seq_length)

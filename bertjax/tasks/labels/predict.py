@@ -18,7 +18,7 @@ from bertjax import features as features_lib
 from bertjax import heads
 from bertjax.capability import HeadSpec
 from bertjax.features import TruncationWarning
-from bertjax.inference import InferenceError, Model, as_texts
+from bertjax.inference import InferenceError, Model, as_int, as_texts
 from bertjax.model import BertConfig
 
 
@@ -65,11 +65,11 @@ def _predict_rows(model: Model, features: list[dict[str, np.ndarray]]) -> list[d
 
 def _predict_words(model: Model, texts: list[str], max_length: int | None) -> list[list[dict]]:
     limit = model.config.max_position_embeddings
+    if max_length is not None:
+        max_length = as_int(
+            max_length, "max_length", 3, limit, why=f"[CLS], [SEP] and a word; {limit} positions"
+        )
     max_length = limit if max_length is None else max_length
-    if isinstance(max_length, bool) or not isinstance(max_length, int):
-        raise InferenceError(f"max_length={max_length!r} is invalid: must be an int")
-    if not 2 < max_length <= limit:
-        raise InferenceError(f"max_length={max_length} is invalid: must be in [3, {limit}]")
     words = [text.split() for text in texts]
     for i, sentence in enumerate(words):
         if not sentence:

@@ -15,9 +15,12 @@ from collections.abc import Iterable, Sequence
 import jax
 import numpy as np
 
-from bertjax.inference import InferenceError, Model
+from bertjax.inference import InferenceError, Model, as_bool, as_int, as_texts
 from bertjax.model import BertConfig
 from bertjax.tasks.qa import squad
+
+# The shortest window: [CLS], a question token, [SEP], a context token, [SEP].
+MIN_SEQ_LEN = 5
 
 
 def answer(
@@ -47,20 +50,28 @@ def answer(
     contexts) gives a list of those.
     """
     config, tokenizer = model.config, model.tokenizer
-    for name, value in (("top_k", top_k), ("max_answer_len", max_answer_len)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise InferenceError(f"{name}={value!r} is invalid: must be an int >= 1")
+    # Every argument is checked before the tokenizer or a compiled function sees it.
+    top_k = as_int(top_k, "top_k", 1)
+    max_answer_len = as_int(max_answer_len, "max_answer_len", 1)
+    # [CLS], a question token, two [SEP] and a context token; longer than the model's
+    # positions is cut to them (the default 384 serves every model).
+    max_seq_len = as_int(max_seq_len, "max_seq_len", MIN_SEQ_LEN)
+    max_question_len = as_int(max_question_len, "max_question_len", 1)
+    doc_stride = as_int(
+        doc_stride, "doc_stride", 1, why="tokens of context that consecutive windows share"
+    )
+    handle_impossible_answer = as_bool(handle_impossible_answer, "handle_impossible_answer")
+    align_to_words = as_bool(align_to_words, "align_to_words")
     single = isinstance(question, str)
-    questions = [question] if single else list(question)
+    questions = as_texts(question, "question", need_words=True)
+    contexts = as_texts(context, "context", need_words=True)
     if isinstance(context, str):
-        contexts = [context] * len(questions)
-    else:
-        contexts = list(context)
-        if len(contexts) != len(questions):
-            raise InferenceError(
-                f"answer: {len(questions)} question(s) but {len(contexts)} context(s); give one "
-                "context for all or one per question"
-            )
+        contexts = contexts * len(questions)
+    elif len(contexts) != len(questions):
+        raise InferenceError(
+            f"answer: {len(questions)} question(s) but {len(contexts)} context(s); give one "
+            "context for all or one per question"
+        )
     max_seq_length = min(max_seq_len, config.max_position_embeddings)
     settings = squad.QASettings(
         max_seq_length=max_seq_length,
@@ -74,9 +85,14 @@ def answer(
     rows: list[squad.Window] = []
     for k, example in enumerate(examples):
         question_ids = tokenizer.encode(example.question)[: settings.max_query_length]
+        if not question_ids:
+            raise InferenceError(_no_tokens("question", k, len(examples), example.question))
         room = settings.max_seq_length - len(question_ids) - 3
         step = max(room - min(doc_stride, room // 2), 1)
         windows = squad.windows([example], tokenizer, settings, step)[0]
+        if not len(windows[0].offsets):
+            count = 1 if isinstance(context, str) else len(examples)
+            raise InferenceError(_no_tokens("context", k, count, example.context))
         rows += [dataclasses.replace(w, example_index=k) for w in windows]
     features = squad.rows_to_features(rows, settings.max_seq_length)
     starts, ends = window_logits(model, features)
@@ -97,6 +113,14 @@ def answer(
         )
     results = [r[0] if top_k == 1 else r for r in results]
     return results[0] if single else results
+
+
+def _no_tokens(name: str, index: int, count: int, text: str) -> str:
+    what = name if count == 1 else f"{name}[{index}]"
+    return (
+        f"{what}={text[:40]!r} has no tokens: the tokenizer drops all of it (control "
+        "characters only?)"
+    )
 
 
 def _pipeline_answers(

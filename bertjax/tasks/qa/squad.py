@@ -36,7 +36,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import functools
-import io
 import json
 import math
 import os
@@ -50,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import fs, heads, sharding, steps
+from bertjax import fs, heads, sharding, steps, textfile
 from bertjax.heads import HeadSums
 from bertjax.model import BertConfig, BertModel
 from bertjax.sharding import BATCH, EMBED, LABELS, LENGTH
@@ -135,9 +134,10 @@ class QAExample:
     id: str
     question: str
     context: str
-    answers: tuple[Answer, ...]
+    answers: tuple[Answer, ...]  # None only while reading a test file without answers
     is_impossible: bool = False
-    # Where it was read, for messages: "dev.json: data[0].paragraphs[3].qas[1]" or "f.jsonl:7".
+    # Where it was read, for messages: "dev.json: data[0].paragraphs[3].qas[1]" or
+    # "f.jsonl line 7".
     where: str = ""
 
     @property
@@ -163,9 +163,13 @@ class QAData:
     # Examples whose (first) answer is not the context at its answer_start: scored, but never
     # trained on (google's "Could not find answer").
     mismatched: tuple[str, ...] = ()
+    # False for a test file without answers: its questions are only predicted.
+    has_answers: bool = True
 
     def report(self) -> str:
         """One paragraph for a run's log: what was read and what training will skip."""
+        if not self.has_answers:
+            return f"{self.source}: {len(self.examples)} questions without answers (predicted)"
         impossible = sum(e.is_impossible for e in self.examples)
         line = (
             f"{self.source}: {len(self.examples)} questions (SQuAD "
@@ -182,29 +186,39 @@ class QAData:
 
 
 def read_examples(
-    path: str | os.PathLike, *, version_2_with_negative: bool | None = None
+    path: str | os.PathLike,
+    *,
+    version_2_with_negative: bool | None = None,
+    answers_required: bool = True,
 ) -> QAData:
     """Reads SQuAD JSON ({"data": [...]}) or JSON Lines (.jsonl) question-answering data.
 
     `version_2_with_negative` None detects the task: SQuAD v2.0 marks every question with
     is_impossible, and a JSON Lines record with no answer is unanswerable. With False, a
-    question without an answer is an error. Bad input fails with one line naming the file and
-    the record.
+    question without an answer is an error. Without `answers_required` (a test file) the
+    questions may come without answers at all (every one of them, or none): they are then
+    only predicted (`QAData.has_answers` False). Bad input fails with one line naming the
+    file, the line (JSON Lines) or record (SQuAD JSON), and the field.
     """
     path = fs.path(path)
     if fs.kind(path) != "file":
         raise FileNotFoundError(f"question-answering data {str(path)!r} does not exist")
     try:
-        # Local or gs://, with universal newlines as a text-mode read gives them.
-        text = io.StringIO(fs.read_bytes(path).decode("utf-8-sig"), newline=None).read()
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: not UTF-8 text ({err.reason} at byte {err.start})") from None
+        # textfile names the file, line and column of a byte that does not decode.
+        lines = list(textfile.read_lines(path))
+    except textfile.TextFileError as err:
+        raise ValueError(str(err)) from None
+    text = "".join(lines)
     if _is_squad_json(path, text):
         examples, marked_v2 = _read_squad_json(text, str(path))
     else:
-        examples, marked_v2 = _read_json_lines(text, str(path)), False
+        examples, marked_v2 = _read_json_lines(lines, str(path)), False
     if not examples:
         raise ValueError(f"{path}: holds no questions")
+    has_answers = _answers_given(examples, answers_required)
+    if not has_answers:
+        # Nothing to train on or score: the questions are only predicted.
+        examples = [dataclasses.replace(e, answers=(), is_impossible=False) for e in examples]
     has_impossible = any(e.is_impossible for e in examples)
     version_2 = (
         marked_v2 or has_impossible
@@ -225,8 +239,28 @@ def read_examples(
                 "question ids must be unique (predictions are keyed by id)"
             )
         seen[example.id] = example.where
-    mismatched = tuple(e.id for e in examples if not e.is_impossible and not e.answer_matches)
-    return QAData(tuple(examples), version_2, str(path), mismatched)
+    mismatched = tuple(
+        e.id for e in examples if has_answers and not e.is_impossible and not e.answer_matches
+    )
+    return QAData(tuple(examples), version_2, str(path), mismatched, has_answers)
+
+
+def _answers_given(examples: Sequence[QAExample], required: bool) -> bool:
+    """Whether the questions come with answers: all of them, or (a test file) none."""
+    lacking = [k for k, e in enumerate(examples) if e.answers is None]
+    if not lacking:
+        return True
+    if required:
+        raise ValueError(f"{examples[lacking[0]].where}: missing 'answers'")
+    given = [k for k, e in enumerate(examples) if e.answers is not None]
+    if given:
+        first, other = sorted((lacking[0], given[0]))
+        state = "lacks" if first == given[0] else "has"
+        raise ValueError(
+            f"{examples[other].where}: {state} 'answers', unlike {examples[first].where}; "
+            "give every question answers, or none (a test file)"
+        )
+    return False
 
 
 def _is_squad_json(path: fs.AnyPath, text: str) -> bool:
@@ -250,68 +284,81 @@ def _is_squad_json(path: fs.AnyPath, text: str) -> bool:
 def _read_squad_json(text: str, source: str) -> tuple[list[QAExample], bool]:
     try:
         top = json.loads(text)
-    except ValueError as err:
-        raise ValueError(f"{source}: not valid JSON ({err})") from None
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"{source} line {err.lineno}: not valid JSON ({err.msg} at column {err.colno})"
+        ) from None
     if not isinstance(top, dict) or not isinstance(top.get("data"), list):
         raise ValueError(f"{source}: expected SQuAD's {{'data': [articles]}} at the top level")
     examples, marked_v2 = [], False
     for a, article in enumerate(top["data"]):
         for p, paragraph in enumerate(_field(article, "paragraphs", list, f"{source}: data[{a}]")):
             where_p = f"{source}: data[{a}].paragraphs[{p}]"
-            context = _field(paragraph, "context", str, where_p)
+            context = _text(paragraph, "context", where_p)
             for q, qa in enumerate(_field(paragraph, "qas", list, where_p)):
                 where = f"{where_p}.qas[{q}]"
-                is_impossible = qa.get("is_impossible", False) if isinstance(qa, dict) else False
+                _field(qa, "id", (str, int), where)  # a JSON object, with an id
+                is_impossible = qa.get("is_impossible", False)
                 if not isinstance(is_impossible, bool):
                     raise ValueError(f"{where}: is_impossible={is_impossible!r} must be a bool")
-                marked_v2 = marked_v2 or (isinstance(qa, dict) and "is_impossible" in qa)
-                answers = tuple(
-                    _answer(
-                        _field(answer, "text", str, f"{where}.answers[{k}]"),
-                        _field(answer, "answer_start", int, f"{where}.answers[{k}]"),
-                        f"{where}.answers[{k}]",
+                marked_v2 = marked_v2 or "is_impossible" in qa
+                answers = None  # absent: a test file's question
+                if "answers" in qa:
+                    answers = tuple(
+                        _answer(
+                            _field(answer, "text", str, f"{where}.answers[{k}]"),
+                            _field(answer, "answer_start", int, f"{where}.answers[{k}]"),
+                            f"{where}.answers[{k}]",
+                        )
+                        for k, answer in enumerate(_field(qa, "answers", list, where))
                     )
-                    for k, answer in enumerate(_field(qa, "answers", list, where))
-                )
                 examples.append(
                     QAExample(
-                        id=str(_field(qa, "id", (str, int), where)),
-                        question=_field(qa, "question", str, where),
+                        id=str(qa["id"]),
+                        question=_text(qa, "question", where),
                         context=context,
-                        answers=() if is_impossible else answers,
-                        is_impossible=is_impossible or not answers,
+                        answers=() if is_impossible and answers is not None else answers,
+                        is_impossible=is_impossible or answers == (),
                         where=where,
                     )
                 )
     return examples, marked_v2
 
 
-def _read_json_lines(text: str, source: str) -> list[QAExample]:
+def _read_json_lines(lines: Sequence[str], source: str) -> list[QAExample]:
+    # textfile's lines end at "\n" only: U+2028 and U+2029 are text inside a JSON string.
     examples = []
-    for number, line in enumerate(text.splitlines(), start=1):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        where = f"{source}:{number}"
+        where = f"{source} line {number}"
         try:
             record = json.loads(line)
-        except ValueError as err:
-            raise ValueError(f"{where}: not valid JSON ({err})") from None
-        answers = _field(record, "answers", dict, where)
-        texts = _field(answers, "text", list, f"{where}: answers")
-        starts = _field(answers, "answer_start", list, f"{where}: answers")
-        if len(texts) != len(starts):
-            raise ValueError(
-                f"{where}: answers has {len(texts)} text(s) but {len(starts)} answer_start(s); "
-                "they must pair up"
-            )
-        parsed = tuple(_answer(t, s, f"{where}: answers") for t, s in zip(texts, starts))
+        except json.JSONDecodeError as err:
+            raise ValueError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
+        if not isinstance(record, dict):
+            raise ValueError(f"{where}: a JSON {type(record).__name__}, not an object")
+        parsed = None  # absent: a test file's question
+        if "answers" in record:
+            answers = _field(record, "answers", dict, where)
+            texts = _field(answers, "text", list, f"{where}: answers")
+            starts = _field(answers, "answer_start", list, f"{where}: answers")
+            if len(texts) != len(starts):
+                raise ValueError(
+                    f"{where}: answers has {len(texts)} text(s) but {len(starts)} "
+                    "answer_start(s); they must pair up"
+                )
+            parsed = tuple(_answer(t, s, f"{where}: answers") for t, s in zip(texts, starts))
+        qid = record.get("id", number)
+        if isinstance(qid, bool) or not isinstance(qid, (str, int)):
+            raise ValueError(f"{where}: id={qid!r} must be a str or int")
         examples.append(
             QAExample(
-                id=str(record.get("id", number)),
-                question=_field(record, "question", str, where),
-                context=_field(record, "context", str, where),
+                id=str(qid),
+                question=_text(record, "question", where),
+                context=_text(record, "context", where),
                 answers=parsed,
-                is_impossible=not parsed,
+                is_impossible=parsed == (),
                 where=where,
             )
         )
@@ -329,6 +376,14 @@ def _field(record: Any, name: str, kind, where: str):
             kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
         )
         raise ValueError(f"{where}: {name}={value!r} must be a {expected}")
+    return value
+
+
+def _text(record: Any, name: str, where: str) -> str:
+    """A question or context: a string with some words, as every task file's texts."""
+    value = _field(record, name, str, where)
+    if not value.strip():
+        raise ValueError(f"{where}: {name} {value!r} is empty")
     return value
 
 

@@ -15,6 +15,8 @@ bertjax.tasks.qa.squad; this module wires them into the fine-tuning run:
   that scores best on the split) beside the thresholded ones.
 - Predictions: predictions.json, nbest_predictions.json and (v2.0) null_odds.json in the
   official formats, in <workdir>/predictions_<split>/, for the validation and test files.
+  The test file may lack answers (every question, or none): it is then decoded as the
+  training data's task and only predicted.
 
 `config.qa` holds the windowing and decoding settings; `CONFIG_DEFAULTS` are google's
 run_squad.py values, used where config.task is question_answering and the config leaves the
@@ -74,17 +76,40 @@ class QAExamples(Examples):
 def qa_settings(values: dict[str, Any], max_seq_length: int) -> qa.QASettings:
     """The config's qa section (a plain dict) and data.max_seq_length as QASettings."""
     fields = {name: values[name] for name in QA_FIELDS if name in values}
-    return qa.QASettings(max_seq_length=max_seq_length, **fields)
+    try:
+        return qa.QASettings(max_seq_length=max_seq_length, **fields)
+    except ValueError as err:
+        # Named as the user set them: max_seq_length is config.data's, the rest config.qa's.
+        message = str(err).replace("QASettings.max_seq_length", "config.data.max_seq_length")
+        message = message.replace("QASettings.", "config.qa.")
+        message = message.replace(" max_query_length=", " config.qa.max_query_length=")
+        raise ValueError(message) from None
 
 
 def encode_split(
-    name: str, path: str, tokenizer: Tokenizer, settings: qa.QASettings, *, training: bool
+    name: str,
+    path: str,
+    tokenizer: Tokenizer,
+    settings: qa.QASettings,
+    *,
+    training: bool,
+    version_2: bool | None = None,
 ) -> tuple[QAExamples, qa.QAData]:
-    """A file's examples as windows; bad input raises TaskDataError naming the file."""
+    """A file's examples as windows; bad input raises TaskDataError naming the file.
+
+    `version_2` given (the training data's task): a test file, which may lack answers and
+    is then decoded as that task.
+    """
     try:
-        data = qa.read_examples(path, version_2_with_negative=settings.version_2_with_negative)
+        data = qa.read_examples(
+            path,
+            version_2_with_negative=settings.version_2_with_negative,
+            answers_required=version_2 is None,
+        )
     except (ValueError, FileNotFoundError) as err:
         raise TaskDataError(str(err)) from None
+    if not data.has_answers:
+        data = dataclasses.replace(data, version_2=version_2)
     examples = data.examples
     if not training:
         # Evaluation keeps every example; its windows still point at the answer (where the
@@ -106,7 +131,7 @@ def encode_split(
         path=path,
         features=batch,
         indices=ids,
-        has_labels=True,
+        has_labels=data.has_answers,
         full_rows=full,
         examples=data.examples,
         windows=windows,
@@ -175,7 +200,7 @@ class QuestionAnsweringTask(Task):
             validation.append(split)
             notes.append(read.report())
         for name, path in data.test:
-            split, read = encode(name, path, training=False)
+            split, read = encode(name, path, training=False, version_2=train_data.version_2)
             test.append(split)
             notes.append(read.report())
         for split in (train, *validation, *test):

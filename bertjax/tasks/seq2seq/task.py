@@ -53,6 +53,8 @@ class Seq2SeqData:
     init: str
     label_smoothing: float
     generation: s2s.GenerationSettings
+    # The config field max_seq_length was read from, for messages.
+    max_seq_length_field: str = "data.max_seq_length"
 
     @property
     def fields(self) -> tuple[tuple[str, ...], str]:
@@ -154,6 +156,9 @@ def read_options(config) -> Seq2SeqData:
         source_field=d.source_field.strip(),
         target_field=d.target_field.strip(),
         max_seq_length=d.max_source_length or d.max_seq_length,
+        max_seq_length_field="data.max_source_length"
+        if d.max_source_length
+        else "data.max_seq_length",
         max_target_length=d.max_target_length,
         init=s.init,
         label_smoothing=float(smoothing),
@@ -242,19 +247,29 @@ def encode(
     texts = [record.texts[0] for record in split.records]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", features_lib.TruncationWarning)
-        rows = features_lib.inputs(tokenizer, texts, None, data.max_seq_length)
+        try:
+            rows = features_lib.inputs(tokenizer, texts, None, data.max_seq_length)
+        except features_lib.InputError as err:
+            raise task_data.record_fault(split, err, field=data.source_field) from None
     features = features_lib.stack(rows, width=data.max_seq_length)
     notes = []
     cut_sources = sum(len(r.ids) == data.max_seq_length for r in rows)
     if caught:
         notes.append(
-            f"{split.path}: some sources are longer than data.max_source_length="
+            f"{split.path}: some sources are longer than {data.max_seq_length_field}="
             f"{data.max_seq_length} tokens and were cut"
         )
     targets = None
     if split.has_labels:
         targets = tuple(record.label for record in split.records)
         ids = tokenizer.encode_batch(list(targets))
+        for record, target_ids in zip(split.records, ids):
+            if not target_ids:  # nothing to learn but [SEP]
+                raise task_data.TaskDataError(
+                    f"{split.path} line {record.line}: field {data.target_field!r} "
+                    f"({record.label[:40]!r}) has no tokens: the tokenizer drops all of it "
+                    "(control characters only?)"
+                )
         cut = sum(len(t) > data.max_target_length - 1 for t in ids)
         if cut:
             notes.append(
@@ -330,7 +345,9 @@ class Seq2SeqTask(Task):
 
     def read_options(self, config) -> TaskInputs:
         options = read_options(config)
-        return TaskInputs(options, options.fields, options.max_seq_length)
+        return TaskInputs(
+            options, options.fields, options.max_seq_length, options.max_seq_length_field
+        )
 
     def read(self, data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData:
         settings: Seq2SeqData = data.task_options
