@@ -16,7 +16,7 @@ from bertjax.finetune import data as task_data
 from bertjax.finetune import layouts
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.data import TaskDataError
-from bertjax.finetune.settings import FinetuneSettings
+from bertjax.finetune.settings import FinetuneDataSettings, FinetuneSettings
 from bertjax.inference import InferenceError
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
@@ -180,8 +180,6 @@ def test_a_question_answering_run_predicts_a_test_file_without_answers(tmp_path)
 
 
 def _qa_data(train: str, validation: str, test: str):
-    from bertjax.finetune.settings import FinetuneDataSettings
-
     return FinetuneDataSettings(
         train=train,
         validation=((layouts.VALIDATION, validation),),
@@ -192,6 +190,14 @@ def _qa_data(train: str, validation: str, test: str):
         max_seq_length=QA_SETTINGS.max_seq_length,
         task_settings=QA_SETTINGS,
     )
+
+
+def test_a_training_question_without_tokens_names_its_record(tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text(jsonl(answered("a"), answered("b", question="\x01\x02")))
+    message = r"train\.jsonl line 2: question \('\\x01\\x02'\) has no tokens"
+    with pytest.raises(TaskDataError, match=message):
+        task_lib.get(qa.TASK).read(_qa_data(str(train), str(train), str(train)), TOKENIZER)
 
 
 # ------------------------------------------------------------------------------ retrieval files

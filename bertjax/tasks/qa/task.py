@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from bertjax import features as features_lib
 from bertjax import fs
 from bertjax.capability import HeadSpec
 from bertjax.finetune import layouts
@@ -108,6 +109,10 @@ def encode_split(
         )
     except (ValueError, FileNotFoundError) as err:
         raise TaskDataError(str(err)) from None
+    try:  # a question the tokenizer reduces to nothing could only be answered at random
+        features_lib.token_ids(tokenizer, [e.question for e in data.examples], "question")
+    except features_lib.InputError as err:
+        raise TaskDataError(f"{data.examples[err.index].where}: question {err.problem}") from None
     if not data.has_answers:
         data = dataclasses.replace(data, version_2=version_2)
     examples = data.examples
