@@ -74,7 +74,12 @@ class Model:
     tokenizer)`, where params is BertForPreTraining's tree (plain or boxed, on the host or on
     devices). `dtype` overrides the compute dtype (e.g. "float32" for a model trained in
     bfloat16). `mesh` spreads batches and parameters over devices. A fine-tuned model has a
-    `head` (bertjax.heads.HeadSpec), the parameter tree of bertjax.heads' models, and `predict`s.
+    `head` (bertjax.capability.HeadSpec) and its capability's parameter tree; the capability
+    (bertjax.tasks) serves the methods that fit it: predict, answer, generate, embed.
+
+    The batching path the methods share: `examples` / `token_ids` (text to inputs),
+    `batched(function, features)` (length buckets, batch_size, mesh, progress bar) and
+    `predict_masks` (fill-mask's core).
     """
 
     def __init__(
