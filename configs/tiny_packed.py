@@ -12,6 +12,11 @@ masking is drawn per batch, so a second pass would only repeat the rows. The dem
 packs into about 2,750 rows of 128 (sentence pairs at dupe_factor 2 give more, shorter rows),
 so the 600 steps of 32 rows see each row about seven times. A row of 128 real tokens at the
 30% rate has 38 masked tokens: the cap of 40 holds them.
+
+One run on the demo corpus (two shared CPU cores, about 11 minutes) reached eval MLM accuracy
+0.095, 0.119 and 0.120 at steps 200, 400 and 600 (15% eval rate), against a unigram baseline
+of 0.052 on these rows; the eval rows are whole documents rather than sentence pairs, so the
+numbers do not compare one to one with configs/tiny_modern_recipe.py's.
 """
 
 from configs import tiny_modern_recipe
