@@ -29,6 +29,7 @@ from bertjax.data.packing import (
 from bertjax.data.storage import shard_paths
 from bertjax.model import BertConfig, BertModel
 from bertjax.pretrain import loop as pretrain_loop
+from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from bertjax.tokenizer import Tokenizer
@@ -99,8 +100,6 @@ def test_packing_keeps_every_token_of_every_document_exactly_once():
     for d, document in enumerate(documents):
         expected = np.concatenate(document).tolist() if document else []
         assert sorted(seen[d]) == expected  # every token once, none from elsewhere
-    # And the pieces of a document are consecutive runs of it.
-    assert sum(len(r) for r in rows_of(packed)) == len(packed.tokens)
 
 
 def test_document_features_of_a_padded_row():
@@ -319,6 +318,13 @@ def test_the_sentence_pair_objective_is_refused_on_packed_data(packed_data):
     assert "config.objective='mlm_sentence'" in message and "data.layout='packed'" in message
     with pytest.raises(ConfigError, match="config.data.dupe_factor=2"):
         PretrainSettings.from_config(packed_config(packed_data[1], **{"data.dupe_factor": 2}))
+
+
+def test_a_run_of_pairs_refuses_packed_data(packed_data, tmp_path):
+    config = packed_config(packed_data[1], **{"data.layout": "pairs"})
+    settings = PretrainSettings.from_config(config)
+    with pytest.raises(ConfigError, match="config.data.layout='pairs' but .* layout='packed'"):
+        ensure_data(settings.data, tmp_path, eval_batch_size=4, seed=0)
 
 
 @pytest.mark.slow  # a 40-step run and a fresh notebook process: about a minute on two cores
