@@ -16,6 +16,11 @@ Choosing an implementation (``resolve_implementation``):
   "splash" the Pallas TPU splash-attention kernel, called inside jax.shard_map so batch and
            heads stay sharded; padding is expressed as segment ids. Off TPU it runs in Pallas
            interpret mode (correct but slow; meant for tests).
+Packed rows of several documents pass ``document_ids`` [batch, seq] (1.. per document, 0 for
+padding) instead of relying on the padding mask: a query then sees exactly the keys of its
+own document (padded queries see padded keys, so rows stay finite). xla builds that mask;
+splash takes the ids as its segment ids; cuDNN (padding as sequence lengths) cannot express
+it, so such a request runs the xla path, the reason logged once.
 An explicit "cudnn" or "splash" request is served when the kernel can serve it; otherwise
 the xla path runs and the reason is logged once (python logging, WARNING). The fused
 kernels cannot drop attention weights, so while attention dropout is active (training with
@@ -78,8 +83,13 @@ def _splash_problem(seq_len: int, batch: int, num_heads: int) -> str | None:
     return None
 
 
-def _cudnn_problem(dtype, head_dim: int) -> str | None:
-    """Why cuDNN flash attention cannot serve this dtype/shape, or None."""
+def _cudnn_problem(dtype, head_dim: int, document_mask: bool = False) -> str | None:
+    """Why cuDNN flash attention cannot serve this dtype/shape/mask, or None."""
+    if document_mask:
+        return (
+            "cuDNN flash attention takes padding as sequence lengths and cannot restrict "
+            "attention to each token's document (packed rows)"
+        )
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"cuDNN flash attention needs bfloat16 or float16, got {jnp.dtype(dtype).name}"
     if head_dim % 8 or head_dim > 128:
@@ -96,8 +106,12 @@ def resolve_implementation(
     num_heads: int,
     head_dim: int,
     dropout_active: bool = False,
+    document_mask: bool = False,
 ) -> str:
-    """The implementation that will actually run ("xla", "cudnn" or "splash")."""
+    """The implementation that will actually run ("xla", "cudnn" or "splash").
+
+    ``document_mask``: attention is restricted to each token's document (document_ids).
+    """
     if requested not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {requested!r} is not one of {IMPLEMENTATIONS}")
     if dropout_active:
@@ -116,7 +130,7 @@ def resolve_implementation(
                 return "splash"
             _log_once(logging.INFO, f"attention 'auto' uses xla, not splash: {problem}")
         elif platform == "nvidia":
-            problem = _cudnn_problem(dtype, head_dim)
+            problem = _cudnn_problem(dtype, head_dim, document_mask)
             if problem is None:
                 return "cudnn"
             _log_once(logging.INFO, f"attention 'auto' uses xla, not cudnn: {problem}")
@@ -125,7 +139,7 @@ def resolve_implementation(
         problem = (
             f"cuDNN needs an NVIDIA GPU, the backend is {platform!r}"
             if platform != "nvidia"
-            else _cudnn_problem(dtype, head_dim)
+            else _cudnn_problem(dtype, head_dim, document_mask)
         )
         if problem:
             _log_once(logging.WARNING, f"attention 'cudnn' falls back to xla: {problem}")
@@ -145,14 +159,34 @@ def resolve_implementation(
     return "xla"
 
 
-def reference_attention(query, key, value, attention_mask=None):
+def document_mask(document_ids: jax.Array, query_document_ids: jax.Array | None = None):
+    """[batch, 1, q_seq, kv_seq] bool: a query sees the keys of its own document.
+
+    Padding (document 0) sees padding, so no row is empty.
+    """
+    queries = document_ids if query_document_ids is None else query_document_ids
+    return queries[:, None, :, None] == document_ids[:, None, None, :]  # [batch, 1, s, t]
+
+
+def _logit_mask(attention_mask, document_ids, query_document_ids):
+    """The mask broadcast against [batch, heads, q_seq, kv_seq] logits, or None."""
+    if document_ids is not None:
+        return document_mask(document_ids, query_document_ids)  # [batch, 1, s, t]
+    if attention_mask is not None:
+        return attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
+    return None
+
+
+def reference_attention(
+    query, key, value, attention_mask=None, document_ids=None, query_document_ids=None
+):
     """Plain einsum attention in float32, the yardstick for every implementation."""
     scale = 1.0 / math.sqrt(query.shape[-1])
     logits = (
         jnp.einsum("bsnd,btnd->bnst", query.astype(jnp.float32), key.astype(jnp.float32)) * scale
     )  # [batch, heads, q_seq, kv_seq]
-    if attention_mask is not None:
-        keep = attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
+    keep = _logit_mask(attention_mask, document_ids, query_document_ids)
+    if keep is not None:
         logits = jnp.where(keep, logits, _MASK_VALUE)
     weights = jax.nn.softmax(logits, axis=-1)
     return jnp.einsum("bnst,btnd->bsnd", weights, value.astype(jnp.float32)).astype(query.dtype)
@@ -173,14 +207,16 @@ def dropout_keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...]) 
     return halves.astype(jnp.uint32) < round(keep_prob * 65536)
 
 
-def _xla_dropout_attention(query, key, value, attention_mask, dropout_rate, dropout_rng):
+def _xla_dropout_attention(
+    query, key, value, attention_mask, dropout_rate, dropout_rng, document_ids, query_document_ids
+):
     """Einsum attention that drops attention weights (what the fused kernels cannot do)."""
     scale = 1.0 / math.sqrt(query.shape[-1])
     logits = (
         jnp.einsum("bsnd,btnd->bnst", query, key, preferred_element_type=jnp.float32) * scale
     )  # [batch, heads, q_seq, kv_seq]
-    if attention_mask is not None:
-        keep = attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
+    keep = _logit_mask(attention_mask, document_ids, query_document_ids)
+    if keep is not None:
         logits = jnp.where(keep, logits, _MASK_VALUE)
     weights = jax.nn.softmax(logits, axis=-1)
     keep_prob = 1.0 - dropout_rate
@@ -189,10 +225,8 @@ def _xla_dropout_attention(query, key, value, attention_mask, dropout_rate, drop
     return jnp.einsum("bnst,btnd->bsnd", weights, value)  # [batch, q_seq, heads, head_dim]
 
 
-def _xla_attention(query, key, value, attention_mask):
-    mask = None
-    if attention_mask is not None:
-        mask = attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
+def _xla_attention(query, key, value, attention_mask, document_ids=None, query_document_ids=None):
+    mask = _logit_mask(attention_mask, document_ids, query_document_ids)
     return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="xla")
 
 
@@ -246,9 +280,12 @@ def _splash_local(query, key, value, segment_ids, *, interpret: bool):
     return jnp.swapaxes(out, 1, 2)  # [b, seq, heads, head_dim]
 
 
-def _splash_attention(query, key, value, attention_mask):
+def _splash_attention(query, key, value, attention_mask, document_ids=None):
     batch, seq_len = query.shape[:2]
-    if attention_mask is None:
+    if document_ids is not None:
+        # Each document is a segment; padding (0) is one more, as below.
+        segment_ids = document_ids.astype(jnp.int32)  # [batch, seq]
+    elif attention_mask is None:
         segment_ids = jnp.ones((batch, seq_len), jnp.int32)
     else:
         # Real tokens are segment 1, padding segment 0: real queries see only real keys, and
@@ -276,10 +313,15 @@ def dot_product_attention(
     dropout_rate: float = 0.0,
     dropout_rng: jax.Array | None = None,
     deterministic: bool = True,
+    document_ids: jax.Array | None = None,
+    query_document_ids: jax.Array | None = None,
 ) -> jax.Array:
     """Multi-head attention [batch, seq, heads, head_dim] with a key padding mask [batch, seq].
 
     ``dropout_rng`` is required when dropout is active (deterministic=False, rate > 0).
+    ``document_ids`` [batch, kv_seq] (0 for padding) restrict each query to its own
+    document's keys, in place of the padding mask; ``query_document_ids`` [batch, q_seq] are
+    the queries' when there are fewer queries than keys (the xla path only).
     """
     dropout_active = (not deterministic) and dropout_rate > 0.0
     batch, seq_len, num_heads, head_dim = query.shape
@@ -291,13 +333,25 @@ def dot_product_attention(
         num_heads=num_heads,
         head_dim=head_dim,
         dropout_active=dropout_active,
+        document_mask=document_ids is not None,
     )
+    if query_document_ids is not None and impl != "xla":
+        raise ValueError("query_document_ids (fewer queries than keys) needs the xla path")
     if dropout_active:
         if dropout_rng is None:
             raise ValueError("attention dropout is active but no dropout_rng was given")
-        return _xla_dropout_attention(query, key, value, attention_mask, dropout_rate, dropout_rng)
+        return _xla_dropout_attention(
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout_rate,
+            dropout_rng,
+            document_ids,
+            query_document_ids,
+        )
     if impl == "cudnn":
         return _cudnn_attention(query, key, value, attention_mask)
     if impl == "splash":
-        return _splash_attention(query, key, value, attention_mask)
-    return _xla_attention(query, key, value, attention_mask)
+        return _splash_attention(query, key, value, attention_mask, document_ids)
+    return _xla_attention(query, key, value, attention_mask, document_ids, query_document_ids)

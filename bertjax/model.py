@@ -370,13 +370,21 @@ class Embeddings(nn.Module):
         self.layer_norm = _layer_norm(cfg)
         self.dropout = Dropout(cfg.hidden_dropout)
 
-    def __call__(self, input_ids, token_type_ids, deterministic: bool, start=None):
+    def __call__(self, input_ids, token_type_ids, deterministic: bool, start=None, positions=None):
         """``start`` (an int or int scalar array): the position of the first token, for a
-        decoder that embeds one token at a time; positions count from 0 without it."""
+        decoder that embeds one token at a time; positions count from 0 without it.
+        ``positions`` [batch, seq]: each token's own position (packed documents restart at 0)."""
         cfg = self.config
         seq_len = input_ids.shape[1]
         offset = 0 if start is None else start
-        if cfg.position_embedding_type == "learned":
+        if positions is not None:
+            if cfg.position_embedding_type == "learned":
+                table = self.position_embeddings.embedding  # [max_positions, hidden]
+            else:
+                table = sinusoidal_table(cfg.max_position_embeddings, cfg.hidden_size)
+            table = jnp.asarray(table).astype(jnp.dtype(cfg.dtype))
+            positions = jnp.take(table, positions, axis=0)  # [batch, seq, hidden]
+        elif cfg.position_embedding_type == "learned":
             positions = self.position_embeddings(offset + jnp.arange(seq_len))  # [seq, hidden]
         else:
             table = sinusoidal_table(
@@ -385,10 +393,10 @@ class Embeddings(nn.Module):
             positions = jax.lax.dynamic_slice_in_dim(
                 jnp.asarray(table, jnp.dtype(cfg.dtype)), offset, seq_len
             )  # [seq, hidden]
+        if positions.ndim == 2:
+            positions = positions[None]  # [1, seq, hidden]
         x = (
-            self.word_embeddings(input_ids)
-            + self.token_type_embeddings(token_type_ids)
-            + positions[None]
+            self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids) + positions
         )  # [batch, seq, hidden]
         x = self.layer_norm(x)
         x = self.dropout(x, deterministic=deterministic)
@@ -441,13 +449,23 @@ class SelfAttention(nn.Module):
     """Multi-head self-attention, dropout, residual, post-LayerNorm.
 
     ``queries`` ([batch, q, hidden], unpacked) computes the output at those positions only,
-    attending over all of x; without it every position of x is a query.
+    attending over all of x; without it every position of x is a query. ``document_ids``
+    [batch, seq] (packed documents, 0 for padding): each token attends to its own document
+    only; ``queries`` are then the rows' first tokens.
     """
 
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, attention_mask, deterministic: bool, token_index=None, queries=None):
+    def __call__(
+        self,
+        x,
+        attention_mask,
+        deterministic: bool,
+        token_index=None,
+        document_ids=None,
+        queries=None,
+    ):
         cfg = self.config
         qkv_names = (BATCH, LENGTH, HEADS, KV)
         query_input = x if queries is None else queries
@@ -474,6 +492,10 @@ class SelfAttention(nn.Module):
             dropout_rate=cfg.attention_dropout,
             dropout_rng=self.make_rng("dropout") if dropout_active else None,
             deterministic=deterministic,
+            document_ids=document_ids,
+            query_document_ids=(
+                None if document_ids is None or queries is None else document_ids[:, :1]
+            ),
         )  # [b, s, n, d]
         context = sharding.constrain(context, qkv_names)
         if token_index is not None and queries is None:
@@ -509,9 +531,17 @@ class TransformerLayer(nn.Module):
     scanned: bool = False
 
     @nn.compact
-    def __call__(self, x, attention_mask, deterministic: bool, token_index=None, queries=None):
+    def __call__(
+        self,
+        x,
+        attention_mask,
+        deterministic: bool,
+        token_index=None,
+        document_ids=None,
+        queries=None,
+    ):
         x = SelfAttention(self.config, name="attention")(
-            x, attention_mask, deterministic, token_index, queries
+            x, attention_mask, deterministic, token_index, document_ids, queries
         )
         x = FeedForward(self.config, name="mlp")(x, deterministic)
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
@@ -536,7 +566,15 @@ class Encoder(nn.Module):
     config: BertConfig
 
     @nn.compact
-    def __call__(self, x, attention_mask, deterministic: bool, token_index=None, cls_only=False):
+    def __call__(
+        self,
+        x,
+        attention_mask,
+        deterministic: bool,
+        token_index=None,
+        cls_only=False,
+        document_ids=None,
+    ):
         cfg = self.config
         layer_cls = TransformerLayer
         if cfg.remat_policy != "none":
@@ -549,18 +587,19 @@ class Encoder(nn.Module):
                 layer_cls,
                 variable_axes={"params": 0},
                 split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                 length=cfg.num_layers,
                 metadata_params={nn.PARTITION_NAME: LAYERS},
             )(cfg, scanned=True, name=STACKED_LAYERS)
-            x, _ = stack(x, attention_mask, deterministic, token_index)
+            x, _ = stack(x, attention_mask, deterministic, token_index, document_ids)
             return first_tokens(x, attention_mask, token_index) if cls_only else x
         for i in range(cfg.num_layers):
             layer = layer_cls(cfg, name=f"layer_{i}")
             if cls_only and i == cfg.num_layers - 1:
                 queries = first_tokens(x, attention_mask, token_index)  # [b, 1, h]
-                return layer(x, attention_mask, deterministic, token_index, queries)  # [b, 1, h]
-            x = layer(x, attention_mask, deterministic, token_index)
+                # [b, 1, h]
+                return layer(x, attention_mask, deterministic, token_index, document_ids, queries)
+            x = layer(x, attention_mask, deterministic, token_index, document_ids)
         return x
 
 
@@ -584,6 +623,12 @@ class BertModel(nn.Module):
 
     ``cls_only`` skips what only the other positions' outputs need (see Encoder): the pooled
     output is the same, and sequence_output is [batch, 1, hidden], the [CLS] position alone.
+
+    ``document_ids`` and ``positions`` ([batch, seq] ints, given together) run rows of packed
+    documents: a token attends to the tokens of its own document only (ids 1.., 0 for
+    padding; the ids are zeroed where attention_mask is 0) and its position embedding is
+    looked up at ``positions`` (restarting at 0 per document). Without them nothing changes.
+    The pooled output reads the row's first document.
     """
 
     config: BertConfig
@@ -603,21 +648,27 @@ class BertModel(nn.Module):
         deterministic=True,
         packed_length: int | None = None,
         cls_only: bool = False,
+        document_ids=None,
+        positions=None,
     ):
         cfg = self.config
         seq_len = input_ids.shape[-1]
+        if (document_ids is None) != (positions is None):
+            raise ValueError("document_ids and positions go together: give both or neither")
         if cfg.position_embedding_type == "learned" and seq_len > cfg.max_position_embeddings:
             raise ValueError(
                 f"sequence length {seq_len} exceeds max_position_embeddings="
                 f"{cfg.max_position_embeddings}"
             )
         token_type_ids, attention_mask = _default_inputs(input_ids, token_type_ids, attention_mask)
-        x = self.embeddings(input_ids, token_type_ids, deterministic)  # [b, s, h]
+        if document_ids is not None:
+            document_ids = jnp.where(attention_mask.astype(bool), document_ids, 0)  # [b, s]
+        x = self.embeddings(input_ids, token_type_ids, deterministic, positions=positions)
         index = None
         if packed_length is not None:
             index = packing_index(attention_mask, packed_length, sharding.shards(BATCH))
             x = sharding.constrain(pack_tokens(x, index), (BATCH, LENGTH, ACTIVATION_EMBED))
-        x = self.encoder(x, attention_mask, deterministic, index, cls_only)
+        x = self.encoder(x, attention_mask, deterministic, index, cls_only, document_ids)
         if index is not None and not cls_only:  # x is packed [g, c, h]
             batch, seq = input_ids.shape
             x = unpack_tokens(x, index, batch, seq)  # [b, s, h]
@@ -678,14 +729,19 @@ class BertForPreTraining(nn.Module):
         *,
         deterministic=True,
         packed_length: int | None = None,
+        document_ids=None,
+        positions=None,
     ) -> BertOutput:
-        """``packed_length``: skip padding in the encoder (see BertModel)."""
+        """``packed_length``: skip padding in the encoder; ``document_ids`` and ``positions``:
+        rows of packed documents (see BertModel)."""
         sequence_output, pooled = self.bert(
             input_ids,
             token_type_ids,
             attention_mask,
             deterministic=deterministic,
             packed_length=packed_length,
+            document_ids=document_ids,
+            positions=positions,
         )
         if masked_lm_positions is None:
             gathered = sequence_output  # [b, s, h]

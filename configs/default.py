@@ -46,6 +46,9 @@ def get_config() -> ml_collections.ConfigDict:
             tokenizer="",  # an existing sentencepiece model to use instead
             lowercase=False,
             task="nsp",  # nsp | sop
+            # "pairs": [CLS] A [SEP] B [SEP] instances; "packed": whole documents packed into
+            # rows, each attending only to itself (objective "mlm" only; dupe_factor 1).
+            layout="pairs",
             dupe_factor=5,
             short_seq_prob=0.1,
             eval_fraction=0.01,

@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 import sys
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
@@ -52,8 +53,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def prepare_in_processes(inputs: list[str], output: str, count: int) -> list[str]:
-    """Runs the prepare command line in `count` processes of one jax.distributed job."""
+def prepare_in_processes(
+    inputs: list[str], output: str, count: int, extra: Sequence[str] = ()
+) -> list[str]:
+    """Runs the prepare command line in `count` processes of one jax.distributed job, with
+    SETTINGS and the `extra` flags."""
     address = f"127.0.0.1:{free_port()}"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     procs = [
@@ -67,6 +71,7 @@ def prepare_in_processes(inputs: list[str], output: str, count: int) -> list[str
                 "--output",
                 output,
                 *SETTINGS,
+                *extra,
                 f"--coordinator_address={address}",
                 f"--num_processes={count}",
                 f"--process_id={i}",
@@ -100,8 +105,8 @@ def files_of(directory: pathlib.Path) -> dict[str, bytes]:
     }
 
 
-def single_process(corpus: pathlib.Path, out: pathlib.Path) -> dict:
-    kwargs = {}
+def single_process(corpus: pathlib.Path, out: pathlib.Path, **extra) -> dict:
+    kwargs = dict(extra)
     for flag in SETTINGS:
         name, value = flag[2:].split("=")
         kwargs[name] = float(value) if "." in value else int(value)

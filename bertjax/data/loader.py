@@ -26,6 +26,7 @@ import numpy as np
 
 from bertjax import fs
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
+from bertjax.data.packing import document_features
 from bertjax.data.storage import RemoteTokens, SplitReader, read_manifest
 from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
@@ -51,8 +52,11 @@ class _BatchMaker:
         shuffle: bool,
         process_index: int,
         process_count: int,
+        layout: str = "pairs",
     ):
         self.reader = reader
+        self.layout = layout
+        self.cls_id = tokenizer.cls_id
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         self.global_batch_size = batch_size * process_count
@@ -122,7 +126,7 @@ class _BatchMaker:
             mask_id=self.mask_id,
             is_word_start=self.is_word_start,
         )
-        return {
+        batch = {
             "input_ids": masked["input_ids"],
             "input_mask": features["input_mask"],
             "segment_ids": features["segment_ids"],
@@ -131,6 +135,12 @@ class _BatchMaker:
             "masked_lm_weights": masked["masked_lm_weights"],
             "next_sentence_labels": features["next_sentence_labels"],
         }
+        if self.layout == "packed":
+            # From the unmasked ids: every document piece starts with [CLS].
+            batch.update(
+                document_features(features["input_ids"], features["input_mask"], self.cls_id)
+            )
+        return batch
 
 
 class Loader:
@@ -145,6 +155,7 @@ class Loader:
     ):
         self._maker = maker
         self.tokenizer = tokenizer
+        self.layout = maker.layout
         self.max_seq_length = maker.max_seq_length
         self.max_predictions_per_seq = maker.masking.max_predictions_per_seq
         self.num_examples = len(maker.reader)
@@ -254,6 +265,10 @@ def make_loader(
     (storage.RemoteTokens), never downloaded whole, with at least REMOTE_READ_AHEAD threads
     making the next batches ahead (a bounded number: twice the threads), so that a request's
     round trip does not stall each step.
+
+    Data prepared with ``layout="packed"`` gives two more features: ``document_ids`` (1.. per
+    document of a row, 0 for padding) and ``positions`` (restarting at 0 at each document);
+    its segment_ids and next_sentence_labels are all 0.
     """
     manifest = read_manifest(data_dir)
     data_dir = fs.path(data_dir)
@@ -317,6 +332,7 @@ def make_loader(
         shuffle=shuffle,
         process_index=process_index,
         process_count=process_count,
+        layout=manifest.get("layout", "pairs"),
     )
     if fs.is_remote(data_dir):
         worker_count = max(worker_count, REMOTE_READ_AHEAD)

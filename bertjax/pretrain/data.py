@@ -25,7 +25,7 @@ def ensure_data(
     <workdir>/data. With several processes each prepares its share of the input into the
     shared directory (bertjax.data.prepare), and all wait until the manifest is written. The
     prepared data must fit the run: its sequence length, its tokenizer (when the config
-    names one) and an eval split of at least one batch.
+    names one), its layout (pairs or packed documents) and an eval split of at least one batch.
     """
     workdir = fs.path(workdir)
     data_dir = fs.path(data.dir) if data.dir else workdir / DATA_DIR
@@ -65,6 +65,7 @@ def ensure_data(
             seed=seed,
             process_index=jax.process_index(),
             process_count=processes,
+            layout=data.layout,
         )
     if processes > 1:
         multihost_utils.sync_global_devices("bertjax:data_prepared")
@@ -75,6 +76,12 @@ def ensure_data(
             f"config.data.max_seq_length={data.max_seq_length} but {data_dir} was prepared "
             f"with max_seq_length={manifest['max_seq_length']}; prepare a new directory or "
             "match it"
+        )
+    layout = manifest.get("layout", "pairs")
+    if layout != data.layout:
+        raise ConfigError(
+            f"config.data.layout={data.layout!r} but {data_dir} was prepared with "
+            f"layout={layout!r}; prepare a new directory or match it"
         )
     tokenizer = Tokenizer.load(data_dir / SENTENCEPIECE_FILE)
     if data.tokenizer:

@@ -36,6 +36,9 @@ class PretrainingObjective(steps.Objective):
             batch["masked_lm_positions"],
             deterministic=deterministic,
             packed_length=packed_length,
+            # Rows of packed documents (data.layout="packed"); absent from sentence pairs.
+            document_ids=batch.get("document_ids"),
+            positions=batch.get("positions"),
             rngs={"dropout": rng} if rng is not None else {},
         )
         return losses.loss_sums(output.mlm_logits, output.nsp_logits, batch)

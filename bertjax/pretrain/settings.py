@@ -18,7 +18,7 @@ import jax
 import ml_collections
 
 from bertjax import fs, optim, sharding
-from bertjax.data import instances
+from bertjax.data import instances, packing
 from bertjax.data.masking import MaskingSettings
 from bertjax.data.storage import MANIFEST_FILE
 from bertjax.model import BertConfig
@@ -59,6 +59,9 @@ class DataSettings:
     workers: int  # 0: one per CPU core
     masking: MaskingSettings  # of the training batches
     eval_masking: MaskingSettings  # of the held-out batches: a fixed rate, whatever training's
+    # "pairs": google's [CLS] A [SEP] B [SEP] instances; "packed": whole documents packed into
+    # rows, each attending to itself only (bertjax.data.packing), for the MLM-only objective.
+    layout: str = "pairs"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +215,12 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
     )
     objective = config.objective
     require_(objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}")
+    require_(
+        not (objective == "mlm_sentence" and data.layout == "packed"),
+        "objective",
+        "the sentence-pair task needs sentence pairs but config.data.layout='packed' holds "
+        "whole documents; set objective='mlm' or data.layout='pairs'",
+    )
     frozen = () if objective == "mlm_sentence" else SENTENCE_PAIR_PARAMS
     optimizer = read_optimizer(config, total_steps=config.num_train_steps, frozen=frozen)
 
@@ -274,6 +283,15 @@ def _read_data(config) -> DataSettings:
         f"must be <= data.max_seq_length={d.max_seq_length}",
     )
     require_(d.task in instances.TASKS, "data.task", f"must be one of {instances.TASKS}")
+    # Older configs have no layout field: they hold pairs.
+    layout = d.get("layout", "pairs")
+    require_(layout in packing.LAYOUTS, "data.layout", f"must be one of {packing.LAYOUTS}")
+    require_(
+        layout != "packed" or d.dupe_factor == 1,
+        "data.dupe_factor",
+        "must be 1 with data.layout='packed': packing is not random, so more passes would "
+        "repeat the same rows (masking is drawn per batch anyway)",
+    )
     require_(
         d.tokenizer_model_type in MODEL_TYPES,
         "data.tokenizer_model_type",
@@ -326,4 +344,5 @@ def _read_data(config) -> DataSettings:
             max_predictions_per_seq=d.max_predictions_per_seq,
             whole_word_masking=d.whole_word_masking,
         ),
+        layout=layout,
     )

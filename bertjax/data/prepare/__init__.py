@@ -19,6 +19,11 @@ their random next segments come from the whole eval split: a chunk holds few eva
 would skew the eval NSP labels against train's. This keeps the eval split (``eval_fraction``
 of the corpus) in memory.
 
+With ``layout="packed"`` a chunk's (and the eval split's) documents become rows of whole
+documents packed together (bertjax.data.packing) instead of sentence pairs: no randomness,
+the same division by chunks, and the manifest records the layout and each split's packing
+efficiency (real tokens / slots).
+
 The manifest is written last, whole (atomically): a directory without one was never finished.
 The output may be a local directory or ``gs://bucket/path`` (every write goes through
 bertjax.fs: each shard file is one upload), and so may the inputs.
@@ -60,6 +65,7 @@ from jax.experimental import multihost_utils
 from bertjax import fs
 from bertjax.data.corpus import InputReport, expand_paths, read_documents
 from bertjax.data.instances import TASKS, InstanceSettings, create_instances, tokenize_documents
+from bertjax.data.packing import LAYOUTS, efficiency, pack_documents
 from bertjax.data.storage import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -130,12 +136,16 @@ def _process_chunk(
     settings: InstanceSettings,
     seed: int,
     dtype: str,
+    layout: str = "pairs",
 ) -> dict:
-    """Tokenizes one chunk's training documents, creates their instances, writes their shard."""
+    """Tokenizes one chunk's training documents, creates their instances (or packed rows),
+    writes their shard."""
     tokenizer = _worker_tokenizer
     assert tokenizer is not None, "worker tokenizer not initialised"
     rng = np.random.default_rng([seed, index, _SPLIT_STREAM["train"]])
-    return _write_split(data_dir, "train", index, documents, tokenizer, settings, rng, dtype)
+    return _write_split(
+        data_dir, "train", index, documents, tokenizer, settings, rng, dtype, layout
+    )
 
 
 def _write_split(
@@ -147,10 +157,17 @@ def _write_split(
     settings: InstanceSettings,
     rng: np.random.Generator,
     dtype: str,
+    layout: str = "pairs",
 ) -> dict:
-    """Instances of documents (random next segments drawn among them) as shard index of split."""
+    """Instances of documents (random next segments drawn among them), or their packed rows
+    (layout "packed": no randomness), as shard index of split."""
     tokens = tokenize_documents(documents, tokenizer)
-    instances = create_instances(tokens, settings, rng, tokenizer.cls_id, tokenizer.sep_id)
+    if layout == "packed":
+        instances = pack_documents(
+            tokens, settings.max_seq_length, tokenizer.cls_id, tokenizer.sep_id
+        )
+    else:
+        instances = create_instances(tokens, settings, rng, tokenizer.cls_id, tokenizer.sep_id)
     record = {"num_documents": len(tokens), "num_instances": instances.num_instances}
     if record["num_instances"]:
         record["shard"] = write_shard(
@@ -246,7 +263,14 @@ def _part_path(data_dir: fs.AnyPath, process_index: int) -> fs.AnyPath:
 
 
 def _validate(
-    inputs, max_seq_length, max_predictions_per_seq, dupe_factor, workers, eval_fraction, chunk_mb
+    inputs,
+    max_seq_length,
+    max_predictions_per_seq,
+    dupe_factor,
+    workers,
+    eval_fraction,
+    chunk_mb,
+    layout="pairs",
 ) -> None:
     if isinstance(inputs, (str, os.PathLike)) or not inputs:
         raise ValueError(
@@ -269,6 +293,14 @@ def _validate(
         raise ValueError(f"eval_fraction={eval_fraction} is invalid: it must lie in [0, 1).")
     if chunk_mb <= 0:
         raise ValueError(f"chunk_mb={chunk_mb} is invalid: it must be > 0.")
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout={layout!r} is invalid: choose one of {LAYOUTS}.")
+    if layout == "packed" and dupe_factor != 1:
+        raise ValueError(
+            f"dupe_factor={dupe_factor} is invalid with layout='packed': packing is not random, "
+            "so each pass would repeat the same rows (masking is drawn per batch anyway); use "
+            "dupe_factor=1."
+        )
 
 
 def prepare(
@@ -292,6 +324,7 @@ def prepare(
     verbose: bool = True,
     process_index: int = 0,
     process_count: int = 1,
+    layout: str = "pairs",
 ) -> dict:
     """Prepares ``output_dir`` (local or gs://) from raw text; returns the manifest (also in
     manifest.json).
@@ -299,6 +332,10 @@ def prepare(
     Without ``tokenizer_path`` a tokenizer of ``vocab_size`` pieces is trained on a sample
     of the corpus's sentences; with it, that model is copied in and ``vocab_size`` and
     ``lowercase`` are ignored (the model decides).
+
+    ``layout="packed"`` writes rows of whole documents packed together (bertjax.data.packing)
+    instead of sentence pairs; ``task`` and ``short_seq_prob`` do not apply to it, and
+    ``dupe_factor`` must be 1.
 
     With ``process_count > 1`` every process of a jax.distributed job calls this with the same
     arguments and its own ``process_index``; together they write what one process would (see
@@ -312,6 +349,7 @@ def prepare(
         workers,
         eval_fraction,
         chunk_mb,
+        layout,
     )
     inputs = [str(p) for p in inputs]
     expand_paths(inputs)  # a bad path fails here, before the output directory is touched
@@ -364,7 +402,7 @@ def prepare(
     report = InputReport()
     chunks = _chunks(read_documents(inputs, report), int(chunk_mb * 1e6), seed, eval_fraction)
     task_args = (str(data_dir),)
-    task_kwargs = dict(settings=instance_settings, seed=seed, dtype=dtype.name)
+    task_kwargs = dict(settings=instance_settings, seed=seed, dtype=dtype.name, layout=layout)
     train_records: dict[int, dict] = {}
     eval_documents: list[list[str]] = []
     num_chunks = 0
@@ -437,7 +475,15 @@ def prepare(
     # One pool for the whole eval split; its own seed stream, so train's draws are untouched.
     eval_rng = np.random.default_rng([seed, _SPLIT_STREAM["eval"]])
     eval_record = _write_split(
-        str(data_dir), "eval", 0, eval_documents, tokenizer, instance_settings, eval_rng, dtype
+        str(data_dir),
+        "eval",
+        0,
+        eval_documents,
+        tokenizer,
+        instance_settings,
+        eval_rng,
+        dtype,
+        layout,
     )
     seconds = time.perf_counter() - start
 
@@ -453,6 +499,10 @@ def prepare(
             "num_tokens": sum(s["num_tokens"] for s in shards),
             "shards": shards,
         }
+        if layout == "packed":
+            splits[split]["packing_efficiency"] = efficiency(
+                splits[split]["num_tokens"], splits[split]["num_instances"], max_seq_length
+            )
     if splits["train"]["num_instances"] == 0:
         raise ValueError(f"inputs {inputs} produced no training instances (is the corpus empty?).")
 
@@ -479,9 +529,18 @@ def prepare(
         "num_chunks": len(train_records),
         "raw_chars": raw_chars,
     }
+    if layout != "pairs":  # a manifest without it holds pairs (what every older one holds)
+        manifest["layout"] = layout
     write_manifest(data_dir, manifest)
     _barrier("manifest", process_count)
     log(str(report))
+    if layout == "packed":
+        log(
+            "Packed documents into rows of "
+            f"{max_seq_length} slots: packing efficiency (real tokens / slots) "
+            f"{splits['train']['packing_efficiency']:.4f} train, "
+            f"{splits['eval']['packing_efficiency']:.4f} eval"
+        )
     log(
         f"Prepared {splits['train']['num_instances']} train and {splits['eval']['num_instances']} "
         f"eval instances from {raw_chars / 1e6:.1f} M characters in {seconds:.1f}s with "
@@ -515,6 +574,12 @@ def main(argv: Sequence[str] | None = None) -> dict:
     parser.add_argument("--eval_fraction", type=float, default=0.01)
     parser.add_argument("--short_seq_prob", type=float, default=0.1)
     parser.add_argument("--task", choices=TASKS, default="nsp")
+    parser.add_argument(
+        "--layout",
+        choices=LAYOUTS,
+        default="pairs",
+        help="pairs: [CLS] A [SEP] B [SEP] instances; packed: whole documents packed into rows",
+    )
     parser.add_argument("--lowercase", action="store_true")
     parser.add_argument(
         "--tokenizer_model_type",
@@ -558,4 +623,5 @@ def main(argv: Sequence[str] | None = None) -> dict:
         chunk_mb=args.chunk_mb,
         process_index=process_index,
         process_count=process_count,
+        layout=args.layout,
     )
