@@ -43,7 +43,7 @@ from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
 from bertjax.model import PRESETS, BertConfig  # noqa: E402
-from bertjax.tasks.qa import task as qa_task  # noqa: E402
+from bertjax.tasks.qa import squad  # noqa: E402
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch
@@ -54,7 +54,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK]
 CLS_ID, SEP_ID = 2, 3
-HEAD = HeadSpec("question_answering", qa_task.LABELS)
+HEAD = HeadSpec(squad.TASK, squad.HEAD_LABELS)
 
 
 def _pair(text: str, name: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
