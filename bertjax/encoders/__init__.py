@@ -2,7 +2,8 @@
 
     family.py             the EncoderFamily interface (config, module, masked-LM model,
                           transformers format) and the registry: family_of(config),
-                          for_model_type(config.json's model_type), config_to_dict /
+                          for_model_type(config.json's model_type), read_transformers(path),
+                          config_to_dict /
                           config_from_dict for checkpoint meta
     bert.py               BERT: bertjax.model and bertjax.hf
     modernbert.py         ModernBERT's config, linen modules and weight mapping
@@ -22,6 +23,7 @@ from bertjax.encoders.family import (
     for_model_type,
     get,
     names,
+    read_transformers,
 )
 
 FAMILIES = (bert.FAMILY, modernbert_family.FAMILY)
@@ -39,4 +41,5 @@ __all__ = [
     "for_model_type",
     "get",
     "names",
+    "read_transformers",
 ]

@@ -45,6 +45,7 @@ class Bert(family.EncoderFamily):
     model_type = "bert"
     class_prefix = "Bert"
     uses_segment_ids = True
+    architecture_fields = model_lib.ARCHITECTURE_FIELDS
 
     def config_to_dict(self, config: BertConfig) -> dict:
         return config.to_dict()

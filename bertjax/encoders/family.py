@@ -27,6 +27,9 @@ task model), so a head adds only its dense layer, and a warm start copies one su
 (absent or not). ``packed_length`` is a speed hint: a family without packing ignores it and
 computes the same outputs.
 
+`read_transformers(path)` opens a transformers directory of any family (config.json's
+model_type chooses); `family_of(config).write_transformers` writes one.
+
 A checkpoint's meta records the config with `config_to_dict` (the family's name under
 FAMILY_KEY); `config_from_dict` reads it back, a dict without the name being BERT's, as
 every checkpoint written before families were.
@@ -40,6 +43,8 @@ from typing import Any
 
 import flax.linen as nn
 import jax
+
+from bertjax import fs, hf
 
 # The key of the family's name in a checkpoint's model_config.
 FAMILY_KEY = "family"
@@ -56,6 +61,8 @@ class EncoderFamily:
       model_type        transformers' config.json model_type
       class_prefix      transformers' class names: <prefix>For<Task> ("Bert", "ModernBert")
       uses_segment_ids  whether the module reads token_type_ids
+      architecture_fields  the config fields that fix what the weights mean (a checkpoint
+                        opens only into a config with the same values)
     """
 
     name: str = ""
@@ -63,6 +70,7 @@ class EncoderFamily:
     model_type: str = ""
     class_prefix: str = ""
     uses_segment_ids: bool = True
+    architecture_fields: tuple[str, ...] = ()
 
     # ---------------------------------------------------------------- config
 
@@ -195,3 +203,24 @@ def config_from_dict(d: Mapping[str, Any]) -> Any:
     """Inverse of `config_to_dict`; a dict without a family's name is a BERT config."""
     fields = dict(d)
     return get(fields.pop(FAMILY_KEY, DEFAULT_FAMILY)).config_from_dict(fields)
+
+
+def read_transformers(path: str | os.PathLike, **overrides):
+    """Reads a transformers directory of any registered family, the family chosen by
+    config.json's model_type: (config, params, head or None, the parameter groups the files
+    did not have, freshly initialised). `overrides` are config fields (e.g. dtype)."""
+    directory = fs.path(path)
+    if fs.kind(directory) != "directory":
+        raise FileNotFoundError(
+            f"{directory}: not a directory (expected a transformers directory with "
+            f"{hf.CONFIG_NAME} and {hf.SAFE_WEIGHTS_NAME})"
+        )
+    config_path = directory / hf.CONFIG_NAME
+    if fs.kind(config_path) != "file":
+        raise FileNotFoundError(f"{config_path}: missing; a transformers directory needs it")
+    hf_config = hf.read_config(config_path)
+    try:
+        family = for_model_type(hf_config.get("model_type"))
+    except ValueError as err:
+        raise ValueError(f"{config_path}: {err}") from None
+    return family.read_transformers(directory, hf_config, **overrides)

@@ -203,6 +203,14 @@ class ModernBert(family.EncoderFamily):
     model_type = "modernbert"
     class_prefix = "ModernBert"
     uses_segment_ids = False
+    # Everything but the numerics, the dropout rates and the initialisation.
+    architecture_fields = tuple(
+        f.name
+        for f in dataclasses.fields(ModernBertConfig)
+        if f.name not in ("dtype", "param_dtype", "remat_policy", "scan_layers")
+        and not f.name.endswith("dropout")
+        and not f.name.startswith("initializer_")
+    )
 
     def config_to_dict(self, config: ModernBertConfig) -> dict:
         return dataclasses.asdict(config)
