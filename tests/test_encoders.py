@@ -11,14 +11,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from synthetic_corpus import finetune_config
 
 import bertjax
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import encoders, heads, hf, rundir
 from bertjax.capability import HeadSpec
 from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.finetune import loop
+from bertjax.finetune.settings import FinetuneSettings
 from bertjax.model import BertConfig
 from bertjax.tasks.qa import squad
+from bertjax.tasks.seq2seq import model as seq2seq
 from bertjax.tokenizer import WordPieceTokenizer
 
 ATOL = 1e-5
@@ -370,3 +374,63 @@ def test_finetuned_checkpoint_opens_with_its_family(config, tmp_path):
     in_memory = bertjax.Model(config, params, TOKENIZER, head=head)
     texts = ["the king of france", "a small river in paris"]
     assert model.predict(texts) == in_memory.predict(texts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning from a ModernBERT directory.
+
+TOPICS = (
+    "paris france capital city river seine museum louvre".split(),
+    "king queen painting famous history old year built".split(),
+)
+
+
+def _topic_csv(path, count, seed):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        topic = int(rng.integers(2))
+        words = rng.choice(TOPICS[topic], size=int(rng.integers(4, 9)))
+        rows.append(f"{' '.join(words)},{('art', 'place')[topic]}")
+    path.write_text("sentence,label\n" + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_finetuning_classification_from_a_modernbert_directory(tmp_path):
+    _, transformers = _torch()
+
+    theirs = _hf_model("ModernBertForMaskedLM", CONFIG, seed=7)
+    theirs.save_pretrained(tmp_path / "init")
+    TOKENIZER.save_hf(tmp_path / "init")
+    config = finetune_config(
+        tmp_path / "init",
+        task="classification",
+        **{
+            "data.train": str(_topic_csv(tmp_path / "train.csv", 128, seed=1)),
+            "data.validation": str(_topic_csv(tmp_path / "dev.csv", 32, seed=2)),
+            "num_epochs": 3,
+            "optimizer.learning_rate": 1e-3,
+        },
+    )
+    loop.finetune(FinetuneSettings.from_config(config), tmp_path / "run")
+    meta = checkpoint_lib.read_meta(tmp_path / "run" / rundir.BEST_CHECKPOINT_DIR)
+    assert meta["model_config"][encoders.FAMILY_KEY] == "modernbert"
+    model = bertjax.Model.load(tmp_path / "run")
+    assert encoders.family_of(model.config).name == "modernbert"
+    texts = ["paris river museum", "king painting history"]
+    assert [p["label"] for p in model.predict(texts)] == ["art", "place"]
+    # The fine-tuned model travels to transformers with the same logits.
+    model.save_hf(tmp_path / "export")
+    exported = transformers.ModernBertForSequenceClassification.from_pretrained(
+        tmp_path / "export", attn_implementation="eager"
+    ).eval()
+    ids, mask = _batch()
+    ours = _our_logits(model.config, model.head, model.params, ids, mask)
+    assert _max_diff(ours, _run_torch(exported, ids, mask).logits.numpy()) < ATOL
+
+
+def test_seq2seq_refuses_a_modernbert_encoder():
+    options = seq2seq.TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
+    with pytest.raises(ValueError, match="seq2seq needs a BERT encoder; ModernBertConfig"):
+        options.config(CONFIG)

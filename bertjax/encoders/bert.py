@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -52,6 +53,9 @@ class Bert(family.EncoderFamily):
 
     def config_from_dict(self, d: Mapping[str, Any]) -> BertConfig:
         return BertConfig.from_dict(dict(d))
+
+    def with_overrides(self, config: BertConfig, overrides: Mapping[str, Any]) -> BertConfig:
+        return dataclasses.replace(config, **overrides)
 
     def describe(self, config: BertConfig) -> str:
         return f"BERT L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"

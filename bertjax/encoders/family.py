@@ -81,6 +81,12 @@ class EncoderFamily:
     def config_from_dict(self, d: Mapping[str, Any]) -> Any:
         raise NotImplementedError
 
+    def with_overrides(self, config: Any, overrides: Mapping[str, Any]) -> Any:
+        """`config` with a fine-tuning run's config.model fields (BERT's names: dtype,
+        attention_impl, remat_policy, hidden_dropout, attention_dropout) in this family's
+        terms."""
+        raise NotImplementedError
+
     def describe(self, config: Any) -> str:
         """A short line naming the architecture, e.g. "BERT L12/H768/A12"."""
         return f"{self.name} L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"

@@ -224,6 +224,18 @@ class ModernBert(family.EncoderFamily):
             )
         return ModernBertConfig(**d)
 
+    def with_overrides(self, config: ModernBertConfig, overrides: Mapping[str, Any]):
+        """BERT's names in ModernBERT's terms: hidden_dropout is the embeddings' and the
+        feed-forward's, attention_dropout the attention's; attention_impl has no meaning here
+        (ModernBERT's attention is its own); classifier_dropout stays the checkpoint's."""
+        fields = {}
+        for name, value in overrides.items():
+            if name == "hidden_dropout":
+                fields.update(embedding_dropout=value, mlp_dropout=value)
+            elif name != "attention_impl":
+                fields[name] = value
+        return dataclasses.replace(config, **fields)
+
     def describe(self, config: ModernBertConfig) -> str:
         return f"ModernBERT L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"
 
