@@ -130,7 +130,7 @@ def open_run(path: str | os.PathLike, step: int | None = None, *, best: bool = T
         head = HeadSpec.from_dict(meta["head"]) if "head" in meta else None
         kind = FINETUNED if head is not None else PRETRAINED
         return Run(path, kind, config, tokenizer, head, checkpoints, step, use_best)
-    if (path / hf.CONFIG_NAME).is_file():
+    if (path / hf.CONFIG_NAME).is_file():  # transformers: BERT, ModernBERT (bertjax.encoders)
         if step is not None:
             raise RunDirectoryError(
                 f"step={step} applies to bertjax work directories; {path} is a Hugging Face "
