@@ -225,8 +225,5 @@ def read_transformers(path: str | os.PathLike, **overrides):
     if fs.kind(config_path) != "file":
         raise FileNotFoundError(f"{config_path}: missing; a transformers directory needs it")
     hf_config = hf.read_config(config_path)
-    try:
-        family = for_model_type(hf_config.get("model_type"))
-    except ValueError as err:
-        raise ValueError(f"{config_path}: {err}") from None
+    family = for_model_type(hf_config.get("model_type"))
     return family.read_transformers(directory, hf_config, **overrides)
