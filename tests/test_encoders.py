@@ -21,6 +21,8 @@ from bertjax.encoders.modernbert import ModernBertConfig
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.model import BertConfig
+from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.qa import squad
 from bertjax.tasks.seq2seq import model as seq2seq
 from bertjax.tokenizer import WordPieceTokenizer
@@ -434,3 +436,17 @@ def test_seq2seq_refuses_a_modernbert_encoder():
     options = seq2seq.TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
     with pytest.raises(ValueError, match="seq2seq needs a BERT encoder; ModernBertConfig"):
         options.config(CONFIG)
+
+
+def test_an_embedding_model_on_modernbert_embeds_as_trained(tmp_path):
+    spec = EmbeddingSpec(pooling="mean", normalize=True, max_seq_length=32)
+    head = head_for(spec)
+    params = _randomize(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(8)), 8)
+    model = bertjax.Model(CONFIG, params, TOKENIZER, head=head)
+    texts = ["the louvre is in paris", "a river"]
+    vectors = model.embed(texts)
+    plain = bertjax.Model(CONFIG, params, TOKENIZER).embed(texts, pooling="mean")
+    expected = plain / np.linalg.norm(plain, axis=-1, keepdims=True)
+    assert _max_diff(vectors, expected) < ATOL
+    with pytest.raises(ValueError, match="needs a BERT encoder; ModernBertConfig"):
+        model.save_hf(tmp_path)
