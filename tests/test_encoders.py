@@ -450,3 +450,19 @@ def test_an_embedding_model_on_modernbert_embeds_as_trained(tmp_path):
     assert _max_diff(vectors, expected) < ATOL
     with pytest.raises(ValueError, match="needs a BERT encoder; ModernBertConfig"):
         model.save_hf(tmp_path)
+
+
+def test_resuming_checks_the_family_and_its_architecture_fields():
+    meta = {"tokenizer_fingerprint": TOKENIZER.fingerprint}
+    old = {**meta, "model_config": SMALL_BERT.to_dict()}  # no family: BERT
+    rundir.check_compatible(old, TOKENIZER, SMALL_BERT, "the checkpoint")
+    wider = SMALL_BERT.__class__(**{**SMALL_BERT.to_dict(), "hidden_size": 64})
+    with pytest.raises(rundir.IncompatibleCheckpointError, match="hidden_size=32"):
+        rundir.check_compatible(old, TOKENIZER, wider, "the checkpoint")
+    modern = {**meta, "model_config": encoders.config_to_dict(CONFIG)}
+    rundir.check_compatible(modern, TOKENIZER, CONFIG, "the checkpoint")
+    with pytest.raises(rundir.IncompatibleCheckpointError, match="has a modernbert model"):
+        rundir.check_compatible(modern, TOKENIZER, SMALL_BERT, "the checkpoint")
+    windowed = encoders.config_from_dict({**modern["model_config"], "local_attention": 16})
+    with pytest.raises(rundir.IncompatibleCheckpointError, match="local_attention=8"):
+        rundir.check_compatible(modern, TOKENIZER, windowed, "the checkpoint")
