@@ -15,7 +15,7 @@ from synthetic_corpus import finetune_config
 
 import bertjax
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import encoders, heads, hf, rundir
+from bertjax import encoders, heads, hf, rundir, sharding
 from bertjax.capability import HeadSpec
 from bertjax.encoders.modernbert import ModernBertConfig
 from bertjax.finetune import loop
@@ -466,3 +466,14 @@ def test_resuming_checks_the_family_and_its_architecture_fields():
     windowed = encoders.config_from_dict({**modern["model_config"], "local_attention": 16})
     with pytest.raises(rundir.IncompatibleCheckpointError, match="local_attention=8"):
         rundir.check_compatible(modern, TOKENIZER, windowed, "the checkpoint")
+
+
+def test_a_modernbert_model_on_a_mesh_predicts_as_on_one_device():
+    head = HeadSpec("classification", LABELS)
+    params = _randomize(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(9)), 9)
+    texts = ["the louvre is in paris", "a river", "the old king built a museum"]
+    alone = bertjax.Model(CONFIG, params, TOKENIZER, head=head).predict(texts)
+    mesh = sharding.make_mesh((2, 2, 2))
+    spread = bertjax.Model(CONFIG, params, TOKENIZER, head=head, mesh=mesh).predict(texts)
+    assert [p["label"] for p in spread] == [p["label"] for p in alone]
+    assert _max_diff([p["score"] for p in spread], [p["score"] for p in alone]) < ATOL
