@@ -6,10 +6,11 @@ open a training run's checkpoint as (config, params, tokenizer). Data preparatio
 `bertjax.data`, Hugging Face interop in `bertjax.hf` (needs the `hf` extra), pretraining in
 `bertjax.pretrain`, fine-tuning in `bertjax.finetune`, and the capabilities a fine-tuned
 model has (question answering, embeddings, generation, labels) in `bertjax.tasks`, which is
-imported here so that every kind of run opens in a fresh process.
+imported here so that every kind of run opens in a fresh process. The encoder architectures
+those capabilities build on (BERT, ModernBERT) are the families of `bertjax.encoders`.
 """
 
-from bertjax import tasks
+from bertjax import encoders, tasks
 from bertjax.capability import HeadSpec
 from bertjax.inference import Model
 from bertjax.model import PRESETS, BertConfig, BertForPreTraining, BertModel, BertOutput
@@ -25,6 +26,7 @@ __all__ = [
     "HeadSpec",
     "Model",
     "Tokenizer",
+    "encoders",
     "load",
     "tasks",
 ]

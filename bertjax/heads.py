@@ -1,8 +1,9 @@
-"""Fine-tuning heads on BertModel: classification, regression, multi-label and token labels.
+"""Fine-tuning heads on the encoder: classification, regression, multi-label and token labels.
 
-A fine-tuned model is a `BertModel` (parameters under "bert", as in BertForPreTraining, so a
-pretrained encoder drops in) plus a "classifier" dense layer, with dropout before it at the
-config's hidden_dropout (0.1, google's and transformers' rate):
+A fine-tuned model is the encoder of the config's family (bertjax.encoders; parameters under
+"bert", as in BertForPreTraining, so a pretrained encoder drops in) plus a "classifier" dense
+layer, with the family's dropout before it (BERT: the config's hidden_dropout, 0.1, google's
+and transformers' rate; ModernBERT's encoder applies classifier_dropout after its head):
 
   classification        pooled output -> [batch, labels] logits, softmax cross-entropy
                         (one sentence or a pair; a pair is one [CLS] A [SEP] B [SEP] input)
@@ -29,8 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import sharding
-from bertjax.model import BertConfig, BertModel, Dropout
+from bertjax import encoders, sharding
+from bertjax.model import BertConfig, Dropout
 from bertjax.sharding import ACTIVATION_EMBED, BATCH, EMBED, LABELS, LENGTH
 from bertjax.tokenizer import Tokenizer
 
@@ -67,7 +68,7 @@ def _classifier(config: BertConfig, features: int) -> nn.Dense:
         dtype=jnp.float32,
         param_dtype=jnp.dtype(config.param_dtype),
         kernel_init=nn.with_logical_partitioning(
-            nn.initializers.truncated_normal(config.initializer_range), (EMBED, LABELS)
+            encoders.family_of(config).classifier_init(config), (EMBED, LABELS)
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
         name=CLASSIFIER,
@@ -75,7 +76,7 @@ def _classifier(config: BertConfig, features: int) -> nn.Dense:
 
 
 class SequenceClassifier(nn.Module):
-    """BertModel's pooled output -> dropout -> dense: [batch, num_outputs] float32 logits."""
+    """The encoder's pooled output -> dropout -> dense: [batch, num_outputs] float32 logits."""
 
     config: BertConfig
     num_outputs: int
@@ -90,7 +91,7 @@ class SequenceClassifier(nn.Module):
         deterministic: bool = True,
         packed_length: int | None = None,
     ) -> jax.Array:
-        _, pooled = BertModel(self.config, name="bert")(
+        _, pooled = encoders.family_of(self.config).module(self.config, name="bert")(
             input_ids,
             token_type_ids,
             attention_mask,
@@ -98,13 +99,14 @@ class SequenceClassifier(nn.Module):
             packed_length=packed_length,
             cls_only=True,  # the pooled output reads only [CLS]
         )  # [b, h]
-        pooled = Dropout(self.config.hidden_dropout)(pooled, deterministic=deterministic)
+        rate = encoders.family_of(self.config).head_dropout(self.config)
+        pooled = Dropout(rate)(pooled, deterministic=deterministic)
         logits = _classifier(self.config, self.num_outputs)(pooled)  # [b, labels]
         return sharding.constrain(logits, (BATCH, LABELS))
 
 
 class TokenClassifier(nn.Module):
-    """BertModel's sequence output -> dropout -> dense: [batch, seq, num_outputs] logits."""
+    """The encoder's per-token output -> dropout -> dense: [batch, seq, num_outputs] logits."""
 
     config: BertConfig
     num_outputs: int
@@ -119,15 +121,17 @@ class TokenClassifier(nn.Module):
         deterministic: bool = True,
         packed_length: int | None = None,
     ) -> jax.Array:
-        sequence, _ = BertModel(self.config, name="bert")(
+        family = encoders.family_of(self.config)
+        sequence, _ = family.module(self.config, name="bert")(
             input_ids,
             token_type_ids,
             attention_mask,
             deterministic=deterministic,
             packed_length=packed_length,
+            token_head=True,
         )  # [b, s, h]
         sequence = sharding.constrain(
-            Dropout(self.config.hidden_dropout)(sequence, deterministic=deterministic),
+            Dropout(family.head_dropout(self.config))(sequence, deterministic=deterministic),
             (BATCH, LENGTH, ACTIVATION_EMBED),
         )
         logits = _classifier(self.config, self.num_outputs)(sequence)  # [b, s, labels]

@@ -15,6 +15,10 @@ BertForTokenClassification, BertForQuestionAnswering, with their config fields s
 id2label), and `load_with_report` reads one back, its head in `LoadReport.head` (asked of every
 capability) and the head's dense layer under its own name beside "bert".
 
+This is BERT's transformers format (the "bert" encoder family); bertjax.encoders.read_transformers
+opens a directory of any family, chosen by config.json's model_type, and each family's
+write_transformers writes one (ModernBERT's reuses the file layer below).
+
 Safetensors files are read and written with `safetensors.numpy`, so neither torch nor
 transformers is needed at run time; torch is imported only to read pytorch_model.bin.
 

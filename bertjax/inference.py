@@ -1,8 +1,9 @@
 """Use a trained BERT: fill-mask, text embeddings and model inputs, from text.
 
 `Model.load(path)` opens a bertjax work directory (its latest checkpoint, or `step=`), a
-directory written by `bertjax.hf.save` or `Model.save_hf`, or a Hugging Face BERT directory
-(config.json, model.safetensors or pytorch_model.bin, and tokenizer.json or vocab.txt)::
+directory written by `bertjax.hf.save` or `Model.save_hf`, or a Hugging Face BERT or ModernBERT
+directory (config.json, model.safetensors or pytorch_model.bin, and tokenizer.json or
+vocab.txt)::
 
     m = bertjax.Model.load("runs/tiny")
     m.fill_mask("The [MASK] statement handles exceptions.")  # transformers' pipeline format
@@ -39,13 +40,13 @@ from jax.experimental import multihost_utils
 
 from bertjax import capability as capability_lib
 from bertjax import checkpoint as checkpoint_lib
+from bertjax import encoders, fs, hf, rundir
 from bertjax import features as features_lib
-from bertjax import fs, hf, rundir
 from bertjax import sharding as sharding_lib
 from bertjax import vectors as vectors_lib
 from bertjax.capability import HeadSpec
 from bertjax.features import TruncationWarning  # noqa: F401  (callers catch it from here)
-from bertjax.model import BertConfig, BertForPreTraining, BertModel, pretraining_init
+from bertjax.model import BertConfig
 from bertjax.tokenizer import Tokenizer
 
 POOLINGS = ("mean", "cls", "pooler")
@@ -102,6 +103,8 @@ class Model:
             raise InferenceError(str(err)) from None
         batch_size = as_int(batch_size, "batch_size", 1)
         self.config = config
+        # The encoder's architecture (bertjax.encoders): its modules and transformers format.
+        self.family = encoders.family_of(config)
         self.tokenizer = tokenizer
         self.mesh = mesh
         self.progress = progress
@@ -217,7 +220,7 @@ class Model:
             # Heads this model never had (read from a BertModel directory) are not exported
             # as trained: the copy lacks them too, and refuses fill_mask as this one does.
             untrained = () if head is not None else self.fresh_heads
-            hf.save(
+            self.family.write_transformers(
                 self.config,
                 self.params,
                 directory,
@@ -227,9 +230,8 @@ class Model:
             )
 
     def __repr__(self) -> str:
-        c = self.config
         return (
-            f"Model(BERT L{c.num_layers}/H{c.hidden_size}/A{c.num_heads}, "
+            f"Model({self.family.describe(self.config)}, "
             f"{self.tokenizer.kind} vocabulary of {self.tokenizer.vocab_size}, from {self.source})"
         )
 
@@ -306,7 +308,8 @@ class Model:
         """One float32 vector per text, [n, hidden].
 
         pooling: "mean" of the encoder's outputs over the text's tokens ([CLS] and [SEP]
-        included, padding not), "cls" the output at [CLS], "pooler" BERT's tanh pooler on it.
+        included, padding not), "cls" the output at [CLS], "pooler" the encoder's pooled
+        output (BERT's tanh pooler on [CLS]; ModernBERT's prediction head on its pooled row).
         normalize: scale each vector to unit length. An embedding model (a trained embedding
         run, a sentence-transformers directory) embeds as it was trained when both are left
         out: its pooling ("max" too), normalisation and max_seq_length, empty texts included.
@@ -487,7 +490,7 @@ class Model:
         if self.mesh is None:
             return jax.device_put(params, self._device)
         if self.head is None:
-            init = pretraining_init(BertForPreTraining(self.run_config), 1, 1)
+            init = self.family.pretraining_init(self.run_config)
         else:
             init = self.capability.init(self.run_config, self.head)
         # Shapes and logical axis names only; nothing is computed.
@@ -557,15 +560,15 @@ def _fill_mask(params, batch, *, config: BertConfig, usable: int, top_k: int):
     Ids from `usable` on (rows of a vocabulary padded past the tokenizer's pieces) are never
     proposed; the softmax still spans every row, as transformers computes it.
     """
-    out = BertForPreTraining(config).apply(
-        {"params": params},
+    logits = encoders.family_of(config).mlm_logits(
+        config,
+        params,
         batch["input_ids"],
         batch["segment_ids"],
         batch["input_mask"],
         batch["masked_lm_positions"],
-        deterministic=True,
-    )
-    probs = jax.nn.softmax(out.mlm_logits, axis=-1)  # [b, p, v] float32
+    )  # [b, p, v]
+    probs = jax.nn.softmax(logits, axis=-1)  # [b, p, v] float32
     if usable < config.vocab_size:
         probs = jnp.where(jnp.arange(config.vocab_size) < usable, probs, -1.0)
     return jax.lax.top_k(probs, top_k)  # [b, p, k] scores, [b, p, k] ids
@@ -574,14 +577,18 @@ def _fill_mask(params, batch, *, config: BertConfig, usable: int, top_k: int):
 @functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize"))
 def _embed(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
     """One float32 vector per row: [b, h]."""
-    sequence, pooled = BertModel(config).apply(
-        {"params": params["bert"]},
-        batch["input_ids"],
-        batch["segment_ids"],
-        batch["input_mask"],
-        deterministic=True,
-        # Only mean pooling reads the other positions: the rest skip them in the last layer.
-        cls_only=pooling != "mean",
+    sequence, pooled = (
+        encoders.family_of(config)
+        .module(config)
+        .apply(
+            {"params": params["bert"]},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            deterministic=True,
+            # Only mean pooling reads the other positions: the rest skip them in the last layer.
+            cls_only=pooling != "mean",
+        )
     )  # [b, s or 1, h], [b, h]
     if pooling == "cls":
         vectors = sequence[:, 0].astype(jnp.float32)  # [b, h]

@@ -39,10 +39,10 @@ from typing import Any
 
 import jax
 
-from bertjax import capability, fs, hf, steps
+from bertjax import capability, encoders, fs, hf, steps
 from bertjax import checkpoint as checkpoint_lib
 from bertjax.capability import HeadSpec
-from bertjax.model import ARCHITECTURE_FIELDS, BertConfig, BertForPreTraining, pretraining_init
+from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tokenizer import HF_TOKENIZER_FILE, SENTENCEPIECE_FILE, Tokenizer
 
@@ -98,7 +98,7 @@ class Run:
 
     path: fs.AnyPath
     kind: str  # PRETRAINED, FINETUNED or HUGGING_FACE
-    config: BertConfig
+    config: Any  # the encoder family's config (bertjax.encoders)
     tokenizer: Tokenizer
     head: HeadSpec | None  # the fine-tuning head its parameters include
     checkpoints: fs.AnyPath | None  # the Orbax directory its parameters come from
@@ -132,18 +132,19 @@ def open_run(
         checkpoints = path / (BEST_CHECKPOINT_DIR if use_best else CHECKPOINT_DIR)
         # The small meta item first: a mismatch is found before any array is read.
         meta = checkpoint_lib.read_meta(checkpoints, step=step)
-        config = BertConfig.from_dict(meta["model_config"])
+        config = encoders.config_from_dict(meta["model_config"])
         tokenizer = _run_tokenizer(path, meta["tokenizer_fingerprint"], config)
         head = HeadSpec.from_dict(meta["head"]) if "head" in meta else None
         kind = FINETUNED if head is not None else PRETRAINED
         return Run(path, kind, config, tokenizer, head, checkpoints, step, use_best)
-    if (path / hf.CONFIG_NAME).is_file():
+    if (path / hf.CONFIG_NAME).is_file():  # transformers: BERT, ModernBERT (bertjax.encoders)
         if step is not None:
             raise RunDirectoryError(
                 f"step={step} applies to bertjax work directories; {path} is a Hugging Face "
                 "directory with a single set of weights"
             )
-        config, params, report = hf.load_with_report(
+        # The encoder family of config.json's model_type reads it.
+        config, params, head, fresh = encoders.read_transformers(
             path, pretraining_heads=pretraining_heads, **overrides
         )
         try:
@@ -153,19 +154,8 @@ def open_run(
                 f"{path} has a model but no tokenizer: expected tokenizer.json, vocab.txt or "
                 "tokenizer.model beside config.json"
             ) from None
-        fresh = {name.split("/")[0] for name in report.initialized}
-        if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
-            fresh = (fresh - {"bert"}) | {"pooler"}
         return Run(
-            path,
-            HUGGING_FACE,
-            config,
-            tokenizer,
-            report.head,
-            None,
-            None,
-            params=params,
-            fresh=tuple(sorted(fresh)),
+            path, HUGGING_FACE, config, tokenizer, head, None, None, params=params, fresh=fresh
         )
     raise RunDirectoryError(
         f"{path} is neither a bertjax work directory (expected {CHECKPOINT_DIR}/ with "
@@ -176,7 +166,7 @@ def open_run(
     )
 
 
-def _run_tokenizer(path: fs.AnyPath, fingerprint: str, config: BertConfig) -> Tokenizer:
+def _run_tokenizer(path: fs.AnyPath, fingerprint: str, config: Any) -> Tokenizer:
     """The tokenizer beside a run's checkpoints, checked against the one they were trained
     with."""
     for name in TOKENIZER_FILES:
@@ -212,7 +202,7 @@ def read_params(run: Run, mesh: jax.sharding.Mesh | None = None) -> tuple[int | 
     abstract = None
     if mesh is not None:
         if run.kind == PRETRAINED:
-            init = pretraining_init(BertForPreTraining(run.config), 1, 1)
+            init = encoders.family_of(run.config).pretraining_init(run.config)
         else:  # the layout of the head's capability
             init = capability.of(run.head).init(run.config, run.head)
         abstract = steps.make_state(init, None, mesh).abstract.params
@@ -228,7 +218,7 @@ def checkpoint_dir(path: str | os.PathLike) -> fs.AnyPath:
     return path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
 
 
-def check_compatible(meta: dict, tokenizer: Tokenizer, model_config: BertConfig, what: str) -> None:
+def check_compatible(meta: dict, tokenizer: Tokenizer, model_config: Any, what: str) -> None:
     """Fails, naming the difference, unless a checkpoint fits this run's tokenizer and model.
 
     Checked on the checkpoint's small meta item before any array is read, so a config
@@ -240,17 +230,23 @@ def check_compatible(meta: dict, tokenizer: Tokenizer, model_config: BertConfig,
             f"run's data uses {tokenizer.fingerprint[:12]}; point config.data.dir at the data "
             "it was trained on"
         )
-    source = meta["model_config"]
+    source = encoders.config_from_dict(meta["model_config"])
+    family = encoders.family_of(model_config)
+    if encoders.family_of(source) is not family:
+        raise IncompatibleCheckpointError(
+            f"{what} has a {encoders.family_of(source).name} model, this run's config.model "
+            f"is a {family.name} one"
+        )
     # scan_layers changes how the layers are stored, so the saved arrays' shapes with it.
-    for field in (*ARCHITECTURE_FIELDS, "scan_layers"):
-        if source[field] != getattr(model_config, field):
+    for field in (*family.architecture_fields, "scan_layers"):
+        if getattr(source, field) != getattr(model_config, field):
             raise IncompatibleCheckpointError(
-                f"{what} has a model with {field}={source[field]!r}, this run's config.model "
-                f"gives {getattr(model_config, field)!r}"
+                f"{what} has a model with {field}={getattr(source, field)!r}, this run's "
+                f"config.model gives {getattr(model_config, field)!r}"
             )
 
 
-def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[BertConfig, Any, Tokenizer]:
+def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[Any, Any, Tokenizer]:
     """(config, params, tokenizer) of a run, from its latest (or the given) checkpoint.
 
     Reads the parameters only, never the optimizer state, and places them on this

@@ -40,7 +40,7 @@ import numpy as np
 import tqdm
 from jax.experimental import multihost_utils
 
-from bertjax import capability, fs, heads, metrics_writer, rundir, sharding, steps
+from bertjax import capability, encoders, fs, heads, metrics_writer, rundir, sharding, steps
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import loop as loop_lib
 from bertjax.capability import HeadSpec
@@ -253,7 +253,7 @@ class _Run:
 def _meta(run: _Run, seed: int, best: dict | None) -> dict:
     return {
         "head": run.ft.head.to_dict(),
-        "model_config": run.ft.model_config.to_dict(),
+        "model_config": encoders.config_to_dict(run.ft.model_config),
         "tokenizer_fingerprint": run.tokenizer.fingerprint,
         "config": run.settings.config,
         "seed": seed,

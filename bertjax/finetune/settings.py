@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from bertjax import fs, optim, sharding
+from bertjax import encoders, fs, optim, sharding
 from bertjax.finetune import layouts
 from bertjax.finetune import task as task_lib
 from bertjax.model import BertConfig
@@ -123,9 +123,11 @@ class FinetuneSettings:
             total_steps=total_steps,
         )
 
-    def model_config(self, checkpoint_config: BertConfig) -> BertConfig:
-        """The checkpoint's architecture with this run's numerics and dropout."""
-        model = dataclasses.replace(checkpoint_config, **self.model_overrides)
+    def model_config(self, checkpoint_config: Any) -> Any:
+        """The checkpoint's architecture with this run's numerics and dropout (in the terms
+        of the checkpoint's encoder family)."""
+        family = encoders.family_of(checkpoint_config)
+        model = family.with_overrides(checkpoint_config, self.model_overrides)
         if self.data.max_seq_length > model.max_position_embeddings:
             raise ConfigError(
                 f"config.{self.data.max_seq_length_field}={self.data.max_seq_length}: "

@@ -91,6 +91,11 @@ def save(
     `params` holds "bert" (a BiEncoder's tree, boxed or not, a fine-tuned model's, or
     BertForPreTraining's); only the encoder and its pooler are written.
     """
+    if not isinstance(config, BertConfig):  # its Transformer module is written as BertModel
+        raise ValueError(
+            f"a sentence-transformers export needs a BERT encoder; {type(config).__name__} is "
+            "not one"
+        )
     hf.require_safetensors()
     spec.check(config)
     hf.check_vocab(config, tokenizer, f"saving to {directory}")

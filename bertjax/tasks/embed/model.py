@@ -1,8 +1,8 @@
 """Sentence embeddings: a BERT encoder, a pooling, optional normalisation; search over them.
 
-A bi-encoder embeds each text on its own: [CLS] text [SEP] through `BertModel` (parameters
-under "bert", as in every other bertjax model), then one vector per text from the encoder's
-outputs:
+A bi-encoder embeds each text on its own: [CLS] text [SEP] through the encoder of the
+config's family (parameters under "bert", as in every other bertjax model), then one vector
+per text from the encoder's outputs:
 
   mean  the mean over the text's tokens ([CLS] and [SEP] included, padding not): the default,
         what sentence-transformers' models mostly use
@@ -32,8 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import sharding
-from bertjax.model import BertConfig, BertModel
+from bertjax import encoders, sharding
+from bertjax.model import BertConfig
 from bertjax.sharding import ACTIVATION_EMBED, BATCH
 from bertjax.tokenizer import Tokenizer
 from bertjax.vectors import l2_normalize
@@ -129,7 +129,7 @@ def pool(sequence: jax.Array, input_mask: jax.Array, pooling: str) -> jax.Array:
 
 
 class BiEncoder(nn.Module):
-    """BertModel ("bert") -> pooling -> optional normalisation: [batch, hidden] float32."""
+    """The encoder ("bert") -> pooling -> optional normalisation: [batch, hidden] float32."""
 
     config: BertConfig
     pooling: str = MEAN
@@ -147,7 +147,7 @@ class BiEncoder(nn.Module):
     ) -> jax.Array:
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
-        sequence, _ = BertModel(self.config, name="bert")(
+        sequence, _ = encoders.family_of(self.config).module(self.config, name="bert")(
             input_ids,
             token_type_ids,
             attention_mask,

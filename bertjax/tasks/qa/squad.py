@@ -13,7 +13,7 @@ The parts, in the order data flows through them:
                    window are split into windows `doc_stride` tokens apart; every context token
                    knows whether this window is its "max context" one; a training window that
                    does not hold the answer (or a v2.0 question without one) points at [CLS].
-  QuestionAnswering  the linen head: BertModel's sequence output -> dense "qa_outputs" [h, 2]
+  QuestionAnswering  the linen head: the encoder's per-token output -> dense "qa_outputs" [h, 2]
                    -> start and end logits; `qa_sums` is its loss as additive sums, and
                    `QAObjective` the steps.Objective of a train step.
   decode           google's n-best decoding: best span per example over all its windows, only
@@ -49,9 +49,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import fs, heads, sharding, steps, textfile
+from bertjax import encoders, fs, heads, sharding, steps, textfile
 from bertjax.heads import HeadSums
-from bertjax.model import BertConfig, BertModel
+from bertjax.model import BertConfig
 from bertjax.sharding import BATCH, EMBED, LABELS, LENGTH
 from bertjax.tokenizer import Tokenizer
 
@@ -636,14 +636,14 @@ def windows(
 
 
 def qa_outputs(config: BertConfig) -> nn.Dense:
-    """The head's dense layer [hidden, 2]: google's truncated normal kernel, zero bias,
-    float32 logits."""
+    """The head's dense layer [hidden, 2]: the family's classifier kernel init (BERT: google's
+    truncated normal), zero bias, float32 logits."""
     return nn.Dense(
         2,
         dtype=jnp.float32,
         param_dtype=jnp.dtype(config.param_dtype),
         kernel_init=nn.with_logical_partitioning(
-            nn.initializers.truncated_normal(config.initializer_range), (EMBED, LABELS)
+            encoders.family_of(config).classifier_init(config), (EMBED, LABELS)
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
         name=HEAD_NAME,
@@ -651,10 +651,12 @@ def qa_outputs(config: BertConfig) -> nn.Dense:
 
 
 class QuestionAnswering(nn.Module):
-    """BertModel's sequence output -> dense "qa_outputs" [hidden, 2] -> start, end logits.
+    """The encoder's per-token output -> dense "qa_outputs" [hidden, 2] -> start, end logits.
 
     No dropout before the dense layer, as in google's run_squad.py and transformers'
-    BertForQuestionAnswering. Returns float32 (start_logits, end_logits), each [batch, seq].
+    BertForQuestionAnswering (ModernBERT's encoder runs its head and dropout over the tokens,
+    as ModernBertForQuestionAnswering does). Returns float32 (start_logits, end_logits), each
+    [batch, seq].
     """
 
     config: BertConfig
@@ -669,12 +671,13 @@ class QuestionAnswering(nn.Module):
         deterministic: bool = True,
         packed_length: int | None = None,
     ) -> tuple[jax.Array, jax.Array]:
-        sequence, _ = BertModel(self.config, name="bert")(
+        sequence, _ = encoders.family_of(self.config).module(self.config, name="bert")(
             input_ids,
             token_type_ids,
             attention_mask,
             deterministic=deterministic,
             packed_length=packed_length,
+            token_head=True,
         )  # [b, s, h]
         logits = qa_outputs(self.config)(sequence)  # [b, s, 2]
         logits = sharding.constrain(logits, (BATCH, LENGTH, LABELS))

@@ -847,6 +847,8 @@ class TaskOptions:
 
     def config(self, bert: BertConfig) -> Seq2SeqConfig:
         """The encoder-decoder over `bert` (its layers unrolled, as the decoder needs)."""
+        if not isinstance(bert, BertConfig):  # the decoder is BERT's layers with cross-attention
+            raise ValueError(f"seq2seq needs a BERT encoder; {type(bert).__name__} is not one")
         return Seq2SeqConfig(
             dataclasses.replace(bert, scan_layers=False),
             decoder_start_id=self.decoder_start_id,

@@ -1,0 +1,115 @@
+"""BERT as an encoder family: bertjax.model's modules and bertjax.hf's transformers format."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+
+from bertjax import hf
+from bertjax import model as model_lib
+from bertjax.encoders import family
+from bertjax.model import BertConfig, BertForPreTraining, BertModel
+
+
+class BertEncoder(BertModel):
+    """BertModel with the families' call: BERT's token heads read the hidden states, so
+    ``token_head`` changes nothing. Parameters and outputs are BertModel's."""
+
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic=True,
+        packed_length: int | None = None,
+        cls_only: bool = False,
+        token_head: bool = False,
+    ):
+        return super().__call__(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            deterministic=deterministic,
+            packed_length=packed_length,
+            cls_only=cls_only,
+        )
+
+
+class Bert(family.EncoderFamily):
+    name = "bert"
+    config_class = BertConfig
+    model_type = "bert"
+    class_prefix = "Bert"
+    uses_segment_ids = True
+    architecture_fields = model_lib.ARCHITECTURE_FIELDS
+
+    def config_to_dict(self, config: BertConfig) -> dict:
+        return config.to_dict()
+
+    def config_from_dict(self, d: Mapping[str, Any]) -> BertConfig:
+        return BertConfig.from_dict(dict(d))
+
+    def with_overrides(self, config: BertConfig, overrides: Mapping[str, Any]) -> BertConfig:
+        return dataclasses.replace(config, **overrides)
+
+    def describe(self, config: BertConfig) -> str:
+        return f"BERT L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"
+
+    def module(self, config: BertConfig, name: str | None = None) -> nn.Module:
+        return BertEncoder(config, name=name)
+
+    def head_dropout(self, config: BertConfig) -> float:
+        return config.hidden_dropout
+
+    def classifier_init(self, config: BertConfig):
+        return nn.initializers.truncated_normal(config.initializer_range)
+
+    def pretraining_init(self, config: BertConfig):
+        return model_lib.pretraining_init(BertForPreTraining(config), 1, 1)
+
+    def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
+        out = BertForPreTraining(config).apply(
+            {"params": params},
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            positions,
+            deterministic=True,
+        )
+        return out.mlm_logits  # [b, p, v]
+
+    def read_transformers(
+        self,
+        path: str | os.PathLike,
+        hf_config: Mapping[str, Any],
+        *,
+        pretraining_heads: bool = True,
+        **overrides,
+    ):
+        config, params, report = hf.load_with_report(
+            path, pretraining_heads=pretraining_heads, **overrides
+        )
+        fresh = {name.split("/")[0] for name in report.initialized}
+        if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
+            fresh = (fresh - {"bert"}) | {"pooler"}
+        return config, params, report.head, tuple(sorted(fresh))
+
+    def write_transformers(
+        self,
+        config: BertConfig,
+        params: Any,
+        directory: str | os.PathLike,
+        *,
+        tokenizer: Any = None,
+        head: Any = None,
+        untrained: Sequence[str] = (),
+    ) -> None:
+        hf.save(config, params, directory, tokenizer=tokenizer, head=head, untrained=untrained)
+
+
+FAMILY = Bert()

@@ -1,0 +1,240 @@
+"""The interface an encoder family implements, and the registry the hubs ask.
+
+A family is one encoder architecture (BERT, ModernBERT): its config class, its linen module
+with the one call signature every head uses, its masked-LM model, and its transformers
+format. The capability packages (bertjax.tasks) build their heads on `family_of(config)`,
+so a head written once runs on every family, and a run directory, `Model` and fine-tuning
+open any family's checkpoints through the same code.
+
+The encoder module's call, for every family::
+
+    sequence, pooled = family.module(config, name="bert")(
+        input_ids, token_type_ids, attention_mask, *, deterministic, packed_length=None,
+        cls_only=False, token_head=False)
+
+  sequence  [batch, seq, hidden]: the last hidden states, or with ``token_head`` what a head
+            over tokens reads (ModernBERT runs its prediction head and dropout over every
+            token, as its transformers token and span classes do; BERT's token heads read
+            the hidden states themselves). With ``cls_only`` a family may return the [CLS]
+            position alone ([batch, 1, hidden]).
+  pooled    [batch, hidden]: what a sequence head reads. BERT: the tanh pooler on [CLS].
+            ModernBERT: [CLS] or the mean over real tokens (config.classifier_pooling), then
+            dense -> GELU -> LayerNorm -> dropout.
+
+Whatever the family, its parameters live under the encoder's own tree ("bert" in every
+task model), so a head adds only its dense layer, and a warm start copies one subtree.
+``token_type_ids`` are read only by families with `uses_segment_ids`; the others ignore them
+(absent or not). ``packed_length`` is a speed hint: a family without packing ignores it and
+computes the same outputs.
+
+`read_transformers(path)` opens a transformers directory of any family (config.json's
+model_type chooses); `family_of(config).write_transformers` writes one.
+
+A checkpoint's meta records the config with `config_to_dict` (the family's name under
+FAMILY_KEY); `config_from_dict` reads it back, a dict without the name being BERT's, as
+every checkpoint written before families were.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+import jax
+
+from bertjax import fs, hf
+
+# The key of the family's name in a checkpoint's model_config.
+FAMILY_KEY = "family"
+# The family of a model_config without FAMILY_KEY, and of config.json without model_type.
+DEFAULT_FAMILY = "bert"
+
+
+class EncoderFamily:
+    """One encoder architecture; see the module docstring for the module's call.
+
+    Members:
+      name              the family's name in checkpoint meta ("bert", "modernbert")
+      config_class      its frozen config dataclass (`family_of` looks families up by it)
+      model_type        transformers' config.json model_type
+      class_prefix      transformers' class names: <prefix>For<Task> ("Bert", "ModernBert")
+      uses_segment_ids  whether the module reads token_type_ids
+      architecture_fields  the config fields that fix what the weights mean (a checkpoint
+                        opens only into a config with the same values)
+    """
+
+    name: str = ""
+    config_class: type = object
+    model_type: str = ""
+    class_prefix: str = ""
+    uses_segment_ids: bool = True
+    architecture_fields: tuple[str, ...] = ()
+
+    # ---------------------------------------------------------------- config
+
+    def config_to_dict(self, config: Any) -> dict:
+        """The config's fields, JSON-serialisable (without the family's name)."""
+        raise NotImplementedError
+
+    def config_from_dict(self, d: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def with_overrides(self, config: Any, overrides: Mapping[str, Any]) -> Any:
+        """`config` with a fine-tuning run's config.model fields (BERT's names: dtype,
+        attention_impl, remat_policy, hidden_dropout, attention_dropout) in this family's
+        terms."""
+        raise NotImplementedError
+
+    def describe(self, config: Any) -> str:
+        """A short line naming the architecture, e.g. "BERT L12/H768/A12"."""
+        return f"{self.name} L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"
+
+    # ---------------------------------------------------------------- modules
+
+    def module(self, config: Any, name: str | None = None) -> nn.Module:
+        """The encoder module (see the module docstring for its call)."""
+        raise NotImplementedError
+
+    def head_dropout(self, config: Any) -> float:
+        """The dropout a head applies to the encoder's outputs before its dense layer."""
+        raise NotImplementedError
+
+    def classifier_init(self, config: Any) -> Callable:
+        """The initialiser of a head's dense kernel."""
+        raise NotImplementedError
+
+    def pretraining_init(self, config: Any) -> Callable[[jax.Array], Any]:
+        """`rng -> boxed parameters` of the family's masked-LM model (the tree a pretrained
+        encoder's checkpoint or transformers directory is read into)."""
+        raise NotImplementedError
+
+    def mlm_logits(
+        self,
+        config: Any,
+        params: Any,
+        input_ids: jax.Array,
+        token_type_ids: jax.Array,
+        attention_mask: jax.Array,
+        masked_lm_positions: jax.Array,
+    ) -> jax.Array:
+        """The masked-LM model's float32 logits [batch, predictions, vocab]."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- transformers
+
+    def architecture(self, bert_class: str) -> str:
+        """transformers' class of this family for BERT's class of the same task, e.g.
+        BertForQuestionAnswering -> ModernBertForQuestionAnswering."""
+        return self.class_prefix + bert_class.removeprefix("Bert")
+
+    def bert_architecture(self, architecture: str) -> str:
+        """The inverse of `architecture` (unchanged when the name is not this family's)."""
+        if architecture.startswith(self.class_prefix + "For"):
+            return "Bert" + architecture.removeprefix(self.class_prefix)
+        return architecture
+
+    def read_transformers(
+        self,
+        path: str | os.PathLike,
+        hf_config: Mapping[str, Any],
+        *,
+        pretraining_heads: bool = True,
+        **overrides,
+    ):
+        """Reads a transformers directory of this family: (config, params, head or None,
+        the parameter groups the files did not have, freshly initialised, e.g. "mlm_head").
+        Without `pretraining_heads` (a fine-tuning run) pretraining heads the files lack need
+        not be made up."""
+        raise NotImplementedError
+
+    def write_transformers(
+        self,
+        config: Any,
+        params: Any,
+        directory: str | os.PathLike,
+        *,
+        tokenizer: Any = None,
+        head: Any = None,
+        untrained: Sequence[str] = (),
+    ) -> None:
+        """Writes a transformers directory (config.json, model.safetensors, tokenizer files)."""
+        raise NotImplementedError
+
+
+_FAMILIES: dict[str, EncoderFamily] = {}
+
+
+def register(family: EncoderFamily) -> EncoderFamily:
+    """Adds a family (bertjax.encoders does, for each one it lists)."""
+    if _FAMILIES.get(family.name, family) is not family:
+        raise ValueError(f"encoder family {family.name!r} is registered twice")
+    _FAMILIES[family.name] = family
+    return family
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_FAMILIES)
+
+
+def get(name: str) -> EncoderFamily:
+    """The family of a name."""
+    if name not in _FAMILIES:
+        raise ValueError(f"encoder family {name!r} is unknown: valid families are {names()}")
+    return _FAMILIES[name]
+
+
+def family_of(config: Any) -> EncoderFamily:
+    """The family whose config class `config` is."""
+    for family in _FAMILIES.values():
+        if isinstance(config, family.config_class):
+            return family
+    raise ValueError(
+        f"{type(config).__name__} is no encoder family's config: valid configs are "
+        f"{[f.config_class.__name__ for f in _FAMILIES.values()]}"
+    )
+
+
+def for_model_type(model_type: str | None) -> EncoderFamily:
+    """The family of transformers' config.json model_type (None: BERT)."""
+    model_type = model_type or _FAMILIES[DEFAULT_FAMILY].model_type
+    for family in _FAMILIES.values():
+        if family.model_type == model_type:
+            return family
+    raise ValueError(
+        f"config.json: model_type={model_type!r} is not supported; valid: "
+        f"{[f.model_type for f in _FAMILIES.values()]}"
+    )
+
+
+def config_to_dict(config: Any) -> dict:
+    """A config as checkpoint meta records it: its fields and its family's name."""
+    family = family_of(config)
+    return {**family.config_to_dict(config), FAMILY_KEY: family.name}
+
+
+def config_from_dict(d: Mapping[str, Any]) -> Any:
+    """Inverse of `config_to_dict`; a dict without a family's name is a BERT config."""
+    fields = dict(d)
+    return get(fields.pop(FAMILY_KEY, DEFAULT_FAMILY)).config_from_dict(fields)
+
+
+def read_transformers(path: str | os.PathLike, *, pretraining_heads: bool = True, **overrides):
+    """Reads a transformers directory of any registered family, the family chosen by
+    config.json's model_type: (config, params, head or None, the parameter groups the files
+    did not have, freshly initialised). `overrides` are config fields (e.g. dtype)."""
+    directory = fs.path(path)
+    if fs.kind(directory) != "directory":
+        raise FileNotFoundError(
+            f"{directory}: not a directory (expected a transformers directory with "
+            f"{hf.CONFIG_NAME} and {hf.SAFE_WEIGHTS_NAME})"
+        )
+    config_path = directory / hf.CONFIG_NAME
+    if fs.kind(config_path) != "file":
+        raise FileNotFoundError(f"{config_path}: missing; a transformers directory needs it")
+    hf_config = hf.read_config(config_path)
+    family = for_model_type(hf_config.get("model_type"))
+    return family.read_transformers(
+        directory, hf_config, pretraining_heads=pretraining_heads, **overrides
+    )

@@ -1,0 +1,479 @@
+"""Encoder families (bertjax.encoders): the registry and checkpoint meta, and ModernBERT under
+the capabilities: each head's logits against transformers' ModernBert* classes in both
+directions (our params -> Model.save_hf -> transformers; transformers' save_pretrained ->
+Model.load -> ours), fill_mask, predict, answer and embed on ModernBERT directories, and a
+BERT checkpoint whose meta names no family still opening."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from synthetic_corpus import finetune_config
+
+import bertjax
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import encoders, heads, hf, rundir, sharding
+from bertjax.capability import HeadSpec
+from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.finetune import loop
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.model import BertConfig
+from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.embed.task import head_for
+from bertjax.tasks.qa import squad
+from bertjax.tasks.seq2seq import model as seq2seq
+from bertjax.tokenizer import WordPieceTokenizer
+
+ATOL = 1e-5
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = (
+    "the a of to and in is it was for on that with as by at from his her they this which "
+    "paris france capital city river seine museum louvre art history old new large small "
+    "who what where when how many people live there built year king queen painting famous"
+).split()
+VOCAB = SPECIALS + WORDS + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
+VOCAB += [f"w{i}" for i in range(128 - len(VOCAB))]  # 128 rows: the model's vocabulary
+
+TOKENIZER = WordPieceTokenizer(VOCAB, lowercase=True)
+
+# hidden 64, 4 layers (0 and 3 global, 1 and 2 a window of +-4), 4 heads; float32.
+CONFIG = ModernBertConfig(
+    vocab_size=len(VOCAB),
+    hidden_size=64,
+    intermediate_size=96,
+    num_layers=4,
+    num_heads=4,
+    max_position_embeddings=64,
+    local_attention=8,
+    global_attn_every_n_layers=3,
+    global_rope_theta=1000.0,
+    local_rope_theta=100.0,
+    pad_token_id=TOKENIZER.pad_id,
+    cls_token_id=TOKENIZER.cls_id,
+    sep_token_id=TOKENIZER.sep_id,
+    dtype="float32",
+)
+SMALL_BERT = BertConfig(
+    vocab_size=len(VOCAB),
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+SEQ = 24
+LENGTHS = (SEQ, 17, 9)
+LABELS = ("neg", "neutral", "pos")
+TAGS = ("O", "B-LOC", "I-LOC", "B-PER")
+
+
+def _batch(config=CONFIG, lengths=LENGTHS, seq=SEQ, seed=0):
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
+    ids = rng.integers(len(SPECIALS), config.vocab_size, mask.shape)
+    ids[:, 0] = config.cls_token_id
+    ids[np.arange(len(lengths)), np.array(lengths) - 1] = config.sep_token_id
+    return np.where(mask == 1, ids, config.pad_token_id).astype(np.int32), mask
+
+
+def _max_diff(a, b):
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    return torch, transformers
+
+
+def _run_torch(model, ids, mask):
+    torch, _ = _torch()
+    with torch.no_grad():
+        return model(
+            input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long()
+        )
+
+
+def _hf_model(cls_name, config, seed=0, **extra):
+    """A transformers model with every parameter random (its own init zeroes biases and sets
+    norms to one, which would hide a swapped bias or scale)."""
+    torch, transformers = _torch()
+    hf_config = transformers.ModernBertConfig(
+        **{**config.to_hf_dict(), **extra}, attn_implementation="eager"
+    )
+    model = getattr(transformers, cls_name)(hf_config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1
+            p.copy_((1.0 + noise) if "norm.weight" in name else noise)
+    return model.eval()
+
+
+def _randomize(params, seed=0):
+    """Our params with noise on every leaf, so that no scale is one and no bias zero."""
+    params = nn.meta.unbox(params)
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    noisy = [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    return jax.tree.unflatten(tree, noisy)
+
+
+def _head_model(config, head: HeadSpec):
+    if head.task == squad.TASK:
+        return squad.QuestionAnswering(config)
+    return heads.make_model(config, head.task, head.num_outputs)
+
+
+def _our_logits(config, head, params, ids, mask):
+    out = _head_model(config, head).apply({"params": params}, ids, None, mask)
+    if head.task == squad.TASK:
+        return np.stack([np.asarray(out[0]), np.asarray(out[1])], axis=-1)  # [b, s, 2]
+    return np.asarray(out)
+
+
+def _torch_logits(model, head, ids, mask):
+    out = _run_torch(model, ids, mask)
+    if head.task == squad.TASK:
+        return np.stack([out.start_logits.numpy(), out.end_logits.numpy()], axis=-1)
+    return out.logits.numpy()
+
+
+# (HeadSpec, transformers class, pooling)
+CASES = {
+    "classification-cls": (HeadSpec("classification", LABELS), "SequenceClassification", "cls"),
+    "classification-mean": (HeadSpec("classification", LABELS), "SequenceClassification", "mean"),
+    "token-labels": (HeadSpec("token_classification", TAGS), "TokenClassification", "cls"),
+    "qa": (HeadSpec(squad.TASK, squad.HEAD_LABELS), "QuestionAnswering", "cls"),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry and checkpoint meta.
+
+
+def test_families_are_found_by_config_type_and_model_type():
+    assert encoders.names() == ("bert", "modernbert")
+    assert encoders.family_of(BertConfig()).name == "bert"
+    assert encoders.family_of(CONFIG).name == "modernbert"
+    assert encoders.for_model_type("modernbert") is encoders.family_of(CONFIG)
+    assert encoders.for_model_type(None).name == "bert"  # config.json without model_type
+    with pytest.raises(ValueError, match="model_type='roberta' is not supported"):
+        encoders.for_model_type("roberta")
+    with pytest.raises(ValueError, match="no encoder family's config"):
+        encoders.family_of({"hidden_size": 8})
+    modern = encoders.family_of(CONFIG)
+    assert modern.architecture("BertForQuestionAnswering") == "ModernBertForQuestionAnswering"
+    assert modern.bert_architecture("ModernBertForTokenClassification") == (
+        "BertForTokenClassification"
+    )
+    assert not modern.uses_segment_ids and encoders.family_of(BertConfig()).uses_segment_ids
+
+
+def test_meta_records_the_family_and_old_meta_is_bert():
+    bert = SMALL_BERT
+    for config in (bert, CONFIG):
+        d = encoders.config_to_dict(config)
+        assert d[encoders.FAMILY_KEY] == encoders.family_of(config).name
+        assert json.loads(json.dumps(d)) == d
+        assert encoders.config_from_dict(d) == config
+    # Checkpoints written before families record BertConfig.to_dict() alone.
+    assert encoders.config_from_dict(bert.to_dict()) == bert
+    with pytest.raises(ValueError, match="unknown ModernBertConfig fields"):
+        encoders.config_from_dict({"family": "modernbert", "hidden_act": "gelu"})
+
+
+def test_modernbert_encoder_ignores_segment_ids_and_keeps_its_head_under_bert():
+    module = encoders.family_of(CONFIG).module(CONFIG)
+    ids, mask = _batch()
+    params = module.init(jax.random.key(0), ids, None, mask)["params"]
+    assert "head" in params and "layer_0" in params
+    seq, pooled = module.apply({"params": params}, ids, None, mask)
+    seq2, pooled2 = module.apply({"params": params}, ids, np.ones_like(ids), mask)
+    assert seq.shape == (3, SEQ, 64) and pooled.shape == (3, 64)
+    np.testing.assert_array_equal(seq, seq2)
+    np.testing.assert_array_equal(pooled, pooled2)
+    # A head adds only its dense layer beside the encoder's tree.
+    head = HeadSpec("classification", LABELS)
+    tree = heads.init_params(_head_model(CONFIG, head), jax.random.key(0))
+    assert set(tree) == {"bert", "classifier"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Parity of each head with transformers, both ways.
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_our_head_saved_loads_in_transformers_with_equal_logits(case, tmp_path):
+    _, transformers = _torch()
+    head, cls_suffix, pooling = CASES[case]
+    config = encoders.config_from_dict(
+        {**encoders.config_to_dict(CONFIG), "classifier_pooling": pooling}
+    )
+    init = bertjax.capability.of(head).init(config, head)
+    params = _randomize(init(jax.random.key(1)), seed=1)
+    model = bertjax.Model(config, params, TOKENIZER, head=head)
+    model.save_hf(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    assert written["architectures"] == [f"ModernBertFor{cls_suffix}"]
+    assert written["model_type"] == "modernbert"
+    theirs = getattr(transformers, f"ModernBertFor{cls_suffix}").from_pretrained(
+        tmp_path, attn_implementation="eager"
+    )
+    theirs.eval()
+    ids, mask = _batch()
+    ours = _our_logits(config, head, model.params, ids, mask)
+    expected = _torch_logits(theirs, head, ids, mask)
+    if head.token_level or head.task == squad.TASK:  # padded positions are not compared
+        ours, expected = ours[mask == 1], expected[mask == 1]
+    assert ours.shape == expected.shape
+    diff = _max_diff(ours, expected)
+    print(
+        f"{case}: max |ours - transformers| = {diff:.2e}, max |logit| {np.abs(expected).max():.2f}"
+    )
+    assert diff < ATOL
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_transformers_head_loads_with_equal_logits(case, tmp_path):
+    head, cls_suffix, pooling = CASES[case]
+    extra = {"classifier_pooling": pooling}
+    if head.task != squad.TASK:
+        extra["id2label"] = dict(enumerate(head.labels))
+    theirs = _hf_model(f"ModernBertFor{cls_suffix}", CONFIG, seed=2, **extra)
+    theirs.save_pretrained(tmp_path)
+    TOKENIZER.save_hf(tmp_path)
+    model = bertjax.Model.load(tmp_path)
+    assert model.head == head
+    assert model.config.classifier_pooling == pooling
+    ids, mask = _batch()
+    ours = _our_logits(model.config, head, model.params, ids, mask)
+    expected = _torch_logits(theirs, head, ids, mask)
+    if head.token_level or head.task == squad.TASK:
+        ours, expected = ours[mask == 1], expected[mask == 1]
+    diff = _max_diff(ours, expected)
+    print(
+        f"{case}: max |ours - transformers| = {diff:.2e}, max |logit| {np.abs(expected).max():.2f}"
+    )
+    assert diff < ATOL
+    # The notebook method of the head runs on the directory.
+    if head.task == "classification":
+        text = "the louvre is a famous museum in paris"
+        got = model.predict(text)
+        ids1 = np.asarray([model.encode([text])["input_ids"][0]], np.int32)
+        probs = _run_torch(theirs, ids1, np.ones_like(ids1)).logits.softmax(-1)[0].numpy()
+        assert got["label"] == LABELS[int(np.argmax(probs))]
+        assert abs(got["score"] - float(np.max(probs))) < ATOL
+    elif head.token_level:
+        got = model.predict("the king of france")
+        assert [w["word"] for w in got] == ["the", "king", "of", "france"]
+        assert all(w["label"] in TAGS for w in got)
+    else:
+        got = model.answer("who was the king", "the old king of france built the louvre")
+        assert set(got) == {"score", "start", "end", "answer"}
+
+
+def test_masked_lm_both_ways_and_fill_mask(tmp_path):
+    torch, transformers = _torch()
+    family = encoders.family_of(CONFIG)
+    theirs = _hf_model("ModernBertForMaskedLM", CONFIG, seed=3)
+    with torch.no_grad():  # the decoder is tied: the noise above drew it apart
+        theirs.decoder.weight = theirs.model.embeddings.tok_embeddings.weight
+    theirs.save_pretrained(tmp_path / "theirs")
+    TOKENIZER.save_hf(tmp_path / "theirs")
+    model = bertjax.Model.load(tmp_path / "theirs")
+    assert model.head is None and model.fresh_heads == ()
+    ids, mask = _batch()
+    positions = np.tile(np.arange(SEQ, dtype=np.int32), (3, 1))
+    ours = family.mlm_logits(model.config, model.params, ids, None, mask, positions)
+    expected = _run_torch(theirs, ids, mask).logits.numpy()
+    assert _max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
+
+    text = "the capital of france is [MASK] ."
+    filled = model.fill_mask(text, top_k=3)
+    example = model.encode([text])["input_ids"][0]
+    at = int(np.flatnonzero(example == TOKENIZER.mask_id)[0])
+    row = torch.from_numpy(np.asarray([example])).long()
+    with torch.no_grad():
+        probs = theirs(input_ids=row).logits[0, at].softmax(-1).numpy()
+    top = np.argsort(-probs)[:3]
+    assert [f["token"] for f in filled] == top.tolist()
+    assert _max_diff([f["score"] for f in filled], probs[top]) < ATOL
+
+    # Ours -> save_hf -> transformers: the tied decoder is left out, as transformers writes it.
+    params = _randomize(family.pretraining_init(CONFIG)(jax.random.key(4)), seed=4)
+    bertjax.Model(CONFIG, params, TOKENIZER).save_hf(tmp_path / "ours")
+    names = set(hf.read_weights(tmp_path / "ours")[0])
+    assert "decoder.weight" not in names and "decoder.bias" in names
+    reloaded = transformers.ModernBertForMaskedLM.from_pretrained(
+        tmp_path / "ours", attn_implementation="eager"
+    ).eval()
+    ours = family.mlm_logits(CONFIG, params, ids, None, mask, positions)
+    expected = _run_torch(reloaded, ids, mask).logits.numpy()
+    assert _max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
+
+
+def test_embed_on_a_modernbert_model_directory_is_the_mean_hidden_state(tmp_path):
+    torch, _ = _torch()
+    theirs = _hf_model("ModernBertModel", CONFIG, seed=5)
+    theirs.save_pretrained(tmp_path)
+    TOKENIZER.save_hf(tmp_path)
+    model = bertjax.Model.load(tmp_path)
+    # A bare encoder: no prediction head to fill masks or pool with.
+    assert {"mlm_head", "pooler"} <= set(model.fresh_heads)
+    with pytest.raises(bertjax.inference.InferenceError, match="no masked-LM head"):
+        model.fill_mask("the [MASK] .")
+    texts = ["the louvre is in paris", "a river"]
+    vectors = model.embed(texts)
+    for text, vector in zip(texts, vectors):
+        ids = np.asarray([model.encode([text])["input_ids"][0]], np.int32)
+        with torch.no_grad():
+            hidden = theirs(input_ids=torch.from_numpy(ids).long()).last_hidden_state
+        assert _max_diff(vector, hidden[0].mean(0).numpy()) < ATOL
+    # ...and written back as a ModernBertModel, without the untrained head.
+    model.save_hf(tmp_path / "again")
+    written = json.loads((tmp_path / "again" / "config.json").read_text())
+    assert written["architectures"] == ["ModernBertModel"]
+    again = bertjax.Model.load(tmp_path / "again")
+    np.testing.assert_array_equal(again.embed(texts), vectors)
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoints: meta with and without a family.
+
+
+def _write_checkpoint(workdir, meta, params):
+    """A run directory as fine-tuning leaves it: one step, its meta, the tokenizer beside."""
+    TOKENIZER.save_hf(workdir)
+    opt_state = {"count": jnp.zeros((), jnp.int32)}
+    with checkpoint_lib.Checkpointer(workdir / rundir.CHECKPOINT_DIR, async_save=False) as ckpt:
+        ckpt.save(1, params=params, opt_state=opt_state, meta=meta, force=True)
+
+
+@pytest.mark.parametrize(
+    "config", [SMALL_BERT, CONFIG], ids=["bert-meta-without-family", "modernbert"]
+)
+def test_finetuned_checkpoint_opens_with_its_family(config, tmp_path):
+    head = HeadSpec("classification", LABELS)
+    init = bertjax.capability.of(head).init(config, head)
+    params = nn.meta.unbox(init(jax.random.key(6)))
+    # As fine-tuning writes meta; BERT's without a family, as every checkpoint before them.
+    if isinstance(config, BertConfig):
+        model_config = config.to_dict()
+    else:
+        model_config = encoders.config_to_dict(config)
+    meta = {
+        "head": head.to_dict(),
+        "model_config": model_config,
+        "tokenizer_fingerprint": TOKENIZER.fingerprint,
+    }
+    _write_checkpoint(tmp_path, meta, params)
+    model = bertjax.Model.load(tmp_path)
+    assert model.config == config and model.head == head
+    in_memory = bertjax.Model(config, params, TOKENIZER, head=head)
+    texts = ["the king of france", "a small river in paris"]
+    assert model.predict(texts) == in_memory.predict(texts)
+
+
+# ---------------------------------------------------------------------------------------------
+# Fine-tuning from a ModernBERT directory.
+
+TOPICS = (
+    "paris france capital city river seine museum louvre".split(),
+    "king queen painting famous history old year built".split(),
+)
+
+
+def _topic_csv(path, count, seed):
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(count):
+        topic = int(rng.integers(2))
+        words = rng.choice(TOPICS[topic], size=int(rng.integers(4, 9)))
+        rows.append(f"{' '.join(words)},{('art', 'place')[topic]}")
+    path.write_text("sentence,label\n" + "\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.slow
+def test_finetuning_classification_from_a_modernbert_directory(tmp_path):
+    _, transformers = _torch()
+
+    theirs = _hf_model("ModernBertForMaskedLM", CONFIG, seed=7)
+    theirs.save_pretrained(tmp_path / "init")
+    TOKENIZER.save_hf(tmp_path / "init")
+    config = finetune_config(
+        tmp_path / "init",
+        task="classification",
+        **{
+            "data.train": str(_topic_csv(tmp_path / "train.csv", 128, seed=1)),
+            "data.validation": str(_topic_csv(tmp_path / "dev.csv", 32, seed=2)),
+            "num_epochs": 3,
+            "optimizer.learning_rate": 1e-3,
+        },
+    )
+    loop.finetune(FinetuneSettings.from_config(config), tmp_path / "run")
+    meta = checkpoint_lib.read_meta(tmp_path / "run" / rundir.BEST_CHECKPOINT_DIR)
+    assert meta["model_config"][encoders.FAMILY_KEY] == "modernbert"
+    model = bertjax.Model.load(tmp_path / "run")
+    assert encoders.family_of(model.config).name == "modernbert"
+    texts = ["paris river museum", "king painting history"]
+    assert [p["label"] for p in model.predict(texts)] == ["art", "place"]
+    # The fine-tuned model travels to transformers with the same logits.
+    model.save_hf(tmp_path / "export")
+    exported = transformers.ModernBertForSequenceClassification.from_pretrained(
+        tmp_path / "export", attn_implementation="eager"
+    ).eval()
+    ids, mask = _batch()
+    ours = _our_logits(model.config, model.head, model.params, ids, mask)
+    assert _max_diff(ours, _run_torch(exported, ids, mask).logits.numpy()) < ATOL
+
+
+def test_seq2seq_refuses_a_modernbert_encoder():
+    options = seq2seq.TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
+    with pytest.raises(ValueError, match="seq2seq needs a BERT encoder; ModernBertConfig"):
+        options.config(CONFIG)
+
+
+def test_an_embedding_model_on_modernbert_embeds_as_trained(tmp_path):
+    spec = EmbeddingSpec(pooling="mean", normalize=True, max_seq_length=32)
+    head = head_for(spec)
+    params = _randomize(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(8)), 8)
+    model = bertjax.Model(CONFIG, params, TOKENIZER, head=head)
+    texts = ["the louvre is in paris", "a river"]
+    vectors = model.embed(texts)
+    plain = bertjax.Model(CONFIG, params, TOKENIZER).embed(texts, pooling="mean")
+    expected = plain / np.linalg.norm(plain, axis=-1, keepdims=True)
+    assert _max_diff(vectors, expected) < ATOL
+    with pytest.raises(ValueError, match="needs a BERT encoder; ModernBertConfig"):
+        model.save_hf(tmp_path)
+
+
+def test_resuming_checks_the_family_and_its_architecture_fields():
+    meta = {"tokenizer_fingerprint": TOKENIZER.fingerprint}
+    old = {**meta, "model_config": SMALL_BERT.to_dict()}  # no family: BERT
+    rundir.check_compatible(old, TOKENIZER, SMALL_BERT, "the checkpoint")
+    wider = SMALL_BERT.__class__(**{**SMALL_BERT.to_dict(), "hidden_size": 64})
+    with pytest.raises(rundir.IncompatibleCheckpointError, match="hidden_size=32"):
+        rundir.check_compatible(old, TOKENIZER, wider, "the checkpoint")
+    modern = {**meta, "model_config": encoders.config_to_dict(CONFIG)}
+    rundir.check_compatible(modern, TOKENIZER, CONFIG, "the checkpoint")
+    with pytest.raises(rundir.IncompatibleCheckpointError, match="has a modernbert model"):
+        rundir.check_compatible(modern, TOKENIZER, SMALL_BERT, "the checkpoint")
+    windowed = encoders.config_from_dict({**modern["model_config"], "local_attention": 16})
+    with pytest.raises(rundir.IncompatibleCheckpointError, match="local_attention=8"):
+        rundir.check_compatible(modern, TOKENIZER, windowed, "the checkpoint")
+
+
+def test_a_modernbert_model_on_a_mesh_predicts_as_on_one_device():
+    head = HeadSpec("classification", LABELS)
+    params = _randomize(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(9)), 9)
+    texts = ["the louvre is in paris", "a river", "the old king built a museum"]
+    alone = bertjax.Model(CONFIG, params, TOKENIZER, head=head).predict(texts)
+    mesh = sharding.make_mesh((2, 2, 2))
+    spread = bertjax.Model(CONFIG, params, TOKENIZER, head=head, mesh=mesh).predict(texts)
+    assert [p["label"] for p in spread] == [p["label"] for p in alone]
+    assert _max_diff([p["score"] for p in spread], [p["score"] for p in alone]) < ATOL
