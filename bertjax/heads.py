@@ -61,8 +61,10 @@ def check_labels(task: str, labels: tuple[str, ...]) -> None:
         raise ValueError("a multi_label head needs at least 1 label")
 
 
-def _classifier(config: BertConfig, features: int) -> nn.Dense:
-    # float32: the logits feed the loss directly, as the NSP head's do.
+def dense_head(config: BertConfig, features: int, name: str = CLASSIFIER) -> nn.Dense:
+    """A head's dense layer [hidden, features]: the family's classifier kernel init (BERT:
+    google's truncated normal), zero bias, float32 logits (they feed the loss directly, as
+    the NSP head's do)."""
     return nn.Dense(
         features,
         dtype=jnp.float32,
@@ -71,7 +73,7 @@ def _classifier(config: BertConfig, features: int) -> nn.Dense:
             encoders.family_of(config).classifier_init(config), (EMBED, LABELS)
         ),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
-        name=CLASSIFIER,
+        name=name,
     )
 
 
@@ -101,7 +103,7 @@ class SequenceClassifier(nn.Module):
         )  # [b, h]
         rate = encoders.family_of(self.config).head_dropout(self.config)
         pooled = Dropout(rate)(pooled, deterministic=deterministic)
-        logits = _classifier(self.config, self.num_outputs)(pooled)  # [b, labels]
+        logits = dense_head(self.config, self.num_outputs)(pooled)  # [b, labels]
         return sharding.constrain(logits, (BATCH, LABELS))
 
 
@@ -134,7 +136,7 @@ class TokenClassifier(nn.Module):
             Dropout(family.head_dropout(self.config))(sequence, deterministic=deterministic),
             (BATCH, LENGTH, ACTIVATION_EMBED),
         )
-        logits = _classifier(self.config, self.num_outputs)(sequence)  # [b, s, labels]
+        logits = dense_head(self.config, self.num_outputs)(sequence)  # [b, s, labels]
         return sharding.constrain(logits, (BATCH, LENGTH, LABELS))
 
 

@@ -95,7 +95,7 @@ def test_the_classifier_kernel_is_named_for_sharding():
 
 
 def test_the_initial_classifier_is_truncated_normal_at_the_initializer_range():
-    dense = heads._classifier(CONFIG, 64)
+    dense = heads.dense_head(CONFIG, 64)
     variables = nn.meta.unbox(dense.init(jax.random.key(0), jnp.zeros((1, 16))))["params"]
     kernel = np.asarray(variables["kernel"])  # [16, 64]
     assert np.all(np.abs(kernel) <= 2 * CONFIG.initializer_range + 1e-7)

@@ -52,7 +52,7 @@ import numpy as np
 from bertjax import encoders, fs, heads, sharding, steps, textfile
 from bertjax.heads import HeadSums
 from bertjax.model import BertConfig
-from bertjax.sharding import BATCH, EMBED, LABELS, LENGTH
+from bertjax.sharding import BATCH, LABELS, LENGTH
 from bertjax.tokenizer import Tokenizer
 
 TASK = "question_answering"
@@ -636,18 +636,8 @@ def windows(
 
 
 def qa_outputs(config: BertConfig) -> nn.Dense:
-    """The head's dense layer [hidden, 2]: the family's classifier kernel init (BERT: google's
-    truncated normal), zero bias, float32 logits."""
-    return nn.Dense(
-        2,
-        dtype=jnp.float32,
-        param_dtype=jnp.dtype(config.param_dtype),
-        kernel_init=nn.with_logical_partitioning(
-            encoders.family_of(config).classifier_init(config), (EMBED, LABELS)
-        ),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
-        name=HEAD_NAME,
-    )
+    """The head's dense layer [hidden, 2] (bertjax.heads.dense_head)."""
+    return heads.dense_head(config, 2, HEAD_NAME)
 
 
 class QuestionAnswering(nn.Module):
