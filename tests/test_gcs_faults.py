@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import subprocess
+import threading
 import time
 
 import aiohttp
@@ -340,6 +341,45 @@ def test_finetuning_and_an_export_through_faults(gcs, pretrained_run, faults, tm
     model.save_hf(tmp_path / "export")
     assert _objects(gcs, bucket + "/export") == _files(tmp_path / "export")
     assert sum(proxy.counts[kind] for kind in ("503", "429", "drop", "drop_after")) > 0
+
+
+@pytest.mark.slow
+def test_a_run_ended_by_an_outage_changes_nothing_already_written(
+    gcs, pretrained_run, faults, monkeypatch
+):
+    """The init_from directory and an earlier run in the same bucket are byte for byte what
+    they were after a fine-tuning run that an outage ended."""
+    bucket = gcs.bucket()
+    init_from = upload(gcs, pretrained_run[0], bucket + "/init")
+    fields = {
+        "task": "classification",
+        "data.train": _write_rows(bucket + "/task/train.csv", 64, 1),
+        "data.validation": _write_rows(bucket + "/task/dev.csv", 32, 2),
+    }
+    settings = FinetuneSettings.from_config(_finetune_config(init_from, **fields))
+    proxy = faults()
+    finetune_loop.finetune(settings, bucket + "/earlier")
+    before = {url: _objects(gcs, url) for url in (init_from, bucket + "/earlier")}
+
+    monkeypatch.setenv(fs.RETRY_ENV, "2")
+    workdir = bucket + "/run"
+    lock = workdir[len("gs://") :] + "/" + rundir.LOCK_FILE
+
+    def cut_when_running():
+        deadline = time.time() + 120
+        while time.time() < deadline and not gcs.fs.exists(lock):
+            gcs.fs.invalidate_cache()
+            time.sleep(0.05)
+        proxy.outage(3600)
+
+    watcher = threading.Thread(target=cut_when_running, daemon=True)
+    watcher.start()
+    with pytest.raises(Exception, match=r"GCS did not answer|GCS is unreachable"):
+        finetune_loop.finetune(settings, workdir)
+    watcher.join()
+    proxy.outage(0)
+    assert proxy.counts["outage"] > 0
+    assert {url: _objects(gcs, url) for url in before} == before
 
 
 @pytest.mark.slow
