@@ -780,22 +780,28 @@ class ModernBertForMaskedLM(nn.Module):
             segment_ids=segment_ids,
             positions=positions,
         )  # [b, s, h]
-        if masked_lm_positions is not None:
-            # Run the head only at the predicted positions: skips most of the vocab matmul.
-            x = jnp.take_along_axis(
-                x, masked_lm_positions[..., None].astype(jnp.int32), axis=1
-            )  # [b, p, h]
-        x = self.head(x)  # [b, p, h]
-        dtype = jnp.dtype(cfg.dtype)
-        logits = jnp.einsum(
-            "bph,vh->bpv",
-            x.astype(dtype),
-            self.model.token_table().astype(dtype),
-            preferred_element_type=jnp.float32,
-        )  # [b, p, v]
-        if cfg.decoder_bias:
-            logits = logits + self.decoder_bias.astype(jnp.float32)
-        return sharding.constrain(logits, (BATCH, LENGTH, VOCAB))
+        bias = self.decoder_bias if cfg.decoder_bias else None
+        return masked_lm_logits(
+            cfg, x, masked_lm_positions, self.head, self.model.token_table(), bias
+        )
+
+
+def masked_lm_logits(cfg, x, masked_lm_positions, head, table, bias) -> jax.Array:
+    """float32 [b, p, v] (or [b, s, v]) logits: the prediction `head` over the hidden states at
+    `masked_lm_positions` (all, if None), then the decoder tied to the token `table`."""
+    if masked_lm_positions is not None:
+        # Run the head only at the predicted positions: skips most of the vocab matmul.
+        x = jnp.take_along_axis(
+            x, masked_lm_positions[..., None].astype(jnp.int32), axis=1
+        )  # [b, p, h]
+    x = head(x)  # [b, p, h]
+    dtype = jnp.dtype(cfg.dtype)
+    logits = jnp.einsum(
+        "bph,vh->bpv", x.astype(dtype), table.astype(dtype), preferred_element_type=jnp.float32
+    )  # [b, p, v]
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    return sharding.constrain(logits, (BATCH, LENGTH, VOCAB))
 
 
 class ModernBertForSequenceClassification(nn.Module):

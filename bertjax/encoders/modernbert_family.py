@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import capability, fs, hf, sharding
+from bertjax import capability, fs, hf
 from bertjax.encoders import family
 from bertjax.encoders import modernbert as mb
 from bertjax.encoders.modernbert import ModernBertConfig
-from bertjax.sharding import BATCH, LENGTH, VOCAB
+from bertjax.sharding import VOCAB
 
 # The encoder's key in our trees (every family's) and its prefix in transformers' names.
 ENCODER = capability.ENCODER
@@ -113,21 +113,10 @@ class MaskedLM(nn.Module):
     ) -> jax.Array:
         cfg = self.config
         x, _ = self.bert(input_ids, None, attention_mask, deterministic=deterministic)  # [b, s, h]
-        if masked_lm_positions is not None:
-            x = jnp.take_along_axis(
-                x, masked_lm_positions[..., None].astype(jnp.int32), axis=1
-            )  # [b, p, h]
-        x = self.bert.predictions(x)  # [b, p, h]
-        dtype = jnp.dtype(cfg.dtype)
-        logits = jnp.einsum(
-            "bph,vh->bpv",
-            x.astype(dtype),
-            self.bert.token_table().astype(dtype),
-            preferred_element_type=jnp.float32,
-        )  # [b, p, v]
-        if cfg.decoder_bias:
-            logits = logits + self.decoder_bias.astype(jnp.float32)
-        return sharding.constrain(logits, (BATCH, LENGTH, VOCAB))
+        bias = self.decoder_bias if cfg.decoder_bias else None
+        return mb.masked_lm_logits(
+            cfg, x, masked_lm_positions, self.bert.predictions, self.bert.token_table(), bias
+        )
 
 
 def _init_masked_lm(config: ModernBertConfig, rng: jax.Array):
