@@ -117,8 +117,9 @@ class LoopHooks(Protocol):
         """Restores what the checkpoint's meta holds besides the arrays; the dropout key."""
         ...
 
-    def batch(self, step: int) -> dict[str, np.ndarray]:
-        """This process's rows of the batch that takes the state from `step` to `step + 1`."""
+    def batch(self, step: int) -> dict[str, np.ndarray] | list[dict[str, np.ndarray]]:
+        """This process's rows of the batch that takes the state from `step` to `step + 1`:
+        one batch, or its micro-batches of their own widths (steps.Steps.take_step)."""
         ...
 
     def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
@@ -203,10 +204,7 @@ def train(plan: Plan, hooks: LoopHooks) -> Outcome:
                 )
 
             while step < cadence.total_steps:
-                batch = steps.global_batch(
-                    hooks.batch(step), plan.steps.batch_sharding, jax.process_count()
-                )
-                state, metrics = plan.steps.train_step(state, batch, dropout_rng)
+                state, metrics = plan.steps.take_step(state, hooks.batch(step), dropout_rng)
                 step += 1
                 pending.append(metrics)
                 progress.update(step)

@@ -146,6 +146,11 @@ class Objective:
 
     # Whether `evaluate` returns (sums, per-example outputs) rather than sums alone.
     eval_outputs = False
+    # None: evaluation batches keep every position, in the examples' order. A tuple: batches
+    # may be grouped by length and cut to the positions they need (padding changes no output
+    # at a real position); it names the outputs that hold one value per position, which are
+    # padded back to the full length.
+    position_outputs: tuple[str, ...] | None = None
 
     def evaluate(self, params, batch) -> Any:
         """What the eval step returns for a batch, without dropout; sums add up over batches."""
@@ -265,6 +270,98 @@ def make_train_step(
     return train_step
 
 
+def make_micro_batch_steps(
+    objective: Objective,
+    tx: optax.GradientTransformation,
+    schedule: optax.Schedule,
+    state_shardings: TrainState,
+    batch_sharding: jax.sharding.NamedSharding,
+) -> MicroBatchSteps:
+    """The jitted parts of a batch taken as micro-batches of their own widths.
+
+    Each micro-batch is traced at its own shape (one compile per width), so a batch split by
+    length pays attention and feed-forward only for its micro-batches' longest examples. The
+    update is the batch's: every micro-batch's loss is divided by the whole batch's
+    denominators, so the gradients add up to the one-batch gradient.
+    """
+    replicated = jax.sharding.NamedSharding(batch_sharding.mesh, jax.sharding.PartitionSpec())
+    params_shardings = state_shardings.params
+
+    def accumulate(params, grads_acc, sums_acc, micro, denominators, rng, step, index):
+        rng = jax.random.fold_in(jax.random.fold_in(rng, step), index)
+
+        def loss_fn(params):
+            sums = objective.sums(params, micro, rng=rng, deterministic=False)
+            return objective.loss(sums, denominators), sums
+
+        grads, sums = jax.grad(loss_fn, has_aux=True)(params)
+        return jax.tree.map(jnp.add, grads_acc, grads), jax.tree.map(jnp.add, sums_acc, sums)
+
+    def apply(state, grads, sums, denominators):
+        loss = objective.loss(sums, denominators)
+        return apply_gradients(state, grads, sums, loss, objective, tx, schedule)
+
+    return MicroBatchSteps(
+        denominators=jax.jit(
+            objective.denominators, in_shardings=(batch_sharding,), out_shardings=replicated
+        ),
+        zeros=jax.jit(
+            lambda params: (jax.tree.map(jnp.zeros_like, params), objective.zero_sums()),
+            in_shardings=(params_shardings,),
+            out_shardings=(params_shardings, replicated),
+        ),
+        accumulate=jax.jit(
+            accumulate,
+            in_shardings=(
+                params_shardings,
+                params_shardings,
+                replicated,
+                batch_sharding,
+                replicated,
+                replicated,
+                replicated,
+            ),
+            out_shardings=(params_shardings, replicated),
+            donate_argnums=(1, 2),
+            static_argnums=(7,),
+        ),
+        apply=jax.jit(
+            apply,
+            in_shardings=(state_shardings, params_shardings, replicated, replicated),
+            out_shardings=(state_shardings, replicated),
+            donate_argnums=(0, 1),
+        ),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class MicroBatchSteps:
+    """One optimizer step over micro-batches of different widths (see make_micro_batch_steps).
+
+    Calling it does what `train_step` does for one batch: the micro-batches' gradients and
+    sums are accumulated one call each, then one update is applied.
+    """
+
+    denominators: Callable  # (micro-batch) -> its part of the batch's denominators
+    zeros: Callable  # (params) -> (zero gradients, zero sums)
+    accumulate: Callable  # (params, grads, sums, micro, denominators, rng, step, index)
+    apply: Callable  # (state, grads, sums, denominators) -> (state, metrics)
+
+    def __call__(self, state: TrainState, micro_batches: list[dict[str, jax.Array]], rng):
+        denominators = None
+        for micro in micro_batches:
+            part = self.denominators(micro)
+            denominators = (
+                part if denominators is None else jax.tree.map(jnp.add, denominators, part)
+            )
+        grads, sums = self.zeros(state.params)
+        for index, micro in enumerate(micro_batches):
+            grads, sums = self.accumulate(
+                state.params, grads, sums, micro, denominators, rng, state.step, index
+            )
+        return self.apply(state, grads, sums, denominators)
+
+
 # ----------------------------------------------------------------------------- a run's steps
 
 
@@ -278,6 +375,20 @@ class Steps:
     batch_sharding: jax.sharding.NamedSharding
     train_step: Callable  # (state, batch, rng) -> (state, metrics)
     eval_step: Callable  # (params, batch) -> objective.evaluate's result
+    # (state, [micro-batch, ...], rng) -> (state, metrics): one step over micro-batches of
+    # their own widths (fine-tuning's micro-batches grouped by length).
+    micro_batch_step: MicroBatchSteps | None = None
+
+    def take_step(
+        self, state: TrainState, local: dict[str, np.ndarray] | list[dict[str, np.ndarray]], rng
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        """One training step on this process's rows: one batch, or a list of micro-batches
+        whose gradients add up to their batch's."""
+        count = jax.process_count()
+        if isinstance(local, dict):
+            return self.train_step(state, global_batch(local, self.batch_sharding, count), rng)
+        micro_batches = [global_batch(micro, self.batch_sharding, count) for micro in local]
+        return self.micro_batch_step(state, micro_batches, rng)
 
 
 def build(
@@ -320,4 +431,7 @@ def build(
         in_shardings=(state.shardings.params, batch_sharding),
         out_shardings=(replicated, batch_sharding) if objective.eval_outputs else replicated,
     )
-    return Steps(mesh, tx, state, batch_sharding, train_step, eval_step)
+    micro_batch_step = make_micro_batch_steps(
+        objective, tx, optim.make_schedule(optimizer), state.shardings, batch_sharding
+    )
+    return Steps(mesh, tx, state, batch_sharding, train_step, eval_step, micro_batch_step)

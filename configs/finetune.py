@@ -141,6 +141,11 @@ def get_config() -> ml_collections.ConfigDict:
     # its longest example, so short texts do not pay for max_seq_length (at most
     # max_seq_length / length_bucket compiles). 0 pads every batch to max_seq_length.
     config.length_bucket = 32
+    # With grad_accum_steps > 1 each batch is sorted by length and run as micro-batches of
+    # similar length, each cut to its own length bucket: the update is the one-batch update
+    # (gradients summed exactly), and short examples stop paying for the batch's longest. On
+    # long, uneven inputs (SQuAD's windows) this is the fast path: see benchmarks/qa.py.
+    config.group_by_length = True
     # A fresh regression head's bias starts at the mean of the training targets ("mean"), so the
     # encoder need not learn the targets' offset: Adam moves the bias by about the learning rate
     # per step, too little to reach targets like STS-B's 0-5 in a few hundred steps at 2e-5.

@@ -24,6 +24,7 @@ from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
+from bertjax.tasks.qa import squad
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -446,3 +447,128 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(shards, accu
                     fullest = max(fullest, int(per_shard.max()))
     assert fullest == round(capacity * slots)
     assert 0 < capacity < 1
+
+
+def _uneven_examples(
+    task: str, count: int, seq: int, longest: int, seed: int = 0
+) -> finetune_data.Examples:
+    """Examples of lengths 3 to `longest` for a label task or question answering."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(3, longest + 1, size=count)
+    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+    features = {
+        "input_ids": (rng.integers(5, 64, size=(count, seq)) * mask).astype(np.int32),
+        "input_mask": mask,
+        "segment_ids": np.zeros((count, seq), np.int32),
+    }
+    word_positions = None
+    if task == squad.TASK:
+        starts = (rng.random(count) * (lengths - 1)).astype(np.int32)
+        features["start_positions"] = starts
+        features["end_positions"] = np.minimum(starts + 1, lengths - 1).astype(np.int32)
+    elif task == heads.TOKEN_CLASSIFICATION:
+        labels = np.where(mask == 1, rng.integers(0, 3, size=(count, seq)), heads.IGNORE_LABEL)
+        features["labels"] = labels.astype(np.int32)
+        word_positions = [np.arange(n) for n in lengths]
+    else:
+        features["labels"] = rng.integers(0, 3, size=count).astype(np.int32)
+    return finetune_data.Examples(
+        "train", "synthetic", features, [str(i) for i in range(count)], True, word_positions
+    )
+
+
+def _head(task: str) -> HeadSpec:
+    return HeadSpec(task, squad.HEAD_LABELS if task == squad.TASK else ("a", "b", "c"))
+
+
+@pytest.mark.parametrize("task", [heads.CLASSIFICATION, heads.TOKEN_CLASSIFICATION, squad.TASK])
+def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
+    count, seq, groups = 32, 48, 4
+    examples = _uneven_examples(task, count, seq, longest=seq - 1)
+    order = loop.epoch_order(0, 0, count)
+    lengths = examples.features["input_mask"].sum(axis=1)
+    micro_batches = loop.train_micro_batches(examples, order, 0, count, groups, length_bucket=8)
+    # Every example once, the shortest together, each micro-batch cut to its own bucket.
+    held = [micro["input_mask"].sum(axis=1) for micro in micro_batches]
+    assert sorted(np.concatenate(held)) == sorted(lengths)
+    assert all(a.max() <= b.min() for a, b in zip(held, held[1:]))
+    for micro, real in zip(micro_batches, held):
+        assert micro["input_ids"].shape == (count // groups, -(-real.max() // 8) * 8)
+    assert len({micro["input_ids"].shape for micro in micro_batches}) > 1
+
+    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
+    results = []
+    for accumulate in (1, groups):
+        ft = build_finetuning(
+            small_config(seq),
+            _head(task),
+            optimizer,
+            mesh_shape=(8, 1, 1),
+            grad_accum_steps=accumulate,
+            micro_batch_size=count // accumulate,
+            max_seq_length=seq,
+        )
+        with jax.set_mesh(ft.mesh):
+            state = ft.state.init(jax.random.key(0))
+            losses = []
+            for _ in range(2):  # the second step starts from the first's optimizer state
+                if accumulate == 1:
+                    batch = loop.train_batch(examples, order, 0, count)
+                else:
+                    batch = micro_batches
+                state, metrics = ft.steps.take_step(state, batch, jax.random.key(1))
+                losses.append(float(metrics["train/loss"]))
+            params = jax.device_get(state.params)
+            if task == squad.TASK:
+                # The start and end biases' gradient is zero (a softmax's probabilities sum
+                # to one): Adam scales its float noise up to updates of about lr / 100.
+                del params[squad.HEAD_NAME]["bias"]
+            results.append((losses, params))
+    assert_trained_the_same(*results)
+
+
+@pytest.mark.parametrize("task", [heads.CLASSIFICATION, heads.TOKEN_CLASSIFICATION, squad.TASK])
+def test_evaluation_grouped_by_length_gives_every_example_its_full_length_outputs(task):
+    count, seq = 21, 48  # the last batch of 8 is part filler
+    examples = _uneven_examples(task, count, seq, longest=30, seed=1)
+    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
+    ft = build_finetuning(
+        small_config(seq),
+        _head(task),
+        optimizer,
+        mesh_shape=(8, 1, 1),
+        grad_accum_steps=1,
+        micro_batch_size=8,
+        max_seq_length=seq,
+    )
+    with jax.set_mesh(ft.mesh):
+        params = ft.state.init(jax.random.key(0)).params
+        sums, outputs = loop.run_eval(ft, params, examples, 8, length_bucket=8)
+        # The reference: every example at full length, in order, in one batch.
+        batch = dict(examples.features, weights=np.ones(count, np.float32))
+        batch = {k: np.concatenate([v, v[:3]]) for k, v in batch.items()}  # 24 rows
+        batch["weights"][count:] = 0.0
+        if examples.word_positions is not None:  # token labels count unless ignored
+            batch["labels"][count:] = heads.IGNORE_LABEL
+        expected_sums, expected = ft.eval_step(
+            params, steps.global_batch(batch, ft.batch_sharding, 1)
+        )
+    expected = {k: np.asarray(v)[:count] for k, v in expected.items()}
+    assert set(outputs) == set(expected)
+    lengths = examples.features["input_mask"].sum(axis=1)
+    never_read = -(-lengths.max() // 8) * 8  # no batch keeps positions from here on
+    assert never_read < seq
+    for name, value in outputs.items():
+        assert value.shape == expected[name].shape
+        if name in ft.objective.position_outputs:
+            for row, n in enumerate(lengths):  # at real positions the outputs agree
+                np.testing.assert_allclose(value[row, :n], expected[name][row, :n], atol=1e-5)
+            lowest = np.finfo if value.dtype.kind == "f" else np.iinfo
+            assert (value[:, never_read:] == lowest(value.dtype).min).all()
+        else:
+            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5),
+        sums,
+        jax.device_get(expected_sums),
+    )

@@ -513,6 +513,24 @@ def test_qa_sums_are_the_mean_of_start_and_end_cross_entropy():
     assert float(first.loss + second.loss) == pytest.approx(float(sums.loss), rel=1e-6)
 
 
+def test_qa_sums_with_a_mask_ignore_the_padding_however_long():
+    rng = np.random.default_rng(1)
+    start, end = rng.normal(size=(2, 2, 5)).astype(np.float32)
+    starts, ends = np.array([1, 4]), np.array([2, 4])
+    mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    weights = np.ones(2, np.float32)
+    sums = qa.qa_sums(start, end, starts, ends, weights, mask)
+    # Row 0 as if it had been cut to its 3 real positions; row 1 has no padding.
+    cut = qa.qa_sums(start[:1, :3], end[:1, :3], starts[:1], ends[:1], weights[:1])
+    whole = qa.qa_sums(start[1:], end[1:], starts[1:], ends[1:], weights[1:])
+    assert float(sums.loss) == pytest.approx(float(cut.loss + whole.loss), rel=1e-6)
+    assert float(sums.correct) == float(cut.correct + whole.correct)
+    # More padding changes nothing, whatever the logits there.
+    padded = [np.concatenate([x, np.full((2, 3), 50.0, np.float32)], axis=1) for x in (start, end)]
+    wider = qa.qa_sums(*padded, starts, ends, weights, np.pad(mask, ((0, 0), (0, 3))))
+    assert float(wider.loss) == pytest.approx(float(sums.loss), rel=1e-6)
+
+
 def random_params(seed: int):
     model = qa.QuestionAnswering(CONFIG)
     abstract = jax.eval_shape(lambda: qa.init_params(model, jax.random.key(0)))

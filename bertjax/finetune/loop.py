@@ -103,18 +103,53 @@ def train_batch(
     choose the same width. Cutting only padding changes no output at a real position.
     """
     rows = order[index * batch_size : (index + 1) * batch_size]
+    return _local_batch(examples, rows, length_bucket)
+
+
+def train_micro_batches(
+    examples: Examples,
+    order: np.ndarray,
+    index: int,
+    batch_size: int,
+    micro_batches: int,
+    length_bucket: int,
+) -> list[dict[str, np.ndarray]]:
+    """This process's rows of the index-th global batch, as micro-batches grouped by length.
+
+    The batch's examples are sorted by length and cut into `micro_batches` runs of equal
+    size, each cut to its own length bucket: the shortest examples share a micro-batch, so
+    no micro-batch pays attention and feed-forward for another's longest example. The
+    micro-batches' gradients add up to the batch's (steps.MicroBatchSteps). The sort is
+    stable, so every process groups the same rows.
+    """
+    rows = order[index * batch_size : (index + 1) * batch_size]
+    lengths = examples.features["input_mask"][rows].sum(axis=1)
+    rows = rows[np.argsort(lengths, kind="stable")]
+    size = batch_size // micro_batches
+    return [
+        _local_batch(examples, rows[k * size : (k + 1) * size], length_bucket)
+        for k in range(micro_batches)
+    ]
+
+
+def _local_batch(examples: Examples, rows: np.ndarray, length_bucket: int) -> dict[str, np.ndarray]:
+    """This process's part of the global batch of `rows`, cut to the positions they need."""
     width = batch_width(examples, rows, length_bucket)
-    local = batch_size // jax.process_count()
+    local = len(rows) // jax.process_count()
     rows = rows[jax.process_index() * local : (jax.process_index() + 1) * local]
     batch = _rows(examples.features, rows)
-    # Token tasks label each position; the other tasks' labels are per example.
-    per_position = ["input_ids", "input_mask", "segment_ids"]
-    if examples.word_positions is not None:
-        per_position.append("labels")
-    for name in per_position:
+    for name in _per_position(examples):
         batch[name] = batch[name][:, :width]
     batch["weights"] = np.ones(len(rows), np.float32)
     return batch
+
+
+def _per_position(examples: Examples) -> list[str]:
+    """The features with one value per position: cut with the batch's width."""
+    names = ["input_ids", "input_mask", "segment_ids"]
+    if examples.word_positions is not None:  # token tasks label each position
+        names.append("labels")
+    return names
 
 
 def batch_width(examples: Examples, rows: np.ndarray, length_bucket: int) -> int:
@@ -165,22 +200,34 @@ def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
 
 
 def eval_batches(
-    examples: Examples, batch_size: int
-) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-    """(real rows, this process's part of the batch) for every batch, in order. The last
-    batch is filled with copies of the first example, weighted 0 (all-padding rows would
-    make attention divide by nothing)."""
+    examples: Examples, batch_size: int, length_bucket: int | None = None
+) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """(the examples a batch holds, this process's part of it) for every batch.
+
+    Without `length_bucket` the batches hold the examples in order, at every position. With
+    one they hold the examples sorted by length, each batch cut to the smallest multiple of
+    `length_bucket` positions that holds its longest (0: all positions), so short examples
+    do not pay for the longest. The last batch is filled with copies of its first example,
+    weighted 0 (all-padding rows would make attention divide by nothing).
+    """
     count = len(examples)
     local = batch_size // jax.process_count()
+    order = np.arange(count)
+    if length_bucket is not None:
+        order = np.argsort(examples.features["input_mask"].sum(axis=1), kind="stable")
     for start in range(0, count, batch_size):
-        real = min(batch_size, count - start)
-        rows = np.concatenate([np.arange(start, start + real), np.zeros(batch_size - real, int)])
+        real = order[start : start + batch_size]
+        rows = np.concatenate([real, np.full(batch_size - len(real), real[0])])
         batch = _rows(examples.features, rows)
+        if length_bucket is not None:
+            width = batch_width(examples, real, length_bucket)
+            for name in _per_position(examples):
+                batch[name] = batch[name][:, :width]
         weights = np.zeros(batch_size, np.float32)
-        weights[:real] = 1.0
+        weights[: len(real)] = 1.0
         batch["weights"] = weights
         if examples.word_positions is not None:  # pad rows carry no token labels either
-            batch["labels"][real:] = heads.IGNORE_LABEL
+            batch["labels"][len(real) :] = heads.IGNORE_LABEL
         mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
         yield real, {name: array[mine] for name, array in batch.items()}
 
@@ -192,17 +239,40 @@ def _to_host(x: jax.Array) -> np.ndarray:
 
 
 def run_eval(
-    ft: Finetuning, params, examples: Examples, batch_size: int
+    ft: Finetuning, params, examples: Examples, batch_size: int, length_bucket: int = 32
 ) -> tuple[heads.HeadSums, dict[str, np.ndarray]]:
-    """Summed loss statistics and the outputs (heads.outputs) of every example, in order."""
-    totals, parts = None, []
-    for real, local in eval_batches(examples, batch_size):
+    """Summed loss statistics and the outputs (heads.outputs) of every example, in order.
+
+    Where the task's objective allows it (`position_outputs`), batches are grouped by length
+    and cut to multiples of `length_bucket` positions; per-position outputs come back at
+    full length, the cut positions holding the lowest value of their type (no decoder picks
+    them).
+    """
+    position_outputs = ft.objective.position_outputs
+    bucket = None if position_outputs is None else length_bucket
+    seq = examples.features["input_mask"].shape[1]
+    totals, outputs = None, {}
+    for real, local in eval_batches(examples, batch_size, bucket):
         batch = steps.global_batch(local, ft.batch_sharding, jax.process_count())
-        sums, outputs = ft.eval_step(params, batch)
+        sums, batch_outputs = ft.eval_step(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
-        parts.append({k: _to_host(v)[:real] for k, v in outputs.items()})
-    outputs = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        for name, value in batch_outputs.items():
+            value = _to_host(value)[: len(real)]
+            if name not in outputs:
+                shape = value.shape[1:]
+                if name in (position_outputs or ()):
+                    shape = (seq,) + shape[1:]
+                outputs[name] = np.full((len(examples),) + shape, _lowest(value.dtype), value.dtype)
+            if value.ndim == 1:
+                outputs[name][real] = value
+            else:
+                outputs[name][real, : value.shape[1]] = value
     return jax.device_get(totals), outputs
+
+
+def _lowest(dtype: np.dtype):
+    """The lowest value of a dtype: what positions cut from an evaluation batch hold."""
+    return np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
 
 
 # ----------------------------------------------------------------------------- one seed
@@ -221,12 +291,14 @@ def _better(metric: str, value: float, best: dict | None) -> bool:
     return value > best["value"]
 
 
-def validation_scores(ft: Finetuning, params, task: TaskData, batch_size: int) -> dict[str, float]:
+def validation_scores(
+    ft: Finetuning, params, task: TaskData, batch_size: int, length_bucket: int = 32
+) -> dict[str, float]:
     """Loss and the task's metrics on every validation split, namespaced by split."""
     scorer = task_lib.get(ft.head.task)
     out: dict[str, float] = {}
     for examples in task.validation:
-        sums, outputs = run_eval(ft, params, examples, batch_size)
+        sums, outputs = run_eval(ft, params, examples, batch_size, length_bucket)
         prefix = _prefix(examples.name)
         out.update({k: float(v) for k, v in ft.objective.metrics(sums, prefix).items()})
         for name, value in scorer.scores(ft.head, examples, outputs).items():
@@ -326,17 +398,29 @@ class _SeedHooks:
         run = self.run
         epoch, index = divmod(step, run.steps_per_epoch)
         order = epoch_order(self.seed, epoch, len(run.task.train))
+        settings = run.settings.run
+        if settings.micro_batches_by_length:
+            return train_micro_batches(
+                run.task.train,
+                order,
+                index,
+                settings.batch_size,
+                settings.grad_accum_steps,
+                settings.length_bucket,
+            )
         return train_batch(
-            run.task.train,
-            order,
-            index,
-            run.settings.run.batch_size,
-            run.settings.run.length_bucket,
+            run.task.train, order, index, settings.batch_size, settings.length_bucket
         )
 
     def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
         run, metric = self.run, self.run.settings.run.metric
-        scores = validation_scores(run.ft, state.params, run.task, run.settings.run.eval_batch_size)
+        scores = validation_scores(
+            run.ft,
+            state.params,
+            run.task,
+            run.settings.run.eval_batch_size,
+            run.settings.run.length_bucket,
+        )
         scores["epoch"] = step // run.steps_per_epoch
         main = f"{_prefix(run.task.validation[0].name)}/{metric}"
         line = ", ".join(f"{k} {v:.4f}" for k, v in scores.items() if k.startswith("eval"))
@@ -441,7 +525,13 @@ def _predict_tests(run: _Run, workdir: fs.AnyPath) -> list[str]:
         )
         written = []
         for examples in splits:
-            _, outputs = run_eval(run.ft, params, examples, run.settings.run.eval_batch_size)
+            _, outputs = run_eval(
+                run.ft,
+                params,
+                examples,
+                run.settings.run.eval_batch_size,
+                run.settings.run.length_bucket,
+            )
             path = workdir / rundir.PREDICTIONS_FILE.format(examples.name)
             if jax.process_index() == 0:
                 path = kind.write_predictions(path, run.ft.head, examples, outputs) or path
@@ -502,7 +592,9 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
             f"{len(task.train)} examples, fewer than one batch"
         )
     capacity = settings.run.token_capacity
-    if capacity == 0.0:
+    if settings.run.micro_batches_by_length:
+        capacity = 1.0  # micro-batches of similar length have little padding to skip
+    elif capacity == 0.0:
         mesh = sharding.make_mesh(settings.run.mesh_shape, devices=devices)
         capacity = fitting_capacity(
             task.train,

@@ -78,6 +78,10 @@ class FinetuneRunSettings:
     # Each training batch is cut to the smallest multiple of this many positions that holds
     # its longest example (0: always max_seq_length); one compile per width.
     length_bucket: int
+    # With grad_accum_steps > 1: each batch's micro-batches hold examples of similar length,
+    # each cut to its own length bucket (finetune.loop.train_micro_batches). False: micro-batch
+    # k holds rows k, k + A, ... at the batch's width, in one compiled step.
+    group_by_length: bool
     log_every_steps: int
     checkpoint_every_steps: int
     # A fresh regression head's bias: "mean" of the training targets, or "zero" (google's).
@@ -86,6 +90,10 @@ class FinetuneRunSettings:
     @property
     def micro_batch_size(self) -> int:
         return self.batch_size // self.grad_accum_steps
+
+    @property
+    def micro_batches_by_length(self) -> bool:
+        return self.group_by_length and self.grad_accum_steps > 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,6 +228,11 @@ def _read_finetune(
         "must be an integer >= 0 (0 pads every batch to data.max_seq_length)",
     )
     require_(
+        isinstance(config.group_by_length, bool),
+        "group_by_length",
+        "must be True or False",
+    )
+    require_(
         config.regression_bias_init in REGRESSION_BIAS_INITS,
         "regression_bias_init",
         f"valid values are {REGRESSION_BIAS_INITS}",
@@ -234,6 +247,7 @@ def _read_finetune(
         mesh_shape=tuple(config.mesh_shape),
         token_capacity=capacity,
         length_bucket=bucket,
+        group_by_length=config.group_by_length,
         log_every_steps=config.log_every_steps,
         checkpoint_every_steps=config.checkpoint_every_steps,
         regression_bias_init=config.regression_bias_init,

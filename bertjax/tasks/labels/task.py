@@ -40,6 +40,7 @@ class HeadObjective(TaskObjective):
     def __init__(self, model_config: BertConfig, head: HeadSpec):
         self.model = heads.make_model(model_config, head.task, head.num_outputs)
         self.head = head
+        self.position_outputs = ("labels", "scores") if head.token_level else ()
 
     def init_params(self, rng: jax.Array) -> Any:
         return heads.init_params(self.model, rng)

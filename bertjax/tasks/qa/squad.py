@@ -686,10 +686,21 @@ def qa_sums(
     start_positions: jax.Array,
     end_positions: jax.Array,
     weights: jax.Array,
+    input_mask: jax.Array | None = None,
 ) -> HeadSums:
     """Per row, the mean of the start and end cross-entropies (google's and transformers'
     loss), summed over rows with their weights; `correct` counts rows whose argmax start and
-    end are both right. loss / count is the batch's loss."""
+    end are both right. loss / count is the batch's loss.
+
+    With `input_mask` the softmax and argmax run over the real positions only. google's and
+    transformers' losses also spread probability over the padding, so theirs depends on how
+    far a batch is padded; this one does not, so a window's loss is the same in a padded
+    batch, a length bucket or a micro-batch grouped by length.
+    """
+    if input_mask is not None:
+        lowest = jnp.finfo(jnp.float32).min
+        start_logits = jnp.where(input_mask > 0, start_logits.astype(jnp.float32), lowest)
+        end_logits = jnp.where(input_mask > 0, end_logits.astype(jnp.float32), lowest)
 
     def cross_entropy(logits, positions):
         log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [b, s]
@@ -729,7 +740,12 @@ class QAObjective(steps.Objective):
             params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
         )
         return qa_sums(
-            start, end, batch["start_positions"], batch["end_positions"], batch["weights"]
+            start,
+            end,
+            batch["start_positions"],
+            batch["end_positions"],
+            batch["weights"],
+            batch["input_mask"],
         )
 
     def zero_sums(self) -> HeadSums:

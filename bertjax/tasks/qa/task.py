@@ -150,6 +150,7 @@ class QAHeadObjective(qa.QAObjective, TaskObjective):
     """The QA head's loss, with the initialisation and evaluation a fine-tuning run asks."""
 
     eval_outputs = True
+    position_outputs = ("start_logits", "end_logits")
 
     def __init__(self, model_config: BertConfig):
         super().__init__(qa.QuestionAnswering(model_config))
@@ -160,7 +161,12 @@ class QAHeadObjective(qa.QAObjective, TaskObjective):
     def evaluate(self, params, batch) -> tuple[HeadSums, dict[str, Any]]:
         start, end = self.logits(params, batch, rng=None, deterministic=True)
         sums = qa.qa_sums(
-            start, end, batch["start_positions"], batch["end_positions"], batch["weights"]
+            start,
+            end,
+            batch["start_positions"],
+            batch["end_positions"],
+            batch["weights"],
+            batch["input_mask"],
         )
         return sums, {"start_logits": start, "end_logits": end}  # [b, s] each
 
