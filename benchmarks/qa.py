@@ -23,6 +23,7 @@ every side once; ratios are taken within each round and their median printed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import statistics
@@ -37,13 +38,14 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from benchmarks.finetune import _no_decay, versions  # noqa: E402
-from bertjax import optim, steps  # noqa: E402
+from bertjax import optim  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
 from bertjax.model import PRESETS, BertConfig  # noqa: E402
 from bertjax.tasks.qa import squad  # noqa: E402
+from bertjax.tasks.qa import task as qa_task  # noqa: E402
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch
@@ -72,7 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--preset", default="small", choices=sorted(PRESETS))
-    parser.add_argument("--windows", type=int, default=64, help="training windows per epoch")
+    parser.add_argument(
+        "--windows", type=int, default=64, help="training windows per epoch (--squad: at most)"
+    )
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--max_seq_length", type=int, default=384)
     parser.add_argument("--question_lengths", default="6,20")
@@ -82,7 +86,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2, help="timed passes per side")
     parser.add_argument("--no_reference", action="store_true", help="skip transformers")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--squad",
+        default="",
+        help="a SQuAD JSON file: train on its real windows (run_squad's doc_stride 128) "
+        "instead of synthetic ones; needs --init_from for the vocabulary",
+    )
+    parser.add_argument(
+        "--init_from",
+        default="",
+        help="a Hugging Face BERT directory (e.g. a MiniLM): its architecture, weights and "
+        "vocabulary on both sides (overrides --preset and --vocab_size)",
+    )
+    parser.add_argument(
+        "--micro_batches",
+        type=int,
+        default=4,
+        help="micro-batches grouped by length per batch (both sides' length-grouped runs)",
+    )
     args = parser.parse_args(argv)
+    if args.squad and not args.init_from:
+        parser.error("--squad needs --init_from (the vocabulary that cuts the windows)")
+    if args.micro_batches < 1 or args.batch_size % args.micro_batches:
+        parser.error(f"--micro_batches={args.micro_batches} must divide --batch_size")
     for name in ("windows", "batch_size", "max_seq_length", "rounds", "vocab_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 1")
@@ -118,24 +144,55 @@ def synthetic_windows(args: argparse.Namespace) -> Examples:
     return Examples("train", "synthetic", features, [str(i) for i in range(n)], True)
 
 
-class Bertjax:
-    """A question_answering epoch as finetune.py runs it, and the loop's evaluation."""
+def real_windows(args: argparse.Namespace, tokenizer) -> Examples:
+    """The training windows finetune.py cuts from a SQuAD file (max_seq_length, stride 128)."""
+    settings = squad.QASettings(max_seq_length=args.max_seq_length)
+    windows, _ = qa_task.encode_split("train", args.squad, tokenizer, settings, training=True)
+    count = min(args.windows, len(windows))  # the file's first windows, in order
+    features = {name: array[:count] for name, array in windows.features.items()}
+    return Examples("train", args.squad, features, [str(i) for i in range(count)], True)
 
-    def __init__(self, args, windows, optimizer, token_capacity: float, length_bucket: int):
+
+def model_config(args: argparse.Namespace, source) -> BertConfig:
+    if source is not None:
+        return dataclasses.replace(source.config, dtype=args.dtype)
+    return BertConfig.preset(args.preset, vocab_size=args.vocab_size, dtype=args.dtype)
+
+
+class Bertjax:
+    """A question_answering epoch as finetune.py runs it, and the loop's evaluation.
+
+    `micro_batches` > 1: each batch as length-grouped micro-batches (group_by_length);
+    otherwise one batch cut to `length_bucket`, token-packed to `token_capacity`.
+    """
+
+    def __init__(
+        self,
+        args,
+        windows,
+        optimizer,
+        token_capacity: float,
+        length_bucket: int,
+        micro_batches: int = 1,
+        source=None,
+    ):
         self.windows, self.batch_size, self.length_bucket = windows, args.batch_size, length_bucket
-        config = BertConfig.preset(args.preset, vocab_size=args.vocab_size, dtype=args.dtype)
+        self.micro_batches = micro_batches
         self.ft = build_finetuning(
-            config,
+            model_config(args, source),
             HEAD,
             optimizer,
             mesh_shape=(-1, 1, 1),
-            grad_accum_steps=1,
-            micro_batch_size=args.batch_size,
+            grad_accum_steps=micro_batches,
+            micro_batch_size=args.batch_size // micro_batches,
             max_seq_length=args.max_seq_length,
             token_capacity=token_capacity,
         )
         with jax.set_mesh(self.ft.mesh):
             self.state = self.ft.state.init(jax.random.key(args.seed))
+            if source is not None:  # the encoder's real weights, a fresh qa_outputs head
+                params, _, _ = loop.initial_params(source, self.ft, self.state.params)
+                self.state = self.state.replace(params=params)
         self.rng = jax.random.key(args.seed + 1)
         self.epoch = 0
 
@@ -144,15 +201,25 @@ class Bertjax:
         metrics = None
         with jax.set_mesh(self.ft.mesh):
             for index in range(len(self.windows) // self.batch_size):
-                local = loop.train_batch(
-                    self.windows, order, index, self.batch_size, self.length_bucket
-                )
-                batch = steps.global_batch(local, self.ft.batch_sharding, jax.process_count())
-                self.state, metrics = self.ft.train_step(self.state, batch, self.rng)
+                if self.micro_batches > 1:
+                    local = loop.train_micro_batches(
+                        self.windows,
+                        order,
+                        index,
+                        self.batch_size,
+                        self.micro_batches,
+                        self.length_bucket,
+                    )
+                else:
+                    local = loop.train_batch(
+                        self.windows, order, index, self.batch_size, self.length_bucket
+                    )
+                self.state, metrics = self.ft.steps.take_step(self.state, local, self.rng)
         self.epoch += 1
         return float(metrics["train/loss"])  # waits for the device
 
     def predict(self) -> np.ndarray:
+        """The loop's evaluation: windows grouped by length, cut to buckets of 32."""
         with jax.set_mesh(self.ft.mesh):
             _, outputs = loop.run_eval(self.ft, self.state.params, self.windows, self.batch_size)
         return outputs["start_logits"]
@@ -161,20 +228,30 @@ class Bertjax:
 class Transformers:
     """transformers' BertForQuestionAnswering with torch's AdamW and linear schedule."""
 
-    def __init__(self, args, windows, optimizer: optim.OptimizerSettings, dynamic: bool):
+    # padded: every batch at max_seq_length; dynamic: each batch padded to its longest, in
+    # the epoch's order; grouped: each batch sorted by length and run as micro_batches slices,
+    # each padded to its longest, gradients summed (the same update as one batch).
+    MODES = ("padded", "dynamic", "grouped")
+
+    def __init__(self, args, windows, optimizer: optim.OptimizerSettings, mode: str):
         torch.manual_seed(args.seed)
         torch.set_num_threads(os.cpu_count() or 1)
-        config = BertConfig.preset(args.preset, vocab_size=args.vocab_size)
-        hf_config = transformers.BertConfig(
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            num_hidden_layers=config.num_layers,
-            num_attention_heads=config.num_heads,
-            intermediate_size=config.intermediate_size,
-            max_position_embeddings=max(512, args.max_seq_length),
-        )
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = transformers.BertForQuestionAnswering(hf_config).to(self.device)
+        if args.init_from:
+            model = transformers.BertForQuestionAnswering.from_pretrained(args.init_from)
+        else:
+            config = BertConfig.preset(args.preset, vocab_size=args.vocab_size)
+            hf_config = transformers.BertConfig(
+                vocab_size=config.vocab_size,
+                hidden_size=config.hidden_size,
+                num_hidden_layers=config.num_layers,
+                num_attention_heads=config.num_heads,
+                intermediate_size=config.intermediate_size,
+                max_position_embeddings=max(512, args.max_seq_length),
+            )
+            model = transformers.BertForQuestionAnswering(hf_config)
+        self.model = model.to(self.device)
+        self.mode, self.micro_batches = mode, args.micro_batches
         decay = [p for n, p in self.model.named_parameters() if not _no_decay(n)]
         rest = [p for n, p in self.model.named_parameters() if _no_decay(n)]
         self.optimizer = torch.optim.AdamW(
@@ -190,7 +267,7 @@ class Transformers:
             self.optimizer, optimizer.warmup_steps, optimizer.total_steps
         )
         self.autocast = torch.bfloat16 if args.dtype == "bfloat16" else None
-        self.windows, self.batch_size, self.dynamic = windows, args.batch_size, dynamic
+        self.windows, self.batch_size = windows, args.batch_size
         self.epoch = 0
 
     def _batch(self, rows: np.ndarray, dynamic: bool) -> dict:
@@ -206,20 +283,30 @@ class Transformers:
         }
         return {name: tensor.to(self.device) for name, tensor in batch.items()}
 
+    def _slices(self, rows: np.ndarray) -> list[np.ndarray]:
+        if self.mode != "grouped":
+            return [rows]
+        lengths = self.windows.features["input_mask"][rows].sum(axis=1)
+        return np.array_split(rows[np.argsort(lengths, kind="stable")], self.micro_batches)
+
     def run_epoch(self) -> float:
         self.model.train()
         order = loop.epoch_order(0, self.epoch, len(self.windows))
         loss = None
         for index in range(len(self.windows) // self.batch_size):
             rows = order[index * self.batch_size : (index + 1) * self.batch_size]
-            batch = self._batch(rows, self.dynamic)
-            for name in ("start_positions", "end_positions"):
-                positions = self.windows.features[name][rows].astype(np.int64)
-                batch[name] = torch.from_numpy(positions).to(self.device)
             self.optimizer.zero_grad(set_to_none=True)
-            with torch.autocast(self.device.type, dtype=self.autocast, enabled=bool(self.autocast)):
-                loss = self.model(**batch).loss
-            loss.backward()
+            for part in self._slices(rows):
+                batch = self._batch(part, self.mode != "padded")
+                for name in ("start_positions", "end_positions"):
+                    positions = self.windows.features[name][part].astype(np.int64)
+                    batch[name] = torch.from_numpy(positions).to(self.device)
+                with torch.autocast(
+                    self.device.type, dtype=self.autocast, enabled=bool(self.autocast)
+                ):
+                    # The slice's mean loss, weighted to its share of the batch.
+                    loss = self.model(**batch).loss * (len(part) / len(rows))
+                loss.backward()
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
             self.optimizer.step()
             self.schedule.step()
@@ -227,15 +314,20 @@ class Transformers:
         return float(loss.detach())
 
     def predict(self) -> np.ndarray:
+        """No-grad forward passes; grouped: the windows sorted by length first."""
         self.model.eval()
         out = []
+        order = np.arange(len(self.windows))
+        if self.mode == "grouped":
+            lengths = self.windows.features["input_mask"].sum(axis=1)
+            order = np.argsort(lengths, kind="stable")
         with torch.no_grad():
             for first in range(0, len(self.windows), self.batch_size):
-                rows = np.arange(first, min(first + self.batch_size, len(self.windows)))
+                rows = order[first : first + self.batch_size]
                 with torch.autocast(
                     self.device.type, dtype=self.autocast, enabled=bool(self.autocast)
                 ):
-                    logits = self.model(**self._batch(rows, self.dynamic)).start_logits
+                    logits = self.model(**self._batch(rows, self.mode != "padded")).start_logits
                 out.append(logits.float().cpu().numpy())
         return out
 
@@ -265,31 +357,45 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     if hasattr(os, "getloadavg"):
         print("load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
-    windows = synthetic_windows(args)
+    source = loop.open_source(args.init_from) if args.init_from else None
+    if args.squad:
+        windows = real_windows(args, source.tokenizer)
+        print(f"windows: {len(windows)} from {args.squad}")
+    else:
+        windows = synthetic_windows(args)
+    lengths = windows.features["input_mask"].sum(axis=1)
+    print(
+        "window lengths: "
+        + ", ".join(f"p{q} {np.percentile(lengths, q):.0f}" for q in (10, 50, 90, 99))
+        + f", max {lengths.max()}"
+    )
     steps_per_epoch = len(windows) // args.batch_size
     capacity = loop.fitting_capacity(windows, (0,), args.rounds + 1, args.batch_size, 1, 1)
     total = steps_per_epoch * (args.rounds + 1)
     optimizer = optim.OptimizerSettings(
         learning_rate=3e-5, warmup_steps=int(0.1 * total), total_steps=total
     )
-    model = PRESETS[args.preset]
+    config = model_config(args, source)
+    name = args.init_from or args.preset
     fill = float(windows.features["input_mask"].mean())
     print(
-        f"model: {args.preset} (L{model['num_layers']}/H{model['hidden_size']}/"
-        f"A{model['num_heads']}, V{args.vocab_size}) + qa_outputs, {args.dtype} compute; "
-        f"{args.windows} windows, batch {args.batch_size} x {args.max_seq_length}, "
-        f"{100 * fill:.1f} % of positions real, token_capacity {capacity:.3f} when packing"
+        f"model: {name} (L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}, "
+        f"V{config.vocab_size}) + qa_outputs, {args.dtype} compute; {len(windows)} windows, "
+        f"batch {args.batch_size} x {args.max_seq_length}, {100 * fill:.1f} % of positions "
+        f"real, token_capacity {capacity:.3f} when packing, {args.micro_batches} micro-batches "
+        "when grouped by length"
     )
+    grouped = f"bertjax grouped x{args.micro_batches}"
     train = {
-        "bertjax padded": Bertjax(args, windows, optimizer, 1.0, 0),
-        "bertjax bucketed+packed": Bertjax(args, windows, optimizer, capacity, 32),
+        "bertjax padded": Bertjax(args, windows, optimizer, 1.0, 0, source=source),
+        "bertjax bucketed+packed": Bertjax(args, windows, optimizer, capacity, 32, source=source),
+        grouped: Bertjax(args, windows, optimizer, 1.0, 32, args.micro_batches, source),
     }
-    predict = {"bertjax predict": train["bertjax padded"]}
+    predict = {"bertjax predict": train[grouped]}
     if not args.no_reference and torch is not None:
-        train["transformers padded"] = Transformers(args, windows, optimizer, dynamic=False)
-        train["transformers dynamic"] = Transformers(args, windows, optimizer, dynamic=True)
-        predict["transformers predict padded"] = train["transformers padded"]
-        predict["transformers predict dynamic"] = train["transformers dynamic"]
+        for mode in Transformers.MODES:
+            train[f"transformers {mode}"] = Transformers(args, windows, optimizer, mode)
+            predict[f"transformers predict {mode}"] = train[f"transformers {mode}"]
     elif not args.no_reference:
         print("transformers reference skipped: torch/transformers are not installed")
     for name, side in train.items():
@@ -318,13 +424,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print()
         _ratios(
             train_rates,
-            ["bertjax padded", "bertjax bucketed+packed"],
-            ["transformers padded", "transformers dynamic"],
+            ["bertjax padded", "bertjax bucketed+packed", grouped],
+            [f"transformers {mode}" for mode in Transformers.MODES],
         )
         _ratios(
             predict_rates,
             ["bertjax predict"],
-            ["transformers predict padded", "transformers predict dynamic"],
+            [f"transformers predict {mode}" for mode in Transformers.MODES],
         )
     result = {f"train {k}": statistics.median(v) for k, v in train_rates.items()}
     result.update({f"predict {k}": statistics.median(v) for k, v in predict_rates.items()})

@@ -205,3 +205,36 @@ class Throughput:
             out["perf/mfu"] = self._flops_per_sequence * sequences_per_sec / self._total_peak
         self.restart(step)
         return out
+
+
+# The events jax records while turning a traced function into a program.
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+
+
+class CompileTime:
+    """Seconds spent tracing, lowering and compiling while the context is open.
+
+    A fine-tuning run compiles one train and one eval program per length bucket it meets;
+    on CPU that is a visible share of a short run, which the end-of-run summary reports.
+    Programs read back from the persistent compilation cache count only their tracing.
+    """
+
+    def __init__(self):
+        self.seconds = 0.0
+        self.programs = 0
+
+    def _listen(self, event: str, duration: float, **_) -> None:
+        if event in _COMPILE_EVENTS:
+            self.seconds += duration
+            self.programs += event == _COMPILE_EVENTS[-1]
+
+    def __enter__(self) -> CompileTime:
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        jax.monitoring.unregister_event_duration_listener(self._listen)

@@ -64,7 +64,7 @@ def test_reference_masks_padded_keys():
     np.testing.assert_allclose(np.asarray(out[0, :, 0]), w @ ve, atol=1e-5)
 
 
-@pytest.mark.parametrize("impl", ["xla", "splash"])
+@pytest.mark.parametrize("impl", ["xla", "blocked", "splash"])
 def test_forward_and_grads_match_reference(impl):
     q, k, v, mask = _inputs()
     fn = functools.partial(attention.dot_product_attention, implementation=impl)
@@ -83,7 +83,7 @@ def test_forward_and_grads_match_reference(impl):
 
 def test_fully_padded_example_is_finite():
     q, k, v, mask = _inputs(lengths=(0, 128))
-    for impl in ("xla", "splash"):
+    for impl in ("xla", "blocked", "splash"):
         out = _attend(q, k, v, mask, implementation=impl)
         assert np.isfinite(np.asarray(out)).all(), impl
 
@@ -149,7 +149,26 @@ def test_resolution_rules(caplog):
     kw = dict(batch=2, num_heads=2, head_dim=64)
     assert jax.default_backend() == "cpu"
     for dtype in (jnp.float32, jnp.bfloat16):
-        assert attention.resolve_implementation("auto", dtype=dtype, seq_len=128, **kw) == "xla"
+        # One CPU device: blocked, with or without dropout; documents need the xla path.
+        for dropout in (False, True):
+            assert attention.resolve_implementation(
+                "auto", dtype=dtype, seq_len=128, dropout_active=dropout, **kw
+            ) == ("blocked")
+        assert (
+            attention.resolve_implementation(
+                "auto", dtype=dtype, seq_len=128, document_mask=True, **kw
+            )
+            == "xla"
+        )
+    # On a mesh of several devices the blocks would not follow the shards: xla.
+    with jax.set_mesh(sharding.make_mesh((2, 1, 1), jax.devices()[:2])):
+        assert attention.resolve_implementation("auto", dtype=jnp.float32, seq_len=128, **kw) == (
+            "xla"
+        )
+    with jax.set_mesh(sharding.make_mesh((1, 1, 1), jax.devices()[:1])):
+        assert attention.resolve_implementation("auto", dtype=jnp.float32, seq_len=128, **kw) == (
+            "blocked"
+        )
     assert attention.resolve_implementation("xla", dtype=jnp.float32, seq_len=128, **kw) == "xla"
     # Splash serves multiples of 128 only; other lengths fall back with a logged reason.
     with caplog.at_level(logging.WARNING, logger="bertjax.attention"):
@@ -186,8 +205,56 @@ def test_dropout_keep_mask_rate_and_independence(shape):
     keep = np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(0), 0.9, shape))
     assert keep.shape == shape and keep.dtype == bool
     assert abs(keep.mean() - 0.9) < 0.005
-    # Neighbours along the last axis (the two halves of one 32-bit word) are independent.
-    pairs = keep[..., 0:-1:2].ravel(), keep[..., 1::2].ravel()
-    assert abs(np.corrcoef(*pairs)[0, 1]) < 0.02
+    # Neighbours along every axis are independent (the bits hash consecutive indices).
+    for axis in range(len(shape)):
+        first = np.take(keep, range(0, shape[axis] - 1), axis=axis).ravel()
+        second = np.take(keep, range(1, shape[axis]), axis=axis).ravel()
+        assert abs(np.corrcoef(first, second)[0, 1]) < 0.02
+    # Another key draws another mask, as independent of the first.
     other = np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(1), 0.9, shape))
-    assert (keep != other).mean() > 0.1
+    assert abs(np.corrcoef(keep.ravel(), other.ravel())[0, 1]) < 0.02
+    # Rates at the edges, as the threshold rounds them.
+    assert np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(2), 1.0, shape)).mean() > 0.999
+    assert np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(2), 0.5, shape)).mean() == (
+        pytest.approx(0.5, abs=0.005)
+    )
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.25])
+def test_blocked_attention_in_many_blocks_equals_the_xla_path(monkeypatch, rate):
+    # A budget of one (example, head) pair per block: 4 blocks, each through the loop.
+    monkeypatch.setattr(attention, "_BLOCK_ELEMENTS", S * S)
+    assert attention._block_rows(B * N, S, S) == 1
+    q, k, v, mask = _inputs()
+    rng = jax.random.PRNGKey(7)
+
+    def path(impl):
+        def fn(q, k, v, mask):
+            return attention.dot_product_attention(
+                q,
+                k,
+                v,
+                mask,
+                implementation=impl,
+                dropout_rate=rate,
+                dropout_rng=rng,
+                deterministic=rate == 0.0,
+            )
+
+        return fn
+
+    # With dropout, the xla path's weights dropped by the same mask, block by block.
+    blocked, xla = path("blocked"), path("xla")
+    out, expected = jax.jit(blocked)(q, k, v, mask), jax.jit(xla)(q, k, v, mask)
+    np.testing.assert_allclose(_real_rows(out, mask), _real_rows(expected, mask), atol=1e-5)
+    grads = jax.jit(jax.grad(_masked_loss(blocked, mask), argnums=(0, 1, 2)))(q, k, v)
+    expected_grads = jax.jit(jax.grad(_masked_loss(xla, mask), argnums=(0, 1, 2)))(q, k, v)
+    for g, r in zip(grads, expected_grads):
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
+
+
+def test_blocked_attention_takes_keys_of_another_length():
+    q, _, _, _ = _inputs(seq=16, lengths=(10, 16))
+    _, k, v, mask = _inputs(seq=40, lengths=(33, 40))
+    out = _attend(q, k, v, mask, implementation="blocked")
+    np.testing.assert_allclose(out, _reference(q, k, v, mask), atol=1e-5)

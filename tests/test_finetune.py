@@ -60,6 +60,9 @@ def test_fine_tuning_learns_a_synthetic_task_well_above_chance(finetuned_run):
     evals = [m for m in read_metrics(root / "seeds" / "seed_1") if "eval/accuracy" in m]
     assert [m["epoch"] for m in evals] == [1, 2, 3, 4]
     assert {"eval/loss", "eval/f1", "eval/f1_macro", "eval/mcc"} <= set(evals[0])
+    # The summary says how much of the wall time went to compiling, and how many programs.
+    assert 0 < seeds["compile_sec"] < seeds["wall_time_sec"]
+    assert seeds["programs_compiled"] >= 2  # at least a train and an eval step
 
 
 @pytest.mark.slow

@@ -40,7 +40,17 @@ import numpy as np
 import tqdm
 from jax.experimental import multihost_utils
 
-from bertjax import capability, encoders, fs, heads, metrics_writer, rundir, sharding, steps
+from bertjax import (
+    capability,
+    encoders,
+    fs,
+    heads,
+    metrics_writer,
+    perf,
+    rundir,
+    sharding,
+    steps,
+)
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import loop as loop_lib
 from bertjax.capability import HeadSpec
@@ -559,17 +569,20 @@ def finetune(
     if jax.process_index() == 0:
         lock.acquire()
     try:
-        run = prepare(settings, devices)
-        seeds = settings.run.seeds
-        results = []
-        for seed in seeds:
-            seed_dir = workdir if len(seeds) == 1 else workdir / rundir.SEED_DIR.format(seed)
-            results.append(_run_seed(run, seed, seed_dir))
-            if results[-1]["preempted"]:
-                break
+        with perf.CompileTime() as compiling:
+            run = prepare(settings, devices)
+            seeds = settings.run.seeds
+            results = []
+            for seed in seeds:
+                seed_dir = workdir if len(seeds) == 1 else workdir / rundir.SEED_DIR.format(seed)
+                results.append(_run_seed(run, seed, seed_dir))
+                if results[-1]["preempted"]:
+                    break
     finally:
         lock.release()
     summary = _seed_summary(settings, results, workdir, time.time() - start)
+    summary["compile_sec"] = compiling.seconds
+    summary["programs_compiled"] = compiling.programs
     if jax.process_index() == 0:
         _print_summary(summary)
     return summary
@@ -659,7 +672,13 @@ def _print_summary(summary: dict) -> None:
             lines.append(f"    predictions: {path}")
     if "median" in summary:
         lines.append(f"  median over {len(summary['seeds'])} seeds: {summary['median']:.4f}")
-    lines.append(f"  wall time: {summary['wall_time_sec']:.1f} s")
+    wall = summary["wall_time_sec"]
+    compiling = summary.get("compile_sec", 0.0)
+    lines.append(
+        f"  wall time: {wall:.1f} s, of which compiling {compiling:.1f} s "
+        f"({100 * compiling / max(wall, 1e-9):.0f} %, {summary.get('programs_compiled', 0)} "
+        "programs compiled)"
+    )
     first = summary["seeds"][0]["workdir"]
     lines.append(f"  use it:    bertjax.Model.load({first!r}).{summary['usage']}")
     print("\n".join(lines), flush=True)
