@@ -329,7 +329,7 @@ def make_micro_batch_steps(
             apply,
             in_shardings=(state_shardings, params_shardings, replicated, replicated),
             out_shardings=(state_shardings, replicated),
-            donate_argnums=(0, 1),
+            donate_argnums=(0,),
         ),
     )
 
