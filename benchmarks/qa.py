@@ -16,7 +16,9 @@ batches padded to their longest window. Prediction: the windows' start and end l
 bertjax as the fine-tuning loop evaluates (finetune.loop.run_eval), transformers in
 torch.no_grad on the same padded batches.
 
-Compilation and torch's first steps are excluded (one untimed pass per side). Rounds run
+Compilation and torch's first steps are excluded: bertjax compiles its step and evaluation
+at every width a run can meet (each length bucket) before timing, as a long run would have
+after its first steps, and every side runs one untimed epoch and prediction pass. Rounds run
 every side once; ratios are taken within each round and their median printed.
 """
 
@@ -38,7 +40,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from benchmarks.finetune import _no_decay, versions  # noqa: E402
-from bertjax import optim  # noqa: E402
+from bertjax import optim, steps  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
@@ -195,6 +197,35 @@ class Bertjax:
                 self.state = self.state.replace(params=params)
         self.rng = jax.random.key(args.seed + 1)
         self.epoch = 0
+
+    def compile_widths(self) -> None:
+        """Compiles the train step and the evaluation at every width a run can meet.
+
+        A run meets each width once and keeps its program, so a long run's steady state pays no
+        compilation; an epoch of a few steps would meet new widths in the timed rounds. The
+        steps run on a throwaway state.
+        """
+        features = self.windows.features
+        seq = features["input_mask"].shape[1]
+        rows = self.batch_size // self.micro_batches
+        with jax.set_mesh(self.ft.mesh):
+            state = self.ft.state.init(jax.random.key(0))
+            for width in range(self.length_bucket or seq, seq + 1, self.length_bucket or seq):
+                micro = {
+                    k: v[:rows, :width] if v.ndim == 2 else v[:rows] for k, v in features.items()
+                }
+                micro["weights"] = np.ones(rows, np.float32)
+                batch = [micro] * self.micro_batches if self.micro_batches > 1 else micro
+                state, metrics = self.ft.steps.take_step(state, batch, self.rng)
+            jax.block_until_ready(metrics)
+            for width in range(32, seq + 1, 32):  # run_eval's buckets
+                batch = {
+                    k: v[: self.batch_size, :width] if v.ndim == 2 else v[: self.batch_size]
+                    for k, v in features.items()
+                }
+                batch["weights"] = np.ones(self.batch_size, np.float32)
+                global_batch = steps.global_batch(batch, self.ft.batch_sharding, 1)
+                jax.block_until_ready(self.ft.eval_step(state.params, global_batch))
 
     def run_epoch(self) -> float:
         order = loop.epoch_order(0, self.epoch, len(self.windows))
@@ -399,6 +430,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     elif not args.no_reference:
         print("transformers reference skipped: torch/transformers are not installed")
     for name, side in train.items():
+        if isinstance(side, Bertjax):
+            print(f"{name}: compiling every width {_timed(side.compile_widths):.1f} s")
         print(f"{name}: first epoch (compile / warm-up) {_timed(side.run_epoch):.1f} s")
     for name, side in predict.items():
         print(f"{name}: first pass (compile / warm-up) {_timed(side.predict):.1f} s")
@@ -420,7 +453,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"{'prediction':<{width}}{'':>10}{'windows/s':>12}")
     for name, values in predict_rates.items():
         print(f"{name:<{width}}{'':>10}{statistics.median(values):>12.2f}")
-    if len(train) > 2:
+    if "transformers grouped" in train:
         print()
         _ratios(
             train_rates,

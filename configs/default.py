@@ -19,7 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
             preset="base",
             vocab_size=0,
             dtype="float32",  # compute dtype; bfloat16 on TPU/GPU
-            attention_impl="auto",  # auto | xla | cudnn | splash
+            attention_impl="auto",  # auto | xla | blocked | cudnn | splash
             remat_policy="none",  # none | full | dots
             scan_layers=False,
             hidden_dropout=0.1,
