@@ -491,18 +491,19 @@ def test_a_run_stops_naming_the_first_non_finite_step_and_never_saves_it(
 
 
 # Losses of steps 1..6 and the sum of |params| after step 6 of the run below, recorded when
-# the trainer was split into settings/steps/trainer (bit-identical to the loop before it).
-# A change to the data order, masking, initialisation, dropout, the step or the optimizer
-# moves them; a refactoring must not.
+# the trainer was split into settings/steps/trainer (bit-identical to the loop before it), and
+# recorded again when dropout masks became a counter-based hash (attention.dropout_keep_mask:
+# other draws, the same rate). A change to the data order, masking, initialisation, dropout,
+# the step or the optimizer moves them; a refactoring must not.
 PINNED_LOSSES = [
-    6.580842018127441,
-    6.5884013175964355,
-    6.496010780334473,
-    6.43824577331543,
-    6.122466087341309,
-    6.065029621124268,
+    6.587389945983887,
+    6.5945000648498535,
+    6.502294063568115,
+    6.431214809417725,
+    6.1194682121276855,
+    6.0691986083984375,
 ]
-PINNED_PARAM_ABS_SUM = 8639.617120365385
+PINNED_PARAM_ABS_SUM = 8639.590831310099
 
 
 def test_a_fixed_short_run_is_pinned(data_dir, tmp_path):
