@@ -739,9 +739,13 @@ class QAObjective(steps.Objective):
         start, end = self.logits(
             params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
         )
+        return self.batch_sums(start, end, batch)
+
+    def batch_sums(self, start_logits, end_logits, batch) -> HeadSums:
+        """qa_sums of a batch's logits, over its real positions."""
         return qa_sums(
-            start,
-            end,
+            start_logits,
+            end_logits,
             batch["start_positions"],
             batch["end_positions"],
             batch["weights"],

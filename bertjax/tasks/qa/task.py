@@ -160,14 +160,7 @@ class QAHeadObjective(qa.QAObjective, TaskObjective):
 
     def evaluate(self, params, batch) -> tuple[HeadSums, dict[str, Any]]:
         start, end = self.logits(params, batch, rng=None, deterministic=True)
-        sums = qa.qa_sums(
-            start,
-            end,
-            batch["start_positions"],
-            batch["end_positions"],
-            batch["weights"],
-            batch["input_mask"],
-        )
+        sums = self.batch_sums(start, end, batch)
         return sums, {"start_logits": start, "end_logits": end}  # [b, s] each
 
 
