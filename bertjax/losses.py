@@ -44,13 +44,14 @@ def _cross_entropy(logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax
 
 
 def loss_sums(
-    mlm_logits: jax.Array, nsp_logits: jax.Array, batch: Mapping[str, jax.Array]
+    mlm_logits: jax.Array, nsp_logits: jax.Array | None, batch: Mapping[str, jax.Array]
 ) -> LossSums:
     """Summed MLM and NSP statistics of one batch.
 
     Args:
       mlm_logits: [batch, predictions, vocab] logits at the masked positions.
-      nsp_logits: [batch, 2] next-sentence logits.
+      nsp_logits: [batch, 2] next-sentence logits; None for a model without the head (its
+        NSP sums are zero).
       batch: needs masked_lm_ids [batch, predictions], masked_lm_weights
         [batch, predictions] (0 for padding predictions) and next_sentence_labels [batch].
     """
@@ -63,14 +64,16 @@ def loss_sums(
             f"mlm_logits has shape {mlm_logits.shape} but masked_lm_ids has shape "
             f"{mlm_ids.shape}; expected mlm_logits [batch, predictions, vocab]"
         )
-    if nsp_logits.shape != (nsp_labels.shape[0], 2):
-        raise ValueError(
-            f"nsp_logits has shape {nsp_logits.shape}; expected [{nsp_labels.shape[0]}, 2] "
-            "for next_sentence_labels of that batch size"
-        )
-
     mlm_loss, mlm_correct = _cross_entropy(mlm_logits, mlm_ids)  # [batch, predictions]
-    nsp_loss, nsp_correct = _cross_entropy(nsp_logits, nsp_labels)  # [batch]
+    if nsp_logits is None:  # no sentence-pair head: nothing to score
+        nsp_loss = nsp_correct = jnp.zeros(nsp_labels.shape, jnp.float32)  # [batch]
+    else:
+        if nsp_logits.shape != (nsp_labels.shape[0], 2):
+            raise ValueError(
+                f"nsp_logits has shape {nsp_logits.shape}; expected [{nsp_labels.shape[0]}, 2] "
+                "for next_sentence_labels of that batch size"
+            )
+        nsp_loss, nsp_correct = _cross_entropy(nsp_logits, nsp_labels)  # [batch]
     return LossSums(
         mlm_loss=jnp.sum(mlm_weights * mlm_loss),
         mlm_correct=jnp.sum(mlm_weights * mlm_correct),

@@ -191,6 +191,10 @@ def _decays(path) -> bool:
     names = _param_names(path)
     if any("layer_norm" in n.lower() or "layernorm" in n.lower() for n in names):
         return False
+    # A norm's scale, whatever the norm is called (ModernBERT's attn_norm, final_norm, ...):
+    # in every family only norms have a "scale" parameter.
+    if names and names[-1] == "scale":
+        return False
     # google-research/bert excludes any variable whose name contains "bias", which
     # covers both dense biases and the MLM head's output_bias.
     return not (names and "bias" in names[-1].lower())
@@ -199,7 +203,7 @@ def _decays(path) -> bool:
 def weight_decay_mask(params: Any) -> Any:
     """Tree of bools: True where weight decay (and LAMB's trust ratio) applies.
 
-    False for biases and LayerNorm parameters, True for kernels and embeddings, as in
+    False for biases and norm parameters, True for kernels and embeddings, as in
     google-research/bert (which decays embeddings too). Works on plain parameter trees and
     on trees of flax metadata boxes (nn.Partitioned), keeping the boxes.
     """

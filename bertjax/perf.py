@@ -60,24 +60,33 @@ _PRECISIONS: dict[str, tuple[int, bool]] = {
 }
 
 
-def training_flops_per_sequence(config, seq_len: int, num_predictions: int) -> float:
+def training_flops_per_sequence(
+    config,
+    seq_len: int,
+    num_predictions: int,
+    *,
+    feed_forward_matrices: int = 2,
+    sentence_pair_head: bool = True,
+) -> float:
     """Matmul FLOPs to train on one sequence: forward, backward and weight gradients.
 
     With H = hidden_size, F = intermediate_size, L = num_layers, V = vocab_size, S = seq_len,
-    P = num_predictions, and 2 FLOPs per multiply-add, the forward pass is
+    P = num_predictions, M = feed_forward_matrices ([H, F] matrices per feed-forward: BERT's
+    2, a gated one's 3) and 2 FLOPs per multiply-add, the forward pass is
 
       per token and layer:  2 * 4 * H * H      query, key, value and output projections
-                          + 2 * 2 * H * F      feed-forward in and out
+                          + 2 * M * H * F      feed-forward
                           + 2 * 2 * S * H      attention scores (QK^T) and weighted values
-      per sequence:         2 * H * H + 2 * H * 2        pooler and NSP classifier
+      per sequence:         2 * H * H + 2 * H * 2        pooler and NSP classifier (if any)
       per prediction:       2 * H * H + 2 * H * V        MLM transform and tied decoder
 
-      forward = S * L * (8 H^2 + 4 H F + 4 S H) + 2 H^2 + 4 H + P * (2 H^2 + 2 H V)
+      forward = S * L * (8 H^2 + 2 M H F + 4 S H) + [2 H^2 + 4 H] + P * (2 H^2 + 2 H V)
 
     and training costs 3 * forward (the backward pass takes 2x the forward: gradients with
     respect to activations and to weights). Embedding lookups, softmax, layer norms and
     activations are not matmuls and are left out; the MLM head runs only on the P predicted
-    positions, as in google-research/bert.
+    positions, as in google-research/bert. Attention is counted over the whole sequence in
+    every layer, sliding-window layers too (they compute it and mask).
     """
     if seq_len < 1:
         raise ValueError(f"seq_len={seq_len!r} is invalid; must be >= 1")
@@ -88,9 +97,9 @@ def training_flops_per_sequence(config, seq_len: int, num_predictions: int) -> f
     v = float(config.vocab_size)
     layers = float(config.num_layers)
     s = float(seq_len)
-    per_token_layer = 8 * h * h + 4 * h * f + 4 * s * h
+    per_token_layer = 8 * h * h + 2 * feed_forward_matrices * h * f + 4 * s * h
     encoder = s * layers * per_token_layer
-    pooler_and_nsp = 2 * h * h + 2 * h * 2
+    pooler_and_nsp = 2 * h * h + 2 * h * 2 if sentence_pair_head else 0.0
     mlm = num_predictions * (2 * h * h + 2 * h * v)
     return 3.0 * (encoder + pooler_and_nsp + mlm)
 

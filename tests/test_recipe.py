@@ -168,7 +168,7 @@ def test_a_short_modern_recipe_run_trains_mlm_only(data_dir, tmp_path, monkeypat
 
     # The pooler and the pair head are where initialisation left them.
     _, params, tokenizer = bertjax.load(workdir)
-    setup = build_pretraining(settings, settings.model_config(tokenizer.vocab_size))
+    setup = build_pretraining(settings, settings.model_config(tokenizer))
     with jax.set_mesh(setup.mesh):
         params_rng, _ = jax.random.split(jax.random.key(config.seed))
         initial = jax.device_get(setup.state.init(params_rng).params)

@@ -3,6 +3,7 @@
 import pathlib
 import subprocess
 import sys
+import types
 
 import pytest
 from flax import linen as nn
@@ -10,11 +11,17 @@ from xla_env import subprocess_env
 
 from bertjax import settings as settings_lib
 from bertjax import sharding
+from bertjax.encoders.modernbert import ModernBertConfig
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
-from configs import default, tiny
+from configs import default, modernbert_tiny, tiny
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _tokenizer(vocab_size: int):
+    """What model_config reads of a tokenizer: its size and special ids."""
+    return types.SimpleNamespace(vocab_size=vocab_size, pad_id=0, cls_id=2, sep_id=3)
 
 
 def test_settings_are_typed_and_frozen():
@@ -28,7 +35,40 @@ def test_settings_are_typed_and_frozen():
     with pytest.raises(AttributeError):
         settings.run.batch_size = 1  # frozen
     # The tokenizer's vocabulary completes the architecture.
-    assert settings.model_config(1234).vocab_size == 1234
+    assert settings.model_config(_tokenizer(1234)).vocab_size == 1234
+
+
+def test_a_modernbert_config_takes_the_tokenizers_vocabulary_and_special_ids():
+    settings = PretrainSettings.from_config(modernbert_tiny.get_config())
+    assert isinstance(settings.model, ModernBertConfig)
+    assert settings.model.hidden_size == 128 and settings.model.local_attention == 64
+    # hidden_dropout is read as ModernBERT's embedding and feed-forward dropout.
+    assert settings.model.embedding_dropout == settings.model.mlp_dropout == 0.0
+    model = settings.model_config(_tokenizer(321))
+    assert (model.vocab_size, model.pad_token_id, model.cls_token_id, model.sep_token_id) == (
+        321,
+        0,
+        2,
+        3,
+    )
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("model.family", "albert", r"config\.model: encoder family 'albert' is unknown"),
+        ("objective", "mlm_sentence", r"config\.objective=.*has not; set objective='mlm'"),
+        ("model.attention_impl", "splash", r"attention_impl='splash' is not available"),
+    ],
+)
+def test_a_modernbert_config_refuses_what_the_family_cannot_do(field, value, message):
+    config = modernbert_tiny.get_config()
+    section, _, name = field.rpartition(".")
+    (config[section] if section else config)[name] = value
+    if value == "mlm_sentence":
+        config.data.layout = "pairs"  # the packed layout is refused for that reason first
+    with pytest.raises(ConfigError, match=message):
+        PretrainSettings.from_config(config)
 
 
 def test_comma_separated_inputs_become_a_tuple(tmp_path):
@@ -47,7 +87,7 @@ def test_a_vocabulary_that_the_tokenizer_does_not_have_is_named():
     config.model.vocab_size = 123
     settings = PretrainSettings.from_config(config)
     with pytest.raises(ConfigError, match=r"config\.model\.vocab_size=123 .* 4000"):
-        settings.model_config(4000)
+        settings.model_config(_tokenizer(4000))
 
 
 @pytest.mark.parametrize(
@@ -79,12 +119,14 @@ def test_a_sharded_vocabulary_is_checked_when_the_tokenizer_is_known():
     config = tiny.get_config()
     settings = PretrainSettings.from_config(config)
     mesh = sharding.make_mesh((4, 2, 1))
-    settings_lib.check_mesh_fits(settings.model_config(4000), mesh)  # vocab is not sharded
+    settings_lib.check_mesh_fits(
+        settings.model_config(_tokenizer(4000)), mesh
+    )  # vocab is not sharded
     # Were the vocabulary sharded over fsdp, an odd size would be named.
     rules = ((sharding.VOCAB, sharding.FSDP), *sharding.LOGICAL_RULES)
     with nn.logical_axis_rules(rules):
         with pytest.raises(ConfigError, match=r"model\.vocab_size=4001"):
-            settings_lib.check_mesh_fits(settings.model_config(4001), mesh)
+            settings_lib.check_mesh_fits(settings.model_config(_tokenizer(4001)), mesh)
 
 
 def test_misspelt_fields_get_a_suggestion():

@@ -336,7 +336,7 @@ def _one_step(data_dir, config, spoil=None):
     """(params before, params after, metrics) of one train step; `spoil` edits the params first."""
     tokenizer = bertjax.Tokenizer.load(data_dir / "tokenizer.model")
     settings = PretrainSettings.from_config(config)
-    setup = build_pretraining(settings, settings.model_config(tokenizer.vocab_size))
+    setup = build_pretraining(settings, settings.model_config(tokenizer))
     loader = data_lib.make_loader(
         data_dir,
         batch_size=config.batch_size,

@@ -15,6 +15,7 @@ A new family is one module that builds an EncoderFamily and one line below.
 
 from bertjax.encoders import bert, family, modernbert_family
 from bertjax.encoders.family import (
+    DEFAULT_FAMILY,
     FAMILY_KEY,
     EncoderFamily,
     config_from_dict,
@@ -32,6 +33,7 @@ for _family in FAMILIES:
     family.register(_family)
 
 __all__ = [
+    "DEFAULT_FAMILY",
     "FAMILIES",
     "FAMILY_KEY",
     "EncoderFamily",

@@ -54,6 +54,12 @@ class Bert(family.EncoderFamily):
     def config_from_dict(self, d: Mapping[str, Any]) -> BertConfig:
         return BertConfig.from_dict(dict(d))
 
+    def from_settings(self, preset: str, fields: Mapping[str, Any]) -> BertConfig:
+        return BertConfig.preset(preset, **fields)
+
+    def with_vocabulary(self, config: BertConfig, tokenizer: Any) -> BertConfig:
+        return dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
+
     def with_overrides(self, config: BertConfig, overrides: Mapping[str, Any]) -> BertConfig:
         return dataclasses.replace(config, **overrides)
 
@@ -68,6 +74,9 @@ class Bert(family.EncoderFamily):
 
     def classifier_init(self, config: BertConfig):
         return nn.initializers.truncated_normal(config.initializer_range)
+
+    def pretraining_model(self, config: BertConfig) -> BertForPreTraining:
+        return BertForPreTraining(config)
 
     def pretraining_init(self, config: BertConfig):
         return model_lib.pretraining_init(BertForPreTraining(config), 1, 1)

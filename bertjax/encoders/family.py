@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax.linen as nn
 import jax
@@ -52,6 +52,13 @@ FAMILY_KEY = "family"
 DEFAULT_FAMILY = "bert"
 
 
+class PretrainingOutput(NamedTuple):
+    """What a family's pretraining model returns (BERT's BertOutput has the same fields)."""
+
+    mlm_logits: jax.Array  # [batch, predictions, vocab], float32
+    nsp_logits: jax.Array | None  # [batch, 2]; None without a sentence-pair head
+
+
 class EncoderFamily:
     """One encoder architecture; see the module docstring for the module's call.
 
@@ -61,8 +68,15 @@ class EncoderFamily:
       model_type        transformers' config.json model_type
       class_prefix      transformers' class names: <prefix>For<Task> ("Bert", "ModernBert")
       uses_segment_ids  whether the module reads token_type_ids
+      sentence_pair_head  whether the masked-LM model has a pooler and next-sentence head
+                        (BERT's); without one, pretraining's objective is the masked LM alone
+      feed_forward_matrices  [hidden, intermediate] matrices per feed-forward (2, or 3 for a
+                        gated one), for the FLOPs count
       architecture_fields  the config fields that fix what the weights mean (a checkpoint
                         opens only into a config with the same values)
+      phase_fields      architecture fields a new training phase (config.init_from) may change
+                        without changing the weights' shapes, e.g. a longer context's rotary
+                        theta
     """
 
     name: str = ""
@@ -70,7 +84,10 @@ class EncoderFamily:
     model_type: str = ""
     class_prefix: str = ""
     uses_segment_ids: bool = True
+    sentence_pair_head: bool = True
+    feed_forward_matrices: int = 2
     architecture_fields: tuple[str, ...] = ()
+    phase_fields: tuple[str, ...] = ()
 
     # ---------------------------------------------------------------- config
 
@@ -79,6 +96,17 @@ class EncoderFamily:
         raise NotImplementedError
 
     def config_from_dict(self, d: Mapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def from_settings(self, preset: str, fields: Mapping[str, Any]) -> Any:
+        """The config of a pretraining run's config.model: a preset with field overrides (BERT's
+        names for dropout and attention are read as with_overrides reads them). The vocabulary
+        and special token ids are provisional until `with_vocabulary`."""
+        raise NotImplementedError
+
+    def with_vocabulary(self, config: Any, tokenizer: Any) -> Any:
+        """`config` for a tokenizer (bertjax.tokenizer's): its vocabulary size, and its
+        special ids where the config records them."""
         raise NotImplementedError
 
     def with_overrides(self, config: Any, overrides: Mapping[str, Any]) -> Any:
@@ -103,6 +131,19 @@ class EncoderFamily:
 
     def classifier_init(self, config: Any) -> Callable:
         """The initialiser of a head's dense kernel."""
+        raise NotImplementedError
+
+    def pretraining_model(self, config: Any) -> nn.Module:
+        """The masked-LM model pretraining trains (the tree of `pretraining_init`)::
+
+            output = model(input_ids, token_type_ids, attention_mask, masked_lm_positions, *,
+                           deterministic, packed_length=None, document_ids=None,
+                           positions=None)
+
+        with ``output.mlm_logits`` and ``output.nsp_logits`` (None without a sentence-pair
+        head). ``document_ids`` and ``positions`` [batch, seq] describe rows of packed
+        documents: a token attends only within its document, positions restart per document.
+        """
         raise NotImplementedError
 
     def pretraining_init(self, config: Any) -> Callable[[jax.Array], Any]:

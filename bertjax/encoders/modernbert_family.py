@@ -50,7 +50,9 @@ class Encoder(mb.ModernBertModel):
     """ModernBertModel and its prediction head, with the families' call (see
     bertjax.encoders.family): pooled is the head on [CLS] or the mean over real tokens;
     ``token_head`` runs the head over every token. Segment ids and ``packed_length`` are
-    ignored; with ``cls_only`` every position is still computed (mean pooling needs them)."""
+    ignored; with ``cls_only`` every position is still computed (mean pooling needs them).
+    ``document_ids`` and ``positions`` describe rows of packed documents (ModernBertModel's
+    ``segment_ids`` and ``positions``)."""
 
     def setup(self):
         super().setup()
@@ -67,11 +69,19 @@ class Encoder(mb.ModernBertModel):
         packed_length: int | None = None,
         cls_only: bool = False,
         token_head: bool = False,
+        document_ids=None,
+        positions=None,
     ):
         cfg = self.config
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, jnp.int32)
-        x = super().__call__(input_ids, attention_mask, deterministic=deterministic)  # [b, s, h]
+        x = super().__call__(
+            input_ids,
+            attention_mask,
+            deterministic=deterministic,
+            segment_ids=document_ids,
+            positions=positions,
+        )  # [b, s, h]
         if cfg.classifier_pooling == "cls":
             pooled = x[:, :1]  # [b, 1, h]
         else:
@@ -110,13 +120,50 @@ class MaskedLM(nn.Module):
         masked_lm_positions=None,
         *,
         deterministic: bool = True,
+        document_ids=None,
+        positions=None,
     ) -> jax.Array:
         cfg = self.config
-        x, _ = self.bert(input_ids, None, attention_mask, deterministic=deterministic)  # [b, s, h]
+        x, _ = self.bert(
+            input_ids,
+            None,
+            attention_mask,
+            deterministic=deterministic,
+            document_ids=document_ids,
+            positions=positions,
+        )  # [b, s, h]
         bias = self.decoder_bias if cfg.decoder_bias else None
         return mb.masked_lm_logits(
             cfg, x, masked_lm_positions, self.bert.predictions, self.bert.token_table(), bias
         )
+
+
+class PretrainingModel(MaskedLM):
+    """MaskedLM with the families' pretraining call (bertjax.encoders.family): the same
+    parameters, logits as ``mlm_logits`` and no sentence-pair head (ModernBERT has none)."""
+
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        masked_lm_positions=None,
+        *,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+        document_ids=None,
+        positions=None,
+    ) -> family.PretrainingOutput:
+        logits = super().__call__(
+            input_ids,
+            None,
+            attention_mask,
+            masked_lm_positions,
+            deterministic=deterministic,
+            document_ids=document_ids,
+            positions=positions,
+        )  # [b, p, v]
+        return family.PretrainingOutput(mlm_logits=logits, nsp_logits=None)
 
 
 def _init_masked_lm(config: ModernBertConfig, rng: jax.Array):
@@ -192,6 +239,8 @@ class ModernBert(family.EncoderFamily):
     model_type = "modernbert"
     class_prefix = "ModernBert"
     uses_segment_ids = False
+    sentence_pair_head = False
+    feed_forward_matrices = 3  # GeGLU: Wi holds the input and the gate, then Wo
     # Everything but the numerics, the dropout rates and the initialisation.
     architecture_fields = tuple(
         f.name
@@ -200,6 +249,9 @@ class ModernBert(family.EncoderFamily):
         and not f.name.endswith("dropout")
         and not f.name.startswith("initializer_")
     )
+    # Rotary positions have no table: a context-extension phase (ModernBERT: 1,024 -> 8,192
+    # tokens with the global theta 10,000 -> 160,000) changes these and no weight's shape.
+    phase_fields = ("max_position_embeddings", "global_rope_theta", "local_rope_theta")
 
     def config_to_dict(self, config: ModernBertConfig) -> dict:
         return dataclasses.asdict(config)
@@ -212,6 +264,32 @@ class ModernBert(family.EncoderFamily):
                 f"unknown ModernBertConfig fields {unknown}: valid fields are {sorted(known)}"
             )
         return ModernBertConfig(**d)
+
+    def from_settings(self, preset: str, fields: Mapping[str, Any]) -> ModernBertConfig:
+        """ModernBERT's own field names win over BERT's (hidden_dropout, attention_dropout),
+        which every pretraining config carries; attention_impl must be one ModernBERT runs."""
+        own = {f.name for f in dataclasses.fields(ModernBertConfig)}
+        bert_named = {k: v for k, v in fields.items() if k not in own}
+        impl = bert_named.pop("attention_impl", "auto")
+        if impl not in ("auto", "xla"):
+            raise ValueError(
+                f"attention_impl={impl!r} is not available for ModernBERT, whose local and "
+                "per-document masks run on xla only: set it to 'auto' or 'xla'"
+            )
+        # Provisional token ids (0 fits any vocabulary) until with_vocabulary sets the real ones.
+        ids = dict(pad_token_id=0, cls_token_id=0, sep_token_id=0)
+        config = ModernBertConfig.preset(preset, **ids)
+        config = self.with_overrides(config, bert_named)
+        return dataclasses.replace(config, **{k: v for k, v in fields.items() if k in own})
+
+    def with_vocabulary(self, config: ModernBertConfig, tokenizer: Any) -> ModernBertConfig:
+        return dataclasses.replace(
+            config,
+            vocab_size=tokenizer.vocab_size,
+            pad_token_id=tokenizer.pad_id,
+            cls_token_id=tokenizer.cls_id,
+            sep_token_id=tokenizer.sep_id,
+        )
 
     def with_overrides(self, config: ModernBertConfig, overrides: Mapping[str, Any]):
         """BERT's names in ModernBERT's terms: hidden_dropout is the embeddings' and the
@@ -236,6 +314,9 @@ class ModernBert(family.EncoderFamily):
 
     def classifier_init(self, config: ModernBertConfig):
         return mb._init(config, mb._stds(config)["classifier"])
+
+    def pretraining_model(self, config: ModernBertConfig) -> PretrainingModel:
+        return PretrainingModel(config)
 
     def pretraining_init(self, config: ModernBertConfig):
         return lambda rng: _init_masked_lm(config, rng)

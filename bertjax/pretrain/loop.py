@@ -18,10 +18,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import data, fs, losses, metrics_writer, perf, rundir, steps
+from bertjax import data, encoders, fs, losses, metrics_writer, perf, rundir, steps
 from bertjax import loop as loop_lib
 from bertjax.data import baseline
-from bertjax.model import BertConfig
 from bertjax.pretrain import samples
 from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.objective import build_pretraining
@@ -57,7 +56,7 @@ class _Hooks:
     """What the shared loop asks of a pretraining run (bertjax.loop.LoopHooks)."""
 
     settings: PretrainSettings
-    model_config: BertConfig
+    model_config: Any  # the encoder family's config
     run: steps.Steps
     tokenizer: Tokenizer
     train_loader: data.Loader
@@ -108,7 +107,7 @@ class _Hooks:
             "loader_state": self.train_loader.get_state(),
             # Dropout keys are folded from this with the step: all the RNG state.
             "dropout_rng": np.asarray(jax.random.key_data(self.dropout_rng)).tolist(),
-            "model_config": self.model_config.to_dict(),
+            "model_config": encoders.config_to_dict(self.model_config),
             "tokenizer_fingerprint": self.tokenizer.fingerprint,
             "config": self.settings.config,
         }
@@ -154,7 +153,8 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
         eval_batch_size=run_settings.micro_batch_size,
         seed=run_settings.seed,
     )
-    model_config = settings.model_config(tokenizer.vocab_size)
+    model_config = settings.model_config(tokenizer)
+    family = encoders.family_of(model_config)
     run = build_pretraining(settings, model_config)
     check_mesh_fits(model_config, run.mesh)
 
@@ -208,6 +208,8 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
             model_config,
             data_settings.max_seq_length,
             data_settings.masking.max_predictions_per_seq,
+            feed_forward_matrices=family.feed_forward_matrices,
+            sentence_pair_head=family.sentence_pair_head,
         ),
         perf.peak_flops_per_device(
             jax.devices()[0].device_kind,

@@ -2,28 +2,31 @@
 
 The masked LM plus the sentence-pair task (next-sentence or sentence-order prediction, as
 the data's labels say), or the masked LM alone. `build_pretraining` gives the engine
-(bertjax.steps.build) the pretraining model's parameters and `PretrainingObjective`; the
-loss is normalised as google-research/bert's.
+(bertjax.steps.build) the encoder family's pretraining model's parameters and
+`PretrainingObjective`; the loss is normalised as google-research/bert's.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import flax.linen as nn
 import jax.numpy as jnp
 
-from bertjax import losses, sharding, steps
-from bertjax.model import BertConfig, BertForPreTraining, pretraining_init
+from bertjax import encoders, losses, sharding, steps
 from bertjax.pretrain.settings import PretrainSettings
 
 
 class PretrainingObjective(steps.Objective):
     """Masked LM (+ the sentence-pair task), normalised as google-research/bert does.
 
-    With `sentence_pair=False` the loss is the masked LM's alone: the pair head's logits are
-    still computed (the parameter tree stays BertForPreTraining's) but get no gradient, and
-    the metrics have no nsp_* entries.
+    `model` is an encoder family's pretraining model (EncoderFamily.pretraining_model). With
+    `sentence_pair=False` the loss is the masked LM's alone: a pair head's logits are still
+    computed (BERT's parameter tree stays BertForPreTraining's) but get no gradient, and the
+    metrics have no nsp_* entries.
     """
 
-    def __init__(self, model: BertForPreTraining, sentence_pair: bool = True):
+    def __init__(self, model: nn.Module, sentence_pair: bool = True):
         self.model = model
         self.sentence_pair = sentence_pair
 
@@ -60,16 +63,16 @@ class PretrainingObjective(steps.Objective):
         return losses.metrics(sums, prefix, sentence_pair=self.sentence_pair)
 
 
-def build_pretraining(
-    settings: PretrainSettings, model_config: BertConfig, devices=None
-) -> steps.Steps:
+def build_pretraining(settings: PretrainSettings, model_config: Any, devices=None) -> steps.Steps:
     """Creates the mesh, shardings and jitted functions of a run (nothing is allocated)."""
     run, data = settings.run, settings.data
     mesh = sharding.make_mesh(run.mesh_shape, devices=devices)
-    model = BertForPreTraining(model_config)
+    family = encoders.family_of(model_config)
     return steps.build(
-        PretrainingObjective(model, sentence_pair=settings.sentence_pair),
-        pretraining_init(model, data.max_seq_length, data.masking.max_predictions_per_seq),
+        PretrainingObjective(
+            family.pretraining_model(model_config), sentence_pair=settings.sentence_pair
+        ),
+        family.pretraining_init(model_config),
         settings.optimizer,
         mesh,
         grad_accum_steps=run.grad_accum_steps,

@@ -13,15 +13,15 @@ import dataclasses
 import functools
 import glob
 import os
+from typing import Any
 
 import jax
 import ml_collections
 
-from bertjax import fs, optim, sharding
+from bertjax import encoders, fs, optim, sharding
 from bertjax.data import instances, packing
 from bertjax.data.masking import MaskingSettings
 from bertjax.data.storage import MANIFEST_FILE
-from bertjax.model import BertConfig
 from bertjax.settings import (
     ConfigError,
     check_mesh,
@@ -31,7 +31,7 @@ from bertjax.settings import (
     require,
     token_capacity,
 )
-from bertjax.tokenizer import MODEL_TYPES
+from bertjax.tokenizer import MODEL_TYPES, Tokenizer
 
 # What a step minimises: the masked LM plus the sentence-pair task that data.task names
 # (next-sentence or sentence-order prediction, google's BERT and ALBERT), or the masked LM
@@ -114,8 +114,9 @@ class RunSettings:
 class PretrainSettings:
     """Everything a pretraining run needs to know, validated."""
 
-    # The architecture; its vocab_size is provisional until the tokenizer is known.
-    model: BertConfig
+    # The architecture, an encoder family's config (bertjax.encoders); its vocab_size (and
+    # special token ids) are provisional until the tokenizer is known.
+    model: Any
     requested_vocab_size: int  # config.model.vocab_size: 0 takes the tokenizer's
     optimizer: optim.OptimizerSettings
     data: DataSettings
@@ -139,15 +140,16 @@ class PretrainSettings:
         """Reads and validates a training config (see configs/default.py for the fields)."""
         return _read(config, devices=devices, process_count=process_count)
 
-    def model_config(self, vocab_size: int) -> BertConfig:
-        """The architecture with the tokenizer's vocabulary; fails if the config asked for
-        another size."""
+    def model_config(self, tokenizer: Tokenizer) -> Any:
+        """The architecture with the tokenizer's vocabulary (and special token ids, where the
+        family records them); fails if the config asked for another size."""
+        vocab_size = tokenizer.vocab_size
         if self.requested_vocab_size and self.requested_vocab_size != vocab_size:
             raise ConfigError(
                 f"config.model.vocab_size={self.requested_vocab_size} does not match the "
                 f"tokenizer's vocabulary of {vocab_size}; set it to 0 to take the tokenizer's size"
             )
-        return dataclasses.replace(self.model, vocab_size=vocab_size)
+        return encoders.family_of(self.model).with_vocabulary(self.model, tokenizer)
 
 
 def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> PretrainSettings:
@@ -199,12 +201,15 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
     )
     data = _read_data(config)
     model_fields = dict(config.model)
+    # Configs written before encoder families had no family field: BERT.
+    family_name = model_fields.pop("family", encoders.DEFAULT_FAMILY)
     preset = model_fields.pop("preset")
     requested_vocab = model_fields.pop("vocab_size")
     try:
+        family = encoders.get(family_name)
         # Provisional until the tokenizer is known: the size the tokenizer will be trained to.
-        model = BertConfig.preset(
-            preset, vocab_size=requested_vocab or data.vocab_size, **model_fields
+        model = family.from_settings(
+            preset, {"vocab_size": requested_vocab or data.vocab_size, **model_fields}
         )
     except (ValueError, TypeError) as e:
         raise ConfigError(f"config.model: {e}") from e
@@ -221,7 +226,13 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         "the sentence-pair task needs sentence pairs but config.data.layout='packed' holds "
         "whole documents; set objective='mlm' or data.layout='pairs'",
     )
-    frozen = () if objective == "mlm_sentence" else SENTENCE_PAIR_PARAMS
+    require_(
+        not (objective == "mlm_sentence" and not family.sentence_pair_head),
+        "objective",
+        f"the sentence-pair task needs a next-sentence head, which "
+        f"config.model.family={family.name!r} has not; set objective='mlm'",
+    )
+    frozen = SENTENCE_PAIR_PARAMS if family.sentence_pair_head and objective == "mlm" else ()
     optimizer = read_optimizer(config, total_steps=config.num_train_steps, frozen=frozen)
 
     mesh = check_mesh(config, run, devices, process_count)
