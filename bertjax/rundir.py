@@ -42,7 +42,6 @@ import jax
 from bertjax import capability, encoders, fs, hf, steps
 from bertjax import checkpoint as checkpoint_lib
 from bertjax.capability import HeadSpec
-from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tokenizer import HF_TOKENIZER_FILE, SENTENCEPIECE_FILE, Tokenizer
 
@@ -218,11 +217,15 @@ def checkpoint_dir(path: str | os.PathLike) -> fs.AnyPath:
     return path / CHECKPOINT_DIR if (path / CHECKPOINT_DIR).is_dir() else path
 
 
-def check_compatible(meta: dict, tokenizer: Tokenizer, model_config: Any, what: str) -> None:
+def check_compatible(
+    meta: dict, tokenizer: Tokenizer, model_config: Any, what: str, *, new_phase: bool = False
+) -> dict[str, list]:
     """Fails, naming the difference, unless a checkpoint fits this run's tokenizer and model.
 
     Checked on the checkpoint's small meta item before any array is read, so a config
-    mistake is reported as one rather than as an unreadable checkpoint.
+    mistake is reported as one rather than as an unreadable checkpoint. A `new_phase` (a run
+    that starts from another's parameters) may change the family's phase_fields, e.g. a
+    context extension's rotary theta; returns those it changes, {field: [old, new]}.
     """
     if meta["tokenizer_fingerprint"] != tokenizer.fingerprint:
         raise IncompatibleCheckpointError(
@@ -237,13 +240,41 @@ def check_compatible(meta: dict, tokenizer: Tokenizer, model_config: Any, what: 
             f"{what} has a {encoders.family_of(source).name} model, this run's config.model "
             f"is a {family.name} one"
         )
+    changed = {}
     # scan_layers changes how the layers are stored, so the saved arrays' shapes with it.
     for field in (*family.architecture_fields, "scan_layers"):
-        if getattr(source, field) != getattr(model_config, field):
-            raise IncompatibleCheckpointError(
-                f"{what} has a model with {field}={getattr(source, field)!r}, this run's "
-                f"config.model gives {getattr(model_config, field)!r}"
-            )
+        old, new = getattr(source, field), getattr(model_config, field)
+        if old == new:
+            continue
+        if new_phase and field in family.phase_fields:
+            changed[field] = [old, new]
+            continue
+        raise IncompatibleCheckpointError(
+            f"{what} has a model with {field}={old!r}, this run's config.model gives {new!r}"
+        )
+    return changed
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseStart:
+    """Where a new training phase's parameters came from, as its checkpoints record it."""
+
+    init_from: str
+    step: int  # the source checkpoint's step
+    changed: dict[str, list]  # phase fields the new phase changes: {field: [old, new]}
+
+    def describe(self) -> str:
+        changes = ", ".join(f"{k} {old!r} -> {new!r}" for k, (old, new) in self.changed.items())
+        return f"{self.init_from} (step {self.step})" + (f"; changed {changes}" if changes else "")
+
+
+def trained_tokenizer(init_from: str | os.PathLike) -> fs.AnyPath | None:
+    """The sentencepiece model beside a run's checkpoints (`init_from` being its work
+    directory or its checkpoint directory), or None when there is none."""
+    path = fs.path(init_from)
+    workdir = path if (path / CHECKPOINT_DIR).is_dir() else path.parent
+    candidate = workdir / SENTENCEPIECE_FILE
+    return candidate if candidate.is_file() else None
 
 
 def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[Any, Any, Tokenizer]:
@@ -263,18 +294,21 @@ def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[Any, Any,
 
 
 def restore_run_params(
-    init_from: str | os.PathLike, tokenizer: Tokenizer, model_config: BertConfig, abstract_params
-) -> Any:
-    """Parameters of another run (phase 1 for phase 2), placed as `abstract_params` says."""
+    init_from: str | os.PathLike, tokenizer: Tokenizer, model_config: Any, abstract_params
+) -> tuple[Any, PhaseStart]:
+    """Parameters of another run (phase 1 for phase 2, a stable phase for its decay, a short
+    context for a longer one), placed as `abstract_params` says, and what the new phase
+    starts from."""
     directory = checkpoint_dir(init_from)
-    check_compatible(
+    changed = check_compatible(
         checkpoint_lib.read_meta(directory),
         tokenizer,
         model_config,
         f"config.init_from={str(init_from)!r}",
+        new_phase=True,
     )
-    _, params, _ = checkpoint_lib.restore_params(directory, abstract_params=abstract_params)
-    return params
+    step, params, _ = checkpoint_lib.restore_params(directory, abstract_params=abstract_params)
+    return params, PhaseStart(str(init_from), int(step), changed)
 
 
 # The lock of a work directory on GCS, where no process can see another host's: the holder

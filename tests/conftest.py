@@ -138,6 +138,29 @@ def synthetic_data(synthetic_corpus) -> pathlib.Path:
 
 
 @pytest.fixture(scope="session")
+def packed_data(tmp_path_factory):
+    """(corpus, the synthetic corpus prepared packed in chunks into rows of 64, its manifest):
+    the packed-document tests' and the ModernBERT pretraining tests' data."""
+    root = tmp_path_factory.mktemp("packed")
+    # Documents of four sentences: rows hold several of them.
+    corpus = write_corpus(root / "corpus.txt", num_documents=300, sentences_per_document=4, seed=3)
+    manifest = data_lib.prepare(
+        [str(corpus)],
+        root / "data",
+        max_seq_length=64,
+        max_predictions_per_seq=10,
+        vocab_size=300,
+        eval_fraction=0.1,
+        workers=1,
+        seed=7,
+        chunk_mb=0.01,
+        layout="packed",
+        verbose=False,
+    )
+    return corpus, root / "data", manifest
+
+
+@pytest.fixture(scope="session")
 def pretrained_run(synthetic_data, synthetic_corpus, tmp_path_factory):
     """(work directory, each topic's words): a one-layer BERT pretrained for 6 steps on the
     synthetic data, the source that fine-tuning tests start from. Tests must not change it."""

@@ -38,7 +38,7 @@ from configs import tiny_packed
 prepare_module = importlib.import_module("bertjax.data.prepare")
 
 CLS, SEP = 2, 3
-SEQ_LEN = 64
+SEQ_LEN = 64  # the rows of conftest's packed_data
 
 
 def rows_of(instances) -> list[np.ndarray]:
@@ -111,28 +111,6 @@ def test_document_features_of_a_padded_row():
 
 
 # ----------------------------------------------------------------------------- prepare + loader
-
-
-@pytest.fixture(scope="module")
-def packed_data(tmp_path_factory):
-    """(corpus, the synthetic corpus prepared packed in chunks, its manifest)."""
-    root = tmp_path_factory.mktemp("packed")
-    # Documents of four sentences: rows hold several of them.
-    corpus = write_corpus(root / "corpus.txt", num_documents=300, sentences_per_document=4, seed=3)
-    manifest = prepare(
-        [str(corpus)],
-        root / "data",
-        max_seq_length=SEQ_LEN,
-        max_predictions_per_seq=10,
-        vocab_size=300,
-        eval_fraction=0.1,
-        workers=1,
-        seed=7,
-        chunk_mb=0.01,
-        layout="packed",
-        verbose=False,
-    )
-    return corpus, root / "data", manifest
 
 
 def test_prepare_packs_each_chunk_and_reports_the_efficiency(packed_data):

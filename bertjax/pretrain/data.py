@@ -17,9 +17,17 @@ from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
 
 def ensure_data(
-    data: DataSettings, workdir: str | os.PathLike, *, eval_batch_size: int, seed: int
+    data: DataSettings,
+    workdir: str | os.PathLike,
+    *,
+    eval_batch_size: int,
+    seed: int,
+    default_tokenizer: fs.AnyPath | None = None,
 ) -> tuple[fs.AnyPath, Tokenizer]:
     """(prepared data directory, its tokenizer), preparing it when it has none.
+
+    Data prepared here is tokenized by data.tokenizer, else by `default_tokenizer` (a new
+    phase's: the one its parameters were trained with), else by a tokenizer trained on it.
 
     With neither data.dir nor data.input set, the built-in demo corpus is prepared into
     <workdir>/data. With several processes each prepares its share of the input into the
@@ -54,7 +62,8 @@ def ensure_data(
             max_seq_length=data.max_seq_length,
             max_predictions_per_seq=data.masking.max_predictions_per_seq,
             vocab_size=data.vocab_size,
-            tokenizer_path=data.tokenizer or None,
+            tokenizer_path=data.tokenizer
+            or (str(default_tokenizer) if default_tokenizer else None),
             tokenizer_model_type=data.tokenizer_model_type,
             lowercase=data.lowercase,
             task=data.task,

@@ -63,20 +63,24 @@ class _Hooks:
     eval_batches: Callable[[], Any]
     checkpoint_dir: fs.AnyPath
     dropout_rng: jax.Array | None = None
+    # A run started from another's parameters (config.init_from): where from, what changed.
+    phase: dict | None = None
 
     def fresh(self) -> tuple[steps.TrainState, jax.Array]:
         params_rng, self.dropout_rng = jax.random.split(jax.random.key(self.settings.run.seed))
         state = self.run.state.init(params_rng)
         init_from = self.settings.run.init_from
         if init_from:
-            params = rundir.restore_run_params(
+            params, start = rundir.restore_run_params(
                 init_from, self.tokenizer, self.model_config, self.run.state.abstract.params
             )
             state = state.replace(params=params)
-            print(f"Initialised parameters from {init_from}")
+            self.phase = dataclasses.asdict(start)
+            print(f"Initialised parameters from {start.describe()}; the optimizer starts fresh")
         return state, self.dropout_rng
 
     def resumed(self, restored: checkpoint_lib.Restored) -> jax.Array:
+        self.phase = restored.meta.get("phase")
         self.train_loader.set_state(restored.meta["loader_state"])
         print(f"Resumed from {self.checkpoint_dir} at step {restored.step}")
         key_data = np.asarray(restored.meta["dropout_rng"], np.uint32)
@@ -110,6 +114,7 @@ class _Hooks:
             "model_config": encoders.config_to_dict(self.model_config),
             "tokenizer_fingerprint": self.tokenizer.fingerprint,
             "config": self.settings.config,
+            **({"phase": self.phase} if self.phase else {}),
         }
 
 
@@ -152,6 +157,10 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
         workdir_path,
         eval_batch_size=run_settings.micro_batch_size,
         seed=run_settings.seed,
+        # A new phase's data is tokenized as its parameters were trained.
+        default_tokenizer=(
+            rundir.trained_tokenizer(run_settings.init_from) if run_settings.init_from else None
+        ),
     )
     model_config = settings.model_config(tokenizer)
     family = encoders.family_of(model_config)

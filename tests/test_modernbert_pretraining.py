@@ -1,0 +1,209 @@
+"""ModernBERT pretrained by train.py's road: the modern recipe on packed documents, resumed
+bit-exactly during batch warmup, recorded as a ModernBERT checkpoint, opened in a fresh
+process on one device and on a mesh, exported to transformers, and continued as a new phase
+(context extension) from its checkpoint."""
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+import types
+
+import jax
+import numpy as np
+import pytest
+from xla_env import subprocess_env
+
+import bertjax
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import encoders, rundir
+from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.pretrain import loop as pretrain_loop
+from bertjax.pretrain.settings import PretrainSettings
+from configs import modernbert_tiny
+
+
+def modern_config(data_dir, **overrides):
+    """configs/modernbert_tiny.py on conftest's packed synthetic data, short."""
+    config = modernbert_tiny.get_config()
+    config.data.dir = str(data_dir)
+    config.data.max_seq_length = 64
+    config.data.max_predictions_per_seq = 20  # 30% of 64
+    config.model.local_attention = 16  # local layers see 8 tokens each side of 64
+    config.batch_size = 16
+    config.batch_warmup_start = 8
+    config.batch_warmup_steps = 4  # 8, 8, 16, 16, ... rows
+    config.num_train_steps = 8
+    config.log_every_steps = 1
+    config.eval_every_steps = 4
+    config.eval_batches = 1
+    config.checkpoint_every_steps = 4
+    config.optimizer.warmup_steps = 2
+    config.optimizer.decay_steps = 0  # the rates do not depend on num_train_steps
+    config.fill_mask_samples = 0
+    config.update_from_flattened_dict(overrides)
+    return config
+
+
+def train(config, workdir):
+    return pretrain_loop.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
+
+
+def read_losses(workdir) -> dict[int, float]:
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
+
+
+@pytest.fixture(scope="module")
+def modern_runs(packed_data, tmp_path_factory):
+    """(straight, resumed): 8 steps in one go, and stopped at step 4 then resumed to 8."""
+    root = tmp_path_factory.mktemp("modernbert")
+    straight, resumed = root / "straight", root / "resumed"
+    train(modern_config(packed_data[1]), straight)
+    train(modern_config(packed_data[1], num_train_steps=6), resumed)
+    shutil.rmtree(resumed / "checkpoints" / "6")  # stopped mid-warmup, its last save lost
+    train(modern_config(packed_data[1]), resumed)
+    return straight, resumed
+
+
+@pytest.mark.slow  # three short runs: about 60 s on two cores
+def test_a_modernbert_run_resumes_bit_exactly_and_is_recorded_as_modernbert(modern_runs):
+    straight, resumed = modern_runs
+    want, got = read_losses(straight), read_losses(resumed)
+    assert sorted(want) == sorted(got) == list(range(1, 9))
+    for step in want:
+        assert got[step] == want[step], f"step {step}: {got[step]} != {want[step]}"
+    records = [json.loads(line) for line in (straight / "metrics.jsonl").read_text().splitlines()]
+    assert any("eval/mlm_accuracy" in r for r in records)
+    assert not any(key.startswith(("train/nsp", "eval/nsp")) for r in records for key in r)
+
+    meta = checkpoint_lib.read_meta(straight / rundir.CHECKPOINT_DIR)
+    assert meta["model_config"]["family"] == "modernbert"
+    config, params_straight, tokenizer = bertjax.load(straight)
+    _, params_resumed, _ = bertjax.load(resumed)
+    assert isinstance(config, ModernBertConfig)
+    # The tokenizer trained for the run gives the config its special ids.
+    assert (config.vocab_size, config.cls_token_id, config.sep_token_id) == (
+        tokenizer.vocab_size,
+        tokenizer.cls_id,
+        tokenizer.sep_id,
+    )
+    for a, b in zip(jax.tree.leaves(params_straight), jax.tree.leaves(params_resumed)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+NOTEBOOK = """
+import json, sys
+import numpy as np
+import bertjax
+from bertjax import sharding
+
+run, export = sys.argv[1], sys.argv[2]
+text = "the [MASK] sees a cat."
+model = bertjax.Model.load(run)
+alone = model.fill_mask(text, top_k=3)
+on_mesh = bertjax.Model.load(run, mesh=sharding.make_mesh((2, 2, 2))).fill_mask(text, top_k=3)
+model.save_hf(export)
+
+import torch, transformers
+hf_model = transformers.AutoModelForMaskedLM.from_pretrained(export).eval()
+hf_tokenizer = transformers.AutoTokenizer.from_pretrained(export)
+encoded = hf_tokenizer([text], return_tensors="pt")
+with torch.no_grad():
+    logits = hf_model(**encoded).logits[0]
+position = int((encoded["input_ids"][0] == hf_tokenizer.mask_token_id).nonzero()[0])
+probs = torch.softmax(logits[position], -1)
+top = torch.topk(probs, 3)
+print(json.dumps({
+    "model": repr(model),
+    "hf_class": type(hf_model).__name__,
+    "alone": [[g["token"], g["score"]] for g in alone],
+    "mesh": [[g["token"], g["score"]] for g in on_mesh],
+    "hf": [[int(i), float(p)] for i, p in zip(top.indices, top.values)],
+}))
+"""
+
+
+@pytest.mark.slow  # a fresh process with 8 devices, transformers and torch: about 40 s
+def test_a_modernbert_run_opens_in_a_fresh_process_on_a_mesh_and_in_transformers(
+    modern_runs, tmp_path
+):
+    completed = subprocess.run(
+        [sys.executable, "-c", NOTEBOOK, str(modern_runs[0]), str(tmp_path / "export")],
+        env=subprocess_env(8),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    out = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert out["model"].startswith("Model(ModernBERT L4/H128/A4"), out["model"]
+    assert out["hf_class"] == "ModernBertForMaskedLM"
+    for other in ("mesh", "hf"):
+        assert [t for t, _ in out[other]] == [t for t, _ in out["alone"]], out
+        np.testing.assert_allclose(
+            [s for _, s in out[other]], [s for _, s in out["alone"]], rtol=1e-4, atol=1e-6
+        )
+
+
+def test_a_new_phase_may_change_the_rotary_theta_but_a_resumed_run_may_not():
+    tokenizer = types.SimpleNamespace(fingerprint="f" * 64)
+    short = ModernBertConfig.preset(
+        "tiny", vocab_size=100, pad_token_id=0, cls_token_id=1, sep_token_id=2
+    )
+    short = dataclasses.replace(short, global_rope_theta=10_000.0)
+    meta = {"tokenizer_fingerprint": "f" * 64, "model_config": encoders.config_to_dict(short)}
+    longer = dataclasses.replace(short, global_rope_theta=160_000.0)
+    changed = rundir.check_compatible(meta, tokenizer, longer, "init_from", new_phase=True)
+    assert changed == {"global_rope_theta": [10_000.0, 160_000.0]}
+    assert rundir.check_compatible(meta, tokenizer, short, "init_from", new_phase=True) == {}
+    with pytest.raises(rundir.IncompatibleCheckpointError, match="global_rope_theta=10000.0"):
+        rundir.check_compatible(meta, tokenizer, longer, "the checkpoint")  # a resumed run
+    wider = dataclasses.replace(longer, hidden_size=128)
+    with pytest.raises(rundir.IncompatibleCheckpointError, match="hidden_size=64"):
+        rundir.check_compatible(meta, tokenizer, wider, "init_from", new_phase=True)
+
+
+@pytest.mark.slow  # data prepared at 128 and a 4-step run: about 30 s on two cores
+def test_a_context_extension_phase_starts_from_the_checkpoint_and_records_it(
+    modern_runs, packed_data, tmp_path
+):
+    phase1 = modern_runs[0]
+    workdir = tmp_path / "long"
+    config = modern_config(
+        "",
+        **{
+            "init_from": str(phase1),
+            "data.input": str(packed_data[0]),  # prepared again, at 128
+            "data.max_seq_length": 128,
+            "data.max_predictions_per_seq": 40,
+            "model.global_rope_theta": 160_000.0,
+            "batch_size": 8,
+            "batch_warmup_start": 0,
+            "batch_warmup_steps": 0,
+            "num_train_steps": 4,
+            "optimizer.learning_rate": 1e-3,
+        },
+    )
+    config.data.dir = ""
+    result = train(config, workdir)
+    assert result["steps"] == 4 and np.isfinite(result["eval"]["eval/mlm_loss"])
+
+    meta = checkpoint_lib.read_meta(workdir / rundir.CHECKPOINT_DIR)
+    assert meta["phase"] == {
+        "init_from": str(phase1),
+        "step": 8,
+        "changed": {"global_rope_theta": [10_000.0, 160_000.0]},
+    }
+    assert meta["model_config"]["global_rope_theta"] == 160_000.0
+    # The data was tokenized with phase 1's tokenizer, not one trained again.
+    _, _, tokenizer1 = bertjax.load(phase1)
+    config2, params2, tokenizer2 = bertjax.load(workdir)
+    assert tokenizer2.fingerprint == tokenizer1.fingerprint
+    assert config2.global_rope_theta == 160_000.0 and config2.hidden_size == 128
+    guesses = bertjax.Model(config2, params2, tokenizer2, progress=False).fill_mask(
+        "the [MASK] sees a cat.", top_k=2
+    )
+    assert len(guesses) == 2 and 0 < guesses[0]["score"] <= 1
