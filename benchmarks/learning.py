@@ -74,13 +74,14 @@ def prepare(corpus: str, work_dir: pathlib.Path) -> dict[str, pathlib.Path]:
     text = corpus_file(corpus, work_dir / "corpus")
     out = {layout: work_dir / "data" / f"{corpus}-{layout}" for layout in ("packed", "pairs")}
     common = ["--input", str(text), "--max_seq_length", str(SEQ_LEN), "--seed", "0"]
-    common += ["--vocab_size", str(VOCAB), "--eval_fraction", "0.05"]
+    common += ["--eval_fraction", "0.05"]
     layouts = {
         # modernbert_tiny's and tiny_packed's data settings
         "packed": ["--layout", "packed", "--dupe_factor", "1", "--max_predictions_per_seq", "40"],
         # tiny's
         "pairs": ["--dupe_factor", "2", "--max_predictions_per_seq", "20"],
     }
+    layouts["packed"] += ["--vocab_size", str(VOCAB)]
     for layout in ("packed", "pairs"):
         if (out[layout] / "manifest.json").is_file():
             continue
@@ -105,6 +106,7 @@ def train(setup: str, data_dir: pathlib.Path, workdir: pathlib.Path, overrides: 
     }
     command += [f"--config.{key}={value}" for key, value in settings.items()]
     env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    workdir.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(workdir.parent / f"{workdir.name}.log", "w") as log:
         subprocess.run(command, cwd=REPO, env=env, stdout=log, stderr=log, check=True)
