@@ -1,4 +1,5 @@
-"""The demo recipe leaves the unigram plateau within a fixed number of steps.
+"""The demo recipes learn: BERT's leaves the unigram plateau within a fixed number of steps,
+ModernBERT's ends well above the unigram baseline.
 
 `python train.py` with configs/tiny.py, as a new user runs it on the demo corpus: eval MLM
 accuracy must reach EXIT_RATIO x the unigram baseline (always predicting the commonest masked
@@ -7,11 +8,15 @@ has (or at MAX_STEPS), so only the steps needed are paid for. Steps are counted,
 seconds. Measured: the recipe reaches it at step 125 (0.087 against a threshold of 0.074);
 the previous recipe (google's initializer_range and dropout) was at 0.059 then and reached it
 at step 200. benchmarks/plateau.py measures each choice of the recipe.
+
+configs/modernbert_tiny.py runs whole (250 steps) and its printed summary is read: the issue's
+bar is 2.5x the baseline; one run measured 4.1x (0.2135 against 0.0518).
 """
 
 import json
 import os
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +43,15 @@ def eval_accuracies(metrics_file: pathlib.Path) -> dict[int, float]:
         return {}
     records = [json.loads(line) for line in metrics_file.read_text().splitlines()]
     return {r["step"]: r["eval/mlm_accuracy"] for r in records if "eval/mlm_accuracy" in r}
+
+
+def laptop_env() -> dict[str, str]:
+    """One CPU device, as `python train.py` runs on a laptop (conftest simulates eight), and
+    compiled as a user's would be: none of the suite's quick-compile settings."""
+    env = {k: v for k, v in os.environ.items() if k not in QUICK_COMPILES}
+    env.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
 
 
 @pytest.mark.slow
@@ -78,14 +92,9 @@ def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_ste
     ]
     command += ["--workdir", str(workdir), f"--config.data.dir={data_dir}"]
     command += [f"--config.{key}={value}" for key, value in overrides.items()]
-    # One CPU device, as `python train.py` runs on a laptop (conftest simulates eight).
-    # And compiled as a user's would be: none of the suite's quick-compile settings.
-    env = {k: v for k, v in os.environ.items() if k not in QUICK_COMPILES}
-    env.update({"JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     threshold = EXIT_RATIO * baseline.accuracy
     process = subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command, env=laptop_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         # Left alone, the run ends by itself at the recipe's num_train_steps.
@@ -109,3 +118,25 @@ def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_ste
         f"eval MLM accuracy {curve} never reached {EXIT_RATIO} x the unigram baseline "
         f"{baseline.accuracy:.4f} (always {baseline.piece!r}) by step {MAX_STEPS}"
     )
+
+
+MODERN_RATIO = 2.5
+
+
+@pytest.mark.slow  # the whole demo: about two minutes on two cores
+def test_the_modernbert_demo_ends_well_above_the_unigram_baseline(tmp_path):
+    """`python train.py --config configs/modernbert_tiny.py` as a user runs it, to its end: the
+    summary prints eval MLM accuracy at least MODERN_RATIO x the unigram baseline."""
+    command = [sys.executable, str(REPO / "train.py"), "--config"]
+    command += [str(REPO / "configs" / "modernbert_tiny.py"), "--workdir", str(tmp_path / "run")]
+    completed = subprocess.run(
+        command, env=laptop_env(), capture_output=True, text=True, timeout=900
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    line = next(
+        (line for line in completed.stdout.splitlines() if "eval/mlm_accuracy:" in line), ""
+    )
+    match = re.search(r"eval/mlm_accuracy:\s+([\d.]+)\s+\(baseline ([\d.]+), ", line)
+    assert match, completed.stdout[-3000:]
+    accuracy, baseline = float(match[1]), float(match[2])
+    assert accuracy >= MODERN_RATIO * baseline, line
