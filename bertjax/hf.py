@@ -323,6 +323,48 @@ def config_to_hf(config: BertConfig, head: HeadSpec | None = None) -> dict[str, 
     return hf_config
 
 
+# A BertModel's tensors: the encoder and its pooler, no pretraining heads.
+_ENCODER_GROUPS = (CORE, SINUSOIDAL, POOLER)
+_ENCODER_PREFIX = "bert."
+
+
+def encoder_files(config: BertConfig, params: Mapping) -> tuple[dict[str, Any], dict]:
+    """(config.json, tensors) of the encoder in `params["bert"]` (any task model's tree,
+    boxed or not) as transformers' BertModel: what a sentence-transformers Transformer module
+    holds."""
+    params = nn.meta.unbox(params)
+    if set(params) == {"params"}:
+        params = params["params"]
+    if "bert" not in params:
+        raise ValueError(f"params hold {sorted(params)}; expected the encoder under 'bert'")
+    params = {"bert": params["bert"]}
+    if config.scan_layers:
+        params = model_lib.unstack_layers(params, config.num_layers)
+    flat = dict(flatten_tree(params))
+    tensors: dict[str, np.ndarray] = {}
+    for spec in tensor_specs(config):
+        if spec.group not in _ENCODER_GROUPS:
+            continue
+        name = spec.hf_name.removeprefix(_ENCODER_PREFIX)  # a BertModel's own names
+        if spec.group == SINUSOIDAL:
+            table = model_lib.sinusoidal_table(config.max_position_embeddings, config.hidden_size)
+            tensors[name] = table.astype(np.dtype(config.param_dtype))
+            continue
+        if spec.path not in flat:
+            raise ValueError(f"params: missing parameter {'/'.join(spec.path)!r}")
+        array = to_numpy(flat[spec.path])
+        if tuple(array.shape) != spec.shape:
+            raise ValueError(
+                f"params: parameter {'/'.join(spec.path)!r} has shape {tuple(array.shape)}, "
+                f"expected {spec.shape}"
+            )
+        tensors[name] = spec.to_hf(array)
+    hf_config = config_to_hf(config)
+    hf_config["architectures"] = ["BertModel"]
+    hf_config.pop("tie_word_embeddings", None)  # a BertModel has no decoder to tie
+    return hf_config, tensors
+
+
 def _transformers_head(head: HeadSpec) -> TransformersHead:
     th = capability.of(head).transformers_head(head)
     if th is None:

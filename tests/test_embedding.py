@@ -1,6 +1,7 @@
 """Sentence embeddings: pooling, losses (exact values; sharded and cached gradients equal the
 direct ones), search and evaluation (hand-computed values), sentence-transformers both ways."""
 
+import json
 import math
 
 import flax.linen as nn
@@ -11,6 +12,7 @@ import pytest
 
 import bertjax
 from bertjax import optim, sharding, steps, vectors
+from bertjax.encoders.modernbert import ModernBertConfig
 from bertjax.inference import TruncationWarning
 from bertjax.model import BertConfig
 from bertjax.tasks.embed import hf as sbert
@@ -30,6 +32,21 @@ CONFIG = BertConfig(
     max_position_embeddings=40,
     hidden_dropout=0.0,
     attention_dropout=0.0,
+)
+# A ModernBERT encoder of the same width: a global layer, two local ones (windows of 8 tokens),
+# a global one; wordpiece's special ids.
+MODERN = ModernBertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=4,
+    num_heads=4,
+    max_position_embeddings=40,
+    local_attention=8,
+    pad_token_id=0,
+    cls_token_id=2,
+    sep_token_id=3,
+    dtype="float32",
 )
 # One layer where gradients are compared: several gradient programs compile per test.
 SHALLOW = BertConfig(**{**CONFIG.to_dict(), "num_layers": 1})
@@ -404,6 +421,29 @@ def test_reads_a_directory_sentence_transformers_wrote(tmp_path, wordpiece):
     assert loaded.spec == EmbeddingSpec("max", True, 20)
     ours = embedding.embed_texts(loaded.config, loaded.params, loaded.tokenizer, loaded.spec, TEXTS)
     np.testing.assert_allclose(ours, expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls"])
+def test_a_modernbert_encoder_goes_to_sentence_transformers_and_back(tmp_path, wordpiece, pooling):
+    from sentence_transformers import SentenceTransformer
+
+    params = random_params(12, MODERN)
+    spec = EmbeddingSpec(pooling, True, 24)
+    sbert.save(tmp_path, MODERN, params, wordpiece, spec)
+    config_json = json.loads((tmp_path / "config.json").read_text())
+    assert config_json["architectures"] == ["ModernBertModel"]
+    reference = SentenceTransformer(str(tmp_path), device="cpu")
+    expected = reference.encode(TEXTS, convert_to_numpy=True)
+    ours = embedding.embed_texts(MODERN, params, wordpiece, spec, TEXTS)
+    np.testing.assert_allclose(ours, expected, atol=1e-4)
+
+    loaded = sbert.load(tmp_path)
+    assert isinstance(loaded.config, ModernBertConfig) and loaded.spec == spec
+    assert loaded.config.num_layers == 4 and loaded.config.local_attention == 8
+    again = embedding.embed_texts(
+        loaded.config, loaded.params, loaded.tokenizer, loaded.spec, TEXTS
+    )
+    np.testing.assert_allclose(again, ours, atol=1e-6)
 
 
 def test_load_refuses_what_it_cannot_pool(tmp_path, wordpiece):

@@ -108,6 +108,9 @@ class Bert(family.EncoderFamily):
             fresh = (fresh - {"bert"}) | {"pooler"}
         return config, params, report.head, tuple(sorted(fresh))
 
+    def encoder_files(self, config: BertConfig, params: Any) -> tuple[dict, dict]:
+        return hf.encoder_files(config, params)
+
     def write_transformers(
         self,
         config: BertConfig,

@@ -190,6 +190,11 @@ class EncoderFamily:
         not be made up."""
         raise NotImplementedError
 
+    def encoder_files(self, config: Any, params: Any) -> tuple[dict, dict]:
+        """(config.json, tensors) of the encoder alone (params["bert"] of any task model) as
+        transformers' <prefix>Model: what a sentence-transformers Transformer module holds."""
+        raise NotImplementedError
+
     def write_transformers(
         self,
         config: Any,

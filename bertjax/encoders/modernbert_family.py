@@ -407,6 +407,10 @@ class ModernBert(family.EncoderFamily):
         fresh_groups = set(missing) | ({MLM_HEAD} if POOLER in missing else set())
         return config, params, head, tuple(sorted(fresh_groups))
 
+    def encoder_files(self, config: ModernBertConfig, params: Any) -> tuple[dict, dict]:
+        # The encoder alone, as write_transformers writes an untrained head's model.
+        return self._transformers_files(config, params, None, (MLM_HEAD,))
+
     def write_transformers(
         self,
         config: ModernBertConfig,
@@ -420,6 +424,21 @@ class ModernBert(family.EncoderFamily):
         hf.require_safetensors()
         if tokenizer is not None:
             hf.check_vocab(config, tokenizer, f"saving to {directory}")
+        hf_config, tensors = self._transformers_files(config, params, head, untrained)
+        target = fs.path(directory)
+        with hf.staged(target) as staging:
+            hf.write_json(staging / hf.CONFIG_NAME, hf_config)
+            hf.safetensors_numpy.save_file(
+                tensors, staging / hf.SAFE_WEIGHTS_NAME, metadata={"format": "pt"}
+            )
+            if tokenizer is not None:
+                tokenizer.save_hf(staging, model_max_length=config.max_position_embeddings)
+
+    def _transformers_files(
+        self, config: ModernBertConfig, params: Any, head: Any, untrained: Sequence[str]
+    ) -> tuple[dict, dict[str, np.ndarray]]:
+        """(config.json, tensors): ModernBertForMaskedLM, ModernBertModel (an untrained
+        prediction head: the encoder alone) or the class of `head`."""
         params = nn.meta.unbox(params)
         if set(params) == {"params"}:
             params = params["params"]
@@ -469,14 +488,7 @@ class ModernBert(family.EncoderFamily):
             dtypes.add(array.dtype)
         if len(dtypes) == 1:
             hf_config["dtype"] = str(next(iter(dtypes)))
-        target = fs.path(directory)
-        with hf.staged(target) as staging:
-            hf.write_json(staging / hf.CONFIG_NAME, hf_config)
-            hf.safetensors_numpy.save_file(
-                tensors, staging / hf.SAFE_WEIGHTS_NAME, metadata={"format": "pt"}
-            )
-            if tokenizer is not None:
-                tokenizer.save_hf(staging, model_max_length=config.max_position_embeddings)
+        return hf_config, tensors
 
 
 FAMILY = ModernBert()

@@ -3,7 +3,7 @@
 `save` writes what `sentence_transformers.SentenceTransformer(path)` loads as is:
 
   modules.json                      the pipeline: Transformer -> Pooling (-> Normalize)
-  config.json, model.safetensors    a transformers BertModel (no pretraining heads)
+  config.json, model.safetensors    a transformers BertModel or ModernBertModel (the encoder)
   tokenizer.json and the rest       the tokenizer (bertjax.tokenizer.Tokenizer.save_hf)
   sentence_bert_config.json         max_seq_length
   1_Pooling/config.json             the pooling mode
@@ -11,11 +11,11 @@
   config_sentence_transformers.json cosine similarity
 
 `load` reads such a directory back (written here or by sentence-transformers, its
-Transformer module at the root or in a subfolder such as 0_Transformer) into a BertConfig,
-the bi-encoder's parameters ({"bert": ...}), the tokenizer and the EmbeddingSpec (pooling,
-normalisation, max_seq_length). The pooling config is read in both the classic layout
-(pooling_mode_mean_tokens: true, ...) and the newer one (pooling_mode: "mean"); the classic
-one is written, which every sentence-transformers release reads.
+Transformer module at the root or in a subfolder such as 0_Transformer) into its encoder
+family's config, the bi-encoder's parameters ({"bert": ...}), the tokenizer and the
+EmbeddingSpec (pooling, normalisation, max_seq_length). The pooling config is read in both
+the classic layout (pooling_mode_mean_tokens: true, ...) and the newer one (pooling_mode:
+"mean"); the classic one is written, which every sentence-transformers release reads.
 
 The directory may be local or `gs://` (bertjax.fs). On GCS, whose directories are only name
 prefixes, an empty 2_Normalize/ leaves no object: modules.json alone says the vectors are
@@ -32,12 +32,9 @@ import shutil
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-import flax.linen as nn
 import numpy as np
 
-from bertjax import fs, hf
-from bertjax import model as model_lib
-from bertjax.model import BertConfig
+from bertjax import encoders, fs, hf
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import HF_TOKENIZER_CONFIG_FILE, Tokenizer
@@ -69,8 +66,8 @@ _PREFIX = "bert."
 class SentenceModel(NamedTuple):
     """What `load` reads: enough for bertjax.tasks.embed.model.embed_texts."""
 
-    config: BertConfig
-    params: dict  # {"bert": BertModel's tree}, numpy
+    config: Any  # an encoder family's config
+    params: dict  # {"bert": the encoder's tree}, numpy
     tokenizer: Tokenizer
     spec: EmbeddingSpec
 
@@ -81,57 +78,27 @@ def _write_json(path: pathlib.Path, value: Any) -> None:
 
 def save(
     directory: str | os.PathLike,
-    config: BertConfig,
+    config: Any,
     params: Mapping,
     tokenizer: Tokenizer,
     spec: EmbeddingSpec,
 ) -> None:
     """Writes a sentence-transformers directory of this encoder, tokenizer and spec.
 
-    `params` holds "bert" (a BiEncoder's tree, boxed or not, a fine-tuned model's, or
-    BertForPreTraining's); only the encoder and its pooler are written.
+    `config` is any encoder family's; `params` holds "bert" (a BiEncoder's tree, boxed or
+    not, a fine-tuned model's, or a pretraining model's); only the encoder is written, as the
+    family's transformers <prefix>Model (BertModel with its pooler, ModernBertModel).
     """
-    if not isinstance(config, BertConfig):  # its Transformer module is written as BertModel
-        raise ValueError(
-            f"a sentence-transformers export needs a BERT encoder; {type(config).__name__} is "
-            "not one"
-        )
     hf.require_safetensors()
     spec.check(config)
     hf.check_vocab(config, tokenizer, f"saving to {directory}")
-    params = nn.meta.unbox(params)
-    if set(params) == {"params"}:
-        params = params["params"]
-    if "bert" not in params:
-        raise ValueError(f"params hold {sorted(params)}; expected the encoder under 'bert'")
-    params = {"bert": params["bert"]}
-    if config.scan_layers:
-        params = model_lib.unstack_layers(params, config.num_layers)
-    flat = dict(hf.flatten_tree(params))
-    tensors: dict[str, np.ndarray] = {}
-    for spec_ in hf.tensor_specs(config):
-        if spec_.group not in _CORE_GROUPS:
-            continue
-        name = spec_.hf_name.removeprefix(_PREFIX)  # a BertModel's own names
-        if spec_.group == hf.SINUSOIDAL:
-            table = model_lib.sinusoidal_table(config.max_position_embeddings, config.hidden_size)
-            tensors[name] = table.astype(np.dtype(config.param_dtype))
-            continue
-        if spec_.path not in flat:
-            raise ValueError(f"params: missing parameter {'/'.join(spec_.path)!r}")
-        array = hf.to_numpy(flat[spec_.path])
-        if tuple(array.shape) != spec_.shape:
-            raise ValueError(
-                f"params: parameter {'/'.join(spec_.path)!r} has shape {tuple(array.shape)}, "
-                f"expected {spec_.shape}"
-            )
-        tensors[name] = spec_.to_hf(array)
+    hf_config, tensors = encoders.family_of(config).encoder_files(config, params)
 
     out = fs.path(directory)
     # Written whole beside the directory, then moved in (uploaded, on GCS): a failure
     # part-way leaves a previous export as it was.
     with hf.staged(out) as staging:
-        _write(staging, config, tensors, tokenizer, spec)
+        _write(staging, hf_config, tensors, tokenizer, spec, config.hidden_size)
     if not spec.normalize:  # a previous export's Normalize module, no longer listed
         for stale in (out / NORMALIZE_DIR).glob("*"):
             with fs.errors(stale, "delete"):
@@ -142,15 +109,13 @@ def save(
 
 def _write(
     out: pathlib.Path,
-    config: BertConfig,
+    hf_config: dict[str, Any],
     tensors: dict[str, np.ndarray],
     tokenizer: Tokenizer,
     spec: EmbeddingSpec,
+    hidden_size: int,
 ) -> None:
     """Writes the directory's files into a new local directory."""
-    hf_config = hf.config_to_hf(config)
-    hf_config["architectures"] = ["BertModel"]
-    hf_config.pop("tie_word_embeddings", None)  # a BertModel has no decoder to tie
     _write_json(out / hf.CONFIG_NAME, hf_config)
     hf.safetensors_numpy.save_file(tensors, out / hf.SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
     tokenizer.save_hf(out, model_max_length=spec.max_seq_length)
@@ -160,7 +125,7 @@ def _write(
         {"idx": 0, "name": "0", "path": "", "type": TRANSFORMER_TYPE},
         {"idx": 1, "name": "1", "path": POOLING_DIR, "type": POOLING_TYPE},
     ]
-    pooling = {"word_embedding_dimension": config.hidden_size}
+    pooling = {"word_embedding_dimension": hidden_size}
     pooling.update({flag: mode == spec.pooling for mode, flag in _POOLING_FLAGS.items()})
     pooling.update({flag: False for flag in _OTHER_POOLING_FLAGS})
     pooling["include_prompt"] = True
@@ -206,10 +171,12 @@ def _read_json(path: fs.AnyPath) -> Any:
 
 
 def load(path: str | os.PathLike, **overrides) -> SentenceModel:
-    """Reads a sentence-transformers directory: Transformer (BERT), Pooling, optional Normalize.
+    """Reads a sentence-transformers directory: Transformer (BERT or ModernBERT), Pooling,
+    optional Normalize.
 
-    `overrides` set non-architecture BertConfig fields (dtype, attention_impl, ...), as
-    bertjax.hf.load. Other modules (Dense, LayerNorm, ...) are refused by name.
+    `overrides` set non-architecture config fields (dtype, ...), as
+    bertjax.encoders.read_transformers. Other modules (Dense, LayerNorm, ...) are refused by
+    name.
     """
     root = fs.path(path)
     modules_file = root / MODULES_FILE
@@ -238,7 +205,8 @@ def load(path: str | os.PathLike, **overrides) -> SentenceModel:
     level = hf_logger.level
     hf_logger.setLevel(logging.ERROR)  # the pretraining heads it lacks are not wanted here
     try:
-        config, params, _ = hf.load_with_report(transformer_dir, **overrides)
+        # The encoder family of config.json's model_type reads it (BertModel, ModernBertModel).
+        config, params, _, _ = encoders.read_transformers(transformer_dir, **overrides)
     finally:
         hf_logger.setLevel(level)
 
