@@ -71,6 +71,18 @@ def test_a_modernbert_config_refuses_what_the_family_cannot_do(field, value, mes
         PretrainSettings.from_config(config)
 
 
+@pytest.mark.parametrize("field", ["masked_lm_prob", "eval_masked_lm_prob"])
+def test_a_prediction_cap_below_the_masking_rate_is_refused(field):
+    config = tiny.get_config()  # rows of 128, at most 20 predictions
+    config.data[field] = 0.3  # 38 of a full row
+    with pytest.raises(ConfigError) as error:
+        PretrainSettings.from_config(config)
+    assert "config.data.max_predictions_per_seq=20" in str(error.value)
+    assert f"data.{field}=0.3 (38 of them); raise it to at least 38" in str(error.value)
+    config.data.max_predictions_per_seq = 38
+    PretrainSettings.from_config(config)
+
+
 def test_comma_separated_inputs_become_a_tuple(tmp_path):
     for name in ("a.txt", "b.txt"):
         (tmp_path / name).write_text("x\n")
