@@ -438,7 +438,7 @@ def test_seq2seq_refuses_a_modernbert_encoder():
         options.config(CONFIG)
 
 
-def test_an_embedding_model_on_modernbert_embeds_as_trained(tmp_path):
+def test_an_embedding_model_on_modernbert_embeds_and_exports_as_trained(tmp_path):
     spec = EmbeddingSpec(pooling="mean", normalize=True, max_seq_length=32)
     head = head_for(spec)
     params = _randomize(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(8)), 8)
@@ -448,8 +448,14 @@ def test_an_embedding_model_on_modernbert_embeds_as_trained(tmp_path):
     plain = bertjax.Model(CONFIG, params, TOKENIZER).embed(texts, pooling="mean")
     expected = plain / np.linalg.norm(plain, axis=-1, keepdims=True)
     assert _max_diff(vectors, expected) < ATOL
-    with pytest.raises(ValueError, match="needs a BERT encoder; ModernBertConfig"):
-        model.save_hf(tmp_path)
+    # Exported as sentence-transformers over a ModernBertModel, and read back as trained.
+    model.save_hf(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
+        "ModernBertModel"
+    ]
+    reopened = bertjax.Model.load(tmp_path)
+    assert isinstance(reopened.config, ModernBertConfig)
+    assert _max_diff(reopened.embed(texts), vectors) < ATOL
 
 
 def test_resuming_checks_the_family_and_its_architecture_fields():
