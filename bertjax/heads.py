@@ -289,7 +289,7 @@ def encode_words(
     position -1.
     """
     flat = [word for sentence in sentences for word in sentence]
-    pieces = iter(tokenizer.encode_batch(flat))
+    pieces = iter(tokenizer.encode_words(flat))
     n = len(sentences)
     input_ids = np.zeros((n, max_seq_length), np.int32)
     input_mask = np.zeros((n, max_seq_length), np.int32)

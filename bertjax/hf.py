@@ -65,6 +65,7 @@ from bertjax.tokenizer import (
     SentencePieceTokenizer,
     Tokenizer,
     WordPieceTokenizer,
+    tokenizer_from_json,
 )
 
 try:
@@ -611,8 +612,9 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
     """The tokenizer of a transformers BERT directory (or of a bertjax export).
 
     Read in this order: bertjax's sentencepiece model (tokenizer.model, which `save`
-    writes beside tokenizer.json: same ids, same fingerprint), a WordPiece tokenizer.json,
-    then BERT's vocab.txt with tokenizer_config.json's do_lower_case (True when absent, as in
+    writes beside tokenizer.json: same ids, same fingerprint), a tokenizer.json (BERT's
+    WordPiece, or another pipeline with BERT's special tokens, as ModernBERT's byte-level
+    BPE), then BERT's vocab.txt with tokenizer_config.json's do_lower_case (True when absent, as in
     transformers), strip_accents and tokenize_chinese_chars.
     """
     directory = fs.path(path)
@@ -626,7 +628,7 @@ def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
             fs.read_bytes(sentencepiece_file), source=f"tokenizer model {str(sentencepiece_file)!r}"
         )
     if json_file.is_file():
-        return WordPieceTokenizer.from_json(
+        return tokenizer_from_json(
             fs.read_text(json_file), source=f"tokenizer model {str(json_file)!r}"
         )
     if vocab_file.is_file():

@@ -1,9 +1,10 @@
-"""Tokenizers with BERT's special tokens: sentencepiece (trained here) and WordPiece (vocab.txt).
+"""Tokenizers with BERT's special tokens: sentencepiece (trained here), WordPiece (vocab.txt)
+and transformers' tokenizer.json pipelines (ModernBERT's byte-level BPE).
 
 `Tokenizer` is the one interface the rest of bertjax uses: token ids of texts without special
 tokens (`encode`, `encode_batch`), text of ids (`decode`), the special ids, which pieces start a
 word (for whole-word masking), a fingerprint, and the files transformers reads (`save_hf`).
-Two kinds implement it:
+Three kinds implement it (the third, `PipelineTokenizer`, is described where it is defined):
 
 `SentencePieceTokenizer` is the model bertjax trains (unigram or BPE). Ids 0..4 are [PAD],
 [UNK], [CLS], [SEP], [MASK]. [PAD], [CLS], [SEP] and [MASK] are control symbols: sentencepiece
@@ -253,7 +254,7 @@ class Tokenizer:
     sep_id = SEP_ID
     mask_id = MASK_ID
 
-    kind: str  # "sentencepiece" | "wordpiece"
+    kind: str  # "sentencepiece" | "wordpiece" | "pipeline"
     own_file: str  # its file in a transformers directory, beside tokenizer.json
     vocab_size: int
     # sha256 hex digest of what decides the ids: equal fingerprints, equal tokenization.
@@ -263,7 +264,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str | os.PathLike, expected_fingerprint: str | None = None) -> Tokenizer:
-        """Loads a sentencepiece .model, or a WordPiece tokenizer.json (by the .json suffix).
+        """Loads a sentencepiece .model, or a tokenizer.json (by the .json suffix).
 
         Checks BERT's special tokens and, if given, the fingerprint. A vocab.txt does not say
         whether it is cased: load it with `WordPieceTokenizer.from_vocab` or, with its
@@ -281,7 +282,7 @@ class Tokenizer:
                 "lowercase=...) or load its directory with bertjax.hf.load_tokenizer"
             )
         if path.suffix == ".json":
-            tokenizer: Tokenizer = WordPieceTokenizer.from_json(fs.read_text(path), source=source)
+            tokenizer: Tokenizer = tokenizer_from_json(fs.read_text(path), source=source)
         else:
             # sentencepiece reads the model from its bytes: no local copy of a gs:// file.
             tokenizer = SentencePieceTokenizer(fs.read_bytes(path), source=source)
@@ -309,6 +310,11 @@ class Tokenizer:
     def encode(self, text: str, *, special_tokens_in_text: bool = False) -> list[int]:
         """Token ids of one text, without [CLS]/[SEP] added (see encode_batch)."""
         return self.encode_batch([text], special_tokens_in_text=special_tokens_in_text)[0]
+
+    def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+        """Token ids of each word of a text given as words (token labels), each on its own,
+        as the word reads inside a text."""
+        return self.encode_batch(words)
 
     def encode_with_offsets(
         self, texts: Sequence[str]
@@ -884,3 +890,108 @@ class WordPieceTokenizer(Tokenizer):
             # Decode as bertjax does: the WordPiece decoder alone, no further clean-up.
             "clean_up_tokenization_spaces": False,
         }
+
+
+class PipelineTokenizer(Tokenizer):
+    """A transformers tokenizer.json taken as it is: ModernBERT's byte-level BPE and the other
+    `tokenizers` pipelines whose special tokens have BERT's names ([PAD], [UNK], [CLS],
+    [SEP], [MASK]) at any ids (ModernBERT's: 50283, 50280, 50281, 50282, 50284).
+
+    The file's own pipeline tokenizes, so the ids are transformers'. Words given one by one
+    (token labels) are each encoded after a space, as they read inside a text: what
+    ``add_prefix_space=True`` asks of a byte-level pipeline for ModernBERT's word-level tasks
+    (transformers 5's generic tokenizer class ignores that flag and splits a bare word into
+    other pieces).
+    """
+
+    kind = "pipeline"
+    own_file = HF_TOKENIZER_FILE
+
+    def __init__(self, text: str, *, source: str = "tokenizer.json"):
+        try:
+            self._tokenizer = tokenizers.Tokenizer.from_str(text)
+            spec = json.loads(text)
+        except Exception as err:  # tokenizers raises its own exception type
+            raise ValueError(f"{source} is not a tokenizer.json: {err}") from err
+        self._source = source
+        ids = {piece: self._tokenizer.token_to_id(piece) for piece in SPECIAL_PIECES}
+        missing = [piece for piece, i in ids.items() if i is None]
+        if missing:
+            raise ValueError(
+                f"{source}: its vocabulary lacks {missing}; bertjax reads pipelines whose "
+                f"special tokens are BERT's {list(SPECIAL_PIECES)}"
+            )
+        self.pad_id, self.unk_id, self.cls_id, self.sep_id, self.mask_id = (
+            ids[p] for p in SPECIAL_PIECES
+        )
+        self.vocab_size: int = self._tokenizer.get_vocab_size(with_added_tokens=True)
+        self.special_ids: tuple[int, ...] = tuple(sorted(ids.values()))
+        self._text = self._tokenizer.to_str()
+        self.fingerprint: str = hashlib.sha256(self._text.encode("utf-8")).hexdigest()
+        self._byte_level = '"ByteLevel"' in json.dumps(spec.get("pre_tokenizer"))
+        pieces = [self._tokenizer.id_to_token(i) or "" for i in range(self.vocab_size)]
+        # A piece that follows a space starts a word (byte-level "Ġ", metaspace "▁").
+        starts = np.array([p.startswith(("\u0120", WORD_BOUNDARY)) for p in pieces], dtype=bool)
+        starts[list(self.special_ids)] = True
+        self.is_word_start: np.ndarray = starts  # [vocab_size] bool
+        # The same pipeline reading special tokens in text as ordinary text.
+        self._plain = tokenizers.Tokenizer.from_str(self._text)
+        self._plain.encode_special_tokens = True
+
+    def encode_batch(
+        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text, without [CLS]/[SEP] added (see Tokenizer.encode_batch)."""
+        if not texts:
+            return []
+        tokenizer = self._tokenizer if special_tokens_in_text else self._plain
+        return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_words(self, words: Sequence[str]) -> list[list[int]]:
+        if self._byte_level:
+            words = [" " + word for word in words]
+        return self.encode_batch(words)
+
+    def encode_with_offsets(
+        self, texts: Sequence[str]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """(ids, character offsets) of each text (see Tokenizer.encode_with_offsets)."""
+        if not texts:
+            return []
+        encoded = self._plain.encode_batch(list(texts), add_special_tokens=False)
+        return [(e.ids, [(int(a), int(b)) for a, b in e.offsets]) for e in encoded]
+
+    def id_to_piece(self, token_id: int) -> str:
+        return self._tokenizer.id_to_token(self._check_ids([token_id])[0])
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        return self._tokenizer.decode(self._check_ids(ids), skip_special_tokens=skip_special)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes tokenizer.json (atomically) to path; `Tokenizer.load` reads it back."""
+        _save_atomic(path, self._text.encode("utf-8"))
+
+    def hf_tokenizer(self) -> tokenizers.Tokenizer:
+        return tokenizers.Tokenizer.from_str(self._text)
+
+    def _save_own_file(self, directory: fs.AnyPath) -> None:
+        pass  # tokenizer.json is its file, written by save_hf
+
+    def _hf_config(self) -> dict[str, Any]:
+        return {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            # Decode as bertjax does: the pipeline's decoder alone.
+            "clean_up_tokenization_spaces": False,
+        }
+
+
+def tokenizer_from_json(text: str, *, source: str = "tokenizer.json") -> Tokenizer:
+    """The tokenizer of a tokenizer.json: BERT's WordPiece pipeline as a WordPieceTokenizer,
+    any other pipeline with BERT's special tokens (ModernBERT's byte-level BPE) as it is."""
+    try:
+        model_type = json.loads(text)["model"].get("type")
+    except (ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{source} is not a tokenizer.json: {err}") from err
+    if model_type == "WordPiece":
+        return WordPieceTokenizer.from_json(text, source=source)
+    return PipelineTokenizer(text, source=source)

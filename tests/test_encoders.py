@@ -4,6 +4,7 @@ directions (our params -> Model.save_hf -> transformers; transformers' save_pret
 Model.load -> ours), fill_mask, predict, answer and embed on ModernBERT directories, and a
 BERT checkpoint whose meta names no family still opening."""
 
+import dataclasses
 import json
 
 import jax
@@ -604,3 +605,118 @@ def test_fine_tuning_steps_equal_transformers_step_for_step(case, tmp_path):
         np.testing.assert_allclose(
             value.numpy(), theirs[key].detach().numpy(), atol=1e-4, rtol=0, err_msg=key
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# A ModernBERT directory as the hub has it: a byte-level BPE tokenizer.json (no vocab.txt, no
+# sentencepiece model) whose BERT-named special tokens come after the merged pieces, [MASK]
+# taking the space before it, as answerdotai/ModernBERT-base's does.
+HUB_TEXTS = [
+    "The capital of France is Paris, on the river Seine.",
+    "Paris has the Louvre, the largest art museum in the world.",
+    "Who built the old bridge? The king built it in 1607.",
+    "Many people live there; the city is large and old.",
+] * 20
+
+
+def _hub_tokenizer_json() -> str:
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
+
+    tokenizer = tokenizers.Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tokenizer.train_from_iterator(HUB_TEXTS, trainer)
+    tokenizer.add_special_tokens(
+        [
+            tokenizers.AddedToken(piece, special=True, lstrip=piece == "[MASK]")
+            for piece in ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
+        ]
+    )
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B [SEP]",
+        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
+    )
+    return tokenizer.to_str()
+
+
+@pytest.fixture(scope="module")
+def hub_dir(tmp_path_factory):
+    """(directory, the transformers model): ModernBertForMaskedLM + a byte-level BPE tokenizer."""
+    torch, transformers = _torch()
+    directory = tmp_path_factory.mktemp("hub") / "modernbert"
+    directory.mkdir()
+    text = _hub_tokenizer_json()
+    (directory / "tokenizer.json").write_text(text)
+    specials = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]"}
+    specials.update(mask_token="[MASK]", unk_token="[UNK]")
+    (directory / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **specials})
+    )
+    ids = json.loads(text)["added_tokens"]
+    by_name = {t["content"]: t["id"] for t in ids}
+    config = ModernBertConfig(
+        **{
+            **dataclasses.asdict(CONFIG),
+            "vocab_size": max(by_name.values()) + 1,
+            "pad_token_id": by_name["[PAD]"],
+            "cls_token_id": by_name["[CLS]"],
+            "sep_token_id": by_name["[SEP]"],
+        }
+    )
+    theirs = _hf_model("ModernBertForMaskedLM", config, seed=11)
+    with torch.no_grad():  # the decoder is tied: the noise drew it apart
+        theirs.decoder.weight = theirs.model.embeddings.tok_embeddings.weight
+    theirs.save_pretrained(directory)
+    return directory, theirs
+
+
+def test_a_hub_modernbert_directory_with_a_byte_level_bpe_tokenizer_opens(hub_dir, tmp_path):
+    torch, transformers = _torch()
+    directory, theirs = hub_dir
+    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
+    model = bertjax.Model.load(directory)
+    tokenizer = model.tokenizer
+    assert tokenizer.kind == "pipeline"
+    assert (tokenizer.cls_id, tokenizer.mask_id) == (
+        hf_tokenizer.cls_token_id,
+        hf_tokenizer.mask_token_id,
+    )
+    texts = ["The capital of France is Paris.", "Who built it? The king, in 1607!", ""]
+    for text in texts:
+        assert tokenizer.encode(text) == hf_tokenizer(text, add_special_tokens=False).input_ids
+    encoded = model.encode(texts[:2], text_pairs=["the river", "old"])
+    want = hf_tokenizer(texts[:2], ["the river", "old"]).input_ids  # [CLS] A [SEP] B [SEP]
+    ours = [
+        list(row[mask == 1])
+        for row, mask in zip(np.asarray(encoded["input_ids"]), np.asarray(encoded["input_mask"]))
+    ]
+    assert ours == want
+    # Words one by one (token labels) as they read inside a text, each after a space: what
+    # add_prefix_space=True means for a byte-level pipeline.
+    words = ["The", "king", "built", "Paris"]
+    want = hf_tokenizer(" The king built Paris", add_special_tokens=False).input_ids
+    assert [i for word in tokenizer.encode_words(words) for i in word] == want
+    assert tokenizer.decode(tokenizer.encode(texts[1])) == texts[1]
+
+    text = "The capital of France is [MASK]."
+    filled = model.fill_mask(text, top_k=3)
+    inputs = hf_tokenizer([text], return_tensors="pt")
+    at = int((inputs["input_ids"][0] == hf_tokenizer.mask_token_id).nonzero()[0])
+    with torch.no_grad():
+        probs = theirs(**inputs).logits[0, at].softmax(-1).numpy()
+    top = np.argsort(-probs)[:3]
+    assert [f["token"] for f in filled] == top.tolist()
+    assert _max_diff([f["score"] for f in filled], probs[top]) < ATOL
+
+    # Exported and read back: the same tokenizer (fingerprint), transformers reads it too.
+    model.save_hf(tmp_path / "export")
+    again = bertjax.Model.load(tmp_path / "export")
+    assert again.tokenizer.fingerprint == tokenizer.fingerprint
+    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
+    assert exported(texts[0]).input_ids == hf_tokenizer(texts[0]).input_ids
