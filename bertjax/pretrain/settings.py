@@ -218,6 +218,16 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         "data.max_seq_length",
         f"exceeds the model's max_position_embeddings={model.max_position_embeddings}",
     )
+    for field in ("masked_lm_prob", "eval_masked_lm_prob"):
+        # google's count for a full row: a smaller cap would lower the rate of long rows.
+        wanted = max(1, round(data.max_seq_length * config.data[field]))
+        require_(
+            data.masking.max_predictions_per_seq >= wanted,
+            "data.max_predictions_per_seq",
+            f"caps the predictions of a full row of data.max_seq_length={data.max_seq_length} "
+            f"below data.{field}={config.data[field]} ({wanted} of them); raise it to at least "
+            f"{wanted}",
+        )
     objective = config.objective
     require_(objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}")
     require_(
@@ -293,15 +303,6 @@ def _read_data(config) -> DataSettings:
         "data.max_predictions_per_seq",
         f"must be <= data.max_seq_length={d.max_seq_length}",
     )
-    for field in ("masked_lm_prob", "eval_masked_lm_prob"):
-        # google's count for a full row: a smaller cap would lower the rate of long rows.
-        wanted = max(1, round(d.max_seq_length * d[field]))
-        require_(
-            d.max_predictions_per_seq >= wanted,
-            "data.max_predictions_per_seq",
-            f"caps the predictions of a full row of data.max_seq_length={d.max_seq_length} "
-            f"below data.{field}={d[field]} ({wanted} of them); raise it to at least {wanted}",
-        )
     require_(d.task in instances.TASKS, "data.task", f"must be one of {instances.TASKS}")
     # Older configs have no layout field: they hold pairs.
     layout = d.get("layout", "pairs")
