@@ -11,6 +11,7 @@ import unicodedata
 import numpy as np
 import pytest
 import sentencepiece as spm
+import tokenizers
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from bertjax.data.instances import tokenize_documents
@@ -369,11 +370,21 @@ def test_wordpiece_refuses_what_it_cannot_read(tmp_path, tokenizer):
         WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "a"])
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         WordPieceTokenizer.from_vocab(tmp_path / "missing.txt")
-    # A sentencepiece export's tokenizer.json is not WordPiece: bertjax reads its .model.
+    # A sentencepiece export's tokenizer.json is not WordPiece: it reads as the pipeline it is
+    # (bertjax.hf.load_tokenizer prefers the .model beside it), with the same ids.
     spm_tok, _ = tokenizer
     spm_tok.save_hf(tmp_path / "spm")
+    pipeline = Tokenizer.load(tmp_path / "spm" / "tokenizer.json")
+    assert pipeline.kind == "pipeline" and pipeline.vocab_size == spm_tok.vocab_size
+    text = "Paris is the capital of France."
+    assert pipeline.encode(text) == spm_tok.encode(text)
     with pytest.raises(ValueError, match="its model is 'Unigram'"):
-        Tokenizer.load(tmp_path / "spm" / "tokenizer.json")
+        WordPieceTokenizer.from_json((tmp_path / "spm" / "tokenizer.json").read_text())
+    # A pipeline without BERT's special tokens is named as such.
+    bare = tokenizers.Tokenizer(tokenizers.models.BPE())
+    (tmp_path / "bare.json").write_text(bare.to_str())
+    with pytest.raises(ValueError, match=r"lacks \['\[PAD\]', '\[UNK\]'"):
+        Tokenizer.load(tmp_path / "bare.json")
     (tmp_path / "junk.json").write_text("{not json")
     with pytest.raises(ValueError, match="is not a tokenizer.json"):
         Tokenizer.load(tmp_path / "junk.json")
