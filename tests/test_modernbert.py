@@ -610,3 +610,24 @@ def test_sharded_forward_equals_single_device(scan_layers):
         rows = {s.data.shape[0] for s in out.addressable_shards}
         assert rows == {8 // sharding.data_parallel_size(mesh)}, shape  # the batch stays split
         assert _max_diff(out, ref) <= 1e-5, shape
+
+
+def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
+    """Local layers of rows longer than three windows attend by chunks; on the real tokens
+    they give what the whole-row local mask gives, with padding and packed documents."""
+    from bertjax.encoders import modernbert as mb
+
+    assert mb.is_banded(SEQ, SMALL.window) and not mb.is_banded(3 * SMALL.window, SMALL.window)
+    model = ModernBertModel(SMALL)
+    ids, mask = _batch(lengths=(SEQ, 27, 13), seq=SEQ, seed=5)
+    segments = np.where(np.arange(SEQ)[None] < 11, 1, 2) * mask  # two documents per row
+    params = model.init(jax.random.key(3), ids, mask)["params"]
+    params = jax.tree.map(
+        lambda p: p + 0.05 * jax.random.normal(jax.random.key(4), p.shape), params
+    )
+    chunked = np.asarray(_apply(model, params, ids, mask, segment_ids=segments))
+    monkeypatch.setattr(mb, "is_banded", lambda seq, window: False)
+    whole = np.asarray(_apply(model, params, ids, mask, segment_ids=segments))
+    real = mask.astype(bool)
+    assert _max_diff(chunked[real], whole[real]) < ATOL
+    assert np.abs(whole[real]).mean() > 0.1

@@ -24,6 +24,10 @@ token embeddings, Wqkv and Wi; ``initializer_range / sqrt(2 * num_layers)`` for 
 head's dense layer; ``hidden_size ** -0.5`` for a classifier. Biases are zero, LayerNorm
 scales one. The MLM decoder is the token-embedding table itself (tied), plus its own bias.
 
+Local layers of rows longer than three windows attend by chunks (`banded_mask`,
+`_banded_attention`): each chunk of a window's queries against its own and its two
+neighbours' keys, seq x 3 window scores instead of seq x seq, with the same weights.
+
 Packed documents: ``segment_ids`` keeps attention within a document, and ``positions`` that
 restart at each document restart the rotary phase, so a packed row computes what each of its
 documents would alone.
@@ -461,19 +465,83 @@ def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 def attention_masks(
     attention_mask: jax.Array, segment_ids: jax.Array | None, window: int
 ) -> tuple[jax.Array, jax.Array]:
-    """(global, local) boolean masks [batch, seq, seq]: query s may attend to key t.
+    """(global, local) boolean masks: query s may attend to key t.
 
     A key must be a real token (attention_mask) of the query's segment; local layers also
     need |s - t| <= window. Positions within the row set the window: documents are
     contiguous, so a row distance within one document is that document's distance.
+
+    The global mask is [batch, seq, seq]. The local one is too for short rows; for rows longer
+    than three windows it is banded (`banded_mask`): [batch, chunks, window, 3 * window], each
+    chunk of `window` queries against the keys of its own and its two neighbouring chunks, so
+    that local layers compute seq x 3 window scores instead of seq x seq.
     """
     batch, seq = attention_mask.shape
     visible = jnp.broadcast_to(attention_mask.astype(bool)[:, None, :], (batch, seq, seq))
     if segment_ids is not None:
         visible = visible & (segment_ids[:, :, None] == segment_ids[:, None, :])  # [b, s, t]
+    if is_banded(seq, window):
+        return visible, banded_mask(attention_mask, segment_ids, window)
     index = np.arange(seq)
     near = np.abs(index[:, None] - index[None, :]) <= window  # [s, t]
     return visible, visible & near[None]
+
+
+def is_banded(seq: int, window: int) -> bool:
+    """Whether local layers attend by chunks (`banded_mask`): rows longer than 3 windows."""
+    return seq > 3 * window
+
+
+def _chunks(seq: int, window: int) -> int:
+    return -(-seq // window)
+
+
+def banded_mask(attention_mask: jax.Array, segment_ids: jax.Array | None, window: int) -> jax.Array:
+    """[batch, chunks, window, 3 * window] bool: query i of chunk c (position c * window + i)
+    may attend to key j of the band (position (c - 1) * window + j)."""
+    batch, seq = attention_mask.shape
+    chunks = _chunks(seq, window)
+    query = np.arange(chunks)[:, None] * window + np.arange(window)[None]  # [c, w]
+    key = (np.arange(chunks)[:, None] - 1) * window + np.arange(3 * window)[None]  # [c, 3w]
+    near = np.abs(query[:, :, None] - key[:, None, :]) <= window  # [c, w, 3w]
+    inside = (key >= 0) & (key < seq)  # [c, 3w]
+    key_index = np.clip(key, 0, seq - 1)  # [c, 3w]
+    query_index = np.clip(query, 0, seq - 1)  # [c, w]
+    real = attention_mask.astype(bool)[:, key_index] & inside[None]  # [b, c, 3w]
+    mask = real[:, :, None, :] & near[None]  # [b, c, w, 3w]
+    if segment_ids is not None:
+        same = segment_ids[:, query_index][..., None] == segment_ids[:, key_index][:, :, None, :]
+        mask = mask & same  # [b, c, w, 3w]
+    return mask
+
+
+def _band(x: jax.Array, window: int) -> jax.Array:
+    """[b, s, n, d] keys or values -> [b, chunks, 3 * window, n, d]: each chunk's band (the
+    chunk before, itself and the chunk after; zeros beyond the row)."""
+    batch, seq, heads, dim = x.shape
+    chunks = _chunks(seq, window)
+    padded = jnp.pad(x, ((0, 0), (window, (chunks + 1) * window - seq), (0, 0), (0, 0)))
+    blocks = padded.reshape(batch, chunks + 2, window, heads, dim)  # [b, c + 2, w, n, d]
+    return jnp.concatenate([blocks[:, :-2], blocks[:, 1:-1], blocks[:, 2:]], axis=2)
+
+
+def _banded_attention(q, k, v, mask, window: int, dropout) -> jax.Array:
+    """Attention within the band of each chunk of `window` queries ([b, s, n, d] each, `mask`
+    from `banded_mask`): the weights the dense local mask gives every real query (a padding
+    query's differ, and nothing reads them), at seq x 3 window scores. `dropout` applies to
+    the weights, drawing its masks on this layout."""
+    batch, seq, heads, dim = q.shape
+    chunks = _chunks(seq, window)
+    q = jnp.pad(q, ((0, 0), (0, chunks * window - seq), (0, 0), (0, 0)))
+    q = q.reshape(batch, chunks, window, heads, dim)  # [b, c, w, n, d]
+    k, v = _band(k, window), _band(v, window)  # [b, c, 3w, n, d]
+    logits = jnp.einsum(
+        "bcqnd,bctnd->bcnqt", q, k, preferred_element_type=jnp.float32
+    )  # [b, c, n, w, 3w]
+    logits = jnp.where(mask[:, :, None], logits * np.float32(dim**-0.5), _MASK_VALUE)
+    weights = dropout(jax.nn.softmax(logits, axis=-1).astype(v.dtype))  # [b, c, n, w, 3w]
+    context = jnp.einsum("bcnqt,bctnd->bcqnd", weights, v)  # [b, c, w, n, d]
+    return context.reshape(batch, chunks * window, heads, dim)[:, :seq]
 
 
 class Attention(nn.Module):
@@ -499,13 +567,19 @@ class Attention(nn.Module):
         )(x)  # [b, s, 3, n, d]
         q, k, v = (sharding.constrain(qkv[:, :, i], qkv_names) for i in range(3))  # [b, s, n, d]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        logits = jnp.einsum(
-            "bsnd,btnd->bnst", q, k, preferred_element_type=jnp.float32
-        )  # [b, n, s, t]
-        logits = jnp.where(mask[:, None], logits * np.float32(d**-0.5), _MASK_VALUE)
-        weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [b, n, s, t]
-        weights = nn.Dropout(cfg.attention_dropout)(weights, deterministic=deterministic)
-        context = jnp.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
+        weights_dropout = nn.Dropout(cfg.attention_dropout)
+        if mask.ndim == 4:  # banded (local layers of long rows): see attention_masks
+            context = _banded_attention(
+                q, k, v, mask, cfg.window, lambda w: weights_dropout(w, deterministic)
+            )
+        else:
+            logits = jnp.einsum(
+                "bsnd,btnd->bnst", q, k, preferred_element_type=jnp.float32
+            )  # [b, n, s, t]
+            logits = jnp.where(mask[:, None], logits * np.float32(d**-0.5), _MASK_VALUE)
+            weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [b, n, s, t]
+            weights = weights_dropout(weights, deterministic=deterministic)
+            context = jnp.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
         context = sharding.constrain(context, qkv_names)
         y = Projection(
             cfg,
@@ -706,7 +780,7 @@ class ModernBertModel(nn.Module):
             attention_mask = jnp.ones((batch, seq), jnp.int32)
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
-        masks = attention_masks(attention_mask, segment_ids, cfg.window)  # 2 x [b, s, s]
+        masks = attention_masks(attention_mask, segment_ids, cfg.window)  # global, local
         rotary = (
             rotary_tables(positions, cfg.head_dim, cfg.global_rope_theta),
             rotary_tables(positions, cfg.head_dim, cfg.local_rope_theta),
