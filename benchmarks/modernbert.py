@@ -172,7 +172,7 @@ def ours_forward(config, params):
 
 
 def ours_train_step(config, params):
-    model = modernbert_family.PretrainingModel(config)
+    model = modernbert_family.MaskedLM(config)
     optimizer = optax.adamw(1e-4)
 
     def loss_fn(params, batch):

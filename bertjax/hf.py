@@ -348,22 +348,32 @@ def encoder_files(config: BertConfig, params: Mapping) -> tuple[dict[str, Any], 
             continue
         name = spec.hf_name.removeprefix(_ENCODER_PREFIX)  # a BertModel's own names
         if spec.group == SINUSOIDAL:
-            table = model_lib.sinusoidal_table(config.max_position_embeddings, config.hidden_size)
-            tensors[name] = table.astype(np.dtype(config.param_dtype))
-            continue
-        if spec.path not in flat:
-            raise ValueError(f"params: missing parameter {'/'.join(spec.path)!r}")
-        array = to_numpy(flat[spec.path])
-        if tuple(array.shape) != spec.shape:
-            raise ValueError(
-                f"params: parameter {'/'.join(spec.path)!r} has shape {tuple(array.shape)}, "
-                f"expected {spec.shape}"
-            )
-        tensors[name] = spec.to_hf(array)
+            tensors[name] = _sinusoidal_tensor(config)
+        else:
+            tensors[name] = spec.to_hf(_parameter(flat, spec))
     hf_config = config_to_hf(config)
     hf_config["architectures"] = ["BertModel"]
     hf_config.pop("tie_word_embeddings", None)  # a BertModel has no decoder to tie
     return hf_config, tensors
+
+
+def _parameter(flat: Mapping[tuple[str, ...], Any], spec: TensorSpec) -> np.ndarray:
+    """The parameter a tensor is made of, as numpy, checked to be there with its shape."""
+    name = "/".join(spec.path)
+    if spec.path not in flat:
+        raise ValueError(f"params: missing parameter {name!r} (shape {spec.shape})")
+    array = to_numpy(flat[spec.path])
+    if tuple(array.shape) != spec.shape:
+        raise ValueError(
+            f"params: parameter {name!r} has shape {tuple(array.shape)}, expected {spec.shape}"
+        )
+    return array
+
+
+def _sinusoidal_tensor(config: BertConfig) -> np.ndarray:
+    """The fixed position table, written as transformers' learned position embeddings."""
+    table = model_lib.sinusoidal_table(config.max_position_embeddings, config.hidden_size)
+    return table.astype(np.dtype(config.param_dtype))
 
 
 def _transformers_head(head: HeadSpec) -> TransformersHead:
@@ -558,24 +568,16 @@ def save(
     tensors: dict[str, np.ndarray] = {}
     dtypes = set()
     for spec in specs:
-        name = "/".join(spec.path)
         if spec.group == SINUSOIDAL:
             continue
-        if spec.path not in flat:
-            raise ValueError(f"params: missing parameter {name!r} (shape {spec.shape})")
-        array = to_numpy(flat[spec.path])
-        if tuple(array.shape) != spec.shape:
-            raise ValueError(
-                f"params: parameter {name!r} has shape {tuple(array.shape)}, expected {spec.shape}"
-            )
+        array = _parameter(flat, spec)
         tensors[spec.hf_name] = spec.to_hf(array)
         dtypes.add(array.dtype)
     if len(dtypes) == 1:
         hf_config["dtype"] = str(next(iter(dtypes)))
     for spec in specs:
         if spec.group == SINUSOIDAL:
-            table = model_lib.sinusoidal_table(config.max_position_embeddings, config.hidden_size)
-            tensors[spec.hf_name] = table.astype(np.dtype(config.param_dtype))
+            tensors[spec.hf_name] = _sinusoidal_tensor(config)
     # HF's order, which is also the order of the specs.
     tensors = {spec.hf_name: tensors[spec.hf_name] for spec in specs}
 

@@ -675,7 +675,48 @@ def _bpe_merges(pieces: Sequence[Any], normal: Sequence[bool]) -> list[tuple[str
     return merges
 
 
-class WordPieceTokenizer(Tokenizer):
+class _TokenizersPipeline(Tokenizer):
+    """What the kinds run by a `tokenizers` pipeline share: encoding, offsets, decoding and
+    the pipeline's own file. `_use_pipeline` sets the pipeline."""
+
+    def _use_pipeline(self, pipeline: tokenizers.Tokenizer) -> None:
+        self._tokenizer = pipeline
+        # The same pipeline reading special tokens in text as ordinary text.
+        self._plain = tokenizers.Tokenizer.from_str(pipeline.to_str())
+        self._plain.encode_special_tokens = True
+
+    def encode_batch(
+        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
+    ) -> list[list[int]]:
+        """Token ids of each text, without [CLS]/[SEP] added (see Tokenizer.encode_batch)."""
+        if not texts:
+            return []
+        tokenizer = self._tokenizer if special_tokens_in_text else self._plain
+        return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+
+    def encode_with_offsets(
+        self, texts: Sequence[str]
+    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
+        """(ids, character offsets) of each text (see Tokenizer.encode_with_offsets)."""
+        if not texts:
+            return []
+        encoded = self._plain.encode_batch(list(texts), add_special_tokens=False)
+        return [(e.ids, [(int(a), int(b)) for a, b in e.offsets]) for e in encoded]
+
+    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
+        """Text of ids, by the pipeline's decoder; special ids by name unless skipped."""
+        return self._tokenizer.decode(self._check_ids(ids), skip_special_tokens=skip_special)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Writes tokenizer.json (atomically) to path; `Tokenizer.load` reads it back."""
+        _save_atomic(path, self._tokenizer.to_str(pretty=True).encode("utf-8"))
+
+    def hf_tokenizer(self) -> tokenizers.Tokenizer:
+        """The `tokenizers` pipeline itself (a copy)."""
+        return tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
+
+
+class WordPieceTokenizer(_TokenizersPipeline):
     """BERT's WordPiece vocabulary with google's basic tokenization, run by `tokenizers`.
 
     `vocab` lists the pieces by id (vocab.txt's lines); it must hold [PAD], [UNK], [CLS],
@@ -724,10 +765,7 @@ class WordPieceTokenizer(Tokenizer):
         starts[list(self.special_ids)] = True
         self.is_word_start: np.ndarray = starts  # [vocab_size] bool
 
-        self._tokenizer = self._build(ids)
-        # The same pipeline reading special tokens in text as ordinary text.
-        self._plain = tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
-        self._plain.encode_special_tokens = True
+        self._use_pipeline(self._build(ids))
 
     def _settings(self) -> dict[str, Any]:
         """Everything that decides the ids: the fingerprint hashes it."""
@@ -839,39 +877,9 @@ class WordPieceTokenizer(Tokenizer):
             source=source,
         )
 
-    def encode_batch(
-        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
-    ) -> list[list[int]]:
-        """Token ids of each text, without [CLS]/[SEP] added (see Tokenizer.encode_batch)."""
-        if not texts:
-            return []
-        tokenizer = self._tokenizer if special_tokens_in_text else self._plain
-        return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
-
-    def encode_with_offsets(
-        self, texts: Sequence[str]
-    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
-        """(ids, character offsets) of each text (see Tokenizer.encode_with_offsets)."""
-        if not texts:
-            return []
-        encoded = self._plain.encode_batch(list(texts), add_special_tokens=False)
-        return [(e.ids, [(int(a), int(b)) for a, b in e.offsets]) for e in encoded]
-
     def id_to_piece(self, token_id: int) -> str:
         """The vocabulary piece of an id."""
         return self._vocab[self._check_ids([token_id])[0]]
-
-    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
-        """Text of ids ("##" pieces joined to their word); special ids by name unless skipped."""
-        return self._tokenizer.decode(self._check_ids(ids), skip_special_tokens=skip_special)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes tokenizer.json (atomically) to path; `Tokenizer.load` reads it back."""
-        _save_atomic(path, self._tokenizer.to_str(pretty=True).encode("utf-8"))
-
-    def hf_tokenizer(self) -> tokenizers.Tokenizer:
-        """The `tokenizers` pipeline itself (a copy)."""
-        return tokenizers.Tokenizer.from_str(self._tokenizer.to_str())
 
     def _save_own_file(self, directory: fs.AnyPath) -> None:
         _save_atomic(
@@ -892,7 +900,7 @@ class WordPieceTokenizer(Tokenizer):
         }
 
 
-class PipelineTokenizer(Tokenizer):
+class PipelineTokenizer(_TokenizersPipeline):
     """A transformers tokenizer.json taken as it is: ModernBERT's byte-level BPE and the other
     `tokenizers` pipelines whose special tokens have BERT's names ([PAD], [UNK], [CLS],
     [SEP], [MASK]) at any ids (ModernBERT's: 50283, 50280, 50281, 50282, 50284).
@@ -909,10 +917,11 @@ class PipelineTokenizer(Tokenizer):
 
     def __init__(self, text: str, *, source: str = "tokenizer.json"):
         try:
-            self._tokenizer = tokenizers.Tokenizer.from_str(text)
+            pipeline = tokenizers.Tokenizer.from_str(text)
             spec = json.loads(text)
         except Exception as err:  # tokenizers raises its own exception type
             raise ValueError(f"{source} is not a tokenizer.json: {err}") from err
+        self._use_pipeline(pipeline)
         self._source = source
         ids = {piece: self._tokenizer.token_to_id(piece) for piece in SPECIAL_PIECES}
         missing = [piece for piece, i in ids.items() if i is None]
@@ -926,53 +935,22 @@ class PipelineTokenizer(Tokenizer):
         )
         self.vocab_size: int = self._tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids: tuple[int, ...] = tuple(sorted(ids.values()))
-        self._text = self._tokenizer.to_str()
-        self.fingerprint: str = hashlib.sha256(self._text.encode("utf-8")).hexdigest()
+        # What decides the ids is the whole pipeline, in its canonical form.
+        self.fingerprint: str = hashlib.sha256(pipeline.to_str().encode("utf-8")).hexdigest()
         self._byte_level = '"ByteLevel"' in json.dumps(spec.get("pre_tokenizer"))
         pieces = [self._tokenizer.id_to_token(i) or "" for i in range(self.vocab_size)]
         # A piece that follows a space starts a word (byte-level "Ġ", metaspace "▁").
         starts = np.array([p.startswith(("\u0120", WORD_BOUNDARY)) for p in pieces], dtype=bool)
         starts[list(self.special_ids)] = True
         self.is_word_start: np.ndarray = starts  # [vocab_size] bool
-        # The same pipeline reading special tokens in text as ordinary text.
-        self._plain = tokenizers.Tokenizer.from_str(self._text)
-        self._plain.encode_special_tokens = True
-
-    def encode_batch(
-        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
-    ) -> list[list[int]]:
-        """Token ids of each text, without [CLS]/[SEP] added (see Tokenizer.encode_batch)."""
-        if not texts:
-            return []
-        tokenizer = self._tokenizer if special_tokens_in_text else self._plain
-        return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
     def encode_words(self, words: Sequence[str]) -> list[list[int]]:
         if self._byte_level:
             words = [" " + word for word in words]
         return self.encode_batch(words)
 
-    def encode_with_offsets(
-        self, texts: Sequence[str]
-    ) -> list[tuple[list[int], list[tuple[int, int]]]]:
-        """(ids, character offsets) of each text (see Tokenizer.encode_with_offsets)."""
-        if not texts:
-            return []
-        encoded = self._plain.encode_batch(list(texts), add_special_tokens=False)
-        return [(e.ids, [(int(a), int(b)) for a, b in e.offsets]) for e in encoded]
-
     def id_to_piece(self, token_id: int) -> str:
         return self._tokenizer.id_to_token(self._check_ids([token_id])[0])
-
-    def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
-        return self._tokenizer.decode(self._check_ids(ids), skip_special_tokens=skip_special)
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Writes tokenizer.json (atomically) to path; `Tokenizer.load` reads it back."""
-        _save_atomic(path, self._text.encode("utf-8"))
-
-    def hf_tokenizer(self) -> tokenizers.Tokenizer:
-        return tokenizers.Tokenizer.from_str(self._text)
 
     def _save_own_file(self, directory: fs.AnyPath) -> None:
         pass  # tokenizer.json is its file, written by save_hf

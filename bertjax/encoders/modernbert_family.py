@@ -100,7 +100,9 @@ class Encoder(mb.ModernBertModel):
 
 class MaskedLM(nn.Module):
     """The encoder ("bert", with the head) and the tied decoder's bias: float32 logits
-    [batch, seq or predictions, vocab], as transformers' ModernBertForMaskedLM."""
+    [batch, seq or predictions, vocab], as transformers' ModernBertForMaskedLM, with the
+    families' pretraining call (bertjax.encoders.family): ``mlm_logits`` and no sentence-pair
+    head (``nsp_logits`` None); ``packed_length`` is ignored."""
 
     config: ModernBertConfig
 
@@ -120,9 +122,10 @@ class MaskedLM(nn.Module):
         masked_lm_positions=None,
         *,
         deterministic: bool = True,
+        packed_length: int | None = None,
         document_ids=None,
         positions=None,
-    ) -> jax.Array:
+    ) -> family.PretrainingOutput:
         cfg = self.config
         x, _ = self.bert(
             input_ids,
@@ -133,35 +136,8 @@ class MaskedLM(nn.Module):
             positions=positions,
         )  # [b, s, h]
         bias = self.decoder_bias if cfg.decoder_bias else None
-        return mb.masked_lm_logits(
+        logits = mb.masked_lm_logits(
             cfg, x, masked_lm_positions, self.bert.predictions, self.bert.token_table(), bias
-        )
-
-
-class PretrainingModel(MaskedLM):
-    """MaskedLM with the families' pretraining call (bertjax.encoders.family): the same
-    parameters, logits as ``mlm_logits`` and no sentence-pair head (ModernBERT has none)."""
-
-    def __call__(
-        self,
-        input_ids,
-        token_type_ids=None,
-        attention_mask=None,
-        masked_lm_positions=None,
-        *,
-        deterministic: bool = True,
-        packed_length: int | None = None,
-        document_ids=None,
-        positions=None,
-    ) -> family.PretrainingOutput:
-        logits = super().__call__(
-            input_ids,
-            None,
-            attention_mask,
-            masked_lm_positions,
-            deterministic=deterministic,
-            document_ids=document_ids,
-            positions=positions,
         )  # [b, p, v]
         return family.PretrainingOutput(mlm_logits=logits, nsp_logits=None)
 
@@ -315,15 +291,19 @@ class ModernBert(family.EncoderFamily):
     def classifier_init(self, config: ModernBertConfig):
         return mb._init(config, mb._stds(config)["classifier"])
 
-    def pretraining_model(self, config: ModernBertConfig) -> PretrainingModel:
-        return PretrainingModel(config)
+    def pretraining_model(self, config: ModernBertConfig) -> MaskedLM:
+        return MaskedLM(config)
 
     def pretraining_init(self, config: ModernBertConfig):
         return lambda rng: _init_masked_lm(config, rng)
 
     def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
-        return MaskedLM(config).apply(
-            {"params": params}, input_ids, None, attention_mask, positions, deterministic=True
+        return (
+            MaskedLM(config)
+            .apply(
+                {"params": params}, input_ids, None, attention_mask, positions, deterministic=True
+            )
+            .mlm_logits
         )  # [b, p, v]
 
     # ---------------------------------------------------------------- transformers
