@@ -17,7 +17,7 @@ architecture, weights and vocabulary (the classifier starts fresh); --tsv FILE (
 --init_from for the vocabulary) trains on a GLUE-style TSV file with a header instead: the
 file's first --examples rows, --text_columns (one text or a pair) and --label_column, read
 with quoting off (MRPC's quotes are text) and encoded as finetune.py encodes them
-(bertjax.finetune.data: [CLS] A [SEP] B [SEP], pairs cut longest-first), labels in the order
+(bertjax.tasks.labels.data: [CLS] A [SEP] B [SEP], pairs cut longest-first), labels in the order
 finetune.py gives them. The examples' real lengths are printed (percentiles).
 
 bertjax runs the epoch as finetune.py does (host batches from the epoch's permutation,
@@ -69,12 +69,15 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bertjax import heads, optim  # noqa: E402
+from bertjax import optim  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.finetune import data as task_data  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
+from bertjax.finetune.task import Examples  # noqa: E402
 from bertjax.model import PRESETS, BertConfig  # noqa: E402
+from bertjax.tasks.labels import data as label_data  # noqa: E402
+from bertjax.tasks.labels import model as label_heads  # noqa: E402
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch
@@ -85,7 +88,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK]
 CLS_ID, SEP_ID = 2, 3
-SYNTHETIC_HEAD = HeadSpec(heads.CLASSIFICATION, ("0", "1"))
+SYNTHETIC_HEAD = HeadSpec(label_heads.CLASSIFICATION, ("0", "1"))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -167,7 +170,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def synthetic_examples(args: argparse.Namespace) -> task_data.Examples:
+def synthetic_examples(args: argparse.Namespace) -> Examples:
     """Sentence pairs [CLS] A [SEP] B [SEP] of random ids, padded to max_seq_length."""
     rng = np.random.default_rng(args.seed)
     n, length = args.examples, args.max_seq_length
@@ -188,10 +191,10 @@ def synthetic_examples(args: argparse.Namespace) -> task_data.Examples:
         "segment_ids": segment_ids,
         "labels": rng.integers(0, 2, n).astype(np.int32),
     }
-    return task_data.Examples("train", "synthetic", features, [str(i) for i in range(n)], True)
+    return Examples("train", "synthetic", features, [str(i) for i in range(n)], True)
 
 
-def real_examples(args: argparse.Namespace, tokenizer) -> tuple[task_data.Examples, HeadSpec]:
+def real_examples(args: argparse.Namespace, tokenizer) -> tuple[Examples, HeadSpec]:
     """The TSV file's first --examples rows, encoded as finetune.py encodes a split, and the
     head of the labels in the whole file (finetune.py's order: numbers numerically)."""
     with open(args.tsv, encoding="utf-8", newline="") as f:
@@ -214,9 +217,9 @@ def real_examples(args: argparse.Namespace, tokenizer) -> tuple[task_data.Exampl
         texts = tuple(row[k] for k in at[:-1])
         records.append(task_data.Record(line, str(len(records)), texts, row[at[-1]].strip()))
     whole = task_data.Split("train", args.tsv, records, True)
-    head = task_data.head_for(heads.CLASSIFICATION, whole)
+    head = label_data.head_for(label_heads.CLASSIFICATION, whole)
     split = dataclasses.replace(whole, records=records[: args.examples])
-    return task_data.encode(split, head, tokenizer, args.max_seq_length), head
+    return label_data.encode(split, head, tokenizer, args.max_seq_length), head
 
 
 def model_config(args: argparse.Namespace, source) -> BertConfig:

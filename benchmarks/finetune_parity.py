@@ -39,17 +39,18 @@ if _REPO not in sys.path:
 
 import flax.linen as nn  # noqa: E402
 
-from bertjax import heads, hf  # noqa: E402
+from bertjax import hf  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.metrics import spearman  # noqa: E402
 from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
 from bertjax.model import BertConfig, BertForPreTraining  # noqa: E402
+from bertjax.tasks.labels import model as label_heads  # noqa: E402
 from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
 from configs import finetune as finetune_config  # noqa: E402
 
 BATCH_SIZE, MAX_SEQ_LENGTH, WARMUP_FRACTION = 32, 128, 0.1
-REGRESSION_HEAD = HeadSpec(heads.REGRESSION, ("score",))
+REGRESSION_HEAD = HeadSpec(label_heads.REGRESSION, ("score",))
 
 
 def parse_args(argv=None) -> argparse.Namespace:

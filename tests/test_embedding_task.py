@@ -18,7 +18,7 @@ from test_embedding import (
 )
 
 import bertjax
-from bertjax import heads, vectors
+from bertjax import vectors
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneSettings
@@ -29,6 +29,7 @@ from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed import task as task_module
 from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_config
 
@@ -100,7 +101,7 @@ def _settings(root, **fields) -> FinetuneSettings:
 
 
 def test_the_task_is_registered_after_the_four_heads():
-    assert task_lib.names()[:4] == heads.TASKS and "embedding" in task_lib.names()[4:]
+    assert task_lib.names()[:4] == label_heads.TASKS and "embedding" in task_lib.names()[4:]
     task = task_lib.get("embedding")
     assert task.default_metric == "spearman" and "ndcg@10" in task.metrics
 

@@ -24,6 +24,7 @@ from bertjax.finetune.settings import FinetuneSettings
 from bertjax.model import BertConfig
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
+from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import squad
 from bertjax.tasks.seq2seq import model as seq2seq
 from bertjax.tokenizer import WordPieceTokenizer
@@ -126,7 +127,7 @@ def _randomize(params, seed=0):
 def _head_model(config, head: HeadSpec):
     if head.task == squad.TASK:
         return squad.QuestionAnswering(config)
-    return heads.make_model(config, head.task, head.num_outputs)
+    return label_heads.make_model(config, head.task, head.num_outputs)
 
 
 def _our_logits(config, head, params, ids, mask):
@@ -507,11 +508,11 @@ def _parity_batches(head: HeadSpec, seed: int = 0) -> list[dict]:
         ids, mask = _batch(lengths=tuple(int(n) for n in lengths), seed=int(rng.integers(1 << 30)))
         batch = {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids)}
         batch["weights"] = np.ones(PARITY_BATCH, np.float32)
-        if head.task == heads.CLASSIFICATION:
+        if head.task == label_heads.CLASSIFICATION:
             batch["labels"] = rng.integers(0, head.num_outputs, PARITY_BATCH).astype(np.int32)
-        elif head.task == heads.TOKEN_CLASSIFICATION:
+        elif head.task == label_heads.TOKEN_CLASSIFICATION:
             labels = rng.integers(0, head.num_outputs, ids.shape).astype(np.int32)
-            labels[mask == 0] = heads.IGNORE_LABEL
+            labels[mask == 0] = label_heads.IGNORE_LABEL
             batch["labels"] = labels
         else:
             starts = rng.integers(1, SEQ - 3, PARITY_BATCH)
@@ -531,7 +532,7 @@ def _torch_loss(reference, head: HeadSpec, batch):
         inputs["start_positions"] = torch.from_numpy(batch["start_positions"]).long()
         inputs["end_positions"] = torch.from_numpy(batch["end_positions"]).long()
     else:  # transformers ignores -100
-        labels = np.where(batch["labels"] == heads.IGNORE_LABEL, -100, batch["labels"])
+        labels = np.where(batch["labels"] == label_heads.IGNORE_LABEL, -100, batch["labels"])
         inputs["labels"] = torch.from_numpy(labels).long()
     return reference(**inputs).loss
 

@@ -15,15 +15,16 @@ from synthetic_corpus import finetune_config as make_config
 from xla_env import subprocess_env
 
 import bertjax
-from bertjax import heads, hf, optim, rundir, steps
+from bertjax import hf, optim, rundir, steps
 from bertjax import model as model_lib
 from bertjax.capability import HeadSpec
-from bertjax.finetune import data as finetune_data
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
+from bertjax.finetune.task import Examples
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
+from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import squad
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -303,7 +304,7 @@ def small_config(positions: int) -> BertConfig:
 
 def test_sharded_steps_equal_data_parallel_ones():
     config = small_config(16)
-    head = HeadSpec(heads.CLASSIFICATION, ("a", "b", "c"))
+    head = HeadSpec(label_heads.CLASSIFICATION, ("a", "b", "c"))
     optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
     rng = np.random.default_rng(0)
     batch = {
@@ -374,7 +375,7 @@ def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained_
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("task", [heads.CLASSIFICATION, heads.TOKEN_CLASSIFICATION])
+@pytest.mark.parametrize("task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION])
 def test_length_buckets_cut_only_padding_and_train_the_same(task):
     config = small_config(32)
     head = HeadSpec(task, ("a", "b", "c"))
@@ -383,16 +384,20 @@ def test_length_buckets_cut_only_padding_and_train_the_same(task):
     lengths = rng.integers(3, 14, size=count)  # the longest, 13 or less, fits 16 positions
     mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
     labels = rng.integers(0, 3, size=count).astype(np.int32)
-    if task == heads.TOKEN_CLASSIFICATION:
-        labels = np.where(mask == 1, rng.integers(0, 3, size=(count, seq)), heads.IGNORE_LABEL)
+    if task == label_heads.TOKEN_CLASSIFICATION:
+        labels = np.where(
+            mask == 1, rng.integers(0, 3, size=(count, seq)), label_heads.IGNORE_LABEL
+        )
     features = {
         "input_ids": (rng.integers(5, 64, size=(count, seq)) * mask).astype(np.int32),
         "input_mask": mask,
         "segment_ids": np.zeros((count, seq), np.int32),
         "labels": labels.astype(np.int32),
     }
-    word_positions = [np.arange(n) for n in lengths] if task == heads.TOKEN_CLASSIFICATION else None
-    examples = finetune_data.Examples(
+    word_positions = (
+        [np.arange(n) for n in lengths] if task == label_heads.TOKEN_CLASSIFICATION else None
+    )
+    examples = Examples(
         "train", "synthetic", features, [str(i) for i in range(count)], True, word_positions
     )
     order = loop.epoch_order(0, 0, count)
@@ -434,7 +439,7 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(shards, accu
     lengths = rng.integers(3, seq + 1, size=count)
     mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
     features = {"input_mask": mask, "labels": np.zeros(count, np.int32)}
-    examples = finetune_data.Examples("train", "synthetic", features, [""] * count, True)
+    examples = Examples("train", "synthetic", features, [""] * count, True)
     seeds, epochs = (1, 2), 3
     capacity = loop.fitting_capacity(examples, seeds, epochs, batch_size, accumulate, shards)
     slots = batch_size // accumulate // shards * seq
@@ -452,9 +457,7 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(shards, accu
     assert 0 < capacity < 1
 
 
-def _uneven_examples(
-    task: str, count: int, seq: int, longest: int, seed: int = 0
-) -> finetune_data.Examples:
+def _uneven_examples(task: str, count: int, seq: int, longest: int, seed: int = 0) -> Examples:
     """Examples of lengths 3 to `longest` for a label task or question answering."""
     rng = np.random.default_rng(seed)
     lengths = rng.integers(3, longest + 1, size=count)
@@ -469,13 +472,15 @@ def _uneven_examples(
         starts = (rng.random(count) * (lengths - 1)).astype(np.int32)
         features["start_positions"] = starts
         features["end_positions"] = np.minimum(starts + 1, lengths - 1).astype(np.int32)
-    elif task == heads.TOKEN_CLASSIFICATION:
-        labels = np.where(mask == 1, rng.integers(0, 3, size=(count, seq)), heads.IGNORE_LABEL)
+    elif task == label_heads.TOKEN_CLASSIFICATION:
+        labels = np.where(
+            mask == 1, rng.integers(0, 3, size=(count, seq)), label_heads.IGNORE_LABEL
+        )
         features["labels"] = labels.astype(np.int32)
         word_positions = [np.arange(n) for n in lengths]
     else:
         features["labels"] = rng.integers(0, 3, size=count).astype(np.int32)
-    return finetune_data.Examples(
+    return Examples(
         "train", "synthetic", features, [str(i) for i in range(count)], True, word_positions
     )
 
@@ -484,7 +489,9 @@ def _head(task: str) -> HeadSpec:
     return HeadSpec(task, squad.HEAD_LABELS if task == squad.TASK else ("a", "b", "c"))
 
 
-@pytest.mark.parametrize("task", [heads.CLASSIFICATION, heads.TOKEN_CLASSIFICATION, squad.TASK])
+@pytest.mark.parametrize(
+    "task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION, squad.TASK]
+)
 def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
     count, seq, groups = 32, 48, 4
     examples = _uneven_examples(task, count, seq, longest=seq - 1)
@@ -530,7 +537,9 @@ def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
     assert_trained_the_same(*results)
 
 
-@pytest.mark.parametrize("task", [heads.CLASSIFICATION, heads.TOKEN_CLASSIFICATION, squad.TASK])
+@pytest.mark.parametrize(
+    "task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION, squad.TASK]
+)
 def test_evaluation_grouped_by_length_gives_every_example_its_full_length_outputs(task):
     count, seq = 21, 48  # the last batch of 8 is part filler
     examples = _uneven_examples(task, count, seq, longest=30, seed=1)
@@ -552,7 +561,7 @@ def test_evaluation_grouped_by_length_gives_every_example_its_full_length_output
         batch = {k: np.concatenate([v, v[:3]]) for k, v in batch.items()}  # 24 rows
         batch["weights"][count:] = 0.0
         if examples.word_positions is not None:  # token labels count unless ignored
-            batch["labels"][count:] = heads.IGNORE_LABEL
+            batch["labels"][count:] = label_heads.IGNORE_LABEL
         expected_sums, expected = ft.eval_step(
             params, steps.global_batch(batch, ft.batch_sharding, 1)
         )

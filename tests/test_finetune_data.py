@@ -6,13 +6,15 @@ import pathlib
 import numpy as np
 import pytest
 
-from bertjax import heads
 from bertjax.capability import HeadSpec
 from bertjax.finetune import data, layouts
 from bertjax.finetune.settings import FinetuneSettings
+from bertjax.finetune.task import TaskData
 from bertjax.inference import Model
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
+from bertjax.tasks.labels import data as label_data
+from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_config
 
@@ -58,9 +60,9 @@ def settings_for(tmp_path, **fields) -> FinetuneSettings:
     return FinetuneSettings.from_config(config)
 
 
-def load(tmp_path, encoder, **fields) -> data.TaskData:
+def load(tmp_path, encoder, **fields) -> TaskData:
     settings = settings_for(tmp_path, **fields)
-    return data.load_task(settings.data, settings.task, encoder.tokenizer)
+    return label_data.load_task(settings.data, settings.task, encoder.tokenizer)
 
 
 # ----------------------------------------------------------------------------- formats
@@ -165,7 +167,7 @@ def test_conll_words_carry_their_tags_at_their_first_sub_word(tmp_path, encoder)
         **{"data.train": str(train), "data.validation": str(train), "data.test": str(test)},
     )
     assert task.head.labels == ("B-ANIMAL", "O")
-    ignore = heads.IGNORE_LABEL
+    ignore = label_heads.IGNORE_LABEL
     assert task.train.features["labels"][0, :5].tolist() == [ignore, 1, 0, 1, ignore]
     assert [w.tolist() for w in task.train.word_positions] == [[1, 2, 3], [1]]
     assert [w.tolist() for w in task.train.word_labels] == [[1, 0, 1], [0]]
@@ -406,3 +408,11 @@ def test_packing_and_bucket_settings_are_checked(tmp_path, field, value, message
     fields[field] = value
     with pytest.raises(ConfigError, match=message):
         settings_for(tmp_path, **fields)
+
+
+def test_glue_tasks_name_registered_label_tasks():
+    # The GLUE table sits below the task packages and names their tasks by string.
+    assert {glue.task for glue in layouts.GLUE_TASKS.values()} == {
+        label_heads.CLASSIFICATION,
+        label_heads.REGRESSION,
+    }

@@ -19,6 +19,7 @@ from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.model import BertConfig
 from bertjax.tasks import labels as labels_capability
+from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
 
 ATOL = 1e-4
@@ -34,20 +35,22 @@ IDS = np.array([[2, 17, 45, 3, 60, 3, 0, 0], [2, 80, 9, 31, 3, 0, 0, 0]], np.int
 SEGMENTS = np.array([[0, 0, 0, 0, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0]], np.int32)
 MASK = (IDS > 0).astype(np.int32)
 HEADS = {
-    "classification": HeadSpec(heads.CLASSIFICATION, ("neg", "neutral", "pos")),
-    "regression": HeadSpec(heads.REGRESSION, ("similarity",)),
-    "multi_label": HeadSpec(heads.MULTI_LABEL, ("plot", "acting")),
-    "token_classification": HeadSpec(heads.TOKEN_CLASSIFICATION, ("B-LOC", "B-PER", "I-PER", "O")),
+    "classification": HeadSpec(label_heads.CLASSIFICATION, ("neg", "neutral", "pos")),
+    "regression": HeadSpec(label_heads.REGRESSION, ("similarity",)),
+    "multi_label": HeadSpec(label_heads.MULTI_LABEL, ("plot", "acting")),
+    "token_classification": HeadSpec(
+        label_heads.TOKEN_CLASSIFICATION, ("B-LOC", "B-PER", "I-PER", "O")
+    ),
 }
 HF_CLASSES = {
-    heads.TOKEN_CLASSIFICATION: transformers.BertForTokenClassification,
-    heads.CLASSIFICATION: transformers.BertForSequenceClassification,
+    label_heads.TOKEN_CLASSIFICATION: transformers.BertForTokenClassification,
+    label_heads.CLASSIFICATION: transformers.BertForSequenceClassification,
 }
 
 
 def random_params(head: HeadSpec, seed: int):
     """Every parameter random (biases and LayerNorm scales too, which a zero init would hide)."""
-    model = heads.make_model(CONFIG, head.task, head.num_outputs)
+    model = label_heads.make_model(CONFIG, head.task, head.num_outputs)
     abstract = jax.eval_shape(lambda: heads.init_params(model, jax.random.key(0)))
     rng = np.random.default_rng(seed)
 
@@ -59,7 +62,7 @@ def random_params(head: HeadSpec, seed: int):
 
 
 def our_logits(head: HeadSpec, params) -> np.ndarray:
-    model = heads.make_model(CONFIG, head.task, head.num_outputs)
+    model = label_heads.make_model(CONFIG, head.task, head.num_outputs)
     return np.asarray(jax.jit(model.apply)({"params": params}, IDS, SEGMENTS, MASK))
 
 
@@ -87,7 +90,7 @@ def test_exported_heads_load_in_transformers_with_equal_logits(tmp_path, name):
     config = model.config
     assert config.id2label == dict(enumerate(head.labels))
     assert config.label2id == {label: i for i, label in enumerate(head.labels)}
-    if head.task != heads.TOKEN_CLASSIFICATION:
+    if head.task != label_heads.TOKEN_CLASSIFICATION:
         assert config.problem_type == labels_capability.HF_PROBLEM_TYPES[head.task]
     model.eval()
     ours, theirs = our_logits(head, params), torch_logits(model)
@@ -110,7 +113,7 @@ def test_transformers_heads_import_with_equal_logits(tmp_path, name):
         id2label=dict(enumerate(head.labels)),
         attn_implementation="eager",
     )
-    if head.task == heads.REGRESSION:
+    if head.task == label_heads.REGRESSION:
         hf_config.problem_type = None  # one label and no problem_type: transformers' regression
     torch.manual_seed(0)
     model = cls(hf_config).eval()
@@ -190,7 +193,7 @@ def test_fine_tuning_from_a_transformers_classifier_keeps_its_head_for_the_same_
     source = loop.open_source(tmp_path / "export")
     assert source.kind == "hf" and source.head == head
 
-    run_head = head if same_task else HeadSpec(heads.CLASSIFICATION, ("no", "yes"))
+    run_head = head if same_task else HeadSpec(label_heads.CLASSIFICATION, ("no", "yes"))
     ft = build_finetuning(
         CONFIG,
         run_head,
@@ -247,25 +250,25 @@ def parity_batches(head: HeadSpec, pairs: bool, seed: int = 0) -> list[dict]:
         mask = (ids > 0).astype(np.int32)
         batch = {"input_ids": ids, "input_mask": mask, "segment_ids": segments}
         batch["weights"] = np.ones(PARITY_BATCH, np.float32)
-        if head.task == heads.REGRESSION:
+        if head.task == label_heads.REGRESSION:
             batch["labels"] = rng.uniform(0, 5, PARITY_BATCH).astype(np.float32)
-        elif head.task == heads.CLASSIFICATION:
+        elif head.task == label_heads.CLASSIFICATION:
             batch["labels"] = rng.integers(0, head.num_outputs, PARITY_BATCH).astype(np.int32)
-        elif head.task == heads.MULTI_LABEL:
+        elif head.task == label_heads.MULTI_LABEL:
             shape = (PARITY_BATCH, head.num_outputs)
             batch["labels"] = rng.integers(0, 2, shape).astype(np.float32)
         else:
             labels = rng.integers(0, head.num_outputs, ids.shape).astype(np.int32)
-            labels[(mask == 0) | (ids == 2) | (ids == 3)] = heads.IGNORE_LABEL
+            labels[(mask == 0) | (ids == 2) | (ids == 3)] = label_heads.IGNORE_LABEL
             batch["labels"] = labels
         batches.append(batch)
     return batches
 
 
 def torch_labels(head: HeadSpec, labels: np.ndarray):
-    if head.task == heads.TOKEN_CLASSIFICATION:  # transformers ignores -100
-        return torch.tensor(np.where(labels == heads.IGNORE_LABEL, -100, labels)).long()
-    if head.task == heads.CLASSIFICATION:
+    if head.task == label_heads.TOKEN_CLASSIFICATION:  # transformers ignores -100
+        return torch.tensor(np.where(labels == label_heads.IGNORE_LABEL, -100, labels)).long()
+    if head.task == label_heads.CLASSIFICATION:
         return torch.tensor(labels).long()
     return torch.tensor(labels)
 

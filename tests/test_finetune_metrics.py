@@ -5,8 +5,9 @@ import math
 import numpy as np
 import pytest
 
-from bertjax import heads
 from bertjax.finetune import metrics
+from bertjax.tasks.labels import metrics as label_metrics
+from bertjax.tasks.labels import model as label_heads
 
 # Binary: TP at 0 and 3, FP at 1, TN at 2, FN at 4.
 BINARY_PRED = [1, 1, 0, 1, 0]
@@ -88,13 +89,13 @@ def test_multi_label_f1_and_exact_match():
     ],
 )
 def test_entities_follow_conllevals_chunking(tags, expected):
-    assert metrics.entities(tags) == expected
+    assert label_metrics.entities(tags) == expected
 
 
 def test_entity_scores_count_exact_matches_of_span_and_type():
     gold = [["B-PER", "I-PER", "O", "B-LOC"], ["B-ORG", "O"]]
     predicted = [["B-PER", "I-PER", "O", "B-ORG"], ["B-ORG", "B-MISC"]]
-    scores = metrics.entity_scores(predicted, gold)
+    scores = label_metrics.entity_scores(predicted, gold)
     # Found 4 (PER, ORG; ORG, MISC), true 3 (PER, LOC; ORG), correct 2 (PER; ORG).
     assert scores["precision"] == pytest.approx(2 / 4)
     assert scores["recall"] == pytest.approx(2 / 3)
@@ -103,19 +104,21 @@ def test_entity_scores_count_exact_matches_of_span_and_type():
 
 
 def test_a_boundary_mismatch_is_a_miss():
-    scores = metrics.entity_scores([["B-PER", "O"]], [["B-PER", "I-PER"]])
+    scores = label_metrics.entity_scores([["B-PER", "O"]], [["B-PER", "I-PER"]])
     assert scores["precision"] == 0.0 and scores["recall"] == 0.0 and scores["f1"] == 0.0
 
 
 def test_scores_report_each_tasks_metrics():
-    classification = metrics.scores(heads.CLASSIFICATION, BINARY_PRED, BINARY_GOLD, 2)
-    assert set(classification) == set(metrics.METRIC_NAMES[heads.CLASSIFICATION])
+    classification = label_metrics.scores(label_heads.CLASSIFICATION, BINARY_PRED, BINARY_GOLD, 2)
+    assert set(classification) == set(label_metrics.METRIC_NAMES[label_heads.CLASSIFICATION])
     assert classification["f1"] == pytest.approx(2 / 3)
-    assert "f1" not in metrics.scores(heads.CLASSIFICATION, MULTI_PRED, MULTI_GOLD, 3)
+    assert "f1" not in label_metrics.scores(label_heads.CLASSIFICATION, MULTI_PRED, MULTI_GOLD, 3)
     for task, predicted, gold in [
-        (heads.REGRESSION, [1.0, 2.0, 3.0], [2.0, 4.0, 7.0]),
-        (heads.MULTI_LABEL, np.eye(2), np.eye(2)),
-        (heads.TOKEN_CLASSIFICATION, [["B-X"]], [["B-X"]]),
+        (label_heads.REGRESSION, [1.0, 2.0, 3.0], [2.0, 4.0, 7.0]),
+        (label_heads.MULTI_LABEL, np.eye(2), np.eye(2)),
+        (label_heads.TOKEN_CLASSIFICATION, [["B-X"]], [["B-X"]]),
     ]:
-        assert set(metrics.scores(task, predicted, gold, 2)) == set(metrics.METRIC_NAMES[task])
-        assert metrics.DEFAULT_METRIC[task] in metrics.METRIC_NAMES[task]
+        assert set(label_metrics.scores(task, predicted, gold, 2)) == set(
+            label_metrics.METRIC_NAMES[task]
+        )
+        assert label_metrics.DEFAULT_METRIC[task] in label_metrics.METRIC_NAMES[task]

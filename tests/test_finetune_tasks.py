@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import capability, heads, optim
+from bertjax import capability, optim
 from bertjax.capability import HeadSpec
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.objective import build_finetuning
@@ -15,6 +15,7 @@ from bertjax.finetune.settings import FinetuneSettings
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks import labels
+from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.labels.task import HeadTask
 from configs import finetune as finetune_config
 
@@ -37,7 +38,7 @@ class _EchoCapability(labels.Labels):
     fine_tuning = {"echo_test": _Echo("echo_test")}
 
     def check_head(self, head):
-        heads.check_labels(heads.CLASSIFICATION, head.labels)
+        label_heads.check_labels(label_heads.CLASSIFICATION, head.labels)
 
 
 def _settings(tmp_path: pathlib.Path, **fields) -> FinetuneSettings:
@@ -55,8 +56,8 @@ def _settings(tmp_path: pathlib.Path, **fields) -> FinetuneSettings:
 
 
 def test_the_four_heads_are_registered_in_order():
-    assert task_lib.names()[:4] == heads.TASKS
-    for name in heads.TASKS:
+    assert task_lib.names()[:4] == label_heads.TASKS
+    for name in label_heads.TASKS:
         assert task_lib.get(name).name == name
     with pytest.raises(ValueError, match=r"task='nope' is not a fine-tuning task: valid \("):
         task_lib.get("nope")
@@ -97,7 +98,7 @@ def test_build_finetuning_takes_the_objective_from_the_task():
     config = BertConfig(
         vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64
     )
-    head = HeadSpec(heads.MULTI_LABEL, ("a", "b", "c"))
+    head = HeadSpec(label_heads.MULTI_LABEL, ("a", "b", "c"))
     ft = build_finetuning(
         config,
         head,
@@ -137,7 +138,7 @@ def test_a_fresh_regression_head_starts_at_the_training_targets_mean(tmp_path, n
         ["0", "1", "2"],
         True,
     )
-    head = HeadSpec(heads.REGRESSION, ("score",))
+    head = HeadSpec(label_heads.REGRESSION, ("score",))
     data = task_lib.TaskData(head, examples, [examples], [], [])
     params = {
         "bert": {},

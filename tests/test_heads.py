@@ -15,6 +15,7 @@ from bertjax.model import BertConfig, BertModel
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.objective import LossSettings
+from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.seq2seq import model as s2s
 from bertjax.tokenizer import WordPieceTokenizer
 
@@ -47,7 +48,7 @@ def _encoder(params):
 
 @pytest.fixture(scope="module")
 def sequence_model():
-    model = heads.SequenceClassifier(CONFIG, 3)
+    model = label_heads.SequenceClassifier(CONFIG, 3)
     return model, _init(model)
 
 
@@ -65,7 +66,7 @@ def test_sequence_classifier_is_a_dense_layer_on_the_pooled_output(sequence_mode
 
 
 def test_token_classifier_labels_every_position_of_the_sequence_output():
-    model = heads.TokenClassifier(CONFIG, 5)
+    model = label_heads.TokenClassifier(CONFIG, 5)
     params = _init(model)
     logits = _apply(model, params)
     sequence, _ = _encoder(params)
@@ -88,7 +89,7 @@ def test_dropout_before_the_classifier_acts_only_in_training(sequence_model):
 
 
 def test_the_classifier_kernel_is_named_for_sharding():
-    model = heads.SequenceClassifier(CONFIG, 3)
+    model = label_heads.SequenceClassifier(CONFIG, 3)
     boxed = jax.eval_shape(lambda: heads.init_params(model, jax.random.key(0)))
     assert boxed["classifier"]["kernel"].names == (sharding.EMBED, sharding.LABELS)
     assert sharding.logical_to_spec((sharding.LABELS,)) == jax.sharding.PartitionSpec(None)
@@ -105,7 +106,7 @@ def test_the_initial_classifier_is_truncated_normal_at_the_initializer_range():
 
 def test_classification_loss_is_cross_entropy_summed_over_weighted_rows():
     logits = jnp.array([[0.0, math.log(3.0)], [2.0, 0.0], [5.0, -5.0]])
-    sums = heads.classification_sums(logits, jnp.array([1, 1, 0]), jnp.array([1.0, 1.0, 0.0]))
+    sums = label_heads.classification_sums(logits, jnp.array([1, 1, 0]), jnp.array([1.0, 1.0, 0.0]))
     # Row 0: p(1) = 3/4; row 1: p(1) = 1 / (1 + e^2); row 2 has weight 0.
     expected = -math.log(0.75) + math.log(1 + math.exp(2.0))
     assert float(sums.loss) == pytest.approx(expected, rel=1e-6)
@@ -113,7 +114,7 @@ def test_classification_loss_is_cross_entropy_summed_over_weighted_rows():
 
 
 def test_regression_loss_is_the_summed_squared_error():
-    sums = heads.regression_sums(
+    sums = label_heads.regression_sums(
         jnp.array([[1.5], [0.0], [9.0]]), jnp.array([1.0, 2.0, 0.0]), jnp.array([1.0, 1.0, 0.0])
     )
     assert float(sums.loss) == pytest.approx(0.25 + 4.0)
@@ -123,7 +124,7 @@ def test_regression_loss_is_the_summed_squared_error():
 def test_multi_label_loss_is_binary_cross_entropy_over_every_label():
     logits = jnp.array([[0.0, math.log(3.0), -math.log(3.0)]])  # sigmoid: 1/2, 3/4, 1/4
     targets = jnp.array([[1.0, 1.0, 1.0]])
-    sums = heads.multi_label_sums(logits, targets, jnp.array([1.0]))
+    sums = label_heads.multi_label_sums(logits, targets, jnp.array([1.0]))
     expected = math.log(2.0) - math.log(0.75) - math.log(0.25)
     assert float(sums.loss) == pytest.approx(expected, rel=1e-6)
     # Thresholded at 0.5: labels 0 and 1 predicted, as the targets say; label 2 missed.
@@ -138,40 +139,57 @@ def test_multi_label_loss_is_binary_cross_entropy_over_every_label():
 
 def test_token_loss_ignores_unlabelled_positions():
     logits = jnp.zeros((1, 4, 3)).at[0, 1, 2].set(math.log(2.0))  # position 1: p = 2/4, 1/4...
-    labels = jnp.array([[heads.IGNORE_LABEL, 2, 0, heads.IGNORE_LABEL]])
-    sums = heads.token_classification_sums(logits, labels)
+    labels = jnp.array([[label_heads.IGNORE_LABEL, 2, 0, label_heads.IGNORE_LABEL]])
+    sums = label_heads.token_classification_sums(logits, labels, jnp.ones(1))
     expected = -math.log(0.5) - math.log(1 / 3)
     assert float(sums.loss) == pytest.approx(expected, rel=1e-6)
     assert float(sums.correct) == 2.0  # position 2 ties: argmax takes label 0, which is right
     assert float(sums.count) == 2.0
     batch = {"labels": labels, "weights": jnp.ones(1)}
-    assert float(heads.denominator(heads.TOKEN_CLASSIFICATION, batch, 3)) == 2.0
+    assert float(label_heads.denominator(label_heads.TOKEN_CLASSIFICATION, batch, 3)) == 2.0
 
 
-@pytest.mark.parametrize("task", [heads.CLASSIFICATION, heads.REGRESSION, heads.MULTI_LABEL])
+def test_token_loss_drops_rows_weighted_zero():
+    # An evaluation batch's last rows repeat an example to fill the batch, weighted 0.
+    logits = jnp.zeros((2, 3, 2)).at[:, 1, 1].set(1.0)
+    labels = jnp.array([[label_heads.IGNORE_LABEL, 1, 0], [label_heads.IGNORE_LABEL, 1, 0]])
+    one = label_heads.token_classification_sums(logits[:1], labels[:1], jnp.ones(1))
+    padded = label_heads.token_classification_sums(logits, labels, jnp.array([1.0, 0.0]))
+    assert [float(x) for x in padded] == [float(x) for x in one]
+    batch = {"labels": labels, "weights": jnp.array([1.0, 0.0])}
+    assert float(label_heads.denominator(label_heads.TOKEN_CLASSIFICATION, batch, 2)) == 2.0
+
+
+@pytest.mark.parametrize(
+    "task", [label_heads.CLASSIFICATION, label_heads.REGRESSION, label_heads.MULTI_LABEL]
+)
 def test_denominators_equal_the_counts_of_the_sums(task):
     weights = jnp.array([1.0, 1.0, 0.0])
     labels = {
-        heads.CLASSIFICATION: jnp.array([0, 1, 0]),
-        heads.REGRESSION: jnp.array([0.5, 1.0, 0.0]),
-        heads.MULTI_LABEL: jnp.array([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]),
+        label_heads.CLASSIFICATION: jnp.array([0, 1, 0]),
+        label_heads.REGRESSION: jnp.array([0.5, 1.0, 0.0]),
+        label_heads.MULTI_LABEL: jnp.array([[1.0, 0.0], [0.0, 0.0], [0.0, 0.0]]),
     }[task]
-    logits = jnp.ones((3, 1 if task == heads.REGRESSION else 2))
+    logits = jnp.ones((3, 1 if task == label_heads.REGRESSION else 2))
     batch = {"labels": labels, "weights": weights}
-    sums = heads.head_sums(task, logits, batch)
-    assert float(heads.denominator(task, batch, logits.shape[-1])) == float(sums.count)
+    sums = label_heads.head_sums(task, logits, batch)
+    assert float(label_heads.denominator(task, batch, logits.shape[-1])) == float(sums.count)
 
 
 def test_outputs_are_probabilities_values_or_labels():
     logits = jnp.array([[0.0, math.log(3.0)]])
     np.testing.assert_allclose(
-        heads.outputs(heads.CLASSIFICATION, logits)["probabilities"], [[0.25, 0.75]], rtol=1e-6
+        label_heads.outputs(label_heads.CLASSIFICATION, logits)["probabilities"],
+        [[0.25, 0.75]],
+        rtol=1e-6,
     )
     np.testing.assert_allclose(
-        heads.outputs(heads.MULTI_LABEL, logits)["probabilities"], [[0.5, 0.75]], rtol=1e-6
+        label_heads.outputs(label_heads.MULTI_LABEL, logits)["probabilities"],
+        [[0.5, 0.75]],
+        rtol=1e-6,
     )
-    np.testing.assert_allclose(heads.outputs(heads.REGRESSION, logits)["values"], [0.0])
-    token = heads.outputs(heads.TOKEN_CLASSIFICATION, logits[None])  # [1, 1, 2]
+    np.testing.assert_allclose(label_heads.outputs(label_heads.REGRESSION, logits)["values"], [0.0])
+    token = label_heads.outputs(label_heads.TOKEN_CLASSIFICATION, logits[None])  # [1, 1, 2]
     assert token["labels"].tolist() == [[1]]
     np.testing.assert_allclose(token["scores"], [[0.75]], rtol=1e-6)
 
@@ -180,9 +198,9 @@ def test_outputs_are_probabilities_values_or_labels():
     "task, labels, message",
     [
         ("ner", ("O",), "must be one of"),
-        (heads.CLASSIFICATION, ("yes",), "at least 2 labels"),
-        (heads.REGRESSION, ("a", "b"), "one output"),
-        (heads.CLASSIFICATION, ("a", "a"), "appears twice"),
+        (label_heads.CLASSIFICATION, ("yes",), "at least 2 labels"),
+        (label_heads.REGRESSION, ("a", "b"), "one output"),
+        (label_heads.CLASSIFICATION, ("a", "a"), "appears twice"),
     ],
 )
 def test_impossible_heads_are_refused(task, labels, message):
@@ -191,7 +209,7 @@ def test_impossible_heads_are_refused(task, labels, message):
 
 
 def test_head_spec_round_trips_through_meta():
-    spec = HeadSpec(heads.MULTI_LABEL, ("sports", "politics"))
+    spec = HeadSpec(label_heads.MULTI_LABEL, ("sports", "politics"))
     assert HeadSpec.from_dict(spec.to_dict()) == spec
     assert spec.num_outputs == 2 and not spec.token_level
 
@@ -203,7 +221,7 @@ def test_words_are_labelled_at_their_first_sub_word_and_cut_at_the_length(tmp_pa
     vocab.write_text("\n".join(pieces) + "\n")
     tokenizer = WordPieceTokenizer.from_vocab(vocab)
     sentences = [["John", "lives", "in", "Hampton"], ["York", "Yorkshire", "in", "John"]]
-    inputs = heads.encode_words(tokenizer, sentences, max_seq_length=6)
+    inputs = label_heads.encode_words(tokenizer, sentences, max_seq_length=6)
     # [CLS] john lives in hamp ##ton [SEP] needs 7 slots: the last word keeps its first piece.
     assert inputs.input_ids[0].tolist() == [2, 5, 6, 7, 11, 3]
     assert inputs.word_positions[0].tolist() == [1, 2, 3, 4]

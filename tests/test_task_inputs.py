@@ -22,6 +22,7 @@ from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.labels import data as label_data
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
 from bertjax.tasks.seq2seq import model as s2s
@@ -278,10 +279,10 @@ def test_a_classification_text_without_tokens_names_file_and_line(tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("text\tlabel\nw1\ta\n\x01\tb\n")
     layout = layouts.Layout(layouts.TSV, ("text",), "label")
-    split = task_data.read_split(path, layout, "classification", "train", True)
-    head = task_data.head_for("classification", split)
+    split = task_data.read_split(path, layout, "train", True)
+    head = label_data.head_for("classification", split)
     with pytest.raises(TaskDataError) as err:
-        task_data.encode(split, head, TOKENIZER, 8)
+        label_data.encode(split, head, TOKENIZER, 8)
     assert "train.tsv line 3: the text ('\\x01') has no tokens" in one_line(err)
 
 

@@ -1,17 +1,16 @@
-"""Task data: files read into examples, labels mapped to ids, examples encoded to arrays.
+"""Task files read into records: the readers every fine-tuning task shares.
 
-    load_task(data settings, task, tokenizer) -> TaskData: all of the below for every file
-    read_split(path, layout, task)   -> Split of Records (texts, label, id, line number)
-    head_for(task, train, labels)    -> HeadSpec: the labels found in training (or GLUE's)
-    encode(split, head, tokenizer)   -> Examples: [n, max_seq_length] arrays and labels
+    read_split(path, layout, name, require_labels, label) -> Split of Records (texts, label,
+                                                            id, line number)
+    record_fault(split, err)                             -> TaskDataError naming file and line
 
-Sentence tasks are encoded by `bertjax.features.encode`: [CLS] A [SEP] or [CLS] A [SEP] B [SEP],
-pairs cut longest-first, as google-research/bert's run_classifier does. Token tasks are
-encoded word by word (`heads.encode_words`): the first sub-word of each word carries its tag.
+Formats: CSV, TSV (GLUE's), JSON Lines, CoNLL (`token TAG` lines). How a label field's raw
+value becomes a label is the task's: a `LabelReader` (TEXT_LABEL, NUMBER_LABEL, or one of the
+task's own). What a task makes of the records (its heads, its encoding) lives with the task
+(bertjax/tasks/<name>/).
 
 Bad input raises TaskDataError, one message naming the file, the line and what is wrong:
-an empty file, a missing column, an empty text, a label in validation or test data that
-the training data never has, a label that is not a number (regression).
+an empty file, a missing column, an empty text, a label that is not what the reader expects.
 """
 
 from __future__ import annotations
@@ -21,29 +20,58 @@ import dataclasses
 import json
 import math
 import os
-import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
-import numpy as np
-
 from bertjax import features as features_lib
-from bertjax import fs, heads, textfile
-from bertjax.capability import HeadSpec
-from bertjax.finetune.layouts import CONLL, JSONL, TRAIN, TSV, Layout
-from bertjax.finetune.settings import FinetuneDataSettings
-from bertjax.finetune.task import Examples, TaskData
-from bertjax.heads import MULTI_LABEL, REGRESSION
-from bertjax.tokenizer import Tokenizer
+from bertjax import fs, textfile
+from bertjax.finetune.layouts import CONLL, JSONL, TSV, Layout
 
-# Texts per call to the encoder: bounds the memory of its padded intermediate arrays.
-_ENCODE_CHUNK = 4096
 # The CoNLL-2003 files start documents with this line; it is not a sentence.
 _DOCSTART = "-DOCSTART-"
 
 
 class TaskDataError(ValueError):
     """Task data that cannot be used; the message names the file, the line and the problem."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LabelReader:
+    """How a label field's raw value (a string, or a JSON value) becomes a task's label.
+
+    `parse(raw, where, field)` returns the label or raises TaskDataError; `where` is "<file>
+    line <n>" and `field` names the label field, for the message. `numeric`: the labels are
+    numbers whether written as text or as JSON numbers, so a JSON Lines file is not held to
+    writing every label the same way (it is otherwise: 1 and "1" would be two labels).
+    """
+
+    parse: Callable[[Any, str, str], Any]
+    numeric: bool = False
+
+
+def _text_label(raw: Any, where: str, field: str) -> str:
+    if isinstance(raw, (dict, list)) or raw is None:
+        raise TaskDataError(f"{where}: label {raw!r} in {field} is not a single label")
+    label = str(raw).strip()
+    if not label:
+        raise TaskDataError(f"{where}: {field} is empty")
+    return label
+
+
+def _number_label(raw: Any, where: str, field: str) -> float:
+    try:
+        value = float(raw)
+    except (TypeError, ValueError):
+        value = math.nan
+    if isinstance(raw, bool) or not math.isfinite(value):
+        raise TaskDataError(f"{where}: label {raw!r} in {field} is not a finite number")
+    return value
+
+
+# One label, as text (a class name, a target text).
+TEXT_LABEL = LabelReader(_text_label)
+# A finite number (a regression target, a similarity score).
+NUMBER_LABEL = LabelReader(_number_label, numeric=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +99,14 @@ class Split:
 
 
 def read_split(
-    path: str | os.PathLike, layout: Layout, task: str, name: str, require_labels: bool
+    path: str | os.PathLike,
+    layout: Layout,
+    name: str,
+    require_labels: bool,
+    label: LabelReader = TEXT_LABEL,
 ) -> Split:
-    """Reads one file; `require_labels`: a file without its label column is an error."""
+    """Reads one file; `require_labels`: a file without its label column is an error;
+    `label` reads the label field's values (CoNLL tags are always text)."""
     path = fs.path(path)
     if fs.kind(path) != "file":
         raise TaskDataError(f"{path}: no such file ({name} data)")
@@ -84,9 +117,9 @@ def read_split(
             records, skipped = _read_conll(path), 0
             has_labels = bool(records) and records[0].label is not None
         elif layout.format == JSONL:
-            records, has_labels, skipped = _read_jsonl(path, layout, task)
+            records, has_labels, skipped = _read_jsonl(path, layout, label)
         else:
-            records, has_labels, skipped = _read_delimited(path, layout, task)
+            records, has_labels, skipped = _read_delimited(path, layout, label)
     except textfile.TextFileError as err:
         raise TaskDataError(f"{err} ({name} data)") from None
     if not records:
@@ -97,41 +130,9 @@ def read_split(
     return Split(name, str(path), records, has_labels, skipped)
 
 
-def _label_value(path, line: int, raw: Any, layout: Layout, task: str) -> Any:
-    """A label as read, checked for the task: str, float or tuple of str."""
-    where = f"{path} line {line}"
+def _label_value(path, line: int, raw: Any, layout: Layout, label: LabelReader) -> Any:
     # The field named too: a seq2seq target or an embedding score is a "label" here.
-    field = f"field {layout.label_field!r}"
-    if task == REGRESSION:
-        try:
-            value = float(raw)
-        except (TypeError, ValueError):
-            value = math.nan
-        if isinstance(raw, bool) or not math.isfinite(value):
-            raise TaskDataError(
-                f"{where}: label {raw!r} in {field} is not a finite number (regression)"
-            )
-        return value
-    if task == MULTI_LABEL:
-        if isinstance(raw, list):
-            labels = [str(x).strip() for x in raw]
-        elif isinstance(raw, str):
-            parts = raw.split(layout.label_separator) if layout.label_separator else [raw]
-            labels = [p.strip() for p in parts if p.strip()]
-        else:
-            raise TaskDataError(
-                f"{where}: label {raw!r} in {field} is neither a list nor a string of labels "
-                "(multi_label)"
-            )
-        if any(not label for label in labels):
-            raise TaskDataError(f"{where}: an empty label in {raw!r} ({field})")
-        return tuple(dict.fromkeys(labels))  # each label once, in the order given
-    if isinstance(raw, (dict, list)) or raw is None:
-        raise TaskDataError(f"{where}: label {raw!r} in {field} is not a single label")
-    label = str(raw).strip()
-    if not label:
-        raise TaskDataError(f"{where}: {field} is empty")
-    return label
+    return label.parse(raw, f"{path} line {line}", f"field {layout.label_field!r}")
 
 
 def _text(path, line: int, value: Any, field: str | int) -> str:
@@ -144,7 +145,7 @@ def _text(path, line: int, value: Any, field: str | int) -> str:
     return value
 
 
-def _read_delimited(path: fs.AnyPath, layout: Layout, task: str):
+def _read_delimited(path: fs.AnyPath, layout: Layout, label_reader: LabelReader):
     delimiter = "\t" if layout.format == TSV else ","
     # TSV files (GLUE's among them) do not quote: a quote character is text.
     quoting = csv.QUOTE_NONE if layout.format == TSV else csv.QUOTE_MINIMAL
@@ -192,7 +193,7 @@ def _read_delimited(path: fs.AnyPath, layout: Layout, task: str):
         )
         label = None
         if label_at is not None:
-            label = _label_value(path, line, row[label_at], layout, task)
+            label = _label_value(path, line, row[label_at], layout, label_reader)
         index = row[index_at].strip() if index_at is not None else str(len(records))
         records.append(Record(line, index, texts, label))
     return records, label_at is not None, skipped
@@ -230,7 +231,7 @@ def _json_kind(raw: Any) -> str:
     return "string" if isinstance(raw, str) else type(raw).__name__
 
 
-def _read_jsonl(path: fs.AnyPath, layout: Layout, task: str):
+def _read_jsonl(path: fs.AnyPath, layout: Layout, label_reader: LabelReader):
     records = []
     labelled = None
     first_kind: tuple[str, int, Any] | None = None  # the first label's kind, line and value
@@ -261,8 +262,8 @@ def _read_jsonl(path: fs.AnyPath, layout: Layout, task: str):
         label = None
         if has_label:
             raw = _json_label(obj[layout.label_field])
-            # Regression reads numbers from either; a multi-label list counts by its elements.
-            values = [] if task == REGRESSION else raw if isinstance(raw, list) else [raw]
+            # Numbers read from either; a list of labels counts by its elements.
+            values = [] if label_reader.numeric else raw if isinstance(raw, list) else [raw]
             for value in values:
                 kind = _json_kind(value)
                 if first_kind is None:
@@ -273,7 +274,7 @@ def _read_jsonl(path: fs.AnyPath, layout: Layout, task: str):
                         f"{first_kind[1]}'s label {first_kind[2]!r} is a {first_kind[0]}; "
                         "write every label the same way (all numbers or all strings)"
                     )
-            label = _label_value(path, line, raw, layout, task)
+            label = _label_value(path, line, raw, layout, label_reader)
         index = str(obj[layout.index_field]) if layout.index_field in obj else str(len(records))
         records.append(Record(line, index, texts, label))
     return records, bool(labelled), 0
@@ -315,49 +316,7 @@ def _read_conll(path: fs.AnyPath) -> list[Record]:
     return records
 
 
-# ----------------------------------------------------------------------------- labels
-
-
-def _label_order(labels: set[str]) -> list[str]:
-    """Numbers in numeric order ("2" before "10"), anything else alphabetically."""
-    try:
-        return sorted(labels, key=float)
-    except ValueError:
-        return sorted(labels)
-
-
-def head_for(task: str, train: Split, labels: Sequence[str] | None = None) -> HeadSpec:
-    """The head of a task: the given labels (GLUE's), else those found in the training data."""
-    if labels is None:
-        if task == REGRESSION:
-            labels = ["score"]
-        else:
-            found: set[str] = set()
-            for record in train.records:
-                found.update(record.label if isinstance(record.label, tuple) else (record.label,))
-            labels = _label_order(found)
-    try:
-        return HeadSpec(task, tuple(labels))
-    except ValueError as err:
-        raise TaskDataError(f"{train.path}: {err}") from None
-
-
-def check_labels(split: Split, head: HeadSpec, train_path: str) -> None:
-    """Fails at the first label of `split` that the head does not have."""
-    if head.task == REGRESSION or not split.has_labels:
-        return
-    known = set(head.labels)
-    for record in split.records:
-        for label in record.label if isinstance(record.label, tuple) else (record.label,):
-            if label not in known:
-                shown = ", ".join(head.labels[:10]) + (" ..." if len(head.labels) > 10 else "")
-                raise TaskDataError(
-                    f"{split.path} line {record.line}: label {label!r} never appears in the "
-                    f"training data {train_path} (its labels: {shown})"
-                )
-
-
-# ----------------------------------------------------------------------------- encoding
+# ----------------------------------------------------------------------------- faults
 
 
 def record_fault(
@@ -370,132 +329,3 @@ def record_fault(
     record = split.records[offset + err.index]
     what = f"field {field!r}" if field else f"the {err.what}"
     return TaskDataError(f"{split.path} line {record.line}: {what} {err.problem}")
-
-
-def encode(split: Split, head: HeadSpec, tokenizer: Tokenizer, max_seq_length: int) -> Examples:
-    """A split's examples as [n, max_seq_length] arrays, labels per the head."""
-    if head.token_level:
-        return _encode_words(split, head, tokenizer, max_seq_length)
-    n = len(split.records)
-    features = {
-        name: np.zeros((n, max_seq_length), np.int32)
-        for name in ("input_ids", "input_mask", "segment_ids")
-    }
-    pairs = len(split.records[0].texts) == 2
-    for start in range(0, n, _ENCODE_CHUNK):
-        chunk = split.records[start : start + _ENCODE_CHUNK]
-        with warnings.catch_warnings():
-            # Long inputs are cut, as google's run_classifier cuts them; counted below.
-            warnings.simplefilter("ignore", features_lib.TruncationWarning)
-            try:
-                encoded = features_lib.encode(
-                    tokenizer,
-                    [r.texts[0] for r in chunk],
-                    [r.texts[1] for r in chunk] if pairs else None,
-                    max_seq_length,
-                )
-            except features_lib.InputError as err:
-                raise record_fault(split, err, start) from None
-        width = encoded["input_ids"].shape[1]
-        for name in features:
-            features[name][start : start + len(chunk), :width] = encoded[name]
-    features["labels"] = _sentence_labels(split, head)
-    return Examples(
-        split.name,
-        split.path,
-        features,
-        [r.index for r in split.records],
-        split.has_labels,
-        full_rows=int(np.sum(features["input_mask"][:, -1])),
-    )
-
-
-def _sentence_labels(split: Split, head: HeadSpec) -> np.ndarray:
-    n = len(split.records)
-    if head.task == REGRESSION:
-        values = [r.label if split.has_labels else 0.0 for r in split.records]
-        return np.asarray(values, np.float32)  # [n]
-    ids = {label: k for k, label in enumerate(head.labels)}
-    if head.task == MULTI_LABEL:
-        targets = np.zeros((n, head.num_outputs), np.float32)  # [n, labels]
-        if split.has_labels:
-            for row, record in enumerate(split.records):
-                targets[row, [ids[label] for label in record.label]] = 1.0
-        return targets
-    if not split.has_labels:
-        return np.zeros(n, np.int32)
-    return np.asarray([ids[r.label] for r in split.records], np.int32)  # [n]
-
-
-def _encode_words(
-    split: Split, head: HeadSpec, tokenizer: Tokenizer, max_seq_length: int
-) -> Examples:
-    inputs = heads.encode_words(tokenizer, [list(r.texts) for r in split.records], max_seq_length)
-    ids = {label: k for k, label in enumerate(head.labels)}
-    labels = np.full(inputs.input_ids.shape, heads.IGNORE_LABEL, np.int32)  # [n, seq]
-    word_labels = []
-    for row, (record, where) in enumerate(zip(split.records, inputs.word_positions)):
-        gold = (
-            np.asarray([ids[tag] for tag in record.label], np.int32)
-            if split.has_labels
-            else np.full(len(where), heads.IGNORE_LABEL, np.int32)
-        )
-        kept = where >= 0
-        if split.has_labels:
-            labels[row, where[kept]] = gold[kept]
-        word_labels.append(gold)
-    return Examples(
-        split.name,
-        split.path,
-        {
-            "input_ids": inputs.input_ids,
-            "input_mask": inputs.input_mask,
-            "segment_ids": inputs.segment_ids,
-            "labels": labels,
-        },
-        [r.index for r in split.records],
-        split.has_labels,
-        word_positions=inputs.word_positions,
-        word_labels=word_labels,
-        full_rows=int(np.sum(inputs.input_mask[:, -1])),
-        words_cut=inputs.words_cut,
-    )
-
-
-# ----------------------------------------------------------------------------- a task
-
-
-def load_task(data: FinetuneDataSettings, task: str, tokenizer: Tokenizer) -> TaskData:
-    """Reads, checks and encodes a task's files (settings.FinetuneDataSettings)."""
-    layout = dict(data.layouts)
-    train = read_split(data.train, layout[data.train], task, TRAIN, require_labels=True)
-    head = head_for(task, train, data.labels)
-    validation = [
-        read_split(path, layout[path], task, name, require_labels=True)
-        for name, path in data.validation
-    ]
-    test = [
-        read_split(path, layout[path], task, name, require_labels=False) for name, path in data.test
-    ]
-    for split in (train, *validation, *test):
-        check_labels(split, head, train.path)
-    encoded = [
-        encode(split, head, tokenizer, data.max_seq_length) for split in (train, *validation, *test)
-    ]
-    notes = []
-    for split, examples in zip((train, *validation, *test), encoded):
-        if split.skipped:
-            notes.append(f"{split.path}: skipped {split.skipped} malformed row(s)")
-        if examples.full_rows:
-            notes.append(
-                f"{split.path}: {examples.full_rows} of {len(examples)} example(s) fill all "
-                f"{data.max_seq_length} positions; longer ones were cut"
-            )
-        if examples.words_cut:
-            notes.append(
-                f"{split.path}: {examples.words_cut} word(s) past {data.max_seq_length} "
-                "sub-words (or without tokens) get no prediction of their own"
-            )
-    return TaskData(
-        head, encoded[0], encoded[1 : 1 + len(validation)], encoded[1 + len(validation) :], notes
-    )

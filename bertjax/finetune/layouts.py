@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from bertjax.heads import CLASSIFICATION, REGRESSION
-
 CSV = "csv"
 TSV = "tsv"
 JSONL = "jsonl"
@@ -27,6 +25,12 @@ EXTENSIONS = {".csv": CSV, ".tsv": TSV, ".jsonl": JSONL, ".json": JSONL, ".conll
 TRAIN = "train"
 VALIDATION = "validation"
 TEST = "test"
+
+
+# GLUE's tasks are label tasks (bertjax.tasks.labels), given by their registered names: this
+# module sits below the task packages, which read their files with it (a test checks the names).
+CLASSIFICATION = "classification"
+REGRESSION = "regression"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +60,7 @@ class GlueFile:
 class GlueTask:
     """A GLUE task: its files, labels and the metric reported for it."""
 
-    task: str  # heads.CLASSIFICATION or heads.REGRESSION
+    task: str  # CLASSIFICATION or REGRESSION
     labels: tuple[str, ...]  # in output order (regression: the one output's name)
     metric: str  # the GLUE papers' metric; the best checkpoint is kept by it
     train: GlueFile

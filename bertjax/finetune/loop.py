@@ -236,8 +236,6 @@ def eval_batches(
         weights = np.zeros(batch_size, np.float32)
         weights[: len(real)] = 1.0
         batch["weights"] = weights
-        if examples.word_positions is not None:  # pad rows carry no token labels either
-            batch["labels"][len(real) :] = heads.IGNORE_LABEL
         mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
         yield real, {name: array[mine] for name, array in batch.items()}
 
@@ -251,7 +249,7 @@ def _to_host(x: jax.Array) -> np.ndarray:
 def run_eval(
     ft: Finetuning, params, examples: Examples, batch_size: int, length_bucket: int = 32
 ) -> tuple[heads.HeadSums, dict[str, np.ndarray]]:
-    """Summed loss statistics and the outputs (heads.outputs) of every example, in order.
+    """Summed loss statistics and the outputs (the objective's) of every example, in order.
 
     Where the task's objective allows it (`position_outputs`), batches are grouped by length
     and cut to multiples of `length_bucket` positions; per-position outputs come back at

@@ -403,7 +403,7 @@ class EmbeddingTask(Task):
             train_layout = dataclasses.replace(train_layout, label_field=None)
         # Scores are floats: read as a regression task's labels are.
         train = task_data.read_split(
-            data.train, train_layout, "regression", "train", require_labels=regression
+            data.train, train_layout, "train", regression, task_data.NUMBER_LABEL
         )
         texts = len(train_layout.text_fields)
         notes = []
@@ -411,7 +411,7 @@ class EmbeddingTask(Task):
         for name, path in data.validation:
             layout = layouts[path]
             layout = dataclasses.replace(layout, text_fields=layout.text_fields[:2])
-            split = task_data.read_split(path, layout, "regression", name, require_labels=True)
+            split = task_data.read_split(path, layout, name, True, task_data.NUMBER_LABEL)
             validation.append(_pair_examples(split, tokenizer, data.max_seq_length, 2))
         if settings.retrieval:
             retrieval = read_retrieval(
@@ -431,7 +431,7 @@ class EmbeddingTask(Task):
         for name, path in data.test:
             layout = layouts[path]
             layout = dataclasses.replace(layout, text_fields=layout.text_fields[:2])
-            split = task_data.read_split(path, layout, "regression", name, require_labels=False)
+            split = task_data.read_split(path, layout, name, False, task_data.NUMBER_LABEL)
             test.append(_pair_examples(split, tokenizer, data.max_seq_length, 2))
         examples = _pair_examples(train, tokenizer, data.max_seq_length, texts)
         if examples.full_rows:

@@ -1,11 +1,13 @@
 """Label heads on the encoder: classification (one text or a pair), regression, multi-label
 classification and token classification.
 
-    task.py     the fine-tuning tasks (files read by bertjax.finetune.data, HeadObjective,
-                metrics of bertjax.finetune.metrics, prediction files)
+    model.py    the linen heads, their losses and outputs, word-level inputs
+    data.py     the tasks' files read (over bertjax.finetune.data), labels, encoding
+    metrics.py  what each task reports; conlleval's entity scores
+    task.py     the fine-tuning tasks (HeadObjective, scores, prediction files)
     predict.py  Model.predict
-The linen heads and their losses are bertjax.heads; in transformers they are
-BertForSequenceClassification and BertForTokenClassification (id2label, problem_type).
+In transformers the heads are BertForSequenceClassification and BertForTokenClassification
+(id2label, problem_type).
 """
 
 from __future__ import annotations
@@ -16,44 +18,45 @@ from typing import Any
 
 from bertjax import capability, heads
 from bertjax.capability import HeadSpec, TransformersHead
+from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.labels.predict import predict
 from bertjax.tasks.labels.task import HeadTask
 
 # transformers' class and problem_type for each task.
 HF_ARCHITECTURES = {
-    heads.CLASSIFICATION: "BertForSequenceClassification",
-    heads.REGRESSION: "BertForSequenceClassification",
-    heads.MULTI_LABEL: "BertForSequenceClassification",
-    heads.TOKEN_CLASSIFICATION: "BertForTokenClassification",
+    label_heads.CLASSIFICATION: "BertForSequenceClassification",
+    label_heads.REGRESSION: "BertForSequenceClassification",
+    label_heads.MULTI_LABEL: "BertForSequenceClassification",
+    label_heads.TOKEN_CLASSIFICATION: "BertForTokenClassification",
 }
 HF_PROBLEM_TYPES = {
-    heads.CLASSIFICATION: "single_label_classification",
-    heads.REGRESSION: "regression",
-    heads.MULTI_LABEL: "multi_label_classification",
+    label_heads.CLASSIFICATION: "single_label_classification",
+    label_heads.REGRESSION: "regression",
+    label_heads.MULTI_LABEL: "multi_label_classification",
 }
 
 
 class Labels(capability.Capability):
     """Classification, regression, multi-label and token labels: a dense "classifier"."""
 
-    tasks = heads.TASKS
+    tasks = label_heads.TASKS
     method = "predict"
     usage = 'predict(["a text", ...])'
     head_param = heads.CLASSIFIER
-    fine_tuning = {name: HeadTask(name) for name in heads.TASKS}
+    fine_tuning = {name: HeadTask(name) for name in label_heads.TASKS}
     notebook = {"predict": predict}
 
     def check_head(self, head: HeadSpec) -> None:
         if head.options is not None:
             raise ValueError(f"a {head.task} head has no options; got {head.options!r}")
-        heads.check_labels(head.task, head.labels)
+        label_heads.check_labels(head.task, head.labels)
 
     def token_level(self, head: HeadSpec) -> bool:
-        return head.task == heads.TOKEN_CLASSIFICATION
+        return head.task == label_heads.TOKEN_CLASSIFICATION
 
     def init(self, config, head: HeadSpec):
         return functools.partial(
-            heads.init_params, heads.make_model(config, head.task, head.num_outputs)
+            heads.init_params, label_heads.make_model(config, head.task, head.num_outputs)
         )
 
     def transformers_head(self, head: HeadSpec) -> TransformersHead:
@@ -75,9 +78,9 @@ class Labels(capability.Capability):
         """The head of a BertForSequenceClassification or BertForTokenClassification
         config.json (its labels from id2label)."""
         architectures = hf_config.get("architectures") or []
-        if HF_ARCHITECTURES[heads.TOKEN_CLASSIFICATION] in architectures:
-            task = heads.TOKEN_CLASSIFICATION
-        elif HF_ARCHITECTURES[heads.CLASSIFICATION] in architectures:
+        if HF_ARCHITECTURES[label_heads.TOKEN_CLASSIFICATION] in architectures:
+            task = label_heads.TOKEN_CLASSIFICATION
+        elif HF_ARCHITECTURES[label_heads.CLASSIFICATION] in architectures:
             problem = hf_config.get("problem_type")
             tasks = {problem_type: task for task, problem_type in HF_PROBLEM_TYPES.items()}
             if problem is not None and problem not in tasks:
@@ -88,7 +91,7 @@ class Labels(capability.Capability):
             if problem:
                 task = tasks[problem]
             else:  # transformers' own rule without a problem_type: one output is a regression
-                task = heads.REGRESSION if count == 1 else heads.CLASSIFICATION
+                task = label_heads.REGRESSION if count == 1 else label_heads.CLASSIFICATION
         else:
             return None
         id2label = hf_config.get("id2label") or {

@@ -15,11 +15,11 @@ import jax
 import numpy as np
 
 from bertjax import features as features_lib
-from bertjax import heads
 from bertjax.capability import HeadSpec
 from bertjax.features import TruncationWarning
 from bertjax.inference import InferenceError, Model, as_int, as_texts
 from bertjax.model import BertConfig
+from bertjax.tasks.labels import model as label_heads
 
 
 def predict(model: Model, texts, text_pairs=None, max_length: int | None = None) -> Any:
@@ -76,7 +76,7 @@ def _predict_words(model: Model, texts: list[str], max_length: int | None) -> li
             raise InferenceError(
                 f"{features_lib.which(i, len(texts), 'text')} is empty; every text needs some words"
             )
-    inputs = heads.encode_words(model.tokenizer, words, max_length)
+    inputs = label_heads.encode_words(model.tokenizer, words, max_length)
     lengths = inputs.input_mask.sum(axis=1)
     outputs = _predict_rows(
         model,
@@ -110,23 +110,23 @@ def _predict_words(model: Model, texts: list[str], max_length: int | None) -> li
 @functools.partial(jax.jit, static_argnames=("config", "head"))
 def _predict(params, batch, *, config: BertConfig, head: HeadSpec):
     """What a label head gives per row (bertjax.heads.outputs)."""
-    logits = heads.make_model(config, head.task, head.num_outputs).apply(
+    logits = label_heads.make_model(config, head.task, head.num_outputs).apply(
         {"params": params},
         batch["input_ids"],
         batch["segment_ids"],
         batch["input_mask"],
         deterministic=True,
     )  # [b, labels] or [b, s, labels]
-    return heads.outputs(head.task, logits)
+    return label_heads.outputs(head.task, logits)
 
 
 def _sequence_prediction(head: HeadSpec, out: dict[str, np.ndarray]) -> Any:
-    """One text's prediction (see predict) from its row of heads.outputs."""
-    if head.task == heads.REGRESSION:
+    """One text's prediction (see predict) from its row of label_heads.outputs."""
+    if head.task == label_heads.REGRESSION:
         return {"label": head.labels[0], "score": float(out["values"])}
     probabilities = out["probabilities"]
-    if head.task == heads.MULTI_LABEL:
-        chosen = np.flatnonzero(probabilities >= heads.MULTI_LABEL_THRESHOLD)
+    if head.task == label_heads.MULTI_LABEL:
+        chosen = np.flatnonzero(probabilities >= label_heads.MULTI_LABEL_THRESHOLD)
         chosen = sorted(chosen, key=lambda k: -probabilities[k])
         return [{"label": head.labels[k], "score": float(probabilities[k])} for k in chosen]
     best = int(np.argmax(probabilities))

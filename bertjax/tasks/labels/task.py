@@ -1,8 +1,8 @@
 """The tasks of bertjax.heads' heads: classification (one sentence or a pair), regression,
 multi-label classification and token classification.
 
-All four read the same files (bertjax.finetune.data: CSV, TSV, JSON Lines, CoNLL for token
-tags, or GLUE's), train a `HeadObjective`, and score with bertjax.finetune.metrics.
+All four read the same files (data.py over bertjax.finetune.data: CSV, TSV, JSON Lines, CoNLL
+for token tags, or GLUE's), train a `HeadObjective`, and score with metrics.py.
 Predictions files hold one line per example: index, label, score (the label's probability).
 Regression: index, prediction. Multi-label: the labels at or above 0.5 and their
 probabilities, comma-separated. Token labels: one tag and one probability per word,
@@ -20,25 +20,26 @@ import numpy as np
 
 from bertjax import fs, heads, rundir
 from bertjax.capability import HeadSpec
-from bertjax.finetune import data as task_data
-from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune.settings import FinetuneDataSettings, FinetuneRunSettings
 from bertjax.finetune.task import Examples, Task, TaskData, TaskObjective
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
+from bertjax.tasks.labels import data as task_data
+from bertjax.tasks.labels import metrics as metrics_lib
+from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import Tokenizer
 
 
 # A label head's batch features: input_ids, input_mask, segment_ids [batch, seq]; labels
 # ([batch] ids or values, [batch, labels] 0/1, or [batch, seq] token ids with
-# heads.IGNORE_LABEL); weights [batch] (0 for rows that only pad an evaluation batch).
+# label_heads.IGNORE_LABEL); weights [batch] (0 for rows that only pad an evaluation batch).
 class HeadObjective(TaskObjective):
     """A fine-tuning head's loss as sums over examples (see steps.Objective)."""
 
     eval_outputs = True
 
     def __init__(self, model_config: BertConfig, head: HeadSpec):
-        self.model = heads.make_model(model_config, head.task, head.num_outputs)
+        self.model = label_heads.make_model(model_config, head.task, head.num_outputs)
         self.head = head
         self.position_outputs = ("labels", "scores") if head.token_level else ()
 
@@ -47,7 +48,9 @@ class HeadObjective(TaskObjective):
 
     def evaluate(self, params, batch):
         logits = self.logits(params, batch, rng=None, deterministic=True)
-        return heads.head_sums(self.head.task, logits, batch), heads.outputs(self.head.task, logits)
+        return label_heads.head_sums(self.head.task, logits, batch), label_heads.outputs(
+            self.head.task, logits
+        )
 
     def logits(self, params, batch, *, rng, deterministic: bool, packed_length=None):
         return heads.apply_model(
@@ -63,13 +66,13 @@ class HeadObjective(TaskObjective):
         logits = self.logits(
             params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
         )
-        return heads.head_sums(self.head.task, logits, batch)
+        return label_heads.head_sums(self.head.task, logits, batch)
 
     def zero_sums(self) -> heads.HeadSums:
         return heads.HeadSums.zeros()
 
     def denominators(self, batch) -> jax.Array:
-        return heads.denominator(self.head.task, batch, self.head.num_outputs)
+        return label_heads.denominator(self.head.task, batch, self.head.num_outputs)
 
     def loss(self, sums: heads.HeadSums, denominators: jax.Array) -> jax.Array:
         # At least 1: a token batch could hold no labelled word at all.
@@ -83,9 +86,9 @@ def summary_metrics(task: str, sums: heads.HeadSums, prefix: str) -> dict[str, A
     """Loss (and accuracy where it means something) from summed statistics."""
     count = jnp.maximum(sums.count, 1.0)
     out = {f"{prefix}/loss": sums.loss / count}
-    if task == heads.MULTI_LABEL:
+    if task == label_heads.MULTI_LABEL:
         out[f"{prefix}/label_accuracy"] = sums.correct / count
-    elif task != heads.REGRESSION:
+    elif task != label_heads.REGRESSION:
         out[f"{prefix}/accuracy"] = sums.correct / count
     return out
 
@@ -106,17 +109,21 @@ class HeadTask(Task):
 
     @property
     def conll_files(self) -> bool:
-        return self.name == heads.TOKEN_CLASSIFICATION
+        return self.name == label_heads.TOKEN_CLASSIFICATION
 
     @property
     def label_separator(self) -> bool:
-        return self.name == heads.MULTI_LABEL
+        return self.name == label_heads.MULTI_LABEL
 
     def read(self, data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData:
         return task_data.load_task(data, self.name, tokenizer)
 
     def check(self, data: TaskData, metric: str) -> None:
-        if metric == "f1" and self.name == heads.CLASSIFICATION and data.head.num_outputs != 2:
+        if (
+            metric == "f1"
+            and self.name == label_heads.CLASSIFICATION
+            and data.head.num_outputs != 2
+        ):
             raise ConfigError(
                 f"config.metric='f1' is the F1 of a two-label task; {data.train.path} has "
                 f"{data.head.num_outputs} labels: use f1_macro"
@@ -129,7 +136,7 @@ class HeadTask(Task):
         run.regression_bias_init is "zero"): Adam moves a bias by about the learning rate per
         step, so from 0 it cannot reach targets like STS-B's 0-5 within a fine-tuning run, and
         the encoder would have to learn the offset instead."""
-        if self.name != heads.REGRESSION or run.regression_bias_init != "mean":
+        if self.name != label_heads.REGRESSION or run.regression_bias_init != "mean":
             return params, None
         mean = float(np.mean(data.train.features["labels"]))
         bias = params["classifier"]["bias"]
@@ -181,12 +188,12 @@ def split_scores(
 ) -> dict[str, float]:
     """The task's metrics (metrics.scores) of one labelled split."""
     gold = examples.features["labels"]
-    if head.task == heads.CLASSIFICATION:
+    if head.task == label_heads.CLASSIFICATION:
         predicted = np.argmax(outputs["probabilities"], axis=-1)
-    elif head.task == heads.REGRESSION:
+    elif head.task == label_heads.REGRESSION:
         predicted = outputs["values"]
-    elif head.task == heads.MULTI_LABEL:
-        predicted = outputs["probabilities"] >= heads.MULTI_LABEL_THRESHOLD
+    elif head.task == label_heads.MULTI_LABEL:
+        predicted = outputs["probabilities"] >= label_heads.MULTI_LABEL_THRESHOLD
     else:
         predicted, _ = word_tags(head, examples, outputs)
         gold = [[head.labels[i] for i in sentence] for sentence in examples.word_labels]
@@ -197,18 +204,18 @@ def write_predictions(
     path: fs.AnyPath, head: HeadSpec, examples: Examples, outputs: dict[str, np.ndarray]
 ) -> None:
     """A TSV of predictions, one line per example (see the module docstring)."""
-    lines = ["index\tprediction" if head.task == heads.REGRESSION else "index\tlabel\tscore"]
-    if head.task == heads.CLASSIFICATION:
+    lines = ["index\tprediction" if head.task == label_heads.REGRESSION else "index\tlabel\tscore"]
+    if head.task == label_heads.CLASSIFICATION:
         probabilities = outputs["probabilities"]
         best = np.argmax(probabilities, axis=-1)
         for index, k, p in zip(examples.indices, best, probabilities):
             lines.append(f"{index}\t{head.labels[k]}\t{p[k]:.6f}")
-    elif head.task == heads.REGRESSION:
+    elif head.task == label_heads.REGRESSION:
         for index, value in zip(examples.indices, outputs["values"]):
             lines.append(f"{index}\t{value:.6f}")
-    elif head.task == heads.MULTI_LABEL:
+    elif head.task == label_heads.MULTI_LABEL:
         for index, p in zip(examples.indices, outputs["probabilities"]):
-            chosen = np.flatnonzero(p >= heads.MULTI_LABEL_THRESHOLD)
+            chosen = np.flatnonzero(p >= label_heads.MULTI_LABEL_THRESHOLD)
             labels = ",".join(head.labels[k] for k in chosen)
             lines.append(f"{index}\t{labels}\t{','.join(f'{p[k]:.6f}' for k in chosen)}")
     else:

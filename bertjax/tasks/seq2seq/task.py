@@ -353,14 +353,12 @@ class Seq2SeqTask(Task):
         settings: Seq2SeqData = data.task_options
         options = settings.options(tokenizer)
         layout = dict(data.layouts)
-        splits = [task_data.read_split(data.train, layout[data.train], self.name, TRAIN, True)]
+        splits = [task_data.read_split(data.train, layout[data.train], TRAIN, True)]
         splits += [
-            task_data.read_split(path, layout[path], self.name, name, True)
-            for name, path in data.validation
+            task_data.read_split(path, layout[path], name, True) for name, path in data.validation
         ]
         splits += [
-            task_data.read_split(path, layout[path], self.name, name, False)
-            for name, path in data.test
+            task_data.read_split(path, layout[path], name, False) for name, path in data.test
         ]
         encoded, notes = [], []
         for split in splits:
