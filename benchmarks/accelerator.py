@@ -1,34 +1,48 @@
-"""Accelerator benchmark: BERT-base and BERT-large pretraining steps per attention backend.
+"""Accelerator benchmark: BERT and ModernBERT pretraining steps per attention backend.
 
     python benchmarks/accelerator.py                      # GPU or TPU: the full grid, < 8 min
+    python benchmarks/accelerator.py --models modernbert_base   # ModernBERT alone
     python benchmarks/accelerator.py --json accel.json    # also write the figures as JSON
-    python benchmarks/accelerator.py --tiny               # CPU: a tiny model (automatic on CPU)
+    python benchmarks/accelerator.py --tiny               # CPU: tiny models (automatic on CPU)
 
 For BERT-base and BERT-large (configs/base.py, configs/large.py: AdamW, bf16 compute, large
-with scanned layers and "dots" rematerialisation) at sequence 128 and 512, times bertjax's
-real pretraining train step (bertjax.steps, MLM + NSP, optimizer update included) with each
-attention backend: "xla" and the device's fused kernel ("cudnn" flash attention on an NVIDIA
-GPU, "splash" on a TPU). It prints compile time, step time, sequences/s, tokens/s, model
-FLOP/s and MFU (bertjax.perf's model-FLOP count against the data-sheet peak of the device;
-"n/a" for a device not in the table unless --peak_flops is given).
+with scanned layers and "dots" rematerialisation) at sequence 128 and 512, and ModernBERT-base
+(configs/modernbert_base.py: 22 layers, a global layer every third and sliding windows of
++-64 between, StableAdamW, scanned layer groups, "dots" rematerialisation) at 1,024, times
+bertjax's real pretraining train step (bertjax.steps: forward, backward and optimizer update;
+BERT's MLM + NSP, ModernBERT's masked LM alone) with each attention backend: "xla" and the
+device's fused kernel ("cudnn" flash attention on an NVIDIA GPU, "splash" on a TPU). It
+prints compile time, step time, sequences/s, tokens/s, model FLOP/s and MFU (bertjax.perf's
+model-FLOP count against the data-sheet peak of the device; "n/a" for a device not in the
+table unless --peak_flops is given).
 
-Before each model's timings it checks the fused backend against xla on one batch with
-padding (at the longest sequence length): the MLM and NSP logits, the encoder output at real
-tokens, the loss, and the gradient of the loss with respect to every parameter (all as one
-vector, and the worst single leaf). Errors are relative L2 norms, ||fused - xla|| / ||xla||;
-the largest absolute difference is printed beside them. Both backends run in bf16, so they
-cannot agree exactly: the check also runs xla in float32 (matmuls at "highest" precision) to
-measure bf16's own error on that batch, and a quantity passes when the fused-vs-xla error is
-within max(floor, 3 x that bf16 error), the floor being 2e-2 for outputs and 5e-2 for
-gradients.
+ModernBERT is timed on two layouts of rows: "padded" (as BERT's batches) and "packed" (whole
+documents end to end, with document ids and positions restarting at each, as its recipe
+trains). Its global and local layers choose their backend apart (bertjax.encoders.modernbert):
+splash serves both kinds and documents; cuDNN serves global layers of padded rows only (jax's
+cuDNN attention takes neither a two-sided window nor documents), so on a GPU the padded cell
+runs cuDNN in its global layers (the note names the layers left on xla) and the packed cell,
+all xla, is skipped with the reason.
+
+Before each model's timings (each layout's, for ModernBERT) it checks the fused backend
+against xla on one batch with padding (at the longest sequence length): the MLM (and NSP)
+logits, the encoder output at real tokens, the loss, and the gradient of the loss with respect
+to every parameter (all as one vector, and the worst single leaf). Errors are relative L2
+norms, ||fused - xla|| / ||xla||; the largest absolute difference is printed beside them.
+Both backends run in bf16, so they cannot agree exactly: the check also runs xla in float32
+(matmuls at "highest" precision) to measure bf16's own error on that batch, and a quantity
+passes when the fused-vs-xla error is within max(floor, 3 x that bf16 error), the floor being
+2e-2 for outputs and 5e-2 for gradients.
 
 Attention dropout is set to 0 for every backend: the fused kernels cannot drop attention
 weights (bertjax.attention runs xla whenever it is active), and the backends must compute the
-same function to be compared. Hidden dropout stays at the configs' 0.1. Token packing is off
-(token_capacity 1), so MFU counts every padded slot as work. Batches are synthetic: random
-token ids, 90% of sequences full length and the rest between a quarter and all of it (as
-google's create_pretraining_data fills sequences), S * 5 / 32 predictions per sequence (20 at
-128, 80 at 512), batch 256 at sequence 128 and 64 at 512 (32k tokens a step).
+same function to be compared. Hidden dropout stays at the configs' (BERT's 0.1, ModernBERT's
+0). Token packing is off (token_capacity 1), so MFU counts every padded slot as work. Batches
+are synthetic: random token ids; padded batches have 90% of sequences full length and the rest
+between a quarter and all of it (as google's create_pretraining_data fills sequences); packed
+rows hold documents of a sixteenth to half a row. Predictions per sequence: S * 5 / 32 for
+BERT (20 at 128, 80 at 512), 30% of S for ModernBERT (its recipe's rate); batch 256 at
+sequence 128, 64 at 512 and 32 at 1,024 (32k tokens a step).
 
 A global time budget (--budget_s, default 390 s) keeps the run under 8 minutes on one device:
 a piece of work (a model's check or one cell) that is not expected to finish within it is
@@ -36,8 +50,9 @@ skipped with a note. Compilation dominates the run; the timed steps take seconds
 faster, give jax a persistent compilation cache (JAX_COMPILATION_CACHE_DIR=<dir> in the
 environment): the "compile s" column then counts loading from it.
 
-On CPU the fused kernels do not exist; with --tiny (automatic on CPU) the model is
-L2/H64/A2 with a 512-word vocabulary, and "--fused splash" runs the TPU splash kernel in
+On CPU the fused kernels do not exist; with --tiny (automatic on CPU) the models are BERT
+L2/H64/A2 and ModernBERT L4/H128/A4 (configs/modernbert_tiny.py, windows of +-32), both with
+a 512-word vocabulary, at 128 tokens, and "--fused splash" runs the TPU splash kernel in
 Pallas interpret mode so that the backend comparison is exercised there too (its timings
 mean nothing). Without a fused backend the table has xla rows only and says why.
 """
@@ -69,15 +84,35 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bertjax import attention, fs, losses, perf, sharding, steps  # noqa: E402
-from bertjax.model import BertConfig, BertForPreTraining, pretraining_init  # noqa: E402
+from bertjax import attention, encoders, fs, losses, perf, sharding, steps  # noqa: E402
+from bertjax.encoders.modernbert import ModernBertConfig  # noqa: E402
+from bertjax.model import BertForPreTraining, pretraining_init  # noqa: E402
 from bertjax.pretrain.objective import PretrainingObjective, build_pretraining  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 
 FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK] in bertjax tokenizers
 DTYPE = "bfloat16"
-MODELS = ("base", "large")
+MODERN_BASE = "modernbert_base"
+MODELS = ("base", "large", MODERN_BASE)
 TINY_MODEL = "tiny"
+MODERN_TINY = "modernbert_tiny"
+TINY_MODELS = (TINY_MODEL, MODERN_TINY)
+# Each model's sequence lengths unless --seq_lens names them: google's two for BERT,
+# ModernBERT-base's phase-1 length (its configs/modernbert_base.py), 128 for the tiny ones.
+DEFAULT_SEQ_LENS = {
+    "base": (128, 512),
+    "large": (128, 512),
+    MODERN_BASE: (1024,),
+    TINY_MODEL: (128,),
+    MODERN_TINY: (128,),
+}
+# How a batch's rows are filled: google's padded sentence pairs, or whole documents packed
+# end to end (ModernBERT's data.layout="packed": document ids and restarting positions).
+PADDED = "padded"
+PACKED = "packed"
+# ModernBERT's recipe masks 30% of the tokens (configs/modern_recipe.py).
+MODERN_MASKING_RATE = 0.3
+MODERN_VOCAB = 50368
 FUSED_CHOICES = ("auto", "cudnn", "splash", "none")
 # Tolerance floors of the backend check, relative L2 error (see the module docstring).
 OUTPUT_TOLERANCE = 2e-2
@@ -93,6 +128,7 @@ TINY_VOCAB = 512
 COLUMNS = (
     "model",
     "seq",
+    "layout",
     "batch",
     "attention",
     "compile s",
@@ -103,7 +139,17 @@ COLUMNS = (
     "MFU",
     "note",
 )
-CHECK_COLUMNS = ("model", "seq", "quantity", "max abs err", "rel err", "bf16 err", "tol", "result")
+CHECK_COLUMNS = (
+    "model",
+    "seq",
+    "layout",
+    "quantity",
+    "max abs err",
+    "rel err",
+    "bf16 err",
+    "tol",
+    "result",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +160,7 @@ class Cell:
     seq_len: int
     batch_size: int
     attention: str  # the backend asked for
+    layout: str = PADDED
     compile_s: float | None = None
     step_s: float | None = None
     flops_per_sequence: float = 0.0
@@ -146,6 +193,7 @@ class Cell:
         return (
             self.model,
             str(self.seq_len),
+            self.layout,
             str(self.batch_size),
             self.attention,
             fmt(self.compile_s, ".1f"),
@@ -179,6 +227,7 @@ class Check:
     rel_error: float  # ||fused - xla|| / ||xla||; the largest over leaves for gradients
     bf16_error: float  # ||xla bf16 - xla float32|| / ||xla float32||, the same way
     tolerance: float
+    layout: str = PADDED
 
     @property
     def passed(self) -> bool:
@@ -188,6 +237,7 @@ class Check:
         return (
             self.model,
             str(self.seq_len),
+            self.layout,
             self.quantity,
             f"{self.max_abs_error:.3g}",
             f"{self.rel_error:.3g}",
@@ -220,15 +270,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--tiny",
         action="store_true",
-        help="a tiny model (L2/H64/A2, vocabulary 512); automatic when the backend is cpu",
+        help=(
+            "tiny models (BERT L2/H64/A2 and ModernBERT L4/H128/A4, vocabulary 512); automatic "
+            "when the backend is cpu"
+        ),
     )
     parser.add_argument(
         "--models",
         default=None,
-        help=f"comma-separated, from {MODELS} (default: both; 'tiny' with --tiny)",
+        help=f"comma-separated, from {MODELS} (default: all; {TINY_MODELS} with --tiny)",
     )
     parser.add_argument(
-        "--seq_lens", default=None, help="comma-separated (default: 128,512; 128 with --tiny)"
+        "--seq_lens",
+        default=None,
+        help=(
+            "comma-separated, for every model (default: 128,512 for BERT, 1024 for ModernBERT; "
+            "128 with --tiny)"
+        ),
     )
     parser.add_argument(
         "--batch_size",
@@ -279,23 +337,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.budget_s <= 0 or args.peak_flops < 0:
         parser.error("--budget_s must be > 0 and --peak_flops >= 0")
     args.tiny = args.tiny or jax.default_backend() == "cpu"
-    valid_models = (TINY_MODEL,) if args.tiny else MODELS
+    valid_models = TINY_MODELS if args.tiny else MODELS
     default_models = ",".join(valid_models)
     args.models = tuple(s.strip() for s in (args.models or default_models).split(",") if s.strip())
     for name in args.models:
         if name not in valid_models:
             parser.error(f"--models: {name!r} is not one of {valid_models}")
-    args.seq_lens = _int_list("--seq_lens", args.seq_lens or ("128" if args.tiny else "128,512"))
-    if min(args.seq_lens) < 16:
-        parser.error(f"--seq_lens={args.seq_lens} is invalid: every length must be >= 16")
+    if args.seq_lens is not None:  # else each model's DEFAULT_SEQ_LENS
+        args.seq_lens = _int_list("--seq_lens", args.seq_lens)
+        if min(args.seq_lens) < 16:
+            parser.error(f"--seq_lens={args.seq_lens} is invalid: every length must be >= 16")
     return args
+
+
+def is_modern(model_name: str) -> bool:
+    """Whether the model is a ModernBERT (configs/modernbert_*.py)."""
+    return model_name.startswith("modernbert")
+
+
+def seq_lens_for(args: argparse.Namespace, model_name: str) -> tuple[int, ...]:
+    return args.seq_lens or DEFAULT_SEQ_LENS[model_name]
+
+
+def layouts_for(model_name: str) -> tuple[str, ...]:
+    """BERT trains on padded sentence pairs; ModernBERT on packed documents, and a padded
+    batch is timed beside them (the two take different kernel paths, see the docstring)."""
+    return (PADDED, PACKED) if is_modern(model_name) else (PADDED,)
 
 
 # ----------------------------------------------------------------------------- settings
 
 
 def load_config(name: str):
-    """configs/<name>.py's get_config() (configs/tiny.py for the tiny model)."""
+    """configs/<name>.py's get_config() (configs/tiny.py and configs/modernbert_tiny.py for the
+    tiny models)."""
     path = os.path.join(_REPO, "configs", f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"accelerator_config_{name}", path)
     module = importlib.util.module_from_spec(spec)
@@ -303,8 +378,11 @@ def load_config(name: str):
     return module.get_config()
 
 
-def num_predictions(seq_len: int) -> int:
-    """Masked positions per sequence: S * 5 / 32 (google's 20 at 128, 80 at 512)."""
+def num_predictions(seq_len: int, model_name: str) -> int:
+    """Masked positions per sequence: S * 5 / 32 for BERT (google's 20 at 128, 80 at 512),
+    30% of S for ModernBERT (its recipe's rate: 307 at 1,024)."""
+    if is_modern(model_name):
+        return max(1, round(seq_len * MODERN_MASKING_RATE))
     return max(1, seq_len * 5 // 32)
 
 
@@ -329,8 +407,10 @@ def make_settings(
     if model_name == TINY_MODEL:
         config.model.update(TINY_OVERRIDES)
         config.model.vocab_size = TINY_VOCAB
+    elif model_name == MODERN_TINY:
+        config.model.vocab_size = TINY_VOCAB
     else:
-        config.model.vocab_size = 30522
+        config.model.vocab_size = MODERN_VOCAB if is_modern(model_name) else 30522
     config.model.dtype = dtype
     config.model.attention_impl = attention_impl
     config.model.attention_dropout = 0.0  # the fused kernels cannot drop attention weights
@@ -338,7 +418,10 @@ def make_settings(
     config.grad_accum_steps = 1
     config.token_capacity = 1.0
     config.data.max_seq_length = seq_len
-    config.data.max_predictions_per_seq = num_predictions(seq_len)
+    config.data.max_predictions_per_seq = num_predictions(seq_len, model_name)
+    # One batch size throughout (ModernBERT's recipe warms it up).
+    config.batch_warmup_start = 0
+    config.batch_warmup_steps = 0
     config.mesh_shape = (-1, 1, 1)
     config.seed = seed
     return PretrainSettings.from_config(config)
@@ -395,28 +478,57 @@ def attention_messages() -> Iterator[list[str]]:
         logger.setLevel(old_level)
 
 
-def resolved_attention(model: BertConfig, batch: int, seq_len: int, mesh) -> tuple[str, str]:
-    """(the backend bertjax.attention will run for these shapes, why if not the requested)."""
+def attention_by_layer_kind(
+    model: Any, batch: int, seq_len: int, mesh, documents: bool = False
+) -> tuple[dict[str, str], str]:
+    """({kind of layer: the backend bertjax.attention will run for it}, what it logged about
+    why). BERT's layers are all of one kind; ModernBERT's global and local (sliding-window)
+    layers resolve apart, as its encoder asks (bertjax.encoders.modernbert.layer_masks), and
+    `documents` (packed rows) is a request of its own."""
+    windows = {"all": None}
+    if isinstance(model, ModernBertConfig):
+        windows = {"global": None, "local": model.window}
     with attention_messages() as messages, jax.set_mesh(mesh):
-        impl = attention.resolve_implementation(
-            model.attention_impl,
-            dtype=jnp.dtype(model.dtype),
-            batch=batch,
-            seq_len=seq_len,
-            num_heads=model.num_heads,
-            head_dim=model.head_dim,
-        )
-    return impl, "; ".join(messages)
+        by_kind = {
+            kind: attention.resolve_implementation(
+                model.attention_impl,
+                dtype=jnp.dtype(model.dtype),
+                batch=batch,
+                seq_len=seq_len,
+                num_heads=model.num_heads,
+                head_dim=model.head_dim,
+                document_mask=documents,
+                local_window=window,
+            )
+            for kind, window in windows.items()
+        }
+    return by_kind, "; ".join(messages)
+
+
+def resolved_attention(
+    model: Any, batch: int, seq_len: int, mesh, documents: bool = False
+) -> tuple[str, str]:
+    """(the backend bertjax.attention will run for these shapes, why if not the requested):
+    the requested one when any kind of layer runs it (see attention_by_layer_kind)."""
+    by_kind, why = attention_by_layer_kind(model, batch, seq_len, mesh, documents)
+    impls = list(by_kind.values())
+    return (model.attention_impl if model.attention_impl in impls else impls[0]), why
+
+
+def other_layers_note(by_kind: dict[str, str], impl: str) -> str:
+    """Names the kinds of layer that run something else than `impl` (or "")."""
+    return "; ".join(
+        f"{kind} layers run {other}" for kind, other in by_kind.items() if other != impl
+    )
 
 
 # ----------------------------------------------------------------------------- batches
 
 
 def synthetic_batch(
-    rng: np.random.Generator, batch_size: int, seq_len: int, vocab_size: int
+    rng: np.random.Generator, batch_size: int, seq_len: int, vocab_size: int, predictions: int
 ) -> dict[str, np.ndarray]:
     """A pretraining batch in google's feature layout: mostly full sequences, some shorter."""
-    predictions = num_predictions(seq_len)
     input_ids = np.zeros((batch_size, seq_len), np.int32)
     input_mask = np.zeros((batch_size, seq_len), np.int32)
     segment_ids = np.zeros((batch_size, seq_len), np.int32)
@@ -441,6 +553,52 @@ def synthetic_batch(
         "masked_lm_weights": np.ones((batch_size, predictions), np.float32),
         "next_sentence_labels": rng.integers(0, 2, batch_size).astype(np.int32),
     }
+
+
+def packed_batch(
+    rng: np.random.Generator, batch_size: int, seq_len: int, vocab_size: int, predictions: int
+) -> dict[str, np.ndarray]:
+    """A batch of packed rows (data.layout="packed"): whole documents of a sixteenth to half a
+    row end to end, the last cut at the row's end, with document_ids (1.., 0 for padding) and
+    positions restarting at each document. Row 0 ends in padding, so that packed batches
+    exercise it too."""
+    input_ids = np.zeros((batch_size, seq_len), np.int32)
+    input_mask = np.zeros((batch_size, seq_len), np.int32)
+    document_ids = np.zeros((batch_size, seq_len), np.int32)
+    positions = np.zeros((batch_size, seq_len), np.int32)
+    masked = np.zeros((batch_size, predictions), np.int32)
+    shortest, longest = max(2, seq_len // 16), max(3, seq_len // 2)
+    for row in range(batch_size):
+        length = seq_len if row > 0 else int(rng.integers(max(predictions, seq_len // 2), seq_len))
+        start, document = 0, 1
+        while start < length:
+            size = min(int(rng.integers(shortest, longest + 1)), length - start)
+            document_ids[row, start : start + size] = document
+            positions[row, start : start + size] = np.arange(size)
+            start, document = start + size, document + 1
+        input_ids[row, :length] = rng.integers(FIRST_REAL_ID, vocab_size, length)
+        input_mask[row, :length] = 1
+        masked[row] = np.sort(rng.choice(np.arange(length), predictions, replace=False))
+    return {
+        "input_ids": input_ids,
+        "input_mask": input_mask,
+        "segment_ids": np.zeros((batch_size, seq_len), np.int32),
+        "document_ids": document_ids,
+        "positions": positions,
+        "masked_lm_positions": masked,
+        "masked_lm_ids": rng.integers(FIRST_REAL_ID, vocab_size, (batch_size, predictions)).astype(
+            np.int32
+        ),
+        "masked_lm_weights": np.ones((batch_size, predictions), np.float32),
+        "next_sentence_labels": np.zeros(batch_size, np.int32),
+    }
+
+
+def make_batch(
+    layout: str, rng: np.random.Generator, batch_size: int, seq_len: int, model_name: str, vocab
+) -> dict[str, np.ndarray]:
+    build = packed_batch if layout == PACKED else synthetic_batch
+    return build(rng, batch_size, seq_len, vocab, num_predictions(seq_len, model_name))
 
 
 # ----------------------------------------------------------------------------- timing
@@ -495,9 +653,22 @@ def _relative_errors(test, reference) -> tuple[float, float]:
     return max_abs, rel
 
 
-def _outputs_and_grads(model: BertForPreTraining, params, batch, mesh) -> dict[str, Any]:
-    """The pretraining outputs and the gradient of the loss for one batch (deterministic)."""
-    objective = PretrainingObjective(model)
+def _encoder_output(module, *args, **kwargs):
+    """Inside a ModernBERT MaskedLM's apply: its encoder's hidden states [b, s, h]."""
+    hidden, _ = module.bert(*args, **kwargs)
+    return hidden
+
+
+def _outputs_and_grads(model, params, batch, mesh) -> dict[str, Any]:
+    """The pretraining outputs and the gradient of the loss for one batch (deterministic).
+
+    `model` is an encoder family's pretraining model: BERT's (MLM + NSP, its output holds
+    the encoder's) or ModernBERT's (the masked LM alone; its encoder output is read by a
+    second call of its encoder)."""
+    family = encoders.family_of(model.config)
+    objective = PretrainingObjective(model, sentence_pair=family.sentence_pair_head)
+    # Rows of packed documents (ModernBERT's packed layout); absent from padded batches.
+    packed = {name: batch[name] for name in ("document_ids", "positions") if name in batch}
 
     def forward(p):
         out = model.apply(
@@ -507,18 +678,32 @@ def _outputs_and_grads(model: BertForPreTraining, params, batch, mesh) -> dict[s
             batch["input_mask"],
             batch["masked_lm_positions"],
             deterministic=True,
+            **packed,
         )
         sums = losses.loss_sums(out.mlm_logits, out.nsp_logits, batch)
-        loss = losses.total_loss(sums, *objective.denominators(batch))
+        loss = objective.loss(sums, objective.denominators(batch))
+        if hasattr(out, "sequence_output"):
+            hidden = out.sequence_output
+        else:
+            hidden = model.apply(
+                {"params": p},
+                batch["input_ids"],
+                None,
+                batch["input_mask"],
+                deterministic=True,
+                method=_encoder_output,
+                **packed,
+            )
         # Padded positions' encoder outputs mean nothing; compare real tokens only.
         real = batch["input_mask"][..., None].astype(jnp.float32)  # [b, s, 1]
-        sequence = out.sequence_output.astype(jnp.float32) * real  # [b, s, h]
-        return loss, {
+        outputs = {
             "mlm_logits": out.mlm_logits.astype(jnp.float32),
-            "nsp_logits": out.nsp_logits.astype(jnp.float32),
-            "sequence_output": sequence,
+            "sequence_output": hidden.astype(jnp.float32) * real,  # [b, s, h]
             "loss": loss,
         }
+        if out.nsp_logits is not None:
+            outputs["nsp_logits"] = out.nsp_logits.astype(jnp.float32)
+        return loss, outputs
 
     with jax.set_mesh(mesh):
         (_, outputs), grads = jax.jit(jax.value_and_grad(forward, has_aux=True))(params)
@@ -558,25 +743,34 @@ def _gradient_errors(fused, xla, exact) -> list[tuple[str, float, float, float]]
 
 
 def check_backends(
-    model_name: str, fused: str, seq_len: int, batch_size: int, seed: int
+    model_name: str, fused: str, seq_len: int, batch_size: int, seed: int, layout: str = PADDED
 ) -> tuple[list[Check], str]:
     """The fused backend against xla (and bf16 xla against float32 xla) on one batch."""
     settings = make_settings(model_name, "xla", batch_size, seq_len, DTYPE, seed)
     mesh = sharding.make_mesh(settings.run.mesh_shape)
-    init = pretraining_init(BertForPreTraining(settings.model), seq_len, num_predictions(seq_len))
+    family = encoders.family_of(settings.model)
+    if is_modern(model_name):
+        init = family.pretraining_init(settings.model)
+    else:
+        init = pretraining_init(
+            BertForPreTraining(settings.model), seq_len, num_predictions(seq_len, model_name)
+        )
     with jax.set_mesh(mesh):
         params = steps.make_state(init, None, mesh).init(jax.random.key(seed)).params
     rng = np.random.default_rng(seed + 7)
-    host_batch = synthetic_batch(rng, batch_size, seq_len, settings.model.vocab_size)
+    host_batch = make_batch(layout, rng, batch_size, seq_len, model_name, settings.model.vocab_size)
     batch = steps.global_batch(host_batch, sharding.batch_sharding(mesh), 1)
 
-    def model(impl: str, dtype: str) -> BertForPreTraining:
-        return BertForPreTraining(
+    def model(impl: str, dtype: str):
+        return family.pretraining_model(
             dataclasses.replace(settings.model, attention_impl=impl, dtype=dtype)
         )
 
-    impl, why = resolved_attention(model(fused, DTYPE).config, batch_size, seq_len, mesh)
-    if impl != fused:
+    by_kind, why = attention_by_layer_kind(
+        model(fused, DTYPE).config, batch_size, seq_len, mesh, documents=layout == PACKED
+    )
+    if fused not in by_kind.values():
+        impl = next(iter(by_kind.values()))
         return [], f"{fused} would fall back to {impl} at these shapes ({why}); not checked"
     xla = _outputs_and_grads(model("xla", DTYPE), params, batch, mesh)
     fused_out = _outputs_and_grads(model(fused, DTYPE), params, batch, mesh)
@@ -585,16 +779,19 @@ def check_backends(
 
     checks = []
     for quantity in ("mlm_logits", "nsp_logits", "sequence_output", "loss"):
+        if quantity not in xla:  # a model without a sentence-pair head
+            continue
         max_abs, rel = _relative_errors(fused_out[quantity], xla[quantity])
         _, noise = _relative_errors(xla[quantity], exact[quantity])
         tolerance = max(OUTPUT_TOLERANCE, NOISE_FACTOR * noise)
-        checks.append(Check(model_name, seq_len, quantity, max_abs, rel, noise, tolerance))
+        checks.append(Check(model_name, seq_len, quantity, max_abs, rel, noise, tolerance, layout))
     for quantity, rel, noise, max_abs in _gradient_errors(
         fused_out["grads"], xla["grads"], exact["grads"]
     ):
         tolerance = max(GRADIENT_TOLERANCE, NOISE_FACTOR * noise)
-        checks.append(Check(model_name, seq_len, quantity, max_abs, rel, noise, tolerance))
-    return checks, ""
+        checks.append(Check(model_name, seq_len, quantity, max_abs, rel, noise, tolerance, layout))
+    # Which kinds of layer the fused backend served (ModernBERT's may be only some).
+    return checks, other_layers_note(by_kind, fused)
 
 
 # ----------------------------------------------------------------------------- report
@@ -640,24 +837,41 @@ class Budget:
         self.estimates[kind] = seconds
 
 
+def workload_name(model_name: str, layout: str) -> str:
+    """The model, and the layout where the model is timed on more than one."""
+    return model_name if len(layouts_for(model_name)) == 1 else f"{model_name} ({layout})"
+
+
 def run_check(
-    model_name: str, fused: str, args: argparse.Namespace, budget: Budget, notes: list[str]
+    model_name: str,
+    layout: str,
+    fused: str,
+    args: argparse.Namespace,
+    budget: Budget,
+    notes: list[str],
 ) -> list[Check]:
-    """The backend check of one model at the longest sequence, if the budget allows it."""
-    check_seq = max(args.seq_lens)
+    """The backend check of one model and layout at the longest sequence, if the budget
+    allows it."""
+    check_seq = max(seq_lens_for(args, model_name))
+    name = workload_name(model_name, layout)
     if not budget.allows("check"):
-        notes.append(f"check {model_name}: skipped, over the {args.budget_s:g} s budget")
+        notes.append(f"check {name}: skipped, over the {args.budget_s:g} s budget")
         return []
     start = time.perf_counter()
     try:
         checks, why = check_backends(
-            model_name, fused, check_seq, round_up_to_devices(args.check_batch), args.seed
+            model_name,
+            fused,
+            check_seq,
+            round_up_to_devices(args.check_batch),
+            args.seed,
+            layout,
         )
     except Exception as e:  # a kernel that does not compile here: say so, go on
         checks, why = [], f"failed: {type(e).__name__}: {str(e).splitlines()[0]}"
     budget.record("check", time.perf_counter() - start)
     if why:
-        notes.append(f"check {model_name} seq {check_seq}: {why}")
+        notes.append(f"check {name} seq {check_seq}: {why}")
     for c in checks:
         print("check " + " ".join(c.row()), flush=True)
     return checks
@@ -666,40 +880,61 @@ def run_check(
 def run_cells(
     model_name: str,
     seq_len: int,
+    layout: str,
     backends: tuple[str, ...],
     args: argparse.Namespace,
     budget: Budget,
     total_peak: float | None,
 ) -> list[Cell]:
-    """One cell per backend for a model and sequence length, on the same batches."""
+    """One cell per backend for a model, sequence length and layout, on the same batches."""
     batch_size = round_up_to_devices(default_batch_size(args, seq_len))
     rng = np.random.default_rng(args.seed + seq_len)
+    predictions = num_predictions(seq_len, model_name)
     batches = None
     cells = []
     for impl in backends:
         settings = make_settings(model_name, impl, batch_size, seq_len, DTYPE, args.seed)
         model = settings.model
-        flops = perf.training_flops_per_sequence(model, seq_len, num_predictions(seq_len))
+        family = encoders.family_of(model)
+        flops = perf.training_flops_per_sequence(
+            model,
+            seq_len,
+            predictions,
+            feed_forward_matrices=family.feed_forward_matrices,
+            sentence_pair_head=family.sentence_pair_head,  # computed even when unused
+        )
         base = Cell(
-            model_name, seq_len, batch_size, impl, flops_per_sequence=flops, peak_flops=total_peak
+            model_name,
+            seq_len,
+            batch_size,
+            impl,
+            layout,
+            flops_per_sequence=flops,
+            peak_flops=total_peak,
         )
         if not budget.allows("cell"):
             cells.append(dataclasses.replace(base, note="skipped: over the time budget"))
             continue
         setup = build_pretraining(settings, model)
-        resolved, why = resolved_attention(model, batch_size, seq_len, setup.mesh)
-        if resolved != impl:
+        by_kind, why = attention_by_layer_kind(
+            model, batch_size, seq_len, setup.mesh, documents=layout == PACKED
+        )
+        if impl not in by_kind.values():
+            resolved = next(iter(by_kind.values()))
             note = f"falls back to {resolved}: {why}" if why else f"runs {resolved}"
             cells.append(dataclasses.replace(base, note=note))
             continue
         if batches is None:
             batches = [
-                synthetic_batch(rng, batch_size, seq_len, model.vocab_size) for _ in range(2)
+                make_batch(layout, rng, batch_size, seq_len, model_name, model.vocab_size)
+                for _ in range(2)
             ]
         start = time.perf_counter()
         try:
             compile_s, step_s = time_cell(setup, args.seed, batches, args.warmup, args.steps)
-            cell = dataclasses.replace(base, compile_s=compile_s, step_s=step_s)
+            cell = dataclasses.replace(
+                base, compile_s=compile_s, step_s=step_s, note=other_layers_note(by_kind, impl)
+            )
         except Exception as e:  # e.g. out of memory, or a kernel this device lacks
             first = str(e).splitlines()[0] if str(e) else ""
             cell = dataclasses.replace(base, note=f"failed: {type(e).__name__}: {first}")
@@ -730,8 +965,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         )
     )
     print(fused_line)
+    lengths = ", ".join(
+        f"{name} {','.join(map(str, seq_lens_for(args, name)))}" for name in args.models
+    )
     print(
-        f"models {', '.join(args.models)}; sequence lengths {args.seq_lens}; {DTYPE} compute; "
+        f"models and sequence lengths: {lengths}; {DTYPE} compute; "
         f"{args.warmup} warm-up + {args.steps} timed steps per cell; budget {args.budget_s:g} s",
         flush=True,
     )
@@ -741,10 +979,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     notes: list[str] = []
 
     for model_name in args.models:
-        if fused and not args.no_check:
-            checks += run_check(model_name, fused, args, budget, notes)
-        for seq_len in args.seq_lens:
-            cells += run_cells(model_name, seq_len, backends, args, budget, total_peak)
+        for layout in layouts_for(model_name):
+            if fused and not args.no_check:
+                checks += run_check(model_name, layout, fused, args, budget, notes)
+            for seq_len in seq_lens_for(args, model_name):
+                cells += run_cells(model_name, seq_len, layout, backends, args, budget, total_peak)
 
     if not fused:
         notes.append("backend comparison: not run, no fused backend (see 'fused attention' above)")

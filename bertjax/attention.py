@@ -8,12 +8,13 @@ finite, so nothing NaN can leak into a loss through them.
 
 Choosing an implementation (``resolve_implementation``):
   "auto"   TPU -> splash when the shapes allow; NVIDIA GPU with bf16/fp16 -> cudnn; CPU ->
-           blocked (one device, no documents); else xla.
+           blocked (one device, no documents, no window); else xla.
   "xla"    jax.nn.dot_product_attention(implementation="xla"); with attention dropout active,
            an einsum path that drops attention weights explicitly.
   "blocked" CPU: attention block by block of (example, head) pairs, each block's scores kept
            in cache and recomputed in the backward pass (flash attention's scheme, in XLA);
-           with attention dropout too (the same mask as xla's). One device, padding masks.
+           with attention dropout too (the same mask as xla's). One device, padding masks
+           only (documents or a window run xla).
   "cudnn"  the fused cuDNN flash-attention kernel. Padding is passed as key/value sequence
            lengths (the count of ones in the mask), so the mask must be a prefix of ones, as
            BERT's input_mask always is.
@@ -25,6 +26,12 @@ padding) instead of relying on the padding mask: a query then sees exactly the k
 own document (padded queries see padded keys, so rows stay finite). xla builds that mask;
 splash takes the ids as its segment ids; cuDNN (padding as sequence lengths) cannot express
 it, so such a request runs the xla path, the reason logged once.
+A sliding window (``local_window`` w, ModernBERT's local layers: query i sees key j only when
+|i - j| <= w) combines with the padding or document mask. xla builds the band mask; splash
+gives each head a LocalMask((seq, seq), window_size=(w, w)) and skips the blocks outside the
+band; cuDNN cannot serve it: jax's cuDNN attention takes only a one-sided (causal) window and
+refuses a two-sided one, so such a request runs the xla path, the reason logged once (as
+"blocked" does, which takes padding masks only).
 An explicit "cudnn" or "splash" request is served when the kernel can serve it; otherwise
 the xla path runs and the reason is logged once (python logging, WARNING). The fused
 kernels cannot drop attention weights, so while attention dropout is active (training with
@@ -87,12 +94,22 @@ def _splash_problem(seq_len: int, batch: int, num_heads: int) -> str | None:
     return None
 
 
-def _cudnn_problem(dtype, head_dim: int, document_mask: bool = False) -> str | None:
+def _cudnn_problem(
+    dtype, head_dim: int, document_mask: bool = False, local_window: int | None = None
+) -> str | None:
     """Why cuDNN flash attention cannot serve this dtype/shape/mask, or None."""
     if document_mask:
         return (
             "cuDNN flash attention takes padding as sequence lengths and cannot restrict "
             "attention to each token's document (packed rows)"
+        )
+    if local_window is not None:
+        # jax.nn.dot_product_attention(implementation="cudnn") passes cuDNN one left window
+        # length and raises "cuDNN doesn't support right window" for a two-sided window
+        # without a causal mask (jax 0.10): an encoder's |i - j| <= w is not expressible.
+        return (
+            "jax's cuDNN flash attention takes only a one-sided (causal) sliding window, not "
+            f"the two-sided window |i - j| <= {local_window}"
         )
     if jnp.dtype(dtype) not in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
         return f"cuDNN flash attention needs bfloat16 or float16, got {jnp.dtype(dtype).name}"
@@ -101,9 +118,11 @@ def _cudnn_problem(dtype, head_dim: int, document_mask: bool = False) -> str | N
     return None
 
 
-def _blocked_problem(document_mask: bool) -> str | None:
+def _blocked_problem(document_mask: bool, local_window: int | None = None) -> str | None:
     if document_mask:
         return "it takes a padding mask only, not documents"
+    if local_window is not None:
+        return "it takes a padding mask only, not a sliding window"
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and mesh.size > 1:
         return f"it runs on one device, the mesh has {mesh.size}"
@@ -120,16 +139,18 @@ def resolve_implementation(
     head_dim: int,
     dropout_active: bool = False,
     document_mask: bool = False,
+    local_window: int | None = None,
 ) -> str:
     """The implementation that will actually run ("xla", "blocked", "cudnn" or "splash").
 
     ``document_mask``: attention is restricted to each token's document (document_ids).
+    ``local_window``: attention is restricted to a sliding window (|i - j| <= local_window).
     """
     if requested not in IMPLEMENTATIONS:
         raise ValueError(f"attention implementation {requested!r} is not one of {IMPLEMENTATIONS}")
     platform = _platform()
     if requested in ("auto", "blocked") and platform == "cpu":
-        problem = _blocked_problem(document_mask)
+        problem = _blocked_problem(document_mask, local_window)
         if problem is None:
             return "blocked"
         if requested == "blocked":
@@ -150,7 +171,7 @@ def resolve_implementation(
                 return "splash"
             _log_once(logging.INFO, f"attention 'auto' uses xla, not splash: {problem}")
         elif platform == "nvidia":
-            problem = _cudnn_problem(dtype, head_dim, document_mask)
+            problem = _cudnn_problem(dtype, head_dim, document_mask, local_window)
             if problem is None:
                 return "cudnn"
             _log_once(logging.INFO, f"attention 'auto' uses xla, not cudnn: {problem}")
@@ -159,7 +180,7 @@ def resolve_implementation(
         problem = (
             f"cuDNN needs an NVIDIA GPU, the backend is {platform!r}"
             if platform != "nvidia"
-            else _cudnn_problem(dtype, head_dim, document_mask)
+            else _cudnn_problem(dtype, head_dim, document_mask, local_window)
         )
         if problem:
             _log_once(logging.WARNING, f"attention 'cudnn' falls back to xla: {problem}")
@@ -188,24 +209,49 @@ def document_mask(document_ids: jax.Array, query_document_ids: jax.Array | None 
     return queries[:, None, :, None] == document_ids[:, None, None, :]  # [batch, 1, s, t]
 
 
-def _logit_mask(attention_mask, document_ids, query_document_ids):
+def window_mask(seq_len: int, local_window: int) -> jax.Array:
+    """[1, 1, seq, seq] bool: query i sees key j when |i - j| <= local_window.
+
+    Built from iotas on the device (not a numpy constant, which would be embedded in the
+    program at seq x seq bytes).
+    """
+    shape = (seq_len, seq_len)
+    query = jax.lax.broadcasted_iota(jnp.int32, shape, 0)
+    key = jax.lax.broadcasted_iota(jnp.int32, shape, 1)
+    return (jnp.abs(query - key) <= local_window)[None, None]  # [1, 1, s, t]
+
+
+def _logit_mask(attention_mask, document_ids, query_document_ids, local_window=None, seq_len=0):
     """The mask broadcast against [batch, heads, q_seq, kv_seq] logits, or None."""
     if document_ids is not None:
-        return document_mask(document_ids, query_document_ids)  # [batch, 1, s, t]
-    if attention_mask is not None:
-        return attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
-    return None
+        keep = document_mask(document_ids, query_document_ids)  # [batch, 1, s, t]
+    elif attention_mask is not None:
+        keep = attention_mask.astype(bool)[:, None, None, :]  # [batch, 1, 1, kv_seq]
+    else:
+        keep = None
+    if local_window is not None:
+        near = window_mask(seq_len, local_window)  # [1, 1, s, t]
+        keep = near if keep is None else keep & near  # [batch, 1, s, t]
+    return keep
 
 
 def reference_attention(
-    query, key, value, attention_mask=None, document_ids=None, query_document_ids=None
+    query,
+    key,
+    value,
+    attention_mask=None,
+    document_ids=None,
+    query_document_ids=None,
+    local_window=None,
 ):
     """Plain einsum attention in float32, the yardstick for every implementation."""
     scale = 1.0 / math.sqrt(query.shape[-1])
     logits = (
         jnp.einsum("bsnd,btnd->bnst", query.astype(jnp.float32), key.astype(jnp.float32)) * scale
     )  # [batch, heads, q_seq, kv_seq]
-    keep = _logit_mask(attention_mask, document_ids, query_document_ids)
+    keep = _logit_mask(
+        attention_mask, document_ids, query_document_ids, local_window, query.shape[1]
+    )
     if keep is not None:
         logits = jnp.where(keep, logits, _MASK_VALUE)
     weights = jax.nn.softmax(logits, axis=-1)
@@ -255,14 +301,24 @@ def _hashed_keep(seeds: jax.Array, keep_prob: float, shape: tuple[int, ...], off
 
 
 def _xla_dropout_attention(
-    query, key, value, attention_mask, dropout_rate, dropout_rng, document_ids, query_document_ids
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout_rate,
+    dropout_rng,
+    document_ids,
+    query_document_ids,
+    local_window=None,
 ):
     """Einsum attention that drops attention weights (what the fused kernels cannot do)."""
     scale = 1.0 / math.sqrt(query.shape[-1])
     logits = (
         jnp.einsum("bsnd,btnd->bnst", query, key, preferred_element_type=jnp.float32) * scale
     )  # [batch, heads, q_seq, kv_seq]
-    keep = _logit_mask(attention_mask, document_ids, query_document_ids)
+    keep = _logit_mask(
+        attention_mask, document_ids, query_document_ids, local_window, query.shape[1]
+    )
     if keep is not None:
         logits = jnp.where(keep, logits, _MASK_VALUE)
     weights = jax.nn.softmax(logits, axis=-1)
@@ -385,8 +441,18 @@ def _blocked_attention(query, key, value, attention_mask, keep_prob=1.0, dropout
     return out.reshape(batch, heads, seq_len, head_dim).transpose(0, 2, 1, 3)
 
 
-def _xla_attention(query, key, value, attention_mask, document_ids=None, query_document_ids=None):
-    mask = _logit_mask(attention_mask, document_ids, query_document_ids)
+def _xla_attention(
+    query,
+    key,
+    value,
+    attention_mask,
+    document_ids=None,
+    query_document_ids=None,
+    local_window=None,
+):
+    mask = _logit_mask(
+        attention_mask, document_ids, query_document_ids, local_window, query.shape[1]
+    )
     return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="xla")
 
 
@@ -411,8 +477,10 @@ def _block_size(seq_len: int) -> int:
     raise ValueError(f"splash attention needs a sequence length multiple of 128, got {seq_len}")
 
 
-def _splash_local(query, key, value, segment_ids, *, interpret: bool):
-    """Splash attention on one device's shard: [b, s, n, d] with segment ids [b, s]."""
+def _splash_local(query, key, value, segment_ids, *, interpret: bool, local_window=None):
+    """Splash attention on one device's shard: [b, s, n, d] with segment ids [b, s]; with a
+    local window, each head's mask is the band |i - j| <= local_window (the kernel skips the
+    blocks outside it)."""
     _, seq_len, num_heads, head_dim = query.shape
     block = _block_size(seq_len)
     blocks = splash.BlockSizes(
@@ -425,7 +493,13 @@ def _splash_local(query, key, value, segment_ids, *, interpret: bool):
         block_q_dq=block,
         block_kv_dq=block,
     )
-    mask = splash.MultiHeadMask([splash.FullMask((seq_len, seq_len))] * num_heads)
+    if local_window is None:
+        head_mask = splash.FullMask((seq_len, seq_len))
+    else:
+        head_mask = splash.LocalMask(
+            (seq_len, seq_len), window_size=(local_window, local_window), offset=0
+        )
+    mask = splash.MultiHeadMask([head_mask] * num_heads)
     kernel = splash.make_splash_mha(
         mask, block_sizes=blocks, head_shards=1, q_seq_shards=1, interpret=interpret
     )
@@ -440,7 +514,7 @@ def _splash_local(query, key, value, segment_ids, *, interpret: bool):
     return jnp.swapaxes(out, 1, 2)  # [b, seq, heads, head_dim]
 
 
-def _splash_attention(query, key, value, attention_mask, document_ids=None):
+def _splash_attention(query, key, value, attention_mask, document_ids=None, local_window=None):
     batch, seq_len = query.shape[:2]
     if document_ids is not None:
         # Each document is a segment; padding (0) is one more, as below.
@@ -451,7 +525,9 @@ def _splash_attention(query, key, value, attention_mask, document_ids=None):
         # Real tokens are segment 1, padding segment 0: real queries see only real keys, and
         # padded queries see only padded keys, so no row is empty (no NaN).
         segment_ids = attention_mask.astype(jnp.int32)  # [batch, seq]
-    local = functools.partial(_splash_local, interpret=_platform() != "tpu")
+    local = functools.partial(
+        _splash_local, interpret=_platform() != "tpu", local_window=local_window
+    )
     mesh = jax.sharding.get_abstract_mesh()
     if mesh.empty:
         return local(query, key, value, segment_ids)
@@ -475,6 +551,7 @@ def dot_product_attention(
     deterministic: bool = True,
     document_ids: jax.Array | None = None,
     query_document_ids: jax.Array | None = None,
+    local_window: int | None = None,
 ) -> jax.Array:
     """Multi-head attention [batch, seq, heads, head_dim] with a key padding mask [batch, seq].
 
@@ -482,9 +559,23 @@ def dot_product_attention(
     ``document_ids`` [batch, kv_seq] (0 for padding) restrict each query to its own
     document's keys, in place of the padding mask; ``query_document_ids`` [batch, q_seq] are
     the queries' when there are fewer queries than keys (the xla path only).
+    ``local_window`` (the half-width, as many queries as keys): query i sees key j only when
+    |i - j| <= local_window, besides the padding or document mask.
     """
     dropout_active = (not deterministic) and dropout_rate > 0.0
     batch, seq_len, num_heads, head_dim = query.shape
+    if local_window is not None:
+        if not isinstance(local_window, (int, np.integer)) or local_window < 0:
+            raise ValueError(
+                f"local_window={local_window!r} is invalid: must be a non-negative int (the "
+                "window's half-width) or None"
+            )
+        if key.shape[1] != seq_len:
+            raise ValueError(
+                f"local_window needs as many queries as keys, got {seq_len} queries and "
+                f"{key.shape[1]} keys"
+            )
+        local_window = int(local_window)
     impl = resolve_implementation(
         implementation,
         dtype=query.dtype,
@@ -494,6 +585,7 @@ def dot_product_attention(
         head_dim=head_dim,
         dropout_active=dropout_active,
         document_mask=document_ids is not None,
+        local_window=local_window,
     )
     if query_document_ids is not None and impl != "xla":
         raise ValueError("query_document_ids (fewer queries than keys) needs the xla path")
@@ -514,9 +606,12 @@ def dot_product_attention(
             dropout_rng,
             document_ids,
             query_document_ids,
+            local_window,
         )
-    if impl == "cudnn":
+    if impl == "cudnn":  # never with a window: see _cudnn_problem
         return _cudnn_attention(query, key, value, attention_mask)
     if impl == "splash":
-        return _splash_attention(query, key, value, attention_mask, document_ids)
-    return _xla_attention(query, key, value, attention_mask, document_ids, query_document_ids)
+        return _splash_attention(query, key, value, attention_mask, document_ids, local_window)
+    return _xla_attention(
+        query, key, value, attention_mask, document_ids, query_document_ids, local_window
+    )

@@ -1,9 +1,10 @@
 """benchmarks/accelerator.py keeps working on CPU: its tiny setting, tables, check and JSON.
 
 The fast tests cover what needs no compilation (choosing the fused backend, the budget,
-the figures and the error measures); the slow ones run the script end to end on the tiny
-model, once with splash attention in Pallas interpret mode (so that the fused-vs-xla check
-really runs) and once as a user on CPU would, where no fused backend exists.
+the figures and the error measures, which kinds of ModernBERT layer a kernel serves); the
+slow ones run the script end to end on the tiny models, BERT's and ModernBERT's (padded and
+packed rows) each with splash attention in Pallas interpret mode (so that the fused-vs-xla
+check really runs), and once as a user on CPU would, where no fused backend exists.
 """
 
 import importlib.util
@@ -15,7 +16,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import perf, sharding
+from bertjax import attention, perf, sharding
 
 _PATH = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "accelerator.py"
 _SPEC = importlib.util.spec_from_file_location("accelerator_benchmark", _PATH)
@@ -38,7 +39,9 @@ def table_lines(out: str, columns: tuple[str, ...]) -> list[list[str]]:
 
 def test_cpu_defaults_to_the_tiny_model_and_names_the_missing_fused_backend():
     args = accelerator.parse_args([])
-    assert args.tiny and args.models == ("tiny",) and args.seq_lens == (128,)
+    assert args.tiny and args.models == ("tiny", "modernbert_tiny")
+    assert [accelerator.seq_lens_for(args, m) for m in args.models] == [(128,), (128,)]
+    assert accelerator.parse_args(["--seq_lens", "256"]).seq_lens == (256,)
     fused, line = accelerator.fused_backend("auto")
     assert fused is None
     assert "none available on cpu" in line and "NVIDIA GPU" in line
@@ -46,8 +49,9 @@ def test_cpu_defaults_to_the_tiny_model_and_names_the_missing_fused_backend():
     assert fused is None and "needs an NVIDIA GPU" in line
     fused, line = accelerator.fused_backend("splash")
     assert fused == "splash" and "interpret mode" in line
-    with pytest.raises(SystemExit):
-        accelerator.parse_args(["--models", "base"])  # the full models are not for CPU
+    for full_size in ("base", "modernbert_base"):  # the full models are not for CPU
+        with pytest.raises(SystemExit):
+            accelerator.parse_args(["--models", full_size])
     with pytest.raises(SystemExit):
         accelerator.parse_args(["--seq_lens", "128,x"])
 
@@ -59,6 +63,44 @@ def test_a_fused_request_that_falls_back_says_why():
     assert impl == "xla" and "not a multiple of 128" in why
     impl, _ = accelerator.resolved_attention(settings.model, 8, 128, mesh)
     assert impl == "splash"
+
+
+def test_modernbert_layers_resolve_apart(monkeypatch):
+    monkeypatch.setattr(attention, "_logged", set())
+    mesh = sharding.make_mesh((-1, 1, 1))
+    splash = accelerator.make_settings("modernbert_tiny", "splash", 8, 128, "bfloat16", 0).model
+    for packed in (False, True):  # splash serves every layer, with documents too
+        by_kind, _ = accelerator.attention_by_layer_kind(splash, 8, 128, mesh, packed)
+        assert by_kind == {"global": "splash", "local": "splash"}
+    # On an NVIDIA GPU cuDNN serves global layers of padded rows: the cell runs and its note
+    # names the local layers left on xla; packed rows (documents) it cannot serve at all.
+    monkeypatch.setattr(attention, "_platform", lambda: "nvidia")
+    cudnn = accelerator.make_settings("modernbert_tiny", "cudnn", 8, 128, "bfloat16", 0).model
+    by_kind, why = accelerator.attention_by_layer_kind(cudnn, 8, 128, mesh)
+    assert by_kind == {"global": "cudnn", "local": "xla"} and "two-sided window" in why
+    assert accelerator.other_layers_note(by_kind, "cudnn") == "local layers run xla"
+    assert accelerator.resolved_attention(cudnn, 8, 128, mesh)[0] == "cudnn"
+    impl, why = accelerator.resolved_attention(cudnn, 8, 128, mesh, documents=True)
+    assert impl == "xla" and "document" in why
+    # BERT's layers are of one kind.
+    bert = accelerator.make_settings("tiny", "cudnn", 8, 128, "bfloat16", 0).model
+    assert accelerator.attention_by_layer_kind(bert, 8, 128, mesh)[0] == {"all": "cudnn"}
+
+
+def test_packed_batches_hold_whole_documents():
+    rng = np.random.default_rng(0)
+    batch = accelerator.packed_batch(rng, 4, 128, 512, 38)
+    mask, documents, positions = batch["input_mask"], batch["document_ids"], batch["positions"]
+    assert mask[1:].all() and not mask[0].all()  # row 0 ends in padding
+    assert np.all((documents > 0) == (mask > 0))
+    for row in range(4):
+        real = documents[row][mask[row] > 0]
+        assert np.all(np.diff(real) >= 0) and real[0] == 1 and real.max() >= 2
+        starts = np.flatnonzero(np.diff(real, prepend=0))  # each document starts at 0
+        assert np.all(positions[row][starts] == 0)
+        assert np.all(np.diff(positions[row][: len(real)])[np.diff(real) == 0] == 1)
+    picked = np.take_along_axis(mask, batch["masked_lm_positions"], axis=1)
+    assert batch["masked_lm_positions"].shape == (4, 38) and picked.all()
 
 
 def test_figures_of_a_cell():
@@ -102,34 +144,54 @@ def test_budget_skips_work_with_a_note(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "2 T (--peak_flops)" in out
     rows = table_lines(out, accelerator.COLUMNS)
-    assert [r[3] for r in rows] == ["xla", "splash"]
+    assert [(r[0], r[2], r[4]) for r in rows] == [
+        (model, layout, impl)
+        for model, layout in (
+            ("tiny", "padded"),
+            ("modernbert_tiny", "padded"),
+            ("modernbert_tiny", "packed"),
+        )
+        for impl in ("xla", "splash")
+    ]
     assert all("skipped: over the time budget" in r[-1] for r in rows)
     assert "check tiny: skipped, over the 1e-09 s budget" in out
+    assert "check modernbert_tiny (packed): skipped, over the 1e-09 s budget" in out
     assert json.loads(out_json.read_text()) == json.loads(json.dumps(result))
     assert result["checks"] == [] and result["check_passed"] is None
 
 
 @pytest.mark.slow
-def test_tiny_run_times_both_backends_and_checks_them(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "model, layouts, quantities",
+    [
+        ("tiny", ["padded"], ["mlm_logits", "nsp_logits", "sequence_output", "loss"]),
+        ("modernbert_tiny", ["padded", "packed"], ["mlm_logits", "sequence_output", "loss"]),
+    ],
+)
+def test_tiny_run_times_both_backends_and_checks_them(model, layouts, quantities, tmp_path, capsys):
     out_json = tmp_path / "accelerator.json"
     accelerator.main(
-        ["--fused", "splash", "--steps", "2", "--warmup", "0", "--peak_flops", "1e12"]
-        + ["--json", str(out_json)]
+        ["--models", model, "--fused", "splash", "--steps", "2", "--warmup", "0"]
+        + ["--peak_flops", "1e12", "--json", str(out_json)]
     )
     out = capsys.readouterr().out
     rows = table_lines(out, accelerator.COLUMNS)
-    assert [r[3] for r in rows] == ["xla", "splash"]
+    assert [(r[2], r[4]) for r in rows] == [(lay, i) for lay in layouts for i in ("xla", "splash")]
     for row in rows:
         assert len(row) == len(accelerator.COLUMNS) - 1  # every figure, no note
-        assert float(row[5]) > 0 and float(row[7]) > 0 and row[9].endswith("%")
+        assert float(row[6]) > 0 and float(row[8]) > 0 and row[10].endswith("%")
     checks = table_lines(out, accelerator.CHECK_COLUMNS)
-    quantities = [r[2] for r in checks]
-    assert quantities[:4] == ["mlm_logits", "nsp_logits", "sequence_output", "loss"]
-    assert quantities[4] == "grads, all as one" and quantities[5].startswith("grads, worst of")
+    per_layout = len(quantities) + 2
+    assert [r[2] for r in checks] == [lay for lay in layouts for _ in range(per_layout)]
+    for first in range(0, len(checks), per_layout):
+        names = [r[3] for r in checks[first : first + per_layout]]
+        assert names[:-2] == quantities
+        assert names[-2] == "grads, all as one" and names[-1].startswith("grads, worst of")
     assert all(r[-1] == "PASS" for r in checks) and "backend check: PASS" in out
 
     result = json.loads(out_json.read_text())
     assert result["fused"] == "splash" and result["check_passed"] is True
+    assert [c["layout"] for c in result["cells"]] == [lay for lay in layouts for _ in range(2)]
     for cell in result["cells"]:
         assert cell["step_s"] > 0 and cell["tokens_per_sec"] == pytest.approx(
             cell["sequences_per_sec"] * 128
@@ -147,7 +209,12 @@ def test_cpu_run_without_a_fused_backend_says_so(capsys):
     out = capsys.readouterr().out
     assert "fused attention: none available on cpu" in out
     rows = table_lines(out, accelerator.COLUMNS)
-    assert [r[3] for r in rows] == ["xla"] and float(rows[0][5]) > 0 and rows[0][9] == "n/a"
+    assert [(r[0], r[2], r[4]) for r in rows] == [
+        ("tiny", "padded", "xla"),
+        ("modernbert_tiny", "padded", "xla"),
+        ("modernbert_tiny", "packed", "xla"),
+    ]
+    assert all(float(r[6]) > 0 and r[10] == "n/a" for r in rows)
     assert "note: backend comparison: not run, no fused backend" in out
     assert result["fused"] is None and result["checks"] == []
 
@@ -161,10 +228,11 @@ def test_a_failing_kernel_is_reported_not_raised(monkeypatch, capsys):
     result = accelerator.main(["--fused", "splash"])
     out = capsys.readouterr().out
     rows = table_lines(out, accelerator.COLUMNS)
-    assert [r[3] for r in rows] == ["xla", "splash"]
+    assert [r[4] for r in rows] == ["xla", "splash"] * 3
     assert all(r[-1] == "failed: RuntimeError: cuDNN is not detected." for r in rows)
     assert "note: check tiny seq 128: failed: RuntimeError: cuDNN is not detected." in out
-    assert [c["step_s"] for c in result["cells"]] == [None, None]
+    assert "note: check modernbert_tiny (packed) seq 128: failed: RuntimeError" in out
+    assert [c["step_s"] for c in result["cells"]] == [None] * 6
 
 
 def test_the_device_grid_uses_the_recipes_at_google_sizes():
@@ -185,3 +253,20 @@ def test_the_device_grid_uses_the_recipes_at_google_sizes():
             assert settings.data.masking.max_predictions_per_seq == predictions
             assert settings.run.token_capacity == 1.0 and settings.optimizer.name == "adamw"
     assert settings.model.scan_layers and settings.model.remat_policy == "dots"  # large's recipe
+
+    # ModernBERT-base at its phase-1 length, with its recipe's 30% predictions, on both layouts.
+    assert accelerator.seq_lens_for(args, "modernbert_base") == (1024,)
+    assert accelerator.layouts_for("modernbert_base") == ("padded", "packed")
+    assert accelerator.default_batch_size(args, 1024) == 32
+    settings = accelerator.make_settings("modernbert_base", "cudnn", 32, 1024, "bfloat16", 0)
+    model = settings.model
+    assert (model.num_layers, model.hidden_size, model.vocab_size, model.window) == (
+        22,
+        768,
+        50368,
+        64,
+    )
+    assert model.attention_impl == "cudnn" and model.attention_dropout == 0.0
+    assert model.scan_layers and model.remat_policy == "dots" and model.dtype == "bfloat16"
+    assert settings.data.masking.max_predictions_per_seq == 307
+    assert settings.optimizer.name == "stable_adamw" and settings.run.batch_warmup_steps == 0

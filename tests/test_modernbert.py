@@ -4,6 +4,7 @@ initialisation, the config, and sharded == single-device on 8 simulated CPU devi
 
 import dataclasses
 import functools
+import logging
 import math
 
 import jax
@@ -631,3 +632,159 @@ def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
     real = mask.astype(bool)
     assert _max_diff(chunked[real], whole[real]) < ATOL
     assert np.abs(whole[real]).mean() > 0.1
+
+
+# ---------------------------------------------------------------------------------------------
+# Fused attention kernels (bertjax.attention): splash runs in Pallas interpret mode on CPU.
+
+KERNEL_SEQ = 256  # splash needs a multiple of 128
+# Layers 0 and 2 global, layer 1 local with a window of +-64 (banded on the einsum path at
+# 256 tokens); scanned, the group is layers 1 and 2.
+KERNEL_CONFIG = dataclasses.replace(
+    SMALL,
+    num_layers=3,
+    global_attn_every_n_layers=2,
+    num_heads=2,
+    max_position_embeddings=KERNEL_SEQ,
+    local_attention=128,
+)
+# Row 0: three documents filling the row; row 1: two documents, then padding.
+KERNEL_DOCUMENTS = ((90, 100, 66), (120, 80))
+
+
+def _kernel_batch(packed: bool):
+    """ids and mask [2, KERNEL_SEQ] (row 1 padded after 200 tokens) and, packed, the segment
+    ids (0-based, as any ints may be; padding 0 too) and positions restarting per document."""
+    ids, mask = _batch(KERNEL_CONFIG, lengths=(KERNEL_SEQ, 200), seq=KERNEL_SEQ, seed=11)
+    if not packed:
+        return ids, mask, {}
+    segments = np.zeros(ids.shape, np.int32)
+    positions = np.zeros(ids.shape, np.int32)
+    for row, lengths in enumerate(KERNEL_DOCUMENTS):
+        starts = np.cumsum((0,) + lengths)
+        for doc, (start, end) in enumerate(zip(starts[:-1], starts[1:])):
+            segments[row, start:end] = doc
+            positions[row, start:end] = np.arange(end - start)
+    return ids, mask, dict(segment_ids=segments, positions=positions)
+
+
+@pytest.mark.parametrize("packed", [False, True], ids=["padded", "packed_scanned_remat"])
+def test_splash_attention_equals_the_einsum_path(packed):
+    """attention_impl="splash" gives the einsum path's hidden states and gradients on real
+    tokens: global and local (window) layers, padding and packed documents, and (packed)
+    under nn.scan and remat."""
+    config = KERNEL_CONFIG
+    if packed:
+        config = dataclasses.replace(config, scan_layers=True, remat_policy="dots")
+    ids, mask, documents = _kernel_batch(packed)
+    model = ModernBertModel(config)
+    params = model.init(jax.random.key(5), ids[:, :8])["params"]
+    params = jax.tree.map(
+        lambda p: p + 0.05 * jax.random.normal(jax.random.key(6), p.shape), nn.meta.unbox(params)
+    )
+    # A loss over real tokens only: padded rows differ between the paths and nothing reads them.
+    weights = np.random.default_rng(12).standard_normal(ids.shape + (config.hidden_size,))
+    weights = jnp.asarray(weights * mask[..., None], jnp.float32)
+
+    def loss_and_hidden(impl):
+        impl_model = ModernBertModel(dataclasses.replace(config, attention_impl=impl))
+
+        def loss(p):
+            hidden = impl_model.apply({"params": p}, ids, mask, **documents)
+            return jnp.sum(hidden * weights), hidden
+
+        return loss
+
+    assert "pallas_call" in str(jax.make_jaxpr(loss_and_hidden("splash"))(params))
+    assert "pallas_call" not in str(jax.make_jaxpr(loss_and_hidden("xla"))(params))
+    (_, einsum_hidden), einsum_grads = jax.jit(
+        jax.value_and_grad(loss_and_hidden("xla"), has_aux=True)
+    )(params)
+    (_, splash_hidden), splash_grads = jax.jit(
+        jax.value_and_grad(loss_and_hidden("splash"), has_aux=True)
+    )(params)
+    real = mask.astype(bool)
+    assert _max_diff(splash_hidden[real], einsum_hidden[real]) <= ATOL
+    assert np.abs(np.asarray(einsum_hidden)[real]).mean() > 0.1
+    for path, einsum_grad in jax.tree_util.tree_leaves_with_path(einsum_grads):
+        splash_grad = functools.reduce(lambda node, key: node[key.key], path, splash_grads)
+        scale = max(1.0, float(np.abs(np.asarray(einsum_grad)).max()))
+        assert _max_diff(splash_grad, einsum_grad) <= ATOL * scale, jax.tree_util.keystr(path)
+
+
+def test_layer_masks_send_each_kind_of_layer_to_the_kernel_that_serves_it(monkeypatch, caplog):
+    from bertjax import attention
+
+    monkeypatch.setattr(attention, "_logged", set())  # each reason logged anew here
+    ids, mask, documents = _kernel_batch(packed=True)
+    segments = documents["segment_ids"]
+    config = dataclasses.replace(KERNEL_CONFIG, dtype="bfloat16", attention_impl="cudnn")
+
+    # CPU, "auto" or "xla": the einsum path's masks, exactly as before the option existed.
+    for impl in ("auto", "xla"):
+        cpu = dataclasses.replace(config, attention_impl=impl)
+        masks = mb.layer_masks(cpu, mask, segments, deterministic=True)
+        expected = mb.attention_masks(mask, segments, cpu.window)
+        for got, want in zip(masks, expected):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+    # An NVIDIA GPU in bf16: cuDNN serves global layers (padding as sequence lengths); it
+    # takes no two-sided window and no documents, so those layers keep the einsum path.
+    monkeypatch.setattr(attention, "_platform", lambda: "nvidia")
+    with caplog.at_level(logging.INFO, logger="bertjax.attention"):
+        global_mask, local_mask = mb.layer_masks(config, mask, None, deterministic=True)
+    assert isinstance(global_mask, mb.KernelMasks) and global_mask.document_ids is None
+    assert not isinstance(local_mask, mb.KernelMasks) and local_mask.ndim == 4  # banded
+    assert "'cudnn' falls back to xla" in caplog.text and "two-sided window" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="bertjax.attention"):
+        masks = mb.layer_masks(config, mask, segments, deterministic=True)
+    assert not any(isinstance(m, mb.KernelMasks) for m in masks)
+    assert "each token's document" in caplog.text
+    auto = dataclasses.replace(config, attention_impl="auto")
+    assert isinstance(mb.layer_masks(auto, mask, None, deterministic=True)[0], mb.KernelMasks)
+
+    # A TPU: splash serves both kinds, documents as ids 1.. and padding as 0.
+    monkeypatch.setattr(attention, "_platform", lambda: "tpu")
+    global_mask, local_mask = mb.layer_masks(auto, mask, segments, deterministic=True)
+    assert isinstance(global_mask, mb.KernelMasks) and local_mask is global_mask
+    np.testing.assert_array_equal(
+        np.asarray(global_mask.document_ids), np.where(mask == 1, segments + 1, 0)
+    )
+    # Attention dropout in training: the kernels cannot drop weights, the einsum path runs.
+    dropping = dataclasses.replace(auto, attention_dropout=0.1)
+    masks = mb.layer_masks(dropping, mask, segments, deterministic=False)
+    assert not any(isinstance(m, mb.KernelMasks) for m in masks)
+    assert isinstance(
+        mb.layer_masks(dropping, mask, segments, deterministic=True)[0], mb.KernelMasks
+    )
+
+
+def test_attention_impl_is_a_runtime_field_not_a_transformers_one():
+    from bertjax.encoders import modernbert_family
+
+    assert SMALL.attention_impl == "auto"
+    splash = dataclasses.replace(SMALL, attention_impl="splash")
+    assert "attention_impl" not in splash.to_hf_dict()
+    assert ModernBertConfig.from_hf_dict(splash.to_hf_dict(), dtype="float32") == SMALL
+    assert ModernBertConfig.from_hf_dict(SMALL.to_hf_dict(), attention_impl="splash") == (
+        dataclasses.replace(splash, dtype="bfloat16")
+    )
+    with pytest.raises(ValueError, match=r"attention_impl='flash' is invalid: must be one of"):
+        dataclasses.replace(SMALL, attention_impl="flash")
+    with pytest.raises(ValueError, match=r"attention_impl='blocked' is invalid.*padding mask"):
+        dataclasses.replace(SMALL, attention_impl="blocked")
+
+    family = modernbert_family.FAMILY
+    assert "attention_impl" not in family.architecture_fields  # a checkpoint opens with any
+    assert family.config_from_dict(family.config_to_dict(splash)) == splash
+    for impl in ("auto", "xla", "cudnn", "splash"):
+        config = family.from_settings("tiny", {"attention_impl": impl, "hidden_dropout": 0.0})
+        assert config.attention_impl == impl
+        assert family.with_overrides(SMALL, {"attention_impl": impl}).attention_impl == impl
+    for read in (
+        lambda: family.from_settings("tiny", {"attention_impl": "blocked"}),
+        lambda: family.with_overrides(SMALL, {"attention_impl": "blocked"}),
+    ):
+        with pytest.raises(ValueError, match="attention_impl='blocked' is not available for"):
+            read()

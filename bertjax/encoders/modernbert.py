@@ -31,6 +31,20 @@ neighbours' keys, seq x 3 window scores instead of seq x seq, with the same weig
 Packed documents: ``segment_ids`` keeps attention within a document, and ``positions`` that
 restart at each document restart the rotary phase, so a packed row computes what each of its
 documents would alone.
+
+Fused attention kernels (``config.attention_impl``, bertjax.attention; not a transformers
+field): for each kind of layer (global, local) `layer_masks` asks
+bertjax.attention.resolve_implementation, once per forward. Where it picks a fused kernel,
+those layers call bertjax.attention.dot_product_attention with the padding mask, the segment
+ids as document ids and, on local layers, the window, instead of building boolean masks:
+splash on TPUs (both kinds of layer: a LocalMask band per head, documents as segment ids;
+sequences a multiple of 128), cuDNN on NVIDIA GPUs in bf16/fp16 (global layers of rows
+without documents only: jax's cuDNN attention takes neither a two-sided window nor
+documents; those layers keep the einsum path, the reason logged once). Everything else runs
+the einsum path above, bit for bit as without the option: "xla", "auto" on CPU, attention
+dropout active (the kernels cannot drop weights). On real tokens both paths give the same
+weights; a padded query's row differs (it sees padding on a kernel, nothing here), and
+nothing reads it. "blocked" (bertjax.attention's CPU path, padding masks only) is refused.
 """
 
 from __future__ import annotations
@@ -38,13 +52,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from bertjax import attention as attention_lib
 from bertjax import sharding
 from bertjax.sharding import (
     ACTIVATION_EMBED,
@@ -63,6 +78,12 @@ from bertjax.sharding import (
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
 CLASSIFIER_POOLINGS = ("cls", "mean")
+# bertjax.attention's implementations but "blocked", whose CPU blocks take a padding mask
+# only (no window, no documents): on CPU, "auto" and "xla" run ModernBERT's own path.
+ATTENTION_IMPLEMENTATIONS = tuple(i for i in attention_lib.IMPLEMENTATIONS if i != "blocked")
+# The implementations served by bertjax.attention's fused kernels; any other that
+# resolve_implementation picks runs ModernBERT's own einsum path.
+KERNELS = ("cudnn", "splash")
 
 # Special token ids of ModernBERT's tokenizer (a vocabulary of 50,368 rows).
 CLS_ID = 50281
@@ -147,6 +168,8 @@ class ModernBertConfig:
     param_dtype: str = "float32"
     remat_policy: str = "none"  # "none" | "full" | "dots" (save matmul outputs)
     scan_layers: bool = False
+    # "auto" | "xla" | "cudnn" | "splash" (bertjax.attention); not a transformers field.
+    attention_impl: str = "auto"
 
     def __post_init__(self):
         for name in (
@@ -210,11 +233,18 @@ class ModernBertConfig:
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
             ("remat_policy", REMAT_POLICIES),
+            ("attention_impl", ATTENTION_IMPLEMENTATIONS),
         ):
             value = getattr(self, name)
             if value not in valid:
+                why = (
+                    " (the 'blocked' CPU path takes a padding mask only, not ModernBERT's "
+                    "sliding windows and documents)"
+                    if value == "blocked"
+                    else ""
+                )
                 raise ValueError(
-                    f"ModernBertConfig.{name}={value!r} is invalid: must be one of {valid}"
+                    f"ModernBertConfig.{name}={value!r} is invalid: must be one of {valid}{why}"
                 )
 
     @property
@@ -245,7 +275,8 @@ class ModernBertConfig:
 
         Reads both the current form (layer_types, rope_parameters) and the older one
         (global_attn_every_n_layers, global_rope_theta, local_rope_theta). ``overrides`` set
-        fields transformers does not have (dtype, param_dtype, remat_policy, scan_layers).
+        fields transformers does not have (dtype, param_dtype, remat_policy, scan_layers,
+        attention_impl).
         """
         model_type = hf.get("model_type", "modernbert")
         if model_type != "modernbert":
@@ -476,15 +507,111 @@ def attention_masks(
     chunk of `window` queries against the keys of its own and its two neighbouring chunks, so
     that local layers compute seq x 3 window scores instead of seq x seq.
     """
+    visible = global_mask(attention_mask, segment_ids)
+    return visible, local_mask(attention_mask, segment_ids, window, visible)
+
+
+def global_mask(attention_mask: jax.Array, segment_ids: jax.Array | None) -> jax.Array:
+    """[batch, seq, seq] bool: key t is a real token of query s's segment."""
     batch, seq = attention_mask.shape
     visible = jnp.broadcast_to(attention_mask.astype(bool)[:, None, :], (batch, seq, seq))
     if segment_ids is not None:
         visible = visible & (segment_ids[:, :, None] == segment_ids[:, None, :])  # [b, s, t]
+    return visible
+
+
+def local_mask(
+    attention_mask: jax.Array,
+    segment_ids: jax.Array | None,
+    window: int,
+    visible: jax.Array | None = None,
+) -> jax.Array:
+    """The local layers' mask (see attention_masks); ``visible``: global_mask's, if made."""
+    seq = attention_mask.shape[1]
     if is_banded(seq, window):
-        return visible, banded_mask(attention_mask, segment_ids, window)
+        return banded_mask(attention_mask, segment_ids, window)
+    if visible is None:
+        visible = global_mask(attention_mask, segment_ids)
     index = np.arange(seq)
     near = np.abs(index[:, None] - index[None, :]) <= window  # [s, t]
-    return visible, visible & near[None]
+    return visible & near[None]
+
+
+class KernelMasks(NamedTuple):
+    """What a layer on a fused kernel (bertjax.attention's cudnn or splash) gets in place of
+    a boolean mask: the padding mask and the document ids (1.. per document, 0 for padding;
+    None without documents), both [batch, seq]. The kernels mask block by block from these
+    (and the window, which the layer knows), so no [seq, seq] mask is made for them."""
+
+    attention_mask: jax.Array
+    document_ids: jax.Array | None
+
+
+def attention_kernel(
+    config: ModernBertConfig,
+    batch: int,
+    seq: int,
+    *,
+    deterministic: bool,
+    documents: bool,
+    local_window: int | None,
+) -> str | None:
+    """The fused kernel ("cudnn" or "splash") one kind of layer runs on, or None for
+    ModernBERT's own einsum path: bertjax.attention.resolve_implementation's choice for
+    config.attention_impl (which logs, once, why a requested kernel cannot serve)."""
+    impl = attention_lib.resolve_implementation(
+        config.attention_impl,
+        dtype=jnp.dtype(config.dtype),
+        batch=batch,
+        seq_len=seq,
+        num_heads=config.num_heads,
+        head_dim=config.head_dim,
+        dropout_active=not deterministic and config.attention_dropout > 0,
+        document_mask=documents,
+        local_window=local_window,
+    )
+    return impl if impl in KERNELS else None
+
+
+def layer_masks(
+    config: ModernBertConfig,
+    attention_mask: jax.Array,
+    segment_ids: jax.Array | None,
+    deterministic: bool,
+) -> tuple[Any, Any]:
+    """(global, local) masks for the layers: for each kind of layer, KernelMasks where it runs
+    on a fused kernel (`attention_kernel`), else the boolean mask of `attention_masks`.
+
+    Made once per forward, outside nn.scan and remat, and handed to every layer: the layers
+    then only choose their path by the mask's type, and the implementation (a string) never
+    has to cross the scan or the rematerialised call as an argument.
+    """
+    batch, seq = attention_mask.shape
+    kernels = [
+        attention_kernel(
+            config,
+            batch,
+            seq,
+            deterministic=deterministic,
+            documents=segment_ids is not None,
+            local_window=window,
+        )
+        for window in (None, config.window)
+    ]
+    if not any(kernels):
+        return attention_masks(attention_mask, segment_ids, config.window)
+    document_ids = None
+    if segment_ids is not None:
+        # bertjax.attention numbers documents 1.. and padding 0 (padded queries see padded
+        # keys); segment ids may be any ints, padding's included: shift them to start at 1.
+        real = attention_mask.astype(bool)
+        first = jnp.min(segment_ids)
+        document_ids = jnp.where(real, segment_ids - first + 1, 0).astype(jnp.int32)  # [b, s]
+    on_kernel = KernelMasks(attention_mask, document_ids)
+    return (
+        on_kernel if kernels[0] else global_mask(attention_mask, segment_ids),
+        on_kernel if kernels[1] else local_mask(attention_mask, segment_ids, config.window),
+    )
 
 
 def is_banded(seq: int, window: int) -> bool:
@@ -545,9 +672,15 @@ def _banded_attention(q, k, v, mask, window: int, dropout) -> jax.Array:
 
 
 class Attention(nn.Module):
-    """Fused-QKV self-attention with rotary positions; softmax in float32."""
+    """Fused-QKV self-attention with rotary positions; softmax in float32.
+
+    ``mask`` is a boolean mask (ModernBERT's own einsum path: [b, s, t], or banded [b, c, w,
+    3w]) or KernelMasks (bertjax.attention's fused kernel, with ``local_window``), as
+    `layer_masks` decided for this kind of layer.
+    """
 
     config: ModernBertConfig
+    local_window: int | None = None  # a local layer's half-width; None for a global layer
 
     @nn.compact
     def __call__(self, x, mask, cos, sin, deterministic: bool):
@@ -568,7 +701,19 @@ class Attention(nn.Module):
         q, k, v = (sharding.constrain(qkv[:, :, i], qkv_names) for i in range(3))  # [b, s, n, d]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         weights_dropout = nn.Dropout(cfg.attention_dropout)
-        if mask.ndim == 4:  # banded (local layers of long rows): see attention_masks
+        if isinstance(mask, KernelMasks):
+            # layer_masks chose a kernel only with attention dropout inactive; the same
+            # resolution runs again inside, with the same inputs, so the same kernel.
+            context = attention_lib.dot_product_attention(
+                q,
+                k,
+                v,
+                mask.attention_mask,
+                implementation=cfg.attention_impl,
+                document_ids=mask.document_ids,
+                local_window=self.local_window,
+            )  # [b, s, n, d]
+        elif mask.ndim == 4:  # banded (local layers of long rows): see attention_masks
             context = _banded_attention(
                 q, k, v, mask, cfg.window, lambda w: weights_dropout(w, deterministic)
             )
@@ -643,7 +788,9 @@ class EncoderLayer(nn.Module):
         cfg = self.config
         kind = 0 if self.is_global else 1
         y = x if self.first else _layer_norm(cfg, "attn_norm")(x)
-        x = x + Attention(cfg, name="attn")(y, masks[kind], *rotary[kind], deterministic)
+        window = None if self.is_global else cfg.window
+        attention = Attention(cfg, local_window=window, name="attn")
+        x = x + attention(y, masks[kind], *rotary[kind], deterministic)
         x = x + GegluMlp(cfg, name="mlp")(_layer_norm(cfg, "mlp_norm")(x), deterministic)
         return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
 
@@ -780,7 +927,7 @@ class ModernBertModel(nn.Module):
             attention_mask = jnp.ones((batch, seq), jnp.int32)
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
-        masks = attention_masks(attention_mask, segment_ids, cfg.window)  # global, local
+        masks = layer_masks(cfg, attention_mask, segment_ids, deterministic)  # global, local
         rotary = (
             rotary_tables(positions, cfg.head_dim, cfg.global_rope_theta),
             rotary_tables(positions, cfg.head_dim, cfg.local_rope_theta),

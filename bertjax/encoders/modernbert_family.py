@@ -144,6 +144,9 @@ class MaskedLM(nn.Module):
 
 def _init_masked_lm(config: ModernBertConfig, rng: jax.Array):
     ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
+    # The parameters do not depend on the attention implementation; a one-token row is no
+    # shape for a fused kernel to compile for.
+    config = dataclasses.replace(config, attention_impl="xla")
     return MaskedLM(config).init({"params": rng}, ids)["params"]
 
 
@@ -209,6 +212,16 @@ def _transformers_head(head) -> capability.TransformersHead:
     return th
 
 
+def _check_attention_impl(impl: str) -> None:
+    """Refuses, naming why, an attention implementation that cannot serve ModernBERT."""
+    if impl == "blocked":
+        raise ValueError(
+            "attention_impl='blocked' is not available for ModernBERT: the blocked CPU path "
+            "takes a padding mask only, not ModernBERT's sliding windows and packed documents; "
+            f"set it to one of {mb.ATTENTION_IMPLEMENTATIONS}"
+        )
+
+
 class ModernBert(family.EncoderFamily):
     name = "modernbert"
     config_class = ModernBertConfig
@@ -217,11 +230,12 @@ class ModernBert(family.EncoderFamily):
     uses_segment_ids = False
     sentence_pair_head = False
     feed_forward_matrices = 3  # GeGLU: Wi holds the input and the gate, then Wo
-    # Everything but the numerics, the dropout rates and the initialisation.
+    # Everything but the numerics, the attention implementation, the dropout rates and the
+    # initialisation.
     architecture_fields = tuple(
         f.name
         for f in dataclasses.fields(ModernBertConfig)
-        if f.name not in ("dtype", "param_dtype", "remat_policy", "scan_layers")
+        if f.name not in ("dtype", "param_dtype", "remat_policy", "scan_layers", "attention_impl")
         and not f.name.endswith("dropout")
         and not f.name.startswith("initializer_")
     )
@@ -246,12 +260,7 @@ class ModernBert(family.EncoderFamily):
         which every pretraining config carries; attention_impl must be one ModernBERT runs."""
         own = {f.name for f in dataclasses.fields(ModernBertConfig)}
         bert_named = {k: v for k, v in fields.items() if k not in own}
-        impl = bert_named.pop("attention_impl", "auto")
-        if impl not in ("auto", "xla"):
-            raise ValueError(
-                f"attention_impl={impl!r} is not available for ModernBERT, whose local and "
-                "per-document masks run on xla only: set it to 'auto' or 'xla'"
-            )
+        _check_attention_impl(fields.get("attention_impl", "auto"))
         # Provisional token ids (0 fits any vocabulary) until with_vocabulary sets the real ones.
         ids = dict(pad_token_id=0, cls_token_id=0, sep_token_id=0)
         config = ModernBertConfig.preset(preset, **ids)
@@ -269,13 +278,16 @@ class ModernBert(family.EncoderFamily):
 
     def with_overrides(self, config: ModernBertConfig, overrides: Mapping[str, Any]):
         """BERT's names in ModernBERT's terms: hidden_dropout is the embeddings' and the
-        feed-forward's, attention_dropout the attention's; attention_impl has no meaning here
-        (ModernBERT's attention is its own); classifier_dropout stays the checkpoint's."""
+        feed-forward's, attention_dropout the attention's; attention_impl is ModernBERT's own
+        field too (bertjax.attention's kernels, "blocked" refused); classifier_dropout stays
+        the checkpoint's."""
         fields = {}
         for name, value in overrides.items():
             if name == "hidden_dropout":
                 fields.update(embedding_dropout=value, mlp_dropout=value)
-            elif name != "attention_impl":
+            else:
+                if name == "attention_impl":
+                    _check_attention_impl(value)
                 fields[name] = value
         return dataclasses.replace(config, **fields)
 
@@ -373,7 +385,7 @@ class ModernBert(family.EncoderFamily):
                 )
             flat[t.path] = t.to_ours(array).astype(dtype)
         if missing:
-            init_config = dataclasses.replace(config, scan_layers=False)
+            init_config = dataclasses.replace(config, scan_layers=False, attention_impl="xla")
             fresh = dict(
                 hf.flatten_tree(nn.meta.unbox(_init_masked_lm(init_config, jax.random.key(0))))
             )
