@@ -424,9 +424,16 @@ class Model:
                 scores[row], ids_out[row] = s[:count], t[:count]
         return list(zip(positions, scores, ids_out))
 
-    def batched(self, function: Callable, features: list[dict[str, np.ndarray]]) -> Iterator:
+    def batched(
+        self,
+        function: Callable,
+        features: list[dict[str, np.ndarray]],
+        max_length: int | None = None,
+    ) -> Iterator:
         """Yields (rows, outputs) per batch: the rows of `features` and numpy outputs for them.
 
+        `max_length`: the longest any row can be (question answering's window length), which
+        caps the length buckets: windows of 384 tokens are padded to 384, not to 512.
         Batches are dispatched one ahead of reading their results back, so the host builds
         the next batch while the device computes.
         """
@@ -440,7 +447,8 @@ class Model:
         )
         try:
             for rows in self._batches(features):
-                batch = _pad_batch([features[r] for r in rows], self._bucket(rows, features))
+                shape = self._bucket(rows, features, max_length)
+                batch = _pad_batch([features[r] for r in rows], shape)
                 with self.context():  # the mesh, for the model's sharding constraints
                     pending.append((rows, function(self.params, self.put(batch))))
                 if len(pending) > 1:
@@ -461,12 +469,16 @@ class Model:
         for start in range(0, len(order), self.batch_size):
             yield order[start : start + self.batch_size]
 
-    def _bucket(self, rows: np.ndarray, features: list[dict[str, np.ndarray]]) -> dict[str, int]:
-        """The padded shape of a batch: powers of two (rows a multiple of the data axes)."""
+    def _bucket(
+        self, rows: np.ndarray, features: list[dict[str, np.ndarray]], max_length: int | None
+    ) -> dict[str, int]:
+        """The padded shape of a batch: powers of two (rows a multiple of the data axes), the
+        length at most the model's positions and `max_length`."""
         longest = max(len(features[r]["input_ids"]) for r in rows)
-        length = min(
-            max(_next_power_of_two(longest), MIN_LENGTH_BUCKET), self.config.max_position_embeddings
-        )
+        limit = self.config.max_position_embeddings
+        if max_length is not None:
+            limit = min(limit, max(max_length, longest))
+        length = min(max(_next_power_of_two(longest), MIN_LENGTH_BUCKET), limit)
         count = _round_up(min(_next_power_of_two(len(rows)), self.batch_size), self._rows_multiple)
         shape = {"rows": count, "length": length}
         if "masked_lm_positions" in features[rows[0]]:

@@ -196,7 +196,8 @@ def window_logits(model: Model, features: squad.QAFeatures) -> tuple[np.ndarray,
     starts = np.full(features.input_ids.shape, -1e9, np.float32)  # [n, seq]
     ends = np.full(features.input_ids.shape, -1e9, np.float32)
     function = functools.partial(_logits, config=model.run_config)
-    for done, (start, end) in model.batched(function, rows):
+    # Windows are at most the features' width: their buckets stop there (384, not 512).
+    for done, (start, end) in model.batched(function, rows, features.input_ids.shape[1]):
         width = min(start.shape[1], starts.shape[1])
         starts[done, :width] = start[:, :width]
         ends[done, :width] = end[:, :width]

@@ -1,0 +1,89 @@
+"""The integration tests of test_faults.py (tests/parity/), with its helpers."""
+
+import errno
+import json
+import logging
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import sys
+import flax.linen as nn
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import transformers
+from safetensors import numpy as safetensors_numpy
+from test_tokenizer import training_sentences, write_wordpiece_vocab
+from xla_env import subprocess_env
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import heads, hf, rundir, textfile
+from bertjax.capability import HeadSpec
+from bertjax.data import corpus
+from bertjax.finetune import data as finetune_data
+from bertjax.finetune import loop as finetune_loop
+from bertjax.finetune.layouts import CONLL, CSV, JSONL, Layout
+from bertjax.inference import InferenceError, Model
+from bertjax.model import BertConfig
+from bertjax.settings import ConfigError
+from bertjax.tasks.embed import task as embed_task
+from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.labels import data as label_data
+from bertjax.tasks.labels import model as label_heads
+from bertjax.tokenizer import WordPieceTokenizer
+from test_faults import (  # noqa: F401 (fixtures are used by name)
+    REPO,
+)
+
+
+@pytest.mark.slow
+def test_checkpoints_on_eight_devices_while_a_cpu_hog_competes(synthetic_data, tmp_path):
+    """train.py on 8 simulated devices saving every 10 steps, with busy processes on every
+    core: each save fingerprints the state; before each leaf's fingerprint was fetched before
+    the next was dispatched, this run aborted at the first save in XLA's all-reduce
+    rendezvous."""
+    workdir = tmp_path / "run"
+    command = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "--config",
+        str(REPO / "configs" / "tiny.py"),
+        "--config.mesh_shape=(1,-1,1)",
+        f"--config.data.dir={synthetic_data}",
+        "--config.data.max_seq_length=64",
+        "--config.data.max_predictions_per_seq=10",
+        "--config.batch_size=8",
+        "--config.num_train_steps=30",
+        "--config.checkpoint_every_steps=10",
+        "--config.eval_every_steps=1000",
+        "--config.log_every_steps=10",
+        "--config.optimizer.warmup_steps=5",
+        "--workdir",
+        str(workdir),
+    ]
+    # The suite's compile settings: with the fault put back (every leaf's fingerprint
+    # dispatched at once), this run still aborts at its first save.
+    env = subprocess_env(8)
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range((os.cpu_count() or 2) + 1)
+    ]
+    try:
+        run = subprocess.run(
+            command, env=env, capture_output=True, text=True, timeout=900, cwd=REPO
+        )
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, output[-3000:]
+    assert "rendezvous" not in output
+    steps = sorted(
+        int(p.name) for p in (workdir / rundir.CHECKPOINT_DIR).iterdir() if p.name.isdigit()
+    )
+    assert steps[-1] == 30, steps
+    model = Model.load(workdir)
+    assert model.source.endswith("step 30")

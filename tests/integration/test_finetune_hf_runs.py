@@ -1,0 +1,105 @@
+"""The integration tests of test_finetune_hf.py (tests/unit/), with its helpers."""
+
+import dataclasses
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors import numpy as safetensors_numpy
+import bertjax
+from bertjax import heads, hf, optim
+from bertjax.capability import HeadSpec
+from bertjax.finetune import loop
+from bertjax.finetune.objective import build_finetuning
+from bertjax.model import BertConfig
+from bertjax.tasks import labels as labels_capability
+from bertjax.tasks.labels import model as label_heads
+from bertjax.tokenizer import WordPieceTokenizer
+from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
+    CONFIG,
+    HEADS,
+    HF_CLASSES,
+    PARITY_BATCH,
+    PARITY_LR,
+    PARITY_SEQ,
+    PARITY_STEPS,
+    parity_batches,
+    random_params,
+    torch_labels,
+)
+
+
+@pytest.mark.parametrize(
+    "name,pairs",
+    [
+        pytest.param("classification", False, marks=pytest.mark.slow),
+        pytest.param("classification", True, marks=pytest.mark.slow),
+        ("regression", True),
+        pytest.param("multi_label", False, marks=pytest.mark.slow),
+        pytest.param("token_classification", False, marks=pytest.mark.slow),
+    ],
+)
+def test_fine_tuning_steps_equal_transformers_step_for_step(tmp_path, name, pairs):
+    head = HEADS[name]
+    config = dataclasses.replace(CONFIG, hidden_dropout=0.0, attention_dropout=0.0)
+    params = random_params(head, seed=6)
+    hf.save(config, params, tmp_path / "start", head=head)
+    cls = HF_CLASSES.get(head.task, transformers.BertForSequenceClassification)
+    reference = cls.from_pretrained(tmp_path / "start", attn_implementation="eager").train()
+    named = list(reference.named_parameters())
+    no_decay = [p for n, p in named if "bias" in n or "LayerNorm" in n]
+    decay = [p for n, p in named if not ("bias" in n or "LayerNorm" in n)]
+    torch_optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=PARITY_LR,
+        eps=1e-6,
+    )
+    warmup = 2
+    schedule = transformers.get_linear_schedule_with_warmup(torch_optimizer, warmup, PARITY_STEPS)
+
+    settings = optim.OptimizerSettings(
+        learning_rate=PARITY_LR, warmup_steps=warmup, total_steps=PARITY_STEPS
+    )
+    assert (settings.weight_decay, settings.eps, settings.max_grad_norm) == (0.01, 1e-6, 1.0)
+    ft = build_finetuning(
+        config,
+        head,
+        settings,
+        mesh_shape=(-1, 1, 1),
+        grad_accum_steps=1,
+        micro_batch_size=PARITY_BATCH,
+        max_seq_length=PARITY_SEQ,
+    )
+    state = ft.state.init(jax.random.key(0))
+    state = state.replace(params=jax.device_put(params, ft.state.shardings.params))
+    for batch in parity_batches(head, pairs):
+        state, metrics = ft.train_step(
+            state, jax.device_put(batch, ft.batch_sharding), jax.random.key(1)
+        )
+        loss = reference(
+            input_ids=torch.tensor(batch["input_ids"]).long(),
+            token_type_ids=torch.tensor(batch["segment_ids"]).long(),
+            attention_mask=torch.tensor(batch["input_mask"]).long(),
+            labels=torch_labels(head, batch["labels"]),
+        ).loss
+        torch_optimizer.zero_grad()
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
+        torch_optimizer.step()
+        schedule.step()
+        np.testing.assert_allclose(float(metrics["train/loss"]), loss.item(), rtol=1e-4)
+        np.testing.assert_allclose(float(metrics["train/grad_norm"]), grad_norm.item(), rtol=1e-4)
+
+    hf.save(config, jax.device_get(state.params), tmp_path / "ours", head=head)
+    ours = cls.from_pretrained(tmp_path / "ours", attn_implementation="eager").state_dict()
+    start = cls.from_pretrained(tmp_path / "start", attn_implementation="eager").state_dict()
+    theirs = reference.state_dict()
+    # The steps moved the parameters far past the tolerance, so agreement is not by standing still.
+    assert max(float((theirs[k] - start[k]).abs().max()) for k in ours) > 5e-3
+    for key, value in ours.items():
+        np.testing.assert_allclose(
+            value.numpy(), theirs[key].detach().numpy(), atol=1e-4, rtol=0, err_msg=key
+        )

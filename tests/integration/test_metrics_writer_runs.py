@@ -1,0 +1,25 @@
+"""The integration tests of test_metrics_writer.py (tests/unit/), with its helpers."""
+
+import json
+import subprocess
+import sys
+import time
+import pytest
+from tensorboardX import SummaryWriter
+from xla_env import REPO, subprocess_env
+from bertjax import metrics_writer
+
+
+@pytest.mark.slow
+def test_train_py_starts_without_importing_torch_or_tensorboardx():
+    """torch (through tensorboardX) took 2 of the 4 s train.py spent importing."""
+    script = "import sys, train; print(sorted({'torch', 'tensorboardX'} & set(sys.modules)))"
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(1),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert out.stdout.strip() == "[]", out.stderr

@@ -1,0 +1,76 @@
+"""The integration tests of test_qa_task.py (tests/unit/), with its helpers."""
+
+import dataclasses
+import json
+import flax.linen as nn
+import jax
+import numpy as np
+import pytest
+import torch
+import transformers
+from test_question_answering import CONFIG, TOKENIZER, qa_head, synthetic_examples
+from bertjax import Model, hf
+from bertjax.finetune import loop
+from bertjax.finetune import settings as finetune_settings
+from bertjax.finetune import task as task_lib
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.inference import InferenceError
+from bertjax.settings import ConfigError
+from bertjax.tasks.qa import squad as qa
+from bertjax.tasks.qa import task as qa_task
+from configs import finetune as finetune_config
+from test_qa_task import (  # noqa: F401 (fixtures are used by name)
+    LEARNER,
+    qa_config,
+    random_export,
+    write_jsonl,
+)
+
+
+@pytest.mark.slow
+def test_finetune_run_learns_synthetic_squad(tmp_path, optimized):
+    """'the wX' over 12 random words, SQuAD v1.1 style, through finetune.py's loop from a
+    random BertForQuestionAnswering export: the answer is the word asked for."""
+    rng = np.random.default_rng(0)
+    train = write_jsonl(tmp_path / "train.jsonl", synthetic_examples(rng, 4096, impossible=0.0))
+    dev_examples = synthetic_examples(rng, 128, impossible=0.0)
+    dev = write_jsonl(tmp_path / "dev.jsonl", dev_examples)
+    test = write_jsonl(tmp_path / "test.jsonl", synthetic_examples(rng, 32, impossible=0.0))
+    config = qa_config(
+        random_export(tmp_path / "init", LEARNER),
+        train,
+        dev,
+        num_epochs=12,
+        batch_size=32,
+        eval_batch_size=64,
+        log_every_steps=1000,
+        **{
+            "optimizer.learning_rate": 2e-3,
+            "data.max_seq_length": 24,
+            "data.test": test,
+            "qa.doc_stride": 8,
+            "qa.max_query_length": 4,
+            "model.hidden_dropout": 0.0,
+            "model.attention_dropout": 0.0,
+        },
+    )
+    settings = FinetuneSettings.from_config(config, devices=jax.devices()[:1])
+    summary = loop.finetune(settings, tmp_path / "run", devices=jax.devices()[:1])
+    best = summary["seeds"][0]["best"]
+    scores = best["scores"]
+    print(f"synthetic 'the wX' SQuAD v1.1 through loop.finetune: {scores}")
+    # Guessing one of the 12 words scores about 8 EM.
+    assert best["metric"] == "eval/f1" and scores["eval/exact_match"] > 80.0
+    assert scores["eval/span_accuracy"] > 0.8  # the validation windows point at the answers
+    run = tmp_path / "run"
+    for split in ("validation", "test"):
+        predictions = json.loads((run / f"predictions_{split}" / qa.PREDICTIONS_FILE).read_text())
+        assert len(predictions) == (128 if split == "validation" else 32)
+    # The run directory opens as a notebook Model that answers.
+    model = Model.load(run)
+    example = dev_examples[0]
+    got = model.answer(example.question, example.context)
+    assert got["answer"] == example.answers[0].text
+    # Resuming a finished run takes no step and keeps the best.
+    again = loop.finetune(settings, run, devices=jax.devices()[:1])
+    assert again["seeds"][0]["best"]["value"] == best["value"]
