@@ -8,8 +8,17 @@ builds only the ones its tests use.
 """
 
 import os
+import pathlib
+import sys
 
-from xla_env import (  # imports no jax
+# The suite by kind: tests/unit (in-process, short), tests/parity (against transformers and
+# sentence-transformers), tests/integration (command lines, runs, GCS). A subject's tests of
+# another kind sit in a file of their own (tests/unit/test_hf_unit.py beside
+# tests/parity/test_hf.py) and import its helpers by name, from whichever kind is selected.
+_HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE / kind) for kind in ("unit", "parity", "integration")]
+
+from xla_env import (  # noqa: E402 (imports no jax)
     COMPILATION_CACHE,
     COMPILATION_CACHE_DIR,
     COMPILATION_CACHE_LIMIT_BYTES,
@@ -29,7 +38,6 @@ for variable, value in COMPILATION_CACHE.items():
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import contextlib  # noqa: E402
-import pathlib  # noqa: E402
 
 import gcs_emulator  # noqa: E402
 import jax  # noqa: E402

@@ -1,13 +1,9 @@
 """The integration tests of test_accelerator_benchmark.py (tests/unit/), with its helpers."""
 
-import importlib.util
 import json
-import pathlib
-import sys
+
 import jax
-import numpy as np
 import pytest
-from bertjax import attention, perf, sharding
 from test_accelerator_benchmark import (  # noqa: F401 (fixtures are used by name)
     accelerator,
     table_lines,

@@ -1,35 +1,20 @@
 """The integration tests of test_checkpoint.py (tests/unit/), with its helpers."""
 
-import errno
-import gc
-import glob
 import json
-import logging
-import os
-import shutil
 import subprocess
 import sys
-import textwrap
-import threading
-import time
-import weakref
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import orbax.checkpoint as ocp
 import pytest
-from etils import epath
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
-from xla_env import subprocess_env
-from bertjax import checkpoint as ckpt
 from test_checkpoint import (  # noqa: F401 (fixtures are used by name)
     _ONE_DEVICE_SCRIPT,
     make_state,
     mesh,
     save_steps,
 )
+from xla_env import subprocess_env
 
 
 @pytest.mark.slow

@@ -31,7 +31,7 @@ from bertjax.pretrain.settings import PretrainSettings
 from bertjax.rundir import DATA_DIR
 from configs import tiny
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 EVAL_EVERY = 25
 EVAL_BATCHES = 8  # 256 held-out sequences, about 4,800 masked-LM targets
 EXIT_RATIO = 1.5

@@ -1,23 +1,8 @@
 """The integration tests of test_embedding.py (tests/unit/), with its helpers."""
 
-import json
-import math
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import bertjax
-from bertjax import optim, sharding, steps, vectors
-from bertjax.encoders.modernbert import ModernBertConfig
-from bertjax.inference import TruncationWarning
-from bertjax.model import BertConfig
-from bertjax.tasks.embed import hf as sbert
-from bertjax.tasks.embed import metrics as embedding_eval
-from bertjax.tasks.embed import model as embedding
-from bertjax.tasks.embed import objective as training
-from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 from test_embedding import (  # noqa: F401 (fixtures are used by name)
     CONFIG,
     TOL,
@@ -27,6 +12,13 @@ from test_embedding import (  # noqa: F401 (fixtures are used by name)
     synthetic_sts,
     wordpiece,
 )
+
+from bertjax import optim
+from bertjax.model import BertConfig
+from bertjax.tasks.embed import metrics as embedding_eval
+from bertjax.tasks.embed import model as embedding
+from bertjax.tasks.embed import objective as training
+from bertjax.tasks.embed.model import EmbeddingSpec
 
 
 @pytest.mark.slow

@@ -1,34 +1,16 @@
 """The integration tests of test_embedding_task.py (tests/unit/), with its helpers."""
 
 import functools
-import pathlib
-import flax.linen as nn
+
 import jax
 import numpy as np
 import pytest
 from test_embedding import (
-    CONFIG,
     SHALLOW,
     TEXTS,
     random_params,
-    synthetic_pairs,
     synthetic_sts,
 )
-import bertjax
-from bertjax import vectors
-from bertjax.finetune import task as task_lib
-from bertjax.finetune.data import TaskDataError
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.settings import ConfigError
-from bertjax.tasks.embed import hf as sbert
-from bertjax.tasks.embed import metrics as embedding_eval
-from bertjax.tasks.embed import model as embedding
-from bertjax.tasks.embed import objective as training
-from bertjax.tasks.embed import task as task_module
-from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
-from configs import finetune as finetune_config
 from test_embedding_task import (  # noqa: F401 (fixtures are used by name)
     LONG,
     SEQ,
@@ -36,6 +18,14 @@ from test_embedding_task import (  # noqa: F401 (fixtures are used by name)
     _flat_and_stacked,
     files,
 )
+
+import bertjax
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.embed import metrics as embedding_eval
+from bertjax.tasks.embed import model as embedding
+from bertjax.tasks.embed import objective as training
+from bertjax.tasks.embed import task as task_module
+from bertjax.tasks.embed.model import EmbeddingSpec
 
 
 @pytest.mark.slow  # two gradient programs compile per case

@@ -1,27 +1,9 @@
 """The integration tests of test_encoders.py (tests/unit/), with its helpers."""
 
-import dataclasses
-import json
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import linen as nn
 from synthetic_corpus import finetune_config
-import bertjax
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import encoders, heads, hf, rundir, sharding
-from bertjax.capability import HeadSpec
-from bertjax.encoders.modernbert import ModernBertConfig
-from bertjax.finetune import loop
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.model import BertConfig
-from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.tasks.embed.task import head_for
-from bertjax.tasks.labels import model as label_heads
-from bertjax.tasks.qa import squad
-from bertjax.tasks.seq2seq import model as seq2seq
-from bertjax.tokenizer import WordPieceTokenizer
 from test_encoders import (  # noqa: F401 (fixtures are used by name)
     ATOL,
     CASES,
@@ -41,6 +23,13 @@ from test_encoders import (  # noqa: F401 (fixtures are used by name)
     _torch,
     _torch_loss,
 )
+
+import bertjax
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import encoders, rundir
+from bertjax.finetune import loop
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.qa import squad
 
 
 @pytest.mark.slow

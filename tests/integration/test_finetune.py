@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import transformers
@@ -15,11 +14,9 @@ from synthetic_corpus import finetune_config as make_config
 from xla_env import subprocess_env
 
 import bertjax
-from bertjax import hf, optim, rundir, steps
-from bertjax import model as model_lib
+from bertjax import hf, rundir
 from bertjax.capability import HeadSpec
 from bertjax.finetune import loop
-from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.finetune.task import Examples
 from bertjax.model import BertConfig
@@ -27,7 +24,7 @@ from bertjax.settings import ConfigError
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import squad
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def assert_trained_the_same(first, second):
@@ -302,44 +299,6 @@ def small_config(positions: int) -> BertConfig:
     )
 
 
-def test_sharded_steps_equal_data_parallel_ones():
-    config = small_config(16)
-    head = HeadSpec(label_heads.CLASSIFICATION, ("a", "b", "c"))
-    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
-    rng = np.random.default_rng(0)
-    batch = {
-        "input_ids": rng.integers(5, 64, size=(16, 16)).astype(np.int32),
-        "input_mask": np.ones((16, 16), np.int32),
-        "segment_ids": np.zeros((16, 16), np.int32),
-        "labels": rng.integers(0, 3, size=16).astype(np.int32),
-        "weights": np.ones(16, np.float32),
-    }
-    results = []
-    # Data parallel; then FSDP x tensor x data with two accumulated micro-batches.
-    for mesh_shape, accumulate in (((8, 1, 1), 1), ((2, 2, 2), 2)):
-        ft = build_finetuning(
-            config,
-            head,
-            optimizer,
-            mesh_shape=mesh_shape,
-            grad_accum_steps=accumulate,
-            micro_batch_size=16 // accumulate,
-            max_seq_length=16,
-        )
-        with jax.set_mesh(ft.mesh):
-            state = ft.state.init(jax.random.key(0))
-            losses = []
-            for _ in range(2):
-                global_batch = steps.global_batch(batch, ft.batch_sharding, 1)
-                state, metrics = ft.train_step(state, global_batch, jax.random.key(1))
-                losses.append(float(metrics["train/loss"]))
-            results.append((losses, jax.device_get(state.params)))
-        if mesh_shape == (2, 2, 2):
-            kernel = ft.state.shardings.params["classifier"]["kernel"]
-            assert kernel.spec == jax.sharding.PartitionSpec("fsdp", None)
-    assert_trained_the_same(*results)
-
-
 @pytest.mark.slow
 def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained_run, tmp_path):
     train = tmp_path / "train.csv"
@@ -375,88 +334,6 @@ def test_bad_input_ends_the_command_in_one_line_naming_file_and_line(pretrained_
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
-@pytest.mark.parametrize("task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION])
-def test_length_buckets_cut_only_padding_and_train_the_same(task):
-    config = small_config(32)
-    head = HeadSpec(task, ("a", "b", "c"))
-    rng = np.random.default_rng(0)
-    count, seq = 16, 32
-    lengths = rng.integers(3, 14, size=count)  # the longest, 13 or less, fits 16 positions
-    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
-    labels = rng.integers(0, 3, size=count).astype(np.int32)
-    if task == label_heads.TOKEN_CLASSIFICATION:
-        labels = np.where(
-            mask == 1, rng.integers(0, 3, size=(count, seq)), label_heads.IGNORE_LABEL
-        )
-    features = {
-        "input_ids": (rng.integers(5, 64, size=(count, seq)) * mask).astype(np.int32),
-        "input_mask": mask,
-        "segment_ids": np.zeros((count, seq), np.int32),
-        "labels": labels.astype(np.int32),
-    }
-    word_positions = (
-        [np.arange(n) for n in lengths] if task == label_heads.TOKEN_CLASSIFICATION else None
-    )
-    examples = Examples(
-        "train", "synthetic", features, [str(i) for i in range(count)], True, word_positions
-    )
-    order = loop.epoch_order(0, 0, count)
-    full = loop.train_batch(examples, order, 0, count)
-    cut = loop.train_batch(examples, order, 0, count, length_bucket=8)
-    assert full["input_ids"].shape == (count, seq)
-    assert cut["input_ids"].shape == cut["input_mask"].shape == (count, 16)
-    assert cut["labels"].shape == ((count, 16) if word_positions else (count,))
-    assert cut["input_mask"].sum() == full["input_mask"].sum()  # only padding was cut
-
-    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
-    # Packing slots (half of 32 positions) that the full batch packs into and the cut one,
-    # with no more positions than that, runs without.
-    ft = build_finetuning(
-        config,
-        head,
-        optimizer,
-        mesh_shape=(8, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=count,
-        max_seq_length=seq,
-        token_capacity=0.5,
-    )
-    results = []
-    with jax.set_mesh(ft.mesh):
-        for batch in (full, cut):
-            state = ft.state.init(jax.random.key(0))
-            global_batch = steps.global_batch(batch, ft.batch_sharding, 1)
-            state, metrics = ft.train_step(state, global_batch, jax.random.key(1))
-            assert float(metrics["train/packed"]) == 1.0
-            results.append((float(metrics["train/loss"]), jax.device_get(state.params)))
-    assert_trained_the_same(*results)
-
-
-@pytest.mark.parametrize("shards, accumulate", [(1, 1), (4, 2)])
-def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(shards, accumulate):
-    rng = np.random.default_rng(3)
-    count, seq, batch_size = 100, 24, 16
-    lengths = rng.integers(3, seq + 1, size=count)
-    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
-    features = {"input_mask": mask, "labels": np.zeros(count, np.int32)}
-    examples = Examples("train", "synthetic", features, [""] * count, True)
-    seeds, epochs = (1, 2), 3
-    capacity = loop.fitting_capacity(examples, seeds, epochs, batch_size, accumulate, shards)
-    slots = batch_size // accumulate // shards * seq
-    # What the train step counts: real tokens per batch shard of every micro-batch.
-    fullest = 0
-    for seed in seeds:
-        for epoch in range(epochs):
-            order = loop.epoch_order(seed, epoch, count)
-            for index in range(count // batch_size):
-                rows = order[index * batch_size : (index + 1) * batch_size]
-                for micro in steps.split_micro_batches(mask[rows], accumulate):
-                    per_shard = model_lib.tokens_per_group(jnp.asarray(micro), shards)
-                    fullest = max(fullest, int(per_shard.max()))
-    assert fullest == round(capacity * slots)
-    assert 0 < capacity < 1
-
-
 def _uneven_examples(task: str, count: int, seq: int, longest: int, seed: int = 0) -> Examples:
     """Examples of lengths 3 to `longest` for a label task or question answering."""
     rng = np.random.default_rng(seed)
@@ -487,100 +364,3 @@ def _uneven_examples(task: str, count: int, seq: int, longest: int, seed: int = 
 
 def _head(task: str) -> HeadSpec:
     return HeadSpec(task, squad.HEAD_LABELS if task == squad.TASK else ("a", "b", "c"))
-
-
-@pytest.mark.parametrize(
-    "task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION, squad.TASK]
-)
-def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
-    count, seq, groups = 32, 48, 4
-    examples = _uneven_examples(task, count, seq, longest=seq - 1)
-    order = loop.epoch_order(0, 0, count)
-    lengths = examples.features["input_mask"].sum(axis=1)
-    micro_batches = loop.train_micro_batches(examples, order, 0, count, groups, length_bucket=8)
-    # Every example once, the shortest together, each micro-batch cut to its own bucket.
-    held = [micro["input_mask"].sum(axis=1) for micro in micro_batches]
-    assert sorted(np.concatenate(held)) == sorted(lengths)
-    assert all(a.max() <= b.min() for a, b in zip(held, held[1:]))
-    for micro, real in zip(micro_batches, held):
-        assert micro["input_ids"].shape == (count // groups, -(-real.max() // 8) * 8)
-    assert len({micro["input_ids"].shape for micro in micro_batches}) > 1
-
-    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
-    results = []
-    for accumulate in (1, groups):
-        ft = build_finetuning(
-            small_config(seq),
-            _head(task),
-            optimizer,
-            mesh_shape=(8, 1, 1),
-            grad_accum_steps=accumulate,
-            micro_batch_size=count // accumulate,
-            max_seq_length=seq,
-        )
-        with jax.set_mesh(ft.mesh):
-            state = ft.state.init(jax.random.key(0))
-            losses = []
-            for _ in range(2):  # the second step starts from the first's optimizer state
-                if accumulate == 1:
-                    batch = loop.train_batch(examples, order, 0, count)
-                else:
-                    batch = micro_batches
-                state, metrics = ft.steps.take_step(state, batch, jax.random.key(1))
-                losses.append(float(metrics["train/loss"]))
-            params = jax.device_get(state.params)
-            if task == squad.TASK:
-                # The start and end biases' gradient is zero (a softmax's probabilities sum
-                # to one): Adam scales its float noise up to updates of about lr / 100.
-                del params[squad.HEAD_NAME]["bias"]
-            results.append((losses, params))
-    assert_trained_the_same(*results)
-
-
-@pytest.mark.parametrize(
-    "task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION, squad.TASK]
-)
-def test_evaluation_grouped_by_length_gives_every_example_its_full_length_outputs(task):
-    count, seq = 21, 48  # the last batch of 8 is part filler
-    examples = _uneven_examples(task, count, seq, longest=30, seed=1)
-    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
-    ft = build_finetuning(
-        small_config(seq),
-        _head(task),
-        optimizer,
-        mesh_shape=(8, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=8,
-        max_seq_length=seq,
-    )
-    with jax.set_mesh(ft.mesh):
-        params = ft.state.init(jax.random.key(0)).params
-        sums, outputs = loop.run_eval(ft, params, examples, 8, length_bucket=8)
-        # The reference: every example at full length, in order, in one batch.
-        batch = dict(examples.features, weights=np.ones(count, np.float32))
-        batch = {k: np.concatenate([v, v[:3]]) for k, v in batch.items()}  # 24 rows
-        batch["weights"][count:] = 0.0
-        if examples.word_positions is not None:  # token labels count unless ignored
-            batch["labels"][count:] = label_heads.IGNORE_LABEL
-        expected_sums, expected = ft.eval_step(
-            params, steps.global_batch(batch, ft.batch_sharding, 1)
-        )
-    expected = {k: np.asarray(v)[:count] for k, v in expected.items()}
-    assert set(outputs) == set(expected)
-    lengths = examples.features["input_mask"].sum(axis=1)
-    never_read = -(-lengths.max() // 8) * 8  # no batch keeps positions from here on
-    assert never_read < seq
-    for name, value in outputs.items():
-        assert value.shape == expected[name].shape
-        if name in ft.objective.position_outputs:
-            for row, n in enumerate(lengths):  # at real positions the outputs agree
-                np.testing.assert_allclose(value[row, :n], expected[name][row, :n], atol=1e-5)
-            lowest = np.finfo if value.dtype.kind == "f" else np.iinfo
-            assert (value[:, never_read:] == lowest(value.dtype).min).all()
-        else:
-            np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6)
-    jax.tree.map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5),
-        sums,
-        jax.device_get(expected_sums),
-    )

@@ -1,23 +1,12 @@
 """The integration tests of test_finetune_hf.py (tests/unit/), with its helpers."""
 
 import dataclasses
-import flax.linen as nn
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
-from safetensors import numpy as safetensors_numpy
-import bertjax
-from bertjax import heads, hf, optim
-from bertjax.capability import HeadSpec
-from bertjax.finetune import loop
-from bertjax.finetune.objective import build_finetuning
-from bertjax.model import BertConfig
-from bertjax.tasks import labels as labels_capability
-from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
 from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
     CONFIG,
     HEADS,
@@ -30,6 +19,9 @@ from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
     random_params,
     torch_labels,
 )
+
+from bertjax import hf, optim
+from bertjax.finetune.objective import build_finetuning
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ from bertjax.pretrain.settings import PretrainSettings
 from bertjax.tokenizer import SENTENCEPIECE_FILE
 from configs import tiny
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 SEQ_LEN = 64
 PREDICTIONS = 10
 

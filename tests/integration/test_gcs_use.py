@@ -32,7 +32,7 @@ from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXPORT_FILES = {
     "config.json",
     "model.safetensors",

@@ -1,13 +1,10 @@
 """The integration tests of test_metrics_writer.py (tests/unit/), with its helpers."""
 
-import json
 import subprocess
 import sys
-import time
+
 import pytest
-from tensorboardX import SummaryWriter
 from xla_env import REPO, subprocess_env
-from bertjax import metrics_writer
 
 
 @pytest.mark.slow

@@ -1,40 +1,20 @@
 """The integration tests of test_packing.py (tests/unit/), with its helpers."""
 
-import importlib
 import json
-import pathlib
 import subprocess
 import sys
-import jax
-import jax.numpy as jnp
+
 import numpy as np
 import pytest
 from synthetic_corpus import write_corpus
-from test_prepare_distributed import files_of, prepare_in_processes, single_process
-from xla_env import subprocess_env
-from bertjax import attention
-from bertjax.data import make_loader, prepare
-from bertjax.data.corpus import InputReport, read_documents
-from bertjax.data.instances import tokenize_documents
-from bertjax.data.masking import MaskingSettings, num_to_predict
-from bertjax.data.packing import (
-    best_fit,
-    document_features,
-    document_pieces,
-    efficiency,
-    pack_documents,
-)
-from bertjax.data.storage import shard_paths
-from bertjax.model import BertConfig, BertModel
-from bertjax.pretrain import loop as pretrain_loop
-from bertjax.pretrain.data import ensure_data
-from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import ConfigError
-from bertjax.tokenizer import Tokenizer
-from configs import tiny_packed
 from test_packing import (  # noqa: F401 (fixtures are used by name)
     packed_config,
 )
+from test_prepare_distributed import files_of, prepare_in_processes, single_process
+from xla_env import subprocess_env
+
+from bertjax.pretrain import loop as pretrain_loop
+from bertjax.pretrain.settings import PretrainSettings
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ import pytest
 
 from bertjax.data import prepare, read_manifest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SETTINGS = [
     "--max_seq_length=48",
     "--vocab_size=300",

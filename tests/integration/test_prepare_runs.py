@@ -1,18 +1,9 @@
 """The integration tests of test_prepare.py (tests/unit/), with its helpers."""
 
-import importlib
-import json
-import pathlib
-import re
 import subprocess
 import sys
-import numpy as np
+
 import pytest
-from bertjax.data import read_manifest
-from bertjax.data.corpus import InputReport, read_documents
-from bertjax.data.instances import InstanceSettings, create_instances, tokenize_documents
-from bertjax.data.storage import SplitReader, shard_paths, token_dtype
-from bertjax.tokenizer import Tokenizer
 from test_prepare import (  # noqa: F401 (fixtures are used by name)
     ROOT,
     write_corpus,

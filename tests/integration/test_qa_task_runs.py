@@ -1,30 +1,22 @@
 """The integration tests of test_qa_task.py (tests/unit/), with its helpers."""
 
-import dataclasses
 import json
-import flax.linen as nn
+
 import jax
 import numpy as np
 import pytest
-import torch
-import transformers
-from test_question_answering import CONFIG, TOKENIZER, qa_head, synthetic_examples
-from bertjax import Model, hf
-from bertjax.finetune import loop
-from bertjax.finetune import settings as finetune_settings
-from bertjax.finetune import task as task_lib
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.inference import InferenceError
-from bertjax.settings import ConfigError
-from bertjax.tasks.qa import squad as qa
-from bertjax.tasks.qa import task as qa_task
-from configs import finetune as finetune_config
 from test_qa_task import (  # noqa: F401 (fixtures are used by name)
     LEARNER,
     qa_config,
     random_export,
     write_jsonl,
 )
+from test_question_answering import synthetic_examples
+
+from bertjax import Model
+from bertjax.finetune import loop
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.qa import squad as qa
 
 
 @pytest.mark.slow

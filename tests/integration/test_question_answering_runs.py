@@ -1,24 +1,17 @@
 """The integration tests of test_question_answering.py (tests/unit/), with its helpers."""
 
-import json
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import transformers
-from test_tokenizer import training_sentences
-from bertjax import Model, hf, optim, sharding, steps
-from bertjax.capability import HeadSpec
-from bertjax.model import BertConfig
-from bertjax.tasks.qa import squad as qa
-from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 from test_question_answering import (  # noqa: F401 (fixtures are used by name)
     CONFIG,
     TOKENIZER,
     synthetic_examples,
 )
+
+from bertjax import optim, sharding, steps
+from bertjax.model import BertConfig
+from bertjax.tasks.qa import squad as qa
 
 
 @pytest.mark.slow

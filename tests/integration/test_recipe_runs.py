@@ -2,23 +2,21 @@
 
 import json
 import shutil
-import flax.linen as nn
+
 import jax
 import numpy as np
 import pytest
-from test_trainer import make_config, read_losses, train
-import bertjax
-from bertjax import data as data_lib
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.pretrain import loop as trainer
-from bertjax.pretrain.objective import PretrainingObjective, build_pretraining
-from bertjax.pretrain.settings import SENTENCE_PAIR_PARAMS, PretrainSettings
-from bertjax.settings import ConfigError
-from configs import tiny_modern_recipe
 from test_recipe import (  # noqa: F401 (fixtures are used by name)
     _recipe_config,
     data_dir,
 )
+from test_trainer import read_losses, train
+
+import bertjax
+from bertjax import data as data_lib
+from bertjax.pretrain import loop as trainer
+from bertjax.pretrain.objective import build_pretraining
+from bertjax.pretrain.settings import SENTENCE_PAIR_PARAMS, PretrainSettings
 
 
 @pytest.mark.slow  # a run and a compiled init: about 30 s on two cores

@@ -1,22 +1,10 @@
 """The integration tests of test_seq2seq.py (tests/unit/), with its helpers."""
 
 import dataclasses
-import functools
-import math
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
+
 import numpy as np
-import optax
 import pytest
 import torch
-import transformers
-from xla_env import optimized_compiles
-from bertjax import sharding
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.tasks.seq2seq import hf as seq2seq_hf
-from bertjax.tasks.seq2seq import metrics as text_metrics
-from bertjax.tasks.seq2seq import model as s2s
 from test_seq2seq import (  # noqa: F401 (fixtures are used by name)
     CONFIG,
     EOS,
@@ -26,6 +14,10 @@ from test_seq2seq import (  # noqa: F401 (fixtures are used by name)
     reversal_batch,
     trainer,
 )
+
+from bertjax.tasks.seq2seq import hf as seq2seq_hf
+from bertjax.tasks.seq2seq import metrics as text_metrics
+from bertjax.tasks.seq2seq import model as s2s
 
 
 @pytest.mark.slow

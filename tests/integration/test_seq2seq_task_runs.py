@@ -1,26 +1,11 @@
 """The integration tests of test_seq2seq_task.py (tests/unit/), with its helpers."""
 
-import json
-import pathlib
 import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-import sacrebleu
 import torch
 import transformers
-import bertjax
-from bertjax import hf, rundir
-from bertjax.finetune import loop
-from bertjax.finetune import task as task_lib
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.settings import ConfigError
-from bertjax.tasks.seq2seq import hf as seq2seq_hf
-from bertjax.tasks.seq2seq import model as s2s
-from bertjax.tasks.seq2seq import task as s2s_task
-from bertjax.tokenizer import WordPieceTokenizer
-from configs import finetune as finetune_config
 from test_seq2seq_task import (  # noqa: F401 (fixtures are used by name)
     EOS,
     START,
@@ -32,6 +17,13 @@ from test_seq2seq_task import (  # noqa: F401 (fixtures are used by name)
     source,
     write_data,
 )
+
+import bertjax
+from bertjax import rundir
+from bertjax.finetune import loop
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.seq2seq import model as s2s
+from bertjax.tasks.seq2seq import task as s2s_task
 
 
 @pytest.mark.slow  # about a minute on a shared 2-core machine

@@ -1,18 +1,6 @@
 """The integration tests of test_settings.py (tests/unit/), with its helpers."""
 
-import pathlib
-import subprocess
-import sys
-import types
 import pytest
-from flax import linen as nn
-from xla_env import subprocess_env
-from bertjax import settings as settings_lib
-from bertjax import sharding
-from bertjax.encoders.modernbert import ModernBertConfig
-from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import ConfigError
-from configs import default, modernbert_tiny, tiny
 from test_settings import (  # noqa: F401 (fixtures are used by name)
     _train_cli,
 )

@@ -1,21 +1,12 @@
 """The parity tests of test_heads.py (tests/unit/), with its helpers."""
 
-import json
 import math
-import flax.linen as nn
-import jax
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from bertjax import heads, sharding
-from bertjax.capability import HeadSpec
-from bertjax.model import BertConfig, BertModel
-from bertjax.tasks.embed import task as embed_task
-from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.tasks.embed.objective import LossSettings
+
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tasks.seq2seq import model as s2s
-from bertjax.tokenizer import WordPieceTokenizer
 
 
 def test_multi_label_loss_is_binary_cross_entropy_over_every_label():

@@ -8,7 +8,6 @@ WordPiece vocab.txt, as published BERTs come.
 import json
 import pathlib
 import shutil
-import warnings
 
 import flax.linen as nn
 import jax
@@ -21,11 +20,9 @@ import transformers
 from safetensors import numpy as safetensors_numpy
 from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
 
-import bertjax
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import data as data_lib
-from bertjax import inference, losses
-from bertjax import sharding as sharding_lib
+from bertjax import losses
 from bertjax.inference import InferenceError, Model, TruncationWarning
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.pretrain import samples
@@ -171,21 +168,6 @@ def _loading_info(cls, directory):
 # A model bertjax trained: workdir -> Model -> transformers -> Model
 
 
-def test_load_workdir_latest_and_given_step(workdir, trained):
-    latest = trained
-    first = Model.load(workdir, step=TRAIN_STEPS // 2)
-    assert latest.source.endswith(f"step {TRAIN_STEPS}") and first.source.endswith("step 20")
-    config, params, tokenizer = bertjax.load(workdir)  # unchanged, and the same weights
-    assert tokenizer.fingerprint == latest.tokenizer.fingerprint and config == latest.config
-    jax.tree.map(np.testing.assert_array_equal, jax.device_get(latest.params), params)
-    words = latest.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
-    assert not np.array_equal(
-        words, first.params["bert"]["embeddings"]["word_embeddings"]["embedding"]
-    )
-    with pytest.raises(InferenceError, match=r"step=7 is not a checkpoint.*\[20, 40\]"):
-        Model.load(workdir, step=7)
-
-
 def test_trained_model_export_matches_transformers_pipeline(trained, held_out, tmp_path):
     model = trained
     model.save_hf(tmp_path)
@@ -218,20 +200,6 @@ def test_export_loads_in_transformers_with_nothing_missing(trained, tmp_path):
             "cls.seq_relationship.weight",
         ],
     }
-
-
-def test_export_round_trips_back_into_bertjax(trained, held_out, tmp_path):
-    model = trained
-    model.save_hf(tmp_path)
-    again = Model.load(tmp_path)
-    assert again.tokenizer.fingerprint == model.tokenizer.fingerprint
-    assert again.config.vocab_size == model.config.vocab_size
-    jax.tree.map(
-        np.testing.assert_array_equal, jax.device_get(again.params), jax.device_get(model.params)
-    )
-    _assert_same_predictions(again.fill_mask(MASKED), model.fill_mask(MASKED))
-    texts = [*held_out, "a short text"]
-    np.testing.assert_allclose(again.embed(texts), model.embed(texts), atol=1e-6, rtol=0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -339,79 +307,8 @@ def test_encode_uses_google_names_and_truncates_pairs_longest_first(wordpiece):
 # Batching, buckets and devices
 
 
-def test_each_bucket_compiles_once(trained, held_out):
-    model = Model(trained.config, trained.params, trained.tokenizer, batch_size=4)
-    rng = np.random.default_rng(0)
-    words = " ".join(held_out).split()
-    texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 15, size=37)]
-    compiled = inference._embed._cache_size()
-    # A pooling of its own, so that other tests' compilations do not count here.
-    vectors = model.embed(texts, pooling="cls", normalize=True)
-    features = [e.features() for e in model.examples(texts, None, None)]
-    buckets = {tuple(model._bucket(rows, features).values()) for rows in model._batches(features)}
-    assert inference._embed._cache_size() - compiled == len(buckets)
-    model.embed(list(reversed(texts)), pooling="cls", normalize=True)  # nothing new to compile
-    assert inference._embed._cache_size() - compiled == len(buckets)
-    # Sorting by length never mixes up which vector belongs to which text.
-    for i in (0, 5, 36):
-        alone = model.embed(texts[i], pooling="cls", normalize=True)
-        np.testing.assert_allclose(vectors[i], alone[0], atol=1e-5, rtol=0)
-    lengths = {b[1] for b in buckets}
-    assert lengths <= {8, 16, 32, 64}
-
-
-def test_mesh_gives_the_same_results(workdir, trained, held_out):
-    single = trained
-    mesh = sharding_lib.make_mesh((2, 2, 2))
-    spread = Model.load(workdir, mesh=mesh, batch_size=6)
-    assert spread.batch_size == 8  # rows split evenly over data x fsdp = 4
-    kernel = spread.params["bert"]["encoder"]["layer_0"]["mlp"]["intermediate"]["kernel"]
-    assert not kernel.sharding.is_fully_replicated
-    texts = held_out * 3
-    np.testing.assert_allclose(spread.embed(texts), single.embed(texts), atol=1e-5, rtol=0)
-    _assert_same_predictions(spread.fill_mask(MASKED), single.fill_mask(MASKED))
-
-
-def test_progress_bar_only_on_long_calls(trained, held_out, capsys, monkeypatch):
-    model = Model(trained.config, trained.params, trained.tokenizer, batch_size=4)
-    monkeypatch.setattr(inference, "PROGRESS_MIN_TEXTS", 10)
-    model.embed(held_out)
-    assert capsys.readouterr().err == ""
-    model.embed(held_out * 2)
-    assert "0/12 [" in capsys.readouterr().err  # a bar over the 12 texts
-
-
 # ---------------------------------------------------------------------------------------------
 # Bad input: one InferenceError naming the problem
-
-
-def test_bad_texts(trained):
-    model = trained
-    with pytest.raises(InferenceError, match=r"^the text is empty"):
-        model.embed("")
-    with pytest.raises(InferenceError, match=r"^text 1 is empty"):
-        model.fill_mask(["a [MASK].", "   "])
-    with pytest.raises(InferenceError, match=r"^the text has no \[MASK\]: write \[MASK\] where"):
-        model.fill_mask("There is nothing to predict here.")
-    with pytest.raises(InferenceError, match=r"text_or_texts\[1\] is of type int, not str"):
-        model.fill_mask(["a [MASK]", 3])
-    with pytest.raises(InferenceError, match="empty list"):
-        model.embed([])
-    with pytest.raises(InferenceError, match=r"pooling='max' is invalid"):
-        model.embed("a", pooling="max")
-    with pytest.raises(InferenceError, match=r"top_k=0 is invalid"):
-        model.fill_mask("a [MASK]", top_k=0)
-    with pytest.raises(InferenceError, match=r"max_length=200 is invalid: must be in \[3, 64\]"):
-        model.encode("a", max_length=200)
-    with pytest.raises(InferenceError, match=r"beyond the model's 64 positions"):
-        model.fill_mask("word " * 80 + "[MASK].")
-    # Too long: cut to the model's positions, with a warning naming the limit.
-    with pytest.warns(TruncationWarning, match=r"the text is longer than the limit of 64 tokens"):
-        result = model.fill_mask("[MASK] " + "word " * 80)
-    assert len(result) == 5
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        model.fill_mask("a short [MASK].")  # no warning when nothing is cut
 
 
 def test_bad_directories(workdir, wordpiece_hf_dir, tmp_path):
@@ -467,24 +364,3 @@ def test_checkpoint_without_mlm_head(wordpiece_hf_dir, tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # What the trainer prints at the end of a run
-
-
-def test_fill_mask_samples_for_the_demo(workdir, synthetic_data):
-    config, params, tokenizer = bertjax.load(workdir)
-    texts = samples.held_out_texts(synthetic_data, tokenizer, count=3)
-    assert len(texts) == 3 and all(len(t.split()) >= 4 for t in texts)
-    lines = samples.fill_mask_samples(config, params, tokenizer, texts + ["Give [MASK] here."])
-    assert len(lines) == 4
-    for line in lines[:3]:
-        assert line.count("[MASK]") == 1 and "  ->  " in line and "(was: " in line
-    assert "(was:" not in lines[3]
-    # The hidden word is one the text had, and the line's guesses come from fill_mask.
-    masked, rest = lines[0].split("  ->  ")
-    answer = rest.rsplit("(was: ", 1)[1].rstrip(")")
-    assert (
-        masked.replace("[MASK]", answer).split()
-        == tokenizer.decode(tokenizer.encode(texts[0])).split()
-    )
-    best = Model(config, params, tokenizer).fill_mask(masked)[0]
-    shown = best["token_str"].strip() or tokenizer.id_to_piece(best["token"])  # "▁" by name
-    assert rest.startswith(f"{shown} {best['score']:.2f}")

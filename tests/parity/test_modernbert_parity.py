@@ -1,22 +1,13 @@
 """The parity tests of test_modernbert.py (tests/unit/), with its helpers."""
 
 import dataclasses
-import functools
-import logging
 import math
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
-from bertjax import sharding
-from bertjax.encoders import modernbert as mb
-from bertjax.encoders.modernbert import (
-    ModernBertConfig,
-    ModernBertForMaskedLM,
-    ModernBertForSequenceClassification,
-    ModernBertModel,
-)
 from test_modernbert import (  # noqa: F401 (fixtures are used by name)
     ALL_BIASES,
     ATOL,
@@ -31,6 +22,14 @@ from test_modernbert import (  # noqa: F401 (fixtures are used by name)
     _run_torch,
     _state_dict,
     _torch,
+)
+
+from bertjax.encoders import modernbert as mb
+from bertjax.encoders.modernbert import (
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+    ModernBertModel,
 )
 
 

@@ -1,28 +1,17 @@
 """The parity tests of test_qa_task.py (tests/unit/), with its helpers."""
 
-import dataclasses
-import json
-import flax.linen as nn
-import jax
 import numpy as np
 import pytest
 import torch
 import transformers
-from test_question_answering import CONFIG, TOKENIZER, qa_head, synthetic_examples
-from bertjax import Model, hf
-from bertjax.finetune import loop
-from bertjax.finetune import settings as finetune_settings
-from bertjax.finetune import task as task_lib
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.inference import InferenceError
-from bertjax.settings import ConfigError
-from bertjax.tasks.qa import squad as qa
-from bertjax.tasks.qa import task as qa_task
-from configs import finetune as finetune_config
 from test_qa_task import (  # noqa: F401 (fixtures are used by name)
     ATOL,
     random_export,
 )
+from test_question_answering import TOKENIZER, qa_head
+
+from bertjax import Model
+from bertjax.tasks.qa import squad as qa
 
 
 def test_model_answer_and_save_hf_match_transformers(tmp_path):

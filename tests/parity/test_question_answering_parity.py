@@ -1,19 +1,12 @@
 """The parity tests of test_question_answering.py (tests/unit/), with its helpers."""
 
 import json
-import flax.linen as nn
+
 import jax
 import jax.numpy as jnp
 import numpy as np
-import pytest
 import torch
 import transformers
-from test_tokenizer import training_sentences
-from bertjax import Model, hf, optim, sharding, steps
-from bertjax.capability import HeadSpec
-from bertjax.model import BertConfig
-from bertjax.tasks.qa import squad as qa
-from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 from test_question_answering import (  # noqa: F401 (fixtures are used by name)
     ATOL,
     CONFIG,
@@ -22,6 +15,8 @@ from test_question_answering import (  # noqa: F401 (fixtures are used by name)
     random_params,
     torch_logits,
 )
+
+from bertjax import hf
 
 
 def test_export_loads_in_transformers_with_equal_logits(tmp_path):

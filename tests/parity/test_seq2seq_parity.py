@@ -1,22 +1,8 @@
 """The parity tests of test_seq2seq.py (tests/unit/), with its helpers."""
 
-import dataclasses
-import functools
-import math
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
-import pytest
 import torch
 import transformers
-from xla_env import optimized_compiles
-from bertjax import sharding
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.tasks.seq2seq import hf as seq2seq_hf
-from bertjax.tasks.seq2seq import metrics as text_metrics
-from bertjax.tasks.seq2seq import model as s2s
 from test_seq2seq import (  # noqa: F401 (fixtures are used by name)
     CONFIG,
     EOS,
@@ -28,6 +14,8 @@ from test_seq2seq import (  # noqa: F401 (fixtures are used by name)
     random_params,
     sources,
 )
+
+from bertjax.tasks.seq2seq import hf as seq2seq_hf
 
 
 def test_logits_match_transformers_both_ways(tmp_path):

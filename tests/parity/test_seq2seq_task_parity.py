@@ -1,31 +1,16 @@
 """The parity tests of test_seq2seq_task.py (tests/unit/), with its helpers."""
 
 import json
-import pathlib
-import flax.linen as nn
-import jax
+
 import numpy as np
-import pytest
-import sacrebleu
-import torch
 import transformers
-import bertjax
-from bertjax import hf, rundir
-from bertjax.finetune import loop
-from bertjax.finetune import task as task_lib
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.settings import ConfigError
-from bertjax.tasks.seq2seq import hf as seq2seq_hf
-from bertjax.tasks.seq2seq import model as s2s
-from bertjax.tasks.seq2seq import task as s2s_task
-from bertjax.tokenizer import WordPieceTokenizer
-from configs import finetune as finetune_config
 from test_seq2seq_task import (  # noqa: F401 (fixtures are used by name)
     EOS,
     START,
     exported,
 )
+
+import bertjax
 
 
 def test_model_save_hf_writes_an_encoder_decoder(exported, tmp_path):

@@ -1,42 +1,24 @@
 """The parity tests of test_tokenizer.py (tests/unit/), with its helpers."""
 
-import dataclasses
-import io
 import json
 import pydoc_data.topics
 import re
-import unicodedata
-import numpy as np
+
 import pytest
-import sentencepiece as spm
-import tokenizers
-from tokenizers.implementations import BertWordPieceTokenizer
-from bertjax.data.instances import tokenize_documents
-from bertjax.data.sentences import split_sentences
-from bertjax.tokenizer import (
-    CLS_ID,
-    MASK,
-    MASK_ID,
-    MODEL_TYPES,
-    PAD_ID,
-    SEP_ID,
-    SPECIAL_PIECES,
-    UNK,
-    UNK_ID,
-    WORD_BOUNDARY,
-    SentencePieceTokenizer,
-    Tokenizer,
-    TokenizerSettings,
-    WordPieceTokenizer,
-    reservoir_sample,
-    train_tokenizer,
-)
 from test_tokenizer import (  # noqa: F401 (fixtures are used by name)
     HF_CONFIG,
     VARIED,
     exported,
     sentences,
     wordpiece_dir,
+)
+
+from bertjax.tokenizer import (
+    CLS_ID,
+    SEP_ID,
+    TokenizerSettings,
+    WordPieceTokenizer,
+    train_tokenizer,
 )
 
 

@@ -1,7 +1,6 @@
 """The embedding fine-tuning task: settings, files, the flat-batch objective, the notebook
 Model of an embedding model, sentence-transformers both ways, and a short run that learns."""
 
-import functools
 import pathlib
 
 import flax.linen as nn
@@ -10,15 +9,11 @@ import numpy as np
 import pytest
 from test_embedding import (
     CONFIG,
-    SHALLOW,
-    TEXTS,
     random_params,
     synthetic_pairs,
     synthetic_sts,
 )
 
-import bertjax
-from bertjax import vectors
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneSettings
@@ -193,40 +188,6 @@ def _flat_and_stacked(texts: int, seed: int) -> tuple[dict, dict]:
     return flat, stacked
 
 
-@pytest.mark.slow  # two gradient programs compile per case
-@pytest.mark.parametrize(
-    "loss, texts",
-    [
-        (training.LossSettings(symmetric=True), 3),
-        (training.LossSettings("cosine_regression", score_max=3.0), 2),
-    ],
-)
-def test_flat_objective_equals_the_stacked_one(loss, texts):
-    """The task's flat features (anchor, positive_*, negative_*) give the loss, gradients
-    and outputs of bertjax.tasks.embed.objective's [batch, texts, seq] objective."""
-    spec = EmbeddingSpec("mean", False, SEQ)
-    flat = task_module.EmbeddingTaskObjective(SHALLOW, task_module.head_for(spec, loss))
-    stacked = training.EmbeddingObjective(embedding.make_model(SHALLOW, spec), loss)
-    flat_batch, stacked_batch = _flat_and_stacked(texts, seed=1)
-    params = random_params(5, SHALLOW)
-
-    @functools.partial(jax.jit, static_argnums=0)
-    def loss_and_grads(objective, batch):
-        def f(p):
-            sums = objective.sums(p, batch, rng=None, deterministic=True)
-            return objective.loss(sums, objective.denominators(batch))
-
-        return jax.value_and_grad(f)(params)
-
-    (a, ga), (b, gb) = loss_and_grads(flat, flat_batch), loss_and_grads(stacked, stacked_batch)
-    np.testing.assert_allclose(a, b, rtol=1e-5)
-    for x, y in zip(jax.tree.leaves(ga), jax.tree.leaves(gb)):
-        np.testing.assert_allclose(x, y, atol=1e-5)
-    _, outputs = jax.jit(flat.evaluate)(params, flat_batch)
-    vectors = stacked.embeddings(params, stacked_batch, rng=None, deterministic=True)
-    np.testing.assert_allclose(outputs["positive"], vectors[:, 1], atol=1e-5)
-
-
 def test_scores_are_sts_or_retrieval_by_split(files):
     task = task_lib.get("embedding")
     head = task_module.head_for(EmbeddingSpec(), training.LossSettings())
@@ -255,86 +216,4 @@ def test_scores_are_sts_or_retrieval_by_split(files):
 # ----------------------------------------------------------------------------- the notebook
 
 
-def test_model_embeds_a_sentence_transformers_directory_as_it_does(files):
-    """SentenceTransformer(path).encode == Model.load(path).embed(texts), long and empty
-    texts included; similarity and search agree with the vectors."""
-    from sentence_transformers import SentenceTransformer
-
-    texts = [*TEXTS, LONG, ""]
-    model = bertjax.Model.load(files / "source")
-    assert model.head.options.spec == EmbeddingSpec("mean", False, SEQ)
-    ours = model.embed(texts)
-    expected = SentenceTransformer(str(files / "source"), device="cpu").encode(texts)
-    np.testing.assert_allclose(ours, expected, atol=1e-4)
-    sims = model.similarity(texts[:3], texts)
-    np.testing.assert_allclose(sims, vectors.similarity(ours[:3], ours), atol=1e-5)
-    hits = model.search(texts[:2], texts, top_k=3)
-    assert [h["corpus_id"] for h in hits[0]][0] == 0 and len(hits[1]) == 3
-    assert hits[1][0]["score"] == pytest.approx(float(np.max(sims[1])), abs=1e-5)
-    # Pooling named explicitly keeps the older, encoder-only behaviour.
-    assert model.embed(["w1 w2"], pooling="cls").shape == (1, CONFIG.hidden_size)
-
-
-@pytest.mark.parametrize("spec", [EmbeddingSpec("max", True, 12), EmbeddingSpec("cls", False, 20)])
-def test_model_save_hf_of_an_embedding_model_loads_in_sentence_transformers(files, tmp_path, spec):
-    from sentence_transformers import SentenceTransformer
-
-    tokenizer = WordPieceTokenizer.from_vocab(files / "vocab.txt")
-    model = bertjax.Model(
-        CONFIG, {"bert": random_params(4)["bert"]}, tokenizer, head=task_module.head_for(spec)
-    )
-    model.save_hf(tmp_path / "export")
-    reference = SentenceTransformer(str(tmp_path / "export"), device="cpu")
-    assert reference.max_seq_length == spec.max_seq_length
-    texts = [*TEXTS, LONG, ""]
-    np.testing.assert_allclose(model.embed(texts), reference.encode(texts), atol=1e-4)
-    # And back through Model.load: the same spec, the same vectors.
-    again = bertjax.Model.load(tmp_path / "export")
-    assert again.head.options.spec == spec
-    np.testing.assert_allclose(again.embed(texts), reference.encode(texts), atol=1e-4)
-
-
 # ----------------------------------------------------------------------------- a run learns
-
-
-@pytest.mark.slow
-def test_a_short_finetune_run_raises_held_out_sts_spearman(files, tmp_path):
-    """finetune.loop.finetune on synthetic triples from a random tiny model: held-out STS
-    Spearman of the best epoch rises clearly above the untrained pooled embeddings; the run
-    directory opens in Model and exports to sentence-transformers."""
-    from sentence_transformers import SentenceTransformer
-
-    from bertjax.finetune import loop
-
-    config = _config(
-        files,
-        init_from=str(files / "initial"),
-        num_epochs=3,
-        length_bucket=0,
-        token_capacity=1.0,
-        **{
-            "optimizer.learning_rate": 2e-3,
-            "embedding.queries": str(files / "queries.tsv"),
-            "embedding.corpus": str(files / "corpus.tsv"),
-            "embedding.relevance": str(files / "qrels.tsv"),
-        },
-    )
-    rng = np.random.default_rng(7)
-    left, right, gold = synthetic_sts(rng, 300)
-    untrained = bertjax.Model.load(files / "initial")
-    before = embedding_eval.sts_scores(untrained.embed(left), untrained.embed(right), gold)
-    summary = loop.finetune(FinetuneSettings.from_config(config), tmp_path / "run")
-    best = summary["seeds"][0]["best"]
-    trained = bertjax.Model.load(tmp_path / "run")
-    after = embedding_eval.sts_scores(trained.embed(left), trained.embed(right), gold)
-    print(
-        f"held-out STS Spearman: untrained {before['spearman']:.3f}, trained "
-        f"{after['spearman']:.3f} (validation {best['value']:.3f}, epoch {best['epoch']}); "
-        f"retrieval ndcg@10 {best['scores']['eval_retrieval/ndcg@10']:.3f}"
-    )
-    assert after["spearman"] > before["spearman"] + 0.2 and after["spearman"] > 0.6
-    assert best["scores"]["eval_retrieval/ndcg@10"] > 0.5
-    trained.save_hf(tmp_path / "export")
-    reference = SentenceTransformer(str(tmp_path / "export"), device="cpu")
-    texts = [*TEXTS, LONG, ""]
-    np.testing.assert_allclose(trained.embed(texts), reference.encode(texts), atol=1e-4)

@@ -12,15 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
-from synthetic_corpus import finetune_config
 
 import bertjax
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import encoders, heads, hf, rundir, sharding
+from bertjax import encoders, heads, rundir, sharding
 from bertjax.capability import HeadSpec
 from bertjax.encoders.modernbert import ModernBertConfig
-from bertjax.finetune import loop
-from bertjax.finetune.settings import FinetuneSettings
 from bertjax.model import BertConfig
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
@@ -208,141 +205,6 @@ def test_modernbert_encoder_ignores_segment_ids_and_keeps_its_head_under_bert():
 # Parity of each head with transformers, both ways.
 
 
-@pytest.mark.parametrize("case", list(CASES))
-def test_our_head_saved_loads_in_transformers_with_equal_logits(case, tmp_path):
-    _, transformers = _torch()
-    head, cls_suffix, pooling = CASES[case]
-    config = encoders.config_from_dict(
-        {**encoders.config_to_dict(CONFIG), "classifier_pooling": pooling}
-    )
-    init = bertjax.capability.of(head).init(config, head)
-    params = _randomize(init(jax.random.key(1)), seed=1)
-    model = bertjax.Model(config, params, TOKENIZER, head=head)
-    model.save_hf(tmp_path)
-    written = json.loads((tmp_path / "config.json").read_text())
-    assert written["architectures"] == [f"ModernBertFor{cls_suffix}"]
-    assert written["model_type"] == "modernbert"
-    theirs = getattr(transformers, f"ModernBertFor{cls_suffix}").from_pretrained(
-        tmp_path, attn_implementation="eager"
-    )
-    theirs.eval()
-    ids, mask = _batch()
-    ours = _our_logits(config, head, model.params, ids, mask)
-    expected = _torch_logits(theirs, head, ids, mask)
-    if head.token_level or head.task == squad.TASK:  # padded positions are not compared
-        ours, expected = ours[mask == 1], expected[mask == 1]
-    assert ours.shape == expected.shape
-    diff = _max_diff(ours, expected)
-    print(
-        f"{case}: max |ours - transformers| = {diff:.2e}, max |logit| {np.abs(expected).max():.2f}"
-    )
-    assert diff < ATOL
-
-
-@pytest.mark.parametrize("case", list(CASES))
-def test_transformers_head_loads_with_equal_logits(case, tmp_path):
-    head, cls_suffix, pooling = CASES[case]
-    extra = {"classifier_pooling": pooling}
-    if head.task != squad.TASK:
-        extra["id2label"] = dict(enumerate(head.labels))
-    theirs = _hf_model(f"ModernBertFor{cls_suffix}", CONFIG, seed=2, **extra)
-    theirs.save_pretrained(tmp_path)
-    TOKENIZER.save_hf(tmp_path)
-    model = bertjax.Model.load(tmp_path)
-    assert model.head == head
-    assert model.config.classifier_pooling == pooling
-    ids, mask = _batch()
-    ours = _our_logits(model.config, head, model.params, ids, mask)
-    expected = _torch_logits(theirs, head, ids, mask)
-    if head.token_level or head.task == squad.TASK:
-        ours, expected = ours[mask == 1], expected[mask == 1]
-    diff = _max_diff(ours, expected)
-    print(
-        f"{case}: max |ours - transformers| = {diff:.2e}, max |logit| {np.abs(expected).max():.2f}"
-    )
-    assert diff < ATOL
-    # The notebook method of the head runs on the directory.
-    if head.task == "classification":
-        text = "the louvre is a famous museum in paris"
-        got = model.predict(text)
-        ids1 = np.asarray([model.encode([text])["input_ids"][0]], np.int32)
-        probs = _run_torch(theirs, ids1, np.ones_like(ids1)).logits.softmax(-1)[0].numpy()
-        assert got["label"] == LABELS[int(np.argmax(probs))]
-        assert abs(got["score"] - float(np.max(probs))) < ATOL
-    elif head.token_level:
-        got = model.predict("the king of france")
-        assert [w["word"] for w in got] == ["the", "king", "of", "france"]
-        assert all(w["label"] in TAGS for w in got)
-    else:
-        got = model.answer("who was the king", "the old king of france built the louvre")
-        assert set(got) == {"score", "start", "end", "answer"}
-
-
-def test_masked_lm_both_ways_and_fill_mask(tmp_path):
-    torch, transformers = _torch()
-    family = encoders.family_of(CONFIG)
-    theirs = _hf_model("ModernBertForMaskedLM", CONFIG, seed=3)
-    with torch.no_grad():  # the decoder is tied: the noise above drew it apart
-        theirs.decoder.weight = theirs.model.embeddings.tok_embeddings.weight
-    theirs.save_pretrained(tmp_path / "theirs")
-    TOKENIZER.save_hf(tmp_path / "theirs")
-    model = bertjax.Model.load(tmp_path / "theirs")
-    assert model.head is None and model.fresh_heads == ()
-    ids, mask = _batch()
-    positions = np.tile(np.arange(SEQ, dtype=np.int32), (3, 1))
-    ours = family.mlm_logits(model.config, model.params, ids, None, mask, positions)
-    expected = _run_torch(theirs, ids, mask).logits.numpy()
-    assert _max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
-
-    text = "the capital of france is [MASK] ."
-    filled = model.fill_mask(text, top_k=3)
-    example = model.encode([text])["input_ids"][0]
-    at = int(np.flatnonzero(example == TOKENIZER.mask_id)[0])
-    row = torch.from_numpy(np.asarray([example])).long()
-    with torch.no_grad():
-        probs = theirs(input_ids=row).logits[0, at].softmax(-1).numpy()
-    top = np.argsort(-probs)[:3]
-    assert [f["token"] for f in filled] == top.tolist()
-    assert _max_diff([f["score"] for f in filled], probs[top]) < ATOL
-
-    # Ours -> save_hf -> transformers: the tied decoder is left out, as transformers writes it.
-    params = _randomize(family.pretraining_init(CONFIG)(jax.random.key(4)), seed=4)
-    bertjax.Model(CONFIG, params, TOKENIZER).save_hf(tmp_path / "ours")
-    names = set(hf.read_weights(tmp_path / "ours")[0])
-    assert "decoder.weight" not in names and "decoder.bias" in names
-    reloaded = transformers.ModernBertForMaskedLM.from_pretrained(
-        tmp_path / "ours", attn_implementation="eager"
-    ).eval()
-    ours = family.mlm_logits(CONFIG, params, ids, None, mask, positions)
-    expected = _run_torch(reloaded, ids, mask).logits.numpy()
-    assert _max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
-
-
-def test_embed_on_a_modernbert_model_directory_is_the_mean_hidden_state(tmp_path):
-    torch, _ = _torch()
-    theirs = _hf_model("ModernBertModel", CONFIG, seed=5)
-    theirs.save_pretrained(tmp_path)
-    TOKENIZER.save_hf(tmp_path)
-    model = bertjax.Model.load(tmp_path)
-    # A bare encoder: no prediction head to fill masks or pool with.
-    assert {"mlm_head", "pooler"} <= set(model.fresh_heads)
-    with pytest.raises(bertjax.inference.InferenceError, match="no masked-LM head"):
-        model.fill_mask("the [MASK] .")
-    texts = ["the louvre is in paris", "a river"]
-    vectors = model.embed(texts)
-    for text, vector in zip(texts, vectors):
-        ids = np.asarray([model.encode([text])["input_ids"][0]], np.int32)
-        with torch.no_grad():
-            hidden = theirs(input_ids=torch.from_numpy(ids).long()).last_hidden_state
-        assert _max_diff(vector, hidden[0].mean(0).numpy()) < ATOL
-    # ...and written back as a ModernBertModel, without the untrained head.
-    model.save_hf(tmp_path / "again")
-    written = json.loads((tmp_path / "again" / "config.json").read_text())
-    assert written["architectures"] == ["ModernBertModel"]
-    again = bertjax.Model.load(tmp_path / "again")
-    np.testing.assert_array_equal(again.embed(texts), vectors)
-
-
 # ---------------------------------------------------------------------------------------------
 # Checkpoints: meta with and without a family.
 
@@ -398,40 +260,6 @@ def _topic_csv(path, count, seed):
         rows.append(f"{' '.join(words)},{('art', 'place')[topic]}")
     path.write_text("sentence,label\n" + "\n".join(rows) + "\n")
     return path
-
-
-@pytest.mark.slow
-def test_finetuning_classification_from_a_modernbert_directory(tmp_path):
-    _, transformers = _torch()
-
-    theirs = _hf_model("ModernBertForMaskedLM", CONFIG, seed=7)
-    theirs.save_pretrained(tmp_path / "init")
-    TOKENIZER.save_hf(tmp_path / "init")
-    config = finetune_config(
-        tmp_path / "init",
-        task="classification",
-        **{
-            "data.train": str(_topic_csv(tmp_path / "train.csv", 128, seed=1)),
-            "data.validation": str(_topic_csv(tmp_path / "dev.csv", 32, seed=2)),
-            "num_epochs": 3,
-            "optimizer.learning_rate": 1e-3,
-        },
-    )
-    loop.finetune(FinetuneSettings.from_config(config), tmp_path / "run")
-    meta = checkpoint_lib.read_meta(tmp_path / "run" / rundir.BEST_CHECKPOINT_DIR)
-    assert meta["model_config"][encoders.FAMILY_KEY] == "modernbert"
-    model = bertjax.Model.load(tmp_path / "run")
-    assert encoders.family_of(model.config).name == "modernbert"
-    texts = ["paris river museum", "king painting history"]
-    assert [p["label"] for p in model.predict(texts)] == ["art", "place"]
-    # The fine-tuned model travels to transformers with the same logits.
-    model.save_hf(tmp_path / "export")
-    exported = transformers.ModernBertForSequenceClassification.from_pretrained(
-        tmp_path / "export", attn_implementation="eager"
-    ).eval()
-    ids, mask = _batch()
-    ours = _our_logits(model.config, model.head, model.params, ids, mask)
-    assert _max_diff(ours, _run_torch(exported, ids, mask).logits.numpy()) < ATOL
 
 
 def test_seq2seq_refuses_a_modernbert_encoder():
@@ -537,77 +365,6 @@ def _torch_loss(reference, head: HeadSpec, batch):
     return reference(**inputs).loss
 
 
-@pytest.mark.slow  # 20 steps on both sides and two exports: about 15 s a case on two cores
-@pytest.mark.parametrize("case", list(CASES))
-def test_fine_tuning_steps_equal_transformers_step_for_step(case, tmp_path):
-    from bertjax import optim
-    from bertjax.finetune.objective import build_finetuning
-
-    torch, transformers = _torch()
-    head, cls_suffix, pooling = CASES[case]
-    cls_name = f"ModernBertFor{cls_suffix}"
-    outputs = {} if head.task == squad.TASK else {"num_labels": head.num_outputs}
-    reference = _hf_model(cls_name, CONFIG, seed=7, classifier_pooling=pooling, **outputs)
-    reference.save_pretrained(tmp_path / "start")
-    reference.train()
-    config, params, read_head, _ = encoders.read_transformers(tmp_path / "start")
-    assert read_head.task == head.task and read_head.num_outputs == head.num_outputs
-    assert config.classifier_pooling == pooling
-
-    named = list(reference.named_parameters())
-    no_decay = [p for n, p in named if "bias" in n or "norm" in n]
-    decay = [p for n, p in named if not ("bias" in n or "norm" in n)]
-    torch_optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=PARITY_LR,
-        eps=1e-6,
-    )
-    warmup = 2
-    schedule = transformers.get_linear_schedule_with_warmup(torch_optimizer, warmup, PARITY_STEPS)
-    settings = optim.OptimizerSettings(
-        learning_rate=PARITY_LR, warmup_steps=warmup, total_steps=PARITY_STEPS
-    )
-    ft = build_finetuning(
-        config,
-        read_head,
-        settings,
-        mesh_shape=(-1, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=PARITY_BATCH,
-        max_seq_length=SEQ,
-    )
-    state = ft.state.init(jax.random.key(0))
-    state = state.replace(params=jax.device_put(params, ft.state.shardings.params))
-    for step, batch in enumerate(_parity_batches(head)):
-        state, metrics = ft.train_step(
-            state, jax.device_put(batch, ft.batch_sharding), jax.random.key(1)
-        )
-        loss = _torch_loss(reference, head, batch)
-        torch_optimizer.zero_grad()
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(reference.parameters(), 1.0)
-        torch_optimizer.step()
-        schedule.step()
-        message = f"step {step + 1}"
-        np.testing.assert_allclose(float(metrics["train/loss"]), loss.item(), 1e-4, 0, message)
-        np.testing.assert_allclose(
-            float(metrics["train/grad_norm"]), grad_norm.item(), 1e-4, 0, message
-        )
-
-    family = encoders.family_of(config)
-    family.write_transformers(config, jax.device_get(state.params), tmp_path / "ours", head=head)
-    hf_class = getattr(transformers, cls_name)
-    ours = hf_class.from_pretrained(tmp_path / "ours", attn_implementation="eager").state_dict()
-    start = hf_class.from_pretrained(tmp_path / "start", attn_implementation="eager").state_dict()
-    theirs = reference.state_dict()
-    # The steps moved the parameters far past the tolerance: agreement is not standing still.
-    assert max(float((theirs[k] - start[k]).abs().max()) for k in ours) > 5e-3
-    for key, value in ours.items():
-        np.testing.assert_allclose(
-            value.numpy(), theirs[key].detach().numpy(), atol=1e-4, rtol=0, err_msg=key
-        )
-
-
 # ---------------------------------------------------------------------------------------------
 # A ModernBERT directory as the hub has it: a byte-level BPE tokenizer.json (no vocab.txt, no
 # sentencepiece model) whose BERT-named special tokens come after the merged pieces, [MASK]
@@ -675,49 +432,3 @@ def hub_dir(tmp_path_factory):
         theirs.decoder.weight = theirs.model.embeddings.tok_embeddings.weight
     theirs.save_pretrained(directory)
     return directory, theirs
-
-
-def test_a_hub_modernbert_directory_with_a_byte_level_bpe_tokenizer_opens(hub_dir, tmp_path):
-    torch, transformers = _torch()
-    directory, theirs = hub_dir
-    hf_tokenizer = transformers.AutoTokenizer.from_pretrained(directory)
-    model = bertjax.Model.load(directory)
-    tokenizer = model.tokenizer
-    assert tokenizer.kind == "pipeline"
-    assert (tokenizer.cls_id, tokenizer.mask_id) == (
-        hf_tokenizer.cls_token_id,
-        hf_tokenizer.mask_token_id,
-    )
-    texts = ["The capital of France is Paris.", "Who built it? The king, in 1607!", ""]
-    for text in texts:
-        assert tokenizer.encode(text) == hf_tokenizer(text, add_special_tokens=False).input_ids
-    encoded = model.encode(texts[:2], text_pairs=["the river", "old"])
-    want = hf_tokenizer(texts[:2], ["the river", "old"]).input_ids  # [CLS] A [SEP] B [SEP]
-    ours = [
-        list(row[mask == 1])
-        for row, mask in zip(np.asarray(encoded["input_ids"]), np.asarray(encoded["input_mask"]))
-    ]
-    assert ours == want
-    # Words one by one (token labels) as they read inside a text, each after a space: what
-    # add_prefix_space=True means for a byte-level pipeline.
-    words = ["The", "king", "built", "Paris"]
-    want = hf_tokenizer(" The king built Paris", add_special_tokens=False).input_ids
-    assert [i for word in tokenizer.encode_words(words) for i in word] == want
-    assert tokenizer.decode(tokenizer.encode(texts[1])) == texts[1]
-
-    text = "The capital of France is [MASK]."
-    filled = model.fill_mask(text, top_k=3)
-    inputs = hf_tokenizer([text], return_tensors="pt")
-    at = int((inputs["input_ids"][0] == hf_tokenizer.mask_token_id).nonzero()[0])
-    with torch.no_grad():
-        probs = theirs(**inputs).logits[0, at].softmax(-1).numpy()
-    top = np.argsort(-probs)[:3]
-    assert [f["token"] for f in filled] == top.tolist()
-    assert _max_diff([f["score"] for f in filled], probs[top]) < ATOL
-
-    # Exported and read back: the same tokenizer (fingerprint), transformers reads it too.
-    model.save_hf(tmp_path / "export")
-    again = bertjax.Model.load(tmp_path / "export")
-    assert again.tokenizer.fingerprint == tokenizer.fingerprint
-    exported = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")
-    assert exported(texts[0]).input_ids == hf_tokenizer(texts[0]).input_ids

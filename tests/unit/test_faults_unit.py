@@ -1,42 +1,18 @@
 """The unit tests of test_faults.py (tests/parity/), with its helpers."""
 
-import errno
 import json
-import logging
-import os
-import pathlib
-import shutil
-import stat
-import subprocess
-import sys
-import flax.linen as nn
-import jax
-import numpy as np
-import orbax.checkpoint as ocp
+
 import pytest
-import transformers
-from safetensors import numpy as safetensors_numpy
-from test_tokenizer import training_sentences, write_wordpiece_vocab
-from xla_env import subprocess_env
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import heads, hf, rundir, textfile
-from bertjax.capability import HeadSpec
-from bertjax.data import corpus
-from bertjax.finetune import data as finetune_data
-from bertjax.finetune import loop as finetune_loop
-from bertjax.finetune.layouts import CONLL, CSV, JSONL, Layout
-from bertjax.inference import InferenceError, Model
-from bertjax.model import BertConfig
-from bertjax.settings import ConfigError
-from bertjax.tasks.embed import task as embed_task
-from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.tasks.labels import data as label_data
-from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
 from test_faults import (  # noqa: F401 (fixtures are used by name)
     CSV_LAYOUT,
     CSV_TEXT,
 )
+
+from bertjax import textfile
+from bertjax.data import corpus
+from bertjax.finetune import data as finetune_data
+from bertjax.finetune.layouts import CONLL, JSONL, Layout
+from bertjax.tasks.labels import data as label_data
 
 
 def test_equal_json_numbers_are_one_label(tmp_path):

@@ -1,35 +1,24 @@
 """The unit tests of test_finetune.py (tests/integration/), with its helpers."""
 
-import json
-import pathlib
-import subprocess
-import sys
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import transformers
-from synthetic_corpus import LABELS, sentences, write_topic_csv
-from synthetic_corpus import finetune_config as make_config
-from xla_env import subprocess_env
-import bertjax
-from bertjax import hf, optim, rundir, steps
-from bertjax import model as model_lib
-from bertjax.capability import HeadSpec
-from bertjax.finetune import loop
-from bertjax.finetune.objective import build_finetuning
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.finetune.task import Examples
-from bertjax.model import BertConfig
-from bertjax.settings import ConfigError
-from bertjax.tasks.labels import model as label_heads
-from bertjax.tasks.qa import squad
 from test_finetune import (  # noqa: F401 (fixtures are used by name)
     _head,
     _uneven_examples,
     assert_trained_the_same,
     small_config,
 )
+
+from bertjax import model as model_lib
+from bertjax import optim, steps
+from bertjax.capability import HeadSpec
+from bertjax.finetune import loop
+from bertjax.finetune.objective import build_finetuning
+from bertjax.finetune.task import Examples
+from bertjax.tasks.labels import model as label_heads
+from bertjax.tasks.qa import squad
 
 
 def test_sharded_steps_equal_data_parallel_ones():

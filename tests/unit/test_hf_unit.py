@@ -1,32 +1,21 @@
 """The unit tests of test_hf.py (tests/parity/), with its helpers."""
 
-import copy
-import functools
 import json
-import logging
-import os
-import pathlib
-import subprocess
-import sys
-import flax.linen as nn
+
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
-import transformers
-from safetensors import numpy as safetensors_numpy
-from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
-from bertjax import hf
-from bertjax import model as model_lib
-from bertjax.finetune import loop as finetune_loop
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 from test_hf import (  # noqa: F401 (fixtures are used by name)
     _random_params,
     _read_dir,
     sentencepiece,
 )
+from test_tokenizer import VARIED, write_wordpiece_vocab
+
+from bertjax import hf
+from bertjax import model as model_lib
+from bertjax.model import BertConfig
+from bertjax.tokenizer import WordPieceTokenizer
 
 
 def test_save_from_stacked_layers_writes_the_same_tensors(tmp_path):

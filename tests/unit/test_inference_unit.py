@@ -1,28 +1,10 @@
 """The unit tests of test_inference.py (tests/parity/), with its helpers."""
 
-import json
-import pathlib
-import shutil
 import warnings
-import flax.linen as nn
+
 import jax
-import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
-import torch
-import transformers
-from safetensors import numpy as safetensors_numpy
-from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
-import bertjax
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import data as data_lib
-from bertjax import inference, losses
-from bertjax import sharding as sharding_lib
-from bertjax.inference import InferenceError, Model, TruncationWarning
-from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.pretrain import samples
-from bertjax.tokenizer import Tokenizer, TokenizerSettings, train_tokenizer
 from test_inference import (  # noqa: F401 (fixtures are used by name)
     MASKED,
     TRAIN_STEPS,
@@ -31,6 +13,12 @@ from test_inference import (  # noqa: F401 (fixtures are used by name)
     trained,
     workdir,
 )
+
+import bertjax
+from bertjax import inference
+from bertjax import sharding as sharding_lib
+from bertjax.inference import InferenceError, Model, TruncationWarning
+from bertjax.pretrain import samples
 
 
 def test_load_workdir_latest_and_given_step(workdir, trained):

@@ -1,13 +1,9 @@
 """Metrics files: metrics.jsonl and TensorBoard event files, the bytes tensorboardX writes."""
 
 import json
-import subprocess
-import sys
 import time
 
-import pytest
 from tensorboardX import SummaryWriter
-from xla_env import REPO, subprocess_env
 
 from bertjax import metrics_writer
 
@@ -74,18 +70,3 @@ def test_metric_writer_writes_json_lines_and_one_event_per_metric(tmp_path):
     disabled.write(1, {"train/loss": 1.0})
     disabled.close()
     assert not (tmp_path / "x.jsonl").exists() and not (tmp_path / "x").exists()
-
-
-@pytest.mark.slow
-def test_train_py_starts_without_importing_torch_or_tensorboardx():
-    """torch (through tensorboardX) took 2 of the 4 s train.py spent importing."""
-    script = "import sys, train; print(sorted({'torch', 'tensorboardX'} & set(sys.modules)))"
-    out = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(1),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert out.stdout.strip() == "[]", out.stderr

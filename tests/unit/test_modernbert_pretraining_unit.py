@@ -1,22 +1,12 @@
 """The unit tests of test_modernbert_pretraining.py (tests/integration/), with its helpers."""
 
 import dataclasses
-import json
-import shutil
-import subprocess
-import sys
 import types
-import jax
-import numpy as np
+
 import pytest
-from xla_env import subprocess_env
-import bertjax
-from bertjax import checkpoint as checkpoint_lib
+
 from bertjax import encoders, rundir
 from bertjax.encoders.modernbert import ModernBertConfig
-from bertjax.pretrain import loop as pretrain_loop
-from bertjax.pretrain.settings import PretrainSettings
-from configs import modernbert_tiny
 
 
 def test_a_new_phase_may_change_the_rotary_theta_but_a_resumed_run_may_not():

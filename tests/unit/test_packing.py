@@ -1,18 +1,12 @@
 """Packed-document pretraining data: packing, per-document attention, the MLM-only run on it."""
 
 import importlib
-import json
 import pathlib
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from synthetic_corpus import write_corpus
-from test_prepare_distributed import files_of, prepare_in_processes, single_process
-from xla_env import subprocess_env
 
 from bertjax import attention
 from bertjax.data import make_loader, prepare
@@ -28,7 +22,6 @@ from bertjax.data.packing import (
 )
 from bertjax.data.storage import shard_paths
 from bertjax.model import BertConfig, BertModel
-from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
@@ -174,17 +167,6 @@ def test_packed_batches_carry_documents_and_are_masked_as_pairs(packed_data):
     assert batch["input_mask"][rows[weights], batch["masked_lm_positions"][weights]].all()
 
 
-@pytest.mark.slow
-def test_two_processes_write_the_single_process_packed_bytes(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    write_corpus(corpus / "a.txt", num_documents=150, seed=1)
-    manifest = single_process(corpus, tmp_path / "one", layout="packed")
-    assert manifest["layout"] == "packed" and manifest["num_chunks"] >= 4
-    prepare_in_processes([str(corpus)], str(tmp_path / "two"), 2, extra=["--layout=packed"])
-    assert files_of(tmp_path / "two") == files_of(tmp_path / "one")
-
-
 # ----------------------------------------------------------------------------- the model
 
 
@@ -303,36 +285,3 @@ def test_a_run_of_pairs_refuses_packed_data(packed_data, tmp_path):
     settings = PretrainSettings.from_config(config)
     with pytest.raises(ConfigError, match="config.data.layout='pairs' but .* layout='packed'"):
         ensure_data(settings.data, tmp_path, eval_batch_size=4, seed=0)
-
-
-@pytest.mark.slow  # a 40-step run and a fresh notebook process: about a minute on two cores
-def test_mlm_only_run_on_packed_data_trains_and_loads(packed_data, tmp_path):
-    workdir = tmp_path / "run"
-    settings = PretrainSettings.from_config(packed_config(packed_data[1]))
-    result = pretrain_loop.train_and_evaluate(settings, str(workdir))
-    assert result["steps"] == 40
-    assert "eval/nsp_loss" not in result["eval"] and result["eval"]["eval/mlm_loss"] > 0
-    losses = [
-        json.loads(line)["train/loss"]
-        for line in (workdir / "metrics.jsonl").read_text().splitlines()
-        if "train/loss" in line
-    ]
-    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
-
-    script = (
-        "import bertjax\n"
-        f"model = bertjax.Model.load({str(workdir)!r})\n"
-        "guesses = model.fill_mask('the [MASK] sees a cat.', top_k=3)\n"
-        "assert len(guesses) == 3, guesses\n"
-        "print(sum(g['score'] for g in guesses))\n"
-    )
-    completed = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(1),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-    )
-    assert completed.returncode == 0, completed.stderr
-    assert 0 < float(completed.stdout.split()[-1]) <= 1.0 + 1e-6

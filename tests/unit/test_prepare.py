@@ -4,8 +4,6 @@ import importlib
 import json
 import pathlib
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -19,7 +17,7 @@ from bertjax.tokenizer import Tokenizer
 # bertjax.data.prepare the attribute is the function; the module is reached by its name.
 prepare_lib = importlib.import_module("bertjax.data.prepare")
 NUM_DOCUMENTS = 240
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def write_corpus(path, num_documents=NUM_DOCUMENTS, seed=0):
@@ -339,18 +337,3 @@ def test_vocabulary_too_small_for_the_characters_says_the_smallest_that_works(tm
         [str(corpus)], tmp_path / "out", vocab_size=smallest, workers=1, verbose=False
     )
     assert manifest["vocab_size"] == smallest
-
-
-@pytest.mark.slow
-def test_command_line_runs_without_warnings_and_fails_in_one_line(tmp_path):
-    corpus = write_corpus(tmp_path / "small.txt", num_documents=12)
-    command = [sys.executable, "-X", "warnings=default", "-m", "bertjax.data.prepare"]
-    args = ["--input", str(corpus), "--output", str(tmp_path / "out"), "--workers", "1"]
-    result = subprocess.run(
-        command + args + ["--vocab_size", "8000"], capture_output=True, text=True, cwd=ROOT
-    )
-    # runpy used to warn that bertjax.data had imported the module it was about to run.
-    assert "Warning" not in result.stdout + result.stderr, result.stderr
-    assert result.returncode == 1
-    assert result.stderr.startswith("error: vocab_size=8000 is too large for the corpus")
-    assert result.stderr.count("\n") == 1, result.stderr  # one line, no traceback

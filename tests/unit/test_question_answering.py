@@ -10,10 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-import transformers
 from test_tokenizer import training_sentences
 
-from bertjax import Model, hf, optim, sharding, steps
+from bertjax import Model
 from bertjax.capability import HeadSpec
 from bertjax.model import BertConfig
 from bertjax.tasks.qa import squad as qa
@@ -579,50 +578,6 @@ def torch_logits(model):
     return out.start_logits.numpy()[MASK == 1], out.end_logits.numpy()[MASK == 1]
 
 
-def test_export_loads_in_transformers_with_equal_logits(tmp_path):
-    params = random_params(seed=1)
-    hf.save(CONFIG, params, tmp_path, head=qa_head())
-    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
-        "BertForQuestionAnswering"
-    ]
-    model, info = transformers.BertForQuestionAnswering.from_pretrained(
-        tmp_path, output_loading_info=True, attn_implementation="eager"
-    )
-    assert not info["missing_keys"] and not info["unexpected_keys"], info
-    assert not info["mismatched_keys"]
-    for ours, theirs in zip(our_logits(params), torch_logits(model.eval())):
-        np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
-
-
-def test_transformers_model_imports_with_equal_logits(tmp_path):
-    hf_config = transformers.BertConfig(
-        vocab_size=CONFIG.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-        max_position_embeddings=64,
-        attn_implementation="eager",
-    )
-    torch.manual_seed(0)
-    model = transformers.BertForQuestionAnswering(hf_config).eval()
-    with torch.no_grad():  # every parameter random, so that a swapped bias or scale shows
-        for parameter in model.parameters():
-            parameter.add_(torch.randn_like(parameter) * 0.2)
-    model.save_pretrained(tmp_path)
-    config, params, report = hf.load_with_report(tmp_path)
-    assert report.head == qa_head()
-    assert report.initialized == ("bert/pooler/kernel", "bert/pooler/bias")  # HF has none
-    assert set(params) == {"bert", "qa_outputs"} and config == CONFIG
-    for ours, theirs in zip(our_logits(jax.tree.map(jnp.asarray, params)), torch_logits(model)):
-        np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
-    # And back out: the re-exported weights are the same tensors.
-    hf.save(config, params, tmp_path / "again", head=qa_head())
-    again = transformers.BertForQuestionAnswering.from_pretrained(tmp_path / "again").eval()
-    for name, tensor in model.state_dict().items():
-        torch.testing.assert_close(again.state_dict()[name], tensor, rtol=0, atol=0)
-
-
 # ----------------------------------------------------------------------------- answer()
 
 
@@ -744,53 +699,6 @@ def test_training_positions_point_at_the_answer_text():
         pointed.add(ex.id)
     # Every one-word answer fits in some window; no unanswerable question points anywhere.
     assert pointed == {ex.id for ex in examples if not ex.is_impossible}
-
-
-@pytest.mark.slow
-def test_a_short_run_learns_a_synthetic_task(optimized):
-    rng = np.random.default_rng(0)
-    settings = qa.QASettings(max_seq_length=24, doc_stride=8, max_query_length=4)
-    train = qa.make_features(synthetic_examples(rng, 4096), TOKENIZER, settings, training=True)
-    test_examples = synthetic_examples(rng, 256)
-    test = qa.make_features(test_examples, TOKENIZER, settings, training=False)
-    config = BertConfig(
-        vocab_size=CONFIG.vocab_size,
-        hidden_size=64,
-        num_layers=2,
-        num_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=32,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-    )
-    model = qa.QuestionAnswering(config)
-    total_steps, batch_size = 800, 32
-    optimizer = optim.OptimizerSettings(
-        learning_rate=2e-3, warmup_steps=80, total_steps=total_steps, weight_decay=0.01
-    )
-    tx = optim.make_optimizer(optimizer)
-    mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    state_factory = steps.make_state(lambda key: qa.init_params(model, key), tx, mesh)
-    train_step = jax.jit(
-        steps.make_train_step(
-            qa.QAObjective(model), tx, optim.make_schedule(optimizer), grad_accum_steps=1
-        )
-    )
-    with jax.set_mesh(mesh):
-        state = state_factory.init(jax.random.key(0))
-        for _ in range(total_steps):
-            rows = rng.choice(len(train), batch_size, replace=False)
-            state, metrics = train_step(state, train.batch(rows), jax.random.key(1))
-    starts, ends = qa.logits(config, state.params, test)
-    result = qa.decode(test_examples, test, starts, ends, settings, version_2=True)
-    scores = qa.evaluate(
-        test_examples, result.predictions, version_2=True, null_odds=result.null_odds
-    )
-    print(f"synthetic 'the wX' (v2.0, 30% unanswerable): {scores}")
-    assert float(metrics["train/nonfinite"]) == 0.0
-    # Always answering "no answer" scores 30 (NoAns 100, HasAns 0); guessing a word, 8.
-    assert scores["exact"] > 80.0
-    assert scores["HasAns_exact"] > 80.0 and scores["NoAns_exact"] > 70.0
 
 
 def test_reader_formats_by_content(tmp_path):

@@ -1,27 +1,10 @@
 """The unit tests of test_trainer.py (tests/integration/), with its helpers."""
 
-import json
-import os
-import pathlib
-import signal
-import subprocess
-import sys
-import time
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from synthetic_corpus import write_corpus
-from xla_env import subprocess_env
-import bertjax
-from bertjax import data as data_lib
-from bertjax import loop, steps
-from bertjax.pretrain import loop as trainer
-from bertjax.pretrain.objective import build_pretraining
-from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import ConfigError
-from configs import tiny
 from test_trainer import (  # noqa: F401 (fixtures are used by name)
     PINNED_LOSSES,
     PINNED_PARAM_ABS_SUM,
@@ -33,6 +16,11 @@ from test_trainer import (  # noqa: F401 (fixtures are used by name)
     read_losses,
     train,
 )
+
+import bertjax
+from bertjax import data as data_lib
+from bertjax import loop
+from bertjax.settings import ConfigError
 
 
 def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):
