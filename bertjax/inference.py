@@ -470,7 +470,10 @@ class Model:
             yield order[start : start + self.batch_size]
 
     def _bucket(
-        self, rows: np.ndarray, features: list[dict[str, np.ndarray]], max_length: int | None
+        self,
+        rows: np.ndarray,
+        features: list[dict[str, np.ndarray]],
+        max_length: int | None = None,
     ) -> dict[str, int]:
         """The padded shape of a batch: powers of two (rows a multiple of the data axes), the
         length at most the model's positions and `max_length`."""

@@ -247,7 +247,7 @@ def test_answer_pads_windows_to_their_width_not_to_the_next_power_of_two(tmp_pat
     got = model.answer("the w3", context, max_seq_len=24, doc_stride=8, top_k=3)
     assert widths and set(widths) == {24}
     bucket = Model._bucket
-    monkeypatch.setattr(Model, "_bucket", lambda self, rows, f, _: bucket(self, rows, f, None))
+    monkeypatch.setattr(Model, "_bucket", lambda self, rows, f, _: bucket(self, rows, f))
     widths.clear()
     assert model.answer("the w3", context, max_seq_len=24, doc_stride=8, top_k=3) == got
     assert set(widths) == {32}
