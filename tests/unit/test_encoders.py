@@ -317,13 +317,13 @@ def test_a_modernbert_model_on_a_mesh_predicts_as_on_one_device():
 
 # ---------------------------------------------------------------------------------------------
 # Fine-tuning steps against transformers' ModernBert* classes trained by a plain torch loop, as
-# tests/test_finetune_hf.py does for BERT's heads: the same random start (every parameter,
-# norms and head included), the same batches, dropout off, AdamW with the decay mask (not on
-# biases and norms), eps 1e-6, weight decay 0.01, clipping at global norm 1.0, linear warmup
-# then decay, at 1e-3 so that any difference in the update shows. Question answering uses rows
-# without padding: bertjax's span loss leaves padding positions out of the softmax, which
-# transformers' does not (so their losses differ on padded rows; tests/test_question_answering
-# says why).
+# tests/integration/test_finetune_hf_runs.py does for BERT's heads: the same random start (every
+# parameter, norms and head included), the same batches, dropout off, AdamW with the decay mask
+# (not on biases and norms), eps 1e-6, weight decay 0.01, clipping at global norm 1.0, linear
+# warmup then decay, at 1e-3 so that any difference in the update shows. Question answering
+# uses rows without padding: bertjax's span loss leaves padding positions out of the softmax,
+# which transformers' does not (so their losses differ on padded rows;
+# tests/unit/test_question_answering.py says why).
 PARITY_STEPS, PARITY_BATCH, PARITY_LR = 20, 8, 1e-3  # 8 rows: one a simulated device
 
 
