@@ -46,6 +46,7 @@ from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
 from bertjax.model import PRESETS, BertConfig  # noqa: E402
+from bertjax.tasks.qa import model as qa_model  # noqa: E402
 from bertjax.tasks.qa import squad  # noqa: E402
 from bertjax.tasks.qa import task as qa_task  # noqa: E402
 
@@ -58,7 +59,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK]
 CLS_ID, SEP_ID = 2, 3
-HEAD = HeadSpec(squad.TASK, squad.HEAD_LABELS)
+HEAD = HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS)
 
 
 def _pair(text: str, name: str, parser: argparse.ArgumentParser) -> tuple[int, int]:

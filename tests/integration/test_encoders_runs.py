@@ -29,7 +29,7 @@ from bertjax import checkpoint as checkpoint_lib
 from bertjax import encoders, rundir
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.tasks.qa import squad
+from bertjax.tasks.qa import model as qa_model
 
 
 @pytest.mark.slow
@@ -75,7 +75,7 @@ def test_fine_tuning_steps_equal_transformers_step_for_step(case, tmp_path):
     torch, transformers = _torch()
     head, cls_suffix, pooling = CASES[case]
     cls_name = f"ModernBertFor{cls_suffix}"
-    outputs = {} if head.task == squad.TASK else {"num_labels": head.num_outputs}
+    outputs = {} if head.task == qa_model.TASK else {"num_labels": head.num_outputs}
     reference = _hf_model(cls_name, CONFIG, seed=7, classifier_pooling=pooling, **outputs)
     reference.save_pretrained(tmp_path / "start")
     reference.train()

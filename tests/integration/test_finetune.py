@@ -22,7 +22,7 @@ from bertjax.finetune.task import Examples
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tasks.qa import squad
+from bertjax.tasks.qa import model as qa_model
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -345,7 +345,7 @@ def _uneven_examples(task: str, count: int, seq: int, longest: int, seed: int = 
         "segment_ids": np.zeros((count, seq), np.int32),
     }
     word_positions = None
-    if task == squad.TASK:
+    if task == qa_model.TASK:
         starts = (rng.random(count) * (lengths - 1)).astype(np.int32)
         features["start_positions"] = starts
         features["end_positions"] = np.minimum(starts + 1, lengths - 1).astype(np.int32)
@@ -363,4 +363,4 @@ def _uneven_examples(task: str, count: int, seq: int, longest: int, seed: int = 
 
 
 def _head(task: str) -> HeadSpec:
-    return HeadSpec(task, squad.HEAD_LABELS if task == squad.TASK else ("a", "b", "c"))
+    return HeadSpec(task, qa_model.HEAD_LABELS if task == qa_model.TASK else ("a", "b", "c"))

@@ -29,6 +29,7 @@ from bertjax.settings import ConfigError
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import task as sentence_embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
 
@@ -304,14 +305,14 @@ def test_squad_and_retrieval_files_read_from_gcs_and_predictions_written_there(g
     assert remote.examples[0].where.startswith(bucket + "/squad/dev.json: ")
     assert remote.source == bucket + "/squad/dev.json"
 
-    predictions = qa.QAPredictions(
-        {"a": "The cat"}, {"a": [qa.Candidate("The cat", 0, 7, 2.0, 1.5, 0.9)]}, None
+    predictions = qa_decode.QAPredictions(
+        {"a": "The cat"}, {"a": [qa_decode.Candidate("The cat", 0, 7, 2.0, 1.5, 0.9)]}, None
     )
-    written = qa.write_predictions(bucket + "/run/predictions_validation", predictions)
-    qa.write_predictions(tmp_path / "predictions", predictions)
+    written = qa_decode.write_predictions(bucket + "/run/predictions_validation", predictions)
+    qa_decode.write_predictions(tmp_path / "predictions", predictions)
     assert written == [
-        f"{bucket}/run/predictions_validation/{qa.PREDICTIONS_FILE}",
-        f"{bucket}/run/predictions_validation/{qa.NBEST_FILE}",
+        f"{bucket}/run/predictions_validation/{qa_decode.PREDICTIONS_FILE}",
+        f"{bucket}/run/predictions_validation/{qa_decode.NBEST_FILE}",
     ]
     assert _objects(gcs, bucket + "/run/predictions_validation") == _files(tmp_path / "predictions")
 

@@ -16,7 +16,7 @@ from test_question_answering import synthetic_examples
 from bertjax import Model
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.tasks.qa import squad as qa
+from bertjax.tasks.qa import decode as qa_decode
 
 
 @pytest.mark.slow
@@ -56,7 +56,9 @@ def test_finetune_run_learns_synthetic_squad(tmp_path, optimized):
     assert scores["eval/span_accuracy"] > 0.8  # the validation windows point at the answers
     run = tmp_path / "run"
     for split in ("validation", "test"):
-        predictions = json.loads((run / f"predictions_{split}" / qa.PREDICTIONS_FILE).read_text())
+        predictions = json.loads(
+            (run / f"predictions_{split}" / qa_decode.PREDICTIONS_FILE).read_text()
+        )
         assert len(predictions) == (128 if split == "validation" else 32)
     # The run directory opens as a notebook Model that answers.
     model = Model.load(run)

@@ -11,6 +11,9 @@ from test_question_answering import (  # noqa: F401 (fixtures are used by name)
 
 from bertjax import optim, sharding, steps
 from bertjax.model import BertConfig
+from bertjax.tasks.qa import decode as qa_decode
+from bertjax.tasks.qa import metrics as qa_metrics
+from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 
 
@@ -31,17 +34,17 @@ def test_a_short_run_learns_a_synthetic_task(optimized):
         hidden_dropout=0.0,
         attention_dropout=0.0,
     )
-    model = qa.QuestionAnswering(config)
+    model = qa_model.QuestionAnswering(config)
     total_steps, batch_size = 800, 32
     optimizer = optim.OptimizerSettings(
         learning_rate=2e-3, warmup_steps=80, total_steps=total_steps, weight_decay=0.01
     )
     tx = optim.make_optimizer(optimizer)
     mesh = sharding.make_mesh((1, 1, 1), devices=jax.devices()[:1])
-    state_factory = steps.make_state(lambda key: qa.init_params(model, key), tx, mesh)
+    state_factory = steps.make_state(lambda key: qa_model.init_params(model, key), tx, mesh)
     train_step = jax.jit(
         steps.make_train_step(
-            qa.QAObjective(model), tx, optim.make_schedule(optimizer), grad_accum_steps=1
+            qa_model.QAObjective(model), tx, optim.make_schedule(optimizer), grad_accum_steps=1
         )
     )
     with jax.set_mesh(mesh):
@@ -49,9 +52,9 @@ def test_a_short_run_learns_a_synthetic_task(optimized):
         for _ in range(total_steps):
             rows = rng.choice(len(train), batch_size, replace=False)
             state, metrics = train_step(state, train.batch(rows), jax.random.key(1))
-    starts, ends = qa.logits(config, state.params, test)
-    result = qa.decode(test_examples, test, starts, ends, settings, version_2=True)
-    scores = qa.evaluate(
+    starts, ends = qa_model.logits(config, state.params, test)
+    result = qa_decode.decode(test_examples, test, starts, ends, settings, version_2=True)
+    scores = qa_metrics.evaluate(
         test_examples, result.predictions, version_2=True, null_odds=result.null_odds
     )
     print(f"synthetic 'the wX' (v2.0, 30% unanswerable): {scores}")

@@ -26,7 +26,7 @@ from test_encoders import (  # noqa: F401 (fixtures are used by name)
 
 import bertjax
 from bertjax import encoders, hf
-from bertjax.tasks.qa import squad
+from bertjax.tasks.qa import model as qa_model
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -50,7 +50,7 @@ def test_our_head_saved_loads_in_transformers_with_equal_logits(case, tmp_path):
     ids, mask = _batch()
     ours = _our_logits(config, head, model.params, ids, mask)
     expected = _torch_logits(theirs, head, ids, mask)
-    if head.token_level or head.task == squad.TASK:  # padded positions are not compared
+    if head.token_level or head.task == qa_model.TASK:  # padded positions are not compared
         ours, expected = ours[mask == 1], expected[mask == 1]
     assert ours.shape == expected.shape
     diff = _max_diff(ours, expected)
@@ -64,7 +64,7 @@ def test_our_head_saved_loads_in_transformers_with_equal_logits(case, tmp_path):
 def test_transformers_head_loads_with_equal_logits(case, tmp_path):
     head, cls_suffix, pooling = CASES[case]
     extra = {"classifier_pooling": pooling}
-    if head.task != squad.TASK:
+    if head.task != qa_model.TASK:
         extra["id2label"] = dict(enumerate(head.labels))
     theirs = _hf_model(f"ModernBertFor{cls_suffix}", CONFIG, seed=2, **extra)
     theirs.save_pretrained(tmp_path)
@@ -75,7 +75,7 @@ def test_transformers_head_loads_with_equal_logits(case, tmp_path):
     ids, mask = _batch()
     ours = _our_logits(model.config, head, model.params, ids, mask)
     expected = _torch_logits(theirs, head, ids, mask)
-    if head.token_level or head.task == squad.TASK:
+    if head.token_level or head.task == qa_model.TASK:
         ours, expected = ours[mask == 1], expected[mask == 1]
     diff = _max_diff(ours, expected)
     print(

@@ -22,7 +22,7 @@ from bertjax.model import BertConfig
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tasks.qa import squad
+from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.seq2seq import model as seq2seq
 from bertjax.tokenizer import WordPieceTokenizer
 
@@ -122,21 +122,21 @@ def _randomize(params, seed=0):
 
 
 def _head_model(config, head: HeadSpec):
-    if head.task == squad.TASK:
-        return squad.QuestionAnswering(config)
+    if head.task == qa_model.TASK:
+        return qa_model.QuestionAnswering(config)
     return label_heads.make_model(config, head.task, head.num_outputs)
 
 
 def _our_logits(config, head, params, ids, mask):
     out = _head_model(config, head).apply({"params": params}, ids, None, mask)
-    if head.task == squad.TASK:
+    if head.task == qa_model.TASK:
         return np.stack([np.asarray(out[0]), np.asarray(out[1])], axis=-1)  # [b, s, 2]
     return np.asarray(out)
 
 
 def _torch_logits(model, head, ids, mask):
     out = _run_torch(model, ids, mask)
-    if head.task == squad.TASK:
+    if head.task == qa_model.TASK:
         return np.stack([out.start_logits.numpy(), out.end_logits.numpy()], axis=-1)
     return out.logits.numpy()
 
@@ -146,7 +146,7 @@ CASES = {
     "classification-cls": (HeadSpec("classification", LABELS), "SequenceClassification", "cls"),
     "classification-mean": (HeadSpec("classification", LABELS), "SequenceClassification", "mean"),
     "token-labels": (HeadSpec("token_classification", TAGS), "TokenClassification", "cls"),
-    "qa": (HeadSpec(squad.TASK, squad.HEAD_LABELS), "QuestionAnswering", "cls"),
+    "qa": (HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS), "QuestionAnswering", "cls"),
 }
 
 
@@ -331,7 +331,7 @@ def _parity_batches(head: HeadSpec, seed: int = 0) -> list[dict]:
     rng = np.random.default_rng(seed)
     batches = []
     for _ in range(PARITY_STEPS):
-        full = head.task == squad.TASK
+        full = head.task == qa_model.TASK
         lengths = np.full(PARITY_BATCH, SEQ) if full else rng.integers(6, SEQ + 1, PARITY_BATCH)
         ids, mask = _batch(lengths=tuple(int(n) for n in lengths), seed=int(rng.integers(1 << 30)))
         batch = {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids)}
@@ -356,7 +356,7 @@ def _torch_loss(reference, head: HeadSpec, batch):
         "input_ids": torch.from_numpy(batch["input_ids"]).long(),
         "attention_mask": torch.from_numpy(batch["input_mask"]).long(),
     }
-    if head.task == squad.TASK:
+    if head.task == qa_model.TASK:
         inputs["start_positions"] = torch.from_numpy(batch["start_positions"]).long()
         inputs["end_positions"] = torch.from_numpy(batch["end_positions"]).long()
     else:  # transformers ignores -100

@@ -18,7 +18,7 @@ from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.task import Examples
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tasks.qa import squad
+from bertjax.tasks.qa import model as qa_model
 
 
 def test_sharded_steps_equal_data_parallel_ones():
@@ -142,7 +142,7 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(shards, accu
 
 
 @pytest.mark.parametrize(
-    "task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION, squad.TASK]
+    "task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION, qa_model.TASK]
 )
 def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
     count, seq, groups = 32, 48, 4
@@ -181,16 +181,16 @@ def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
                 state, metrics = ft.steps.take_step(state, batch, jax.random.key(1))
                 losses.append(float(metrics["train/loss"]))
             params = jax.device_get(state.params)
-            if task == squad.TASK:
+            if task == qa_model.TASK:
                 # The start and end biases' gradient is zero (a softmax's probabilities sum
                 # to one): Adam scales its float noise up to updates of about lr / 100.
-                del params[squad.HEAD_NAME]["bias"]
+                del params[qa_model.HEAD_NAME]["bias"]
             results.append((losses, params))
     assert_trained_the_same(*results)
 
 
 @pytest.mark.parametrize(
-    "task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION, squad.TASK]
+    "task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION, qa_model.TASK]
 )
 def test_evaluation_grouped_by_length_gives_every_example_its_full_length_outputs(task):
     count, seq = 21, 48  # the last batch of 8 is part filler

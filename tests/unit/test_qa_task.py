@@ -18,6 +18,8 @@ from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import InferenceError
 from bertjax.settings import ConfigError
+from bertjax.tasks.qa import decode as qa_decode
+from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
 from configs import finetune as finetune_config
@@ -43,8 +45,8 @@ def write_jsonl(path, examples):
 
 def random_export(directory, config=CONFIG, seed=0):
     """A random BertForQuestionAnswering directory with the test tokenizer."""
-    model = qa.QuestionAnswering(config)
-    params = jax.tree.map(np.asarray, qa.init_params(model, jax.random.key(seed)))
+    model = qa_model.QuestionAnswering(config)
+    params = jax.tree.map(np.asarray, qa_model.init_params(model, jax.random.key(seed)))
     hf.save(config, params, directory, tokenizer=TOKENIZER, head=qa_head())
     return str(directory)
 
@@ -194,12 +196,12 @@ def test_write_predictions_are_the_official_files(files, tmp_path):
         tmp_path / "predictions_validation.tsv", data.head, dev, gold_logits(dev)
     )
     assert where == tmp_path / "predictions_validation"
-    predictions = json.loads((where / qa.PREDICTIONS_FILE).read_text())
+    predictions = json.loads((where / qa_decode.PREDICTIONS_FILE).read_text())
     assert predictions == {e.id: e.answers[0].text for e in dev.examples}
-    nbest = json.loads((where / qa.NBEST_FILE).read_text())
+    nbest = json.loads((where / qa_decode.NBEST_FILE).read_text())
     assert set(nbest) == set(predictions)
     assert set(nbest[dev.examples[0].id][0]) == {"text", "probability", "start_logit", "end_logit"}
-    assert not (where / qa.NULL_ODDS_FILE).exists()  # v1.1
+    assert not (where / qa_decode.NULL_ODDS_FILE).exists()  # v1.1
 
 
 def test_objective_evaluates_windows(files):
@@ -208,7 +210,7 @@ def test_objective_evaluates_windows(files):
     objective = task.objective(CONFIG, data.head)
     params = jax.tree.map(np.asarray, objective.init_params(jax.random.key(0)))
     params = nn.meta.unbox(params)
-    assert set(params) == {"bert", qa.HEAD_NAME}
+    assert set(params) == {"bert", qa_model.HEAD_NAME}
     batch = {k: v[:4] for k, v in data.train.features.items()}
     batch["weights"] = np.array([1, 1, 1, 0], np.float32)
     sums, outputs = objective.evaluate(params, batch)

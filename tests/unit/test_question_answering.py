@@ -15,6 +15,9 @@ from test_tokenizer import training_sentences
 from bertjax import Model
 from bertjax.capability import HeadSpec
 from bertjax.model import BertConfig
+from bertjax.tasks.qa import decode as qa_decode
+from bertjax.tasks.qa import metrics as qa_metrics
+from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 
@@ -37,10 +40,10 @@ CONFIG = BertConfig(
 
 
 def qa_head() -> HeadSpec:
-    return HeadSpec(qa.TASK, qa.HEAD_LABELS)
+    return HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS)
 
 
-def qa_model(config: BertConfig, params, tokenizer) -> Model:
+def answering_model(config: BertConfig, params, tokenizer) -> Model:
     """A question-answering Model of these parameters, as a notebook holds one."""
     return Model(config, params, tokenizer, head=qa_head())
 
@@ -247,7 +250,7 @@ def test_decode_takes_the_best_span_from_max_context_windows():
     outside = features.offsets[..., 0] == qa.NO_OFFSET
     starts[outside] -= 1.0
     ends[outside] -= 1.0
-    result = qa.decode([example(4, 5)], features, starts, ends, SETTINGS, version_2=False)
+    result = qa_decode.decode([example(4, 5)], features, starts, ends, SETTINGS, version_2=False)
     start, end = char_span(5, 6)
     assert result.predictions == {"q": CONTEXT[start:end]} == {"q": "w5\tw6"}
     best = result.nbest["q"][0]
@@ -268,7 +271,7 @@ def test_decode_max_answer_length():
     starts, ends = logits_for(
         features, [(0, CONTEXT_START, CONTEXT_START + 2, 9.0), (0, CONTEXT_START + 1, 5, 2.0)]
     )
-    result = qa.decode([example(0, 0)], features, starts, ends, settings, version_2=False)
+    result = qa_decode.decode([example(0, 0)], features, starts, ends, settings, version_2=False)
     # 0..2 is three tokens: too long; the start token 0 with end 1 is the best that fits.
     assert result.predictions["q"] == CONTEXT[slice(*char_span(0, 1))]
 
@@ -279,11 +282,11 @@ def test_decode_version_2_null_answer():
     span = [(1, CONTEXT_START + 2, CONTEXT_START + 2, 3.0)]  # "w5" scores 6
     # Null score: the lowest [CLS] start + end over the windows, 4.0 in window 2.
     starts, ends = logits_for(features, span, null=[7.0, 5.0, 4.0])
-    result = qa.decode([ex], features, starts, ends, SETTINGS, version_2=True)
+    result = qa_decode.decode([ex], features, starts, ends, SETTINGS, version_2=True)
     assert result.null_odds == {"q": pytest.approx(4.0 - 6.0)}
     assert result.predictions == {"q": "w5"}
     raised = qa.QASettings(**{**vars(SETTINGS), "null_score_diff_threshold": -3.0})
-    result = qa.decode([ex], features, starts, ends, raised, version_2=True)
+    result = qa_decode.decode([ex], features, starts, ends, raised, version_2=True)
     assert result.predictions == {"q": ""}
     texts = [c.text for c in result.nbest["q"]]
     assert "" in texts and texts[0] == "w5"
@@ -295,14 +298,14 @@ def test_write_predictions_official_formats(tmp_path):
     ex = example(None)
     features = qa.make_features([ex], TOKENIZER, SETTINGS, training=False)
     starts, ends = logits_for(features, [(1, 6, 6, 3.0)], null=[7.0, 5.0, 4.0])
-    result = qa.decode([ex], features, starts, ends, SETTINGS, version_2=True)
-    written = qa.write_predictions(tmp_path, result)
+    result = qa_decode.decode([ex], features, starts, ends, SETTINGS, version_2=True)
+    written = qa_decode.write_predictions(tmp_path, result)
     assert sorted(p.rsplit("/", 1)[1] for p in written) == sorted(
-        [qa.PREDICTIONS_FILE, qa.NBEST_FILE, qa.NULL_ODDS_FILE]
+        [qa_decode.PREDICTIONS_FILE, qa_decode.NBEST_FILE, qa_decode.NULL_ODDS_FILE]
     )
-    predictions = json.loads((tmp_path / qa.PREDICTIONS_FILE).read_text())
-    nbest = json.loads((tmp_path / qa.NBEST_FILE).read_text())
-    odds = json.loads((tmp_path / qa.NULL_ODDS_FILE).read_text())
+    predictions = json.loads((tmp_path / qa_decode.PREDICTIONS_FILE).read_text())
+    nbest = json.loads((tmp_path / qa_decode.NBEST_FILE).read_text())
+    odds = json.loads((tmp_path / qa_decode.NULL_ODDS_FILE).read_text())
     assert predictions == {"q": "w5"}
     assert set(nbest["q"][0]) == {"text", "probability", "start_logit", "end_logit"}
     assert odds == {"q": pytest.approx(-2.0)}
@@ -312,12 +315,12 @@ def test_write_predictions_official_formats(tmp_path):
 
 
 def test_normalize_and_token_f1():
-    assert qa.normalize_answer("The  Cat, sat!  an apple") == "cat sat apple"
-    assert qa.exact_match("the Paris.", "paris") == 1.0
-    assert qa.f1_score("the cat sat", "a cat sat down") == pytest.approx(0.8)
-    assert qa.f1_score("", "") == 0.0
-    assert qa.f1_score("", "", version_2=True) == 1.0
-    assert qa.f1_score("x", "", version_2=True) == 0.0
+    assert qa_metrics.normalize_answer("The  Cat, sat!  an apple") == "cat sat apple"
+    assert qa_metrics.exact_match("the Paris.", "paris") == 1.0
+    assert qa_metrics.f1_score("the cat sat", "a cat sat down") == pytest.approx(0.8)
+    assert qa_metrics.f1_score("", "") == 0.0
+    assert qa_metrics.f1_score("", "", version_2=True) == 1.0
+    assert qa_metrics.f1_score("x", "", version_2=True) == 0.0
 
 
 def gold(qid, *texts):
@@ -327,7 +330,7 @@ def gold(qid, *texts):
 
 def test_evaluate_version_1():
     examples = [gold("1", "Paris", "paris city"), gold("2", "cat sat down"), gold("3", "x")]
-    scores = qa.evaluate(examples, {"1": "the Paris", "2": "cat sat"}, version_2=False)
+    scores = qa_metrics.evaluate(examples, {"1": "the Paris", "2": "cat sat"}, version_2=False)
     assert scores["exact_match"] == pytest.approx(100 / 3)
     assert scores["f1"] == pytest.approx(100 * 1.8 / 3)
 
@@ -336,7 +339,7 @@ def test_evaluate_version_2_with_best_threshold():
     examples = [gold("1", "Paris"), gold("2"), gold("3", "blue sky"), gold("4")]
     predictions = {"1": "Paris", "2": "", "3": "sky", "4": "x"}
     odds = {"1": -2.0, "2": 1.0, "3": 0.5, "4": -1.0}
-    scores = qa.evaluate(examples, predictions, version_2=True, null_odds=odds)
+    scores = qa_metrics.evaluate(examples, predictions, version_2=True, null_odds=odds)
     assert scores["exact"] == pytest.approx(50.0)
     assert scores["f1"] == pytest.approx(100 * (2 + 2 / 3) / 4)
     assert scores["total"] == 4
@@ -349,7 +352,9 @@ def test_evaluate_version_2_with_best_threshold():
     assert scores["best_f1"] == pytest.approx(75.0)
     assert scores["best_f1_thresh"] == -2.0
     # Odds above na_prob_thresh count as "no answer".
-    strict = qa.evaluate(examples, predictions, version_2=True, null_odds=odds, na_prob_thresh=0)
+    strict = qa_metrics.evaluate(
+        examples, predictions, version_2=True, null_odds=odds, na_prob_thresh=0
+    )
     assert strict["exact"] == pytest.approx(100 * 2 / 4)  # 1 and 2 right, 3 now wrong, 4 wrong
     assert strict["NoAns_exact"] == pytest.approx(50.0)
 
@@ -496,7 +501,7 @@ def test_qa_sums_are_the_mean_of_start_and_end_cross_entropy():
     start, end = rng.normal(size=(2, 3, 7)).astype(np.float32)
     starts, ends = np.array([1, 0, 6]), np.array([2, 0, 6])
     weights = np.array([1.0, 1.0, 0.0], np.float32)
-    sums = qa.qa_sums(start, end, starts, ends, weights)
+    sums = qa_model.qa_sums(start, end, starts, ends, weights)
 
     def ce(x, y):
         return -(x[y] - np.log(np.sum(np.exp(x))))
@@ -507,8 +512,8 @@ def test_qa_sums_are_the_mean_of_start_and_end_cross_entropy():
     hits = [(start[i].argmax() == starts[i]) & (end[i].argmax() == ends[i]) for i in range(2)]
     assert float(sums.correct) == sum(hits)
     # Halves add up to the whole, as micro-batches must.
-    first = qa.qa_sums(start[:1], end[:1], starts[:1], ends[:1], weights[:1])
-    second = qa.qa_sums(start[1:], end[1:], starts[1:], ends[1:], weights[1:])
+    first = qa_model.qa_sums(start[:1], end[:1], starts[:1], ends[:1], weights[:1])
+    second = qa_model.qa_sums(start[1:], end[1:], starts[1:], ends[1:], weights[1:])
     assert float(first.loss + second.loss) == pytest.approx(float(sums.loss), rel=1e-6)
 
 
@@ -518,21 +523,21 @@ def test_qa_sums_with_a_mask_ignore_the_padding_however_long():
     starts, ends = np.array([1, 4]), np.array([2, 4])
     mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
     weights = np.ones(2, np.float32)
-    sums = qa.qa_sums(start, end, starts, ends, weights, mask)
+    sums = qa_model.qa_sums(start, end, starts, ends, weights, mask)
     # Row 0 as if it had been cut to its 3 real positions; row 1 has no padding.
-    cut = qa.qa_sums(start[:1, :3], end[:1, :3], starts[:1], ends[:1], weights[:1])
-    whole = qa.qa_sums(start[1:], end[1:], starts[1:], ends[1:], weights[1:])
+    cut = qa_model.qa_sums(start[:1, :3], end[:1, :3], starts[:1], ends[:1], weights[:1])
+    whole = qa_model.qa_sums(start[1:], end[1:], starts[1:], ends[1:], weights[1:])
     assert float(sums.loss) == pytest.approx(float(cut.loss + whole.loss), rel=1e-6)
     assert float(sums.correct) == float(cut.correct + whole.correct)
     # More padding changes nothing, whatever the logits there.
     padded = [np.concatenate([x, np.full((2, 3), 50.0, np.float32)], axis=1) for x in (start, end)]
-    wider = qa.qa_sums(*padded, starts, ends, weights, np.pad(mask, ((0, 0), (0, 3))))
+    wider = qa_model.qa_sums(*padded, starts, ends, weights, np.pad(mask, ((0, 0), (0, 3))))
     assert float(wider.loss) == pytest.approx(float(sums.loss), rel=1e-6)
 
 
 def random_params(seed: int):
-    model = qa.QuestionAnswering(CONFIG)
-    abstract = jax.eval_shape(lambda: qa.init_params(model, jax.random.key(0)))
+    model = qa_model.QuestionAnswering(CONFIG)
+    abstract = jax.eval_shape(lambda: qa_model.init_params(model, jax.random.key(0)))
     rng = np.random.default_rng(seed)
 
     def fill(path, leaf):
@@ -543,13 +548,13 @@ def random_params(seed: int):
 
 
 def test_head_parameters():
-    model = qa.QuestionAnswering(CONFIG)
-    shapes = nn.meta.unbox(jax.eval_shape(lambda: qa.init_params(model, jax.random.key(0))))
-    assert set(shapes) == {"bert", qa.HEAD_NAME}
-    assert shapes[qa.HEAD_NAME]["kernel"].shape == (CONFIG.hidden_size, 2)
-    assert shapes[qa.HEAD_NAME]["bias"].shape == (2,)
+    model = qa_model.QuestionAnswering(CONFIG)
+    shapes = nn.meta.unbox(jax.eval_shape(lambda: qa_model.init_params(model, jax.random.key(0))))
+    assert set(shapes) == {"bert", qa_model.HEAD_NAME}
+    assert shapes[qa_model.HEAD_NAME]["kernel"].shape == (CONFIG.hidden_size, 2)
+    assert shapes[qa_model.HEAD_NAME]["bias"].shape == (2,)
     # google's init: truncated normal at initializer_range (cut at 2 sigma), zero bias.
-    dense = qa.qa_outputs(BertConfig(hidden_size=512, num_heads=8))
+    dense = qa_model.qa_outputs(BertConfig(hidden_size=512, num_heads=8))
     head = nn.meta.unbox(dense.init(jax.random.key(0), jnp.zeros((1, 1, 512)))["params"])
     kernel = np.asarray(head["kernel"])
     assert kernel.shape == (512, 2) and not np.any(np.asarray(head["bias"]))
@@ -562,7 +567,7 @@ MASK = (IDS > 0).astype(np.int32)
 
 
 def our_logits(params):
-    start, end = jax.jit(qa.QuestionAnswering(CONFIG).apply)(
+    start, end = jax.jit(qa_model.QuestionAnswering(CONFIG).apply)(
         {"params": params}, IDS, SEGMENTS, MASK
     )
     return np.asarray(start)[MASK == 1], np.asarray(end)[MASK == 1]
@@ -591,7 +596,7 @@ def reference_answers(params, question, context, max_answer_len=15):
     features = qa.make_features(
         [ex], TOKENIZER, dataclasses_replace(settings, step), training=False
     )
-    starts, ends = qa.logits(CONFIG, params, features)
+    starts, ends = qa_model.logits(CONFIG, params, features)
     found = {}
     for row in range(len(features)):
         context_tokens = np.flatnonzero(features.offsets[row, :, 0] != qa.NO_OFFSET)
@@ -613,15 +618,17 @@ def dataclasses_replace(settings, stride):
 @pytest.mark.parametrize("context", ["w1 w2 w3", CONTEXT])  # one window, and three
 def test_answer_scores_as_the_pipeline(context):
     params = random_params(seed=3)
-    top = qa_model(CONFIG, params, TOKENIZER).answer("q1 q2", context, top_k=3, max_seq_len=11)
+    top = answering_model(CONFIG, params, TOKENIZER).answer(
+        "q1 q2", context, top_k=3, max_seq_len=11
+    )
     expected = reference_answers(params, "q1 q2", context)[:3]
     assert [(a["start"], a["end"]) for a in top] == [span for span, _ in expected]
     np.testing.assert_allclose([a["score"] for a in top], [s for _, s in expected], rtol=1e-5)
     for a in top:
         assert a["answer"] == context[a["start"] : a["end"]]
-    one = qa_model(CONFIG, params, TOKENIZER).answer("q1 q2", context, max_seq_len=11)
+    one = answering_model(CONFIG, params, TOKENIZER).answer("q1 q2", context, max_seq_len=11)
     assert one == top[0]
-    both = qa_model(CONFIG, params, TOKENIZER).answer(
+    both = answering_model(CONFIG, params, TOKENIZER).answer(
         ["q1 q2", "q1"], [context, "the cat"], max_seq_len=11
     )
     # Batched with another question: the same span, the score up to float rounding.
@@ -632,7 +639,7 @@ def test_answer_scores_as_the_pipeline(context):
 
 def test_answer_with_impossible_answer():
     params = random_params(seed=3)
-    answers = qa_model(CONFIG, params, TOKENIZER).answer(
+    answers = answering_model(CONFIG, params, TOKENIZER).answer(
         "q1",
         "w1 w2",
         top_k=10,
@@ -649,11 +656,13 @@ def test_answer_aligns_to_words():
     context = "the CAFES cat cafe"
     params = random_params(seed=4)
     kwargs = dict(top_k=20, max_answer_len=3)
-    aligned = qa_model(CONFIG, params, tokenizer).answer("cat", context, **kwargs)
+    aligned = answering_model(CONFIG, params, tokenizer).answer("cat", context, **kwargs)
     words = {(0, 3), (4, 9), (10, 13), (14, 18)}
     starts, ends = {s for s, _ in words}, {e for _, e in words}
     assert all(a["start"] in starts and a["end"] in ends for a in aligned)
-    raw = qa_model(CONFIG, params, tokenizer).answer("cat", context, align_to_words=False, **kwargs)
+    raw = answering_model(CONFIG, params, tokenizer).answer(
+        "cat", context, align_to_words=False, **kwargs
+    )
     assert any(a["answer"] in ("CAF", "ES", "S", "caf", "e") for a in raw)
     assert len(raw) == len(
         {(s, e) for s in range(7) for e in range(s, min(s + 3, 7))}

@@ -23,6 +23,7 @@ from bertjax.settings import ConfigError
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.labels import data as label_data
+from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
 from bertjax.tasks.seq2seq import model as s2s
@@ -175,7 +176,7 @@ def test_a_question_answering_run_predicts_a_test_file_without_answers(tmp_path)
     train.write_text(jsonl(answered("a"), answered("b")))
     test = tmp_path / "test.jsonl"
     test.write_text(jsonl({"id": "t", "question": "w1", "context": "w3 w4"}))
-    data = task_lib.get(qa.TASK).read(_qa_data(str(train), str(train), str(test)), TOKENIZER)
+    data = task_lib.get(qa_model.TASK).read(_qa_data(str(train), str(train), str(test)), TOKENIZER)
     assert data.validation[0].has_labels and not data.test[0].has_labels
     assert not data.test[0].version_2  # the training data's task
 
@@ -198,7 +199,7 @@ def test_a_training_question_without_tokens_names_its_record(tmp_path):
     train.write_text(jsonl(answered("a"), answered("b", question="\x01\x02")))
     message = r"train\.jsonl line 2: question \('\\x01\\x02'\) has no tokens"
     with pytest.raises(TaskDataError, match=message):
-        task_lib.get(qa.TASK).read(_qa_data(str(train), str(train), str(train)), TOKENIZER)
+        task_lib.get(qa_model.TASK).read(_qa_data(str(train), str(train), str(train)), TOKENIZER)
 
 
 # ------------------------------------------------------------------------------ retrieval files
@@ -306,7 +307,7 @@ def _model(head: HeadSpec, config: BertConfig = CONFIG) -> Model:
 @pytest.fixture(scope="module")
 def models() -> dict[str, Model]:
     return {
-        "qa": _model(HeadSpec(qa.TASK, qa.HEAD_LABELS)),
+        "qa": _model(HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS)),
         "seq2seq": _model(s2s.TaskOptions(decoder_start_id=2, eos_id=3).head()),
         "embedding": _model(embed_task.head_for(EmbeddingSpec(max_seq_length=16))),
         "classification": _model(HeadSpec("classification", ("a", "b"))),

@@ -1,9 +1,11 @@
 """Extractive question answering (SQuAD v1.1 and v2.0).
 
-    squad.py   reading SQuAD files, google's windows, the head and its loss, n-best decoding
-               and the official scorer
-    task.py    the fine-tuning task (config.task=question_answering, config.qa)
-    answer.py  Model.answer, as transformers' question-answering pipeline answers
+    squad.py    reading SQuAD files, token offsets, google's windows
+    model.py    the head and its loss (QuestionAnswering, qa_sums, QAObjective)
+    decode.py   n-best decoding, the official prediction files
+    metrics.py  the official SQuAD v1.1 / v2.0 scorer
+    task.py     the fine-tuning task (config.task=question_answering, config.qa)
+    answer.py   Model.answer, as transformers' question-answering pipeline answers
 In transformers the model is BertForQuestionAnswering (qa_outputs [2, hidden], no pooler).
 """
 
@@ -15,7 +17,7 @@ from typing import Any
 
 from bertjax import capability
 from bertjax.capability import HeadSpec, TransformersHead
-from bertjax.tasks.qa import squad
+from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa.answer import answer
 from bertjax.tasks.qa.task import QuestionAnsweringTask
 
@@ -25,29 +27,29 @@ HF_ARCHITECTURE = "BertForQuestionAnswering"
 class QuestionAnswering(capability.Capability):
     """Start and end logits over the tokens: a dense "qa_outputs" [hidden, 2]."""
 
-    tasks = (squad.TASK,)
+    tasks = (qa_model.TASK,)
     method = "answer"
     usage = 'answer("Who wrote it?", "the context ...")'
-    head_param = squad.HEAD_NAME
-    fine_tuning = {squad.TASK: QuestionAnsweringTask()}
+    head_param = qa_model.HEAD_NAME
+    fine_tuning = {qa_model.TASK: QuestionAnsweringTask()}
     notebook = {"answer": answer}
 
     def check_head(self, head: HeadSpec) -> None:
-        if head.labels != squad.HEAD_LABELS or head.options is not None:
+        if head.labels != qa_model.HEAD_LABELS or head.options is not None:
             raise ValueError(
-                f"a {squad.TASK} head has the labels {squad.HEAD_LABELS} and no options; got "
+                f"a {qa_model.TASK} head has the labels {qa_model.HEAD_LABELS} and no options; got "
                 f"{head.labels!r}"
             )
 
     def init(self, config, head: HeadSpec):
-        return functools.partial(squad.init_params, squad.QuestionAnswering(config))
+        return functools.partial(qa_model.init_params, qa_model.QuestionAnswering(config))
 
     def transformers_head(self, head: HeadSpec) -> TransformersHead:
-        return TransformersHead(HF_ARCHITECTURE, squad.HEAD_NAME, 2, pooler=False)
+        return TransformersHead(HF_ARCHITECTURE, qa_model.HEAD_NAME, 2, pooler=False)
 
     def head_from_transformers(self, hf_config: Mapping[str, Any]) -> HeadSpec | None:
         if HF_ARCHITECTURE in (hf_config.get("architectures") or []):
-            return HeadSpec(squad.TASK, squad.HEAD_LABELS)
+            return HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS)
         return None
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from bertjax.inference import InferenceError, Model, as_bool, as_int, as_texts
 from bertjax.model import BertConfig
+from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad
 
 # The shortest window: [CLS], a question token, [SEP], a context token, [SEP].
@@ -206,6 +207,6 @@ def window_logits(model: Model, features: squad.QAFeatures) -> tuple[np.ndarray,
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def _logits(params, batch, *, config: BertConfig):
-    return squad.QuestionAnswering(config).apply(
+    return qa_model.QuestionAnswering(config).apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"]
     )  # [b, s] each

@@ -41,6 +41,9 @@ from bertjax.finetune.task import Examples, Task, TaskData, TaskObjective
 from bertjax.heads import HeadSums
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
+from bertjax.tasks.qa import decode as qa_decode
+from bertjax.tasks.qa import metrics as qa_metrics
+from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import Tokenizer
 
@@ -146,17 +149,17 @@ def encode_split(
     return split, data
 
 
-class QAHeadObjective(qa.QAObjective, TaskObjective):
+class QAHeadObjective(qa_model.QAObjective, TaskObjective):
     """The QA head's loss, with the initialisation and evaluation a fine-tuning run asks."""
 
     eval_outputs = True
     position_outputs = ("start_logits", "end_logits")
 
     def __init__(self, model_config: BertConfig):
-        super().__init__(qa.QuestionAnswering(model_config))
+        super().__init__(qa_model.QuestionAnswering(model_config))
 
     def init_params(self, rng):
-        return qa.init_params(self.model, rng)
+        return qa_model.init_params(self.model, rng)
 
     def evaluate(self, params, batch) -> tuple[HeadSums, dict[str, Any]]:
         start, end = self.logits(params, batch, rng=None, deterministic=True)
@@ -164,9 +167,9 @@ class QAHeadObjective(qa.QAObjective, TaskObjective):
         return sums, {"start_logits": start, "end_logits": end}  # [b, s] each
 
 
-def decode_split(examples: QAExamples, outputs: dict[str, np.ndarray]) -> qa.QAPredictions:
+def decode_split(examples: QAExamples, outputs: dict[str, np.ndarray]) -> qa_decode.QAPredictions:
     """Each example's n-best answers from its windows' logits (outputs rows = windows)."""
-    return qa.decode(
+    return qa_decode.decode(
         examples.examples,
         examples.windows,
         outputs["start_logits"],
@@ -180,7 +183,7 @@ def decode_split(examples: QAExamples, outputs: dict[str, np.ndarray]) -> qa.QAP
 class QuestionAnsweringTask(Task):
     """Extractive question answering (a bertjax.finetune.task.Task)."""
 
-    name: str = qa.TASK
+    name: str = qa_model.TASK
     metrics: tuple[str, ...] = ("f1", "exact_match")
     default_metric: str = "f1"
     conll_files: bool = False
@@ -212,7 +215,9 @@ class QuestionAnsweringTask(Task):
                 f"{split.path}: {len(split)} windows of {settings.max_seq_length} tokens "
                 f"(doc_stride {settings.doc_stride}) for {len(split.examples)} questions"
             )
-        return TaskData(HeadSpec(qa.TASK, qa.HEAD_LABELS), train, validation, test, notes)
+        return TaskData(
+            HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS), train, validation, test, notes
+        )
 
     def check(self, data: TaskData, metric: str) -> None:
         if not len(data.train):
@@ -225,7 +230,7 @@ class QuestionAnsweringTask(Task):
         self, head: HeadSpec, examples: QAExamples, outputs: dict[str, np.ndarray]
     ) -> dict[str, float]:
         predictions = decode_split(examples, outputs)
-        result = qa.evaluate(
+        result = qa_metrics.evaluate(
             examples.examples,
             predictions.predictions,
             version_2=examples.version_2,
@@ -247,5 +252,5 @@ class QuestionAnsweringTask(Task):
     ) -> fs.AnyPath:
         """The official files of a split in <run>/predictions_<split>/; that directory."""
         directory = fs.path(path).parent / PREDICTIONS_DIR.format(examples.name)
-        qa.write_predictions(directory, decode_split(examples, outputs))
+        qa_decode.write_predictions(directory, decode_split(examples, outputs))
         return directory

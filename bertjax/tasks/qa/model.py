@@ -1,0 +1,204 @@
+"""The question-answering head: the encoder's per-token output -> dense "qa_outputs" [h, 2] ->
+start and end logits (`QuestionAnswering`); `qa_sums` is its loss as additive sums, and
+`QAObjective` the steps.Objective of a train step. `logits` runs it over a features batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import encoders, heads, sharding, steps
+from bertjax.heads import HeadSums
+from bertjax.model import BertConfig
+from bertjax.sharding import BATCH, LABELS, LENGTH
+from bertjax.tasks.qa.squad import QAFeatures
+
+TASK = "question_answering"
+# The head's parameters, beside "bert": transformers' name too.
+HEAD_NAME = "qa_outputs"
+# The head's two outputs, as its HeadSpec records them.
+HEAD_LABELS = ("start", "end")
+
+
+# ----------------------------------------------------------------------------- the head
+
+
+def qa_outputs(config: BertConfig) -> nn.Dense:
+    """The head's dense layer [hidden, 2] (bertjax.heads.dense_head)."""
+    return heads.dense_head(config, 2, HEAD_NAME)
+
+
+class QuestionAnswering(nn.Module):
+    """The encoder's per-token output -> dense "qa_outputs" [hidden, 2] -> start, end logits.
+
+    No dropout before the dense layer, as in google's run_squad.py and transformers'
+    BertForQuestionAnswering (ModernBERT's encoder runs its head and dropout over the tokens,
+    as ModernBertForQuestionAnswering does). Returns float32 (start_logits, end_logits), each
+    [batch, seq].
+    """
+
+    config: BertConfig
+
+    @nn.compact
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
+        sequence, _ = encoders.family_of(self.config).module(self.config, name="bert")(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            deterministic=deterministic,
+            packed_length=packed_length,
+            token_head=True,
+        )  # [b, s, h]
+        logits = qa_outputs(self.config)(sequence)  # [b, s, 2]
+        logits = sharding.constrain(logits, (BATCH, LENGTH, LABELS))
+        return logits[..., 0], logits[..., 1]  # [b, s] each
+
+
+def init_params(model: QuestionAnswering, rng: jax.Array, seq_len: int = 1):
+    """Boxed parameters of the head model (`rng -> params`, for steps.make_state)."""
+    ids = jnp.zeros((1, seq_len), jnp.int32)  # [batch, seq]
+    return model.init({"params": rng}, ids, ids, ids)["params"]
+
+
+def qa_sums(
+    start_logits: jax.Array,
+    end_logits: jax.Array,
+    start_positions: jax.Array,
+    end_positions: jax.Array,
+    weights: jax.Array,
+    input_mask: jax.Array | None = None,
+) -> HeadSums:
+    """Per row, the mean of the start and end cross-entropies (google's and transformers'
+    loss), summed over rows with their weights; `correct` counts rows whose argmax start and
+    end are both right. loss / count is the batch's loss.
+
+    With `input_mask` the softmax and argmax run over the real positions only. google's and
+    transformers' losses also spread probability over the padding, so theirs depends on how
+    far a batch is padded; this one does not, so a window's loss is the same in a padded
+    batch, a length bucket or a micro-batch grouped by length.
+    """
+    if input_mask is not None:
+        lowest = jnp.finfo(jnp.float32).min
+        start_logits = jnp.where(input_mask > 0, start_logits.astype(jnp.float32), lowest)
+        end_logits = jnp.where(input_mask > 0, end_logits.astype(jnp.float32), lowest)
+
+    def cross_entropy(logits, positions):
+        log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)  # [b, s]
+        picked = jnp.take_along_axis(log_probs, positions[:, None].astype(jnp.int32), axis=-1)
+        return -picked[:, 0]  # [b]
+
+    loss = 0.5 * (
+        cross_entropy(start_logits, start_positions) + cross_entropy(end_logits, end_positions)
+    )  # [b]
+    correct = (jnp.argmax(start_logits, axis=-1) == start_positions) & (
+        jnp.argmax(end_logits, axis=-1) == end_positions
+    )  # [b]
+    weights = weights.astype(jnp.float32)
+    return HeadSums(
+        jnp.sum(weights * loss), jnp.sum(weights * correct.astype(jnp.float32)), jnp.sum(weights)
+    )
+
+
+class QAObjective(steps.Objective):
+    """The head's loss as sums over windows (see steps.Objective), for make_train_step."""
+
+    def __init__(self, model: QuestionAnswering):
+        self.model = model
+
+    def logits(self, params, batch, *, rng, deterministic: bool, packed_length=None):
+        return heads.apply_model(
+            self.model,
+            params,
+            batch,
+            rng=rng,
+            deterministic=deterministic,
+            packed_length=packed_length,
+        )
+
+    def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> HeadSums:
+        start, end = self.logits(
+            params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
+        )
+        return self.batch_sums(start, end, batch)
+
+    def batch_sums(self, start_logits, end_logits, batch) -> HeadSums:
+        """qa_sums of a batch's logits, over its real positions."""
+        return qa_sums(
+            start_logits,
+            end_logits,
+            batch["start_positions"],
+            batch["end_positions"],
+            batch["weights"],
+            batch["input_mask"],
+        )
+
+    def zero_sums(self) -> HeadSums:
+        return HeadSums.zeros()
+
+    def denominators(self, batch) -> jax.Array:
+        return jnp.sum(batch["weights"].astype(jnp.float32))
+
+    def loss(self, sums: HeadSums, denominators: jax.Array) -> jax.Array:
+        return sums.loss / jnp.maximum(denominators, 1.0)
+
+    def metrics(self, sums: HeadSums, prefix: str) -> dict[str, jax.Array]:
+        count = jnp.maximum(sums.count, 1.0)
+        return {
+            f"{prefix}/loss": sums.loss / count,
+            f"{prefix}/span_accuracy": sums.correct / count,
+        }
+
+
+# ----------------------------------------------------------------------------- notebook
+
+
+@functools.lru_cache(maxsize=4)
+def _apply_fn(config: BertConfig):
+    model = QuestionAnswering(config)
+
+    @jax.jit
+    def apply(params, input_ids, segment_ids, input_mask):
+        return model.apply({"params": params}, input_ids, segment_ids, input_mask)
+
+    return apply
+
+
+def logits(
+    config: BertConfig,
+    params,
+    features: QAFeatures | Mapping[str, np.ndarray],
+    batch_size: int = 32,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end logits [n, seq] of every window, in batches padded to `batch_size` rows
+    (so one compiled shape serves every batch)."""
+    batch = features.batch() if isinstance(features, QAFeatures) else features
+    apply = _apply_fn(config)
+    params = nn.meta.unbox(params)
+    n = batch["input_ids"].shape[0]
+    starts, ends = [], []
+    for first in range(0, n, batch_size):
+        rows = {
+            name: batch[name][first : first + batch_size]
+            for name in ("input_ids", "segment_ids", "input_mask")
+        }
+        real = rows["input_ids"].shape[0]
+        if real < batch_size and n > batch_size:
+            rows = {k: np.pad(v, ((0, batch_size - real), (0, 0))) for k, v in rows.items()}
+        start, end = apply(params, rows["input_ids"], rows["segment_ids"], rows["input_mask"])
+        starts.append(np.asarray(start)[:real])
+        ends.append(np.asarray(end)[:real])
+    return np.concatenate(starts), np.concatenate(ends)
