@@ -9,12 +9,13 @@ from test_question_answering import (  # noqa: F401 (fixtures are used by name)
     synthetic_examples,
 )
 
-from bertjax import optim, sharding, steps
+from bertjax import Model, optim, sharding, steps
 from bertjax.model import BertConfig
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import metrics as qa_metrics
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
+from bertjax.tasks.qa.answer import window_logits
 
 
 @pytest.mark.slow
@@ -52,7 +53,7 @@ def test_a_short_run_learns_a_synthetic_task(optimized):
         for _ in range(total_steps):
             rows = rng.choice(len(train), batch_size, replace=False)
             state, metrics = train_step(state, train.batch(rows), jax.random.key(1))
-    starts, ends = qa_model.logits(config, state.params, test)
+    starts, ends = window_logits(Model(config, state.params, TOKENIZER), test)
     result = qa_decode.decode(test_examples, test, starts, ends, settings, version_2=True)
     scores = qa_metrics.evaluate(
         test_examples, result.predictions, version_2=True, null_odds=result.null_odds

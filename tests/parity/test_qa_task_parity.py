@@ -11,8 +11,8 @@ from test_qa_task import (  # noqa: F401 (fixtures are used by name)
 from test_question_answering import TOKENIZER, qa_head
 
 from bertjax import Model
-from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
+from bertjax.tasks.qa.answer import window_logits
 
 
 def test_model_answer_and_save_hf_match_transformers(tmp_path):
@@ -33,7 +33,7 @@ def test_model_answer_and_save_hf_match_transformers(tmp_path):
         qa.QASettings(max_seq_length=16, doc_stride=8, max_query_length=4),
         training=False,
     )
-    ours = qa_model.logits(model.config, model.params, features)
+    ours = window_logits(model, features)
     with torch.no_grad():
         out = theirs(
             input_ids=torch.tensor(features.input_ids, dtype=torch.long),

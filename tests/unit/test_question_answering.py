@@ -19,6 +19,7 @@ from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import metrics as qa_metrics
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
+from bertjax.tasks.qa.answer import window_logits
 from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 
 ATOL = 1e-4
@@ -596,7 +597,7 @@ def reference_answers(params, question, context, max_answer_len=15):
     features = qa.make_features(
         [ex], TOKENIZER, dataclasses_replace(settings, step), training=False
     )
-    starts, ends = qa_model.logits(CONFIG, params, features)
+    starts, ends = window_logits(Model(CONFIG, params, TOKENIZER), features)
     found = {}
     for row in range(len(features)):
         context_tokens = np.flatnonzero(features.offsets[row, :, 0] != qa.NO_OFFSET)

@@ -1,23 +1,19 @@
 """The question-answering head: the encoder's per-token output -> dense "qa_outputs" [h, 2] ->
 start and end logits (`QuestionAnswering`); `qa_sums` is its loss as additive sums, and
-`QAObjective` the steps.Objective of a train step. `logits` runs it over a features batch.
+`QAObjective` the steps.Objective of a train step. Model.answer runs it through the notebook's
+batching path (answer.window_logits).
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Mapping
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from bertjax import encoders, heads, sharding, steps
 from bertjax.heads import HeadSums
 from bertjax.model import BertConfig
 from bertjax.sharding import BATCH, LABELS, LENGTH
-from bertjax.tasks.qa.squad import QAFeatures
 
 TASK = "question_answering"
 # The head's parameters, beside "bert": transformers' name too.
@@ -161,44 +157,3 @@ class QAObjective(steps.Objective):
             f"{prefix}/loss": sums.loss / count,
             f"{prefix}/span_accuracy": sums.correct / count,
         }
-
-
-# ----------------------------------------------------------------------------- notebook
-
-
-@functools.lru_cache(maxsize=4)
-def _apply_fn(config: BertConfig):
-    model = QuestionAnswering(config)
-
-    @jax.jit
-    def apply(params, input_ids, segment_ids, input_mask):
-        return model.apply({"params": params}, input_ids, segment_ids, input_mask)
-
-    return apply
-
-
-def logits(
-    config: BertConfig,
-    params,
-    features: QAFeatures | Mapping[str, np.ndarray],
-    batch_size: int = 32,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end logits [n, seq] of every window, in batches padded to `batch_size` rows
-    (so one compiled shape serves every batch)."""
-    batch = features.batch() if isinstance(features, QAFeatures) else features
-    apply = _apply_fn(config)
-    params = nn.meta.unbox(params)
-    n = batch["input_ids"].shape[0]
-    starts, ends = [], []
-    for first in range(0, n, batch_size):
-        rows = {
-            name: batch[name][first : first + batch_size]
-            for name in ("input_ids", "segment_ids", "input_mask")
-        }
-        real = rows["input_ids"].shape[0]
-        if real < batch_size and n > batch_size:
-            rows = {k: np.pad(v, ((0, batch_size - real), (0, 0))) for k, v in rows.items()}
-        start, end = apply(params, rows["input_ids"], rows["segment_ids"], rows["input_mask"])
-        starts.append(np.asarray(start)[:real])
-        ends.append(np.asarray(end)[:real])
-    return np.concatenate(starts), np.concatenate(ends)
