@@ -6,6 +6,7 @@ import pytest
 from test_embedding import (  # noqa: F401 (fixtures are used by name)
     CONFIG,
     TOL,
+    embed_texts,
     max_difference,
     pair_batch,
     synthetic_pairs,
@@ -65,8 +66,8 @@ def test_training_raises_held_out_sts_spearman(wordpiece):
 
     def spearman(params) -> float:
         params = jax.device_get(params)
-        a = embedding.embed_texts(config, params, wordpiece, spec, left, batch_size=128)
-        b = embedding.embed_texts(config, params, wordpiece, spec, right, batch_size=128)
+        a = embed_texts(config, params, wordpiece, spec, left, batch_size=128, mesh=run.mesh)
+        b = embed_texts(config, params, wordpiece, spec, right, batch_size=128, mesh=run.mesh)
         return embedding_eval.sts_scores(a, b, gold)["spearman"]
 
     with jax.set_mesh(run.mesh):

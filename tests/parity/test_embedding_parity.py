@@ -9,6 +9,7 @@ from test_embedding import (  # noqa: F401 (fixtures are used by name)
     CONFIG,
     MODERN,
     TEXTS,
+    embed_texts,
     max_difference,
     random_params,
     wordpiece,
@@ -17,7 +18,6 @@ from test_embedding import (  # noqa: F401 (fixtures are used by name)
 from bertjax.encoders.modernbert import ModernBertConfig
 from bertjax.model import BertConfig
 from bertjax.tasks.embed import hf as sbert
-from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
 
@@ -38,7 +38,7 @@ def test_saved_directory_loads_in_sentence_transformers(tmp_path, wordpiece, spe
     reference = SentenceTransformer(str(tmp_path), device="cpu")
     assert reference.max_seq_length == spec.max_seq_length
     expected = reference.encode(TEXTS, convert_to_numpy=True)
-    ours = embedding.embed_texts(CONFIG, params, wordpiece, spec, TEXTS)
+    ours = embed_texts(CONFIG, params, wordpiece, spec, TEXTS)
     np.testing.assert_allclose(ours, expected, atol=1e-4)
     # And back: the same spec and weights.
     loaded = sbert.load(tmp_path)
@@ -76,7 +76,7 @@ def test_reads_a_directory_sentence_transformers_wrote(tmp_path, wordpiece):
 
     loaded = sbert.load(tmp_path / "st")
     assert loaded.spec == EmbeddingSpec("max", True, 20)
-    ours = embedding.embed_texts(loaded.config, loaded.params, loaded.tokenizer, loaded.spec, TEXTS)
+    ours = embed_texts(loaded.config, loaded.params, loaded.tokenizer, loaded.spec, TEXTS)
     np.testing.assert_allclose(ours, expected, atol=1e-4)
 
 
@@ -91,15 +91,13 @@ def test_a_modernbert_encoder_goes_to_sentence_transformers_and_back(tmp_path, w
     assert config_json["architectures"] == ["ModernBertModel"]
     reference = SentenceTransformer(str(tmp_path), device="cpu")
     expected = reference.encode(TEXTS, convert_to_numpy=True)
-    ours = embedding.embed_texts(MODERN, params, wordpiece, spec, TEXTS)
+    ours = embed_texts(MODERN, params, wordpiece, spec, TEXTS)
     np.testing.assert_allclose(ours, expected, atol=1e-4)
 
     loaded = sbert.load(tmp_path)
     assert isinstance(loaded.config, ModernBertConfig) and loaded.spec == spec
     assert loaded.config.num_layers == 4 and loaded.config.local_attention == 8
-    again = embedding.embed_texts(
-        loaded.config, loaded.params, loaded.tokenizer, loaded.spec, TEXTS
-    )
+    again = embed_texts(loaded.config, loaded.params, loaded.tokenizer, loaded.spec, TEXTS)
     np.testing.assert_allclose(again, ours, atol=1e-6)
 
 
@@ -117,5 +115,5 @@ def test_a_sentencepiece_model_embeds_alike_in_sentence_transformers(tmp_path):
     sbert.save(tmp_path / "st", config, params, tokenizer, spec)
     texts = ["", *VARIED[:6], " ".join(training_sentences(40))]
     expected = SentenceTransformer(str(tmp_path / "st"), device="cpu").encode(texts)
-    ours = embedding.embed_texts(config, params, tokenizer, spec, texts)
+    ours = embed_texts(config, params, tokenizer, spec, texts)
     np.testing.assert_allclose(ours, expected, atol=1e-4)

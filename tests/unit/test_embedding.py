@@ -19,6 +19,7 @@ from bertjax.tasks.embed import metrics as embedding_eval
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.embed.task import head_for
 from bertjax.tokenizer import WordPieceTokenizer
 
 TOL = 1e-5
@@ -49,6 +50,14 @@ MODERN = ModernBertConfig(
 )
 # One layer where gradients are compared: several gradient programs compile per test.
 SHALLOW = BertConfig(**{**CONFIG.to_dict(), "num_layers": 1})
+
+
+def embed_texts(config, params, tokenizer, spec, texts, batch_size=32, mesh=None) -> np.ndarray:
+    """Texts embedded as `spec` says, by a notebook Model of an embedding head (the one path
+    every notebook method takes)."""
+    head = head_for(spec)
+    model = bertjax.Model(config, params, tokenizer, head=head, batch_size=batch_size, mesh=mesh)
+    return model.embed(texts)
 
 
 def random_params(seed: int, config: BertConfig = CONFIG):
@@ -146,7 +155,7 @@ def test_bi_encoder_pools_as_model_embed(wordpiece):
     texts = [t for t in TEXTS if t][:3]
     for pooling in ("mean", "cls"):
         spec = EmbeddingSpec(pooling, normalize=True, max_seq_length=40)
-        ours = embedding.embed_texts(CONFIG, params, wordpiece, spec, texts)
+        ours = embed_texts(CONFIG, params, wordpiece, spec, texts)
         with pytest.warns(TruncationWarning):  # both cut the long text at 40 tokens
             reference = model.embed(texts, pooling=pooling, normalize=True)
         np.testing.assert_allclose(ours, reference, atol=TOL)

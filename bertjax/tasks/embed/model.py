@@ -15,9 +15,9 @@ model, as sentence-transformers' modules.json, pooling config and sentence_bert_
 (bertjax.tasks.embed.hf writes and reads those).
 
 Texts become inputs as sentence-transformers' tokenizers make them: an empty text is
-[CLS] [SEP], a long one keeps its first max_seq_length - 2 tokens. `embed_texts` runs a model
-over texts in length-sorted batches (one compile per power-of-two length); `similarity` and
-`search` (exact top-k by cosine similarity, blocked and jitted) work on the vectors.
+[CLS] [SEP], a long one keeps its first max_seq_length - 2 tokens. `embed_inputs` runs a model
+over a padded batch (Model.embed batches texts through the notebook's one path); `similarity`
+and `search` (exact top-k by cosine similarity, blocked and jitted) work on the vectors.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Sequence
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -44,8 +43,6 @@ MAX = "max"
 POOLINGS = (MEAN, CLS, MAX)
 # The fine-tuning task (and HeadSpec task name) of a trained embedding model.
 EMBEDDING_TASK = "embedding"
-# The shortest length a batch of texts is padded to: shorter ones would only compile more.
-MIN_LENGTH_BUCKET = 8
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,10 +202,6 @@ def pad_inputs(sequences: Sequence[Sequence[int]], length: int, rows: int | None
     }
 
 
-def _bucket(n: int, limit: int) -> int:
-    return min(max(1 << max(n - 1, 0).bit_length(), MIN_LENGTH_BUCKET), limit)
-
-
 @functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize"))
 def embed_inputs(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
     """float32 [b, hidden] vectors of a padded batch; params is BiEncoder's tree ("bert")."""
@@ -219,36 +212,3 @@ def embed_inputs(params, batch, *, config: BertConfig, pooling: str, normalize: 
         batch["input_mask"],
         deterministic=True,
     )
-
-
-def embed_texts(
-    config: BertConfig,
-    params: Any,
-    tokenizer: Tokenizer,
-    spec: EmbeddingSpec,
-    texts: Sequence[str],
-    batch_size: int = 32,
-) -> np.ndarray:
-    """float32 [len(texts), hidden]: each text embedded as `spec` says.
-
-    `params` holds "bert" (a BiEncoder's tree, a fine-tuned model's or BertForPreTraining's).
-    Texts are sorted by length and batched; each batch is padded to a power-of-two length
-    (at most max_seq_length) and rows (at most batch_size), so each shape compiles once.
-    """
-    spec.check(config)
-    texts = [texts] if isinstance(texts, str) else list(texts)
-    params = nn.meta.unbox(params)
-    sequences = token_ids(tokenizer, texts, spec.max_seq_length)
-    out = np.zeros((len(texts), config.hidden_size), np.float32)
-    order = np.argsort([-len(s) for s in sequences], kind="stable")
-    run_config = dataclasses.replace(config, remat_policy="none")
-    for start in range(0, len(order), batch_size):
-        rows = order[start : start + batch_size]
-        length = _bucket(max(len(sequences[r]) for r in rows), spec.max_seq_length)
-        padded_rows = min(_bucket(len(rows), batch_size), batch_size)
-        batch = pad_inputs([sequences[r] for r in rows], length, rows=padded_rows)
-        vectors = embed_inputs(
-            params, batch, config=run_config, pooling=spec.pooling, normalize=spec.normalize
-        )
-        out[rows] = np.asarray(vectors)[: len(rows)]
-    return out
