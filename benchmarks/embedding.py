@@ -1,4 +1,4 @@
-"""Embedding throughput: bertjax.tasks.embed.model.embed_texts beside sentence-transformers' encode,
+"""Embedding throughput: Model.embed of an embedding model beside sentence-transformers' encode,
 and contrastive training steps beside sentence-transformers' fit.
 
     python benchmarks/embedding.py [--sentences 4000] [--batch_size 32] [--layers 4]
@@ -39,12 +39,13 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bertjax import optim  # noqa: E402
+from bertjax import Model, optim  # noqa: E402
 from bertjax.model import BertConfig  # noqa: E402
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed.model import EmbeddingSpec  # noqa: E402
+from bertjax.tasks.embed.task import head_for  # noqa: E402
 from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
 
 TOLERANCE = 1e-4
@@ -107,8 +108,10 @@ def main() -> None:
         sbert.save(pathlib.Path(tmp) / "model", config, params, tokenizer, spec)
         reference = SentenceTransformer(str(pathlib.Path(tmp) / "model"), device="cpu")
 
+    model = Model(config, params, tokenizer, head=head_for(spec), batch_size=args.batch_size)
+
     def ours():
-        return embedding.embed_texts(config, params, tokenizer, spec, texts, args.batch_size)
+        return model.embed(texts)
 
     def theirs():
         return reference.encode(texts, batch_size=args.batch_size, convert_to_numpy=True)
@@ -125,7 +128,7 @@ def main() -> None:
         f"{jax.devices()[0].platform}; largest difference {difference:.2e}"
     )
     print(
-        f"bertjax embed_texts: {args.sentences / ours_time:,.0f} sentences/s "
+        f"bertjax Model.embed: {args.sentences / ours_time:,.0f} sentences/s "
         f"(first call, compiling: {first:.1f} s)"
     )
     print(f"sentence-transformers encode: {args.sentences / theirs_time:,.0f} sentences/s")

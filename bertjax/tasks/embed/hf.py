@@ -64,7 +64,7 @@ _PREFIX = "bert."
 
 
 class SentenceModel(NamedTuple):
-    """What `load` reads: enough for bertjax.tasks.embed.model.embed_texts."""
+    """What `load` reads: enough for a notebook Model of an embedding head."""
 
     config: Any  # an encoder family's config
     params: dict  # {"bert": the encoder's tree}, numpy
