@@ -1,10 +1,12 @@
 """Test setup: 8 simulated CPU devices, set before jax is first imported, and the data and
 runs that tests in several files need, each built once per session of a worker.
 
-Two speeds: `pytest -q -m "not slow"` leaves out the tests marked `slow` (subprocesses and
-end-to-end runs); `pytest -q` runs everything, in parallel workers (pytest-xdist). A session
-fixture is built in each worker by the first of its tests that asks for it, so the fast tier
-builds only the ones its tests use.
+Three kinds, one directory each: tests/unit (in-process, short: `pytest -q tests/unit` is the
+inner loop), tests/parity (against transformers and sentence-transformers) and
+tests/integration (command lines, runs, processes, GCS: the tests marked `slow`, which
+`pytest -q -m "not slow"` leaves out). `pytest -q` runs everything, in parallel workers
+(pytest-xdist). A session fixture is built in each worker by the first of its tests that asks
+for it, so a narrower run builds only the ones its tests use.
 """
 
 import os
