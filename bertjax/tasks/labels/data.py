@@ -49,7 +49,9 @@ from bertjax.tokenizer import Tokenizer
 _ENCODE_CHUNK = 4096
 
 
-def _label_set(separator: str | None):
+def _label_set(separator: str | None) -> LabelReader:
+    """A multi-label field: a JSON list of labels, or a string cut at `separator`."""
+
     def parse(raw: Any, where: str, field: str) -> tuple[str, ...]:
         if isinstance(raw, list):
             labels = [str(x).strip() for x in raw]
