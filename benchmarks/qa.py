@@ -40,7 +40,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from benchmarks.finetune import _no_decay, versions  # noqa: E402
-from bertjax import optim, steps  # noqa: E402
+from bertjax import optim, perf, steps  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
@@ -219,12 +219,12 @@ class Bertjax:
                 batch = [micro] * self.micro_batches if self.micro_batches > 1 else micro
                 state, metrics = self.ft.steps.take_step(state, batch, self.rng)
             jax.block_until_ready(metrics)
-            for width in range(32, seq + 1, 32):  # run_eval's buckets
+            for width in range(32, seq + 1, 32):  # run_eval's buckets and rows per call
+                rows = perf.rows_per_call(width, self.batch_size)
                 batch = {
-                    k: v[: self.batch_size, :width] if v.ndim == 2 else v[: self.batch_size]
-                    for k, v in features.items()
+                    k: v[:rows, :width] if v.ndim == 2 else v[:rows] for k, v in features.items()
                 }
-                batch["weights"] = np.ones(self.batch_size, np.float32)
+                batch["weights"] = np.ones(rows, np.float32)
                 global_batch = steps.global_batch(batch, self.ft.batch_sharding, 1)
                 jax.block_until_ready(self.ft.eval_step(state.params, global_batch))
 

@@ -13,9 +13,11 @@ vocab.txt)::
 Batching: texts are sorted by length and cut into batches of `batch_size`; each batch is
 padded to a bucket, its length to a power of two up to the model's position limit and its
 rows to a power of two up to `batch_size`, so each bucket compiles once and every later
-batch of that shape reuses it. With a mesh, batches are split over its (data, fsdp) axes and
-parameters laid out by the model's logical axis rules; without one, everything runs on the
-first device. Calls over many texts show a progress bar.
+batch of that shape reuses it. On a CPU a batch of long texts is cut into smaller calls
+(perf.rows_per_call: at most about 2,048 tokens per device), which stay in the cache. With
+a mesh, batches are split over its (data, fsdp) axes and parameters laid out by the model's
+logical axis rules; without one, everything runs on the first device. Calls over many texts
+show a progress bar.
 
 Input mistakes raise InferenceError with one message naming the text and what is wrong;
 texts longer than the model's positions are cut, with a TruncationWarning naming the limit.
@@ -40,7 +42,7 @@ from jax.experimental import multihost_utils
 
 from bertjax import capability as capability_lib
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import encoders, fs, hf, rundir
+from bertjax import encoders, fs, hf, perf, rundir
 from bertjax import features as features_lib
 from bertjax import sharding as sharding_lib
 from bertjax import vectors as vectors_lib
@@ -125,6 +127,8 @@ class Model:
         # Without a mesh, everything runs on this one device.
         self._device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         self.batch_size = _round_up(batch_size, self._rows_multiple)
+        devices = jax.local_devices() if mesh is None else mesh.devices.flat
+        self._platform = next(iter(devices)).platform
         self.params = self._place(params)
 
     # ------------------------------------------------------------------------------------
@@ -446,7 +450,7 @@ class Model:
             disable=not show or jax.process_index() != 0,
         )
         try:
-            for rows in self._batches(features):
+            for rows in self._batches(features, max_length):
                 shape = self._bucket(rows, features, max_length)
                 batch = _pad_batch([features[r] for r in rows], shape)
                 with self.context():  # the mesh, for the model's sharding constraints
@@ -462,12 +466,30 @@ class Model:
         finally:
             bar.close()
 
-    def _batches(self, features: list[dict[str, np.ndarray]]) -> Iterator[np.ndarray]:
-        """Row indices of each batch: longest texts first, so batches are of like lengths."""
+    def _batches(
+        self, features: list[dict[str, np.ndarray]], max_length: int | None = None
+    ) -> Iterator[np.ndarray]:
+        """Row indices of each batch: longest texts first, so batches are of like lengths.
+
+        A batch holds `batch_size` rows, or on a CPU as many as perf.rows_per_call allows
+        at its padded length (long texts run in smaller calls that stay in the cache).
+        """
         lengths = np.asarray([len(f["input_ids"]) for f in features])
         order = np.argsort(-lengths, kind="stable")
-        for start in range(0, len(order), self.batch_size):
-            yield order[start : start + self.batch_size]
+        start = 0
+        while start < len(order):
+            length = self._bucket_length(int(lengths[order[start]]), max_length)
+            count = perf.rows_per_call(length, self.batch_size, self._rows_multiple, self._platform)
+            yield order[start : start + count]
+            start += count
+
+    def _bucket_length(self, longest: int, max_length: int | None = None) -> int:
+        """A batch's padded length: a power of two, at most the model's positions and
+        `max_length` (when the batch's longest row fits in it)."""
+        limit = self.config.max_position_embeddings
+        if max_length is not None:
+            limit = min(limit, max(max_length, longest))
+        return min(max(_next_power_of_two(longest), MIN_LENGTH_BUCKET), limit)
 
     def _bucket(
         self,
@@ -478,10 +500,7 @@ class Model:
         """The padded shape of a batch: powers of two (rows a multiple of the data axes), the
         length at most the model's positions and `max_length`."""
         longest = max(len(features[r]["input_ids"]) for r in rows)
-        limit = self.config.max_position_embeddings
-        if max_length is not None:
-            limit = min(limit, max(max_length, longest))
-        length = min(max(_next_power_of_two(longest), MIN_LENGTH_BUCKET), limit)
+        length = self._bucket_length(longest, max_length)
         count = _round_up(min(_next_power_of_two(len(rows)), self.batch_size), self._rows_multiple)
         shape = {"rows": count, "length": length}
         if "masked_lm_positions" in features[rows[0]]:

@@ -210,32 +210,42 @@ def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
 
 
 def eval_batches(
-    examples: Examples, batch_size: int, length_bucket: int | None = None
+    examples: Examples,
+    batch_size: int,
+    length_bucket: int | None = None,
+    rows_multiple: int = 1,
+    platform: str | None = None,
 ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
     """(the examples a batch holds, this process's part of it) for every batch.
 
     Without `length_bucket` the batches hold the examples in order, at every position. With
     one they hold the examples sorted by length, each batch cut to the smallest multiple of
     `length_bucket` positions that holds its longest (0: all positions), so short examples
-    do not pay for the longest. The last batch is filled with copies of its first example,
-    weighted 0 (all-padding rows would make attention divide by nothing).
+    do not pay for the longest. On a CPU a batch of long examples holds fewer rows
+    (perf.rows_per_call; `rows_multiple`: the mesh's data-parallel size), a call that stays in
+    the cache. The last batch is filled with copies of its first example, weighted 0
+    (all-padding rows would make attention divide by nothing).
     """
     count = len(examples)
-    local = batch_size // jax.process_count()
     order = np.arange(count)
     if length_bucket is not None:
         order = np.argsort(examples.features["input_mask"].sum(axis=1), kind="stable")
-    for start in range(0, count, batch_size):
-        real = order[start : start + batch_size]
-        rows = np.concatenate([real, np.full(batch_size - len(real), real[0])])
+    start = 0
+    while start < count:
+        width = batch_width(examples, order[start : start + batch_size], length_bucket or 0)
+        size = perf.rows_per_call(width, batch_size, rows_multiple, platform)
+        real = order[start : start + size]
+        start += size
+        rows = np.concatenate([real, np.full(size - len(real), real[0])])
         batch = _rows(examples.features, rows)
         if length_bucket is not None:
             width = batch_width(examples, real, length_bucket)
             for name in _per_position(examples):
                 batch[name] = batch[name][:, :width]
-        weights = np.zeros(batch_size, np.float32)
+        weights = np.zeros(size, np.float32)
         weights[: len(real)] = 1.0
         batch["weights"] = weights
+        local = size // jax.process_count()
         mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
         yield real, {name: array[mine] for name, array in batch.items()}
 
@@ -260,7 +270,9 @@ def run_eval(
     bucket = None if position_outputs is None else length_bucket
     seq = examples.features["input_mask"].shape[1]
     totals, outputs = None, {}
-    for real, local in eval_batches(examples, batch_size, bucket):
+    multiple = sharding.data_parallel_size(ft.mesh)
+    platform = ft.mesh.devices.flat[0].platform
+    for real, local in eval_batches(examples, batch_size, bucket, multiple, platform):
         batch = steps.global_batch(local, ft.batch_sharding, jax.process_count())
         sums, batch_outputs = ft.eval_step(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)

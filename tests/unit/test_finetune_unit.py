@@ -12,7 +12,7 @@ from test_finetune import (  # noqa: F401 (fixtures are used by name)
 )
 
 from bertjax import model as model_lib
-from bertjax import optim, steps
+from bertjax import optim, perf, steps
 from bertjax.capability import HeadSpec
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
@@ -236,3 +236,41 @@ def test_evaluation_grouped_by_length_gives_every_example_its_full_length_output
         sums,
         jax.device_get(expected_sums),
     )
+
+
+def test_evaluation_on_cpu_cuts_long_batches_into_calls_within_the_token_budget(monkeypatch):
+    task = qa_model.TASK
+    count, seq = 21, 48
+    examples = _uneven_examples(task, count, seq, longest=30, seed=1)
+    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
+    ft = build_finetuning(
+        small_config(seq),
+        _head(task),
+        optimizer,
+        mesh_shape=(2, 1, 1),
+        grad_accum_steps=1,
+        micro_batch_size=8,
+        max_seq_length=seq,
+        devices=jax.devices()[:2],
+    )
+    with jax.set_mesh(ft.mesh):
+        params = ft.state.init(jax.random.key(0)).params
+        sums, outputs = loop.run_eval(ft, params, examples, 8, length_bucket=8)
+        assert {len(real) for real, _ in loop.eval_batches(examples, 8, 8, 2, "cpu")} == {8, 5}
+        # 16 tokens per device: batches of width 8 hold 4 rows, of 16 and more 2 rows.
+        monkeypatch.setattr(perf, "CPU_TOKENS_PER_CALL", 16)
+        sizes = [
+            (len(local["input_ids"]), local["input_ids"].shape[1])
+            for _, local in loop.eval_batches(examples, 8, 8, 2, "cpu")
+        ]
+        assert {rows for rows, width in sizes if width >= 16} == {2}
+        assert sum(rows for rows, _ in sizes) >= count
+        # On an accelerator the batches stay whole.
+        assert {len(real) for real, _ in loop.eval_batches(examples, 8, 8, 2, "gpu")} == {8, 5}
+        cut_sums, cut = loop.run_eval(ft, params, examples, 8, length_bucket=8)
+    assert set(cut) == set(outputs)
+    lengths = examples.features["input_mask"].sum(axis=1)
+    for name, value in outputs.items():
+        for row, n in enumerate(lengths):  # smaller batches may cut more padding
+            np.testing.assert_allclose(cut[name][row, :n], value[row, :n], rtol=1e-5, atol=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), cut_sums, sums)

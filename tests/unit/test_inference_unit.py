@@ -15,7 +15,7 @@ from test_inference import (  # noqa: F401 (fixtures are used by name)
 )
 
 import bertjax
-from bertjax import inference
+from bertjax import inference, perf
 from bertjax import sharding as sharding_lib
 from bertjax.inference import InferenceError, Model, TruncationWarning
 from bertjax.pretrain import samples
@@ -140,3 +140,18 @@ def test_fill_mask_samples_for_the_demo(workdir, synthetic_data):
     best = Model(config, params, tokenizer).fill_mask(masked)[0]
     shown = best["token_str"].strip() or tokenizer.id_to_piece(best["token"])  # "▁" by name
     assert rest.startswith(f"{shown} {best['score']:.2f}")
+
+
+def test_on_cpu_long_texts_run_in_calls_within_the_token_budget(trained, held_out, monkeypatch):
+    model = Model(trained.config, trained.params, trained.tokenizer, batch_size=8)
+    rng = np.random.default_rng(1)
+    words = " ".join(held_out).split()
+    texts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(1, 20, size=20)]
+    whole = model.embed(texts)
+    monkeypatch.setattr(perf, "CPU_TOKENS_PER_CALL", 64)
+    features = [e.features() for e in model.examples(texts, None, None)]
+    shapes = [tuple(model._bucket(rows, features).values()) for rows in model._batches(features)]
+    assert all(rows * length <= 64 for rows, length in shapes if rows > 1)
+    assert {rows for rows, length in shapes if length == 32} == {2}
+    assert sum(len(rows) for rows in model._batches(features)) == len(texts)
+    np.testing.assert_allclose(model.embed(texts), whole, atol=1e-5, rtol=0)

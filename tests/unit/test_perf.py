@@ -166,3 +166,21 @@ def test_measure_matmul_flops_runs():
     assert np.isfinite(achieved) and achieved > 0
     with pytest.raises(ValueError, match="size"):
         perf.measure_matmul_flops(size=0)
+
+
+def test_rows_per_call_keeps_cpu_calls_within_the_token_budget():
+    budget = perf.CPU_TOKENS_PER_CALL
+    for length in (8, 64, 128, 384, 512, 4096):
+        rows = perf.rows_per_call(length, 32, platform="cpu")
+        assert rows & (rows - 1) == 0  # a power of two: few distinct shapes to compile
+        assert rows == 32 or rows * length <= budget < 2 * rows * length or rows == 1
+    assert perf.rows_per_call(16, 32, platform="cpu") == 32  # short rows: the whole batch
+    assert perf.rows_per_call(384, 32, platform="cpu") == 4
+    assert perf.rows_per_call(budget * 4, 32, platform="cpu") == 1
+    # The budget is per device: a mesh's data-parallel size multiplies the rows.
+    assert perf.rows_per_call(384, 32, multiple=8, platform="cpu") == 32
+    assert perf.rows_per_call(384, 16, multiple=8, platform="cpu") == 16
+    assert perf.rows_per_call(budget * 4, 32, multiple=8, platform="cpu") == 8
+    # Accelerators keep the whole batch.
+    assert perf.rows_per_call(512, 32, platform="gpu") == 32
+    assert perf.rows_per_call(512, 32, platform="tpu") == 32
