@@ -189,22 +189,28 @@ def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
     assert_trained_the_same(*results)
 
 
+def _evaluation_setup(task: str, seq: int, devices):
+    """A task's fine-tuning steps to evaluate with: batches of 8 split over `devices`."""
+    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
+    return build_finetuning(
+        small_config(seq),
+        _head(task),
+        optimizer,
+        mesh_shape=(len(devices), 1, 1),
+        grad_accum_steps=1,
+        micro_batch_size=8,
+        max_seq_length=seq,
+        devices=devices,
+    )
+
+
 @pytest.mark.parametrize(
     "task", [label_heads.CLASSIFICATION, label_heads.TOKEN_CLASSIFICATION, qa_model.TASK]
 )
 def test_evaluation_grouped_by_length_gives_every_example_its_full_length_outputs(task):
     count, seq = 21, 48  # the last batch of 8 is part filler
     examples = _uneven_examples(task, count, seq, longest=30, seed=1)
-    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
-    ft = build_finetuning(
-        small_config(seq),
-        _head(task),
-        optimizer,
-        mesh_shape=(8, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=8,
-        max_seq_length=seq,
-    )
+    ft = _evaluation_setup(task, seq, jax.devices())
     with jax.set_mesh(ft.mesh):
         params = ft.state.init(jax.random.key(0)).params
         sums, outputs = loop.run_eval(ft, params, examples, 8, length_bucket=8)
@@ -242,17 +248,7 @@ def test_evaluation_on_cpu_cuts_long_batches_into_calls_within_the_token_budget(
     task = qa_model.TASK
     count, seq = 21, 48
     examples = _uneven_examples(task, count, seq, longest=30, seed=1)
-    optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
-    ft = build_finetuning(
-        small_config(seq),
-        _head(task),
-        optimizer,
-        mesh_shape=(2, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=8,
-        max_seq_length=seq,
-        devices=jax.devices()[:2],
-    )
+    ft = _evaluation_setup(task, seq, jax.devices()[:2])
     with jax.set_mesh(ft.mesh):
         params = ft.state.init(jax.random.key(0)).params
         sums, outputs = loop.run_eval(ft, params, examples, 8, length_bucket=8)
