@@ -9,8 +9,12 @@ seconds. Measured: the recipe reaches it at step 125 (0.087 against a threshold 
 the previous recipe (google's initializer_range and dropout) was at 0.059 then and reached it
 at step 200. benchmarks/plateau.py measures each choice of the recipe.
 
-configs/modernbert_tiny.py runs whole (250 steps) and its printed summary is read: the issue's
-bar is 2.5x the baseline; one run measured 4.1x (0.2149 against 0.0518).
+configs/modernbert_tiny.py runs on its own schedule (250 steps), evaluated every EVAL_EVERY
+steps, until eval MLM accuracy reaches the issue's bar of 2.5x the baseline, which it must by
+its last step; the summary it prints when stopped is read. Measured (one core, 0.0518
+baseline): 0.1299 (2.5x) at step 125, 0.1423 at 150, 0.1856 at 200 and 0.2149 (4.1x) at 250,
+the same final figure as a run evaluated only at steps 125 and 250: evaluating more often
+leaves training unchanged. Stopping at the bar takes 99 s on one core; the whole run took 167 s.
 """
 
 import json
@@ -27,9 +31,10 @@ from xla_env import QUICK_COMPILES
 
 from bertjax.data import read_manifest
 from bertjax.data.baseline import unigram_baseline
+from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.rundir import DATA_DIR
-from configs import tiny
+from configs import modernbert_tiny, tiny
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EVAL_EVERY = 25
@@ -123,20 +128,58 @@ def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_ste
 MODERN_RATIO = 2.5
 
 
-@pytest.mark.slow  # the whole demo: about two minutes on two cores
-def test_the_modernbert_demo_ends_well_above_the_unigram_baseline(tmp_path):
-    """`python train.py --config configs/modernbert_tiny.py` as a user runs it, to its end: the
-    summary prints eval MLM accuracy at least MODERN_RATIO x the unigram baseline."""
+@pytest.mark.slow  # about a minute and a half on one core
+def test_the_modernbert_demo_reaches_well_above_the_unigram_baseline(tmp_path):
+    """`python train.py --config configs/modernbert_tiny.py` as a user runs it (its own data,
+    schedule and eval batches), evaluated every EVAL_EVERY steps: eval MLM accuracy must reach
+    MODERN_RATIO x the unigram baseline by the recipe's last step. The run is stopped with
+    SIGTERM once it has, and the summary it prints then shows that accuracy and baseline."""
+    settings = PretrainSettings.from_config(modernbert_tiny.get_config())
+    total_steps = settings.run.num_train_steps
+    workdir = tmp_path / "run"
     command = [sys.executable, str(REPO / "train.py"), "--config"]
-    command += [str(REPO / "configs" / "modernbert_tiny.py"), "--workdir", str(tmp_path / "run")]
-    completed = subprocess.run(
-        command, env=laptop_env(), capture_output=True, text=True, timeout=900
+    command += [str(REPO / "configs" / "modernbert_tiny.py"), "--workdir", str(workdir)]
+    command += [f"--config.eval_every_steps={EVAL_EVERY}"]
+    command += ["--config.checkpoint_every_steps=1000000"]
+    process = subprocess.Popen(
+        command, env=laptop_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    line = next(
-        (line for line in completed.stdout.splitlines() if "eval/mlm_accuracy:" in line), ""
+    baseline = None
+    try:
+        # Left alone, the run ends by itself at the recipe's num_train_steps.
+        while process.poll() is None:
+            accuracies = eval_accuracies(workdir / "metrics.jsonl")
+            if accuracies and baseline is None:  # the run has prepared its data by now
+                baselines = pretrain_loop.eval_baselines(settings, workdir / DATA_DIR)
+                baseline = baselines["eval/mlm_accuracy"]
+            if baseline is not None and any(
+                a >= MODERN_RATIO * baseline for a in accuracies.values()
+            ):
+                break
+            time.sleep(0.5)
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)  # the trainer saves and exits cleanly
+        try:
+            output, _ = process.communicate(timeout=600)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+    assert process.returncode == 0, output[-3000:]
+    accuracies = eval_accuracies(workdir / "metrics.jsonl")
+    assert accuracies and baseline is not None, f"train.py logged no evaluation:\n{output[-3000:]}"
+    curve = {s: round(a, 4) for s, a in sorted(accuracies.items())}
+    exit_step = min(
+        (s for s, a in accuracies.items() if a >= MODERN_RATIO * baseline), default=None
     )
+    assert exit_step is not None and exit_step <= total_steps, (
+        f"eval MLM accuracy {curve} never reached {MODERN_RATIO} x the unigram baseline "
+        f"{baseline:.4f} by step {total_steps}"
+    )
+    print(f"eval MLM accuracy {curve}; unigram baseline {baseline:.4f}")
+    # The summary printed at the stop: the last evaluation, next to the same baseline.
+    line = next((line for line in output.splitlines() if "eval/mlm_accuracy:" in line), "")
     match = re.search(r"eval/mlm_accuracy:\s+([\d.]+)\s+\(baseline ([\d.]+), ", line)
-    assert match, completed.stdout[-3000:]
-    accuracy, baseline = float(match[1]), float(match[2])
-    assert accuracy >= MODERN_RATIO * baseline, line
+    assert match, output[-3000:]
+    last = accuracies[max(accuracies)]
+    assert (float(match[1]), float(match[2])) == (round(last, 4), round(baseline, 4)), line

@@ -65,8 +65,11 @@ def test_flat_objective_equals_the_stacked_one(loss, texts):
 @pytest.mark.slow
 def test_a_short_finetune_run_raises_held_out_sts_spearman(files, tmp_path):
     """finetune.loop.finetune on synthetic triples from a random tiny model: held-out STS
-    Spearman of the best epoch rises clearly above the untrained pooled embeddings; the run
-    directory opens in Model and exports to sentence-transformers."""
+    Spearman of the best epoch rises clearly above the untrained pooled embeddings (0.38 ->
+    0.95 measured after 2 epochs; 0.93 on validation after the first); the run directory
+    opens in Model and exports to sentence-transformers.
+    The only learning test of embeddings: the run is data-parallel over the 8 simulated
+    devices."""
     from sentence_transformers import SentenceTransformer
 
     from bertjax.finetune import loop
@@ -74,7 +77,7 @@ def test_a_short_finetune_run_raises_held_out_sts_spearman(files, tmp_path):
     config = _config(
         files,
         init_from=str(files / "initial"),
-        num_epochs=3,
+        num_epochs=2,
         length_bucket=0,
         token_capacity=1.0,
         **{
@@ -97,7 +100,7 @@ def test_a_short_finetune_run_raises_held_out_sts_spearman(files, tmp_path):
         f"{after['spearman']:.3f} (validation {best['value']:.3f}, epoch {best['epoch']}); "
         f"retrieval ndcg@10 {best['scores']['eval_retrieval/ndcg@10']:.3f}"
     )
-    assert after["spearman"] > before["spearman"] + 0.2 and after["spearman"] > 0.6
+    assert after["spearman"] > before["spearman"] + 0.2 and after["spearman"] > 0.7
     assert best["scores"]["eval_retrieval/ndcg@10"] > 0.5
     trained.save_hf(tmp_path / "export")
     reference = SentenceTransformer(str(tmp_path / "export"), device="cpu")

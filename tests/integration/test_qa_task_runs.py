@@ -20,14 +20,17 @@ from bertjax.tasks.qa import decode as qa_decode
 
 
 @pytest.mark.slow
-def test_finetune_run_learns_synthetic_squad(tmp_path, optimized):
-    """'the wX' over 12 random words, SQuAD v1.1 style, through finetune.py's loop from a
-    random BertForQuestionAnswering export: the answer is the word asked for."""
+def test_finetune_run_learns_synthetic_squad_v2(tmp_path, optimized):
+    """'the wX' over 12 random words, SQuAD v2.0 style (30% of the questions ask for a word
+    not in the context and have no answer), through finetune.py's loop from a random
+    BertForQuestionAnswering export: the answer is the word asked for, or none. The only
+    learning test of question answering: v2.0 decoding (the null answer, null odds) is
+    scored on what the run learned, and the run directory opens in Model."""
     rng = np.random.default_rng(0)
-    train = write_jsonl(tmp_path / "train.jsonl", synthetic_examples(rng, 4096, impossible=0.0))
-    dev_examples = synthetic_examples(rng, 128, impossible=0.0)
+    train = write_jsonl(tmp_path / "train.jsonl", synthetic_examples(rng, 4096))
+    dev_examples = synthetic_examples(rng, 128)
     dev = write_jsonl(tmp_path / "dev.jsonl", dev_examples)
-    test = write_jsonl(tmp_path / "test.jsonl", synthetic_examples(rng, 32, impossible=0.0))
+    test = write_jsonl(tmp_path / "test.jsonl", synthetic_examples(rng, 32))
     config = qa_config(
         random_export(tmp_path / "init", LEARNER),
         train,
@@ -42,6 +45,7 @@ def test_finetune_run_learns_synthetic_squad(tmp_path, optimized):
             "data.test": test,
             "qa.doc_stride": 8,
             "qa.max_query_length": 4,
+            "qa.version_2_with_negative": True,
             "model.hidden_dropout": 0.0,
             "model.attention_dropout": 0.0,
         },
@@ -50,21 +54,25 @@ def test_finetune_run_learns_synthetic_squad(tmp_path, optimized):
     summary = loop.finetune(settings, tmp_path / "run", devices=jax.devices()[:1])
     best = summary["seeds"][0]["best"]
     scores = best["scores"]
-    print(f"synthetic 'the wX' SQuAD v1.1 through loop.finetune: {scores}")
-    # Guessing one of the 12 words scores about 8 EM.
+    print(f"synthetic 'the wX' SQuAD v2.0 through loop.finetune: {scores}")
+    # Always answering "no answer" scores about 30 (NoAns 100, HasAns 0); guessing a word, 8.
     assert best["metric"] == "eval/f1" and scores["eval/exact_match"] > 80.0
+    assert scores["eval/HasAns_exact"] > 80.0 and scores["eval/NoAns_exact"] > 70.0
     assert scores["eval/span_accuracy"] > 0.8  # the validation windows point at the answers
     run = tmp_path / "run"
-    for split in ("validation", "test"):
-        predictions = json.loads(
-            (run / f"predictions_{split}" / qa_decode.PREDICTIONS_FILE).read_text()
-        )
-        assert len(predictions) == (128 if split == "validation" else 32)
+    for split, count in (("validation", 128), ("test", 32)):
+        directory = run / f"predictions_{split}"
+        predictions = json.loads((directory / qa_decode.PREDICTIONS_FILE).read_text())
+        null_odds = json.loads((directory / qa_decode.NULL_ODDS_FILE).read_text())
+        assert len(predictions) == len(null_odds) == count
     # The run directory opens as a notebook Model that answers.
     model = Model.load(run)
-    example = dev_examples[0]
+    example = next(e for e in dev_examples if not e.is_impossible)
     got = model.answer(example.question, example.context)
     assert got["answer"] == example.answers[0].text
+    absent = next(e for e in dev_examples if e.is_impossible)
+    got = model.answer(absent.question, absent.context, handle_impossible_answer=True)
+    assert got["answer"] == "", got
     # Resuming a finished run takes no step and keeps the best.
     again = loop.finetune(settings, run, devices=jax.devices()[:1])
     assert again["seeds"][0]["best"]["value"] == best["value"]

@@ -84,8 +84,9 @@ def test_model_generate_matches_transformers(exported, search):
 @pytest.mark.slow
 def test_a_run_learns_to_reverse_words_and_reopens_in_a_notebook(source, tmp_path):
     """Through loop.finetune from a (random-weight) BERT directory, bert2bert: 640 examples
-    of 3-5 words, 16 epochs of 20 steps (1.0 exact match from epoch 14 measured); greedy exact
-    match on 64 held-out examples."""
+    of 3-5 words, 16 epochs of 20 steps (0.92 exact match at epoch 12, 1.0 from epoch 13
+    measured); greedy exact match on 64 held-out examples, and beam search's in the notebook
+    (1.0 measured). The only learning test of seq2seq."""
     write_data(tmp_path, 640, 64, 8)
     config = make_config(
         source,
@@ -105,7 +106,7 @@ def test_a_run_learns_to_reverse_words_and_reopens_in_a_notebook(source, tmp_pat
     summary = loop.finetune(FinetuneSettings.from_config(config), tmp_path / "run")
     best = summary["seeds"][0]["best"]
     assert best["value"] >= 0.9, best
-    assert best["scores"]["eval/bleu"] > 80.0, best
+    assert best["scores"]["eval/bleu"] > 90.0, best
     workdir = tmp_path / "run"
     lines = (workdir / "predictions_test.tsv").read_text().splitlines()
     sources = (tmp_path / "test.tsv").read_text().splitlines()[1:]
@@ -117,6 +118,12 @@ def test_a_run_learns_to_reverse_words_and_reopens_in_a_notebook(source, tmp_pat
     model = bertjax.Model.load(workdir)
     assert model.generate(sources, num_beams=1, max_new_tokens=8) == predicted
     assert model.generate(sources[0], num_beams=4, max_new_tokens=8) == reversed_[0]
+    # Beam search reverses the held-out sources too.
+    held_out = [line.split("\t") for line in (tmp_path / "dev.tsv").read_text().splitlines()[1:]]
+    beams = model.generate([s for s, _ in held_out], num_beams=4, max_new_tokens=8)
+    beam_exact = np.mean([b == t for b, (_, t) in zip(beams, held_out)])
+    print(f"held-out exact match: greedy {best['value']:.3f}, 4 beams {beam_exact:.3f}")
+    assert beam_exact >= 0.95, beam_exact
     run = rundir.open_run(workdir)
     _, params = rundir.read_params(run, loop.prepare(FinetuneSettings.from_config(config)).ft.mesh)
     assert set(params) == {"bert", "decoder"}
