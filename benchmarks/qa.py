@@ -225,7 +225,8 @@ class Bertjax:
                 batch = [micro] * self.micro_batches if self.micro_batches > 1 else micro
                 state, metrics = self.ft.steps.take_step(state, batch, self.rng)
             jax.block_until_ready(metrics)
-            for width in range(8, seq + 1, 8):  # run_eval's buckets and rows per call
+            step = loop.eval_length_bucket(32)  # predict() runs run_eval's default bucket
+            for width in range(step, seq + 1, step):  # run_eval's widths and rows per call
                 rows = perf.rows_per_call(width, self.batch_size)
                 batch = {
                     k: v[:rows, :width] if v.ndim == 2 else v[:rows] for k, v in features.items()
