@@ -251,8 +251,11 @@ def test_answer_pads_windows_to_their_width_not_to_the_next_power_of_two(tmp_pat
     bucket = Model._bucket
     monkeypatch.setattr(Model, "_bucket", lambda self, rows, f, _: bucket(self, rows, f))
     widths.clear()
-    assert model.answer("the w3", context, max_seq_len=24, doc_stride=8, top_k=3) == got
+    padded = model.answer("the w3", context, max_seq_len=24, doc_stride=8, top_k=3)
     assert set(widths) == {32}
+    # The same spans; scores within float rounding (padding changes the matmuls' shapes).
+    assert [{**a, "score": 0} for a in padded] == [{**a, "score": 0} for a in got]
+    assert [a["score"] for a in padded] == pytest.approx([a["score"] for a in got], rel=1e-5)
 
 
 # ----------------------------------------------------------------------------- a run
