@@ -3,6 +3,7 @@
 import dataclasses
 import functools
 import math
+import sys
 
 import flax.linen as nn
 import jax
@@ -325,6 +326,12 @@ def test_bleu_and_rouge_from_the_reference_libraries():
     assert text_metrics.score("rougeL", refs, refs) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="metric='meteor'"):
         text_metrics.score("meteor", refs, refs)
+
+
+def test_scoring_without_the_seq2seq_extra_names_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "rouge_score.rouge_scorer", None)  # as if not installed
+    with pytest.raises(ImportError, match=r"pip install 'bertjax\[seq2seq\]'"):
+        text_metrics.rouge(["a"], ["a"])
 
 
 # ------------------------------------------------------------------------------ transformers

@@ -8,25 +8,27 @@ rouge        Google's rouge-score: mean F1 of ROUGE-1, ROUGE-2 and ROUGE-L with 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
-
-try:
-    import sacrebleu
-    from rouge_score import rouge_scorer
-except ImportError:  # the `seq2seq` extra is not installed; the functions say so when called
-    sacrebleu = None
-    rouge_scorer = None
 
 METRICS = ("bleu", "rouge1", "rouge2", "rougeL")
 ROUGE_TYPES = ("rouge1", "rouge2", "rougeL")
 
 
-def _require() -> None:
-    if sacrebleu is None or rouge_scorer is None:
+def _libraries():
+    """(sacrebleu, rouge_score.rouge_scorer), imported when first scored rather than with
+    bertjax: rouge-score imports nltk, which costs seconds in every process that opens a
+    model or starts a run, and only a seq2seq evaluation needs it."""
+    try:
+        return (
+            importlib.import_module("sacrebleu"),
+            importlib.import_module("rouge_score.rouge_scorer"),
+        )
+    except ImportError as error:  # the `seq2seq` extra is not installed
         raise ImportError(
             "BLEU and ROUGE need the sacrebleu and rouge-score packages: "
             "pip install 'bertjax[seq2seq]'"
-        )
+        ) from error
 
 
 def _check(predictions: Sequence[str], references: Sequence[str]) -> None:
@@ -41,14 +43,14 @@ def _check(predictions: Sequence[str], references: Sequence[str]) -> None:
 
 def corpus_bleu(predictions: Sequence[str], references: Sequence[str]) -> float:
     """Corpus BLEU (0-100) of detokenised predictions against one reference each."""
-    _require()
+    sacrebleu, _ = _libraries()
     _check(predictions, references)
     return float(sacrebleu.corpus_bleu(list(predictions), [list(references)]).score)
 
 
 def rouge(predictions: Sequence[str], references: Sequence[str]) -> dict[str, float]:
     """Mean F1 of ROUGE-1, ROUGE-2 and ROUGE-L (stemming on) over the pairs."""
-    _require()
+    _, rouge_scorer = _libraries()
     _check(predictions, references)
     scorer = rouge_scorer.RougeScorer(list(ROUGE_TYPES), use_stemmer=True)
     totals = dict.fromkeys(ROUGE_TYPES, 0.0)
