@@ -21,6 +21,7 @@ import pytest
 import requests
 from fault_proxy import FaultProxy
 from test_gcs_run import (
+    INTERRUPTED_RUN,
     cli,
     config_file,  # noqa: F401 - a fixture the subprocess test uses
     leaf_hashes,
@@ -28,6 +29,7 @@ from test_gcs_run import (
     objects,
     overrides,
     settings_of,
+    straight_reference,  # noqa: F401 - a fixture the subprocess test uses
 )
 from test_gcs_use import _files, _finetune_config, _objects, _write_rows
 from xla_env import subprocess_env
@@ -387,18 +389,10 @@ def test_an_outage_beyond_the_budget_ends_a_run_in_one_line_and_the_rerun_resume
     gcs,
     synthetic_data,
     config_file,  # noqa: F811 - the fixture imported above
+    straight_reference,  # noqa: F811 - the fixture imported above
     tmp_path,
 ):
-    values = overrides(synthetic_data, num_train_steps=20, checkpoint_every_steps=10)
-    straight = gcs.bucket() + "/run"
-    subprocess.run(
-        cli(values, straight, config_file),
-        env=subprocess_env(2),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-
+    values = overrides(synthetic_data, **INTERRUPTED_RUN)
     proxy = FaultProxy(gcs.url)
     try:
         cwd, cache = tmp_path / "cwd", tmp_path / "tmp"
@@ -456,6 +450,6 @@ def test_an_outage_beyond_the_budget_ends_a_run_in_one_line_and_the_rerun_resume
         assert "Resumed" in rerun.stdout and "step 10" in rerun.stdout
     finally:
         proxy.stop()
-    assert leaf_hashes(bertjax.load(url)[1]) == leaf_hashes(bertjax.load(straight)[1])
-    assert losses(gcs, url)[20] == losses(gcs, straight)[20]
+    assert leaf_hashes(bertjax.load(url)[1]) == straight_reference["hashes"]
+    assert losses(gcs, url)[20] == straight_reference["losses"][20]
     assert list(cwd.iterdir()) == []

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+import filelock
 import jax
 import numpy as np
 import pytest
@@ -317,7 +318,7 @@ def test_a_preempted_run_on_gcs_uploads_its_metrics_before_it_stops(
 MODEL_FIELDS = ("model.num_layers", "model.hidden_size", "model.intermediate_size")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def config_file(tmp_path_factory) -> pathlib.Path:
     """tiny.py with the one-layer model of `overrides` (fields the command line cannot add)."""
     path = tmp_path_factory.mktemp("config") / "one_layer.py"
@@ -336,20 +337,50 @@ def cli(values: dict, workdir: str, config: pathlib.Path) -> list[str]:
     ]
 
 
+# The run that the kill and outage tests stop part-way and resume.
+INTERRUPTED_RUN = {"num_train_steps": 20, "checkpoint_every_steps": 10}
+
+
+@pytest.fixture(scope="session")
+def straight_reference(synthetic_data, config_file, tmp_path_factory, worker_id) -> dict:
+    """{"losses": {step: train loss}, "hashes": leaf hashes of the final parameters} of
+    INTERRUPTED_RUN made in one go, in a local work directory: what a run on gs:// that was
+    killed or cut off and then resumed must end at, bit for bit. Made once for the whole
+    suite: pytest-xdist's workers share it through a file beside their temporary
+    directories."""
+
+    def make() -> dict:
+        workdir = tmp_path_factory.mktemp("straight") / "run"
+        values = overrides(synthetic_data, **INTERRUPTED_RUN)
+        subprocess.run(
+            cli(values, str(workdir), config_file),
+            env=subprocess_env(2),
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
+        records = map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
+        return {
+            "losses": {r["step"]: r["train/loss"] for r in records if "train/loss" in r},
+            "hashes": leaf_hashes(bertjax.load(str(workdir))[1]),
+        }
+
+    if worker_id == "master":  # no pytest-xdist workers
+        return make()
+    shared = tmp_path_factory.getbasetemp().parent / "gcs_straight_reference.json"
+    with filelock.FileLock(f"{shared}.lock"):
+        if not shared.is_file():
+            shared.write_text(json.dumps(make()))
+        reference = json.loads(shared.read_text())
+    reference["losses"] = {int(step): loss for step, loss in reference["losses"].items()}
+    return reference
+
+
 @pytest.mark.slow
 def test_resume_after_a_kill_during_a_save_on_gcs_is_bit_identical(
-    gcs, synthetic_data, config_file, tmp_path
+    gcs, synthetic_data, config_file, straight_reference, tmp_path
 ):
-    values = overrides(synthetic_data, num_train_steps=20, checkpoint_every_steps=10)
-    straight = gcs.bucket() + "/run"
-    subprocess.run(
-        cli(values, straight, config_file),
-        env=subprocess_env(2),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-
+    values = overrides(synthetic_data, **INTERRUPTED_RUN)
     killed = gcs.bucket() + "/run"
     root = killed[5:] + "/checkpoints"
     process = subprocess.Popen(
@@ -385,9 +416,8 @@ def test_resume_after_a_kill_during_a_save_on_gcs_is_bit_identical(
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "Resumed" in completed.stdout and "step 10" in completed.stdout
-    expected, resumed = bertjax.load(straight)[1], bertjax.load(killed)[1]
-    assert leaf_hashes(resumed) == leaf_hashes(expected)
-    assert losses(gcs, killed)[20] == losses(gcs, straight)[20]
+    assert leaf_hashes(bertjax.load(killed)[1]) == straight_reference["hashes"]
+    assert losses(gcs, killed)[20] == straight_reference["losses"][20]
     assert local_names(tmp_path) == []
 
 
