@@ -13,6 +13,14 @@ import ml_collections
 import numpy as np
 import pytest
 from synthetic_corpus import write_corpus
+from test_gcs_run import (
+    INTERRUPTED_RUN,
+    cli,
+    config_file,  # noqa: F401 - a fixture the kill test uses
+    leaf_hashes,
+    overrides,
+    straight_reference,  # noqa: F401 - a fixture the kill test uses
+)
 from xla_env import subprocess_env
 
 import bertjax
@@ -190,22 +198,18 @@ def test_the_default_run_prepares_the_demo_corpus_itself(demo_run, demo_corpus):
 
 
 @pytest.mark.slow
-def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
-    straight = tmp_path / "straight"
-    subprocess.run(
-        cli_args(base_overrides(data_dir), straight),
-        env=subprocess_env(),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-
+def test_resume_after_kill_is_bit_identical(
+    synthetic_data, config_file, straight_reference, tmp_path
+):
+    """Killed after its step-10 checkpoint, the run resumes from it and ends as the straight
+    run (the one the GCS kill and outage tests compare with) did, every loss and leaf."""
     killed = tmp_path / "killed"
-    # The first evaluation (step 15) compiles for seconds: a window after checkpoint 10 in
-    # which the kill lands. Evaluation does not touch the training state or its batches.
+    values = overrides(synthetic_data, **INTERRUPTED_RUN)
+    # The first evaluation (step 15) takes a moment to compile: a window after checkpoint 10
+    # in which the kill lands. Evaluation does not touch the training state or its batches.
     process = subprocess.Popen(
-        cli_args(base_overrides(data_dir, eval_every_steps=15), killed),
-        env=subprocess_env(),
+        cli({**values, "eval_every_steps": 15}, str(killed), config_file),
+        env=subprocess_env(2),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -223,8 +227,8 @@ def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
         subprocess.run(["rm", "-rf", str(later)], check=True)
 
     completed = subprocess.run(
-        cli_args(base_overrides(data_dir), killed),
-        env=subprocess_env(),
+        cli(values, str(killed), config_file),
+        env=subprocess_env(2),
         capture_output=True,
         text=True,
         timeout=300,
@@ -232,10 +236,11 @@ def test_resume_after_kill_is_bit_identical(data_dir, tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "Resumed" in completed.stdout and "step 10" in completed.stdout
 
-    expected, resumed = read_losses(straight), read_losses(killed)
+    expected, resumed = straight_reference["losses"], read_losses(killed)
     assert sorted(expected) == list(range(1, 21))
     for step in range(1, 21):
         assert resumed[step] == expected[step], f"step {step}: {resumed[step]} != {expected[step]}"
+    assert leaf_hashes(bertjax.load(killed)[1]) == straight_reference["hashes"]
 
 
 @pytest.mark.slow
