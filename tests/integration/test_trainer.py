@@ -16,7 +16,7 @@ from synthetic_corpus import write_corpus
 from test_gcs_run import (
     INTERRUPTED_RUN,
     cli,
-    config_file,  # noqa: F401 - a fixture the kill test uses
+    config_file,  # noqa: F401 - a fixture the subprocess tests use
     leaf_hashes,
     overrides,
     straight_reference,  # noqa: F401 - a fixture the kill test uses
@@ -282,20 +282,16 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
-    overrides = base_overrides(
-        data_dir,
+def test_two_processes_log_the_same_losses_as_one(synthetic_data, config_file, tmp_path):
+    values = overrides(
+        synthetic_data,
         num_train_steps=4,
         checkpoint_every_steps=4,
-        **{
-            "optimizer.warmup_steps": 2,
-            "model.hidden_dropout": 0.0,
-            "model.attention_dropout": 0.0,
-        },
+        **{"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0},
     )
     single = tmp_path / "single"
     subprocess.run(
-        cli_args(overrides, single),
+        cli(values, str(single), config_file),
         env=subprocess_env(4),
         check=True,
         capture_output=True,
@@ -306,7 +302,7 @@ def test_two_processes_log_the_same_losses_as_one(data_dir, tmp_path):
     port = 20000 + os.getpid() % 20000
     processes = [
         subprocess.Popen(
-            cli_args(overrides, multi)
+            cli(values, str(multi), config_file)
             + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
             env=subprocess_env(2),
             stdout=subprocess.PIPE,
