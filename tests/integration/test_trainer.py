@@ -31,7 +31,6 @@ from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 SEQ_LEN = 64
 PREDICTIONS = 10
 
@@ -66,38 +65,6 @@ def train(config: ml_collections.ConfigDict, workdir) -> dict:
 
 def masking(config: ml_collections.ConfigDict):
     return PretrainSettings.from_config(config).data.masking
-
-
-def cli_args(config_overrides: dict, workdir: pathlib.Path) -> list[str]:
-    args = [
-        sys.executable,
-        str(REPO / "train.py"),
-        "--config",
-        str(REPO / "configs" / "tiny.py"),
-        "--workdir",
-        str(workdir),
-    ]
-    for key, value in config_overrides.items():
-        args.append(f"--config.{key}={value}")
-    return args
-
-
-def base_overrides(data_dir: pathlib.Path, **extra) -> dict:
-    overrides = {
-        "data.dir": str(data_dir),
-        "data.max_seq_length": SEQ_LEN,
-        "data.max_predictions_per_seq": PREDICTIONS,
-        "batch_size": 32,
-        "num_train_steps": 20,
-        "log_every_steps": 1,
-        "eval_every_steps": 1000,
-        "eval_batches": 2,
-        "checkpoint_every_steps": 10,
-        "optimizer.warmup_steps": 5,
-        "fill_mask_samples": 0,
-    }
-    overrides.update(extra)
-    return overrides
 
 
 def read_losses(workdir: pathlib.Path) -> dict[int, float]:
@@ -244,11 +211,11 @@ def test_resume_after_kill_is_bit_identical(
 
 
 @pytest.mark.slow
-def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
+def test_sigterm_saves_and_exits_cleanly_then_resumes(synthetic_data, config_file, tmp_path):
     workdir = tmp_path / "preempted"
-    overrides = base_overrides(data_dir, num_train_steps=400, checkpoint_every_steps=1000)
+    values = overrides(synthetic_data, num_train_steps=400, checkpoint_every_steps=1000)
     process = subprocess.Popen(
-        cli_args(overrides, workdir),
+        cli(values, str(workdir), config_file),
         env=subprocess_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -268,7 +235,7 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(data_dir, tmp_path):
     assert len(saved) == 1 and 3 <= saved[0] < 400
 
     completed = subprocess.run(
-        cli_args(dict(overrides, num_train_steps=saved[0] + 2), workdir),
+        cli(dict(values, num_train_steps=saved[0] + 2), str(workdir), config_file),
         env=subprocess_env(),
         capture_output=True,
         text=True,
