@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 from synthetic_corpus import write_corpus
 from test_trainer import (  # noqa: F401 (fixtures are used by name)
+    ONE_LAYER,
     PINNED_LOSSES,
     PINNED_PARAM_ABS_SUM,
     PREDICTIONS,
@@ -29,7 +30,7 @@ def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):
         params["nsp_head"] = dict(params["nsp_head"], bias=params["nsp_head"]["bias"] * jnp.nan)
         return params
 
-    before, after, metrics = _one_step(data_dir, make_config(data_dir), spoil)
+    before, after, metrics = _one_step(data_dir, make_config(data_dir, **ONE_LAYER), spoil)
     assert metrics["train/nonfinite"] == 1.0
     for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after)):
         np.testing.assert_array_equal(a, b)
@@ -73,7 +74,11 @@ def test_a_run_stops_naming_the_first_non_finite_step_and_never_saves_it(
     # An absurd learning rate: step 1's update is finite but makes every parameter huge,
     # so step 2's loss overflows.
     config = make_config(
-        data_dir, num_train_steps=10, checkpoint_every_steps=checkpoint_every, log_every_steps=5
+        data_dir,
+        num_train_steps=10,
+        checkpoint_every_steps=checkpoint_every,
+        log_every_steps=5,
+        **ONE_LAYER,
     )
     config.optimizer.learning_rate = 1e30
     config.optimizer.warmup_steps = 0
@@ -112,7 +117,10 @@ def test_resuming_with_data_of_another_tokenizer_is_rejected(data_dir, tmp_path)
     workdir = tmp_path / "run"
     train(
         make_config(
-            data_dir, num_train_steps=2, checkpoint_every_steps=2, **{"optimizer.warmup_steps": 1}
+            data_dir,
+            num_train_steps=2,
+            checkpoint_every_steps=2,
+            **{"optimizer.warmup_steps": 1, **ONE_LAYER},
         ),
         str(workdir),
     )
@@ -126,7 +134,7 @@ def test_resuming_with_data_of_another_tokenizer_is_rejected(data_dir, tmp_path)
         eval_fraction=0.2,
         workers=1,
     )
-    config = make_config(other, num_train_steps=4, **{"optimizer.warmup_steps": 1})
+    config = make_config(other, num_train_steps=4, **{"optimizer.warmup_steps": 1, **ONE_LAYER})
     with pytest.raises(ConfigError, match="tokenizer"):
         train(config, str(workdir))
     # Another model shape on the same data: also a config error, and the checkpoint stays put.
