@@ -23,8 +23,10 @@ from configs import modernbert_tiny
 
 
 def modern_config(data_dir, **overrides):
-    """configs/modernbert_tiny.py on conftest's packed synthetic data, short."""
+    """configs/modernbert_tiny.py on conftest's packed synthetic data, short, with two of its
+    four layers: the first global, the second local, as in the recipe's pattern."""
     config = modernbert_tiny.get_config()
+    config.model.num_layers = 2
     config.data.dir = str(data_dir)
     config.data.max_seq_length = 64
     config.data.max_predictions_per_seq = 20  # 30% of 64
@@ -137,7 +139,7 @@ def test_a_modernbert_run_opens_in_a_fresh_process_on_a_mesh_and_in_transformers
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     out = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert out["model"].startswith("Model(ModernBERT L4/H128/A4"), out["model"]
+    assert out["model"].startswith("Model(ModernBERT L2/H128/A4"), out["model"]
     assert out["hf_class"] == "ModernBertForMaskedLM"
     for other in ("mesh", "hf"):
         assert [t for t, _ in out[other]] == [t for t, _ in out["alone"]], out
