@@ -52,7 +52,7 @@ def test_mlm_only_loss_has_no_sentence_term():
             sums = objective.sums(p, batch, rng=None, deterministic=True)
             return objective.loss(sums, objective.denominators(batch)), sums
 
-        (value, sums), grads = jax.value_and_grad(loss, has_aux=True)(params)
+        (value, sums), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
         return value, grads, objective.metrics(sums, "train")
 
     mlm_loss, mlm_grads, mlm_metrics = loss_and_grads(PretrainingObjective(model, False))
