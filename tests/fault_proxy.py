@@ -87,6 +87,12 @@ class FaultProxy:
         with self._lock:
             self._script.extend(faults)
 
+    def clear_script(self) -> None:
+        """Forgets the scripted faults not yet used: how many requests a client's retries take
+        varies, so a script may outlast the calls it was meant for."""
+        with self._lock:
+            self._script.clear()
+
     def decide(self, request: str, client: str) -> str | None:
         """This request's fault ("outage", one of FAULTS), or None to forward it."""
         with self._lock:
