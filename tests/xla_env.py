@@ -20,7 +20,7 @@ core with an empty cache, before (level 0 or level 2) and after (level 1):
 - the SQuAD fine-tuning run, 1,536 steps: 134 s at level 0 -> 108 s;
 - the QA library run, 800 steps: 72 s at level 2 -> 43 s;
 - the seq2seq `Trainer`, 1,000 steps: 50 s -> 43 s;
-- `test_tiny_model_learns_and_loads_in_a_notebook`, 300 steps on 8 devices: 133 s -> 120 s.
+- `test_tiny_model_learns_and_loads_in_a_notebook`, then 300 steps on 8 devices: 133 s -> 120 s.
 Runs that also compile many evaluation or generation programs stay at level 0, where they
 are quicker: the seq2seq task run (109 s at level 0, 150 s at level 1) and the embedding
 fine-tuning run (70 s, 82 s).

@@ -87,14 +87,18 @@ def read_losses(workdir: pathlib.Path) -> dict[int, float]:
 
 @pytest.mark.slow
 def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path, optimized):
+    """The suite's proof that next-sentence prediction learns (the demo recipe's test,
+    tests/integration/test_demo_learns.py, is the masked LM's): 150 steps on 8 devices.
+    Measured: eval NSP accuracy 0.79 (0.53 at step 50, 0.63 at 100), MLM accuracy 0.188
+    against 0.078 for always predicting the commonest masked token."""
     workdir = tmp_path / "run"
     config = make_config(
         data_dir,
-        num_train_steps=300,
+        num_train_steps=150,
         log_every_steps=50,
-        eval_every_steps=300,
+        eval_every_steps=150,
         eval_batches=0,
-        checkpoint_every_steps=300,
+        checkpoint_every_steps=150,
     )
     config.optimizer.learning_rate = 2e-3
     config.optimizer.warmup_steps = 30
@@ -112,9 +116,9 @@ def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path, optimized
     )
     ids = np.concatenate([b["masked_lm_ids"][b["masked_lm_weights"] > 0] for b in loader])
     most_common_frequency = np.bincount(ids).max() / ids.size
-    assert result["steps"] == 300
-    assert result["eval"]["eval/mlm_accuracy"] > most_common_frequency + 0.1
-    assert result["eval"]["eval/nsp_accuracy"] > 0.6
+    assert result["steps"] == 150
+    assert result["eval"]["eval/mlm_accuracy"] > 2 * most_common_frequency
+    assert result["eval"]["eval/nsp_accuracy"] > 0.7
 
     records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
     assert any("perf/tokens_per_sec" in r and r["perf/tokens_per_sec"] > 0 for r in records)
