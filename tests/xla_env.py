@@ -17,7 +17,7 @@ twice as long. They compile optimised inside `optimized_compiles()` (or conftest
 each compile. Optimised means LLVM at level 1 here (OPTIMIZED_FLAGS), which runs a step
 about as fast as XLA's default level 2 and compiles it in half the time. Each test, alone on one
 core with an empty cache, before (level 0 or level 2) and after (level 1):
-- the SQuAD fine-tuning run, 1,536 steps: 134 s at level 0 -> 108 s;
+- the SQuAD fine-tuning run, then 1,536 steps: 134 s at level 0 -> 108 s;
 - the QA library run, 800 steps: 72 s at level 2 -> 43 s;
 - the seq2seq `Trainer`, 1,000 steps: 50 s -> 43 s;
 - `test_tiny_model_learns_and_loads_in_a_notebook`, then 300 steps on 8 devices: 133 s -> 120 s.

@@ -25,7 +25,9 @@ def test_finetune_run_learns_synthetic_squad_v2(tmp_path, optimized):
     not in the context and have no answer), through finetune.py's loop from a random
     BertForQuestionAnswering export: the answer is the word asked for, or none. The only
     learning test of question answering: v2.0 decoding (the null answer, null odds) is
-    scored on what the run learned, and the run directory opens in Model."""
+    scored on what the run learned, and the run directory opens in Model. 9 epochs of 128
+    steps; measured: exact match 30.5 (always "no answer") through epoch 3, 75.0 at epoch 5,
+    96.1 at 6, 100 from 7 on."""
     rng = np.random.default_rng(0)
     train = write_jsonl(tmp_path / "train.jsonl", synthetic_examples(rng, 4096))
     dev_examples = synthetic_examples(rng, 128)
@@ -35,7 +37,7 @@ def test_finetune_run_learns_synthetic_squad_v2(tmp_path, optimized):
         random_export(tmp_path / "init", LEARNER),
         train,
         dev,
-        num_epochs=12,
+        num_epochs=9,
         batch_size=32,
         eval_batch_size=64,
         log_every_steps=1000,
