@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import importlib.util
 import logging as python_logging
+import os
 import sys
+import threading
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 from absl import app, flags, logging
@@ -74,18 +77,43 @@ def run(
                 )
             job(FLAGS.config, FLAGS.workdir)
         except KeyboardInterrupt:
-            raise SystemExit("interrupted") from None
+            _end_after_failure("interrupted")
         except Exception as e:
             if FLAGS.verbose:
                 raise
             if isinstance(e, (*expected, fs.StorageError)):
-                raise SystemExit(f"error: {e}") from None
-            raise SystemExit(f"error: {type(e).__name__}: {e} (--verbose shows where)") from None
+                _end_after_failure(f"error: {e}")
+            _end_after_failure(f"error: {type(e).__name__}: {e} (--verbose shows where)")
 
     def parse_flags(argv: list[str]) -> list[str]:
         return _reporting_bad_overrides(lambda: FLAGS(argv), argv, default_config)
 
     app.run(main, flags_parser=parse_flags)
+
+
+# How long a failed command waits for library threads still running before it ends.
+FAILURE_GRACE_SECONDS = 5.0
+
+
+def _end_after_failure(message: str) -> NoReturn:
+    """Prints `message` and ends the process with status 1, waiting at most
+    FAILURE_GRACE_SECONDS for the threads still running.
+
+    Python's own exit waits for every non-daemon thread. After a storage outage Orbax's
+    background commit thread can keep retrying a checkpoint's files for minutes (gcsfs's
+    retries, outside bertjax's budget), so a run whose failure was already reported in one
+    line would hang instead of ending. What the run wrote is closed by then: the loop's
+    `finally` blocks ran before the failure reached this point.
+    """
+    print(message, file=sys.stderr)
+    deadline = time.monotonic() + FAILURE_GRACE_SECONDS
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    python_logging.shutdown()  # flushes the log handlers
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def _reporting_bad_overrides(parse: Callable[[], Any], argv: list[str], default_config: str):

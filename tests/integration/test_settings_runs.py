@@ -1,9 +1,14 @@
 """The integration tests of test_settings.py (tests/unit/), with its helpers."""
 
+import subprocess
+import sys
+import time
+
 import pytest
 from test_settings import (  # noqa: F401 (fixtures are used by name)
     _train_cli,
 )
+from xla_env import subprocess_env
 
 
 @pytest.mark.slow
@@ -25,3 +30,32 @@ def test_the_command_line_reports_a_bad_config_in_one_line(tmp_path, flag, expec
     assert "Traceback" not in completed.stderr, completed.stderr
     assert len(completed.stderr.strip().splitlines()) == 1, completed.stderr
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_a_failed_command_ends_although_a_library_thread_still_runs(tmp_path):
+    """What train.py and finetune.py do with a failure: one line, status 1, and the process
+    ends within the grace period although a non-daemon thread is still busy, as Orbax's
+    commit thread is when it keeps retrying through a storage outage (Python's own exit
+    would wait for it: here ten minutes). What was printed before is not lost."""
+    script = (
+        "import threading, time\n"
+        "from bertjax import cli\n"
+        "cli.FAILURE_GRACE_SECONDS = 0.5\n"
+        "threading.Thread(target=time.sleep, args=(600,), daemon=False).start()\n"
+        "print('written before the failure')\n"
+        "cli._end_after_failure('error: the storage did not answer')\n"
+    )
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-c", script],
+        env=subprocess_env(1),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert time.monotonic() - started < 60
+    assert completed.returncode == 1
+    assert completed.stdout == "written before the failure\n"
+    assert completed.stderr.strip().splitlines() == ["error: the storage did not answer"]
