@@ -22,13 +22,6 @@ from xla_env import REPO, subprocess_env
 
 from bertjax import capability
 
-
-def _sentence_transformer(path: str):
-    import sentence_transformers  # 6-10 s to import: only where a test opens one
-
-    return sentence_transformers.SentenceTransformer(path, device="cpu")
-
-
 pytestmark = pytest.mark.slow
 
 
@@ -41,6 +34,12 @@ class Road:
     call: str  # the notebook call, on `m`, as Python source
     export: object  # path -> what the export holds, opened the ecosystem's way
     kept: str  # what the init_from run says it took from the first run
+
+
+def _sentence_transformer(path: str):
+    import sentence_transformers  # 6-10 s to import: only where a test opens one
+
+    return sentence_transformers.SentenceTransformer(path, device="cpu")
 
 
 def _classification(directory: pathlib.Path, topics) -> list[str]:
