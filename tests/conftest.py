@@ -46,6 +46,7 @@ import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
 from synthetic_corpus import (  # noqa: E402
+    ONE_LAYER,
     finetune_config,
     topic_words,
     write_corpus,
@@ -175,10 +176,7 @@ def pretrained_run(synthetic_data, synthetic_corpus, tmp_path_factory):
     """(work directory, each topic's words): a one-layer BERT pretrained for 6 steps on the
     synthetic data, the source that fine-tuning tests start from. Tests must not change it."""
     config = tiny.get_config()
-    # Smaller than tiny: one layer compiles in half the time.
-    config.model.num_layers = 1
-    config.model.hidden_size = 64
-    config.model.intermediate_size = 256
+    config.update_from_flattened_dict(ONE_LAYER)
     config.data.dir = str(synthetic_data)
     config.data.max_seq_length = SYNTHETIC_SEQ_LEN
     config.data.max_predictions_per_seq = SYNTHETIC_PREDICTIONS

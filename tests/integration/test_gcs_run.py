@@ -20,6 +20,7 @@ import filelock
 import jax
 import numpy as np
 import pytest
+from synthetic_corpus import ONE_LAYER
 from xla_env import subprocess_env
 
 import bertjax
@@ -42,9 +43,7 @@ def overrides(data_dir, **extra) -> dict:
         "data.dir": str(data_dir),
         "data.max_seq_length": SEQ_LEN,
         "data.max_predictions_per_seq": PREDICTIONS,
-        "model.num_layers": 1,
-        "model.hidden_size": 64,
-        "model.intermediate_size": 256,
+        **ONE_LAYER,
         "batch_size": 16,
         "num_train_steps": 4,
         "log_every_steps": 1,
@@ -315,14 +314,14 @@ def test_a_preempted_run_on_gcs_uploads_its_metrics_before_it_stops(
 # ----------------------------------------------------------------------------- subprocesses
 
 
-MODEL_FIELDS = ("model.num_layers", "model.hidden_size", "model.intermediate_size")
+MODEL_FIELDS = tuple(ONE_LAYER)
 
 
 @pytest.fixture(scope="session")
 def config_file(tmp_path_factory) -> pathlib.Path:
     """tiny.py with the one-layer model of `overrides` (fields the command line cannot add)."""
     path = tmp_path_factory.mktemp("config") / "one_layer.py"
-    values = {key: overrides("")[key] for key in MODEL_FIELDS}
+    values = ONE_LAYER
     path.write_text(
         "from configs import tiny\n\n\ndef get_config():\n    config = tiny.get_config()\n"
         f"    config.update_from_flattened_dict({values!r})\n    return config\n"

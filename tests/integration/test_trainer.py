@@ -12,7 +12,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from synthetic_corpus import write_corpus
+from synthetic_corpus import ONE_LAYER, write_corpus
 from test_gcs_run import (
     INTERRUPTED_RUN,
     cli,
@@ -39,11 +39,6 @@ PREDICTIONS = 10
 def data_dir(synthetic_data) -> pathlib.Path:
     """The synthetic corpus prepared with SEQ_LEN and PREDICTIONS (conftest.py)."""
     return synthetic_data
-
-
-# For a test about the loop, the step or checkpoints rather than what a model learns: one
-# layer traces and compiles in about half the time of configs/tiny.py's two.
-ONE_LAYER = {"model.num_layers": 1, "model.hidden_size": 64, "model.intermediate_size": 256}
 
 
 def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDict:

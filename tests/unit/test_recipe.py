@@ -6,6 +6,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
+from synthetic_corpus import ONE_LAYER
 from test_trainer import make_config
 
 from bertjax.model import BertConfig, BertForPreTraining
@@ -107,9 +108,7 @@ def _recipe_config(data_dir, **overrides):
     (these tests are about the recipe's objective, schedules and batch sizes, and one
     layer traces and compiles in about half the time)."""
     config = tiny_modern_recipe.get_config()
-    config.model.num_layers = 1
-    config.model.hidden_size = 64
-    config.model.intermediate_size = 256
+    config.update_from_flattened_dict(ONE_LAYER)
     config.data.dir = str(data_dir)
     config.data.max_seq_length = 64
     config.data.max_predictions_per_seq = 20  # 64 * 0.3 = 19.2

@@ -4,9 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from synthetic_corpus import write_corpus
+from synthetic_corpus import ONE_LAYER, write_corpus
 from test_trainer import (  # noqa: F401 (fixtures are used by name)
-    ONE_LAYER,
     PINNED_LOSSES,
     PINNED_PARAM_ABS_SUM,
     PREDICTIONS,
