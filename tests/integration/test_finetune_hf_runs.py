@@ -10,15 +10,14 @@ import transformers
 from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
     CONFIG,
     HEADS,
-    HF_CLASSES,
     PARITY_BATCH,
     PARITY_LR,
     PARITY_SEQ,
     PARITY_STEPS,
     parity_batches,
     random_params,
-    torch_labels,
 )
+from test_finetune_hf_parity import HF_CLASSES, torch_labels
 
 from bertjax import hf, optim
 from bertjax.finetune.objective import build_finetuning

@@ -10,10 +10,10 @@ from test_seq2seq import (  # noqa: F401 (fixtures are used by name)
     EOS,
     SEARCHES,
     half_trained,
-    hf_model,
     reversal_batch,
     trainer,
 )
+from test_seq2seq_parity import hf_model
 
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as s2s

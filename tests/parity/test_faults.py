@@ -25,7 +25,6 @@ from bertjax import checkpoint as checkpoint_lib
 from bertjax import heads, hf, rundir
 from bertjax.capability import HeadSpec
 from bertjax.finetune import loop as finetune_loop
-from bertjax.finetune.layouts import CSV, Layout
 from bertjax.inference import InferenceError, Model
 from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
@@ -185,10 +184,6 @@ def test_export_of_an_encoder_leaves_out_the_heads_it_never_had(encoder_dir, tmp
 
 
 # --------------------------------------------------------------------- 3, 4: task files
-
-
-CSV_LAYOUT = Layout(CSV, ("sentence",), "label")
-CSV_TEXT = "sentence,label\nthe café is open,yes\nit is closed,no\n"
 
 
 # --------------------------------------------------------------------- 5: damaged weights

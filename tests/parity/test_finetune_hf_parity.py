@@ -1,4 +1,5 @@
-"""The parity tests of test_finetune_hf.py (tests/unit/), with its helpers."""
+"""The parity tests of test_finetune_hf.py (tests/unit/), with the torch helpers they share
+with tests/integration/test_finetune_hf_runs.py."""
 
 import jax
 import jax.numpy as jnp
@@ -10,18 +11,42 @@ from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
     ATOL,
     CONFIG,
     HEADS,
-    HF_CLASSES,
+    IDS,
     MASK,
+    SEGMENTS,
     our_logits,
     random_params,
-    torch_logits,
 )
 
 import bertjax
 from bertjax import hf
+from bertjax.capability import HeadSpec
 from bertjax.tasks import labels as labels_capability
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
+
+HF_CLASSES = {
+    label_heads.TOKEN_CLASSIFICATION: transformers.BertForTokenClassification,
+    label_heads.CLASSIFICATION: transformers.BertForSequenceClassification,
+}
+
+
+def torch_logits(model) -> np.ndarray:
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(IDS, dtype=torch.long),
+            token_type_ids=torch.tensor(SEGMENTS, dtype=torch.long),
+            attention_mask=torch.tensor(MASK, dtype=torch.long),
+        )
+    return out.logits.numpy()
+
+
+def torch_labels(head: HeadSpec, labels: np.ndarray):
+    if head.task == label_heads.TOKEN_CLASSIFICATION:  # transformers ignores -100
+        return torch.tensor(np.where(labels == label_heads.IGNORE_LABEL, -100, labels)).long()
+    if head.task == label_heads.CLASSIFICATION:
+        return torch.tensor(labels).long()
+    return torch.tensor(labels)
 
 
 @pytest.mark.parametrize("name", list(HEADS))

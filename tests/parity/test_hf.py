@@ -6,21 +6,25 @@ import json
 import logging
 import sys
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
 from safetensors import numpy as safetensors_numpy
-from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
+from test_hf_unit import (  # noqa: F401 (fixtures are used by name)
+    _abstract_params,
+    _random_params,
+    _read_dir,
+    sentencepiece,
+)
+from test_tokenizer import VARIED, write_wordpiece_vocab
 
 from bertjax import hf
 from bertjax import model as model_lib
 from bertjax.finetune import loop as finetune_loop
 from bertjax.model import BertConfig, BertForPreTraining
-from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
+from bertjax.tokenizer import WordPieceTokenizer
 
 ATOL = 1e-4
 
@@ -49,33 +53,6 @@ def _randomize_torch(module, seed):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.2
             p.copy_((1.0 + noise) if "LayerNorm.weight" in name else noise)
     return module
-
-
-def _abstract_params(config, boxed=False):
-    """Shapes of BertForPreTraining's params, without compiling its init."""
-    variables = jax.eval_shape(
-        lambda: BertForPreTraining(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
-    )
-    return variables["params"] if boxed else nn.meta.unbox(variables["params"])
-
-
-def _random_params(config, seed, boxed=False):
-    """Every parameter random (biases and LayerNorm too), in BertForPreTraining's tree."""
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        noise = rng.normal(0, 0.2, leaf.shape).astype(np.float32)
-        is_scale = any(getattr(k, "key", None) == "scale" for k in path)
-        return (1.0 + noise) if is_scale else noise
-
-    abstract = _abstract_params(config, boxed)
-    if boxed:
-        return jax.tree.map_with_path(
-            lambda path, box: box.replace(value=fill(path, box.value)),
-            abstract,
-            is_leaf=lambda x: isinstance(x, nn.Partitioned),
-        )
-    return jax.tree.map_with_path(fill, abstract)
 
 
 def _hf_pretraining_model(seed=0, **changes):
@@ -142,10 +119,6 @@ def _assert_outputs_close(ours, theirs, mask):
 
 def _shapes(tree):
     return jax.tree.map(lambda x: tuple(np.shape(x)), tree)
-
-
-def _read_dir(path):
-    return safetensors_numpy.load_file(path / hf.SAFE_WEIGHTS_NAME)
 
 
 @pytest.fixture(scope="module")
@@ -462,15 +435,6 @@ def test_preset_parameter_counts_match_transformers(name):
 
 # ---------------------------------------------------------------------------------------------
 # Tokenizers in and out
-
-
-@pytest.fixture(scope="module")
-def sentencepiece(tmp_path_factory):
-    return train_tokenizer(
-        training_sentences(800)[:800],
-        TokenizerSettings(vocab_size=400),
-        tmp_path_factory.mktemp("spm") / "tokenizer.model",
-    )
 
 
 def test_save_writes_the_tokenizer_transformers_reads(tmp_path, sentencepiece):

@@ -10,13 +10,25 @@ import transformers
 from test_question_answering import (  # noqa: F401 (fixtures are used by name)
     ATOL,
     CONFIG,
+    IDS,
+    MASK,
+    SEGMENTS,
     our_logits,
     qa_head,
     random_params,
-    torch_logits,
 )
 
 from bertjax import hf
+
+
+def torch_logits(model):
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(IDS, dtype=torch.long),
+            token_type_ids=torch.tensor(SEGMENTS, dtype=torch.long),
+            attention_mask=torch.tensor(MASK, dtype=torch.long),
+        )
+    return out.start_logits.numpy()[MASK == 1], out.end_logits.numpy()[MASK == 1]
 
 
 def test_export_loads_in_transformers_with_equal_logits(tmp_path):

@@ -1,4 +1,5 @@
-"""The parity tests of test_seq2seq.py (tests/unit/), with its helpers."""
+"""The parity tests of test_seq2seq.py (tests/unit/), with the transformers helpers they share
+with tests/integration/test_seq2seq_runs.py."""
 
 import numpy as np
 import torch
@@ -8,14 +9,26 @@ from test_seq2seq import (  # noqa: F401 (fixtures are used by name)
     EOS,
     START,
     VOCAB,
-    hf_logits,
-    hf_model,
     logits_of,
     random_params,
     sources,
 )
 
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
+
+
+def hf_model(directory):
+    return transformers.EncoderDecoderModel.from_pretrained(directory).eval()
+
+
+def hf_logits(model, ids, mask, decoder_ids):
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.tensor(ids),
+            attention_mask=torch.tensor(mask),
+            decoder_input_ids=torch.tensor(decoder_ids),
+        )
+    return out.logits.numpy()
 
 
 def test_logits_match_transformers_both_ways(tmp_path):

@@ -1,18 +1,17 @@
-"""The unit tests of test_faults.py (tests/parity/), with its helpers."""
+"""The unit tests of test_faults.py (tests/parity/)."""
 
 import json
 
 import pytest
-from test_faults import (  # noqa: F401 (fixtures are used by name)
-    CSV_LAYOUT,
-    CSV_TEXT,
-)
 
 from bertjax import textfile
 from bertjax.data import corpus
 from bertjax.finetune import data as finetune_data
-from bertjax.finetune.layouts import CONLL, JSONL, Layout
+from bertjax.finetune.layouts import CONLL, CSV, JSONL, Layout
 from bertjax.tasks.labels import data as label_data
+
+CSV_LAYOUT = Layout(CSV, ("sentence",), "label")
+CSV_TEXT = "sentence,label\nthe café is open,yes\nit is closed,no\n"
 
 
 def test_equal_json_numbers_are_one_label(tmp_path):

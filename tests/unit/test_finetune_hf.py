@@ -5,8 +5,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-import torch
-import transformers
 from safetensors import numpy as safetensors_numpy
 
 from bertjax import heads, hf, optim
@@ -37,10 +35,6 @@ HEADS = {
         label_heads.TOKEN_CLASSIFICATION, ("B-LOC", "B-PER", "I-PER", "O")
     ),
 }
-HF_CLASSES = {
-    label_heads.TOKEN_CLASSIFICATION: transformers.BertForTokenClassification,
-    label_heads.CLASSIFICATION: transformers.BertForSequenceClassification,
-}
 
 
 def random_params(head: HeadSpec, seed: int):
@@ -59,16 +53,6 @@ def random_params(head: HeadSpec, seed: int):
 def our_logits(head: HeadSpec, params) -> np.ndarray:
     model = label_heads.make_model(CONFIG, head.task, head.num_outputs)
     return np.asarray(jax.jit(model.apply)({"params": params}, IDS, SEGMENTS, MASK))
-
-
-def torch_logits(model) -> np.ndarray:
-    with torch.no_grad():
-        out = model(
-            input_ids=torch.tensor(IDS, dtype=torch.long),
-            token_type_ids=torch.tensor(SEGMENTS, dtype=torch.long),
-            attention_mask=torch.tensor(MASK, dtype=torch.long),
-        )
-    return out.logits.numpy()
 
 
 def test_a_save_and_load_round_trip_keeps_every_parameter(tmp_path):
@@ -172,11 +156,3 @@ def parity_batches(head: HeadSpec, pairs: bool, seed: int = 0) -> list[dict]:
             batch["labels"] = labels
         batches.append(batch)
     return batches
-
-
-def torch_labels(head: HeadSpec, labels: np.ndarray):
-    if head.task == label_heads.TOKEN_CLASSIFICATION:  # transformers ignores -100
-        return torch.tensor(np.where(labels == label_heads.IGNORE_LABEL, -100, labels)).long()
-    if head.task == label_heads.CLASSIFICATION:
-        return torch.tensor(labels).long()
-    return torch.tensor(labels)

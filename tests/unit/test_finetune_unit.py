@@ -1,15 +1,9 @@
-"""The unit tests of test_finetune.py (tests/integration/), with its helpers."""
+"""The unit tests of test_finetune.py (tests/integration/), with their helpers."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_finetune import (  # noqa: F401 (fixtures are used by name)
-    _head,
-    _uneven_examples,
-    assert_trained_the_same,
-    small_config,
-)
 
 from bertjax import model as model_lib
 from bertjax import optim, perf, steps
@@ -17,8 +11,64 @@ from bertjax.capability import HeadSpec
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.task import Examples
+from bertjax.model import BertConfig
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
+
+
+def assert_trained_the_same(first, second):
+    """Two (loss or losses, updated params) results agree: losses to 1e-5, params to 1e-4."""
+    (loss_a, params_a), (loss_b, params_b) = first, second
+    np.testing.assert_allclose(loss_b, loss_a, rtol=1e-5)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), params_a, params_b
+    )
+
+
+def small_config(positions: int) -> BertConfig:
+    """A one-layer BERT without dropout, for exact comparisons of train steps."""
+    return BertConfig(
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=positions,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+
+
+def _uneven_examples(task: str, count: int, seq: int, longest: int, seed: int = 0) -> Examples:
+    """Examples of lengths 3 to `longest` for a label task or question answering."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(3, longest + 1, size=count)
+    mask = (np.arange(seq)[None] < lengths[:, None]).astype(np.int32)
+    features = {
+        "input_ids": (rng.integers(5, 64, size=(count, seq)) * mask).astype(np.int32),
+        "input_mask": mask,
+        "segment_ids": np.zeros((count, seq), np.int32),
+    }
+    word_positions = None
+    if task == qa_model.TASK:
+        starts = (rng.random(count) * (lengths - 1)).astype(np.int32)
+        features["start_positions"] = starts
+        features["end_positions"] = np.minimum(starts + 1, lengths - 1).astype(np.int32)
+    elif task == label_heads.TOKEN_CLASSIFICATION:
+        labels = np.where(
+            mask == 1, rng.integers(0, 3, size=(count, seq)), label_heads.IGNORE_LABEL
+        )
+        features["labels"] = labels.astype(np.int32)
+        word_positions = [np.arange(n) for n in lengths]
+    else:
+        features["labels"] = rng.integers(0, 3, size=count).astype(np.int32)
+    return Examples(
+        "train", "synthetic", features, [str(i) for i in range(count)], True, word_positions
+    )
+
+
+def _head(task: str) -> HeadSpec:
+    return HeadSpec(task, qa_model.HEAD_LABELS if task == qa_model.TASK else ("a", "b", "c"))
 
 
 def test_sharded_steps_equal_data_parallel_ones():

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import torch
 from test_tokenizer import training_sentences
 
 from bertjax import Model
@@ -572,16 +571,6 @@ def our_logits(params):
         {"params": params}, IDS, SEGMENTS, MASK
     )
     return np.asarray(start)[MASK == 1], np.asarray(end)[MASK == 1]
-
-
-def torch_logits(model):
-    with torch.no_grad():
-        out = model(
-            input_ids=torch.tensor(IDS, dtype=torch.long),
-            token_type_ids=torch.tensor(SEGMENTS, dtype=torch.long),
-            attention_mask=torch.tensor(MASK, dtype=torch.long),
-        )
-    return out.start_logits.numpy()[MASK == 1], out.end_logits.numpy()[MASK == 1]
 
 
 # ----------------------------------------------------------------------------- answer()

@@ -11,8 +11,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-import torch
-import transformers
 from xla_env import optimized_compiles
 
 from bertjax import sharding
@@ -335,20 +333,6 @@ def test_scoring_without_the_seq2seq_extra_names_it(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ transformers
-
-
-def hf_model(directory):
-    return transformers.EncoderDecoderModel.from_pretrained(directory).eval()
-
-
-def hf_logits(model, ids, mask, decoder_ids):
-    with torch.no_grad():
-        out = model(
-            input_ids=torch.tensor(ids),
-            attention_mask=torch.tensor(mask),
-            decoder_input_ids=torch.tensor(decoder_ids),
-        )
-    return out.logits.numpy()
 
 
 # ------------------------------------------------------------------------------ slow: trained
