@@ -17,6 +17,8 @@ import sys
 # sentence-transformers), tests/integration (command lines, runs, GCS). A subject's tests of
 # another kind sit in a file of their own (tests/unit/test_hf_unit.py beside
 # tests/parity/test_hf.py) and import its helpers by name, from whichever kind is selected.
+# No unit file imports a module that loads torch or transformers (the helpers that need them
+# live in the parity files), so `pytest tests/unit` never pays for their import.
 _HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE / kind) for kind in ("unit", "parity", "integration")]
 

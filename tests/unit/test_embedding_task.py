@@ -33,7 +33,7 @@ TRAIN_EXAMPLES = 2048
 LONG = " ".join(f"w{i % 90}" for i in range(60))  # far longer than SEQ: cut
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def files(tmp_path_factory) -> pathlib.Path:
     """A sentence-transformers directory of a random tiny model, and the task's files."""
     root = tmp_path_factory.mktemp("embedding_task")

@@ -403,7 +403,7 @@ def _hub_tokenizer_json() -> str:
     return tokenizer.to_str()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def hub_dir(tmp_path_factory):
     """(directory, the transformers model): ModernBertForMaskedLM + a byte-level BPE tokenizer."""
     torch, transformers = _torch()

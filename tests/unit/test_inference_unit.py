@@ -24,7 +24,7 @@ ATOL = 1e-4
 TRAIN_STEPS = 40
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def workdir(tmp_path_factory, synthetic_data) -> pathlib.Path:
     """A work directory holding a model bertjax trained: checkpoints at two steps."""
     data_dir = synthetic_data
@@ -74,12 +74,12 @@ def workdir(tmp_path_factory, synthetic_data) -> pathlib.Path:
     return directory
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def trained(workdir) -> Model:
     return Model.load(workdir)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def held_out(synthetic_data, trained) -> list[str]:
     """Sentences of the corpus's evaluation documents, which training never saw."""
     return samples.held_out_texts(synthetic_data, trained.tokenizer, count=6)

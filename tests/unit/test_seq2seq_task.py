@@ -42,7 +42,7 @@ def bert_config(**fields) -> BertConfig:
     )
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def source(tmp_path_factory) -> pathlib.Path:
     """A transformers BERT directory (random BertForPreTraining weights) with a WordPiece
     vocabulary of [PAD] [UNK] [CLS] [SEP] [MASK] w0..w26: the model to fine-tune."""
@@ -289,7 +289,7 @@ def test_scores_and_predictions_from_generated_ids(source, tmp_path):
 # ------------------------------------------------------------------------------ the notebook
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def exported(tmp_path_factory):
     """A transformers EncoderDecoderModel directory of random weights, written by bertjax,
     with the tokenizer; initializer_range 0.2 so that outputs vary by input."""
