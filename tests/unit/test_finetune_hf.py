@@ -1,5 +1,6 @@
-"""Fine-tuned models in and out of transformers: BertForSequenceClassification and
-BertForTokenClassification load with nothing missing and give the same logits, both ways."""
+"""Fine-tuned models in and out of transformers' format: exports that load back whole, and
+the helpers of tests/parity/test_finetune_hf_parity.py, where BertForSequenceClassification
+and BertForTokenClassification give the same logits both ways."""
 
 import flax.linen as nn
 import jax

@@ -1,6 +1,6 @@
 """Extractive question answering: reading, windows and max context, decoding, the official
-scorer, the head's loss, transformers parity both ways, answer(), and a short run that
-learns a synthetic task."""
+scorer, the head's loss, answer(), and a short run that learns a synthetic task (transformers
+parity both ways: tests/parity/test_question_answering_parity.py)."""
 
 import json
 

@@ -1,4 +1,5 @@
-"""The BERT encoder-decoder: model, loss, cached greedy/beam generation, transformers parity."""
+"""The BERT encoder-decoder: model, loss, cached greedy/beam generation (its transformers
+parity: tests/parity/test_seq2seq_parity.py)."""
 
 import dataclasses
 import functools
@@ -330,9 +331,6 @@ def test_scoring_without_the_seq2seq_extra_names_it(monkeypatch):
     monkeypatch.setitem(sys.modules, "rouge_score.rouge_scorer", None)  # as if not installed
     with pytest.raises(ImportError, match=r"pip install 'bertjax\[seq2seq\]'"):
         text_metrics.rouge(["a"], ["a"])
-
-
-# ------------------------------------------------------------------------------ transformers
 
 
 # ------------------------------------------------------------------------------ slow: trained
