@@ -42,7 +42,10 @@ for variable, value in COMPILATION_CACHE.items():
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import contextlib  # noqa: E402
+import json  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
+import filelock  # noqa: E402
 import gcs_emulator  # noqa: E402
 import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
@@ -226,26 +229,55 @@ def finetuned_run(pretrained_run, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def demo_corpus(tmp_path_factory) -> pathlib.Path:
-    """The built-in demo corpus, built once, in the corpus cache of `demo_run`'s work
-    directory (where a run with no data given looks for it before building it)."""
-    return data_lib.demo_corpus_path(tmp_path_factory.mktemp("demo") / "run" / CORPUS_DIR)
+def shared_by_workers(tmp_path_factory, worker_id):
+    """`shared_by_workers(name, make)`: what `make(directory)` returns (JSON), made once for
+    the whole suite in an empty `directory`. pytest-xdist's workers share it: the first to ask
+    makes it beside the workers' temporary directories, and the others wait for it and read
+    it there."""
+
+    def shared(name: str, make: Callable[[pathlib.Path], dict]) -> dict:
+        if worker_id == "master":  # no pytest-xdist workers
+            return make(tmp_path_factory.mktemp(name))
+        root = tmp_path_factory.getbasetemp().parent
+        made = root / f"{name}.json"
+        with filelock.FileLock(f"{made}.lock"):
+            if not made.is_file():
+                (root / name).mkdir()
+                made.write_text(json.dumps(make(root / name), default=float))
+            return json.loads(made.read_text())
+
+    return shared
 
 
 @pytest.fixture(scope="session")
-def demo_run(demo_corpus):
+def demo_corpus(shared_by_workers) -> pathlib.Path:
+    """The built-in demo corpus, built once, in the corpus cache of `demo_run`'s work
+    directory (where a run with no data given looks for it before building it)."""
+
+    def build(directory: pathlib.Path) -> dict:
+        return {"path": str(data_lib.demo_corpus_path(directory / "run" / CORPUS_DIR))}
+
+    return pathlib.Path(shared_by_workers("demo_corpus", build)["path"])
+
+
+@pytest.fixture(scope="session")
+def demo_run(demo_corpus, shared_by_workers):
     """(work directory, summary, config) of what `python train.py` runs, shortened to two
     steps: the tiny recipe with no data given, so the run takes the demo corpus (from its
     cache, `demo_corpus`) and prepares it into <workdir>/data, where the demo recipe's own
-    test finds it."""
+    test finds it. Run once for the whole suite; the summary's numbers as JSON has them."""
     config = tiny.get_config()
     config.num_train_steps = 2
     config.optimizer.warmup_steps = 1
     config.eval_every_steps = config.checkpoint_every_steps = 2
     config.eval_batches = 1
     workdir = demo_corpus.parent.parent
-    result = pretrain_loop.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
-    return workdir, result, config
+    settings = PretrainSettings.from_config(config)
+
+    def run(_) -> dict:
+        return pretrain_loop.train_and_evaluate(settings, str(workdir))
+
+    return workdir, shared_by_workers("demo_run", run), config
 
 
 @pytest.fixture(scope="session")

@@ -53,17 +53,18 @@ def store_up(monkeypatch):
 def faults(gcs, monkeypatch):
     """`faults(rate, seed)`: a FaultProxy in front of the emulator that this process's GCS
     clients use from then on (until the test ends); stopped at the end. Random faults
-    (rate > 0) are retried after waits 20x shorter than Google's (the same budget): those
-    tests count faults ridden out, not seconds, and spent 20 s each waiting; the waits
-    themselves are test_the_retry_budget_is_read_from_the_environment's."""
+    (rate > 0), and an outage ridden out with `quick_waits`, are retried after waits 20x
+    shorter than Google's (the same budget): those tests count faults ridden out, not
+    seconds, and spent 20 s (an outage 10 s) waiting; the waits themselves are
+    test_the_retry_budget_is_read_from_the_environment's."""
     proxies = []
 
-    def start(rate: float = 0.0, seed: int = 0) -> FaultProxy:
+    def start(rate: float = 0.0, seed: int = 0, *, quick_waits: bool = False) -> FaultProxy:
         proxy = FaultProxy(gcs.url, fault_rate=rate, seed=seed)
         proxies.append(proxy)
         for key, value in proxy.env.items():
             monkeypatch.setenv(key, value)
-        if rate > 0:
+        if rate > 0 or quick_waits:
             quick = fs.RetryPolicy(
                 fs.retry_policy().deadline,
                 initial_delay=fs.RETRY_INITIAL_DELAY / 20,
@@ -229,11 +230,11 @@ def test_the_metrics_uploader_outlives_an_outage(gcs, faults, monkeypatch, caplo
 
 def test_a_checkpoint_rides_out_an_outage_within_the_budget(gcs, faults, monkeypatch):
     monkeypatch.setenv(fs.RETRY_ENV, "20")
-    proxy = faults()
+    proxy = faults(quick_waits=True)
     url = gcs.bucket() + "/checkpoints"
     params, opt_state = {"w": jnp.arange(8.0)}, {"m": jnp.ones(3)}
     with checkpoint.Checkpointer(url, async_save=False) as checkpointer:
-        proxy.outage(4, client="tensorstore")  # the arrays' writes: tensorstore's retries
+        proxy.outage(1, client="tensorstore")  # the arrays' writes: tensorstore's retries
         checkpointer.save(1, params=params, opt_state=opt_state, meta={}, force=True)
     assert proxy.counts["outage:tensorstore"] > 0, proxy.counts  # its retries rode it out
     step, restored, _ = checkpoint.restore_params(url)

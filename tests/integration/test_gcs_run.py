@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 
-import filelock
 import jax
 import numpy as np
 import pytest
@@ -341,15 +340,14 @@ INTERRUPTED_RUN = {"num_train_steps": 20, "checkpoint_every_steps": 10}
 
 
 @pytest.fixture(scope="session")
-def straight_reference(synthetic_data, config_file, tmp_path_factory, worker_id) -> dict:
+def straight_reference(synthetic_data, config_file, shared_by_workers) -> dict:
     """{"losses": {step: train loss}, "hashes": leaf hashes of the final parameters} of
     INTERRUPTED_RUN made in one go, in a local work directory: what a run on gs:// that was
     killed or cut off and then resumed must end at, bit for bit. Made once for the whole
-    suite: pytest-xdist's workers share it through a file beside their temporary
-    directories."""
+    suite (conftest's `shared_by_workers`)."""
 
-    def make() -> dict:
-        workdir = tmp_path_factory.mktemp("straight") / "run"
+    def make(directory: pathlib.Path) -> dict:
+        workdir = directory / "run"
         values = overrides(synthetic_data, **INTERRUPTED_RUN)
         subprocess.run(
             cli(values, str(workdir), config_file),
@@ -364,13 +362,7 @@ def straight_reference(synthetic_data, config_file, tmp_path_factory, worker_id)
             "hashes": leaf_hashes(bertjax.load(str(workdir))[1]),
         }
 
-    if worker_id == "master":  # no pytest-xdist workers
-        return make()
-    shared = tmp_path_factory.getbasetemp().parent / "gcs_straight_reference.json"
-    with filelock.FileLock(f"{shared}.lock"):
-        if not shared.is_file():
-            shared.write_text(json.dumps(make()))
-        reference = json.loads(shared.read_text())
+    reference = shared_by_workers("gcs_straight_reference", make)
     reference["losses"] = {int(step): loss for step, loss in reference["losses"].items()}
     return reference
 
