@@ -76,11 +76,52 @@ def pytest_sessionstart(session):
         prune_compilation_cache(COMPILATION_CACHE_DIR, COMPILATION_CACHE_LIMIT_BYTES)
 
 
-def pytest_collection_modifyitems(items):
-    """The slow tests first, each group in file order. pytest-xdist hands each worker a run
-    of consecutive tests and an idle worker takes the end of a busy one's queue, so a long
-    run left for the end would keep one core busy while the other waits."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+# Each test's seconds (setup, call and teardown) in the last run that ran it, kept in pytest's
+# cache directory (`pytest --cache-clear` forgets them).
+DURATIONS_KEY = "bertjax/durations"
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow tests first; within each group the files whose tests took longest in the
+    last run first (file order where nothing is recorded: a fresh clone), each file's tests
+    in their order. pytest-xdist gives a free worker the next whole file in this order
+    (pyproject.toml's addopts), so the longest are spread over the workers first and the end
+    is made of short files. When workers took single tests from each other's queues instead,
+    one measured run in file order ended with the seq2seq and pretraining learning runs and a
+    road on one worker, 45 s after the other had finished, and one in this order built a
+    fine-tuning module's 20 s fixture on both workers."""
+    cache = getattr(config, "cache", None)  # None under `-p no:cacheprovider`
+    durations = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
+
+    def group(item) -> tuple[bool, str]:
+        return item.get_closest_marker("slow") is None, item.nodeid.split("::")[0]
+
+    seconds: dict[tuple[bool, str], float] = {}
+    first: dict[tuple[bool, str], int] = {}
+    for index, item in enumerate(items):
+        key = group(item)
+        seconds[key] = seconds.get(key, 0.0) + durations.get(item.nodeid, 0.0)
+        first.setdefault(key, index)
+    items.sort(key=lambda item: (group(item)[0], -seconds[group(item)], first[group(item)]))
+
+
+# The durations of this run's tests, summed over their phases as they are reported.
+_RAN: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    """pytest-xdist's controller (or the only process) is told of every test's phases."""
+    _RAN[report.nodeid] = _RAN.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session):
+    """Records the durations of the tests that ran, beside those of the tests that did not."""
+    cache = getattr(session.config, "cache", None)
+    if hasattr(session.config, "workerinput") or cache is None or not _RAN:
+        return
+    recorded = cache.get(DURATIONS_KEY, {})
+    recorded.update({nodeid: round(seconds, 2) for nodeid, seconds in _RAN.items()})
+    cache.set(DURATIONS_KEY, recorded)
 
 
 # The synthetic corpus's prepared data: what test_trainer's pinned run was recorded on.
