@@ -306,7 +306,7 @@ def demo_run(demo_corpus, shared_by_workers):
     """(work directory, summary, config) of what `python train.py` runs, shortened to two
     steps: the tiny recipe with no data given, so the run takes the demo corpus (from its
     cache, `demo_corpus`) and prepares it into <workdir>/data, where the demo recipe's own
-    test finds it. Run once for the whole suite; the summary's numbers as JSON has them."""
+    test finds it. Run once for the whole suite; the summary comes back through JSON."""
     config = tiny.get_config()
     config.num_train_steps = 2
     config.optimizer.warmup_steps = 1
