@@ -3,6 +3,8 @@
 Sequence length 128 with 20 predictions per sequence for 90% of pretraining (phase 2,
 configs/base_phase2.py, continues at 512), batch 256, AdamW at 1e-4 with weight decay 0.01,
 10k warmup steps and google's linear decay computed from step 0, 1M steps.
+
+    python train.py --config configs/base.py --workdir runs/base
 """
 
 from configs import default

@@ -5,6 +5,9 @@ optimizer starts fresh with its own warmup, as NVIDIA's two-phase recipe does. P
 embeddings beyond 128 were learned little in phase 1; phase 2 is what trains them.
 Prepare the data at 512 (the prepared directory records its sequence length and is
 rejected if it does not match).
+
+    python train.py --config configs/base_phase2.py --workdir runs/base_phase2 \
+        --config.init_from=runs/base
 """
 
 import ml_collections

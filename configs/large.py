@@ -1,4 +1,7 @@
-"""BERT-large (L24/H1024/A16), phase 1 with google's AdamW recipe (seq 128, batch 256)."""
+"""BERT-large (L24/H1024/A16), phase 1 with google's AdamW recipe (seq 128, batch 256).
+
+python train.py --config configs/large.py --workdir runs/large
+"""
 
 from configs import base
 

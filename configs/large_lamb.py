@@ -3,6 +3,8 @@
 LAMB's per-layer trust ratio is what makes a 32k batch trainable: peak rate 6e-3 with a long
 warmup (28.4% of the 7,038 steps) and polynomial decay of power 0.5. A 32k batch rarely fits
 in device memory at once: raise grad_accum_steps until it does (the update is the same).
+
+    python train.py --config configs/large_lamb.py --workdir runs/large_lamb
 """
 
 from configs import large

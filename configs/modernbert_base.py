@@ -7,6 +7,8 @@ warming up from 768 to 4,608 sequences of 1,024 tokens over the first 50B tokens
 documents packed into rows, 1.7T tokens (about 360k steps) at the stable rate. Phase 1's
 global rotary theta is 10,000; configs/modernbert_base_context.py continues from this run at
 8,192 tokens with theta 160,000, and its decay phase ends the run.
+
+    python train.py --config configs/modernbert_base.py --workdir runs/modernbert_base
 """
 
 from configs import default, modern_recipe

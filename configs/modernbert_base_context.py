@@ -7,6 +7,9 @@ into 8,192 slots. The data is tokenized with phase 1's tokenizer (the one beside
 checkpoints) when prepared here. Rows of 576 x 8,192 keep phase 1's tokens per step. The
 run records where it started and what changed in its checkpoints' meta ("phase").
 ModernBERT then decays: resume this work directory with more steps and decay_steps > 0.
+
+    python train.py --config configs/modernbert_base_context.py --workdir runs/modernbert_8k \
+        --config.init_from=runs/modernbert_base
 """
 
 import ml_collections

@@ -4,6 +4,8 @@ configs/modernbert_base.py with the published large sizes (answerdotai/ModernBER
 1024, I 2624, 28 layers, 16 heads) and its peak learning rate of 5e-4 as we read the paper.
 The context-extension phase is configs/modernbert_base_context.py with
 --config.model.preset=large --config.optimizer.learning_rate=<its constant rate>.
+
+    python train.py --config configs/modernbert_large.py --workdir runs/modernbert_large
 """
 
 from configs import modernbert_base

@@ -9,6 +9,8 @@ warmup-stable-decay, batch-size warmup) at the size of a laptop demo: L4/H128/A4
 
 Sized to take no more wall time than configs/tiny.py, the BERT demo, and to end well above
 the unigram baseline; the figures measured are in the README.
+
+    python train.py --config configs/modernbert_tiny.py --workdir runs/modernbert_tiny
 """
 
 from configs import modernbert_base

@@ -5,6 +5,9 @@ ModernBERT's context extension (configs/modernbert_base_context.py) at the demo'
 the optimizer starts fresh at a constant rate, the global rotary theta goes from 10,000 to
 160,000, and rows of 512 tokens hold the same tokens per step as the demo's 32 x 128. The
 demo corpus is prepared again at 512 with the first run's tokenizer.
+
+    python train.py --config configs/modernbert_tiny_context.py --workdir runs/modernbert_512 \
+        --config.init_from=runs/modernbert_tiny
 """
 
 import ml_collections

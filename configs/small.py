@@ -1,6 +1,8 @@
 """BERT-small (L4/H512/A8): a model that trains on one accelerator in hours.
 
 Used by the CPU benchmark too. Bring your own corpus with --config.data.input=...
+
+    python train.py --config configs/small.py --workdir runs/small
 """
 
 from configs import default

@@ -11,6 +11,8 @@ as the learning-rate schedule is.
 Sized like configs/tiny.py (600 steps of 32 sequences). On the demo corpus one run ended at
 about configs/tiny.py's eval MLM accuracy (0.129 at the 15% eval rate, against the unigram
 baseline's 0.046), rising through 0.088 and 0.117 at steps 200 and 400.
+
+    python train.py --config configs/tiny_modern_recipe.py --workdir runs/tiny_modern_recipe
 """
 
 from configs import modern_recipe, tiny

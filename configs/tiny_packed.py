@@ -17,6 +17,8 @@ One run on the demo corpus (two shared CPU cores, about 11 minutes) reached eval
 0.095, 0.119 and 0.120 at steps 200, 400 and 600 (15% eval rate), against a unigram baseline
 of 0.052 on these rows; the eval rows are whole documents rather than sentence pairs, so the
 numbers do not compare one to one with configs/tiny_modern_recipe.py's.
+
+    python train.py --config configs/tiny_packed.py --workdir runs/tiny_packed
 """
 
 from configs import tiny_modern_recipe
