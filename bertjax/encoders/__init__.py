@@ -9,11 +9,13 @@
     modernbert.py         ModernBERT's config, linen modules and weight mapping
     modernbert_family.py  ModernBERT as a family: the encoder with its prediction head, the
                           masked-LM model, transformers' ModernBert* directories
+    electra/              ELECTRA: config, modules, transformers' Electra* directories, family
 
 A new family is one module that builds an EncoderFamily and one line below.
 """
 
 from bertjax.encoders import bert, family, modernbert_family
+from bertjax.encoders.electra import family as electra
 from bertjax.encoders.family import (
     DEFAULT_FAMILY,
     FAMILY_KEY,
@@ -27,7 +29,7 @@ from bertjax.encoders.family import (
     read_transformers,
 )
 
-FAMILIES = (bert.FAMILY, modernbert_family.FAMILY)
+FAMILIES = (bert.FAMILY, modernbert_family.FAMILY, electra.FAMILY)
 
 for _family in FAMILIES:
     family.register(_family)

@@ -1,0 +1,117 @@
+"""ELECTRA as an encoder family: the interface the capabilities use (bertjax.encoders.family).
+
+Pretraining an ELECTRA takes replaced-token detection, which bertjax's pretraining does not
+offer yet: `from_settings` refuses an ELECTRA pretraining config in one line. Everything else
+is here: transformers' ELECTRA directories open (Model.load, fine-tuning's init_from), every
+capability but seq2seq runs on them, and they travel back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+
+from bertjax.encoders import family
+from bertjax.encoders.electra import model as electra_model
+from bertjax.encoders.electra import transformers as electra_hf
+from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, ElectraConfig
+
+
+class Electra(family.EncoderFamily):
+    name = "electra"
+    config_class = ElectraConfig
+    model_type = electra_hf.MODEL_TYPE
+    class_prefix = "Electra"
+    uses_segment_ids = True
+    sentence_pair_head = False
+    architecture_fields = ARCHITECTURE_FIELDS
+
+    def config_to_dict(self, config: ElectraConfig) -> dict:
+        return config.to_dict()
+
+    def config_from_dict(self, d: Mapping[str, Any]) -> ElectraConfig:
+        return ElectraConfig.from_dict(dict(d))
+
+    def from_settings(self, preset: str, fields: Mapping[str, Any]) -> ElectraConfig:
+        raise ValueError(
+            "config.model.family='electra': ELECTRA pretrains with replaced-token detection, "
+            "which bertjax does not offer yet; fine-tune from an ELECTRA directory "
+            "(config.init_from) or pretrain family 'bert' or 'modernbert'"
+        )
+
+    def with_vocabulary(self, config: ElectraConfig, tokenizer: Any) -> ElectraConfig:
+        return dataclasses.replace(config, vocab_size=tokenizer.vocab_size)
+
+    def with_overrides(self, config: ElectraConfig, overrides: Mapping[str, Any]):
+        """BERT's names are ELECTRA's own fields (hidden_dropout, attention_dropout, dtype,
+        attention_impl, remat_policy)."""
+        return dataclasses.replace(config, **overrides)
+
+    def describe(self, config: ElectraConfig) -> str:
+        shape = f"L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"
+        return f"ELECTRA {shape}/E{config.embedding_size}"
+
+    def module(self, config: ElectraConfig, name: str | None = None) -> nn.Module:
+        return electra_model.ElectraEncoder(config, name=name)
+
+    def head_dropout(self, config: ElectraConfig) -> float:
+        # The dropout before ElectraClassificationHead's out_proj and ElectraForToken
+        # Classification's classifier.
+        return config.classifier_rate
+
+    def classifier_init(self, config: ElectraConfig):
+        return nn.initializers.truncated_normal(config.initializer_range)
+
+    def pretraining_model(self, config: ElectraConfig) -> electra_model.ElectraPreTraining:
+        return electra_model.ElectraPreTraining(config)
+
+    def pretraining_init(self, config: ElectraConfig):
+        return electra_model.pretraining_init(config)
+
+    def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
+        out = electra_model.ElectraPreTraining(config).apply(
+            {"params": params}, input_ids, token_type_ids, attention_mask, positions
+        )
+        return out.mlm_logits  # [b, p, v]
+
+    # ---------------------------------------------------------------- transformers
+
+    def read_transformers(
+        self,
+        path: str | os.PathLike,
+        hf_config: Mapping[str, Any],
+        *,
+        pretraining_heads: bool = True,
+        **overrides,
+    ):
+        return electra_hf.read(
+            path,
+            hf_config,
+            pretraining_heads=pretraining_heads,
+            architecture=self.bert_architecture,
+            **overrides,
+        )
+
+    def encoder_files(self, config: ElectraConfig, params: Any) -> tuple[dict, dict]:
+        return electra_hf.encoder_files(config, params)
+
+    def write_transformers(
+        self,
+        config: ElectraConfig,
+        params: Any,
+        directory: str | os.PathLike,
+        *,
+        tokenizer: Any = None,
+        head: Any = None,
+        untrained: Sequence[str] = (),
+    ) -> None:
+        electra_hf.write(
+            config, params, directory, tokenizer=tokenizer, head=head, untrained=untrained
+        )
+
+
+FAMILY = Electra()
