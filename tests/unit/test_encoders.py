@@ -155,7 +155,7 @@ CASES = {
 
 
 def test_families_are_found_by_config_type_and_model_type():
-    assert encoders.names() == ("bert", "modernbert")
+    assert encoders.names() == ("bert", "modernbert", "electra")
     assert encoders.family_of(BertConfig()).name == "bert"
     assert encoders.family_of(CONFIG).name == "modernbert"
     assert encoders.for_model_type("modernbert") is encoders.family_of(CONFIG)

@@ -1,0 +1,133 @@
+"""The ELECTRA family without torch: its config and registry entry, the encoder's modes
+(packed tokens, [CLS] only, scanned layers, a mesh) against its plain call, and its
+transformers tensor map written and read back. The parity with transformers itself is in
+tests/parity/test_electra_parity.py."""
+
+import dataclasses
+import json
+
+import jax
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bertjax import capability, encoders, hf
+from bertjax.capability import HeadSpec
+from bertjax.encoders.electra import transformers as electra_hf
+from bertjax.encoders.electra.config import ElectraConfig
+from bertjax.tasks.labels import model as label_heads
+from bertjax.tasks.seq2seq import model as seq2seq
+from bertjax.tokenizer import WordPieceTokenizer
+
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
+TOKENIZER = WordPieceTokenizer(VOCAB, lowercase=True)
+CONFIG = ElectraConfig(
+    vocab_size=len(VOCAB),
+    embedding_size=8,
+    hidden_size=16,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=24,
+    max_position_embeddings=16,
+)
+LABELS = ("a", "b", "c")
+
+
+def _batch(seed=0):
+    rng = np.random.default_rng(seed)
+    lengths = np.array([10, 7, 4, 10])
+    mask = (np.arange(10)[None] < lengths[:, None]).astype(np.int32)  # [b, s]
+    ids = np.where(mask == 1, rng.integers(5, len(VOCAB), mask.shape), 0).astype(np.int32)
+    ids[:, 0] = TOKENIZER.cls_id
+    return ids, mask, (np.arange(10)[None] >= 5).astype(np.int32) * mask
+
+
+def _random(params, seed=0):
+    leaves, tree = jax.tree.flatten(nn.meta.unbox(params))
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(
+        tree, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+    )
+
+
+def test_the_family_is_registered_and_its_config_travels_in_meta():
+    family = encoders.family_of(CONFIG)
+    assert family.name == "electra" and encoders.for_model_type("electra") is family
+    assert family.architecture("BertForSequenceClassification") == (
+        "ElectraForSequenceClassification"
+    )
+    d = encoders.config_to_dict(CONFIG)
+    assert d[encoders.FAMILY_KEY] == "electra"
+    assert encoders.config_from_dict(json.loads(json.dumps(d))) == CONFIG
+    with pytest.raises(ValueError, match="unknown ElectraConfig fields"):
+        encoders.config_from_dict({"family": "electra", "local_attention": 8})
+    with pytest.raises(ValueError, match="ElectraConfig.hidden_size=15 is invalid"):
+        dataclasses.replace(CONFIG, hidden_size=15)
+    with pytest.raises(ValueError, match="ElectraConfig.embedding_size=0 is invalid"):
+        dataclasses.replace(CONFIG, embedding_size=0)
+    assert CONFIG.classifier_rate == CONFIG.hidden_dropout
+    assert dataclasses.replace(CONFIG, classifier_dropout=0.3).classifier_rate == 0.3
+
+
+def test_pretraining_and_seq2seq_refuse_electra_in_one_line():
+    with pytest.raises(ValueError, match="replaced-token detection, which bertjax does not"):
+        encoders.get("electra").from_settings("tiny", {})
+    options = seq2seq.TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
+    with pytest.raises(ValueError, match="seq2seq needs a BERT encoder; ElectraConfig"):
+        options.config(CONFIG)
+
+
+def test_the_tensor_map_writes_and_reads_back_every_class(tmp_path):
+    family = encoders.family_of(CONFIG)
+    params = _random(family.pretraining_init(CONFIG)(jax.random.key(1)), seed=1)
+    # A generator: ElectraForMaskedLM, read back with the discriminator and pooler fresh.
+    family.write_transformers(
+        CONFIG, params, tmp_path / "gen", untrained=("discriminator_head", "pooler")
+    )
+    written = json.loads((tmp_path / "gen" / "config.json").read_text())
+    assert written["architectures"] == ["ElectraForMaskedLM"]
+    assert written["embedding_size"] == 8 and written["num_hidden_layers"] == 2
+    config, read, head, fresh = encoders.read_transformers(tmp_path / "gen")
+    assert config == CONFIG and head is None and fresh == ("discriminator_head", "pooler")
+    ours, back = dict(hf.flatten_tree(params)), dict(hf.flatten_tree(read))
+    kept = [p for p in ours if p[0] in ("bert", "mlm_head") and p[1] != "pooler"]
+    assert len(kept) == 2 + 5 + 2 * 16 + 5  # projection, embeddings, layers, generator head
+    for path in kept:
+        np.testing.assert_array_equal(np.asarray(ours[path]), back[path], err_msg=str(path))
+    # A sequence classifier: classifier.dense is the encoder's pooler, out_proj the head.
+    head = HeadSpec(label_heads.CLASSIFICATION, LABELS)
+    tree = _random(capability.of(head).init(CONFIG, head)(jax.random.key(2)), seed=2)
+    family.write_transformers(CONFIG, tree, tmp_path / "cls", head=head)
+    names = set(hf.read_weights(tmp_path / "cls")[0])
+    assert {"classifier.dense.weight", "classifier.out_proj.weight"} <= names
+    _, back, read_head, fresh = encoders.read_transformers(tmp_path / "cls")
+    assert read_head == head and fresh == ()
+    np.testing.assert_array_equal(
+        back["bert"]["pooler"]["kernel"], tree["bert"]["pooler"]["kernel"]
+    )
+    np.testing.assert_array_equal(back["classifier"]["kernel"], tree["classifier"]["kernel"])
+
+
+def test_bad_directories_are_refused_naming_the_tensor(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    family = encoders.family_of(CONFIG)
+    params = _random(family.pretraining_init(CONFIG)(jax.random.key(3)), seed=3)
+    family.write_transformers(CONFIG, params, tmp_path, untrained=("mlm_head", "pooler"))
+    weights = tmp_path / hf.SAFE_WEIGHTS_NAME
+    tensors = load_file(weights)
+    save_file(
+        {**tensors, "generator_lm_head.weight": np.ones((len(VOCAB), 8), np.float32)}, weights
+    )
+    with pytest.raises(ValueError, match="'generator_lm_head.weight' differs"):
+        encoders.read_transformers(tmp_path)
+    save_file({k: v for k, v in tensors.items() if "dense_prediction.bias" not in k}, weights)
+    with pytest.raises(ValueError, match="missing tensor 'discriminator_predictions"):
+        encoders.read_transformers(tmp_path)
+    save_file({**tensors, "electra.pooler.dense.weight": np.ones((16, 16), np.float32)}, weights)
+    with pytest.raises(ValueError, match="unexpected tensor.*'electra.pooler.dense.weight'"):
+        encoders.read_transformers(tmp_path)
+    with pytest.raises(ValueError, match="override embedding_size=4 is fixed by the checkpoint"):
+        electra_hf.config_from_hf({"model_type": "electra"}, embedding_size=4)
+    with pytest.raises(ValueError, match="hidden_act='relu' is not supported"):
+        electra_hf.config_from_hf({"model_type": "electra", "hidden_act": "relu"})
