@@ -185,12 +185,16 @@ class Capability:
 
 @dataclasses.dataclass(frozen=True)
 class TransformersHead:
-    """A head as transformers' Bert*For* classes hold it: one dense layer after the encoder."""
+    """A head as transformers' Bert*For* classes hold it: one dense layer after the encoder.
+
+    A family whose classifier has more layers (ELECTRA's dense -> GELU -> out_proj) holds
+    the layers before the projection in its encoder, as its pooled output, and its tensor
+    map names them (bertjax.encoders.family); the capability's part stays this one layer."""
 
     architecture: str  # e.g. "BertForSequenceClassification"
     param: str  # the dense layer's name in both trees ("classifier", "qa_outputs")
     outputs: int  # its width
-    pooler: bool  # whether the class has BERT's pooler
+    pooler: bool  # whether the head reads the pooled output (the class has BERT's pooler)
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # extra config.json
 
 

@@ -19,7 +19,13 @@ The encoder module's call, for every family::
             position alone ([batch, 1, hidden]).
   pooled    [batch, hidden]: what a sequence head reads. BERT: the tanh pooler on [CLS].
             ModernBERT: [CLS] or the mean over real tokens (config.classifier_pooling), then
-            dense -> GELU -> LayerNorm -> dropout.
+            dense -> GELU -> LayerNorm -> dropout. ELECTRA: dropout -> dense -> GELU on
+            [CLS], the first layer of its transformers classification head.
+
+A classifier's layers before its final projection belong to the family (they are what
+differs between families); a head adds the projection alone, and the family's tensor map
+names the layers as its transformers classes do (ELECTRA's classifier.dense and
+classifier.out_proj, ModernBERT's head and classifier).
 
 Whatever the family, its parameters live under the encoder's own tree ("bert" in every
 task model), so a head adds only its dense layer, and a warm start copies one subtree.
