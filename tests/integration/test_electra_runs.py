@@ -59,12 +59,18 @@ def _batch(lengths=(10, 7, 4, 10), seed=0):
     return ids, mask
 
 
-def _random(params, seed=0):
-    leaves, tree = jax.tree.flatten(nn.meta.unbox(params))
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(
-        tree, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-    )
+def _random(init, seed=0):
+    """Parameters of `init` (rng -> boxed params) with noise on every leaf, so that no scale is
+    one and no bias zero; one compiled program, not an init op by op."""
+
+    def noisy(rng):
+        leaves, tree = jax.tree.flatten(nn.meta.unbox(init(rng)))
+        keys = jax.random.split(jax.random.key(seed), len(leaves))
+        return jax.tree.unflatten(
+            tree, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+        )
+
+    return jax.device_get(jax.jit(noisy)(jax.random.key(seed + 100)))
 
 
 def _hf_model(cls_name, seed, **extra):
@@ -99,7 +105,7 @@ def test_packed_tokens_cls_only_and_scanned_layers_match_the_plain_encoder():
     module = electra_model.ElectraEncoder(CONFIG)
     ids, mask = _batch()
     segments = (np.arange(SEQ)[None] >= 5).astype(np.int32) * mask
-    params = _random(module.init(jax.random.key(0), ids, segments, mask)["params"])
+    params = _random(lambda rng: module.init(rng, ids, segments, mask)["params"])
     assert set(params) == {"embeddings", "embeddings_project", "encoder", "pooler"}
     assert params["embeddings"]["word_embeddings"]["embedding"].shape == (len(VOCAB), 8)
     seq, pooled = module.apply({"params": params}, ids, segments, mask)
@@ -124,7 +130,7 @@ def test_packed_tokens_cls_only_and_scanned_layers_match_the_plain_encoder():
 @pytest.mark.slow
 def test_an_electra_directory_on_a_mesh_predicts_as_on_one_device(tmp_path):
     head = HeadSpec(label_heads.CLASSIFICATION, LABELS)
-    params = _random(capability.of(head).init(CONFIG, head)(jax.random.key(4)), seed=4)
+    params = _random(capability.of(head).init(CONFIG, head), seed=4)
     encoders.family_of(CONFIG).write_transformers(
         CONFIG, params, tmp_path, tokenizer=TOKENIZER, head=head
     )

@@ -10,6 +10,8 @@ import jax
 import numpy as np
 import pytest
 from flax import linen as nn
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bertjax import capability, encoders, hf
 from bertjax.capability import HeadSpec
@@ -42,12 +44,18 @@ def _batch(seed=0):
     return ids, mask, (np.arange(10)[None] >= 5).astype(np.int32) * mask
 
 
-def _random(params, seed=0):
-    leaves, tree = jax.tree.flatten(nn.meta.unbox(params))
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(
-        tree, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-    )
+def _random(init, seed=0):
+    """Parameters of `init` (rng -> boxed params) with noise on every leaf, so that no scale is
+    one and no bias zero; one compiled program, not an init op by op."""
+
+    def noisy(rng):
+        leaves, tree = jax.tree.flatten(nn.meta.unbox(init(rng)))
+        keys = jax.random.split(jax.random.key(seed), len(leaves))
+        return jax.tree.unflatten(
+            tree, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+        )
+
+    return jax.device_get(jax.jit(noisy)(jax.random.key(seed + 100)))
 
 
 def test_the_family_is_registered_and_its_config_travels_in_meta():
@@ -79,7 +87,7 @@ def test_pretraining_and_seq2seq_refuse_electra_in_one_line():
 
 def test_the_tensor_map_writes_and_reads_back_every_class(tmp_path):
     family = encoders.family_of(CONFIG)
-    params = _random(family.pretraining_init(CONFIG)(jax.random.key(1)), seed=1)
+    params = _random(family.pretraining_init(CONFIG), seed=1)
     # A generator: ElectraForMaskedLM, read back with the discriminator and pooler fresh.
     family.write_transformers(
         CONFIG, params, tmp_path / "gen", untrained=("discriminator_head", "pooler")
@@ -96,7 +104,7 @@ def test_the_tensor_map_writes_and_reads_back_every_class(tmp_path):
         np.testing.assert_array_equal(np.asarray(ours[path]), back[path], err_msg=str(path))
     # A sequence classifier: classifier.dense is the encoder's pooler, out_proj the head.
     head = HeadSpec(label_heads.CLASSIFICATION, LABELS)
-    tree = _random(capability.of(head).init(CONFIG, head)(jax.random.key(2)), seed=2)
+    tree = _random(capability.of(head).init(CONFIG, head), seed=2)
     family.write_transformers(CONFIG, tree, tmp_path / "cls", head=head)
     names = set(hf.read_weights(tmp_path / "cls")[0])
     assert {"classifier.dense.weight", "classifier.out_proj.weight"} <= names
@@ -112,7 +120,7 @@ def test_bad_directories_are_refused_naming_the_tensor(tmp_path):
     from safetensors.numpy import load_file, save_file
 
     family = encoders.family_of(CONFIG)
-    params = _random(family.pretraining_init(CONFIG)(jax.random.key(3)), seed=3)
+    params = _random(family.pretraining_init(CONFIG), seed=3)
     family.write_transformers(CONFIG, params, tmp_path, untrained=("mlm_head", "pooler"))
     weights = tmp_path / hf.SAFE_WEIGHTS_NAME
     tensors = load_file(weights)
@@ -131,3 +139,26 @@ def test_bad_directories_are_refused_naming_the_tensor(tmp_path):
         electra_hf.config_from_hf({"model_type": "electra"}, embedding_size=4)
     with pytest.raises(ValueError, match="hidden_act='relu' is not supported"):
         electra_hf.config_from_hf({"model_type": "electra", "hidden_act": "relu"})
+
+
+@settings(max_examples=10, deadline=None)
+@given(
+    embedding=st.sampled_from([4, 8, 16]),
+    heads=st.sampled_from([1, 2, 4]),
+    layers=st.integers(1, 3),
+    act=st.sampled_from(["gelu", "gelu_tanh"]),
+    classifier_dropout=st.sampled_from([None, 0.0, 0.25]),
+)
+def test_config_json_round_trips(embedding, heads, layers, act, classifier_dropout):
+    config = dataclasses.replace(
+        CONFIG,
+        embedding_size=embedding,
+        num_heads=heads,
+        num_layers=layers,
+        hidden_act=act,
+        classifier_dropout=classifier_dropout,
+    )
+    hf_config = json.loads(json.dumps(electra_hf.config_to_hf(config, "ElectraModel")))
+    assert electra_hf.config_from_hf(hf_config) == config
+    # What transformers leaves out of config.json is its ElectraConfig default.
+    assert electra_hf.config_from_hf({"model_type": "electra"}).embedding_size == 128

@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -276,8 +276,8 @@ def read(
     directory: str | os.PathLike,
     hf_config: Mapping[str, Any],
     *,
+    architecture: Callable[[str], str],
     pretraining_heads: bool = True,
-    architecture: Any = None,
     **overrides,
 ):
     """Reads an ELECTRA transformers directory: (config, params, head or None, the groups the
