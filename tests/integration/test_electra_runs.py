@@ -143,6 +143,7 @@ def test_an_electra_directory_on_a_mesh_predicts_as_on_one_device(tmp_path):
 
 @pytest.mark.slow
 def test_finetuning_classification_from_an_electra_discriminator_directory(tmp_path):
+    torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     # The classification head's two layers start fresh at initializer_range: at 16 hidden
     # units 0.02 (ELECTRA's) leaves their product's gradient too small to move in 24 steps.
@@ -169,8 +170,6 @@ def test_finetuning_classification_from_an_electra_discriminator_directory(tmp_p
     assert [p["label"] for p in model.predict(texts)] == ["place", "art"]
     # The fine-tuned model travels to transformers with the same logits.
     model.save_hf(tmp_path / "export")
-    import torch
-
     exported = transformers.ElectraForSequenceClassification.from_pretrained(
         tmp_path / "export", attn_implementation="eager"
     ).eval()

@@ -18,6 +18,8 @@ from bertjax.capability import HeadSpec
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
+from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tokenizer import WordPieceTokenizer
@@ -272,9 +274,6 @@ def test_embedding_width_equal_to_hidden_has_no_projection_both_ways(tmp_path):
 
 
 def test_an_embedding_model_on_electra_exports_as_sentence_transformers_electra(tmp_path):
-    from bertjax.tasks.embed.model import EmbeddingSpec
-    from bertjax.tasks.embed.task import head_for
-
     head = head_for(EmbeddingSpec(pooling="mean", normalize=True, max_seq_length=SEQ))
     params = _randomize(capability.of(head).init(CONFIG, head), seed=6)
     model = bertjax.Model(CONFIG, params, TOKENIZER, head=head)

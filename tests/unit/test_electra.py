@@ -12,6 +12,7 @@ import pytest
 from flax import linen as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from safetensors.numpy import load_file, save_file
 
 from bertjax import capability, encoders, hf
 from bertjax.capability import HeadSpec
@@ -117,8 +118,6 @@ def test_the_tensor_map_writes_and_reads_back_every_class(tmp_path):
 
 
 def test_bad_directories_are_refused_naming_the_tensor(tmp_path):
-    from safetensors.numpy import load_file, save_file
-
     family = encoders.family_of(CONFIG)
     params = _random(family.pretraining_init(CONFIG), seed=3)
     family.write_transformers(CONFIG, params, tmp_path, untrained=("mlm_head", "pooler"))
