@@ -14,11 +14,13 @@ zipped into submission.zip.
 from __future__ import annotations
 
 import io
+import warnings
 import zipfile
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import fs, rundir
 from bertjax.finetune import layouts
+from bertjax.features import TruncationWarning
 from bertjax.finetune.data import read_split
 from bertjax.glue import files as files_lib
 from bertjax.glue import results as results_lib
@@ -35,7 +37,10 @@ def prediction_lines(model: Model, path: str, layout: layouts.Layout, max_length
     records = read_split(path, layout, layouts.TEST, require_labels=False).records
     texts = [r.texts[0] for r in records]
     pairs = [r.texts[1] for r in records] if len(records[0].texts) == 2 else None
-    predictions = model.predict(texts, pairs, max_length=max_length)
+    with warnings.catch_warnings():
+        # Long inputs are cut as fine-tuning cut them (google's run_classifier does too).
+        warnings.simplefilter("ignore", TruncationWarning)
+        predictions = model.predict(texts, pairs, max_length=max_length)
     lines = ["index\tprediction"]
     for record, prediction in zip(records, predictions):
         if model.head.task == layouts.REGRESSION:
