@@ -101,7 +101,9 @@ def _download_lines(task: str, rows: list[tuple], labelled: bool) -> list[str]:
     if task == "mnli":
         if labelled:
             head = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2\tlabel1\tgold_label"
-            return [head] + [f"{i}\t1\t{i}e\tfiction\t{a}\t{b}\t{lab}\t{lab}" for i, a, b, lab in rows]
+            return [head] + [
+                f"{i}\t1\t{i}e\tfiction\t{a}\t{b}\t{lab}\t{lab}" for i, a, b, lab in rows
+            ]
         head = "index\tpromptID\tpairID\tgenre\tsentence1\tsentence2"
         return [head] + [f"{i}\t1\t{i}e\tfiction\t{a}\t{b}" for i, a, b, _ in rows]
     first, second = ("question", "sentence") if task == "qnli" else ("sentence1", "sentence2")
@@ -181,7 +183,8 @@ def write_hub(
         dev_names, test_names = _splits(task)
         files = [("train", train, True, 1)]
         files += [
-            (name.replace("dev", "validation"), dev, True, 2 + k) for k, name in enumerate(dev_names)
+            (name.replace("dev", "validation"), dev, True, 2 + k)
+            for k, name in enumerate(dev_names)
         ]
         files += [(name, test, False, 10 + k) for k, name in enumerate(test_names)]
         for name, count, labelled, seed in files:

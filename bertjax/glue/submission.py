@@ -19,8 +19,8 @@ import zipfile
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import fs, rundir
-from bertjax.finetune import layouts
 from bertjax.features import TruncationWarning
+from bertjax.finetune import layouts
 from bertjax.finetune.data import read_split
 from bertjax.glue import files as files_lib
 from bertjax.glue import results as results_lib
