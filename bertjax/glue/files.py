@@ -24,7 +24,7 @@ import re
 
 from bertjax import fs
 from bertjax.finetune import layouts
-from bertjax.finetune.data import TaskDataError
+from bertjax.finetune.data import NUMBER_LABEL, TEXT_LABEL, TaskDataError, read_split
 from bertjax.glue import tasks as tasks_lib
 from bertjax.glue.tasks import BenchmarkTask
 
@@ -82,6 +82,26 @@ def _download(directory: str, task: BenchmarkTask) -> TaskFiles:
             )
     tests = tuple(split for split, f in glue.test if fs.kind(fs.join(directory, f.name)) == "file")
     return TaskFiles(task, directory, directory, tests)
+
+
+def check_labels(files: TaskFiles) -> None:
+    """Reads a task's labelled files and fails at the first label outside the task's set,
+    naming the file and line: done before a suite runs anything, so that a bad file is found
+    before hours of other runs rather than after them."""
+    glue = files.task.glue
+    regression = glue.task == layouts.REGRESSION
+    for split, file in (("train", glue.train), *glue.validation):
+        path = fs.join(files.directory, file.name)
+        label = NUMBER_LABEL if regression else TEXT_LABEL
+        data = read_split(path, file.layout, split, True, label)
+        if regression:
+            continue
+        for record in data.records:
+            if record.label not in glue.labels:
+                raise TaskDataError(
+                    f"{path} line {record.line}: label {record.label!r} is not one of "
+                    f"{files.task.title}'s labels {list(glue.labels)}"
+                )
 
 
 def _splits(task: BenchmarkTask) -> list[tuple[str, layouts.GlueFile, bool]]:

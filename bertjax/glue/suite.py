@@ -215,6 +215,8 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
             f"config.data_dir={settings.data_dir!r}: holds none of the tasks {list(tasks)}"
         )
     runs = plan(settings, present, steps)
+    for name in sorted({r.task for r in runs if not is_finished(workdir / r.directory)}):
+        files_lib.check_labels(located[name])
     # Every run's settings checked before anything runs (a run that starts from another
     # task's is checked against init_from, its stand-in).
     for run in runs:
