@@ -5,11 +5,14 @@ hub's parquet layout, a leaderboard submission, and a curve over pretraining che
 import json
 import math
 import pathlib
+import subprocess
+import sys
 import zipfile
 
 import glue_data
 import pytest
 from synthetic_corpus import ONE_LAYER
+from xla_env import subprocess_env
 
 from bertjax.glue import suite
 from bertjax.glue.settings import SuiteSettings
@@ -18,6 +21,7 @@ from bertjax.pretrain.settings import PretrainSettings
 from configs import glue as glue_recipe
 from configs import tiny
 
+REPO = pathlib.Path(__file__).resolve().parents[2]
 DOWNLOAD_TASKS = ("sst2", "mrpc", "stsb", "mnli", "rte")
 HUB_TASKS = ("cola", "qqp")
 DEV = 16  # dev examples per file
@@ -69,15 +73,44 @@ def download_suite(pretrained_run, tmp_path_factory):
     return workdir, topics, summary, stamps
 
 
+CLI_FIELDS = (
+    "--config.seeds=1",
+    "--config.sweep.learning_rate=1e-3",
+    "--config.finetune.batch_size=16",
+    "--config.finetune.eval_batch_size=32",
+    "--config.finetune.num_epochs=2",
+    "--config.finetune.data.max_seq_length=32",
+    "--config.finetune.mesh_shape=(1,1,1)",
+)
+
+
+def evaluate(*args: str) -> subprocess.CompletedProcess:
+    """`python evaluate.py ARGS` as a user runs it."""
+    return subprocess.run(
+        [sys.executable, str(REPO / "evaluate.py"), *args],
+        env=subprocess_env(1),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
 @pytest.fixture(scope="module")
 def hub_suite(pretrained_run, tmp_path_factory):
-    """(suite workdir, topics, summary): the hub's parquet layout, with tasks missing."""
+    """(suite workdir, topics, the command's output): `python evaluate.py` on the hub's
+    parquet layout, with tasks missing."""
     init_from, topics = pretrained_run
     root = tmp_path_factory.mktemp("glue_hub")
     data = glue_data.write_hub(root / "glue", topics, HUB_TASKS, train=32, dev=DEV, test=8)
-    config = suite_config(init_from, data, tasks="cola,qqp,rte")
-    summary = suite.run_suite(SuiteSettings.from_config(config), str(root / "suite"))
-    return root / "suite", topics, summary
+    process = evaluate(
+        f"--workdir={root / 'suite'}",
+        f"--config.init_from={init_from}",
+        f"--config.data_dir={data}",
+        "--config.tasks=cola,qqp,rte",
+        *CLI_FIELDS,
+    )
+    assert process.returncode == 0, process.stderr[-3000:]
+    return root / "suite", topics, process
 
 
 # ----------------------------------------------------------------------------- references
@@ -229,15 +262,35 @@ def test_the_submission_holds_every_test_file_in_glues_spelling(download_suite):
 
 
 @pytest.mark.slow
-def test_the_hubs_parquet_layout_runs_and_a_missing_task_is_skipped(hub_suite, capsys):
-    workdir, topics, summary = hub_suite
-    assert set(summary["skipped"]) == {"rte"} and "RTE/" in summary["skipped"]["rte"]
+def test_evaluate_py_runs_the_hubs_parquet_layout_and_skips_a_missing_task(hub_suite):
+    workdir, topics, process = hub_suite
     for task in HUB_TASKS:
         check_metrics(workdir, topics, task)
     converted = (workdir / "data" / "cola" / "dev.tsv").read_text().splitlines()
     assert len(converted) == DEV  # CoLA's dev file has no header
     report = json.loads((workdir / "results.json").read_text())
+    data_dir = workdir.parent / "glue"
+    assert report["skipped"] == {
+        "rte": f"no RTE/ (GLUE's download) or rte/ (the hub's parquet files) in {data_dir}"
+    }
     assert report["average"]["missing"] == ["sst2", "mrpc", "stsb", "mnli", "qnli", "rte"]
+    # The table is printed at the end, and one progress display counts the runs.
+    assert process.stdout.rstrip().endswith((workdir / "results.md").read_text().rstrip())
+    assert "skipped RTE: no RTE/" in process.stdout
+    assert "2/2" in process.stderr and "seed 1 epoch" not in process.stdout + process.stderr
+    assert "seed 1 epoch 2" in (workdir / "cola").glob("*/seed_1/log.txt").__next__().read_text()
+
+
+@pytest.mark.slow
+def test_evaluate_py_names_a_sweep_field_that_does_not_exist(tmp_path):
+    process = evaluate(f"--workdir={tmp_path}", "--config.sweep.learnig_rate=1e-3")
+    assert process.returncode == 1
+    lines = process.stderr.strip().splitlines()
+    assert lines == [
+        f"error: config.sweep.learnig_rate is not a field of {REPO / 'configs' / 'glue.py'}; "
+        "did you mean config.sweep.learning_rate?"
+    ]
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture(scope="module")
