@@ -187,6 +187,8 @@ def _read(config: ml_collections.ConfigDict) -> SuiteSettings:
         raise _fail("curve_tasks", config.curve_tasks, "name the tasks run at each step")
     if not isinstance(config.submission, bool):
         raise _fail("submission", config.submission, "must be True or False")
+    if config.submission and steps:
+        raise _fail("submission", True, "predicts with one model's runs; leave config.steps empty")
     return SuiteSettings(
         init_from=config.init_from,
         data_dir=config.data_dir,

@@ -27,6 +27,7 @@ import contextlib
 import copy
 import dataclasses
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -178,10 +179,15 @@ def read_runs(workdir: fs.AnyPath, runs: list[Run]) -> list[results_lib.Configur
 
 
 @contextlib.contextmanager
-def _captured(path: fs.AnyPath):
-    """What a run prints (its progress bar included) goes to its log file, so that the
-    suite's one progress display stays readable."""
-    with path.open("w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+def _captured(path: fs.AnyPath | None):
+    """What a run prints (its progress bar included) goes to its log file (None: nowhere, on
+    the processes other than the first), so that the suite's one progress display stays
+    readable."""
+    with (
+        path.open("w") if path is not None else open(os.devnull, "w") as log,
+        contextlib.redirect_stdout(log),
+        contextlib.redirect_stderr(log),
+    ):
         yield
 
 
@@ -245,8 +251,13 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
             )
             bar.set_postfix_str(run.directory)
             fs.makedirs(directory)
-            with _captured(directory / LOG_FILE):
-                summary = loop.finetune(finetune_settings, directory)
+            log = directory / LOG_FILE
+            try:
+                with _captured(log if is_main else None):
+                    summary = loop.finetune(finetune_settings, directory)
+            except BaseException:
+                bar.write(f"{run.directory} stopped; what it printed is in {log}")
+                raise
             if summary["preempted"]:
                 raise KeyboardInterrupt  # the run saved its state; rerunning resumes it
             timing = {

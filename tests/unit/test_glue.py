@@ -2,6 +2,7 @@
 best configuration, the average, results files, both data layouts and their bad inputs,
 the curve."""
 
+import dataclasses
 import json
 
 import glue_data
@@ -117,6 +118,10 @@ def test_a_task_sweep_replaces_the_shared_one_and_points_multiply(tmp_path):
         ({"steps": "1000,x"}, "config.steps='1000,x': must be checkpoint steps"),
         ({"init_from": ""}, "config.init_from='': set it to the model to evaluate"),
         ({"sweep.learning_rate": ()}, "config.sweep.learning_rate=(): give at least one value"),
+        (
+            {"submission": True, "steps": "10"},
+            "config.submission=True: predicts with one model's runs; leave config.steps empty",
+        ),
     ],
 )
 def test_a_bad_suite_field_is_one_line_naming_it(tmp_path, fields, message):
@@ -153,6 +158,28 @@ def test_steps_read_as_a_list_or_all(tmp_path):
     settings = SuiteSettings.from_config(config_for(tmp_path, steps="10,20"))
     with pytest.raises(ConfigError, match=r"config.steps: \[20\] not among the checkpoints"):
         suite.resolve_steps(settings)
+
+
+def test_a_run_is_one_fine_tuning_config_that_predicts_the_dev_files(tmp_path):
+    root = glue_data.write_download(tmp_path / "glue", TOPICS, ("mnli",), 8, 4, 4, ax=False)
+    config = config_for(tmp_path, data_dir=str(root))
+    config.per_task = ml_collections.ConfigDict({"mnli": {"fields": {"max_seq_length": 64}}})
+    settings = SuiteSettings.from_config(config)
+    run = suite.plan(settings, ("mnli",), [20])[-1]
+    assert run.directory == "step_20/mnli/learning_rate=2e-05/seed_3"
+    finetune = suite.run_settings(
+        suite.run_config(settings, run, str(root / "MNLI"), settings.init_from), run.step
+    )
+    assert finetune.init_step == 20 and finetune.run.seeds == (3,)
+    assert finetune.optimizer.learning_rate == 2e-5 and finetune.run.batch_size == 32
+    assert finetune.data.max_seq_length == 64 and finetune.data.glue_task == "mnli"
+    assert finetune.data.test == (
+        ("dev_matched", str(root / "MNLI" / "dev_matched.tsv")),
+        ("dev_mismatched", str(root / "MNLI" / "dev_mismatched.tsv")),
+    )
+    bad = dataclasses.replace(run, values=(("num_epochs", 2.5),))
+    with pytest.raises(ConfigError, match=r"^mnli: fine-tuning field num_epochs=2.5: "):
+        suite.run_config(settings, bad, str(root / "MNLI"), settings.init_from)
 
 
 # ----------------------------------------------------------------------------- results
