@@ -231,7 +231,6 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
         )
 
     done = sum(is_finished(workdir / run.directory) for run in runs)
-    notes: dict[int | None, list[str]] = {step: [] for step in steps}
     bar = tqdm.tqdm(
         total=len(runs), initial=done, unit="run", file=sys.stderr, dynamic_ncols=True,
         disable=not is_main, desc="GLUE",
@@ -242,9 +241,7 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
             directory = workdir / run.directory
             if is_finished(directory):
                 continue
-            init_from, note = _init_from(settings, workdir, run, runs)
-            if note and note not in notes[run.step]:
-                notes[run.step].append(note)
+            init_from, _ = _init_from(settings, workdir, run, runs)
             config = run_config(settings, run, located[run.task].directory, init_from)
             finetune_settings = run_settings(
                 config, None if init_from != settings.init_from else run.step
@@ -275,6 +272,8 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
     reports = {}
     for step in steps:
         step_runs = [r for r in runs if r.step == step]
+        # What each task that starts from another's started from (every run is done now).
+        notes = list(dict.fromkeys(_init_from(settings, workdir, r, runs)[1] for r in step_runs))
         task_results = {
             task: results_lib.task_result(
                 tasks_lib.BY_NAME[task],
@@ -287,7 +286,7 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
             init_from=settings.init_from,
             step=step,
             skipped=skipped,
-            notes=notes[step],
+            notes=[note for note in notes if note],
         )
         target = workdir if step is None else workdir / STEP_DIR.format(step)
         if is_main:
