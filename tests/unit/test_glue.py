@@ -333,6 +333,17 @@ def test_the_hubs_parquet_files_become_glues_tsv_files(tmp_path):
     assert files.locate(str(root), tasks.BY_NAME["rte"], str(cache)) is None
 
 
+def test_the_diagnostic_set_is_found_in_either_layout(tmp_path):
+    hub = glue_data.write_hub(tmp_path / "hub", TOPICS, (), 8, 4, 4)
+    path = files.locate_ax(str(hub), str(tmp_path / "cache"))
+    lines = open(path).read().splitlines()
+    rows = glue_data.examples("mnli", TOPICS, 4, 20)
+    assert lines == ["index\tsentence1\tsentence2"] + [f"{i}\t{a}\t{b}" for i, a, b, _ in rows]
+    download = glue_data.write_download(tmp_path / "glue", TOPICS, (), 8, 4, 4)
+    found = files.locate_ax(str(download), str(tmp_path / "cache"))
+    assert found == str(download / "diagnostic" / "diagnostic.tsv")
+
+
 def test_the_download_layout_is_read_where_it_is(tmp_path):
     root = glue_data.write_download(tmp_path / "glue", TOPICS, ("sst2",), 8, 4, 4, ax=False)
     found = files.locate(str(root), tasks.BY_NAME["sst2"], str(tmp_path / "cache"))
