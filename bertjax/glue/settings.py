@@ -75,14 +75,29 @@ def _leaf_fields(config: ml_collections.ConfigDict, prefix: str = "") -> list[st
     return out
 
 
+# Fine-tuning fields each run gets from the suite: a sweep or a task's fields may not set them.
+SUITE_FIELDS = {
+    "init_from": "config.init_from (or per_task.<task>.start_from)",
+    "task": "the GLUE task",
+    "seeds": "config.seeds",
+    "data.glue_task": "the GLUE task",
+    "data.dir": "config.data_dir",
+    "data.train": "config.data_dir",
+    "data.validation": "config.data_dir",
+    "data.test": "config.data_dir",
+}
+
+
 def resolve_field(finetune: ml_collections.ConfigDict, name: str, where: str) -> str:
     """The dotted fine-tuning field `name` means: itself if it is one, else the one field
     whose last name it is; `where` names the config field, for the message."""
     fields = _leaf_fields(finetune)
-    if name in fields:
-        return name
-    matches = [f for f in fields if f.rsplit(".", 1)[-1] == name]
+    matches = [name] if name in fields else [f for f in fields if f.rsplit(".", 1)[-1] == name]
     if len(matches) == 1:
+        if matches[0] in SUITE_FIELDS:
+            raise ConfigError(
+                f"config.{where}: each run's {matches[0]} comes from {SUITE_FIELDS[matches[0]]}"
+            )
         return matches[0]
     if matches:
         raise ConfigError(f"config.{where}: {name!r} is ambiguous; write one of {matches}")

@@ -113,6 +113,10 @@ def test_a_task_sweep_replaces_the_shared_one_and_points_multiply(tmp_path):
             "config.sweep.learning_rat: 'learning_rat' is not a field of the fine-tuning "
             "config (configs/finetune.py); did you mean 'optimizer.learning_rate'?",
         ),
+        (
+            {"sweep.seeds": (1, 2)},
+            "config.sweep.seeds: each run's seeds comes from config.seeds",
+        ),
         ({"tasks": "cola,mnlii"}, "config.tasks='cola,mnlii': 'mnlii' is not a GLUE task"),
         ({"seeds": (1, 1)}, "config.seeds=(1, 1): must be distinct integers >= 0"),
         ({"steps": "1000,x"}, "config.steps='1000,x': must be checkpoint steps"),
