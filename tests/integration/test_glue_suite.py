@@ -339,3 +339,24 @@ def test_a_curve_over_every_kept_checkpoint(three_checkpoints, pretrained_run, t
         for s in curve["steps"]
     }
     assert len(written) == 3 and summary["runs"] == 3
+
+
+@pytest.mark.slow
+def test_a_suite_reads_and_writes_gcs(gcs, pretrained_run, tmp_path):
+    _, topics = pretrained_run
+    local = glue_data.write_hub(tmp_path / "glue", topics, ("sst2",), train=32, dev=DEV, ax=False)
+    data = gcs.bucket() + "/glue"
+    gcs.fs.put(str(local) + "/", data[len("gs://") :], recursive=True)
+    workdir = gcs.bucket() + "/suite"
+    config = suite_config(pretrained_run[0], data, tasks="sst2", **{"finetune.num_epochs": 1})
+    summary = suite.run_suite(SuiteSettings.from_config(config), workdir)
+    gcs.fs.invalidate_cache()
+    root = workdir[len("gs://") :]
+    names = {name[len(root) + 1 :] for name in gcs.fs.find(root)}
+    run = "sst2/learning_rate=0.001/seed_1"
+    expected = {"results.json", "results.md", "data/sst2/dev.tsv", f"{run}/result.json"}
+    assert expected | {f"{run}/log.txt", f"{run}/predictions_dev.tsv"} <= names
+    report = json.loads(gcs.fs.cat_file(root + "/results.json"))
+    assert report == summary["report"] and set(report["tasks"]) == {"sst2"}
+    # Rerun: nothing to do.
+    assert suite.run_suite(SuiteSettings.from_config(config), workdir)["executed"] == []
