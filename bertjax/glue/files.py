@@ -42,7 +42,6 @@ class TaskFiles:
 
     task: BenchmarkTask
     directory: str  # holds train.tsv, the dev file(s) and maybe the test file(s)
-    source: str  # the directory the data came from (a parquet directory, or `directory`)
     tests: tuple[str, ...]  # the test splits present (test, or MNLI's two)
 
 
@@ -81,7 +80,7 @@ def _download(directory: str, task: BenchmarkTask) -> TaskFiles:
                 "(and optionally its test file)"
             )
     tests = tuple(split for split, f in glue.test if fs.kind(fs.join(directory, f.name)) == "file")
-    return TaskFiles(task, directory, directory, tests)
+    return TaskFiles(task, directory, tests)
 
 
 def check_labels(files: TaskFiles) -> None:
@@ -127,7 +126,7 @@ def _convert(directory: str, task: BenchmarkTask, target: str) -> TaskFiles:
     record = {split: [[p, fs.size(p)] for p in paths] for split, paths in present.items() if paths}
     record_path = fs.join(target, SOURCE_RECORD)
     tests = tuple(split for split, _, labelled in _splits(task) if not labelled and present[split])
-    files = TaskFiles(task, target, directory, tests)
+    files = TaskFiles(task, target, tests)
     if fs.kind(record_path) == "file" and json.loads(fs.path(record_path).read_text()) == record:
         return files  # converted before, from the same files
     fs.makedirs(target)

@@ -7,7 +7,8 @@ suite's:
 
     <workdir>/<task>/<configuration>/seed_<n>/     a fine-tuning run directory (its
                           result.json, best/, metrics, log.txt with what it printed, and
-                          predictions_dev*.tsv: its best epoch's predictions of the dev files)
+                          predictions_dev*.tsv: its best epoch's predictions of the dev files,
+                          timing.json: its wall and compile seconds)
     <workdir>/data/<task>/                         the hub's parquet files as GLUE's TSV files
     <workdir>/results.json, results.md             the table (bertjax.glue.results)
     <workdir>/submission/*.tsv, submission.zip     with config.submission
