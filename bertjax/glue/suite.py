@@ -214,13 +214,14 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
             )
         else:
             located[name] = found
-    for name, why in skipped.items():
-        print(f"skipped {tasks_lib.BY_NAME[name].title}: {why}", flush=True)
     present = tuple(t for t in tasks if t in located)
     if not present:
         raise ConfigError(
-            f"config.data_dir={settings.data_dir!r}: holds none of the tasks {list(tasks)}"
+            f"config.data_dir={settings.data_dir!r}: holds none of the tasks {list(tasks)} "
+            "(GLUE's download: CoLA/, SST-2/, ...; the hub's parquet layout: cola/, sst2/, ...)"
         )
+    for name, why in skipped.items():
+        print(f"skipped {tasks_lib.BY_NAME[name].title}: {why}", flush=True)
     runs = plan(settings, present, steps)
     for name in sorted({r.task for r in runs if not is_finished(workdir / r.directory)}):
         files_lib.check_labels(located[name])

@@ -426,3 +426,9 @@ def test_the_curve_draws_each_tasks_score_against_the_step(tmp_path):
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((tmp_path / "curve.json").read_text()) == data
     assert set(paths) == {"png", "md", "json"}
+
+
+def test_a_data_dir_without_any_task_is_one_line(tmp_path):
+    settings = SuiteSettings.from_config(config_for(tmp_path))
+    with pytest.raises(ConfigError, match=r"^config.data_dir='.*': holds none of the tasks"):
+        suite.run_suite(settings, str(tmp_path / "suite"))
