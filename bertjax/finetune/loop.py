@@ -70,11 +70,12 @@ class HeadMismatchError(ConfigError):
 # ----------------------------------------------------------------------------- the model to tune
 
 
-def open_source(path: str | os.PathLike) -> rundir.Run:
-    """Opens what init_from is: its architecture, tokenizer and head (parameters come later)."""
+def open_source(path: str | os.PathLike, step: int | None = None) -> rundir.Run:
+    """Opens what init_from is (at a checkpoint `step` of a work directory, if given): its
+    architecture, tokenizer and head (parameters come later)."""
     try:
         # A fine-tuning run never uses MLM/NSP heads: a BertModel directory lacks nothing.
-        return rundir.open_run(path, pretraining_heads=False)
+        return rundir.open_run(path, step, pretraining_heads=False)
     except (ValueError, FileNotFoundError, checkpoint_lib.CheckpointRestoreError) as err:
         if isinstance(err, ConfigError):
             raise
@@ -611,7 +612,7 @@ def finetune(
 
 def prepare(settings: FinetuneSettings, devices=None) -> _Run:
     """Reads init_from and the task's data, and builds the run's steps (shared by seeds)."""
-    source = open_source(settings.init_from)
+    source = open_source(settings.init_from, settings.init_step)
     model_config = settings.model_config(source.config)
     kind = task_lib.get(settings.task)
     task = kind.read(settings.data, source.tokenizer)

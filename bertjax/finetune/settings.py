@@ -110,6 +110,9 @@ class FinetuneSettings:
     data: FinetuneDataSettings
     run: FinetuneRunSettings
     config: dict  # the config as given, kept in checkpoint meta for the record
+    # A checkpoint step of an init_from work directory (None: its newest, or a fine-tuning
+    # run's best); set by programs that compare checkpoints (bertjax.glue), not by a field.
+    init_step: int | None = None
 
     @classmethod
     def from_config(

@@ -1,0 +1,14 @@
+"""The GLUE benchmark over fine-tuning: a suite of runs, its table, a curve, a submission.
+
+    tasks.py       the tasks as the papers report them: directories, metrics, submission files
+    files.py       where a task's files are: GLUE's download layout, or the hub's parquet one
+    settings.py    the suite's settings, read once from its config (configs/glue.py)
+    suite.py       the sweep x seeds as fine-tuning runs, resumable, in one progress display
+    results.py     medians over seeds, the best configuration, the GLUE average, results.md
+    published.py   published rows (BERT, RoBERTa, ELECTRA, ModernBERT) with their sources
+    curve.py       scores against pretraining step: curve.png and its table
+    submission.py  the leaderboard's files (CoLA.tsv, ..., AX.tsv) and their zip
+
+`evaluate.py` at the repository root is the command line; each run is one call of
+bertjax.finetune.loop.finetune.
+"""
