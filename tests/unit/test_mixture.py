@@ -21,7 +21,11 @@ from bertjax.data.mixture import (
     parse_sources,
 )
 from bertjax.data.storage import SplitReader, read_manifest
+from bertjax.pretrain.data import SOURCES_DIR, ensure_sources
+from bertjax.pretrain.settings import PretrainSettings
+from bertjax.settings import ConfigError
 from bertjax.tokenizer import SENTENCEPIECE_FILE
+from configs import tiny
 
 WEIGHTS = {"web": 0.6, "books": 0.3, "wiki": 0.1}
 
@@ -280,3 +284,64 @@ def test_sources_must_share_the_tokenizer_and_sequence_length(sources, tmp_path)
     )
     with pytest.raises(ValueError, match=r"source 'other' \(.*\) was prepared with tokenizer="):
         loader_of([sources[0], (Source("other", (str(corpus),), 1.0), str(tmp_path / "other"))])
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def settings_with(**data):
+    config = tiny.get_config()
+    config.data.update(data)
+    return PretrainSettings.from_config(config)
+
+
+def test_data_sources_setting_is_read_into_typed_sources(sources):
+    text = format_sources(tuple(source for source, _ in sources))
+    settings = settings_with(sources=text)
+    assert tuple(s.name for s in settings.data.sources) == tuple(WEIGHTS)
+    assert settings.data.sources[0].weight == 0.6 and settings.data.inputs == ()
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("web={corpus}:0", r"config.data.sources: source 'web': weight '0' is not a positive"),
+        ("web={corpus}:-1", r"weight '-1' is not a positive number"),
+        ("web={missing}:1", r"config.data.sources: source 'web': input path .* does not exist"),
+        ("web={empty}:1", r"source 'web': input directory .* contains no files"),
+        ("web={corpus}*.none:1", r"source 'web': input glob .* matches no files"),
+    ],
+)
+def test_bad_sources_fail_in_one_line_naming_the_source(sources, tmp_path, text, message):
+    (tmp_path / "empty").mkdir()
+    corpus = sources[0][0].paths[0]
+    text = text.format(corpus=corpus, missing=tmp_path / "nope.txt", empty=tmp_path / "empty")
+    with pytest.raises(ConfigError, match=message) as err:
+        settings_with(sources=text)
+    assert "\n" not in str(err.value)
+
+
+def test_sources_and_input_are_not_both_set(sources):
+    corpus = sources[0][0].paths[0]
+    with pytest.raises(ConfigError, match=r"config.data.sources=.* and data.input are both set"):
+        settings_with(sources=f"web={corpus}:1", input=corpus)
+
+
+def test_an_empty_source_fails_naming_it_and_leaves_the_prepared_ones(sources, tmp_path):
+    (tmp_path / "blank.jsonl").write_text('{"text": "   "}\n\n')
+    corpus = sources[0][0].paths[0]
+    settings = settings_with(
+        sources=f"web={corpus}:0.9,blank={tmp_path / 'blank.jsonl'}:0.1",
+        vocab_size=300,
+        max_seq_length=32,
+        max_predictions_per_seq=5,
+        eval_fraction=0.1,
+        dupe_factor=1,
+    )
+    with pytest.raises(ValueError, match=r"config.data.sources: source 'blank': input .* holds "):
+        ensure_sources(settings.data, tmp_path / "run", eval_batch_size=4, seed=0)
+    (web,) = (tmp_path / "run" / "data" / SOURCES_DIR).glob("web-*")
+    before = (web / "manifest.json").stat().st_mtime_ns
+    with pytest.raises(ValueError, match="source 'blank'"):
+        ensure_sources(settings.data, tmp_path / "run", eval_batch_size=4, seed=0)
+    assert (web / "manifest.json").stat().st_mtime_ns == before  # reused, not prepared again
