@@ -148,12 +148,12 @@ def format_sources(sources: tuple[Source, ...]) -> str:
     entries = []
     defaults = Source("x", ("x",), 1.0)
     for source in sources:
-        entry = f"{source.name}={PATH_SEPARATOR.join(source.paths)}:{source.weight:g}"
+        entry = f"{source.name}={PATH_SEPARATOR.join(source.paths)}:{source.weight!r}"
         for option in SOURCE_OPTIONS:
             value = getattr(source, option)
             if value != getattr(defaults, option):
                 entry += (
-                    f":{option}={value:g}" if isinstance(value, float) else f":{option}={value}"
+                    f":{option}={value!r}" if isinstance(value, float) else f":{option}={value}"
                 )
         entries.append(entry)
     return ",".join(entries)
@@ -210,6 +210,7 @@ class Schedule:
         self.names = list(names)
         self.weights = [float(w) for w in weights]
         self.sizes = [int(n) for n in sizes]
+        self._sizes = np.asarray(self.sizes, dtype=np.int64)
         self.max_epochs = [float(c) for c in max_epochs]
         self.seed = seed
         # Examples each source may give: its passes times its size (None: no cap).
@@ -275,6 +276,10 @@ class Schedule:
         """(source [n], number among that source's examples of the run [n]) of examples."""
         indices = np.asarray(indices, dtype=np.int64)
         blocks, within = np.divmod(indices, BLOCK_EXAMPLES)
+        if len(indices) and blocks.min() == blocks.max():  # a batch within one block
+            labels, ranks = self.block(int(blocks[0]))
+            source = labels[within]
+            return source, self.before(int(blocks[0]))[source] + ranks[within]
         source = np.empty(len(indices), dtype=np.int32)
         number = np.empty(len(indices), dtype=np.int64)
         for block in np.unique(blocks):
@@ -288,11 +293,19 @@ class Schedule:
         """(source [n], example of that source's prepared split [n]) of run examples."""
         source, number = self.locate(indices)
         example = np.empty(len(number), dtype=np.int64)
-        sizes = np.asarray(self.sizes, dtype=np.int64)
-        passes, position = np.divmod(number, sizes[source])
-        for s, p in {(int(s), int(p)) for s, p in zip(source, passes)}:
-            rows = (source == s) & (passes == p)
-            example[rows] = self.order(s, p)[position[rows]]
+        passes, position = np.divmod(number, self._sizes[source])
+        # A batch meets few (source, pass) pairs: one lookup in each one's order.
+        for s in range(len(self.sizes)):
+            rows = np.flatnonzero(source == s)
+            if not len(rows):
+                continue
+            first, last = passes[rows].min(), passes[rows].max()
+            if first == last:
+                example[rows] = self.order(s, int(first))[position[rows]]
+                continue
+            for p in range(int(first), int(last) + 1):
+                at = rows[passes[rows] == p]
+                example[at] = self.order(s, p)[position[at]]
         return source, example
 
     def order(self, source: int, epoch: int) -> np.ndarray:
@@ -414,20 +427,15 @@ class _MixtureMaker(BatchMakerBase):
     def __init__(self, schedule: Schedule, readers: list[SplitReader], tokenizer, **kwargs):
         super().__init__(tokenizer, **kwargs)
         self.schedule = schedule
-        self.readers = readers
+        # All sources' instances as one reader: a batch is one gather, whatever its sources.
+        self.reader = SplitReader.concatenate(readers)
+        self.offsets = np.cumsum([0] + [len(reader) for reader in readers[:-1]])  # [S]
 
     def _make(self, step: int) -> dict[str, np.ndarray]:
         first = int(step) * self.global_batch_size + self.process_index * self.batch_size
         indices = np.arange(first, first + self.batch_size)  # [B] examples of the run
         source, example = self.schedule.examples(indices)  # [B], [B]
-        features: dict[str, np.ndarray] = {}
-        for s in np.unique(source):
-            rows = source == s
-            part = self.readers[s].gather(example[rows], self.max_seq_length)
-            for name, values in part.items():
-                if name not in features:
-                    features[name] = np.empty((self.batch_size, *values.shape[1:]), values.dtype)
-                features[name][rows] = values
+        features = self.reader.gather(self.offsets[source] + example, self.max_seq_length)
         # Keyed by the example's place in the run: the same rows whatever the process count.
         rng = RowRandom.from_positions(self.seed, _MASKING_STREAM, 0, indices)
         return self._finish(features, rng)
