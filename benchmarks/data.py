@@ -280,6 +280,16 @@ def bench_mixture(work: pathlib.Path, tokenizer: pathlib.Path, rounds: int = 9) 
         make_mixture_loader(copies, **kwargs),
         rounds,
     )
+    # The same again against one source of as many shards as the three copies have: a large
+    # corpus is many shards, and a batch that spans several gathers from each (as here).
+    sharded = work / "prepared_mix_whole_3_shards"
+    prepare([str(demo)], sharded, verbose=False, chunk_mb=demo.stat().st_size / 3.2e6, **common)
+    _side_by_side(
+        "the same data as one source of three shards and as three sources",
+        make_loader(sharded, **kwargs),
+        make_mixture_loader(copies, **kwargs),
+        rounds,
+    )
     print(
         "realised shares after the rounds: "
         + ", ".join(f"{k} {v:.4f}" for k, v in mixture.shares().items())

@@ -246,9 +246,10 @@ class Schedule:
             counts += (end - segment.first_block) * np.asarray(segment.counts, dtype=np.int64)
         return counts
 
-    def block(self, block: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source of each example of the block [BLOCK], its number among the block's examples
-        of that source [BLOCK])."""
+    def block(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(source of each example of the block [BLOCK], its number among the run's examples of
+        that source [BLOCK], the example of the source's split it is [BLOCK]); made once per
+        block, so that a batch's lookups are plain indexing."""
         with self._lock:
             cached = self._blocks.get(block)
             if cached is not None:
@@ -264,7 +265,9 @@ class Schedule:
         sources = np.concatenate([np.full(n, s, np.int32) for s, n in enumerate(counts) if n])
         ranks = np.concatenate([np.arange(n, dtype=np.int64) for n in counts if n])
         order = np.lexsort((sources, keys))  # by key; equal keys by source
-        result = (sources[order], ranks[order])  # [BLOCK], [BLOCK]
+        labels = sources[order]  # [BLOCK]
+        numbers = self.before(block)[labels] + ranks[order]  # [BLOCK]
+        result = (labels, numbers, self._examples_of(labels, numbers))
         with self._lock:
             # Keep the latest blocks only: a batch (and prefetch) spans a few.
             if len(self._blocks) > 8:
@@ -274,24 +277,30 @@ class Schedule:
 
     def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source [n], number among that source's examples of the run [n]) of examples."""
-        indices = np.asarray(indices, dtype=np.int64)
-        blocks, within = np.divmod(indices, BLOCK_EXAMPLES)
-        if len(indices) and blocks.min() == blocks.max():  # a batch within one block
-            labels, ranks = self.block(int(blocks[0]))
-            source = labels[within]
-            return source, self.before(int(blocks[0]))[source] + ranks[within]
-        source = np.empty(len(indices), dtype=np.int32)
-        number = np.empty(len(indices), dtype=np.int64)
-        for block in np.unique(blocks):
-            rows = blocks == block
-            labels, ranks = self.block(int(block))
-            source[rows] = labels[within[rows]]
-            number[rows] = self.before(int(block))[source[rows]] + ranks[within[rows]]
-        return source, number
+        return self._lookup(indices, 1)
 
     def examples(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source [n], example of that source's prepared split [n]) of run examples."""
-        source, number = self.locate(indices)
+        return self._lookup(indices, 2)
+
+    def _lookup(self, indices: np.ndarray, column: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source [n], block()'s column [n]) of run examples."""
+        indices = np.asarray(indices, dtype=np.int64)
+        blocks, within = np.divmod(indices, BLOCK_EXAMPLES)
+        if len(indices) and blocks.min() == blocks.max():  # a batch within one block
+            made = self.block(int(blocks[0]))
+            return made[0][within], made[column][within]
+        source = np.empty(len(indices), dtype=np.int32)
+        value = np.empty(len(indices), dtype=np.int64)
+        for block in np.unique(blocks):
+            rows = blocks == block
+            made = self.block(int(block))
+            source[rows] = made[0][within[rows]]
+            value[rows] = made[column][within[rows]]
+        return source, value
+
+    def _examples_of(self, source: np.ndarray, number: np.ndarray) -> np.ndarray:
+        """The example of each source's split that its number-th draw is: [n]."""
         example = np.empty(len(number), dtype=np.int64)
         passes, position = np.divmod(number, self._sizes[source])
         # A batch meets few (source, pass) pairs: one lookup in each one's order.
@@ -306,7 +315,7 @@ class Schedule:
             for p in range(int(first), int(last) + 1):
                 at = rows[passes[rows] == p]
                 example[at] = self.order(s, p)[position[at]]
-        return source, example
+        return example
 
     def order(self, source: int, epoch: int) -> np.ndarray:
         """The permutation of a source's examples for its pass epoch."""
@@ -329,7 +338,7 @@ class Schedule:
         block, within = divmod(int(num_examples), BLOCK_EXAMPLES)
         counts = self.before(block)
         if within and self.segment_index(block) < len(self.segments):
-            labels, _ = self.block(block)
+            labels = self.block(block)[0]
             counts = counts + np.bincount(labels[:within], minlength=len(self.names))
         return counts
 
