@@ -189,6 +189,13 @@ class Segment:
     dropped: tuple[int, ...]  # sources that ran out just before this segment
 
 
+def _unit_hash(*numbers: int) -> float:
+    """A number in [0, 1) drawn from a hash of the given integers (cheaper than a generator
+    for the few draws a block takes)."""
+    text = ":".join(map(str, numbers)).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") / 2.0**64
+
+
 def source_key(name: str) -> int:
     """A stable number for a source's name: its pass permutations do not depend on its place."""
     return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")
@@ -260,11 +267,12 @@ class Schedule:
                 f"block {block} is past the end of the mixture ({self.total_examples} examples)"
             )
         counts = self.segments[index].counts
-        offsets = np.random.default_rng([self.seed, _SCHEDULE_STREAM, block]).random(len(counts))
+        offsets = [_unit_hash(self.seed, _SCHEDULE_STREAM, block, s) for s in range(len(counts))]
         keys = np.concatenate([(np.arange(n) + offsets[s]) / n for s, n in enumerate(counts) if n])
         sources = np.concatenate([np.full(n, s, np.int32) for s, n in enumerate(counts) if n])
         ranks = np.concatenate([np.arange(n, dtype=np.int64) for n in counts if n])
-        order = np.lexsort((sources, keys))  # by key; equal keys by source
+        # By key; equal keys (rare) by source, the order they were laid out in.
+        order = np.argsort(keys, kind="stable")
         labels = sources[order]  # [BLOCK]
         numbers = self.before(block)[labels] + ranks[order]  # [BLOCK]
         result = (labels, numbers, self._examples_of(labels, numbers))

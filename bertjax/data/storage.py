@@ -306,15 +306,11 @@ class SplitReader:
         elif len(self.tokens) == 1:
             input_ids = self.tokens[0][within].astype(np.int32)  # [B,S]
         else:
-            # Rows grouped by shard (one sort) so that each shard reads a contiguous slice.
-            order = np.argsort(shard, kind="stable")  # [B]
-            grouped = within[order]  # [B,S]
-            bounds = np.flatnonzero(np.diff(shard[order])) + 1
-            ids = np.empty(within.shape, dtype=np.int32)  # [B,S] in shard order
-            for begin, end in zip([0, *bounds], [*bounds, len(order)]):
-                ids[begin:end] = self.tokens[shard[order[begin]]][grouped[begin:end]]
-            input_ids = np.empty_like(ids)
-            input_ids[order] = ids
+            input_ids = np.empty(within.shape, dtype=np.int32)  # [B,S]
+            for s in np.unique(shard):
+                # Row numbers, not a boolean mask: half the time of masked copies.
+                rows = np.flatnonzero(shard == s)
+                input_ids[rows] = np.take(self.tokens[s], within[rows])
         input_ids[~input_mask] = 0
         segment_ids = input_mask & (positions >= self.segment_b_start[indices][:, None])
         return {

@@ -16,6 +16,7 @@ from bertjax.data import MaskingSettings, demo_corpus_path, make_loader, prepare
 from bertjax.data import demo_corpus as demo_corpus_lib
 from bertjax.data.corpus import InputReport, ReadSettings, expand_paths, read_documents
 from bertjax.data.loader import REMOTE_READ_AHEAD
+from bertjax.data.mixture import Source, make_mixture_loader
 from bertjax.data.storage import RemoteTokens
 
 SEQ_LEN = 48
@@ -193,6 +194,22 @@ def test_gcs_loader_streams_the_local_batches_and_resumes(local_data, remote_dat
     _, resumed = loaders(local_data, remote_data)
     resumed.set_state(state)
     assert_same_batches(batches(resumed, steps - k), expected[k:])
+
+
+def test_gcs_mixture_streams_the_local_batches(local_data, remote_data):
+    """A mixture of prepared sources on gs:// (read by byte ranges) gives the local batches,
+    and a mixture of local and gs:// directories is refused in one line."""
+
+    def mixture(first, second):
+        sources = [(Source("a", ("a",), 0.7), first), (Source("b", ("b",), 0.3), second)]
+        return make_mixture_loader(
+            sources, batch_size=BATCH, seed=4, process_index=0, process_count=1, log=print
+        )
+
+    local, remote = mixture(local_data, local_data), mixture(remote_data, remote_data)
+    assert_same_batches(batches(remote, 6), batches(local, 6))
+    with pytest.raises(ValueError, match="must be all local or all on gs://"):
+        mixture(local_data, remote_data)
 
 
 @pytest.mark.parametrize("gap", [0, RemoteTokens.MERGE_GAP_BYTES])
