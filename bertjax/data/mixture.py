@@ -501,7 +501,8 @@ class MixtureLoader(Loader):
 
     @property
     def remote_tokens(self):
-        return None  # per source: see each reader's `remote`
+        """The byte-range reader of gs:// sources (all of them); None on disk."""
+        return self._maker.reader.remote
 
     def shares(self) -> dict[str, float]:
         """Each source's share of the examples of the batches handed out so far (all
@@ -576,7 +577,7 @@ def make_mixture_loader(
         open_split(directory, "train", expected_max_seq_length, expected_tokenizer_fingerprint)
         for _, directory in prepared
     ]
-    first_manifest, first_dir, _, tokenizer = opened[0]
+    first_manifest, _, _, tokenizer = opened[0]
     first_name = prepared[0][0].name
     for (source, _), (manifest, directory, reader, other) in zip(prepared, opened):
         for key, value, theirs in (

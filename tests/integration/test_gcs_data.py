@@ -207,7 +207,9 @@ def test_gcs_mixture_streams_the_local_batches(local_data, remote_data):
         )
 
     local, remote = mixture(local_data, local_data), mixture(remote_data, remote_data)
+    assert local.remote_tokens is None and remote.remote_tokens is not None
     assert_same_batches(batches(remote, 6), batches(local, 6))
+    assert remote.remote_tokens.bytes_read > 0  # by byte ranges, nothing downloaded whole
     with pytest.raises(ValueError, match="must be all local or all on gs://"):
         mixture(local_data, remote_data)
 
