@@ -5,6 +5,7 @@ import codecs
 import gzip
 import io
 import json
+import pathlib
 import random
 
 import pyarrow as pa
@@ -12,8 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from bertjax.data import corpus, formats, prepare
+from bertjax.data import corpus, formats, mixture, prepare
 from bertjax.data.corpus import InputReport, ReadSettings, read_documents
+from bertjax.data.demo_sources import write_sources
+from bertjax.data.prepare import main as prepare_main
 
 RECORDS = [
     {
@@ -286,3 +289,52 @@ def test_prepare_from_parquet_writes_the_shards_of_its_json_lines(shipped, tmp_p
             assert (out / "parquet" / split / name).read_bytes() == (
                 out / "json" / split / name
             ).read_bytes()
+
+
+def test_prepare_command_line_reads_a_nested_text_field(shipped, tmp_path):
+    manifest = prepare_main(
+        [
+            "--input",
+            str(shipped / "web.parquet"),
+            "--output",
+            str(tmp_path / "out"),
+            "--text_field",
+            "meta.summary",
+            "--id_field",
+            "id",
+            "--format",
+            "parquet",
+            "--vocab_size",
+            "300",
+            "--workers",
+            "1",
+            "--max_seq_length",
+            "32",
+        ]
+    )
+    settings = manifest["settings"]
+    assert (settings["format"], settings["text_field"], settings["id_field"]) == (
+        "parquet",
+        "meta.summary",
+        "id",
+    )
+    assert manifest["input_report"]["documents"] == len(RECORDS)
+
+
+def test_demo_sources_deal_documents_to_three_shipped_formats(tmp_path):
+    documents = [[f"Document {i} one.", f"And two {i}."] for i in range(10)]
+    sources = mixture.parse_sources(write_sources(documents, tmp_path))
+    assert [(s.name, s.weight) for s in sources] == [("web", 0.6), ("books", 0.3), ("wiki", 0.1)]
+    assert [pathlib.Path(s.paths[0]).name for s in sources] == [
+        "web.parquet",
+        "books.jsonl.zst",
+        "wiki.json.gz",
+    ]
+    for slot, source in enumerate(sources):
+        read, report = read_with(source)
+        assert read == documents[slot::3] and report.problems == {}
+
+
+def read_with(source):
+    report = InputReport()
+    return list(read_documents(list(source.paths), report, settings=source.read_settings)), report
