@@ -74,15 +74,15 @@ def open_binary(path: str | os.PathLike):
     return gunzipped
 
 
-def sniff(path: str | os.PathLike) -> tuple[str, str]:
+def sniff(path: str | os.PathLike, opener=open_binary) -> tuple[str, str]:
     """(encoding, detail): how to read a file, judged from its first SNIFF_BYTES.
 
     The encoding is "utf-8", or "utf-16" / "utf-32" when a byte-order mark says so (detail then
     names it, e.g. "UTF-16-LE"), or "" for a file that is not text (detail says why). A .gz file
-    is judged by its gunzipped bytes.
+    is judged by its gunzipped bytes; `opener` may decompress others.
     """
     head = b""
-    with open_binary(path) as f:
+    with opener(path) as f:
         # In small reads: a truncated .gz file still shows its beginning (reading it then keeps
         # the documents before the damage, and reports the file).
         try:

@@ -38,6 +38,10 @@ def get_config() -> ml_collections.ConfigDict:
             # Raw text files, globs or directories, comma-separated. With dir empty too: the
             # built-in demo corpus.
             input="",
+            # A weighted mixture instead of input: "name=path[|path...]:weight[:option=value...]"
+            # entries, comma-separated (options: format, text_field, id_field, max_epochs); each
+            # source is prepared into its own directory under dir (docs/corpora.md).
+            sources="",
             max_seq_length=128,
             max_predictions_per_seq=20,
             masked_lm_prob=0.15,  # of training batches (ModernBERT: 0.3)

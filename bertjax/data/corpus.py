@@ -1,17 +1,24 @@
 """Streaming corpus reading: files, globs, directories, .gz, and a report of bad input.
 
-Two formats:
+Three formats (bertjax.data.formats tells them apart by name, or a source names one):
 - google-research/bert's: plain text, one sentence per line, a blank line between documents.
-- JSON Lines (files named *.jsonl or *.json, optionally .gz): one document per line, an object
-  with a "text" field that is split into sentences by bertjax.data.sentences.
+- JSON Lines (files named *.jsonl or *.json): one document per line, an object whose text field
+  (ReadSettings.text_field: "text", RedPajama's "raw_content", a dotted path such as
+  "meta.summary" for a nested one) is split into sentences by bertjax.data.sentences.
+- Parquet (*.parquet): one document per row, its text column read row group by row group in
+  batches of rows, and no other column (but the id column, when one is named).
+Text and JSON Lines may be compressed: .gz, or zstd's .zst / .zstd.
 
-Text is UTF-8, or UTF-16 / UTF-32 when the file (after gunzipping) opens with a byte-order mark.
+Text is UTF-8, or UTF-16 / UTF-32 when the file (decompressed) opens with a byte-order mark.
 
 Bad input never stops the run: undecodable bytes become U+FFFD, control characters are
 removed, empty documents are skipped, over-long lines are split, malformed JSON lines are
-skipped, binary files (images, archives, executables, random bytes) are skipped, and an
-unreadable (e.g. truncated .gz) file keeps the documents read before the error. Each kind is
-counted in an InputReport, which also names the first few files and lines where it was found.
+skipped, binary files (images, archives, executables, random bytes) are skipped, a parquet file
+without the text column is skipped, an unreadable row group of a parquet file is skipped, and an
+unreadable (e.g. truncated .gz or .zst, or not parquet at all) file keeps the documents read
+before the error. Each kind is counted in an InputReport, which also names the first few files
+and lines (rows, row groups; documents by their id when ReadSettings.id_field names one) where
+it was found.
 """
 
 from __future__ import annotations
@@ -27,13 +34,18 @@ import zlib
 from collections.abc import Iterator, Sequence
 
 from bertjax import fs
+from bertjax.data import formats
+from bertjax.data.formats import JSON_SUFFIXES, open_binary
 from bertjax.data.sentences import split_sentences
 from bertjax.textfile import BYTE_COUNT_CODEC, UTF8_BOM, sniff
-from bertjax.textfile import open_binary as _open_binary
 
 DEFAULT_MAX_LINE_CHARS = 2000
 DEFAULT_MAX_DOCUMENT_SENTENCES = 10_000
-JSON_SUFFIXES = (".jsonl", ".json")
+# Rows of a parquet row group converted to Python at a time: bounds memory whatever the size
+# of the row groups (FineWeb's hold about a hundred thousand documents).
+PARQUET_BATCH_ROWS = 1024
+# A document's id is shown in the report up to this many characters.
+MAX_ID_CHARS = 60
 # The report names at most this many places (file, line) for each kind of bad input.
 MAX_PLACES = 5
 # Text-format lines are read in pieces of at most this many bytes, so that a file without line
@@ -69,7 +81,10 @@ class InputReport:
     long_lines_split: int = _kind("lines")  # longer than max_line_chars, split into pieces
     long_documents_split: int = _kind("documents")  # over max_document_sentences, split
     bad_json_lines: int = _kind("lines")  # JSON Lines input: not a JSON object, skipped
-    missing_text_lines: int = _kind("lines")  # JSON Lines input: no string "text" field, skipped
+    # JSON Lines or parquet input: no string text field (or a null one), skipped
+    missing_text_lines: int = _kind("lines")
+    missing_text_columns: int = _kind("files")  # parquet without the text column, skipped
+    unreadable_row_groups: int = _kind("row groups")  # parquet, skipped (the rest is read)
     utf16_utf32_files: int = _kind("files")  # decoded from UTF-16 or UTF-32 (byte-order mark)
     binary_files: int = _kind("files")  # not text (a known format, NUL or undecodable bytes)
     empty_files: int = _kind("files")  # held no document
@@ -218,6 +233,43 @@ def _remote_files(path: str) -> list[fs.AnyPath]:
     raise FileNotFoundError(f"input path {path!r} does not exist")
 
 
+@dataclasses.dataclass(frozen=True)
+class ReadSettings:
+    """How a corpus's files are read: their format and where the text (and an id) lies."""
+
+    format: str = "auto"  # one of formats.FORMATS; "auto": by each file's name
+    text_field: str = "text"  # JSON Lines field or parquet column; a dotted path for nested
+    id_field: str = ""  # names documents in the report (JSON Lines, parquet); "": none
+
+    def __post_init__(self):
+        if self.format not in formats.FORMATS:
+            raise ValueError(f"format={self.format!r} is invalid; choose one of {formats.FORMATS}")
+        for name in ("text_field", "id_field"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or (value and "" in value.split(".")):
+                raise ValueError(
+                    f"{name}={value!r} is invalid; give a field name or a dotted path such as "
+                    "'meta.text'"
+                )
+        if not self.text_field:
+            raise ValueError("text_field='' is invalid; give the field that holds the text")
+
+
+def field_value(record: dict, dotted: str):
+    """record's value at a field name or a dotted path of nested fields (None when absent).
+
+    A key that itself holds dots is found before the nested path it could also mean.
+    """
+    if dotted in record:
+        return record[dotted]
+    value = record
+    for part in dotted.split("."):
+        if not isinstance(value, dict) or part not in value:
+            return None
+        value = value[part]
+    return value
+
+
 def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
     # Hidden files and directories (".git", ".DS_Store") are never corpus text.
     return sorted(
@@ -228,11 +280,8 @@ def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
 
 
 def is_json_lines(path: pathlib.Path) -> bool:
-    """Whether path is read as JSON Lines (by its name, ignoring a .gz suffix)."""
-    name = path.name.lower()
-    if name.endswith(".gz"):
-        name = name[:-3]
-    return name.endswith(JSON_SUFFIXES)
+    """Whether path is read as JSON Lines (by its name, ignoring a compression suffix)."""
+    return formats.strip_compression(path.name).endswith(JSON_SUFFIXES)
 
 
 def read_documents(
@@ -240,14 +289,18 @@ def read_documents(
     report: InputReport,
     max_line_chars: int = DEFAULT_MAX_LINE_CHARS,
     max_document_sentences: int = DEFAULT_MAX_DOCUMENT_SENTENCES,
+    settings: ReadSettings | None = None,
 ) -> Iterator[list[str]]:
-    """Streams documents (lists of sentences) from files, globs or directories into report."""
+    """Streams documents (lists of sentences) from files, globs or directories into report.
+
+    settings: the files' format and text field (default: by name, "text").
+    """
     if max_line_chars < 16:
         raise ValueError(f"max_line_chars={max_line_chars} is too small; use at least 16")
     if max_document_sentences < 1:
         raise ValueError(f"max_document_sentences={max_document_sentences} must be >= 1")
     files = expand_paths(paths)
-    reader = _Reader(report, max_line_chars, max_document_sentences)
+    reader = _Reader(report, max_line_chars, max_document_sentences, settings or ReadSettings())
     yielded = 0
     for file in files:
         for document in reader.file_documents(file):
@@ -265,8 +318,16 @@ def read_documents(
 class _Reader:
     """Line cleaning shared by both formats; updates the report as it goes."""
 
-    def __init__(self, report: InputReport, max_line_chars: int, max_document_sentences: int):
+    def __init__(
+        self,
+        report: InputReport,
+        max_line_chars: int,
+        max_document_sentences: int,
+        settings: ReadSettings,
+    ):
         self.report = report
+        self.settings = settings
+        self.document_id = ""  # the id of the record being read, when the settings name a field
         self.max_line_chars = max_line_chars
         self.max_document_sentences = max_document_sentences
         self.path = ""
@@ -274,9 +335,11 @@ class _Reader:
         self._last_place: dict[str, str] = {}  # per kind
         self.line = 0  # the number of the line that _lines read last
 
-    def _note(self, kind: str, line: int | None = None, reason: str = "", count: int = 1):
-        """Counts bad input of kind in the current file, at a line when given."""
+    def _note(self, kind: str, line: int | str | None = None, reason: str = "", count: int = 1):
+        """Counts bad input of kind in the current file, at a line (or "row N") when given."""
         place = self.path if line is None else f"{self.path}:{line}"
+        if self.document_id and line is not None:
+            place += f" [{self.settings.id_field} {self.document_id}]"
         if reason:
             place += f" ({reason})"
         if _UNITS[kind] == "lines" and self._last_place.get(kind) == place:
@@ -291,21 +354,28 @@ class _Reader:
         self.path = str(path)
         self._kinds_in_file = set()
         self.report.files += 1
+        self.document_id = ""
         yielded = 0
         try:
-            encoding, detail = sniff(path)
-            if not encoding:
-                self._note("binary_files", reason=detail)
-                return
-            if encoding != "utf-8":
-                self._note("utf16_utf32_files", reason=detail)
-            read = self.json_documents if is_json_lines(path) else self.text_documents
-            for document in read(path, encoding):
+            format = formats.file_format(path, self.settings.format)
+            if format == "parquet":
+                documents = self.parquet_documents(path)
+            else:
+                encoding, detail = sniff(path, open_binary)
+                if not encoding:
+                    self._note("binary_files", reason=detail)
+                    return
+                if encoding != "utf-8":
+                    self._note("utf16_utf32_files", reason=detail)
+                read = self.json_documents if format == "jsonl" else self.text_documents
+                documents = read(path, encoding)
+            for document in documents:
                 yielded += 1
                 yield document
         except (OSError, EOFError, zlib.error) as err:
             self._note("unreadable_files", reason=f"{type(err).__name__}: {err}")
-        if yielded == 0:
+        # A parquet file without the text column is counted as that alone.
+        if yielded == 0 and "missing_text_columns" not in self._kinds_in_file:
             self._note("empty_files")
 
     def _lines(
@@ -317,7 +387,7 @@ class _Reader:
         document separator. With max_bytes, longer lines come in pieces (with one number).
         """
         self.line = 0
-        with _open_binary(path) as f:
+        with open_binary(path) as f:
             if encoding == "utf-8":
                 pieces = self._utf8_pieces(f, max_bytes)
             else:
@@ -445,8 +515,8 @@ class _Reader:
             self._note("empty_documents", start)
 
     def json_documents(self, path: pathlib.Path, encoding: str) -> Iterator[list[str]]:
-        """JSON Lines: one object per line with a "text" field, split into sentences."""
-        limit = self.max_line_chars
+        """JSON Lines: one object per line with a text field, split into sentences."""
+        text_field, id_field = self.settings.text_field, self.settings.id_field
         # A JSON record must be parsed whole: its line is read whole.
         for line in self._lines(path, encoding, None):
             line_number = self.line
@@ -461,21 +531,171 @@ class _Reader:
                 kind = type(record).__name__
                 self._note("bad_json_lines", line_number, f"a JSON {kind}, not an object")
                 continue
-            text = record.get("text")
+            self.document_id = _shown_id(field_value(record, id_field)) if id_field else ""
+            text = field_value(record, text_field)
             if not isinstance(text, str):
-                self._note("missing_text_lines", line_number, 'no string field "text"')
+                self._note("missing_text_lines", line_number, f'no string field "{text_field}"')
                 continue
-            # JSON escapes can smuggle control characters past the raw-line cleaning.
-            if _CONTROL.search(text):
-                text, removed = _CONTROL.subn("", text)
-                self._note("control_chars_removed", line_number, count=removed)
-            document: list[str] = []
-            for sentence in split_sentences(text):
-                if len(sentence) > limit:
-                    document.extend(self._split_long(sentence, line_number))
-                else:
-                    document.append(sentence)
-            if document:
-                yield from self._emit(document, line_number)
+            yield from self._text_document(text, line_number)
+        self.document_id = ""
+
+    def _text_document(self, text: str, line: int | str) -> Iterator[list[str]]:
+        """One record's text (JSON Lines, parquet) as a document, cleaned and counted."""
+        limit = self.max_line_chars
+        # JSON escapes (and parquet's strings) can hold control characters no line cleaned.
+        if _CONTROL.search(text):
+            text, removed = _CONTROL.subn("", text)
+            self._note("control_chars_removed", line, count=removed)
+        document: list[str] = []
+        for sentence in split_sentences(text):
+            if len(sentence) > limit:
+                document.extend(self._split_long(sentence, line))
             else:
-                self._note("empty_documents", line_number)
+                document.append(sentence)
+        if document:
+            yield from self._emit(document, line)
+        else:
+            self._note("empty_documents", line)
+
+    def parquet_documents(self, path: pathlib.Path) -> Iterator[list[str]]:
+        """Parquet: one document per row; only the text (and id) column is read, a row group
+        at a time in batches of PARQUET_BATCH_ROWS rows. An unreadable row group is skipped and
+        named; the rows after it are still read."""
+        pa, pq, pc = formats.pyarrow_modules()
+        text_field, id_field = self.settings.text_field, self.settings.id_field
+        remote = fs.is_remote(path)
+        if remote:
+            with fs.errors(path, "read"):
+                source = fs.path(path).open("rb")
+        else:
+            source = str(path)
+        try:
+            try:
+                parquet = pq.ParquetFile(source)
+            except (pa.ArrowException, OSError) as err:
+                reason = " ".join(str(err).split())
+                raise OSError(f"not a readable parquet file: {reason}") from None
+            schema = parquet.schema_arrow
+            text_path = _column_path(pa, schema, text_field)
+            if text_path is None:
+                columns = ", ".join(_column_names(pa, schema)) or "none"
+                self._note(
+                    "missing_text_columns",
+                    reason=f"no column {text_field!r}; its columns: {columns}",
+                )
+                return
+            text_type = _column_type(schema, text_path)
+            if not (_is_string(pa, text_type) or _is_binary(pa, text_type)):
+                self._note(
+                    "missing_text_columns",
+                    reason=f"column {text_field!r} holds {text_type}, not text",
+                )
+                return
+            id_path = _column_path(pa, schema, id_field) if id_field else None
+            columns = sorted({text_path[0]} | ({id_path[0]} if id_path else set()))
+            row = 0
+            groups = parquet.metadata.num_row_groups
+            for group in range(groups):
+                group_rows = parquet.metadata.row_group(group).num_rows
+                first_row = row
+                try:
+                    batches = parquet.iter_batches(
+                        batch_size=PARQUET_BATCH_ROWS, row_groups=[group], columns=columns
+                    )
+                    for batch in batches:
+                        texts = _values(pc, batch, text_path)
+                        self.report.bytes += int(pc.sum(pc.binary_length(texts)).as_py() or 0)
+                        ids = _values(pc, batch, id_path).to_pylist() if id_path else None
+                        for i, text in enumerate(texts.to_pylist()):
+                            row += 1
+                            self.document_id = _shown_id(ids[i]) if ids else ""
+                            yield from self._row_document(text, row, text_field)
+                        self.document_id = ""
+                except (pa.ArrowException, OSError) as err:
+                    self.document_id = ""
+                    reason = f"{type(err).__name__}: {' '.join(str(err).split())}"
+                    self._note(
+                        "unreadable_row_groups",
+                        f"row group {group} of {groups} (rows {first_row + 1}-"
+                        f"{first_row + group_rows})",
+                        reason,
+                    )
+                    row = first_row + group_rows
+        finally:
+            if remote:
+                source.close()
+
+    def _row_document(self, text, row: int, text_field: str) -> Iterator[list[str]]:
+        """A parquet row's text (str, bytes or None) as a document."""
+        place = f"row {row}"
+        if text is None:
+            self._note("missing_text_lines", place, f'null "{text_field}"')
+            return
+        if isinstance(text, bytes):  # a binary column: meant to be UTF-8, not checked by parquet
+            try:
+                text = text.decode("utf-8")
+            except UnicodeDecodeError:
+                text = text.decode("utf-8", errors="replace")
+                self._note("invalid_utf8_lines", place)
+        yield from self._text_document(text, place)
+
+
+def _shown_id(value) -> str:
+    """A document id as the report shows it (empty when the record has none)."""
+    if value is None:
+        return ""
+    text = " ".join(str(value).split())
+    return text if len(text) <= MAX_ID_CHARS else text[: MAX_ID_CHARS - 3] + "..."
+
+
+def _column_path(pa, schema, dotted: str) -> list[str] | None:
+    """The names leading to a (possibly nested) parquet column, or None when it has none."""
+    if dotted in schema.names:
+        return [dotted]
+    parts = dotted.split(".")
+    if parts[0] not in schema.names:
+        return None
+    type_ = schema.field(parts[0]).type
+    for part in parts[1:]:
+        if not pa.types.is_struct(type_) or type_.get_field_index(part) < 0:
+            return None
+        type_ = type_.field(part).type
+    return parts
+
+
+def _column_type(schema, path: list[str]):
+    type_ = schema.field(path[0]).type
+    for part in path[1:]:
+        type_ = type_.field(part).type
+    return type_
+
+
+def _column_names(pa, schema) -> list[str]:
+    """Every column, nested ones as dotted paths (what a text field may name)."""
+
+    def names(prefix: str, type_) -> list[str]:
+        if not pa.types.is_struct(type_):
+            return [prefix]
+        return [n for f in type_ for n in names(f"{prefix}.{f.name}", f.type)]
+
+    return [n for field in schema for n in names(field.name, field.type)]
+
+
+def _is_string(pa, type_) -> bool:
+    return (
+        pa.types.is_string(type_)
+        or pa.types.is_large_string(type_)
+        or (pa.types.is_string_view(type_))
+    )
+
+
+def _is_binary(pa, type_) -> bool:
+    return pa.types.is_binary(type_) or pa.types.is_large_binary(type_)
+
+
+def _values(pc, batch, path: list[str]):
+    """A batch's values of a (possibly nested) column."""
+    values = batch.column(path[0])
+    for part in path[1:]:
+        values = pc.struct_field(values, part)
+    return values

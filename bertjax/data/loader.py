@@ -37,58 +37,38 @@ REMOTE_READ_AHEAD = 4
 _SHUFFLE_STREAM, _MASKING_STREAM = 0, 1
 
 
-class _BatchMaker:
-    """Step number -> this process's masked batch; pure in the step (safe across threads)."""
+class BatchMakerBase:
+    """Step number -> this process's masked batch, pure in the step (safe across threads):
+    what a Loader asks of its maker. Subclasses gather a step's unmasked features (`_make`);
+    masking and the batch's features are made here, alike for every maker."""
 
     def __init__(
         self,
-        reader: SplitReader,
         tokenizer: Tokenizer,
         *,
         max_seq_length: int,
         batch_size: int,
         seed: int,
         masking: MaskingSettings,
-        shuffle: bool,
         process_index: int,
         process_count: int,
-        layout: str = "pairs",
+        layout: str,
     ):
-        self.reader = reader
         self.layout = layout
         self.cls_id = tokenizer.cls_id
         self.max_seq_length = max_seq_length
         self.batch_size = batch_size
         self.global_batch_size = batch_size * process_count
-        self.batches_per_epoch = len(reader) // self.global_batch_size
         self.seed = seed
         self.masking = masking
-        self.shuffle = shuffle
         self.process_index = process_index
         self.vocab_size = tokenizer.vocab_size
         self.special_ids = tuple(tokenizer.special_ids)
         self.mask_id = tokenizer.mask_id
         self.is_word_start = np.asarray(tokenizer.is_word_start, dtype=bool)
-        self._lock = threading.Lock()
-        self._orders: dict[int, np.ndarray] = {}
         self.closed = False  # set by close()
         self._in_progress = 0
         self._busy = threading.Condition()
-
-    def order(self, epoch: int) -> np.ndarray:
-        """The epoch's visiting order of the split (a permutation when shuffling)."""
-        with self._lock:
-            order = self._orders.get(epoch)
-            if order is None:
-                if self.shuffle:
-                    rng = np.random.default_rng([self.seed, _SHUFFLE_STREAM, epoch])
-                    order = rng.permutation(len(self.reader))
-                else:
-                    order = np.arange(len(self.reader))
-                # Keep only the latest epochs: prefetch may straddle an epoch boundary.
-                self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
-                self._orders[epoch] = order
-            return order
 
     def __call__(self, step: int) -> dict[str, np.ndarray] | None:
         with self._busy:
@@ -109,13 +89,10 @@ class _BatchMaker:
             self._busy.wait_for(lambda: self._in_progress == 0)
 
     def _make(self, step: int) -> dict[str, np.ndarray]:
-        epoch, batch_in_epoch = divmod(int(step), self.batches_per_epoch)
-        first = batch_in_epoch * self.global_batch_size + self.process_index * self.batch_size
-        indices = self.order(epoch)[first : first + self.batch_size]  # [B]
-        features = self.reader.gather(indices, self.max_seq_length)
-        rng = RowRandom.from_positions(
-            self.seed, _MASKING_STREAM, epoch, np.arange(first, first + self.batch_size)
-        )
+        raise NotImplementedError
+
+    def _finish(self, features: dict[str, np.ndarray], rng: RowRandom) -> dict[str, np.ndarray]:
+        """The batch of unmasked features (SplitReader.gather's), masked with rng's rows."""
         masked = mask_batch(
             features["input_ids"],
             features["input_mask"],
@@ -143,6 +120,65 @@ class _BatchMaker:
         return batch
 
 
+class _BatchMaker(BatchMakerBase):
+    """One prepared split's batches: epochs of its shuffled order."""
+
+    def __init__(
+        self,
+        reader: SplitReader,
+        tokenizer: Tokenizer,
+        *,
+        max_seq_length: int,
+        batch_size: int,
+        seed: int,
+        masking: MaskingSettings,
+        shuffle: bool,
+        process_index: int,
+        process_count: int,
+        layout: str = "pairs",
+    ):
+        super().__init__(
+            tokenizer,
+            max_seq_length=max_seq_length,
+            batch_size=batch_size,
+            seed=seed,
+            masking=masking,
+            process_index=process_index,
+            process_count=process_count,
+            layout=layout,
+        )
+        self.reader = reader
+        self.batches_per_epoch = len(reader) // self.global_batch_size
+        self.shuffle = shuffle
+        self._lock = threading.Lock()
+        self._orders: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's visiting order of the split (a permutation when shuffling)."""
+        with self._lock:
+            order = self._orders.get(epoch)
+            if order is None:
+                if self.shuffle:
+                    rng = np.random.default_rng([self.seed, _SHUFFLE_STREAM, epoch])
+                    order = rng.permutation(len(self.reader))
+                else:
+                    order = np.arange(len(self.reader))
+                # Keep only the latest epochs: prefetch may straddle an epoch boundary.
+                self._orders = {e: o for e, o in self._orders.items() if e >= epoch - 1}
+                self._orders[epoch] = order
+            return order
+
+    def _make(self, step: int) -> dict[str, np.ndarray]:
+        epoch, batch_in_epoch = divmod(int(step), self.batches_per_epoch)
+        first = batch_in_epoch * self.global_batch_size + self.process_index * self.batch_size
+        indices = self.order(epoch)[first : first + self.batch_size]  # [B]
+        features = self.reader.gather(indices, self.max_seq_length)
+        rng = RowRandom.from_positions(
+            self.seed, _MASKING_STREAM, epoch, np.arange(first, first + self.batch_size)
+        )
+        return self._finish(features, rng)
+
+
 class Loader:
     """Iterator of this process's batches; its position is a small JSON-serialisable state.
 
@@ -153,16 +189,23 @@ class Loader:
     def __init__(
         self, maker: _BatchMaker, tokenizer: Tokenizer, num_epochs: int | None, worker_count: int
     ):
+        self.num_examples = len(maker.reader)
+        self.batches_per_epoch = maker.batches_per_epoch
+        self.num_epochs = num_epochs
+        num_steps = sys.maxsize if num_epochs is None else num_epochs * maker.batches_per_epoch
+        self._start(maker, tokenizer, num_steps, worker_count)
+
+    def _start(
+        self, maker: BatchMakerBase, tokenizer: Tokenizer, num_steps: int, worker_count: int
+    ) -> None:
+        """Starts the grain pipeline of maker's batches for steps [0, num_steps)."""
         self._maker = maker
         self.tokenizer = tokenizer
         self.layout = maker.layout
         self.max_seq_length = maker.max_seq_length
         self.max_predictions_per_seq = maker.masking.max_predictions_per_seq
-        self.num_examples = len(maker.reader)
         self.batch_size = maker.batch_size
-        self.batches_per_epoch = maker.batches_per_epoch
-        self.num_epochs = num_epochs
-        self.num_steps = sys.maxsize if num_epochs is None else num_epochs * maker.batches_per_epoch
+        self.num_steps = num_steps
         dataset = grain.MapDataset.range(self.num_steps).map(maker)
         read_options = grain.ReadOptions(
             num_threads=worker_count, prefetch_buffer_size=2 * worker_count
@@ -270,51 +313,16 @@ def make_loader(
     document of a row, 0 for padding) and ``positions`` (restarting at 0 at each document);
     its segment_ids and next_sentence_labels are all 0.
     """
-    manifest = read_manifest(data_dir)
-    data_dir = fs.path(data_dir)
-    if expected_max_seq_length not in (None, manifest["max_seq_length"]):
-        raise ValueError(
-            f"{str(data_dir)!r} was prepared with max_seq_length={manifest['max_seq_length']} "
-            f"but this run expects max_seq_length={expected_max_seq_length}; prepare the data "
-            "again with the run's sequence length or change the run."
-        )
-    if (
-        expected_tokenizer_fingerprint is not None
-        and expected_tokenizer_fingerprint != manifest["tokenizer_fingerprint"]
-    ):
-        raise ValueError(
-            f"{str(data_dir)!r} was prepared with the tokenizer of fingerprint "
-            f"{manifest['tokenizer_fingerprint']} but this run expects fingerprint "
-            f"{expected_tokenizer_fingerprint}; prepare the data again with the run's tokenizer."
-        )
-    if split not in manifest["splits"]:
-        raise ValueError(
-            f"split={split!r} is not in {str(data_dir)!r}; valid: {sorted(manifest['splits'])}."
-        )
     if not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"batch_size={batch_size!r} is invalid: it must be a positive integer.")
     if num_epochs is not None and (not isinstance(num_epochs, int) or num_epochs < 1):
         raise ValueError(
             f"num_epochs={num_epochs!r} is invalid: use a positive integer or None (endless)."
         )
-    if not isinstance(worker_count, int) or worker_count < 0:
-        raise ValueError(f"worker_count={worker_count!r} is invalid: it must be an integer >= 0.")
-    process_index = jax.process_index() if process_index is None else process_index
-    process_count = jax.process_count() if process_count is None else process_count
-    if not 0 <= process_index < process_count:
-        raise ValueError(
-            f"process_index={process_index} is invalid for process_count={process_count}: "
-            f"valid indices are 0..{process_count - 1}."
-        )
-
-    tokenizer = Tokenizer.load(data_dir / SENTENCEPIECE_FILE)
-    if tokenizer.fingerprint != manifest["tokenizer_fingerprint"]:
-        raise ValueError(
-            f"{str(data_dir / SENTENCEPIECE_FILE)!r} has fingerprint {tokenizer.fingerprint} but "
-            f"the manifest names {manifest['tokenizer_fingerprint']}: the directory was altered; "
-            "prepare the data again."
-        )
-    reader = SplitReader(data_dir, split, manifest["splits"][split]["shards"])
+    process_index, process_count = check_processes(worker_count, process_index, process_count)
+    manifest, data_dir, reader, tokenizer = open_split(
+        data_dir, split, expected_max_seq_length, expected_tokenizer_fingerprint
+    )
     global_batch_size = batch_size * process_count
     if len(reader) < global_batch_size:
         raise ValueError(
@@ -337,3 +345,59 @@ def make_loader(
     if fs.is_remote(data_dir):
         worker_count = max(worker_count, REMOTE_READ_AHEAD)
     return Loader(maker, tokenizer, num_epochs, worker_count)
+
+
+def check_processes(
+    worker_count: int, process_index: int | None, process_count: int | None
+) -> tuple[int, int]:
+    """(process index, process count), jax's when not given; checks them and worker_count."""
+    if not isinstance(worker_count, int) or worker_count < 0:
+        raise ValueError(f"worker_count={worker_count!r} is invalid: it must be an integer >= 0.")
+    process_index = jax.process_index() if process_index is None else process_index
+    process_count = jax.process_count() if process_count is None else process_count
+    if not 0 <= process_index < process_count:
+        raise ValueError(
+            f"process_index={process_index} is invalid for process_count={process_count}: "
+            f"valid indices are 0..{process_count - 1}."
+        )
+    return process_index, process_count
+
+
+def open_split(
+    data_dir,
+    split: str,
+    expected_max_seq_length: int | None = None,
+    expected_tokenizer_fingerprint: str | None = None,
+) -> tuple[dict, fs.AnyPath, SplitReader, Tokenizer]:
+    """(manifest, directory, reader, tokenizer) of a prepared split, checked against what the
+    caller expects and against the directory's own tokenizer."""
+    manifest = read_manifest(data_dir)
+    data_dir = fs.path(data_dir)
+    if expected_max_seq_length not in (None, manifest["max_seq_length"]):
+        raise ValueError(
+            f"{str(data_dir)!r} was prepared with max_seq_length={manifest['max_seq_length']} "
+            f"but this run expects max_seq_length={expected_max_seq_length}; prepare the data "
+            "again with the run's sequence length or change the run."
+        )
+    if (
+        expected_tokenizer_fingerprint is not None
+        and expected_tokenizer_fingerprint != manifest["tokenizer_fingerprint"]
+    ):
+        raise ValueError(
+            f"{str(data_dir)!r} was prepared with the tokenizer of fingerprint "
+            f"{manifest['tokenizer_fingerprint']} but this run expects fingerprint "
+            f"{expected_tokenizer_fingerprint}; prepare the data again with the run's tokenizer."
+        )
+    if split not in manifest["splits"]:
+        raise ValueError(
+            f"split={split!r} is not in {str(data_dir)!r}; valid: {sorted(manifest['splits'])}."
+        )
+    tokenizer = Tokenizer.load(data_dir / SENTENCEPIECE_FILE)
+    if tokenizer.fingerprint != manifest["tokenizer_fingerprint"]:
+        raise ValueError(
+            f"{str(data_dir / SENTENCEPIECE_FILE)!r} has fingerprint {tokenizer.fingerprint} but "
+            f"the manifest names {manifest['tokenizer_fingerprint']}: the directory was altered; "
+            "prepare the data again."
+        )
+    reader = SplitReader(data_dir, split, manifest["splits"][split]["shards"])
+    return manifest, data_dir, reader, tokenizer

@@ -1,7 +1,19 @@
-"""A pretraining run's data: prepared on first use, checked against the run's settings."""
+"""A pretraining run's data: prepared on first use, checked against the run's settings.
+
+A run names either its inputs (one corpus, prepared into data.dir or <workdir>/data) or a
+weighted mixture of sources (data.sources): each source is then prepared into its own
+directory, ``<root>/sources/<name>-<fingerprint>`` under data.dir or <workdir>/data, where the
+fingerprint covers the source's files (names and sizes), how they are read, the preparation
+settings and the tokenizer. A run that names the same files and tokenizer finds the directory
+and reuses it; adding a source prepares that source alone. All sources share one tokenizer:
+data.tokenizer, else a new phase's (init_from), else one trained on the first source.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
 
 import jax
@@ -10,10 +22,26 @@ from jax.experimental import multihost_utils
 
 from bertjax import data as data_lib
 from bertjax import fs
+from bertjax.data.corpus import ReadSettings, expand_paths
+from bertjax.data.mixture import Source
 from bertjax.pretrain.settings import DataSettings
 from bertjax.rundir import CORPUS_DIR, DATA_DIR
 from bertjax.settings import ConfigError
 from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
+
+SOURCES_DIR = "sources"
+
+
+@dataclasses.dataclass(frozen=True)
+class PreparedSource:
+    """A source of a mixture and the directory it is prepared in."""
+
+    source: Source
+    dir: fs.AnyPath
+    reused: bool  # found prepared by an earlier run
+
+    def to_dict(self) -> dict:
+        return {**self.source.to_dict(), "dir": str(self.dir)}
 
 
 def ensure_data(
@@ -54,31 +82,145 @@ def ensure_data(
                 print(f"No data.input given: using the built-in demo corpus {inputs[0]}")
         if jax.process_index() == 0:
             print(f"Preparing data into {data_dir} over {processes} process(es) ...")
-        # Every process prepares its share of the chunks into the shared directory; prepare
-        # itself waits for all of them before process 0 writes the manifest.
-        data_lib.prepare(
-            inputs,
-            data_dir,
-            max_seq_length=data.max_seq_length,
-            max_predictions_per_seq=data.masking.max_predictions_per_seq,
-            vocab_size=data.vocab_size,
-            tokenizer_path=data.tokenizer
-            or (str(default_tokenizer) if default_tokenizer else None),
-            tokenizer_model_type=data.tokenizer_model_type,
-            lowercase=data.lowercase,
-            task=data.task,
-            dupe_factor=data.dupe_factor,
-            short_seq_prob=data.short_seq_prob,
-            eval_fraction=data.eval_fraction,
-            workers=data.workers or None,
-            seed=seed,
-            process_index=jax.process_index(),
-            process_count=processes,
-            layout=data.layout,
-        )
+        tokenizer_path = data.tokenizer or (str(default_tokenizer) if default_tokenizer else None)
+        _prepare(data, inputs, data_dir, tokenizer_path, seed, ReadSettings())
     if processes > 1:
         multihost_utils.sync_global_devices("bertjax:data_prepared")
+    return data_dir, _checked(data, data_dir, workdir, eval_batch_size)
 
+
+def ensure_sources(
+    data: DataSettings,
+    workdir: str | os.PathLike,
+    *,
+    eval_batch_size: int,
+    seed: int,
+    default_tokenizer: fs.AnyPath | None = None,
+) -> tuple[list[PreparedSource], Tokenizer]:
+    """(each source of data.sources with its prepared directory, their tokenizer), preparing
+    those not prepared yet (module docstring). The first source's held-out split is the run's
+    eval split: it must fit the run as ensure_data's does."""
+    workdir = fs.path(workdir)
+    root = (fs.path(data.dir) if data.dir else workdir / DATA_DIR) / SOURCES_DIR
+    processes = jax.process_count()
+    tokenizer_path = data.tokenizer or (str(default_tokenizer) if default_tokenizer else None)
+    # A tokenizer trained on the first source, as these settings say.
+    trained = {
+        "vocab_size": data.vocab_size,
+        "model_type": data.tokenizer_model_type,
+        "lowercase": data.lowercase,
+    }
+    tokenizer_id = Tokenizer.load(tokenizer_path).fingerprint if tokenizer_path else trained
+    prepared: list[PreparedSource] = []
+    for source in data.sources:
+        directory = root / f"{source.name}-{source_fingerprint(source, data, seed, tokenizer_id)}"
+        candidates = [directory]
+        if tokenizer_path:
+            # The source that trained this tokenizer (a previous phase's first source) was
+            # prepared under the training settings' fingerprint: reuse it too.
+            candidates.append(
+                root / f"{source.name}-{source_fingerprint(source, data, seed, trained)}"
+            )
+        found = next(
+            (
+                index
+                for index, candidate in enumerate(candidates)
+                if _prepared_with(candidate, tokenizer_id if index else None)
+            ),
+            -1,
+        )
+        if processes > 1:  # process 0's answer for all
+            found = int(multihost_utils.broadcast_one_to_all(np.asarray(found)))
+        missing = found < 0
+        directory = directory if missing else candidates[found]
+        if missing:
+            if jax.process_index() == 0:
+                print(f"Preparing source {source.name!r} into {directory} ...")
+            try:
+                _prepare(
+                    data, list(source.paths), directory, tokenizer_path, seed, source.read_settings
+                )
+            except (ValueError, FileNotFoundError) as err:
+                raise type(err)(f"config.data.sources: source {source.name!r}: {err}") from None
+        elif jax.process_index() == 0:
+            print(f"Source {source.name!r}: reusing the data prepared in {directory}")
+        if processes > 1:
+            multihost_utils.sync_global_devices(f"bertjax:source_prepared:{source.name}")
+        if tokenizer_path is None:  # the first source trained it; the others share it
+            tokenizer_path = str(directory / SENTENCEPIECE_FILE)
+            tokenizer_id = Tokenizer.load(tokenizer_path).fingerprint
+        prepared.append(PreparedSource(source, directory, reused=not missing))
+    return prepared, _checked(data, prepared[0].dir, workdir, eval_batch_size)
+
+
+def _prepared_with(directory: fs.AnyPath, tokenizer_fingerprint: str | None) -> bool:
+    """Whether directory holds finished prepared data (of that tokenizer, when given)."""
+    if not (directory / data_lib.MANIFEST_FILE).exists():
+        return False
+    if tokenizer_fingerprint is None:
+        return True
+    return data_lib.read_manifest(directory)["tokenizer_fingerprint"] == tokenizer_fingerprint
+
+
+def source_fingerprint(source: Source, data: DataSettings, seed: int, tokenizer_id) -> str:
+    """What a source's prepared directory depends on, hashed: its files (names and sizes), how
+    they are read, the preparation settings, the seed and the tokenizer."""
+    files = [[str(f), fs.size(f)] for f in expand_paths(list(source.paths))]
+    described = {
+        "files": files,
+        "read": dataclasses.asdict(source.read_settings),
+        "max_seq_length": data.max_seq_length,
+        "max_predictions_per_seq": data.masking.max_predictions_per_seq,
+        "task": data.task,
+        "dupe_factor": data.dupe_factor,
+        "short_seq_prob": data.short_seq_prob,
+        "eval_fraction": data.eval_fraction,
+        "layout": data.layout,
+        "seed": seed,
+        "tokenizer": tokenizer_id,
+    }
+    text = json.dumps(described, sort_keys=True)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
+
+
+def _prepare(
+    data: DataSettings,
+    inputs: list[str],
+    data_dir: fs.AnyPath,
+    tokenizer_path: str | None,
+    seed: int,
+    read_settings: ReadSettings,
+) -> None:
+    """Prepares inputs into data_dir with the run's settings. Every process prepares its share
+    of the chunks into the shared directory; prepare itself waits for all of them before
+    process 0 writes the manifest."""
+    data_lib.prepare(
+        inputs,
+        data_dir,
+        max_seq_length=data.max_seq_length,
+        max_predictions_per_seq=data.masking.max_predictions_per_seq,
+        vocab_size=data.vocab_size,
+        tokenizer_path=tokenizer_path,
+        tokenizer_model_type=data.tokenizer_model_type,
+        lowercase=data.lowercase,
+        task=data.task,
+        dupe_factor=data.dupe_factor,
+        short_seq_prob=data.short_seq_prob,
+        eval_fraction=data.eval_fraction,
+        workers=data.workers or None,
+        seed=seed,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        layout=data.layout,
+        read_settings=read_settings,
+    )
+
+
+def _checked(
+    data: DataSettings, data_dir: fs.AnyPath, workdir: fs.AnyPath, eval_batch_size: int
+) -> Tokenizer:
+    """The tokenizer of data_dir, once its data is checked against the run (copied beside the
+    checkpoints)."""
     manifest = data_lib.read_manifest(data_dir)
     if manifest["max_seq_length"] != data.max_seq_length:
         raise ConfigError(
@@ -110,4 +252,4 @@ def ensure_data(
         )
     if jax.process_index() == 0:  # bertjax.load finds the tokenizer beside the checkpoints
         fs.copy(data_dir / SENTENCEPIECE_FILE, workdir / SENTENCEPIECE_FILE)
-    return data_dir, tokenizer
+    return tokenizer

@@ -21,8 +21,9 @@ from bertjax import checkpoint as checkpoint_lib
 from bertjax import data, encoders, fs, losses, metrics_writer, perf, rundir, steps
 from bertjax import loop as loop_lib
 from bertjax.data import baseline
+from bertjax.data.mixture import MixtureLoader, make_mixture_loader
 from bertjax.pretrain import samples
-from bertjax.pretrain.data import ensure_data
+from bertjax.pretrain.data import PreparedSource, ensure_data, ensure_sources
 from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import check_mesh_fits
@@ -65,6 +66,8 @@ class _Hooks:
     dropout_rng: jax.Array | None = None
     # A run started from another's parameters (config.init_from): where from, what changed.
     phase: dict | None = None
+    # A mixture's sources (data.sources) and their directories; empty for one corpus.
+    sources: tuple[PreparedSource, ...] = ()
 
     def fresh(self) -> tuple[steps.TrainState, jax.Array]:
         params_rng, self.dropout_rng = jax.random.split(jax.random.key(self.settings.run.seed))
@@ -76,6 +79,9 @@ class _Hooks:
             )
             state = state.replace(params=params)
             self.phase = dataclasses.asdict(start)
+            # The mixture the parameters were trained on, beside this phase's (meta "mixture").
+            before = checkpoint_lib.read_meta(rundir.checkpoint_dir(init_from)).get("mixture")
+            self.phase["mixture_before"] = before
             print(f"Initialised parameters from {start.describe()}; the optimizer starts fresh")
         return state, self.dropout_rng
 
@@ -98,13 +104,17 @@ class _Hooks:
         return {name: np.concatenate([part[name] for part in parts]) for name in parts[0]}
 
     def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
-        return held_out_metrics(
+        metrics = held_out_metrics(
             self.run,
             state.params,
             self.eval_batches,
             self.settings.run.eval_batches,
             sentence_pair=self.settings.sentence_pair,
         )
+        if isinstance(self.train_loader, MixtureLoader):  # the realised shares so far
+            shares = self.train_loader.shares()
+            metrics.update({f"data/share/{name}": value for name, value in shares.items()})
+        return metrics
 
     def meta(self, step: int) -> dict:
         return {
@@ -115,6 +125,16 @@ class _Hooks:
             "tokenizer_fingerprint": self.tokenizer.fingerprint,
             "config": self.settings.config,
             **({"phase": self.phase} if self.phase else {}),
+            **({"mixture": self.mixture()} if self.sources else {}),
+        }
+
+    def mixture(self) -> dict:
+        """This phase's sources and weights, and each one's share of the batches so far."""
+        assert isinstance(self.train_loader, MixtureLoader)
+        return {
+            "sources": [prepared.to_dict() for prepared in self.sources],
+            "asked": self.train_loader.asked(),
+            "realised": self.train_loader.shares(),
         }
 
 
@@ -152,9 +172,7 @@ def train_and_evaluate(settings: PretrainSettings, workdir: str) -> dict[str, An
 
 def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any]:
     run_settings, data_settings = settings.run, settings.data
-    data_dir, tokenizer = ensure_data(
-        data_settings,
-        workdir_path,
+    data_kwargs = dict(
         eval_batch_size=run_settings.micro_batch_size,
         seed=run_settings.seed,
         # A new phase's data is tokenized as its parameters were trained.
@@ -162,6 +180,13 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
             rundir.trained_tokenizer(run_settings.init_from) if run_settings.init_from else None
         ),
     )
+    sources: tuple[PreparedSource, ...] = ()
+    if data_settings.sources:
+        prepared, tokenizer = ensure_sources(data_settings, workdir_path, **data_kwargs)
+        sources = tuple(prepared)
+        data_dir = sources[0].dir  # a mixture is evaluated on its first source's held-out split
+    else:
+        data_dir, tokenizer = ensure_data(data_settings, workdir_path, **data_kwargs)
     model_config = settings.model_config(tokenizer)
     family = encoders.family_of(model_config)
     run = build_pretraining(settings, model_config)
@@ -204,7 +229,17 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     except Exception:
         checkpointer.close()
         raise
-    train_loader = make_loader("train", run_settings.loader_batch_size, data_settings.masking)
+    if sources:
+        train_loader = make_mixture_loader(
+            [(prepared.source, prepared.dir) for prepared in sources],
+            batch_size=run_settings.loader_batch_size // jax.process_count(),
+            seed=run_settings.seed,
+            masking=data_settings.masking,
+            expected_max_seq_length=data_settings.max_seq_length,
+            expected_tokenizer_fingerprint=tokenizer.fingerprint,
+        )
+    else:
+        train_loader = make_loader("train", run_settings.loader_batch_size, data_settings.masking)
     writer = metrics_writer.MetricWriter(
         workdir_path / rundir.METRICS_FILE,
         workdir_path / rundir.TENSORBOARD_DIR,
@@ -250,6 +285,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
         train_loader,
         eval_batches,
         checkpointer.directory,
+        sources=sources,
     )
     outcome = loop_lib.train(plan, hooks)
 
@@ -262,6 +298,8 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
         "workdir": str(workdir_path),
         "data_dir": str(data_dir),
     }
+    if sources:
+        result["mixture"] = hooks.mixture()
     if is_main_process and outcome.eval_metrics:
         result["baselines"] = eval_baselines(settings, data_dir)
     # Sampling runs the model outside the training mesh's collectives: one process only.
@@ -299,6 +337,8 @@ def print_summary(result: dict[str, Any]) -> None:
     ]
     baselines = result.get("baselines", {})
     for key, value in sorted(result["eval"].items()):
+        if key.startswith("data/"):  # a mixture's shares: shown beside the asked ones below
+            continue
         line = f"  {key + ':':<26}{value:.4f}"
         if key in baselines:  # what always answering the commonest token or label scores
             line += f"   (baseline {baselines[key]:.4f}, {value / baselines[key]:.1f}x)"
@@ -308,9 +348,20 @@ def print_summary(result: dict[str, Any]) -> None:
         f"  checkpoints: {result['checkpoint_dir']}",
         f"  metrics:     {metrics_file} (and TensorBoard events)",
         f"  data:        {result['data_dir']}",
+        *_mixture_lines(result.get("mixture")),
         f"  load it:     bertjax.Model.load({result['workdir']!r})",
     ]
     if result.get("samples"):
         lines += ["", "Fill-mask on held-out text (top 3):"]
         lines += [f"  {line}" for line in result["samples"]]
     print("\n".join(lines), flush=True)
+
+
+def _mixture_lines(mixture: dict | None) -> list[str]:
+    """The summary's lines on a mixture: each source's realised share beside the asked one."""
+    if not mixture:
+        return []
+    lines = ["  mixture:     share of the training examples (asked)"]
+    for name, asked in mixture["asked"].items():
+        lines.append(f"    {name + ':':<14}{mixture['realised'][name]:.4f}   ({asked:.4f})")
+    return lines

@@ -19,7 +19,8 @@ import jax
 import ml_collections
 
 from bertjax import encoders, fs, optim, sharding
-from bertjax.data import instances, packing
+from bertjax.data import instances, mixture, packing
+from bertjax.data.corpus import expand_paths
 from bertjax.data.masking import MaskingSettings
 from bertjax.data.storage import MANIFEST_FILE
 from bertjax.settings import (
@@ -62,6 +63,9 @@ class DataSettings:
     # "pairs": google's [CLS] A [SEP] B [SEP] instances; "packed": whole documents packed into
     # rows, each attending to itself only (bertjax.data.packing), for the MLM-only objective.
     layout: str = "pairs"
+    # A weighted mixture instead of inputs (bertjax.data.mixture): each source prepared into
+    # its own directory under dir (default <workdir>/data), the first one's tokenizer shared.
+    sources: tuple[mixture.Source, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -333,7 +337,25 @@ def _read_data(config) -> DataSettings:
             "data.input",
             f"{path!r} matches no file or directory",
         )
-    if d.dir and not inputs:
+    try:
+        sources = mixture.parse_sources(d.get("sources", "") or "")
+    except mixture.SourcesError as err:
+        raise ConfigError(f"config.data.sources: {err}") from None
+    require_(
+        not (sources and inputs),
+        "data.sources",
+        "and data.input are both set; name the inputs as one source of the mixture instead",
+    )
+    for source in sources:
+        for path in source.paths:
+            if fs.is_remote(path):
+                fs.path(path)  # the gcs extra is there; what it matches is listed when prepared
+                continue
+            try:
+                expand_paths([path])
+            except FileNotFoundError as err:
+                raise ConfigError(f"config.data.sources: source {source.name!r}: {err}") from None
+    if d.dir and not inputs and not sources:
         require_(
             (fs.path(d.dir) / MANIFEST_FILE).exists(),
             "data.dir",
@@ -366,4 +388,5 @@ def _read_data(config) -> DataSettings:
             whole_word_masking=d.whole_word_masking,
         ),
         layout=layout,
+        sources=sources,
     )

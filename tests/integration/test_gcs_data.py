@@ -6,13 +6,17 @@ import json
 import pathlib
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+import zstandard
 
 from bertjax import fs
 from bertjax.data import MaskingSettings, demo_corpus_path, make_loader, prepare, read_manifest
 from bertjax.data import demo_corpus as demo_corpus_lib
-from bertjax.data.corpus import InputReport, expand_paths, read_documents
+from bertjax.data.corpus import InputReport, ReadSettings, expand_paths, read_documents
 from bertjax.data.loader import REMOTE_READ_AHEAD
+from bertjax.data.mixture import Source, make_mixture_loader
 from bertjax.data.storage import RemoteTokens
 
 SEQ_LEN = 48
@@ -104,6 +108,37 @@ def test_expand_paths_finds_gcs_files_globs_and_directories(gcs, corpus_dir):
     assert remote.files == local.files == 3 and remote.bytes == local.bytes
 
 
+def test_shipped_formats_read_from_gcs_as_from_disk(gcs, tmp_path):
+    """Parquet, zstd and gzip JSON Lines on gs:// (globs and a directory), a nested text field:
+    the documents of their local JSON Lines."""
+    records = [
+        {"id": i, "meta": {"body": f"Document {i}. Words {i * 3} and more."}} for i in range(300)
+    ]
+    data = "".join(json.dumps(r) + "\n" for r in records).encode()
+    (tmp_path / "all.jsonl").write_bytes(data)
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    (shipped / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(data))
+    (shipped / "b.json.gz").write_bytes(gzip.compress(data))
+    table = pa.table({"id": [r["id"] for r in records], "meta": [r["meta"] for r in records]})
+    pq.write_table(table, shipped / "c.parquet", row_group_size=100)
+    bucket = gcs.bucket()
+    upload(gcs, shipped, f"{bucket}/shipped")
+    settings = ReadSettings(text_field="meta.body", id_field="id")
+
+    def documents(paths):
+        report = InputReport()
+        return list(read_documents(paths, report, settings=settings)), report
+
+    expected, _ = documents([str(tmp_path / "all.jsonl")])
+    for name in ("a.jsonl.zst", "b.json.gz", "c.parquet"):
+        assert documents([f"{bucket}/shipped/{name[0]}.*"])[0] == expected, name
+    remote, report = documents([f"{bucket}/shipped"])
+    assert remote == expected * 3 and report.problems == {}
+    local_report = documents([str(shipped)])[1]
+    assert report.bytes == local_report.bytes and report.documents == 900
+
+
 def test_prepare_from_and_to_gcs_writes_the_local_bytes(gcs, corpus_dir, local_data):
     bucket = gcs.bucket()
     upload(gcs, corpus_dir, f"{bucket}/in")
@@ -159,6 +194,24 @@ def test_gcs_loader_streams_the_local_batches_and_resumes(local_data, remote_dat
     _, resumed = loaders(local_data, remote_data)
     resumed.set_state(state)
     assert_same_batches(batches(resumed, steps - k), expected[k:])
+
+
+def test_gcs_mixture_streams_the_local_batches(local_data, remote_data):
+    """A mixture of prepared sources on gs:// (read by byte ranges) gives the local batches,
+    and a mixture of local and gs:// directories is refused in one line."""
+
+    def mixture(first, second):
+        sources = [(Source("a", ("a",), 0.7), first), (Source("b", ("b",), 0.3), second)]
+        return make_mixture_loader(
+            sources, batch_size=BATCH, seed=4, process_index=0, process_count=1, log=print
+        )
+
+    local, remote = mixture(local_data, local_data), mixture(remote_data, remote_data)
+    assert local.remote_tokens is None and remote.remote_tokens is not None
+    assert_same_batches(batches(remote, 6), batches(local, 6))
+    assert remote.remote_tokens.bytes_read > 0  # by byte ranges, nothing downloaded whole
+    with pytest.raises(ValueError, match="must be all local or all on gs://"):
+        mixture(local_data, remote_data)
 
 
 @pytest.mark.parametrize("gap", [0, RemoteTokens.MERGE_GAP_BYTES])

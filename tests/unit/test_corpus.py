@@ -7,6 +7,8 @@ import os
 import zipfile
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from bertjax.data import corpus
@@ -279,6 +281,16 @@ def test_every_kind_of_bad_input_names_its_files_and_lines(tmp_path):
     (tmp_path / "utf16.txt").write_bytes(codecs.BOM_UTF16_LE + "Wide text.\n".encode("utf-16-le"))
     data = gzip.compress(b"Document one.\n\n" * 10_000)
     (tmp_path / "truncated.txt.gz").write_bytes(data[: len(data) // 2])
+    pq.write_table(pa.table({"body": ["No text column."]}), tmp_path / "table.parquet")
+    rows = pa.table({"text": [f"Row {i}." for i in range(40)]})
+    pq.write_table(rows, tmp_path / "groups.parquet", row_group_size=20)
+    column = pq.ParquetFile(tmp_path / "groups.parquet").metadata.row_group(1).column(0)
+    start = column.dictionary_page_offset or column.data_page_offset
+    groups = bytearray((tmp_path / "groups.parquet").read_bytes())
+    groups[start + 10 : start + column.total_compressed_size - 10] = b"\xab" * (
+        column.total_compressed_size - 20
+    )
+    (tmp_path / "groups.parquet").write_bytes(bytes(groups))
     documents, report = read([tmp_path], max_line_chars=200, max_document_sentences=3)
     assert sorted(report.problems) == sorted(InputReport.kinds())
     lines = {line.split(":")[0].strip(): line for line in str(report).splitlines()[1:]}
@@ -323,7 +335,15 @@ def test_every_kind_of_bad_input_names_its_files_and_lines(tmp_path):
     assert lines["unreadable_files"].startswith(
         f"  unreadable_files: {at('truncated.txt.gz')} (EOFError: "
     )
-    assert ["Wide text."] in documents and ["Fine."] in documents
+    assert lines["missing_text_columns"] == (
+        f"  missing_text_columns: {at('table.parquet')} (no column 'text'; its columns: body) "
+        "(1 file)"
+    )
+    assert lines["unreadable_row_groups"].startswith(
+        f"  unreadable_row_groups: {at('groups.parquet', 'row group 1 of 2 (rows 21-40)')} ("
+    )
+    assert lines["unreadable_row_groups"].endswith("(1 row group in 1 file)")
+    assert ["Wide text."] in documents and ["Fine."] in documents and ["Row 19."] in documents
 
 
 # ----------------------------------------------------------------------------- binary files

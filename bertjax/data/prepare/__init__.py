@@ -63,7 +63,8 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from bertjax import fs
-from bertjax.data.corpus import InputReport, expand_paths, read_documents
+from bertjax.data.corpus import InputReport, ReadSettings, expand_paths, read_documents
+from bertjax.data.formats import FORMATS
 from bertjax.data.instances import TASKS, InstanceSettings, create_instances, tokenize_documents
 from bertjax.data.packing import LAYOUTS, efficiency, pack_documents
 from bertjax.data.storage import (
@@ -176,8 +177,8 @@ def _write_split(
     return record
 
 
-def _sentences(paths: Sequence[str]) -> Iterator[str]:
-    for document in read_documents(paths, InputReport()):
+def _sentences(paths: Sequence[str], read_settings: ReadSettings) -> Iterator[str]:
+    for document in read_documents(paths, InputReport(), settings=read_settings):
         yield from document
 
 
@@ -219,6 +220,7 @@ def _make_tokenizer(
     sample_sentences: int,
     seed: int,
     log,
+    read_settings: ReadSettings,
 ) -> Tokenizer:
     """The given tokenizer copied in, or one trained on a corpus sample, at tokenizer_file."""
     if tokenizer_path is not None:
@@ -234,7 +236,7 @@ def _make_tokenizer(
     )
     start = time.perf_counter()
     try:
-        tokenizer = train_tokenizer(_sentences(inputs), settings, tokenizer_file)
+        tokenizer = train_tokenizer(_sentences(inputs, read_settings), settings, tokenizer_file)
     except ValueError as err:
         clearer = _vocabulary_error(err, vocab_size, inputs)
         if clearer is None:
@@ -325,6 +327,7 @@ def prepare(
     process_index: int = 0,
     process_count: int = 1,
     layout: str = "pairs",
+    read_settings: ReadSettings | None = None,
 ) -> dict:
     """Prepares ``output_dir`` (local or gs://) from raw text; returns the manifest (also in
     manifest.json).
@@ -336,6 +339,9 @@ def prepare(
     ``layout="packed"`` writes rows of whole documents packed together (bertjax.data.packing)
     instead of sentence pairs; ``task`` and ``short_seq_prob`` do not apply to it, and
     ``dupe_factor`` must be 1.
+
+    ``read_settings`` says how the inputs are read: their format (default: by each file's
+    name) and the field or column that holds the text (default "text"; bertjax.data.corpus).
 
     With ``process_count > 1`` every process of a jax.distributed job calls this with the same
     arguments and its own ``process_index``; together they write what one process would (see
@@ -352,6 +358,7 @@ def prepare(
         layout,
     )
     inputs = [str(p) for p in inputs]
+    read_settings = read_settings or ReadSettings()
     expand_paths(inputs)  # a bad path fails here, before the output directory is touched
     instance_settings = InstanceSettings(
         max_seq_length=max_seq_length,
@@ -389,6 +396,7 @@ def prepare(
             tokenizer_sample_sentences,
             seed,
             log,
+            read_settings,
         )
     _barrier("tokenizer", process_count)
     if not lead:
@@ -400,7 +408,8 @@ def prepare(
         return index % process_count == process_index
 
     report = InputReport()
-    chunks = _chunks(read_documents(inputs, report), int(chunk_mb * 1e6), seed, eval_fraction)
+    documents = read_documents(inputs, report, settings=read_settings)
+    chunks = _chunks(documents, int(chunk_mb * 1e6), seed, eval_fraction)
     task_args = (str(data_dir),)
     task_kwargs = dict(settings=instance_settings, seed=seed, dtype=dtype.name, layout=layout)
     train_records: dict[int, dict] = {}
@@ -517,6 +526,10 @@ def prepare(
         "input_report": report.to_dict(),
         "settings": {
             "inputs": inputs,
+            # How they were read; a manifest without these read them by name, text in "text".
+            "format": read_settings.format,
+            "text_field": read_settings.text_field,
+            "id_field": read_settings.id_field,
             "dupe_factor": dupe_factor,
             "short_seq_prob": short_seq_prob,
             "task": task,
@@ -557,7 +570,21 @@ def main(argv: Sequence[str] | None = None) -> dict:
         description="Tokenize a raw text corpus and write shards of BERT pretraining instances.",
     )
     parser.add_argument(
-        "--input", nargs="+", required=True, help="files, globs or directories (.txt, .gz, .jsonl)"
+        "--input",
+        nargs="+",
+        required=True,
+        help="files, globs or directories (.txt, .jsonl, .json, .parquet; .gz, .zst, .zstd)",
+    )
+    parser.add_argument(
+        "--format", choices=FORMATS, default="auto", help="how to read the inputs (auto: by name)"
+    )
+    parser.add_argument(
+        "--text_field",
+        default="text",
+        help="the JSON Lines field or parquet column of the text; a dotted path for nested ones",
+    )
+    parser.add_argument(
+        "--id_field", default="", help="a field naming documents in the report of bad input"
     )
     parser.add_argument("--output", required=True, help="the directory to write")
     parser.add_argument("--max_seq_length", type=int, default=128)
@@ -624,4 +651,5 @@ def main(argv: Sequence[str] | None = None) -> dict:
         process_index=process_index,
         process_count=process_count,
         layout=args.layout,
+        read_settings=ReadSettings(args.format, args.text_field, args.id_field),
     )
