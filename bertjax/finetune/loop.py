@@ -604,6 +604,7 @@ def finetune(
     summary = _seed_summary(settings, results, workdir, time.time() - start)
     summary["compile_sec"] = compiling.seconds
     summary["programs_compiled"] = compiling.programs
+    summary["programs_loaded"] = compiling.loaded
     if jax.process_index() == 0:
         _print_summary(summary)
     return summary
@@ -698,7 +699,8 @@ def _print_summary(summary: dict) -> None:
     lines.append(
         f"  wall time: {wall:.1f} s, of which compiling {compiling:.1f} s "
         f"({100 * compiling / max(wall, 1e-9):.0f} %, {summary.get('programs_compiled', 0)} "
-        "programs compiled)"
+        f"programs compiled, {summary.get('programs_loaded', 0)} loaded from the compilation "
+        "cache)"
     )
     first = summary["seeds"][0]["workdir"]
     lines.append(f"  use it:    bertjax.Model.load({first!r}).{summary['usage']}")
