@@ -457,7 +457,7 @@ def _synthetic_questions(args, words: list[str], count: int, rng) -> list[tuple]
         out.append(
             (
                 f"q{k}",
-                " ".join(rng.choice(words, q)) + "?",
+                " ".join(rng.choice(words, q)),
                 " ".join(context_words),
                 " ".join(answer_words),
                 start,
