@@ -80,6 +80,14 @@ def test_enabling_points_jax_at_the_directory_and_keeps_every_program(monkeypatc
         assert compilation_cache.enable(CacheSettings(str(tmp_path), 1)) == str(directory)
 
 
+def test_a_bucket_is_handed_to_jax_as_it_is(monkeypatch):
+    # Every host of a pod slice reads one cache; jax reads and writes it through epath, and
+    # nothing is listed or pruned here (a bucket's lifecycle rule bounds it).
+    with unconfigured_jax(monkeypatch):
+        assert compilation_cache.enable(CacheSettings("gs://bucket/xla", 1)) == "gs://bucket/xla"
+        assert jax.config.jax_compilation_cache_dir == "gs://bucket/xla"
+
+
 def test_a_directory_that_cannot_be_made_is_named(monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
