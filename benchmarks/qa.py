@@ -10,7 +10,7 @@ max_seq_length 384): random ids, a question of --question_lengths pieces and a c
 answer span of 1 to 5 tokens inside the context. Training runs as finetune.py runs a
 question_answering epoch (the task's objective built by build_finetuning, host batches from
 the epoch's permutation, the jitted donated step with google's AdamW recipe), padded to
-max_seq_length and with finetune.py's defaults (length buckets of 32 and token packing).
+max_seq_length and with finetune.py's defaults (its widths, multiples of 32, and token packing).
 transformers trains with torch's AdamW and linear schedule, on the padded batches and on
 batches padded to their longest window. Prediction: the windows' start and end logits,
 bertjax as the fine-tuning loop evaluates (finetune.loop.run_eval), transformers in
@@ -129,6 +129,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="skip timing the whole finetune.py command (and the torch script beside it)",
     )
     parser.add_argument(
+        "--only_whole_command",
+        action="store_true",
+        help="time the whole finetune.py command (and the torch script) alone",
+    )
+    parser.add_argument(
         "--torch_command",
         default="",
         help=argparse.SUPPRESS,  # internal: the torch user's script, run in its own process
@@ -213,6 +218,11 @@ class Bertjax:
     ):
         self.windows, self.batch_size, self.length_bucket = windows, args.batch_size, length_bucket
         self.micro_batches = micro_batches
+        # finetune.py's widths for these epochs (its first, untimed, and the rounds).
+        self.train_widths = loop.training_widths(
+            windows, (0,), args.rounds + 1, args.batch_size, micro_batches, length_bucket
+        )
+        self.eval_widths = loop.evaluation_widths([windows], 32)
         self.ft = build_finetuning(
             model_config(args, source),
             HEAD,
@@ -232,7 +242,8 @@ class Bertjax:
         self.epoch = 0
 
     def compile_widths(self) -> None:
-        """Compiles the train step and the evaluation at every width a run can meet.
+        """Compiles the train step and the evaluation at every width the run meets (its
+        training_widths and evaluation_widths, as finetune.py's).
 
         A run meets each width once and keeps its program, so a long run's steady state pays no
         compilation; an epoch of a few steps would meet new widths in the timed rounds. The
@@ -243,7 +254,7 @@ class Bertjax:
         rows = self.batch_size // self.micro_batches
         with jax.set_mesh(self.ft.mesh):
             state = self.ft.state.init(jax.random.key(0))
-            for width in range(self.length_bucket or seq, seq + 1, self.length_bucket or seq):
+            for width in self.train_widths or (seq,):
                 micro = {
                     k: v[:rows, :width] if v.ndim == 2 else v[:rows] for k, v in features.items()
                 }
@@ -251,8 +262,7 @@ class Bertjax:
                 batch = [micro] * self.micro_batches if self.micro_batches > 1 else micro
                 state, metrics = self.ft.steps.take_step(state, batch, self.rng)
             jax.block_until_ready(metrics)
-            step = loop.eval_length_bucket(32)  # predict() runs run_eval's default bucket
-            for width in range(step, seq + 1, step):  # run_eval's widths and rows per call
+            for width in self.eval_widths:  # run_eval's widths and rows per call
                 rows = perf.rows_per_call(width, self.batch_size)
                 batch = {
                     k: v[:rows, :width] if v.ndim == 2 else v[:rows] for k, v in features.items()
@@ -274,19 +284,27 @@ class Bertjax:
                         self.batch_size,
                         self.micro_batches,
                         self.length_bucket,
+                        self.train_widths,
                     )
                 else:
                     local = loop.train_batch(
-                        self.windows, order, index, self.batch_size, self.length_bucket
+                        self.windows,
+                        order,
+                        index,
+                        self.batch_size,
+                        self.length_bucket,
+                        self.train_widths,
                     )
                 self.state, metrics = self.ft.steps.take_step(self.state, local, self.rng)
         self.epoch += 1
         return float(metrics["train/loss"])  # waits for the device
 
     def predict(self) -> np.ndarray:
-        """The loop's evaluation: windows grouped by length, cut to buckets of 32."""
+        """The loop's evaluation: windows grouped by length, cut to finetune.py's widths."""
         with jax.set_mesh(self.ft.mesh):
-            _, outputs = loop.run_eval(self.ft, self.state.params, self.windows, self.batch_size)
+            _, outputs = loop.run_eval(
+                self.ft, self.state.params, self.windows, self.batch_size, 32, self.eval_widths
+            )
         return outputs["start_logits"]
 
 
@@ -654,6 +672,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if args.torch_command:
         torch_command(args)
         return {}
+    if args.only_whole_command:
+        print(f"versions: {versions()}")
+        return whole_command(args)
     command = [sys.executable, sys.argv[0]] + (sys.argv[1:] if argv is None else list(argv))
     print("command:", " ".join(shlex.quote(a) for a in command))
     print(f"versions: {versions()}")
