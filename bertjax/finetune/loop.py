@@ -298,12 +298,12 @@ def eval_batches(
     Without `length_bucket` the batches hold the examples in order, at every position. With
     one they hold the examples sorted by length, each batch cut to the smallest multiple of
     `length_bucket` positions that holds its longest (0: all positions), so short examples
-    do not pay for the longest; with `widths` too (`evaluation_widths`), each example goes to
-    the smallest of them that holds it and a batch holds examples of one width only, so a
-    split runs one program per width. On a CPU a batch of long examples holds fewer rows
-    (perf.rows_per_call; `rows_multiple`: the mesh's data-parallel size), a call that stays in
-    the cache. The last batch (of each width) is filled with copies of its first example,
-    weighted 0 (all-padding rows would make attention divide by nothing).
+    do not pay for the longest; with `widths` too (`evaluation_widths`), each batch is cut to
+    the narrowest of them that holds its rows, so a split runs one program per width. On a
+    CPU a batch of long examples holds fewer rows (perf.rows_per_call; `rows_multiple`: the
+    mesh's data-parallel size), a call that stays in the cache. The last batch is filled
+    with copies of its first example, weighted 0 (all-padding rows would make attention
+    divide by nothing).
     """
     count = len(examples)
     order = np.arange(count)
