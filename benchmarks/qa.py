@@ -28,7 +28,7 @@ lengths, and a quarter as many questions to evaluate), timed from its start to i
 (start-up, reading, compiling, training, evaluation with decoding and F1, predictions and
 checkpoints), twice: with an empty compilation cache, then with the cache the first run
 filled (bertjax.compilation_cache). Beside it the same as a torch user's script does it:
-transformers' tokenizer windows the file (stride 128), BertForQuestionAnswering trains one
+transformers' tokenizer windows the file (as run_qa.py), BertForQuestionAnswering trains one
 epoch by the grouped loop below and predicts every evaluation window's logits, timed from
 the script's start to its exit (no decoding, no checkpoint: in torch's favour).
 """
@@ -589,15 +589,17 @@ def whole_command(args) -> dict[str, float]:
 
 
 def _hf_windows(tokenizer, path: str, max_seq_length: int, training: bool) -> Examples:
-    """A SQuAD file's windows as transformers' question-answering examples cut them
-    (truncate the context, stride 128, answers mapped by offsets)."""
+    """A SQuAD file's windows as transformers' question-answering example (run_qa.py) cuts
+    them (the context truncated into windows overlapping by 128 tokens, answers mapped by
+    their offsets)."""
     questions = _real_questions(path, 10**9)
     encoded = tokenizer(
         [q for _, q, _, _, _ in questions],
         [c for _, _, c, _, _ in questions],
         truncation="only_second",
         max_length=max_seq_length,
-        stride=128,
+        # run_qa.py's doc_stride of 128 tokens of overlap (at most a quarter of short windows).
+        stride=min(128, max_seq_length // 4),
         return_overflowing_tokens=True,
         return_offsets_mapping=True,
         padding="max_length",
