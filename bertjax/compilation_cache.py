@@ -7,7 +7,8 @@ unless told where. `enable()` tells it, once per process, before anything compil
 commands (bertjax.cli, so train.py and finetune.py) and `bertjax.Model.load` call it, so
 the next run of a command, its next seed or the next task of the same shapes loads its
 programs instead of compiling them. jax keys an entry by the program, its shapes, its
-compile options, the devices and jax's version, so a stale entry is never loaded.
+compile options, the devices, jax's version and the cache's own path, so a stale entry is
+never loaded (and a moved cache starts empty).
 
 Where, in order of precedence:
 - a user who configured jax's cache already (JAX_COMPILATION_CACHE_DIR set, even empty,
@@ -127,9 +128,9 @@ def enable(settings: CacheSettings | None = None) -> str | None:
             os.makedirs(settings.directory, exist_ok=True)
         except OSError as err:
             raise CompilationCacheError(
-                f"{DIRECTORY_VARIABLE}: cannot make the compilation cache directory "
-                f"{settings.directory} ({err.strerror}); give another directory, or "
-                f"{DIRECTORY_VARIABLE}={OFF}"
+                f"cannot make the compilation cache directory {settings.directory} "
+                f"({err.strerror}); give another one (--compilation_cache=DIR or "
+                f"{DIRECTORY_VARIABLE}=DIR), or '{OFF}' to keep no cache"
             ) from None
         prune(pathlib.Path(settings.directory), settings.max_bytes)
     if JAX_MIN_COMPILE_TIME_VARIABLE not in os.environ:
