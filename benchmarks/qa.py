@@ -10,26 +10,41 @@ max_seq_length 384): random ids, a question of --question_lengths pieces and a c
 answer span of 1 to 5 tokens inside the context. Training runs as finetune.py runs a
 question_answering epoch (the task's objective built by build_finetuning, host batches from
 the epoch's permutation, the jitted donated step with google's AdamW recipe), padded to
-max_seq_length and with finetune.py's defaults (length buckets of 32 and token packing).
+max_seq_length and with finetune.py's defaults (its widths, multiples of 32, and token packing).
 transformers trains with torch's AdamW and linear schedule, on the padded batches and on
 batches padded to their longest window. Prediction: the windows' start and end logits,
 bertjax as the fine-tuning loop evaluates (finetune.loop.run_eval), transformers in
 torch.no_grad on the same padded batches.
 
-Compilation and torch's first steps are excluded: bertjax compiles its step and evaluation
-at every width a run can meet (each length bucket) before timing, as a long run would have
-after its first steps, and every side runs one untimed epoch and prediction pass. Rounds run
-every side once; ratios are taken within each round and their median printed.
+Steady state: compilation and torch's first steps are excluded: bertjax compiles its step
+and evaluation at every width a run can meet (each length bucket) before timing, as a long
+run would have after its first steps, and every side runs one untimed epoch and prediction
+pass. Rounds run every side once; ratios are taken within each round and their median printed.
+
+The whole command (a user's clock, skipped with --no_whole_command): `python finetune.py
+--config.task=question_answering` for one epoch on the same windows (written as a SQuAD JSON
+file: the --squad file's first --windows questions, or synthetic paragraphs of the same
+lengths, and a quarter as many questions to evaluate), timed from its start to its exit
+(start-up, reading, compiling, training, evaluation with decoding and F1, predictions and
+checkpoints), twice: with an empty compilation cache, then with the cache the first run
+filled (bertjax.compilation_cache). Beside it the same as a torch user's script does it:
+transformers' tokenizer windows the file (as run_qa.py), BertForQuestionAnswering trains one
+epoch by the grouped loop below and predicts every evaluation window's logits, timed from
+the script's start to its exit (no decoding, no checkpoint: in torch's favour).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
+import re
 import shlex
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 
 import jax
@@ -40,15 +55,16 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from benchmarks.finetune import _no_decay, versions  # noqa: E402
-from bertjax import optim, perf, steps  # noqa: E402
+from bertjax import hf, optim, perf, steps  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
-from bertjax.model import PRESETS, BertConfig  # noqa: E402
+from bertjax.model import PRESETS, BertConfig, BertForPreTraining  # noqa: E402
 from bertjax.tasks.qa import model as qa_model  # noqa: E402
 from bertjax.tasks.qa import squad  # noqa: E402
 from bertjax.tasks.qa import task as qa_task  # noqa: E402
+from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch
@@ -106,6 +122,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=int,
         default=4,
         help="micro-batches grouped by length per batch (both sides' length-grouped runs)",
+    )
+    parser.add_argument(
+        "--no_whole_command",
+        action="store_true",
+        help="skip timing the whole finetune.py command (and the torch script beside it)",
+    )
+    parser.add_argument(
+        "--only_whole_command",
+        action="store_true",
+        help="time the whole finetune.py command (and the torch script) alone",
+    )
+    parser.add_argument(
+        "--torch_command",
+        default="",
+        help=argparse.SUPPRESS,  # internal: the torch user's script, run in its own process
     )
     parser.add_argument(
         "--grouped_only",
@@ -187,6 +218,11 @@ class Bertjax:
     ):
         self.windows, self.batch_size, self.length_bucket = windows, args.batch_size, length_bucket
         self.micro_batches = micro_batches
+        # finetune.py's widths for these epochs (its first, untimed, and the rounds).
+        self.train_widths = loop.training_widths(
+            windows, (0,), args.rounds + 1, args.batch_size, micro_batches, length_bucket
+        )
+        self.eval_widths = loop.evaluation_widths([windows], 32)
         self.ft = build_finetuning(
             model_config(args, source),
             HEAD,
@@ -206,7 +242,8 @@ class Bertjax:
         self.epoch = 0
 
     def compile_widths(self) -> None:
-        """Compiles the train step and the evaluation at every width a run can meet.
+        """Compiles the train step and the evaluation at every width the run meets (its
+        training_widths and evaluation_widths, as finetune.py's).
 
         A run meets each width once and keeps its program, so a long run's steady state pays no
         compilation; an epoch of a few steps would meet new widths in the timed rounds. The
@@ -217,7 +254,7 @@ class Bertjax:
         rows = self.batch_size // self.micro_batches
         with jax.set_mesh(self.ft.mesh):
             state = self.ft.state.init(jax.random.key(0))
-            for width in range(self.length_bucket or seq, seq + 1, self.length_bucket or seq):
+            for width in self.train_widths or (seq,):
                 micro = {
                     k: v[:rows, :width] if v.ndim == 2 else v[:rows] for k, v in features.items()
                 }
@@ -225,8 +262,7 @@ class Bertjax:
                 batch = [micro] * self.micro_batches if self.micro_batches > 1 else micro
                 state, metrics = self.ft.steps.take_step(state, batch, self.rng)
             jax.block_until_ready(metrics)
-            step = loop.eval_length_bucket(32)  # predict() runs run_eval's default bucket
-            for width in range(step, seq + 1, step):  # run_eval's widths and rows per call
+            for width in self.eval_widths:  # run_eval's widths and rows per call
                 rows = perf.rows_per_call(width, self.batch_size)
                 batch = {
                     k: v[:rows, :width] if v.ndim == 2 else v[:rows] for k, v in features.items()
@@ -248,19 +284,27 @@ class Bertjax:
                         self.batch_size,
                         self.micro_batches,
                         self.length_bucket,
+                        self.train_widths,
                     )
                 else:
                     local = loop.train_batch(
-                        self.windows, order, index, self.batch_size, self.length_bucket
+                        self.windows,
+                        order,
+                        index,
+                        self.batch_size,
+                        self.length_bucket,
+                        self.train_widths,
                     )
                 self.state, metrics = self.ft.steps.take_step(self.state, local, self.rng)
         self.epoch += 1
         return float(metrics["train/loss"])  # waits for the device
 
     def predict(self) -> np.ndarray:
-        """The loop's evaluation: windows grouped by length, cut to buckets of 32."""
+        """The loop's evaluation: windows grouped by length, cut to finetune.py's widths."""
         with jax.set_mesh(self.ft.mesh):
-            _, outputs = loop.run_eval(self.ft, self.state.params, self.windows, self.batch_size)
+            _, outputs = loop.run_eval(
+                self.ft, self.state.params, self.windows, self.batch_size, 32, self.eval_widths
+            )
         return outputs["start_logits"]
 
 
@@ -371,6 +415,246 @@ class Transformers:
         return out
 
 
+# ----------------------------------------------------------------------------- the whole command
+
+# finetune.py's summary line (bertjax.finetune.loop._print_summary).
+SUMMARY = re.compile(
+    r"wall time: ([\d.]+) s, of which compiling ([\d.]+) s \(\d+ %, (\d+) programs compiled, "
+    r"(\d+) loaded"
+)
+
+
+def _squad_file(path: str, questions: list[tuple[str, str, str, str, int]]) -> None:
+    """Writes (id, question, context, answer text, answer start) rows as a SQuAD v1.1 file,
+    one paragraph per question."""
+    paragraphs = [
+        {
+            "context": context,
+            "qas": [{"id": qid, "question": q, "answers": [{"text": t, "answer_start": a}]}],
+        }
+        for qid, q, context, t, a in questions
+    ]
+    data = {"version": "1.1", "data": [{"title": "benchmark", "paragraphs": paragraphs}]}
+    with open(path, "w") as f:
+        json.dump(data, f)
+
+
+def _real_questions(path: str, count: int) -> list[tuple[str, str, str, str, int]]:
+    """A SQuAD file's first `count` answerable questions, in order."""
+    with open(path) as f:
+        data = json.load(f)
+    out = []
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                if qa.get("answers") and len(out) < count:
+                    answer = qa["answers"][0]
+                    out.append(
+                        (
+                            qa["id"],
+                            qa["question"],
+                            paragraph["context"],
+                            answer["text"],
+                            answer["answer_start"],
+                        )
+                    )
+    return out
+
+
+def _synthetic_questions(args, words: list[str], count: int, rng) -> list[tuple]:
+    """Questions and paragraphs of words that are one token each, of the benchmark's lengths,
+    the answer 1 to 5 words of the paragraph."""
+    out = []
+    for k in range(count):
+        q = int(rng.integers(args.question_lengths[0], args.question_lengths[1] + 1))
+        c = int(rng.integers(args.context_lengths[0], args.context_lengths[1] + 1))
+        context_words = list(rng.choice(words, c))
+        first = int(rng.integers(0, max(1, c - 5)))
+        answer_words = context_words[first : first + int(rng.integers(1, 6))]
+        start = len(" ".join(context_words[:first])) + (1 if first else 0)
+        out.append(
+            (
+                f"q{k}",
+                " ".join(rng.choice(words, q)),
+                " ".join(context_words),
+                " ".join(answer_words),
+                start,
+            )
+        )
+    return out
+
+
+def command_inputs(args, directory: str) -> tuple[str, str, str]:
+    """(init_from, training file, evaluation file) of the whole command, written in
+    `directory`: the --init_from model or a randomly initialised --preset one with a vocabulary
+    of one-token words, and SQuAD files of --windows questions and a quarter as many."""
+    rng = np.random.default_rng(args.seed)
+    count, held_out = args.windows, max(args.batch_size, args.windows // 4)
+    init_from = args.init_from
+    if not init_from:
+        init_from = os.path.join(directory, "model")
+        vocab = os.path.join(directory, "vocab.txt")
+        words = [f"w{i}" for i in range(FIRST_REAL_ID, args.vocab_size)]
+        with open(vocab, "w") as f:
+            f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+        config = BertConfig.preset(args.preset, vocab_size=args.vocab_size)
+        params = BertForPreTraining(config).init(
+            jax.random.key(args.seed), np.zeros((1, 8), np.int32)
+        )
+        hf.save(config, params, init_from, WordPieceTokenizer.from_vocab(vocab))
+    else:
+        with open(os.path.join(init_from, "vocab.txt")) as f:
+            words = [w for w in f.read().split() if w.isalpha() and w.islower()]
+    if args.squad:
+        questions = _real_questions(args.squad, count + held_out)
+    else:
+        questions = _synthetic_questions(args, words, count + held_out, rng)
+    train, dev = os.path.join(directory, "train.json"), os.path.join(directory, "dev.json")
+    _squad_file(train, questions[:count])
+    _squad_file(dev, questions[count:])
+    return init_from, train, dev
+
+
+def _run(command: list[str], env: dict[str, str]) -> tuple[float, str]:
+    """(seconds from start to exit, stdout) of a command that must succeed."""
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{shlex.join(command)} failed:\n{done.stderr[-3000:]}")
+    return seconds, done.stdout
+
+
+def whole_command(args) -> dict[str, float]:
+    """Times finetune.py's whole command cold and warm, and the torch script; prints them."""
+    with tempfile.TemporaryDirectory(prefix="bertjax-qa-") as directory:
+        init_from, train, dev = command_inputs(args, directory)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+        cache = os.path.join(directory, "xla")
+        result = {}
+        print(f"\nwhole command: 1 epoch of {train} (evaluated on {dev}), process start to exit")
+        for name in ("empty compilation cache", "second run, cache warm"):
+            command = [
+                sys.executable,
+                os.path.join(_REPO, "finetune.py"),
+                f"--workdir={os.path.join(directory, name.split(',')[0].replace(' ', '_'))}",
+                f"--compilation_cache={cache}",
+                "--config.task=question_answering",
+                f"--config.init_from={init_from}",
+                f"--config.data.train={train}",
+                f"--config.data.validation={dev}",
+                "--config.num_epochs=1",
+                f"--config.batch_size={args.batch_size}",
+                f"--config.eval_batch_size={args.batch_size}",
+                f"--config.grad_accum_steps={args.micro_batches}",
+                f"--config.data.max_seq_length={args.max_seq_length}",
+                f"--config.model.dtype={args.dtype}",
+            ]
+            seconds, out = _run(command, env)
+            found = SUMMARY.search(out)
+            inside, compiling, compiled, loaded = (
+                (float(found[1]), float(found[2]), int(found[3]), int(found[4]))
+                if found
+                else (float("nan"), float("nan"), -1, -1)
+            )
+            f1 = re.findall(r"eval/f1 ([\d.]+)", out)
+            print(
+                f"  bertjax finetune.py, {name}: {seconds:.1f} s (inside the run {inside:.1f} s, "
+                f"compiling {compiling:.1f} s: {compiled} programs compiled, {loaded} loaded"
+                + (f"; eval/f1 {f1[-1]}" if f1 else "")
+                + ")"
+            )
+            result[f"command bertjax {name}"] = seconds
+        if not args.no_reference and torch is not None:
+            torch_args = [
+                sys.executable,
+                os.path.abspath(__file__),
+                f"--torch_command={directory}",
+                f"--init_from={init_from}",
+                f"--batch_size={args.batch_size}",
+                f"--max_seq_length={args.max_seq_length}",
+                f"--micro_batches={args.micro_batches}",
+                f"--dtype={args.dtype}",
+                f"--seed={args.seed}",
+                "--question_lengths={},{}".format(*args.question_lengths),
+                "--context_lengths={},{}".format(*args.context_lengths),
+            ]
+            seconds, out = _run(torch_args, env)
+            print(f"  transformers grouped torch loop: {seconds:.1f} s ({out.strip()})")
+            result["command transformers grouped"] = seconds
+            for name in ("empty compilation cache", "second run, cache warm"):
+                ratio = seconds / result[f"command bertjax {name}"]
+                print(f"  bertjax ({name}) / transformers: {ratio:.2f}x")
+    return result
+
+
+def _hf_windows(tokenizer, path: str, max_seq_length: int, training: bool) -> Examples:
+    """A SQuAD file's windows as transformers' question-answering example (run_qa.py) cuts
+    them (the context truncated into windows overlapping by 128 tokens, answers mapped by
+    their offsets)."""
+    questions = _real_questions(path, 10**9)
+    encoded = tokenizer(
+        [q for _, q, _, _, _ in questions],
+        [c for _, _, c, _, _ in questions],
+        truncation="only_second",
+        max_length=max_seq_length,
+        # run_qa.py's doc_stride of 128 tokens of overlap (at most a quarter of short windows).
+        stride=min(128, max_seq_length // 4),
+        return_overflowing_tokens=True,
+        return_offsets_mapping=True,
+        padding="max_length",
+    )
+    starts, ends = [], []
+    for k, offsets in enumerate(encoded["offset_mapping"]):
+        _, _, _, text, answer_start = questions[encoded["overflow_to_sample_mapping"][k]]
+        answer_end = answer_start + len(text)
+        context = [i for i, s in enumerate(encoded.sequence_ids(k)) if s == 1]
+        start = end = 0  # [CLS] when the window does not hold the answer
+        if (
+            context
+            and offsets[context[0]][0] <= answer_start
+            and offsets[context[-1]][1] >= answer_end
+        ):
+            start = next(i for i in context if offsets[i][1] > answer_start)
+            end = max(i for i in context if offsets[i][0] < answer_end)
+        starts.append(start)
+        ends.append(end)
+    features = {
+        "input_ids": np.asarray(encoded["input_ids"], np.int32),
+        "input_mask": np.asarray(encoded["attention_mask"], np.int32),
+        "segment_ids": np.asarray(encoded["token_type_ids"], np.int32),
+        "start_positions": np.asarray(starts, np.int32),
+        "end_positions": np.asarray(ends, np.int32),
+    }
+    count = len(starts)
+    return Examples("train" if training else "validation", path, features, [""] * count, True)
+
+
+def torch_command(args) -> None:
+    """The torch user's script of the whole command (run in a process of its own)."""
+    tokenizer = transformers.AutoTokenizer.from_pretrained(args.init_from)
+    directory = args.torch_command
+    windows = _hf_windows(
+        tokenizer, os.path.join(directory, "train.json"), args.max_seq_length, True
+    )
+    held_out = _hf_windows(
+        tokenizer, os.path.join(directory, "dev.json"), args.max_seq_length, False
+    )
+    args.windows, args.rounds = len(windows), 1
+    total = len(windows) // args.batch_size
+    optimizer = optim.OptimizerSettings(
+        learning_rate=3e-5, warmup_steps=int(0.1 * total), total_steps=total
+    )
+    side = Transformers(args, windows, optimizer, "grouped")
+    train_seconds = _timed(side.run_epoch)
+    side.windows = held_out
+    predict_seconds = _timed(side.predict)
+    print(
+        f"{len(windows)} training windows in {train_seconds:.1f} s, {len(held_out)} evaluation "
+        f"windows in {predict_seconds:.1f} s"
+    )
+
+
 def _timed(function) -> float:
     start = time.perf_counter()
     function()
@@ -387,6 +671,12 @@ def _ratios(rates: dict[str, list[float]], ours: list[str], theirs: list[str]) -
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Runs the benchmark, prints the tables and ratios; windows/s per side and phase."""
     args = parse_args(argv)
+    if args.torch_command:
+        torch_command(args)
+        return {}
+    if args.only_whole_command:
+        print(f"versions: {versions()}")
+        return whole_command(args)
     command = [sys.executable, sys.argv[0]] + (sys.argv[1:] if argv is None else list(argv))
     print("command:", " ".join(shlex.quote(a) for a in command))
     print(f"versions: {versions()}")
@@ -473,6 +763,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         )
     result = {f"train {k}": statistics.median(v) for k, v in train_rates.items()}
     result.update({f"predict {k}": statistics.median(v) for k, v in predict_rates.items()})
+    if not args.no_whole_command:
+        result.update(whole_command(args))
     return result
 
 

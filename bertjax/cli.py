@@ -1,9 +1,11 @@
 """What train.py and finetune.py share: the flags, the multi-host start, one-line failures.
 
-A job is `job(config, workdir)`; `run(job, ...)` parses the flags, starts the distributed
-runtime when asked, runs the job, and turns a failure into one line and a non-zero exit
-(`--verbose` shows the traceback). A bad `--config.FIELD=VALUE` override is reported in one
-line too, with the closest existing field when the name is misspelt.
+A job is `job(config, workdir)`; `run(job, ...)` parses the flags, turns jax's persistent
+compilation cache on (bertjax.compilation_cache: a second run loads the programs the first
+compiled), starts the distributed runtime when asked, runs the job, and turns a failure into
+one line and a non-zero exit (`--verbose` shows the traceback). A bad `--config.FIELD=VALUE`
+override is reported in one line too, with the closest existing field when the name is
+misspelt.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import fs
+from bertjax import compilation_cache, fs
 from bertjax import settings as settings_lib
 
 FLAGS = flags.FLAGS
@@ -48,6 +50,13 @@ def define_flags(default_config: str, default_workdir: str, what: str) -> None:
     flags.DEFINE_integer("num_processes", None, "Number of processes (multi-process).")
     flags.DEFINE_integer("process_id", None, "This process's index (multi-process).")
     flags.DEFINE_bool("verbose", False, "Show the traceback of a failure, not just its message.")
+    flags.DEFINE_string(
+        "compilation_cache",
+        None,
+        "Where compiled programs are kept for the next run: a directory, gs://bucket/path, "
+        f"or '{compilation_cache.OFF}' (default: ${compilation_cache.DIRECTORY_VARIABLE}, "
+        "else ~/.cache/bertjax/xla; JAX_COMPILATION_CACHE_DIR, when set, wins).",
+    )
 
 
 def run(
@@ -68,6 +77,10 @@ def run(
             # A work directory that cannot be reached (gs:// without the gcs extra, another
             # scheme) is named before anything starts or is written.
             fs.path(FLAGS.workdir)
+            # Before anything compiles: programs compiled earlier would not be kept.
+            compilation_cache.enable(
+                compilation_cache.CacheSettings.from_environment(directory=FLAGS.compilation_cache)
+            )
             # The distributed runtime must start before anything touches a device.
             if FLAGS.distributed or FLAGS.coordinator_address:
                 jax.distributed.initialize(
@@ -81,7 +94,7 @@ def run(
         except Exception as e:
             if FLAGS.verbose:
                 raise
-            if isinstance(e, (*expected, fs.StorageError)):
+            if isinstance(e, (*expected, fs.StorageError, compilation_cache.CompilationCacheError)):
                 _end_after_failure(f"error: {e}")
             _end_after_failure(f"error: {type(e).__name__}: {e} (--verbose shows where)")
 

@@ -222,3 +222,57 @@ def length_bucket(longest: int, bucket: int, max_length: int) -> int:
     if bucket == 0:
         return max_length
     return min(max_length, -(-longest // bucket) * bucket)
+
+
+def fewest_widths(
+    lengths: np.ndarray,
+    multiple: int,
+    limit: int,
+    overhead: float,
+    counts: np.ndarray | None = None,
+) -> tuple[int, ...]:
+    """The fewest widths that hold items of `lengths` tokens with little padding: each
+    width a multiple of `multiple` (or `limit`), each item cut to the smallest width that
+    holds it, all of them costing at most `overhead` (a fraction) more positions than
+    cutting each item to its own multiple would. `counts`: how many rows each item stands
+    for (default one each). One width is one compiled program, so a run that cuts its
+    batches to these widths compiles few programs and pays little padding for it.
+
+    Exact, by dynamic programming over the multiples the items need (an optimal set of
+    widths uses only those: a width between two of them could drop to the lower one).
+    """
+    lengths = np.asarray(lengths)
+    if lengths.size == 0:
+        return (limit,)
+    counts = np.ones(len(lengths)) if counts is None else np.asarray(counts, np.float64)
+    needed = np.minimum(limit, -(-lengths // multiple) * multiple)  # each item's own multiple
+    candidates, at = np.unique(needed, return_inverse=True)
+    rows = np.bincount(at, weights=counts, minlength=len(candidates))  # rows per candidate
+    finest = float(rows @ candidates)
+    budget = finest * (1.0 + overhead)
+    m = len(candidates)
+    # Rows of the candidates before each one: a group of candidates i+1..j holds
+    # prefix[j+1] - prefix[i+1] rows.
+    prefix = np.concatenate([[0.0], np.cumsum(rows)])
+    # cost[j]: the fewest positions for candidates 0..j with at most k widths, the widest
+    # candidates[j]; parents[k-1][j]: the widest of the widths below (-1: none).
+    cost = candidates * prefix[1:]
+    parents = [np.full(m, -1)]
+    while cost[-1] > budget and len(parents) < m:  # m widths: the finest, within budget
+        parent = parents[-1].copy()
+        extended = cost.copy()
+        for j in range(1, m):
+            # The widest group takes candidates i+1..j at candidates[j], the rest as before.
+            split = cost[:j] + candidates[j] * (prefix[j + 1] - prefix[1 : j + 1])
+            i = int(np.argmin(split))
+            if split[i] < extended[j]:
+                extended[j], parent[j] = split[i], i
+        cost = extended
+        parents.append(parent)
+    widths, j = [], m - 1
+    for parent in reversed(parents):
+        if j < 0:
+            break
+        widths.append(int(candidates[j]))
+        j = int(parent[j])
+    return tuple(sorted(widths))

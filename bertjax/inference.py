@@ -42,7 +42,7 @@ from jax.experimental import multihost_utils
 
 from bertjax import capability as capability_lib
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import encoders, fs, hf, perf, rundir
+from bertjax import compilation_cache, encoders, fs, hf, perf, rundir
 from bertjax import features as features_lib
 from bertjax import sharding as sharding_lib
 from bertjax import vectors as vectors_lib
@@ -148,7 +148,9 @@ class Model:
         """Opens a bertjax work directory, a bertjax export or a Hugging Face BERT directory.
 
         `step` picks a checkpoint of a work directory (default: the latest readable one).
+        Compiled programs are kept for the next session (bertjax.compilation_cache).
         """
+        compilation_cache.enable()
         overrides = {"dtype": dtype} if dtype else {}
         try:
             # Local or gs://: a missing bucket, no credentials or no permission is said here,

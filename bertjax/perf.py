@@ -8,6 +8,7 @@ compares runs with different implementations fairly.
 from __future__ import annotations
 
 import re
+import threading
 import time
 
 import jax
@@ -222,31 +223,48 @@ _COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_to_mlir_module_duration",
     "/jax/core/compile/backend_compile_duration",
 )
+# Recorded when a program is loaded from the persistent compilation cache instead.
+_CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 
 
 class CompileTime:
-    """Seconds spent tracing, lowering and compiling while the context is open.
+    """Seconds spent tracing, lowering and compiling while the context is open, and the
+    programs compiled (`programs`) or loaded from jax's persistent compilation cache
+    (`loaded`; bertjax.compilation_cache).
 
     A fine-tuning run compiles one train and one eval program per length bucket it meets;
     on CPU that is a visible share of a short run, which the end-of-run summary reports.
-    Programs read back from the persistent compilation cache count only their tracing.
+    A program read back from the cache counts its tracing and its loading in `seconds`.
+    Programs compiled in other threads while the context is open count too.
     """
 
     def __init__(self):
         self.seconds = 0.0
         self.programs = 0
+        self.loaded = 0
+        self._lock = threading.Lock()
 
     def _listen(self, event: str, duration: float, **_) -> None:
         if event in _COMPILE_EVENTS:
-            self.seconds += duration
-            self.programs += event == _COMPILE_EVENTS[-1]
+            with self._lock:
+                self.seconds += duration
+                self.programs += event == _COMPILE_EVENTS[-1]
+
+    def _count_hits(self, event: str, **_) -> None:
+        if event == _CACHE_HIT_EVENT:
+            with self._lock:
+                # jax times a load as a compile: it was counted as one.
+                self.loaded += 1
+                self.programs -= 1
 
     def __enter__(self) -> CompileTime:
         jax.monitoring.register_event_duration_secs_listener(self._listen)
+        jax.monitoring.register_event_listener(self._count_hits)
         return self
 
     def __exit__(self, *exc) -> None:
         jax.monitoring.unregister_event_duration_listener(self._listen)
+        jax.monitoring.unregister_event_listener(self._count_hits)
 
 
 # On a CPU a forward pass costs more per token once a call holds more than a few thousand

@@ -320,10 +320,12 @@ def make_micro_batch_steps(
                 replicated,
                 replicated,
                 replicated,
+                replicated,
             ),
             out_shardings=(params_shardings, replicated),
             donate_argnums=(1, 2),
-            static_argnums=(7,),
+            # The micro-batch's index is traced, not static: one program per width, whichever
+            # micro-batches meet it (with a static index, one per index and width).
         ),
         apply=jax.jit(
             apply,

@@ -137,9 +137,11 @@ def get_config() -> ml_collections.ConfigDict:
     # from the training data, just enough for the fullest batch of the run; 1 turns packing
     # off; a value in between is a fraction of the slots, as in pretraining.
     config.token_capacity = 0.0
-    # Each training batch is cut to the smallest multiple of this many positions that holds
-    # its longest example, so short texts do not pay for max_seq_length (at most
-    # max_seq_length / length_bucket compiles). 0 pads every batch to max_seq_length.
+    # Each training batch is cut to a multiple of this many positions that holds its longest
+    # example, so short texts do not pay for max_seq_length: the narrowest of a few such widths
+    # chosen from the run's lengths (one compile each, within 2 % more positions than every
+    # multiple; evaluation's within 5 %, multiples of a quarter of it: docs/compiling.md).
+    # 0 pads every batch to max_seq_length.
     config.length_bucket = 32
     # With grad_accum_steps > 1 each batch is sorted by length and run as micro-batches of
     # similar length, each cut to its own length bucket: the update is the one-batch update

@@ -28,7 +28,6 @@ from xla_env import (  # noqa: E402 (imports no jax)
     COMPILATION_CACHE_LIMIT_BYTES,
     QUICK_COMPILES,
     optimized_compiles,
-    prune_compilation_cache,
     xla_flags,
 )
 
@@ -58,6 +57,7 @@ from synthetic_corpus import (  # noqa: E402
     write_topic_csv,
 )
 
+from bertjax import compilation_cache  # noqa: E402
 from bertjax import data as data_lib  # noqa: E402
 from bertjax import loop as engine_loop  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
@@ -73,7 +73,7 @@ def pytest_sessionstart(session):
     """Keeps the compilation cache's size bounded, before any worker uses it."""
     is_worker = hasattr(session.config, "workerinput")  # pytest-xdist's workers have it
     if not is_worker and os.environ["JAX_COMPILATION_CACHE_DIR"] == str(COMPILATION_CACHE_DIR):
-        prune_compilation_cache(COMPILATION_CACHE_DIR, COMPILATION_CACHE_LIMIT_BYTES)
+        compilation_cache.prune(COMPILATION_CACHE_DIR, COMPILATION_CACHE_LIMIT_BYTES)
 
 
 # Each test's seconds (setup, call and teardown) in the last run that ran it, kept in pytest's

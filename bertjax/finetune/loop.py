@@ -26,6 +26,7 @@ from the seed and the step, so a resumed run takes the same steps as an uninterr
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import json
 import os
@@ -52,6 +53,7 @@ from bertjax import (
     steps,
 )
 from bertjax import checkpoint as checkpoint_lib
+from bertjax import features as features_lib
 from bertjax import loop as loop_lib
 from bertjax.capability import HeadSpec
 from bertjax.finetune import metrics as metrics_lib
@@ -106,15 +108,17 @@ def train_batch(
     index: int,
     batch_size: int,
     length_bucket: int = 0,
+    widths: tuple[int, ...] | None = None,
 ) -> dict[str, np.ndarray]:
     """This process's rows of the index-th global batch of an epoch's order.
 
     With `length_bucket` the positions are cut to the smallest multiple of it that holds the
-    global batch's longest example. Every process reads the whole split, so all of them
-    choose the same width. Cutting only padding changes no output at a real position.
+    global batch's longest example, or with `widths` (the run's, `training_widths`) to the
+    smallest of them that does. Every process reads the whole split, so all of them choose
+    the same width. Cutting only padding changes no output at a real position.
     """
     rows = order[index * batch_size : (index + 1) * batch_size]
-    return _local_batch(examples, rows, length_bucket)
+    return _local_batch(examples, rows, length_bucket, widths)
 
 
 def train_micro_batches(
@@ -124,11 +128,13 @@ def train_micro_batches(
     batch_size: int,
     micro_batches: int,
     length_bucket: int,
+    widths: tuple[int, ...] | None = None,
 ) -> list[dict[str, np.ndarray]]:
     """This process's rows of the index-th global batch, as micro-batches grouped by length.
 
     The batch's examples are sorted by length and cut into `micro_batches` runs of equal
-    size, each cut to its own length bucket: the shortest examples share a micro-batch, so
+    size, each cut to its own length bucket (or the smallest of `widths` that holds it, as
+    `train_batch`): the shortest examples share a micro-batch, so
     no micro-batch pays attention and feed-forward for another's longest example. The
     micro-batches' gradients add up to the batch's (steps.MicroBatchSteps). The sort is
     stable, so every process groups the same rows.
@@ -138,14 +144,16 @@ def train_micro_batches(
     rows = rows[np.argsort(lengths, kind="stable")]
     size = batch_size // micro_batches
     return [
-        _local_batch(examples, rows[k * size : (k + 1) * size], length_bucket)
+        _local_batch(examples, rows[k * size : (k + 1) * size], length_bucket, widths)
         for k in range(micro_batches)
     ]
 
 
-def _local_batch(examples: Examples, rows: np.ndarray, length_bucket: int) -> dict[str, np.ndarray]:
+def _local_batch(
+    examples: Examples, rows: np.ndarray, length_bucket: int, widths: tuple[int, ...] | None
+) -> dict[str, np.ndarray]:
     """This process's part of the global batch of `rows`, cut to the positions they need."""
-    width = batch_width(examples, rows, length_bucket)
+    width = batch_width(examples, rows, length_bucket, widths)
     local = len(rows) // jax.process_count()
     rows = rows[jax.process_index() * local : (jax.process_index() + 1) * local]
     batch = _rows(examples.features, rows)
@@ -163,15 +171,83 @@ def _per_position(examples: Examples) -> list[str]:
     return names
 
 
-def batch_width(examples: Examples, rows: np.ndarray, length_bucket: int) -> int:
+def batch_width(
+    examples: Examples, rows: np.ndarray, length_bucket: int, widths: tuple[int, ...] | None = None
+) -> int:
     """Positions a batch of `rows` needs: its longest example rounded up to `length_bucket`
-    (all of max_seq_length without one)."""
+    (all of max_seq_length without one), or to the smallest of `widths` that holds it."""
     mask = examples.features["input_mask"]
     seq = mask.shape[1]
-    if length_bucket == 0:
+    if length_bucket == 0 and widths is None:
         return seq
     longest = int(mask[rows].sum(axis=1).max())
+    if widths is not None:
+        return _fitting(widths, longest, seq)
     return min(seq, -(-longest // length_bucket) * length_bucket)
+
+
+def _fitting(widths: tuple[int, ...], longest: int, seq: int) -> int:
+    """The smallest of `widths` that holds `longest` positions (all `seq` if none does)."""
+    at = bisect.bisect_left(widths, longest)
+    return min(seq, widths[at]) if at < len(widths) else seq
+
+
+# A run cuts its batches to a few widths that cost at most this share more positions than
+# cutting each batch to its own length bucket (the smallest multiple that holds it) would:
+# one width is one compiled program (features.fewest_widths). benchmarks/shapes.py, SQuAD
+# windows at 384 in 8 micro-batches of 4: training 10 widths -> 8 for +1 % of positions
+# (28 programs before, when each micro-batch's index was compiled in too), evaluation 41
+# programs -> 11 for +5 %. Training's steps are most of a run's time, so its share is smaller.
+TRAIN_WIDTH_OVERHEAD = 0.02
+EVAL_WIDTH_OVERHEAD = 0.05
+
+
+def training_widths(
+    examples: Examples,
+    seeds: tuple[int, ...],
+    num_epochs: int,
+    batch_size: int,
+    micro_batches: int,
+    length_bucket: int,
+    overhead: float = TRAIN_WIDTH_OVERHEAD,
+) -> tuple[int, ...] | None:
+    """The widths, multiples of `length_bucket`, that the run's training batches are cut to
+    (None: every batch at max_seq_length, without a length bucket).
+
+    The run's batches are known before it starts (each epoch's order comes from the seed),
+    so the width each batch needs is too: with `micro_batches` > 1 each micro-batch's as
+    `train_micro_batches` groups them, else each batch's. Of those, the fewest widths within
+    `overhead` more positions (features.fewest_widths).
+    """
+    if length_bucket == 0:
+        return None
+    mask = examples.features["input_mask"]
+    lengths = mask.sum(axis=1)
+    steps_per_epoch = len(examples) // batch_size
+    longest = []
+    for seed in seeds:
+        for epoch in range(num_epochs):
+            order = epoch_order(seed, epoch, len(examples))[: steps_per_epoch * batch_size]
+            per_batch = np.sort(lengths[order].reshape(steps_per_epoch, batch_size), axis=1)
+            # [step, micro-batch, row]: sorted, so each micro-batch's longest is its last.
+            grouped = per_batch.reshape(steps_per_epoch, micro_batches, -1)
+            longest.append(grouped[:, :, -1].reshape(-1))
+    return features_lib.fewest_widths(
+        np.concatenate(longest), length_bucket, mask.shape[1], overhead
+    )
+
+
+def evaluation_widths(
+    splits: list[Examples], length_bucket: int, overhead: float = EVAL_WIDTH_OVERHEAD
+) -> tuple[int, ...] | None:
+    """The widths, multiples of `eval_length_bucket(length_bucket)`, that evaluation and
+    prediction cut every split's batches to: chosen from all their examples at once, so
+    that every split runs the same few programs (None without a length bucket)."""
+    if length_bucket == 0 or not splits:
+        return None
+    lengths = np.concatenate([s.features["input_mask"].sum(axis=1) for s in splits])
+    seq = max(s.features["input_mask"].shape[1] for s in splits)
+    return features_lib.fewest_widths(lengths, eval_length_bucket(length_bucket), seq, overhead)
 
 
 def fitting_capacity(
@@ -216,39 +292,78 @@ def eval_batches(
     length_bucket: int | None = None,
     rows_multiple: int = 1,
     platform: str | None = None,
+    widths: tuple[int, ...] | None = None,
 ) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
     """(the examples a batch holds, this process's part of it) for every batch.
 
     Without `length_bucket` the batches hold the examples in order, at every position. With
     one they hold the examples sorted by length, each batch cut to the smallest multiple of
     `length_bucket` positions that holds its longest (0: all positions), so short examples
-    do not pay for the longest. On a CPU a batch of long examples holds fewer rows
-    (perf.rows_per_call; `rows_multiple`: the mesh's data-parallel size), a call that stays in
-    the cache. The last batch is filled with copies of its first example, weighted 0
-    (all-padding rows would make attention divide by nothing).
+    do not pay for the longest; with `widths` too (`evaluation_widths`), each batch is cut to
+    the narrowest of them that holds its rows, so a split runs one program per width. On a
+    CPU a batch of long examples holds fewer rows (perf.rows_per_call; `rows_multiple`: the
+    mesh's data-parallel size), a call that stays in the cache. The last batch is filled
+    with copies of its first example, weighted 0 (all-padding rows would make attention
+    divide by nothing).
     """
     count = len(examples)
     order = np.arange(count)
     if length_bucket is not None:
         order = np.argsort(examples.features["input_mask"].sum(axis=1), kind="stable")
+    if length_bucket is not None and widths is not None:
+        yield from _batches_of_widths(examples, order, batch_size, rows_multiple, platform, widths)
+        return
     start = 0
     while start < count:
         width = batch_width(examples, order[start : start + batch_size], length_bucket or 0)
         size = perf.rows_per_call(width, batch_size, rows_multiple, platform)
         real = order[start : start + size]
         start += size
-        rows = np.concatenate([real, np.full(size - len(real), real[0])])
-        batch = _rows(examples.features, rows)
-        if length_bucket is not None:
-            width = batch_width(examples, real, length_bucket)
-            for name in _per_position(examples):
-                batch[name] = batch[name][:, :width]
-        weights = np.zeros(size, np.float32)
-        weights[: len(real)] = 1.0
-        batch["weights"] = weights
-        local = size // jax.process_count()
-        mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
-        yield real, {name: array[mine] for name, array in batch.items()}
+        width = batch_width(examples, real, length_bucket or 0)
+        yield real, _eval_batch(examples, real, size, width if length_bucket is not None else None)
+
+
+def _batches_of_widths(
+    examples: Examples,
+    order: np.ndarray,
+    batch_size: int,
+    rows_multiple: int,
+    platform: str | None,
+    widths: tuple[int, ...],
+) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """eval_batches with `widths`: the examples in `order` (by length), each batch at the
+    narrowest of `widths` whose rows per call (fewer for wider) all fit in it, so that every
+    batch's shape is one of len(widths) and only the last batch is part filler."""
+    seq = examples.features["input_mask"].shape[1]
+    lengths = examples.features["input_mask"].sum(axis=1)
+    start = 0
+    while start < len(order):
+        first = _fitting(widths, int(lengths[order[start]]), seq)
+        for width in (w for w in (*widths, seq) if w >= first):
+            size = perf.rows_per_call(width, batch_size, rows_multiple, platform)
+            real = order[start : start + size]
+            if lengths[real].max() <= width:  # sorted: the batch's last is its longest
+                break
+        start += size
+        yield real, _eval_batch(examples, real, size, width)
+
+
+def _eval_batch(
+    examples: Examples, real: np.ndarray, size: int, width: int | None
+) -> dict[str, np.ndarray]:
+    """This process's part of a batch of `size` rows holding `real` (then copies of its first,
+    weighted 0), cut to `width` positions (None: all)."""
+    rows = np.concatenate([real, np.full(size - len(real), real[0])])
+    batch = _rows(examples.features, rows)
+    if width is not None:
+        for name in _per_position(examples):
+            batch[name] = batch[name][:, :width]
+    weights = np.zeros(size, np.float32)
+    weights[: len(real)] = 1.0
+    batch["weights"] = weights
+    local = size // jax.process_count()
+    mine = slice(jax.process_index() * local, (jax.process_index() + 1) * local)
+    return {name: array[mine] for name, array in batch.items()}
 
 
 def _to_host(x: jax.Array) -> np.ndarray:
@@ -269,14 +384,19 @@ def eval_length_bucket(length_bucket: int) -> int:
 
 
 def run_eval(
-    ft: Finetuning, params, examples: Examples, batch_size: int, length_bucket: int = 32
+    ft: Finetuning,
+    params,
+    examples: Examples,
+    batch_size: int,
+    length_bucket: int = 32,
+    widths: tuple[int, ...] | None = None,
 ) -> tuple[heads.HeadSums, dict[str, np.ndarray]]:
     """Summed loss statistics and the outputs (the objective's) of every example, in order.
 
     Where the task's objective allows it (`position_outputs`), batches are grouped by length
-    and cut to multiples of a quarter of `length_bucket` positions (training's widths);
-    per-position outputs come back at full length, the cut positions holding the lowest value
-    of their type (no decoder picks them).
+    and cut to multiples of a quarter of `length_bucket` positions (training's widths), or to
+    `widths` (the run's `evaluation_widths`); per-position outputs come back at full length,
+    the cut positions holding the lowest value of their type (no decoder picks them).
     """
     position_outputs = ft.objective.position_outputs
     bucket = None if position_outputs is None else eval_length_bucket(length_bucket)
@@ -284,7 +404,7 @@ def run_eval(
     totals, outputs = None, {}
     multiple = sharding.data_parallel_size(ft.mesh)
     platform = ft.mesh.devices.flat[0].platform
-    for real, local in eval_batches(examples, batch_size, bucket, multiple, platform):
+    for real, local in eval_batches(examples, batch_size, bucket, multiple, platform, widths):
         batch = steps.global_batch(local, ft.batch_sharding, jax.process_count())
         sums, batch_outputs = ft.eval_step(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
@@ -324,13 +444,19 @@ def _better(metric: str, value: float, best: dict | None) -> bool:
 
 
 def validation_scores(
-    ft: Finetuning, params, task: TaskData, batch_size: int, length_bucket: int = 32
+    ft: Finetuning,
+    params,
+    task: TaskData,
+    batch_size: int,
+    length_bucket: int = 32,
+    widths: tuple[int, ...] | None = None,
 ) -> dict[str, float]:
-    """Loss and the task's metrics on every validation split, namespaced by split."""
+    """Loss and the task's metrics on every validation split, namespaced by split (`widths`:
+    as run_eval's)."""
     scorer = task_lib.get(ft.head.task)
     out: dict[str, float] = {}
     for examples in task.validation:
-        sums, outputs = run_eval(ft, params, examples, batch_size, length_bucket)
+        sums, outputs = run_eval(ft, params, examples, batch_size, length_bucket, widths)
         prefix = _prefix(examples.name)
         out.update({k: float(v) for k, v in ft.objective.metrics(sums, prefix).items()})
         for name, value in scorer.scores(ft.head, examples, outputs).items():
@@ -348,6 +474,9 @@ class _Run:
     source: rundir.Run
     tokenizer: Tokenizer
     steps_per_epoch: int
+    # The widths training and evaluation cut batches to (None: as the length bucket says).
+    train_widths: tuple[int, ...] | None = None
+    eval_widths: tuple[int, ...] | None = None
 
     @property
     def total_steps(self) -> int:
@@ -439,9 +568,15 @@ class _SeedHooks:
                 settings.batch_size,
                 settings.grad_accum_steps,
                 settings.length_bucket,
+                run.train_widths,
             )
         return train_batch(
-            run.task.train, order, index, settings.batch_size, settings.length_bucket
+            run.task.train,
+            order,
+            index,
+            settings.batch_size,
+            settings.length_bucket,
+            run.train_widths,
         )
 
     def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
@@ -452,6 +587,7 @@ class _SeedHooks:
             run.task,
             run.settings.run.eval_batch_size,
             run.settings.run.length_bucket,
+            run.eval_widths,
         )
         scores["epoch"] = step // run.steps_per_epoch
         main = f"{_prefix(run.task.validation[0].name)}/{metric}"
@@ -563,6 +699,7 @@ def _predict_tests(run: _Run, workdir: fs.AnyPath) -> list[str]:
                 examples,
                 run.settings.run.eval_batch_size,
                 run.settings.run.length_bucket,
+                run.eval_widths,
             )
             path = workdir / rundir.PREDICTIONS_FILE.format(examples.name)
             if jax.process_index() == 0:
@@ -605,6 +742,7 @@ def finetune(
     summary = _seed_summary(settings, results, workdir, time.time() - start)
     summary["compile_sec"] = compiling.seconds
     summary["programs_compiled"] = compiling.programs
+    summary["programs_loaded"] = compiling.loaded
     if jax.process_index() == 0:
         _print_summary(summary)
     return summary
@@ -655,7 +793,31 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
         devices=devices,
     )
     check_mesh_fits(model_config, ft.mesh)
-    return _Run(settings, ft, task, source, source.tokenizer, steps_per_epoch)
+    run = settings.run
+    train_widths = training_widths(
+        task.train,
+        run.seeds,
+        run.num_epochs,
+        batch_size,
+        run.grad_accum_steps if run.micro_batches_by_length else 1,
+        run.length_bucket,
+    )
+    eval_widths = evaluation_widths([*task.validation, *task.test], run.length_bucket)
+    if train_widths is not None and eval_widths is not None:
+        print(
+            f"widths: training {', '.join(map(str, train_widths))}; evaluation "
+            f"{', '.join(map(str, eval_widths))} (one program each)"
+        )
+    return _Run(
+        settings,
+        ft,
+        task,
+        source,
+        source.tokenizer,
+        steps_per_epoch,
+        train_widths,
+        eval_widths,
+    )
 
 
 def _seed_summary(settings, results: list[dict], workdir: fs.AnyPath, seconds: float) -> dict:
@@ -699,7 +861,8 @@ def _print_summary(summary: dict) -> None:
     lines.append(
         f"  wall time: {wall:.1f} s, of which compiling {compiling:.1f} s "
         f"({100 * compiling / max(wall, 1e-9):.0f} %, {summary.get('programs_compiled', 0)} "
-        "programs compiled)"
+        f"programs compiled, {summary.get('programs_loaded', 0)} loaded from the compilation "
+        "cache)"
     )
     first = summary["seeds"][0]["workdir"]
     lines.append(f"  use it:    bertjax.Model.load({first!r}).{summary['usage']}")

@@ -75,8 +75,9 @@ class FinetuneRunSettings:
     metric: str  # the best checkpoint is kept by it (higher is better, except mse)
     mesh_shape: tuple[int, ...]
     token_capacity: float  # 0: chosen from the training data (finetune.loop.fitting_capacity)
-    # Each training batch is cut to the smallest multiple of this many positions that holds
-    # its longest example (0: always max_seq_length); one compile per width.
+    # Each training batch is cut to a multiple of this many positions that holds its longest
+    # example, one of the few the run's lengths need (finetune.loop.training_widths; 0: always
+    # max_seq_length); one compile per width.
     length_bucket: int
     # With grad_accum_steps > 1: each batch's micro-batches hold examples of similar length,
     # each cut to its own length bucket (finetune.loop.train_micro_batches). False: micro-batch

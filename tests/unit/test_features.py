@@ -1,9 +1,12 @@
 """Text to model inputs without a model: pairs, truncation, offsets, length buckets."""
 
+import itertools
 import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bertjax import features
 from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
@@ -92,3 +95,37 @@ def test_length_bucket_rounds_up_and_stops_at_the_limit():
     assert features.length_bucket(16, 8, 128) == 16
     assert features.length_bucket(125, 32, 100) == 100
     assert features.length_bucket(5, 0, 64) == 64
+
+
+def _positions(needed: np.ndarray, widths: tuple[int, ...]) -> int:
+    """Positions of items cut to the smallest of `widths` that holds each."""
+    return sum(min(w for w in widths if w >= n) for n in needed)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=24),
+    multiple=st.sampled_from([4, 8, 16]),
+    overhead=st.sampled_from([0.0, 0.03, 0.1, 0.5]),
+)
+def test_the_fewest_widths_hold_every_item_within_the_overhead(lengths, multiple, overhead):
+    lengths = np.asarray(lengths)
+    widths = features.fewest_widths(lengths, multiple, 60, overhead)
+    needed = np.minimum(60, -(-lengths // multiple) * multiple)  # each item's own multiple
+    assert list(widths) == sorted(set(widths)) and set(widths) <= set(needed)
+    finest = int(needed.sum())
+    assert _positions(needed, widths) <= finest * (1 + overhead)
+    # No set of one width fewer does it (every such set, tried; one width: it is needed).
+    candidates = sorted(set(needed.tolist()))
+    if len(widths) > 1:
+        for fewer in itertools.combinations(candidates[:-1], len(widths) - 2):
+            assert _positions(needed, (*fewer, candidates[-1])) > finest * (1 + overhead)
+
+
+def test_fewest_widths_weigh_items_by_their_rows():
+    lengths = np.array([8, 16, 24, 32])
+    assert features.fewest_widths(lengths, 8, 32, 0.0) == (8, 16, 24, 32)
+    assert features.fewest_widths(lengths, 8, 32, 0.25) == (16, 32)  # 80 -> 96 positions
+    # Many rows of 8: worth a width of their own.
+    assert features.fewest_widths(lengths, 8, 32, 0.25, counts=[20, 1, 1, 1]) == (8, 32)
+    assert features.fewest_widths(np.array([], int), 8, 32, 0.0) == (32,)

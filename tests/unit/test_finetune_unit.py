@@ -230,6 +230,9 @@ def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
                     batch = micro_batches
                 state, metrics = ft.steps.take_step(state, batch, jax.random.key(1))
                 losses.append(float(metrics["train/loss"]))
+            if accumulate > 1:  # one program per width, whichever micro-batches meet it
+                widths = {micro["input_ids"].shape[1] for micro in micro_batches}
+                assert ft.steps.micro_batch_step.accumulate._cache_size() == len(widths)
             params = jax.device_get(state.params)
             if task == qa_model.TASK:
                 # The start and end biases' gradient is zero (a softmax's probabilities sum
@@ -237,6 +240,37 @@ def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
                 del params[qa_model.HEAD_NAME]["bias"]
             results.append((losses, params))
     assert_trained_the_same(*results)
+
+
+def test_the_runs_training_widths_are_few_and_hold_every_micro_batch():
+    count, seq, batch_size, groups = 96, 64, 16, 4
+    examples = _uneven_examples(label_heads.CLASSIFICATION, count, seq, longest=seq, seed=2)
+    seeds, epochs = (1, 2), 2
+    widths = loop.training_widths(examples, seeds, epochs, batch_size, groups, 8, overhead=0.1)
+    assert loop.training_widths(examples, seeds, epochs, batch_size, groups, 0) is None
+    assert all(w % 8 == 0 for w in widths)
+    buckets, positions, bucket_positions = set(), 0, 0
+    for seed in seeds:
+        for epoch in range(epochs):
+            order = loop.epoch_order(seed, epoch, count)
+            for index in range(count // batch_size):
+                cut = loop.train_micro_batches(examples, order, index, batch_size, groups, 8)
+                held = loop.train_micro_batches(
+                    examples, order, index, batch_size, groups, 8, widths
+                )
+                for a, b in zip(cut, held):
+                    np.testing.assert_array_equal(a["labels"], b["labels"])  # the same rows
+                    longest, width = a["input_mask"].sum(axis=1).max(), b["input_ids"].shape[1]
+                    # The narrowest of the run's widths that holds the micro-batch.
+                    assert width == min(w for w in widths if w >= longest)
+                    np.testing.assert_array_equal(
+                        b["input_ids"][:, : a["input_ids"].shape[1]], a["input_ids"]
+                    )
+                    buckets.add(a["input_ids"].shape[1])
+                    positions += b["input_ids"].size
+                    bucket_positions += a["input_ids"].size
+    assert len(widths) < len(buckets)
+    assert bucket_positions <= positions <= 1.1 * bucket_positions
 
 
 def _evaluation_setup(task: str, seq: int, devices):
@@ -314,9 +348,23 @@ def test_evaluation_on_cpu_cuts_long_batches_into_calls_within_the_token_budget(
         # On an accelerator the batches stay whole.
         assert {len(real) for real, _ in loop.eval_batches(examples, 8, 8, 2, "gpu")} == {8, 5}
         cut_sums, cut = loop.run_eval(ft, params, examples, 8, length_bucket=8)
-    assert set(cut) == set(outputs)
+        # The run's few widths: each batch at one of them, all rows it can hold but the last.
+        widths = loop.evaluation_widths([examples], 32, overhead=0.5)  # multiples of 8
+        shapes = [
+            (len(real), local["input_ids"].shape)
+            for real, local in loop.eval_batches(examples, 8, 8, 2, "cpu", widths)
+        ]
+        assert {shape for _, shape in shapes} <= {(perf.rows_per_call(w, 8, 2), w) for w in widths}
+        assert [real < shape[0] for real, shape in shapes].count(True) <= 1
+        assert sum(real for real, _ in shapes) == count
+        assert len(widths) < len({shape for _, shape in sizes})
+        few_sums, few = loop.run_eval(ft, params, examples, 8, length_bucket=32, widths=widths)
     lengths = examples.features["input_mask"].sum(axis=1)
-    for name, value in outputs.items():
-        for row, n in enumerate(lengths):  # smaller batches may cut more padding
-            np.testing.assert_allclose(cut[name][row, :n], value[row, :n], rtol=1e-5, atol=1e-5)
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), cut_sums, sums)
+    for other, other_sums in ((cut, cut_sums), (few, few_sums)):
+        assert set(other) == set(outputs)
+        for name, value in outputs.items():
+            for row, n in enumerate(lengths):  # smaller batches may cut more padding
+                np.testing.assert_allclose(
+                    other[name][row, :n], value[row, :n], rtol=1e-5, atol=1e-5
+                )
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5), other_sums, sums)

@@ -1,0 +1,52 @@
+"""benchmarks/qa.py's whole command: the inputs it writes for finetune.py, and the summary
+line it reads back from finetune.py's output."""
+
+import importlib.util
+import pathlib
+import sys
+
+import pytest
+
+from bertjax.finetune import loop
+from bertjax.tasks.qa import squad
+
+_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "qa.py"
+_SPEC = importlib.util.spec_from_file_location("qa_benchmark", _PATH)
+qa = importlib.util.module_from_spec(_SPEC)
+sys.modules[_SPEC.name] = qa  # dataclasses look their module up while being built
+_SPEC.loader.exec_module(qa)
+
+
+@pytest.mark.slow
+def test_the_whole_command_s_inputs_open_and_read_as_finetune_py_reads_them(tmp_path):
+    args = qa.parse_args(
+        ["--preset=tiny", "--vocab_size=300", "--windows=40", "--batch_size=8"]
+        + ["--max_seq_length=64", "--question_lengths=3,6", "--context_lengths=10,40"]
+    )
+    init_from, train, dev = qa.command_inputs(args, str(tmp_path))
+    source = loop.open_source(init_from)
+    assert source.config.num_layers == 2 and source.config.vocab_size == 300
+    for path, count in ((train, 40), (dev, 10)):
+        data = squad.read_examples(path)
+        assert len(data.examples) == count
+        assert not data.mismatched  # every answer is the context's text at its start
+        # One token per word: the lengths asked for.
+        for example in data.examples[:5]:
+            ids = source.tokenizer.encode_batch([example.question])[0]
+            assert 3 <= len(ids) <= 6
+
+
+@pytest.mark.slow
+def test_the_summary_line_is_read_back(capsys):
+    summary = {
+        "seeds": [{"seed": 0, "workdir": "runs/x", "best": None}],
+        "preempted": False,
+        "wall_time_sec": 95.4,
+        "compile_sec": 85.1,
+        "programs_compiled": 29,
+        "programs_loaded": 2,
+        "usage": "answer(...)",
+    }
+    loop._print_summary(summary)
+    found = qa.SUMMARY.search(capsys.readouterr().out)
+    assert found.groups() == ("95.4", "85.1", "29", "2")
