@@ -15,9 +15,7 @@ the traceback too.
 
 import os
 
-import jax
-
-from bertjax import cli, fs
+from bertjax import cli
 from bertjax.glue import suite
 from bertjax.glue.settings import SuiteSettings
 from finetune import EXPECTED_FAILURES
@@ -25,25 +23,11 @@ from finetune import EXPECTED_FAILURES
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "glue.py")
 
 
-# Under the suite's work directory unless JAX_COMPILATION_CACHE_DIR names one.
-COMPILATION_CACHE_DIR = "compilation_cache"
-
-
 def evaluate(config, workdir: str) -> None:
-    settings = SuiteSettings.from_config(config)
-    share_compiled_programs(workdir)
-    suite.run_suite(settings, workdir)
-
-
-def share_compiled_programs(workdir: str) -> None:
-    """Runs of the same shapes (a configuration's seeds, a curve's steps) read their programs
-    back from jax's persistent compilation cache instead of compiling them again: on two
-    busy CPU cores a second seed of SST-2 compiled for 37.5 s instead of 50.8 s
-    (benchmarks/glue.py). Every program is kept, however quickly it compiled: a suite's
-    small ones add up."""
-    if jax.config.jax_compilation_cache_dir is None:
-        jax.config.update("jax_compilation_cache_dir", fs.join(workdir, COMPILATION_CACHE_DIR))
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    """Runs the suite. Its runs of the same shapes (a configuration's seeds, a curve's steps,
+    the next task) load their programs from the compilation cache that every command keeps
+    (bertjax.compilation_cache, turned on by bertjax.cli)."""
+    suite.run_suite(SuiteSettings.from_config(config), workdir)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ and encoding the data, checkpoints). Without --data_dir the tasks' files are syn
 GLUE's download layout with --examples training and --examples / 4 dev rows of random
 words, the labels a function of the words (so the numbers measure time, not learning).
 
-evaluate.py keeps jax's persistent compilation cache; set JAX_COMPILATION_CACHE_DIR (and
-JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0, as evaluate.py does) to measure with it. The
+evaluate.py keeps jax's persistent compilation cache (bertjax.compilation_cache); set
+JAX_COMPILATION_CACHE_DIR (and JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0, as the
+commands do) to measure with it here. The
 host is often shared: rerun and compare within one run rather than across runs.
 """
 
