@@ -217,7 +217,9 @@ class Model:
         directory for an embedding model.
         """
         head = self.head
-        with as_inference_error():
+        # A failure while writing (a full disk) leaves an export already there whole; it is
+        # said in one line naming the directory and the cause.
+        with as_inference_error(), _export_errors(directory):
             if head is not None and self.capability.transformers_head(head) is None:
                 self.capability.save(self, directory)
                 return
@@ -704,6 +706,18 @@ def as_inference_error():
         yield
     except features_lib.InputError as err:
         raise InferenceError(str(err)) from None
+
+
+@contextlib.contextmanager
+def _export_errors(directory: str | os.PathLike):
+    """An OSError while writing an export as an InferenceError that names the directory."""
+    try:
+        yield
+    except OSError as err:
+        message = str(err.strerror or err)
+        if str(directory) not in message:
+            message = f"cannot write {directory}: {message}"
+        raise InferenceError(f"{message}; an export already there is left as it was") from None
 
 
 def _pad_batch(features: list[dict[str, np.ndarray]], shape: dict[str, int]) -> dict:
