@@ -950,8 +950,14 @@ class PipelineTokenizer(_TokenizersPipeline):
         self.fingerprint: str = hashlib.sha256(pipeline.to_str().encode("utf-8")).hexdigest()
         self._byte_level = '"ByteLevel"' in json.dumps(spec.get("pre_tokenizer"))
         pieces = [self._tokenizer.id_to_token(i) or "" for i in range(self.vocab_size)]
-        # A piece that follows a space starts a word (byte-level "Ġ", metaspace "▁").
-        starts = np.array([p.startswith(("\u0120", WORD_BOUNDARY)) for p in pieces], dtype=bool)
+        model = spec.get("model") or {}
+        if model.get("type") == "WordPiece":
+            # WordPiece marks the pieces that continue a word instead.
+            prefix = model.get("continuing_subword_prefix") or _CONTINUATION
+            starts = np.array([not p.startswith(prefix) for p in pieces], dtype=bool)
+        else:
+            # A piece that follows a space starts a word (byte-level "Ġ", metaspace "▁").
+            starts = np.array([p.startswith(("\u0120", WORD_BOUNDARY)) for p in pieces], dtype=bool)
         starts[list(self.special_ids)] = True
         self.is_word_start: np.ndarray = starts  # [vocab_size] bool
 
@@ -976,11 +982,20 @@ class PipelineTokenizer(_TokenizersPipeline):
 
 def tokenizer_from_json(text: str, *, source: str = "tokenizer.json") -> Tokenizer:
     """The tokenizer of a tokenizer.json: BERT's WordPiece pipeline as a WordPieceTokenizer,
-    any other pipeline with BERT's special tokens (ModernBERT's byte-level BPE) as it is."""
+    any other pipeline with BERT's special tokens (ModernBERT's byte-level BPE) as it is.
+
+    A WordPiece file that adds tokens beyond its vocabulary (`add_tokens` in transformers,
+    with the model's embeddings resized to them) is read as the pipeline it is too: its ids
+    are transformers' ids, which a vocab.txt cannot state.
+    """
     try:
-        model_type = json.loads(text)["model"].get("type")
+        spec = json.loads(text)
+        model = spec["model"]
+        model_type = model.get("type")
+        vocab = model.get("vocab") or {}
+        added = [t["content"] for t in spec.get("added_tokens") or [] if t["content"] not in vocab]
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{source} is not a tokenizer.json: {err}") from err
-    if model_type == "WordPiece":
+    if model_type == "WordPiece" and not added:
         return WordPieceTokenizer.from_json(text, source=source)
     return PipelineTokenizer(text, source=source)
