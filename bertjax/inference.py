@@ -62,6 +62,11 @@ class InferenceError(ValueError):
     """Input, or a directory, that inference cannot use; the message says what and why."""
 
 
+class ExportError(InferenceError, OSError):
+    """An export that could not be written (a full disk); an OSError too, as a failed write
+    is, with the cause's errno."""
+
+
 def _next_power_of_two(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
@@ -710,14 +715,16 @@ def as_inference_error():
 
 @contextlib.contextmanager
 def _export_errors(directory: str | os.PathLike):
-    """An OSError while writing an export as an InferenceError that names the directory."""
+    """An OSError while writing an export as an ExportError that names the directory."""
     try:
         yield
     except OSError as err:
         message = str(err.strerror or err)
         if str(directory) not in message:
             message = f"cannot write {directory}: {message}"
-        raise InferenceError(f"{message}; an export already there is left as it was") from None
+        error = ExportError(f"{message}; an export already there is left as it was")
+        error.errno = err.errno
+        raise error from None
 
 
 def _pad_batch(features: list[dict[str, np.ndarray]], shape: dict[str, int]) -> dict:

@@ -74,6 +74,7 @@ def test_save_hf_onto_a_full_disk_keeps_the_old_export_and_says_why(
     monkeypatch.setattr(hf.safetensors_numpy, "save_file", full_disk)
     with pytest.raises(InferenceError) as caught:
         small_model.save_hf(target)
+    assert isinstance(caught.value, OSError)  # callers catching a failed write still do
     message = str(caught.value)
     assert message.startswith(f"cannot write {target}: "), message
     assert ("StorageFull" if isinstance(failure, hf.SafetensorError) else "No space") in message
