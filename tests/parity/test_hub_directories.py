@@ -11,6 +11,7 @@ fine-tuning's `init_from` (its tokenizer and reader).
 import json
 import warnings
 
+import jax
 import numpy as np
 import pytest
 from tokenizer_kinds import pipeline_json, text_of, with_call_settings, wordpiece_vocab
@@ -219,6 +220,15 @@ def test_weight_files_as_shipped_open_with_transformers_answers(family, layout, 
     theirs = _transformers_predictions(directory, SIX)
     ours = Model.load(directory, dtype="float32")
     _assert_predictions(ours.predict(SIX), theirs, TRANSFORMERS_ATOL)
+    # As fine-tuning's init_from opens it: the same head, tokenizer and parameters.
+    run = rundir.open_run(directory, pretraining_heads=False)
+    _, params = rundir.read_params(run)
+    assert run.head == ours.head and run.tokenizer.fingerprint == ours.tokenizer.fingerprint
+    flat_ours = jax.tree_util.tree_leaves_with_path(ours.params)
+    flat_run = dict(jax.tree_util.tree_leaves_with_path(params))
+    assert len(flat_ours) == len(flat_run)
+    for path, leaf in flat_ours:
+        np.testing.assert_array_equal(np.asarray(leaf), np.asarray(flat_run[path]))
 
 
 def test_a_shard_the_index_names_but_the_directory_lacks_is_refused_in_one_line(tmp_path):
