@@ -69,9 +69,14 @@ from bertjax.tokenizer import (
 )
 
 try:
+    from safetensors import SafetensorError
     from safetensors import numpy as safetensors_numpy
 except ImportError:  # the `hf` extra is not installed; `load`/`save` say so when called
     safetensors_numpy = None
+
+    class SafetensorError(Exception):
+        """Stands in for safetensors' error type, which nothing raises without it."""
+
 
 logger = logging.getLogger(__name__)
 
@@ -762,7 +767,8 @@ def staged(directory: fs.AnyPath):
     """
     if fs.is_remote(directory):
         with tempfile.TemporaryDirectory(prefix="bertjax-export-") as staging:
-            yield pathlib.Path(staging)
+            with _writing(directory):
+                yield pathlib.Path(staging)
             upload(staging, directory)
         return
     try:
@@ -773,15 +779,27 @@ def staged(directory: fs.AnyPath):
     except OSError as err:
         raise OSError(err.errno, f"cannot write {directory}: {err.strerror}") from None
     try:
-        try:
+        with _writing(directory):
             yield staging
-        except OSError as err:
-            raise OSError(err.errno, f"cannot write {directory}: {err.strerror}") from None
         umask = os.umask(0)
         os.umask(umask)
         _move_into(staging, directory, umask)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _writing(directory: fs.AnyPath):
+    """A failure while writing an export's files (a full disk: an OSError from `open`, a
+    SafetensorError from safetensors' own writer) as one OSError naming `directory`, the
+    path the caller gave, and the cause."""
+    try:
+        yield
+    except OSError as err:
+        raise OSError(err.errno, f"cannot write {directory}: {err.strerror or err}") from None
+    except SafetensorError as err:
+        cause = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise OSError(f"cannot write {directory}: {cause}") from None
 
 
 def _move_into(staging: pathlib.Path, directory: pathlib.Path, umask: int) -> None:

@@ -62,6 +62,11 @@ class InferenceError(ValueError):
     """Input, or a directory, that inference cannot use; the message says what and why."""
 
 
+class ExportError(InferenceError, OSError):
+    """An export that could not be written (a full disk); an OSError too, as a failed write
+    is, with the cause's errno."""
+
+
 def _next_power_of_two(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
@@ -219,7 +224,9 @@ class Model:
         directory for an embedding model.
         """
         head = self.head
-        with as_inference_error():
+        # A failure while writing (a full disk) leaves an export already there whole; it is
+        # said in one line naming the directory and the cause.
+        with as_inference_error(), _export_errors(directory):
             if head is not None and self.capability.transformers_head(head) is None:
                 self.capability.save(self, directory)
                 return
@@ -706,6 +713,20 @@ def as_inference_error():
         yield
     except features_lib.InputError as err:
         raise InferenceError(str(err)) from None
+
+
+@contextlib.contextmanager
+def _export_errors(directory: str | os.PathLike):
+    """An OSError while writing an export as an ExportError that names the directory."""
+    try:
+        yield
+    except OSError as err:
+        message = str(err.strerror or err)
+        if str(directory) not in message:
+            message = f"cannot write {directory}: {message}"
+        error = ExportError(f"{message}; an export already there is left as it was")
+        error.errno = err.errno
+        raise error from None
 
 
 def _pad_batch(features: list[dict[str, np.ndarray]], shape: dict[str, int]) -> dict:

@@ -680,6 +680,13 @@ class _TokenizersPipeline(Tokenizer):
     the pipeline's own file. `_use_pipeline` sets the pipeline."""
 
     def _use_pipeline(self, pipeline: tokenizers.Tokenizer) -> None:
+        # A file's padding and truncation sections are call-time settings (a tokenizer saved
+        # after a padded call keeps them): left on, `encode_batch` would pad each text to the
+        # batch's longest with pad ids taken for text, and cut it before its end, so a text's
+        # ids would depend on the others of the call. bertjax pads and truncates itself, as
+        # transformers overrides both on every call.
+        pipeline.no_padding()
+        pipeline.no_truncation()
         self._tokenizer = pipeline
         # The same pipeline reading special tokens in text as ordinary text.
         self._plain = tokenizers.Tokenizer.from_str(pipeline.to_str())
@@ -905,7 +912,10 @@ class PipelineTokenizer(_TokenizersPipeline):
     `tokenizers` pipelines whose special tokens have BERT's names ([PAD], [UNK], [CLS],
     [SEP], [MASK]) at any ids (ModernBERT's: 50283, 50280, 50281, 50282, 50284).
 
-    The file's own pipeline tokenizes, so the ids are transformers'. Words given one by one
+    The file's own pipeline tokenizes, so the ids are transformers': its normaliser,
+    pre-tokenizer, model and added tokens. Its padding and truncation sections are dropped, as
+    transformers overrides them on every call; they are call-time settings that would make a
+    text's ids depend on the other texts of a call. Words given one by one
     (token labels) are each encoded after a space, as they read inside a text: what
     ``add_prefix_space=True`` asks of a byte-level pipeline for ModernBERT's word-level tasks
     (transformers 5's generic tokenizer class ignores that flag and splits a bare word into
@@ -935,12 +945,19 @@ class PipelineTokenizer(_TokenizersPipeline):
         )
         self.vocab_size: int = self._tokenizer.get_vocab_size(with_added_tokens=True)
         self.special_ids: tuple[int, ...] = tuple(sorted(ids.values()))
-        # What decides the ids is the whole pipeline, in its canonical form.
+        # What decides the ids is the whole pipeline, in its canonical form (padding and
+        # truncation are off by then: they are no part of a text's ids).
         self.fingerprint: str = hashlib.sha256(pipeline.to_str().encode("utf-8")).hexdigest()
         self._byte_level = '"ByteLevel"' in json.dumps(spec.get("pre_tokenizer"))
         pieces = [self._tokenizer.id_to_token(i) or "" for i in range(self.vocab_size)]
-        # A piece that follows a space starts a word (byte-level "Ġ", metaspace "▁").
-        starts = np.array([p.startswith(("\u0120", WORD_BOUNDARY)) for p in pieces], dtype=bool)
+        model = spec.get("model") or {}
+        if model.get("type") == "WordPiece":
+            # WordPiece marks the pieces that continue a word instead.
+            prefix = model.get("continuing_subword_prefix") or _CONTINUATION
+            starts = np.array([not p.startswith(prefix) for p in pieces], dtype=bool)
+        else:
+            # A piece that follows a space starts a word (byte-level "Ġ", metaspace "▁").
+            starts = np.array([p.startswith(("\u0120", WORD_BOUNDARY)) for p in pieces], dtype=bool)
         starts[list(self.special_ids)] = True
         self.is_word_start: np.ndarray = starts  # [vocab_size] bool
 
@@ -965,11 +982,20 @@ class PipelineTokenizer(_TokenizersPipeline):
 
 def tokenizer_from_json(text: str, *, source: str = "tokenizer.json") -> Tokenizer:
     """The tokenizer of a tokenizer.json: BERT's WordPiece pipeline as a WordPieceTokenizer,
-    any other pipeline with BERT's special tokens (ModernBERT's byte-level BPE) as it is."""
+    any other pipeline with BERT's special tokens (ModernBERT's byte-level BPE) as it is.
+
+    A WordPiece file that adds tokens beyond its vocabulary (`add_tokens` in transformers,
+    with the model's embeddings resized to them) is read as the pipeline it is too: its ids
+    are transformers' ids, which a vocab.txt cannot state.
+    """
     try:
-        model_type = json.loads(text)["model"].get("type")
+        spec = json.loads(text)
+        model = spec["model"]
+        model_type = model.get("type")
+        vocab = model.get("vocab") or {}
+        added = [t["content"] for t in spec.get("added_tokens") or [] if t["content"] not in vocab]
     except (ValueError, KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"{source} is not a tokenizer.json: {err}") from err
-    if model_type == "WordPiece":
+    if model_type == "WordPiece" and not added:
         return WordPieceTokenizer.from_json(text, source=source)
     return PipelineTokenizer(text, source=source)

@@ -505,6 +505,13 @@ def _check_resumable(meta: dict, run: _Run, directory) -> None:
             "give fine-tuning its own --workdir (and the pretraining run as config.init_from)"
         )
     head = HeadSpec.from_dict(meta["head"])
+    if head != run.ft.head and (head.task, head.labels) == (run.ft.head.task, run.ft.head.labels):
+        saved, asked = _option_differences(head, run.ft.head)
+        article = "an" if head.task[0] in "aeiou" else "a"
+        raise HeadMismatchError(
+            f"the checkpoint in {directory} is {article} {head.task} head with {saved}, but this "
+            f"run asks {asked}; use another --workdir, or the settings it was trained with"
+        )
     if head != run.ft.head:
         raise HeadMismatchError(
             f"the checkpoint in {directory} is a {head.describe()} head, but this run's task "
@@ -525,6 +532,29 @@ def _check_resumable(meta: dict, run: _Run, directory) -> None:
                 f"the checkpoint in {directory} has {key}={meta.get(key)!r}, this run "
                 f"{value!r}: it was trained on other data or settings; use another --workdir"
             )
+
+
+def _option_differences(saved: HeadSpec, asked: HeadSpec) -> tuple[str, str]:
+    """The options two heads of one task set differently, as ("pooling='mean'",
+    "pooling='cls'"): each option by its own name (a nested one by its last name)."""
+
+    def flat(options: Any, prefix: str = "") -> dict[str, Any]:
+        out = {}
+        for name, value in (options or {}).items():
+            if isinstance(value, dict):
+                out.update(flat(value, f"{prefix}{name}."))
+            else:
+                out[f"{prefix}{name}"] = value
+        return out
+
+    old = flat(saved.to_dict().get("options"))
+    new = flat(asked.to_dict().get("options"))
+    names = [n for n in sorted(set(old) | set(new)) if old.get(n) != new.get(n)]
+
+    def shown(values: dict[str, Any]) -> str:
+        return ", ".join(f"{n.rsplit('.', 1)[-1]}={values.get(n)!r}" for n in names)
+
+    return shown(old), shown(new)
 
 
 @dataclasses.dataclass
