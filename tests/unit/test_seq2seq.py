@@ -299,6 +299,18 @@ def test_greedy_and_beam_search_on_a_hand_checked_case():
     np.testing.assert_allclose(score, [math.log(0.1)], rtol=1e-5)
 
 
+def test_ids_past_the_usable_vocabulary_are_never_generated():
+    # b (5) is the toy's second choice after [CLS]; with the vocabulary cut below it greedy
+    # and beam search both read a, whose best next token is [SEP].
+    settings = s2s.GenerationSettings(max_new_tokens=4, usable_vocab=B)
+    tokens, _ = jax.jit(lambda: s2s._greedy(TOY, settings, toy_step, None, 1))()
+    np.testing.assert_array_equal(tokens, [[A, EOS, 0, 0]])
+    beam = dataclasses.replace(settings, num_beams=2)
+    tokens, _ = jax.jit(lambda: s2s._beam_search(TOY, beam, toy_step, None, 1))()
+    np.testing.assert_array_equal(tokens[:, :2], [[A, EOS]])
+    assert (np.asarray(tokens) < B).all()
+
+
 def test_banned_tokens_match_no_repeat_ngram_rule():
     sequences = jnp.array([[START, 4, 5, 4, 0, 0], [START, 4, 4, 4, 0, 0]])
     banned = np.asarray(s2s.banned_tokens(sequences, jnp.int32(4), 2, 8))

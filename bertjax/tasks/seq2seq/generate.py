@@ -39,6 +39,7 @@ def generate(
             length_penalty=length_penalty,
             no_repeat_ngram_size=no_repeat_ngram_size,
             early_stopping=early_stopping,
+            usable_vocab=model.tokenizer.vocab_size,
         )
     except ValueError as err:
         raise InferenceError(str(err).replace("GenerationSettings.", "")) from None

@@ -541,9 +541,18 @@ class GenerationSettings:
     no_repeat_ngram_size: int = 0  # 0: off
     early_stopping: bool | str = False  # False | True | "never" (beam search only)
     use_cache: bool = True  # False recomputes the whole prefix every step (for comparison)
+    # Ids at or past this are never generated (0: every row of the output layer). A model's
+    # vocabulary may have more rows than its tokenizer has pieces; those rows are untrained,
+    # and an id among them could not be decoded.
+    usable_vocab: int = 0
 
     def __post_init__(self):
-        for name, low in (("max_new_tokens", 1), ("num_beams", 1), ("no_repeat_ngram_size", 0)):
+        for name, low in (
+            ("max_new_tokens", 1),
+            ("num_beams", 1),
+            ("no_repeat_ngram_size", 0),
+            ("usable_vocab", 0),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
                 raise ValueError(
@@ -569,6 +578,13 @@ class Generated(NamedTuple):
     tokens: jax.Array  # [b, max_new_tokens] int32: generated ids, [SEP] included, then [PAD]
     lengths: jax.Array  # [b] int32: tokens up to and including [SEP]
     scores: jax.Array  # [b] float32: beam score (length-penalised), or greedy's sum of log p
+
+
+def _allowed(log_probs: jax.Array, banned: jax.Array, usable_vocab: int) -> jax.Array:
+    """log_probs [r, v] with banned tokens and ids at or past usable_vocab (when set) at -inf."""
+    if usable_vocab:
+        banned = banned | (jnp.arange(log_probs.shape[-1]) >= usable_vocab)
+    return jnp.where(banned, -jnp.inf, log_probs)
 
 
 def banned_tokens(sequences: jax.Array, length: jax.Array, n: int, vocab: int) -> jax.Array:
@@ -636,7 +652,7 @@ def _greedy(config, settings, step, cache, rows):
         logits, cache = step(sequences, cache, length)  # [r, v]
         log_probs = jax.nn.log_softmax(logits, axis=-1)
         banned = banned_tokens(sequences, length, settings.no_repeat_ngram_size, vocab)
-        log_probs = jnp.where(banned, -jnp.inf, log_probs)
+        log_probs = _allowed(log_probs, banned, settings.usable_vocab)
         token = jnp.argmax(log_probs, axis=-1).astype(jnp.int32)  # [r]
         chosen = jnp.take_along_axis(log_probs, token[:, None], axis=1)[:, 0]  # [r]
         score = score + jnp.where(finished, 0.0, chosen)
@@ -689,7 +705,7 @@ def _beam_search(config, settings, step, cache, batch):
         logits, cache = step(flat, s["cache"], length)  # [b * k, v]
         log_probs = jax.nn.log_softmax(logits, axis=-1)
         banned = banned_tokens(flat, length, settings.no_repeat_ngram_size, vocab)
-        log_probs = jnp.where(banned, -jnp.inf, log_probs)
+        log_probs = _allowed(log_probs, banned, settings.usable_vocab)
         log_probs = log_probs.reshape(batch, k, vocab) + s["running_scores"][:, :, None]
         top_scores, top_index = jax.lax.top_k(log_probs.reshape(batch, k * vocab), keep)  # [b, K]
         parent = top_index // vocab  # [b, K]
