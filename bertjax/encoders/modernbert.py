@@ -60,6 +60,7 @@ import numpy as np
 from flax import linen as nn
 
 from bertjax import attention as attention_lib
+from bertjax import model as model_lib
 from bertjax import sharding
 from bertjax.sharding import (
     ACTIVATION_EMBED,
@@ -683,7 +684,7 @@ class Attention(nn.Module):
     local_window: int | None = None  # a local layer's half-width; None for a global layer
 
     @nn.compact
-    def __call__(self, x, mask, cos, sin, deterministic: bool):
+    def __call__(self, x, mask, cos, sin, deterministic: bool, index=None):
         cfg = self.config
         h, n, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
         qkv_names = (BATCH, LENGTH, HEADS, KV)
@@ -697,7 +698,9 @@ class Attention(nn.Module):
             stds["in"],
             cfg.attention_bias,
             name="wqkv",
-        )(x)  # [b, s, 3, n, d]
+        )(x)  # [b, s, 3, n, d], or packed [g, c, 3, n, d]
+        if index is not None:  # packed tokens: attention runs on the rows (see ModernBertModel)
+            qkv = model_lib.unpack_tokens(qkv, index, *cos.shape[:2])  # [b, s, 3, n, d]
         q, k, v = (sharding.constrain(qkv[:, :, i], qkv_names) for i in range(3))  # [b, s, n, d]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         weights_dropout = nn.Dropout(cfg.attention_dropout)
@@ -726,6 +729,8 @@ class Attention(nn.Module):
             weights = weights_dropout(weights, deterministic=deterministic)
             context = jnp.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
         context = sharding.constrain(context, qkv_names)
+        if index is not None:
+            context = model_lib.pack_tokens(context, index)  # [g, c, n, d]
         y = Projection(
             cfg,
             "bsnd,ndh->bsh",
@@ -735,7 +740,7 @@ class Attention(nn.Module):
             stds["out"],
             cfg.attention_bias,
             name="wo",
-        )(context)  # [b, s, h]
+        )(context)  # [b, s, h] (packed: [g, c, h])
         return nn.Dropout(cfg.attention_dropout)(y, deterministic=deterministic)
 
 
@@ -784,13 +789,13 @@ class EncoderLayer(nn.Module):
     first: bool = False
 
     @nn.compact
-    def __call__(self, x, masks, rotary, deterministic: bool):
+    def __call__(self, x, masks, rotary, index, deterministic: bool):
         cfg = self.config
         kind = 0 if self.is_global else 1
         y = x if self.first else _layer_norm(cfg, "attn_norm")(x)
         window = None if self.is_global else cfg.window
         attention = Attention(cfg, local_window=window, name="attn")
-        x = x + attention(y, masks[kind], *rotary[kind], deterministic)
+        x = x + attention(y, masks[kind], *rotary[kind], deterministic, index)
         x = x + GegluMlp(cfg, name="mlp")(_layer_norm(cfg, "mlp_norm")(x), deterministic)
         return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
 
@@ -807,8 +812,8 @@ GROUPS = "groups"
 def _layer_class(config: ModernBertConfig):
     if config.remat_policy == "none":
         return EncoderLayer
-    # argnum 4 (counting self) is `deterministic`: a Python bool, must stay static.
-    return nn.remat(EncoderLayer, policy=_REMAT_POLICIES[config.remat_policy], static_argnums=(4,))
+    # argnum 5 (counting self) is `deterministic`: a Python bool, must stay static.
+    return nn.remat(EncoderLayer, policy=_REMAT_POLICIES[config.remat_policy], static_argnums=(5,))
 
 
 def group_layout(config: ModernBertConfig) -> tuple[int, int]:
@@ -826,12 +831,12 @@ class LayerGroup(nn.Module):
     config: ModernBertConfig
 
     @nn.compact
-    def __call__(self, x, masks, rotary, deterministic: bool):
+    def __call__(self, x, masks, rotary, index, deterministic: bool):
         n = self.config.global_attn_every_n_layers
         layer_cls = _layer_class(self.config)
         for j in range(n):
             x = layer_cls(self.config, is_global=j == n - 1, name=f"layer_{j}")(
-                x, masks, rotary, deterministic
+                x, masks, rotary, index, deterministic
             )
         return x, None
 
@@ -864,6 +869,20 @@ class Embeddings(nn.Module):
         return self.drop(x, deterministic=deterministic)
 
 
+# Token packing (``packed_length``) runs the dense layers on real tokens only and attention on
+# the rows: each layer gathers its queries, keys and values back into [batch, seq] rows and
+# its context into the packed slots again. The gathers cost memory traffic, so packing is
+# skipped unless the slots kept are at most this share of the batch's (benchmarks/
+# modernbert.py's packing sweep: below it the packed step is faster on CPU).
+PACKING_MAX_SHARE = 0.85
+
+
+def packing_pays(batch: int, seq: int, packed_length: int, groups: int) -> bool:
+    """Whether packing each of `groups` batch shards' tokens into `packed_length` slots runs
+    faster than the padded rows (PACKING_MAX_SHARE)."""
+    return packed_length <= PACKING_MAX_SHARE * (batch // groups) * seq
+
+
 class ModernBertModel(nn.Module):
     """The encoder: ``(input_ids [batch, seq], attention_mask [batch, seq]) -> [batch, seq,
     hidden]``, after the final norm.
@@ -872,6 +891,13 @@ class ModernBertModel(nn.Module):
     same id. ``positions`` [batch, seq]: rotary positions, e.g. restarting at each packed
     document; default 0..seq-1 in every row. Padding is given by ``attention_mask`` in any
     case (1 real, 0 padding; default all real).
+
+    ``packed_length`` (an int) runs the embeddings, projections, feed-forwards and norms on
+    the real tokens only, gathered into that many slots per batch shard (bertjax.model's
+    packing_index); attention sees the same rows as without it. Every shard must hold at
+    most that many real tokens (the train step checks, bertjax.steps). Outputs at real
+    tokens are the padded path's; padded positions come back zero. Where packing cannot pay
+    (`packing_pays`), the rows run padded.
     """
 
     config: ModernBertConfig
@@ -891,7 +917,7 @@ class ModernBertModel(nn.Module):
                     LayerGroup,
                     variable_axes={"params": 0},
                     split_rngs={"params": True, "dropout": True},
-                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                     length=groups,
                     metadata_params={nn.PARTITION_NAME: LAYERS},
                 )(cfg, name=GROUPS)
@@ -909,6 +935,7 @@ class ModernBertModel(nn.Module):
         deterministic: bool = True,
         segment_ids: jax.Array | None = None,
         positions: jax.Array | None = None,
+        packed_length: int | None = None,
     ) -> jax.Array:
         cfg = self.config
         if input_ids.ndim != 2:
@@ -932,14 +959,22 @@ class ModernBertModel(nn.Module):
             rotary_tables(positions, cfg.head_dim, cfg.global_rope_theta),
             rotary_tables(positions, cfg.head_dim, cfg.local_rope_theta),
         )  # 2 x (cos, sin) [b, s, d]
-        x = self.embeddings(input_ids, deterministic)  # [b, s, h]
+        index = None
+        groups = sharding.shards(BATCH)
+        if packed_length is not None and packing_pays(batch, seq, packed_length, groups):
+            index = model_lib.packing_index(attention_mask, packed_length, groups)  # [g, c]
+            input_ids = model_lib.pack_tokens(input_ids, index)  # [g, c]
+        x = self.embeddings(input_ids, deterministic)  # [b, s, h] (packed: [g, c, h])
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
-        x = self.layers[0](x, masks, rotary, deterministic)
+        x = self.layers[0](x, masks, rotary, index, deterministic)
         if self.groups is not None:
-            x, _ = self.groups(x, masks, rotary, deterministic)
+            x, _ = self.groups(x, masks, rotary, index, deterministic)
         for layer in self.layers[1:]:
-            x = layer(x, masks, rotary, deterministic)
-        return self.final_norm(x)
+            x = layer(x, masks, rotary, index, deterministic)
+        x = self.final_norm(x)
+        if index is not None:
+            x = model_lib.unpack_tokens(x, index, batch, seq)  # [b, s, h], zero at padding
+        return x
 
     def token_table(self) -> jax.Array:
         """The token-embedding matrix [vocab, hidden] (the MLM decoder's weight)."""

@@ -49,8 +49,9 @@ POOLER = "pooler"
 class Encoder(mb.ModernBertModel):
     """ModernBertModel and its prediction head, with the families' call (see
     bertjax.encoders.family): pooled is the head on [CLS] or the mean over real tokens;
-    ``token_head`` runs the head over every token. Segment ids and ``packed_length`` are
-    ignored; with ``cls_only`` every position is still computed (mean pooling needs them).
+    ``token_head`` runs the head over every token. Segment ids are ignored;
+    ``packed_length`` runs the dense layers on real tokens only (ModernBertModel's token
+    packing); with ``cls_only`` every position is still computed (mean pooling needs them).
     ``document_ids`` and ``positions`` describe rows of packed documents (ModernBertModel's
     ``segment_ids`` and ``positions``)."""
 
@@ -81,6 +82,7 @@ class Encoder(mb.ModernBertModel):
             deterministic=deterministic,
             segment_ids=document_ids,
             positions=positions,
+            packed_length=packed_length,
         )  # [b, s, h]
         if cfg.classifier_pooling == "cls":
             pooled = x[:, :1]  # [b, 1, h]
@@ -102,7 +104,7 @@ class MaskedLM(nn.Module):
     """The encoder ("bert", with the head) and the tied decoder's bias: float32 logits
     [batch, seq or predictions, vocab], as transformers' ModernBertForMaskedLM, with the
     families' pretraining call (bertjax.encoders.family): ``mlm_logits`` and no sentence-pair
-    head (``nsp_logits`` None); ``packed_length`` is ignored."""
+    head (``nsp_logits`` None); ``packed_length`` as the encoder's."""
 
     config: ModernBertConfig
 
@@ -132,6 +134,7 @@ class MaskedLM(nn.Module):
             None,
             attention_mask,
             deterministic=deterministic,
+            packed_length=packed_length,
             document_ids=document_ids,
             positions=positions,
         )  # [b, s, h]
