@@ -32,19 +32,20 @@ Packed documents: ``segment_ids`` keeps attention within a document, and ``posit
 restart at each document restart the rotary phase, so a packed row computes what each of its
 documents would alone.
 
-Fused attention kernels (``config.attention_impl``, bertjax.attention; not a transformers
+Attention kernels (``config.attention_impl``, bertjax.attention; not a transformers
 field): for each kind of layer (global, local) `layer_masks` asks
-bertjax.attention.resolve_implementation, once per forward. Where it picks a fused kernel,
+bertjax.attention.resolve_implementation, once per forward. Where it picks a kernel,
 those layers call bertjax.attention.dot_product_attention with the padding mask, the segment
 ids as document ids and, on local layers, the window, instead of building boolean masks:
-splash on TPUs (both kinds of layer: a LocalMask band per head, documents as segment ids;
+blocked on one CPU device ("auto"'s choice there: its forward ran 1.5-2x the einsum path's
+and its backward about 1.1x, L6/H256, rows of 512; benchmarks/modernbert.py), splash on TPUs (both kinds of layer: a LocalMask band per head, documents as segment ids;
 sequences a multiple of 128), cuDNN on NVIDIA GPUs in bf16/fp16 (global layers of rows
 without documents only: jax's cuDNN attention takes neither a two-sided window nor
 documents; those layers keep the einsum path, the reason logged once). Everything else runs
-the einsum path above, bit for bit as without the option: "xla", "auto" on CPU, attention
-dropout active (the kernels cannot drop weights). On real tokens both paths give the same
-weights; a padded query's row differs (it sees padding on a kernel, nothing here), and
-nothing reads it. "blocked" (bertjax.attention's CPU path, padding masks only) is refused.
+the einsum path above, bit for bit as without the option: "xla", several CPU devices,
+attention dropout active (the kernels cannot drop weights). On real tokens both paths give
+the same weights; a padded query's row differs (it sees padding on a kernel, nothing here),
+and nothing reads it.
 """
 
 from __future__ import annotations
@@ -79,12 +80,11 @@ from bertjax.sharding import (
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
 CLASSIFIER_POOLINGS = ("cls", "mean")
-# bertjax.attention's implementations but "blocked", whose CPU blocks take a padding mask
-# only (no window, no documents): on CPU, "auto" and "xla" run ModernBERT's own path.
-ATTENTION_IMPLEMENTATIONS = tuple(i for i in attention_lib.IMPLEMENTATIONS if i != "blocked")
-# The implementations served by bertjax.attention's fused kernels; any other that
-# resolve_implementation picks runs ModernBERT's own einsum path.
-KERNELS = ("cudnn", "splash")
+ATTENTION_IMPLEMENTATIONS = attention_lib.IMPLEMENTATIONS
+# The implementations served by bertjax.attention's kernels (blocked: CPU blocks with
+# documents and windows); any other that resolve_implementation picks ("xla") runs
+# ModernBERT's own einsum path.
+KERNELS = ("blocked", "cudnn", "splash")
 
 # Special token ids of ModernBERT's tokenizer (a vocabulary of 50,368 rows).
 CLS_ID = 50281
@@ -238,14 +238,8 @@ class ModernBertConfig:
         ):
             value = getattr(self, name)
             if value not in valid:
-                why = (
-                    " (the 'blocked' CPU path takes a padding mask only, not ModernBERT's "
-                    "sliding windows and documents)"
-                    if value == "blocked"
-                    else ""
-                )
                 raise ValueError(
-                    f"ModernBertConfig.{name}={value!r} is invalid: must be one of {valid}{why}"
+                    f"ModernBertConfig.{name}={value!r} is invalid: must be one of {valid}"
                 )
 
     @property

@@ -215,16 +215,6 @@ def _transformers_head(head) -> capability.TransformersHead:
     return th
 
 
-def _check_attention_impl(impl: str) -> None:
-    """Refuses, naming why, an attention implementation that cannot serve ModernBERT."""
-    if impl == "blocked":
-        raise ValueError(
-            "attention_impl='blocked' is not available for ModernBERT: the blocked CPU path "
-            "takes a padding mask only, not ModernBERT's sliding windows and packed documents; "
-            f"set it to one of {mb.ATTENTION_IMPLEMENTATIONS}"
-        )
-
-
 class ModernBert(family.EncoderFamily):
     name = "modernbert"
     config_class = ModernBertConfig
@@ -263,7 +253,6 @@ class ModernBert(family.EncoderFamily):
         which every pretraining config carries; attention_impl must be one ModernBERT runs."""
         own = {f.name for f in dataclasses.fields(ModernBertConfig)}
         bert_named = {k: v for k, v in fields.items() if k not in own}
-        _check_attention_impl(fields.get("attention_impl", "auto"))
         # Provisional token ids (0 fits any vocabulary) until with_vocabulary sets the real ones.
         ids = dict(pad_token_id=0, cls_token_id=0, sep_token_id=0)
         config = ModernBertConfig.preset(preset, **ids)
@@ -282,15 +271,13 @@ class ModernBert(family.EncoderFamily):
     def with_overrides(self, config: ModernBertConfig, overrides: Mapping[str, Any]):
         """BERT's names in ModernBERT's terms: hidden_dropout is the embeddings' and the
         feed-forward's, attention_dropout the attention's; attention_impl is ModernBERT's own
-        field too (bertjax.attention's kernels, "blocked" refused); classifier_dropout stays
+        field too (bertjax.attention's implementations); classifier_dropout stays
         the checkpoint's."""
         fields = {}
         for name, value in overrides.items():
             if name == "hidden_dropout":
                 fields.update(embedding_dropout=value, mlp_dropout=value)
             else:
-                if name == "attention_impl":
-                    _check_attention_impl(value)
                 fields[name] = value
         return dataclasses.replace(config, **fields)
 
