@@ -37,9 +37,10 @@ field): for each kind of layer (global, local) `layer_masks` asks
 bertjax.attention.resolve_implementation, once per forward. Where it picks a kernel,
 those layers call bertjax.attention.dot_product_attention with the padding mask, the segment
 ids as document ids and, on local layers, the window, instead of building boolean masks:
-blocked on one CPU device ("auto"'s choice there: its forward ran 1.5-2x the einsum path's
-and its backward about 1.1x, L6/H256, rows of 512; benchmarks/modernbert.py), splash on TPUs (both kinds of layer: a LocalMask band per head, documents as segment ids;
-sequences a multiple of 128), cuDNN on NVIDIA GPUs in bf16/fp16 (global layers of rows
+blocked on one CPU device (both kinds of layer, documents and windows; "auto"'s choice
+there: at L6/H256/A4 on rows of 512 its attention forward measured about 1.5x the einsum
+path's and its backward about 1.1x), splash on TPUs (both kinds of layer: a LocalMask band
+per head, documents as segment ids; sequences a multiple of 128), cuDNN on NVIDIA GPUs in bf16/fp16 (global layers of rows
 without documents only: jax's cuDNN attention takes neither a two-sided window nor
 documents; those layers keep the einsum path, the reason logged once). Everything else runs
 the einsum path above, bit for bit as without the option: "xla", several CPU devices,

@@ -250,7 +250,7 @@ class ModernBert(family.EncoderFamily):
 
     def from_settings(self, preset: str, fields: Mapping[str, Any]) -> ModernBertConfig:
         """ModernBERT's own field names win over BERT's (hidden_dropout, attention_dropout),
-        which every pretraining config carries; attention_impl must be one ModernBERT runs."""
+        which every pretraining config carries."""
         own = {f.name for f in dataclasses.fields(ModernBertConfig)}
         bert_named = {k: v for k, v in fields.items() if k not in own}
         # Provisional token ids (0 fits any vocabulary) until with_vocabulary sets the real ones.
