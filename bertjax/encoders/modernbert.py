@@ -40,9 +40,10 @@ ids as document ids and, on local layers, the window, instead of building boolea
 blocked on one CPU device (both kinds of layer, documents and windows; "auto"'s choice
 there: at L6/H256/A4 on rows of 512 its attention forward measured about 1.5x the einsum
 path's and its backward about 1.1x), splash on TPUs (both kinds of layer: a LocalMask band
-per head, documents as segment ids; sequences a multiple of 128), cuDNN on NVIDIA GPUs in bf16/fp16 (global layers of rows
-without documents only: jax's cuDNN attention takes neither a two-sided window nor
-documents; those layers keep the einsum path, the reason logged once). Everything else runs
+per head, documents as segment ids; sequences a multiple of 128), cuDNN on NVIDIA GPUs in
+bf16/fp16 (global layers of rows without documents only: jax's cuDNN attention takes
+neither a two-sided window nor documents; those layers keep the einsum path, the reason
+logged once). Everything else runs
 the einsum path above, bit for bit as without the option: "xla", several CPU devices,
 attention dropout active (the kernels cannot drop weights). On real tokens both paths give
 the same weights; a padded query's row differs (it sees padding on a kernel, nothing here),
