@@ -3,7 +3,7 @@
     python benchmarks/modernbert.py [--hidden 256 --layers 6 --heads 4 --intermediate 384]
         [--batch 8 --seq 512] [--lengths 512 1024 2048 4096] [--rounds 3]
         [--finetune reviews squad] [--ft_examples 256 --ft_epochs 1 --ft_batch 32]
-        [--packing_sweep 0.5 0.7 0.85 1.0] [--skip_sweep] [--skip_mlm]
+        [--packing_sweep 0.5 0.7 0.85 1.0] [--attention] [--skip_sweep] [--skip_mlm]
 
 1. The forward pass (ModernBertModel's hidden states) and a masked-LM training step (30% of
    the tokens predicted, AdamW) on a batch of --batch texts of random lengths from a quarter of
@@ -28,6 +28,10 @@
 4. --packing_sweep: the masked-LM train step, padded and unpadded, at batches whose real
    tokens fill the given shares of the slots: where the unpadded step stops paying is the
    rule bertjax.encoders.modernbert.PACKING_MAX_SHARE encodes.
+5. --attention: one layer's attention on --batch rows of --seq (random lengths from a quarter
+   of --seq, --heads heads of --hidden / --heads), forward and forward + backward:
+   ModernBERT's einsum path (global: whole rows; local: chunks against their band) against
+   bertjax.attention's blocked path, the rounds interleaved.
 
 The whole command's clock (start-up, imports, every compile, every section) is printed last.
 
@@ -60,6 +64,7 @@ import optax  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bertjax import attention as attention_lib  # noqa: E402
 from bertjax import encoders  # noqa: E402
 from bertjax.data.packing import best_fit  # noqa: E402
 from bertjax.encoders import modernbert as mb  # noqa: E402
@@ -571,6 +576,68 @@ def packing_sweep(args) -> None:
         )
 
 
+# ---------------------------------------------------------------------------------------------
+# 5. Attention alone: the einsum path against the blocked one.
+
+
+def attention_paths(args) -> None:
+    batch, seq, heads = args.batch, args.seq, args.heads
+    dim = args.hidden // heads
+    window = 64  # ModernBERT's local_attention of 128
+    rng = np.random.default_rng(4)
+    q, k, v = (jnp.asarray(rng.normal(size=(batch, seq, heads, dim)), jnp.float32) for _ in "qkv")
+    lengths = rng.integers(seq // 4, seq + 1, batch)
+    mask = jnp.asarray((np.arange(seq)[None] < lengths[:, None]).astype(np.int32))  # [b, s]
+
+    def einsum_global(q, k, v):
+        logits = jnp.einsum("bsnd,btnd->bnst", q, k, preferred_element_type=jnp.float32)
+        visible = mb.global_mask(mask, None)[:, None]  # [b, 1, s, t]
+        logits = jnp.where(visible, logits * np.float32(dim**-0.5), mb._MASK_VALUE)
+        return jnp.einsum("bnst,btnd->bsnd", jax.nn.softmax(logits, axis=-1), v)
+
+    def einsum_local(q, k, v):
+        return mb._banded_attention(q, k, v, mb.local_mask(mask, None, window), window, lambda w: w)
+
+    def blocked(local_window):
+        return lambda q, k, v: attention_lib.dot_product_attention(
+            q, k, v, mask, implementation="blocked", document_ids=mask, local_window=local_window
+        )
+
+    paths = {
+        "global, einsum": einsum_global,
+        "global, blocked": blocked(None),
+        "local, einsum": einsum_local,
+        "local, blocked": blocked(window),
+    }
+    real = mask[:, :, None, None]
+    programs = {}
+    for name, f in paths.items():
+        programs[f"{name}: forward"] = jax.jit(f)
+        loss = lambda q, k, v, f=f: jnp.sum(f(q, k, v) * real)  # noqa: E731
+        programs[f"{name}: forward + backward"] = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    for kind in ("global", "local"):
+        a, b = programs[f"{kind}, einsum: forward"], programs[f"{kind}, blocked: forward"]
+        difference = float(jnp.max(jnp.abs((a(q, k, v) - b(q, k, v)) * real)))
+        print(f"\nattention {kind}: blocked - einsum max |diff| on real tokens {difference:.1e}")
+    times = {name: [] for name in programs}
+    for program in programs.values():
+        jax.block_until_ready(program(q, k, v))  # compiles
+    for _ in range(args.rounds):  # interleaved, so that a busy moment hits every path alike
+        for name, program in programs.items():
+            start = time.perf_counter()
+            jax.block_until_ready(program(q, k, v))
+            times[name].append(time.perf_counter() - start)
+    print(f"\n{batch} rows of {seq}, {heads} heads of {dim}, window +-{window}; ms (median)\n")
+    for kind in ("global", "local"):
+        for part in ("forward", "forward + backward"):
+            einsum = statistics.median(times[f"{kind}, einsum: {part}"])
+            block = statistics.median(times[f"{kind}, blocked: {part}"])
+            print(
+                f"{kind + ', ' + part:<28} einsum {1e3 * einsum:8.1f}  blocked "
+                f"{1e3 * block:8.1f}  x einsum {einsum / block:5.2f}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=256)
@@ -588,6 +655,7 @@ def main() -> None:
     parser.add_argument("--ft_epochs", type=int, default=1)
     parser.add_argument("--ft_batch", type=int, default=32)
     parser.add_argument("--packing_sweep", type=float, nargs="*", default=[])
+    parser.add_argument("--attention", action="store_true")
     args = parser.parse_args()
     import torch
 
@@ -602,6 +670,8 @@ def main() -> None:
         finetune(args, kind)
     if args.packing_sweep:
         packing_sweep(args)
+    if args.attention:
+        attention_paths(args)
     print(f"\nthe whole command: {time.perf_counter() - STARTED:.1f} s")
 
 
