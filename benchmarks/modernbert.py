@@ -545,9 +545,9 @@ def packing_sweep(args) -> None:
     rng = np.random.default_rng(3)
     padded_step, opt_state = ours_train_step(config, params)
     for share in args.packing_sweep:
-        # Rows of random lengths scaled to fill `share` of the slots.
-        raw = rng.integers(args.seq // 8, args.seq + 1, args.batch).astype(float)
-        lengths = np.clip(np.round(raw * share * args.batch * args.seq / raw.sum()), 2, args.seq)
+        # Rows of random lengths around `share` of --seq (closer together as it nears 1).
+        spread = 0.5 * (1.0 - share) * args.seq
+        lengths = np.clip(np.round(rng.normal(share * args.seq, spread, args.batch)), 2, args.seq)
         rows = []
         for n in lengths.astype(int):
             ids = rng.integers(SEP + 1, VOCAB, n).astype(np.int32)

@@ -38,8 +38,8 @@ bertjax.attention.resolve_implementation, once per forward. Where it picks a ker
 those layers call bertjax.attention.dot_product_attention with the padding mask, the segment
 ids as document ids and, on local layers, the window, instead of building boolean masks:
 blocked on one CPU device (both kinds of layer, documents and windows; "auto"'s choice
-there: at L6/H256/A4 on rows of 512 its attention forward measured about 1.5x the einsum
-path's and its backward about 1.1x), splash on TPUs (both kinds of layer: a LocalMask band
+there for global layers, and for local layers outside training: see `attention_kernel`),
+splash on TPUs (both kinds of layer: a LocalMask band
 per head, documents as segment ids; sequences a multiple of 128), cuDNN on NVIDIA GPUs in
 bf16/fp16 (global layers of rows without documents only: jax's cuDNN attention takes
 neither a two-sided window nor documents; those layers keep the einsum path, the reason
@@ -553,9 +553,15 @@ def attention_kernel(
     documents: bool,
     local_window: int | None,
 ) -> str | None:
-    """The fused kernel ("cudnn" or "splash") one kind of layer runs on, or None for
+    """The kernel ("blocked", "cudnn" or "splash") one kind of layer runs on, or None for
     ModernBERT's own einsum path: bertjax.attention.resolve_implementation's choice for
-    config.attention_impl (which logs, once, why a requested kernel cannot serve)."""
+    config.attention_impl (which logs, once, why a requested kernel cannot serve).
+
+    "auto" keeps local layers on the einsum path in training: their chunked einsum
+    attention's backward measured faster on CPU than the blocked one's (0.76x-1.02x for
+    blocked, forward + backward; `benchmarks/modernbert.py --attention`), while the blocked
+    forward is faster (1.25x) and global layers gain both ways (1.6x forward, 1.1x with the
+    backward)."""
     impl = attention_lib.resolve_implementation(
         config.attention_impl,
         dtype=jnp.dtype(config.dtype),
@@ -567,6 +573,8 @@ def attention_kernel(
         document_mask=documents,
         local_window=local_window,
     )
+    if impl == "blocked" and config.attention_impl == "auto" and local_window is not None:
+        return None if not deterministic else impl
     return impl if impl in KERNELS else None
 
 
@@ -868,9 +876,10 @@ class Embeddings(nn.Module):
 # Token packing (``packed_length``) runs the dense layers on real tokens only and attention on
 # the rows: each layer gathers its queries, keys and values back into [batch, seq] rows and
 # its context into the packed slots again. The gathers cost memory traffic, so packing is
-# skipped unless the slots kept are at most this share of the batch's (benchmarks/
-# modernbert.py's packing sweep: below it the packed step is faster on CPU).
-PACKING_MAX_SHARE = 0.85
+# skipped unless the slots kept are at most this share of the batch's: `benchmarks/
+# modernbert.py --packing_sweep` measured the unpadded masked-LM step (L6/H256, 8 rows of
+# 512, CPU) at 1.2x-2.0x the padded one up to 0.70 of the slots, 0.6x-0.7x from 0.75.
+PACKING_MAX_SHARE = 0.7
 
 
 def packing_pays(batch: int, seq: int, packed_length: int, groups: int) -> bool:
