@@ -84,10 +84,14 @@ def check_packed_equals_padded(name, shape):
     seq, lengths = SHAPES[shape]
     ids, mask = batch(seq, lengths)
     model = models()[name]
-    params = model.init({"params": jax.random.key(1)}, ids, None, mask)["params"]
+    params = jax.jit(lambda key: model.init({"params": key}, ids, None, mask))(jax.random.key(1))[
+        "params"
+    ]
     length = packed_length(mask)
     assert length < mask.size  # packing really runs
-    shape_of = real_outputs(name, model.apply({"params": params}, ids, None, mask), mask).shape
+    shape_of = jax.eval_shape(
+        lambda p: real_outputs(name, model.apply({"params": p}, ids, None, mask), mask), params
+    ).shape
     weights = jax.random.normal(jax.random.key(2), shape_of)
 
     def loss(params, packed_length):
@@ -95,8 +99,8 @@ def check_packed_equals_padded(name, shape):
         return jnp.sum(real_outputs(name, out, mask) * weights), out
 
     grad = jax.value_and_grad(loss, has_aux=True)
-    (padded_loss, padded), padded_grads = grad(params, None)
-    (packed_loss, packed), packed_grads = grad(params, length)
+    (padded_loss, padded), padded_grads = jax.jit(lambda p: grad(p, None))(params)
+    (packed_loss, packed), packed_grads = jax.jit(lambda p: grad(p, length))(params)
     np.testing.assert_allclose(
         real_outputs(name, packed, mask), real_outputs(name, padded, mask), atol=ATOL, rtol=1e-5
     )

@@ -17,7 +17,8 @@ def test_packing_is_skipped_where_it_cannot_pay():
     without packing: no gathers), a small one packs."""
     ids, mask = unpadding.batch(16, (16, 16, 16, 15))
     model = mb.ModernBertModel(unpadding.CONFIG)
-    params = model.init({"params": jax.random.key(0)}, ids, mask)["params"]
+    params = jax.eval_shape(lambda: model.init({"params": jax.random.key(0)}, ids, mask))
+    params = params["params"]  # shapes only: the programs are compared, not run
     assert not mb.packing_pays(4, 16, 64, 1)
     assert mb.packing_pays(4, 16, 32, 1)
 
