@@ -878,7 +878,8 @@ class Embeddings(nn.Module):
 # its context into the packed slots again. The gathers cost memory traffic, so packing is
 # skipped unless the slots kept are at most this share of the batch's: `benchmarks/
 # modernbert.py --packing_sweep` measured the unpadded masked-LM step (L6/H256, 8 rows of
-# 512, CPU) at 1.2x-2.0x the padded one up to 0.70 of the slots, 0.6x-0.7x from 0.75.
+# 512, CPU; three runs on a busy host) at 1.0x-2.0x the padded one up to 0.70 of the slots,
+# 0.6x-0.9x from 0.75.
 PACKING_MAX_SHARE = 0.7
 
 
