@@ -2,16 +2,38 @@
 
     python benchmarks/modernbert.py [--hidden 256 --layers 6 --heads 4 --intermediate 384]
         [--batch 8 --seq 512] [--lengths 512 1024 2048 4096] [--rounds 3]
+        [--finetune reviews squad] [--ft_examples 256 --ft_epochs 1 --ft_batch 32]
+        [--packing_sweep 0.5 0.7 0.85 1.0] [--attention] [--skip_sweep] [--skip_mlm]
 
 1. The forward pass (ModernBertModel's hidden states) and a masked-LM training step (30% of
    the tokens predicted, AdamW) on a batch of --batch texts of random lengths from a quarter of
    --seq to all of it: transformers padded to the longest (its CPU path; its unpadding needs
-   flash-attn), bertjax padded, and bertjax packed (the same texts as documents packed into
-   fewer rows, each attending to itself, positions restarting per document). Tokens per
-   second count real tokens only.
+   flash-attn), bertjax padded with packing off (``packed_length`` None), bertjax unpadded
+   (the same padded batch, its real tokens packed inside the encoder: ``packed_length``),
+   and bertjax packed (the same texts as documents packed into fewer rows, each attending to
+   itself, positions restarting per document). Tokens per second count real tokens only.
 2. The forward pass of one text against its length: local + global layers (a global layer
    every third, the rest windows of 128) against all layers global, on both sides; where the
    window pays is where local + global gets ahead of all-global.
+3. --finetune: sequence-classification fine-tuning (AdamW, batches of --ft_batch) on texts
+   whose lengths follow a real distribution: "reviews" (drug reviews: tokens p10/p50/p90/max
+   32/106/170/461) or "squad" (SQuAD v1.1 windows of at most 384 tokens: 150/180/300/384).
+   bertjax takes the batches a fine-tuning run takes (shuffled, each cut to the smallest
+   multiple of 32 that holds its longest text), padded and unpadded (``packed_length``: the
+   fullest batch's real tokens); transformers' ModernBertForSequenceClassification runs a
+   torch loop over length-sorted batches (each padded to its longest, the order shuffled).
+   Each side's clock covers everything from its first step (bertjax: every compile) to its
+   last; "steady" is the mean step after the first of each shape (torch: after the first
+   step) times the number of steps.
+4. --packing_sweep: the masked-LM train step, padded and unpadded, at batches whose real
+   tokens fill the given shares of the slots: where the unpadded step stops paying is the
+   rule bertjax.encoders.modernbert.PACKING_MAX_SHARE encodes.
+5. --attention: one layer's attention on --batch rows of --seq (random lengths from a quarter
+   of --seq, --heads heads of --hidden / --heads), forward and forward + backward:
+   ModernBERT's einsum path (global: whole rows; local: chunks against their band) against
+   bertjax.attention's blocked path, the rounds interleaved.
+
+The whole command's clock (start-up, imports, every compile, every section) is printed last.
 
 The model is a ModernBERT of random weights at the given size (transformers' initialisation,
 written by save_pretrained and read by bertjax.encoders.read_transformers); both sides'
@@ -22,13 +44,16 @@ float32 with all the machine's cores.
 
 from __future__ import annotations
 
-import argparse
-import os
-import pathlib
-import statistics
-import sys
-import tempfile
 import time
+
+STARTED = time.perf_counter()
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+import pathlib  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -39,9 +64,12 @@ import optax  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from bertjax import attention as attention_lib  # noqa: E402
 from bertjax import encoders  # noqa: E402
 from bertjax.data.packing import best_fit  # noqa: E402
+from bertjax.encoders import modernbert as mb  # noqa: E402
 from bertjax.encoders import modernbert_family  # noqa: E402
+from bertjax.tasks.labels import model as label_model  # noqa: E402
 
 TOLERANCE = 1e-3
 PAD, CLS, SEP, VOCAB = 0, 1, 2, 1000
@@ -171,7 +199,12 @@ def ours_forward(config, params):
     return forward
 
 
-def ours_train_step(config, params):
+def packed_length(mask: np.ndarray) -> int:
+    """Slots that hold every real token of `mask`, a multiple of 8 (one batch shard)."""
+    return -(-int(mask.sum()) // 8) * 8
+
+
+def ours_train_step(config, params, packed_length: int | None = None):
     model = modernbert_family.MaskedLM(config)
     optimizer = optax.adamw(1e-4)
 
@@ -184,6 +217,7 @@ def ours_train_step(config, params):
             batch["positions_mlm"],
             document_ids=batch.get("document_ids"),
             positions=batch.get("positions"),
+            packed_length=packed_length,
         ).mlm_logits
         log_probs = jax.nn.log_softmax(logits)
         picked = jnp.take_along_axis(log_probs, batch["targets"][..., None], axis=-1)[..., 0]
@@ -275,8 +309,17 @@ def compare_and_time(args) -> None:
     ours_pack = {**pack_masked, "positions_mlm": pack_masked["positions"]}
     ours_pack["positions"] = pack["positions"]  # the documents' rotary positions
     del ours_pack["labels"]
+    unpadded_step, _ = ours_train_step(config, params, packed_length(pad["attention_mask"]))
+
+    def our_unpadded_step(batch):
+        state["params"], state["opt"], loss = unpadded_step(state["params"], state["opt"], batch)
+        loss.block_until_ready()
+
     results["train step: transformers padded"] = median_time(torch_step, args.rounds)
     results["train step: bertjax padded"] = median_time(lambda: our_step(ours_pad), args.rounds)
+    results["train step: bertjax unpadded"] = median_time(
+        lambda: our_unpadded_step(ours_pad), args.rounds
+    )
     results["train step: bertjax packed"] = median_time(lambda: our_step(ours_pack), args.rounds)
 
     print(
@@ -322,6 +365,281 @@ def length_sweep(args) -> None:
         print(f"{length:>8}" + "".join(f"{t:>22.3f}" for t in row), flush=True)
 
 
+# ---------------------------------------------------------------------------------------------
+# 3. Fine-tuning on real length distributions.
+
+# Token-count quantiles (p0, p10, p50, p90, max) of each distribution's texts.
+LENGTH_QUANTILES = {
+    "reviews": (8, 32, 106, 170, 461),  # drug reviews, byte-level BPE, [CLS] and [SEP] included
+    "squad": (60, 150, 180, 300, 384),  # SQuAD v1.1 question + context windows of 384
+}
+FT_WIDTH_STEP = 32  # batches are cut to a multiple of this (finetune's length_bucket)
+
+
+def sample_lengths(kind: str, count: int, rng) -> np.ndarray:
+    """Lengths whose quantiles are LENGTH_QUANTILES[kind] (linear between them)."""
+    quantiles = LENGTH_QUANTILES[kind]
+    u = rng.random(count)
+    return np.round(np.interp(u, (0.0, 0.1, 0.5, 0.9, 1.0), quantiles)).astype(int)
+
+
+def bertjax_batches(rows, labels, batch_size, epochs, rng):
+    """A fine-tuning run's batches: shuffled each epoch, each padded to the smallest multiple
+    of FT_WIDTH_STEP that holds its longest text."""
+    out = []
+    for _ in range(epochs):
+        order = rng.permutation(len(rows))
+        for start in range(0, len(rows) - batch_size + 1, batch_size):
+            chosen = order[start : start + batch_size]
+            longest = max(len(rows[i]) for i in chosen)
+            width = -(-longest // FT_WIDTH_STEP) * FT_WIDTH_STEP
+            batch = padded([rows[i] for i in chosen], width)
+            batch["labels"] = labels[chosen]
+            out.append(batch)
+    return out
+
+
+def torch_batches(rows, labels, batch_size, epochs, rng):
+    """A length-sorted torch loop's batches: sorted by length, cut into batches, each padded
+    to its longest, the batches' order shuffled each epoch."""
+    by_length = np.argsort([len(r) for r in rows], kind="stable")
+    groups = [
+        by_length[start : start + batch_size]
+        for start in range(0, len(rows) - batch_size + 1, batch_size)
+    ]
+    out = []
+    for _ in range(epochs):
+        for g in rng.permutation(len(groups)):
+            chosen = groups[g]
+            batch = padded([rows[i] for i in chosen], max(len(rows[i]) for i in chosen))
+            batch["labels"] = labels[chosen]
+            out.append(batch)
+    return out
+
+
+def ours_classifier_step(config, num_labels: int):
+    model = label_model.SequenceClassifier(config, num_labels)
+    optimizer = optax.adamw(2e-5)
+    params = model.init({"params": jax.random.key(0)}, jnp.zeros((1, 8), jnp.int32))["params"]
+
+    def loss_fn(params, batch, packed_length):
+        logits = model.apply(
+            {"params": params},
+            batch["input_ids"],
+            None,
+            batch["attention_mask"],
+            packed_length=packed_length,
+        )  # [b, labels]
+        log_probs = jax.nn.log_softmax(logits)
+        return -jnp.mean(jnp.take_along_axis(log_probs, batch["labels"][:, None], axis=1))
+
+    def step(params, opt_state, batch, packed_length):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch, packed_length)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step, static_argnums=3), params, optimizer.init(params)
+
+
+def timed_run(batches, run_step, compiles: bool) -> tuple[float, float]:
+    """(clock from the first step to the last, the steady clock: the mean step time over the
+    steps after the first of each shape (`compiles`) or after the first step, times the
+    number of steps)."""
+    seen = set()
+    total = 0.0
+    steady = []
+    for index, batch in enumerate(batches):
+        start = time.perf_counter()
+        run_step(batch)
+        seconds = time.perf_counter() - start
+        total += seconds
+        shape = batch["input_ids"].shape
+        if (shape in seen) if compiles else index > 0:
+            steady.append(seconds)
+        seen.add(shape)
+    return total, (statistics.mean(steady) * len(batches) if steady else float("nan"))
+
+
+def finetune(args, kind: str) -> None:
+    import torch
+    import transformers
+
+    rng = np.random.default_rng(2)
+    lengths = sample_lengths(kind, args.ft_examples, rng)
+    rows = []
+    for n in lengths:
+        ids = rng.integers(SEP + 1, VOCAB, n).astype(np.int32)
+        ids[0], ids[-1] = CLS, SEP
+        rows.append(ids)
+    labels = rng.integers(0, 2, len(rows)).astype(np.int32)
+    ours_batches = bertjax_batches(rows, labels, args.ft_batch, args.ft_epochs, rng)
+    theirs_batches = torch_batches(rows, labels, args.ft_batch, args.ft_epochs, rng)
+    real = sum(int(b["attention_mask"].sum()) for b in ours_batches)
+    slots = sum(b["attention_mask"].size for b in ours_batches)
+    widths = sorted({b["input_ids"].shape[1] for b in ours_batches})
+    capacity = max(packed_length(b["attention_mask"]) for b in ours_batches)
+
+    config = mb.ModernBertConfig(
+        vocab_size=VOCAB,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        local_attention=128,
+        pad_token_id=PAD,
+        cls_token_id=CLS,
+        sep_token_id=SEP,
+        dtype="float32",
+    )
+    results = {}
+    for name, length in (("bertjax padded", None), ("bertjax unpadded", capacity)):
+        step, params, opt_state = ours_classifier_step(config, 2)
+        state = {"params": params, "opt": opt_state}
+
+        def run_ours(batch, step=step, state=state, length=length):
+            batch = {k: jnp.asarray(v) for k, v in batch.items()}
+            state["params"], state["opt"], loss = step(state["params"], state["opt"], batch, length)
+            loss.block_until_ready()
+
+        results[name] = timed_run(ours_batches, run_ours, compiles=True)
+
+    torch.manual_seed(0)
+    hf_config = transformers.ModernBertConfig(
+        **{**config.to_hf_dict(), "num_labels": 2}, attn_implementation="sdpa"
+    )
+    model = transformers.ModernBertForSequenceClassification(hf_config).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
+
+    def run_torch(batch):
+        out = model(**torch_inputs(batch), labels=torch.from_numpy(batch["labels"]).long())
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+
+    results["transformers length-sorted"] = timed_run(theirs_batches, run_torch, compiles=False)
+
+    low, p10, p50, p90, top = LENGTH_QUANTILES[kind]
+    print(
+        f"\nfine-tuning, {kind}: {len(rows)} texts (tokens p10/p50/p90/max {p10}/{p50}/{p90}/"
+        f"{top}), {len(ours_batches)} steps of {args.ft_batch}; bertjax widths {widths}, "
+        f"{100 * real / slots:.0f}% real tokens, unpadded into {capacity} slots; "
+        f"L{args.layers}/H{args.hidden}/A{args.heads}, float32\n"
+    )
+    base_total, base_steady = results["transformers length-sorted"]
+    print(f"{'':<30}{'clock s':>10}{'steady s':>10}{'x torch clock':>15}{'x torch steady':>16}")
+    for name, (total, steady) in results.items():
+        print(
+            f"{name:<30}{total:>10.1f}{steady:>10.1f}{base_total / total:>15.2f}"
+            f"{base_steady / steady:>16.2f}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. Where unpadding pays.
+
+
+def packing_sweep(args) -> None:
+    print("\nmasked-LM train step, padded against unpadded, by share of real tokens\n")
+    print(f"{'share':>8}{'padded s':>12}{'unpadded s':>12}{'x padded':>10}")
+    _, config, params = hf_model(args, every=3)
+    rng = np.random.default_rng(3)
+    padded_step, opt_state = ours_train_step(config, params)
+    for share in args.packing_sweep:
+        # Rows of random lengths around `share` of --seq (closer together as it nears 1).
+        spread = 0.5 * (1.0 - share) * args.seq
+        lengths = np.clip(np.round(rng.normal(share * args.seq, spread, args.batch)), 2, args.seq)
+        rows = []
+        for n in lengths.astype(int):
+            ids = rng.integers(SEP + 1, VOCAB, n).astype(np.int32)
+            ids[0], ids[-1] = CLS, SEP
+            rows.append(ids)
+        batch = masked(padded(rows, args.seq), rng)
+        batch["positions_mlm"] = batch.pop("positions")
+        del batch["labels"]
+        saved = mb.PACKING_MAX_SHARE
+        mb.PACKING_MAX_SHARE = 1.0  # measure packing even where the rule would skip it
+        unpadded_step, _ = ours_train_step(config, params, packed_length(batch["attention_mask"]))
+        steps = {"padded": padded_step, "unpadded": unpadded_step}
+        for step in steps.values():
+            step(params, opt_state, batch)[2].block_until_ready()  # compiles
+        rounds = {name: [] for name in steps}
+        for _ in range(args.rounds):  # interleaved: a busy moment hits both alike
+            for name, step in steps.items():
+                start = time.perf_counter()
+                step(params, opt_state, batch)[2].block_until_ready()
+                rounds[name].append(time.perf_counter() - start)
+        times = {name: statistics.median(seconds) for name, seconds in rounds.items()}
+        mb.PACKING_MAX_SHARE = saved
+        real = batch["attention_mask"].mean()
+        print(
+            f"{real:>8.2f}{times['padded']:>12.3f}{times['unpadded']:>12.3f}"
+            f"{times['padded'] / times['unpadded']:>10.2f}",
+            flush=True,
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. Attention alone: the einsum path against the blocked one.
+
+
+def attention_paths(args) -> None:
+    batch, seq, heads = args.batch, args.seq, args.heads
+    dim = args.hidden // heads
+    window = 64  # ModernBERT's local_attention of 128
+    rng = np.random.default_rng(4)
+    q, k, v = (jnp.asarray(rng.normal(size=(batch, seq, heads, dim)), jnp.float32) for _ in "qkv")
+    lengths = rng.integers(seq // 4, seq + 1, batch)
+    mask = jnp.asarray((np.arange(seq)[None] < lengths[:, None]).astype(np.int32))  # [b, s]
+
+    def einsum_global(q, k, v):
+        logits = jnp.einsum("bsnd,btnd->bnst", q, k, preferred_element_type=jnp.float32)
+        visible = mb.global_mask(mask, None)[:, None]  # [b, 1, s, t]
+        logits = jnp.where(visible, logits * np.float32(dim**-0.5), mb._MASK_VALUE)
+        return jnp.einsum("bnst,btnd->bsnd", jax.nn.softmax(logits, axis=-1), v)
+
+    def einsum_local(q, k, v):
+        return mb._banded_attention(q, k, v, mb.local_mask(mask, None, window), window, lambda w: w)
+
+    def blocked(local_window):
+        return lambda q, k, v: attention_lib.dot_product_attention(
+            q, k, v, mask, implementation="blocked", document_ids=mask, local_window=local_window
+        )
+
+    paths = {
+        "global, einsum": einsum_global,
+        "global, blocked": blocked(None),
+        "local, einsum": einsum_local,
+        "local, blocked": blocked(window),
+    }
+    real = mask[:, :, None, None]
+    programs = {}
+    for name, f in paths.items():
+        programs[f"{name}: forward"] = jax.jit(f)
+        loss = lambda q, k, v, f=f: jnp.sum(f(q, k, v) * real)  # noqa: E731
+        programs[f"{name}: forward + backward"] = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))
+    for kind in ("global", "local"):
+        a, b = programs[f"{kind}, einsum: forward"], programs[f"{kind}, blocked: forward"]
+        difference = float(jnp.max(jnp.abs((a(q, k, v) - b(q, k, v)) * real)))
+        print(f"\nattention {kind}: blocked - einsum max |diff| on real tokens {difference:.1e}")
+    times = {name: [] for name in programs}
+    for program in programs.values():
+        jax.block_until_ready(program(q, k, v))  # compiles
+    for _ in range(args.rounds):  # interleaved, so that a busy moment hits every path alike
+        for name, program in programs.items():
+            start = time.perf_counter()
+            jax.block_until_ready(program(q, k, v))
+            times[name].append(time.perf_counter() - start)
+    print(f"\n{batch} rows of {seq}, {heads} heads of {dim}, window +-{window}; ms (median)\n")
+    for kind in ("global", "local"):
+        for part in ("forward", "forward + backward"):
+            einsum = statistics.median(times[f"{kind}, einsum: {part}"])
+            block = statistics.median(times[f"{kind}, blocked: {part}"])
+            print(
+                f"{kind + ', ' + part:<28} einsum {1e3 * einsum:8.1f}  blocked "
+                f"{1e3 * block:8.1f}  x einsum {einsum / block:5.2f}"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=256)
@@ -333,15 +651,30 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048, 4096])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip_sweep", action="store_true")
+    parser.add_argument("--skip_mlm", action="store_true")
+    parser.add_argument("--finetune", nargs="*", default=[], choices=sorted(LENGTH_QUANTILES))
+    parser.add_argument("--ft_examples", type=int, default=256)
+    parser.add_argument("--ft_epochs", type=int, default=1)
+    parser.add_argument("--ft_batch", type=int, default=32)
+    parser.add_argument("--packing_sweep", type=float, nargs="*", default=[])
+    parser.add_argument("--attention", action="store_true")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
     device = jax.devices()[0].device_kind
     print(f"jax {jax.__version__} on {device}, torch {torch.__version__}, {os.cpu_count()} cores")
-    compare_and_time(args)
+    if not args.skip_mlm:
+        compare_and_time(args)
     if not args.skip_sweep:
         length_sweep(args)
+    for kind in args.finetune:
+        finetune(args, kind)
+    if args.packing_sweep:
+        packing_sweep(args)
+    if args.attention:
+        attention_paths(args)
+    print(f"\nthe whole command: {time.perf_counter() - STARTED:.1f} s")
 
 
 if __name__ == "__main__":

@@ -8,13 +8,17 @@ finite, so nothing NaN can leak into a loss through them.
 
 Choosing an implementation (``resolve_implementation``):
   "auto"   TPU -> splash when the shapes allow; NVIDIA GPU with bf16/fp16 -> cudnn; CPU ->
-           blocked (one device, no documents, no window); else xla.
+           blocked (one device; documents or a window only without attention dropout);
+           else xla.
   "xla"    jax.nn.dot_product_attention(implementation="xla"); with attention dropout active,
            an einsum path that drops attention weights explicitly.
   "blocked" CPU: attention block by block of (example, head) pairs, each block's scores kept
            in cache and recomputed in the backward pass (flash attention's scheme, in XLA);
-           with attention dropout too (the same mask as xla's). One device, padding masks
-           only (documents or a window run xla).
+           with attention dropout too (the same mask as xla's). One device. Documents and
+           windows (ModernBERT's layers) run a blocked path of their own, without dropout:
+           the mask is made inside each block from the ids and positions, and a window's
+           rows attend by chunks against their band of keys, so neither the [seq, seq]
+           probabilities nor a [seq, seq] mask ever exist whole.
   "cudnn"  the fused cuDNN flash-attention kernel. Padding is passed as key/value sequence
            lengths (the count of ones in the mask), so the mask must be a prefix of ones, as
            BERT's input_mask always is.
@@ -24,14 +28,15 @@ Choosing an implementation (``resolve_implementation``):
 Packed rows of several documents pass ``document_ids`` [batch, seq] (1.. per document, 0 for
 padding) instead of relying on the padding mask: a query then sees exactly the keys of its
 own document (padded queries see padded keys, so rows stay finite). xla builds that mask;
-splash takes the ids as its segment ids; cuDNN (padding as sequence lengths) cannot express
-it, so such a request runs the xla path, the reason logged once.
+splash takes the ids as its segment ids; blocked compares them inside each block; cuDNN
+(padding as sequence lengths) cannot express it, so such a request runs the xla path, the
+reason logged once.
 A sliding window (``local_window`` w, ModernBERT's local layers: query i sees key j only when
 |i - j| <= w) combines with the padding or document mask. xla builds the band mask; splash
 gives each head a LocalMask((seq, seq), window_size=(w, w)) and skips the blocks outside the
-band; cuDNN cannot serve it: jax's cuDNN attention takes only a one-sided (causal) window and
-refuses a two-sided one, so such a request runs the xla path, the reason logged once (as
-"blocked" does, which takes padding masks only).
+band; blocked computes chunks of w queries against their 3w keys; cuDNN cannot serve it:
+jax's cuDNN attention takes only a one-sided (causal) window and refuses a two-sided one, so
+such a request runs the xla path, the reason logged once.
 An explicit "cudnn" or "splash" request is served when the kernel can serve it; otherwise
 the xla path runs and the reason is logged once (python logging, WARNING). The fused
 kernels cannot drop attention weights, so while attention dropout is active (training with
@@ -118,11 +123,11 @@ def _cudnn_problem(
     return None
 
 
-def _blocked_problem(document_mask: bool, local_window: int | None = None) -> str | None:
-    if document_mask:
-        return "it takes a padding mask only, not documents"
-    if local_window is not None:
-        return "it takes a padding mask only, not a sliding window"
+def _blocked_problem(
+    document_mask: bool, local_window: int | None = None, dropout_active: bool = False
+) -> str | None:
+    if dropout_active and (document_mask or local_window is not None):
+        return "it drops attention weights with a padding mask only, not documents or windows"
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and mesh.size > 1:
         return f"it runs on one device, the mesh has {mesh.size}"
@@ -150,7 +155,7 @@ def resolve_implementation(
         raise ValueError(f"attention implementation {requested!r} is not one of {IMPLEMENTATIONS}")
     platform = _platform()
     if requested in ("auto", "blocked") and platform == "cpu":
-        problem = _blocked_problem(document_mask, local_window)
+        problem = _blocked_problem(document_mask, local_window, dropout_active)
         if problem is None:
             return "blocked"
         if requested == "blocked":
@@ -441,6 +446,142 @@ def _blocked_attention(query, key, value, attention_mask, keep_prob=1.0, dropout
     return out.reshape(batch, heads, seq_len, head_dim).transpose(0, 2, 1, 3)
 
 
+# ---------------------------------------------------------------------------------------------
+# Blocked attention with documents and windows (ModernBERT's layers on CPU): each query sees
+# the keys of its own document (ids; padding is a document of its own) and, with a window,
+# only keys within |i - j| <= window. As `_blocked`, a block of (example, head) pairs keeps
+# its scores in cache and the backward pass recomputes the weights from the saved
+# log-sum-exp. With a window on rows longer than three windows, the rows are cut into
+# chunks of `window` queries, each against the band of its own and its two neighbours'
+# keys, so scores are seq x 3 window, never seq x seq.
+
+
+def _masked_block_logits(q, k, ids, window, scale):
+    """[g, s, t] float32 logits of one block, masked by document and window."""
+    q_ids, k_ids, q_pos, k_pos = ids
+    logits = jnp.einsum("gsd,gtd->gst", q, k, preferred_element_type=jnp.float32) * scale
+    keep = q_ids[:, :, None] == k_ids[:, None, :]  # [g, s, t]
+    if window is not None:
+        keep = keep & (jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]) <= window)
+    return jnp.where(keep, logits, _MASK_VALUE)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _masked_blocked(q, k, v, ids, window, rows):
+    return _masked_blocked_forward(q, k, v, ids, window, rows)[0]
+
+
+def _masked_blocked_forward(q, k, v, ids, window, rows):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+
+    def block(args):
+        q, k, v, ids = args
+        logits = _masked_block_logits(q, k, ids, window, scale)  # [g, s, t]
+        top = jnp.max(logits, axis=-1, keepdims=True)  # [g, s, 1]
+        exp = jnp.exp(logits - top)
+        total = jnp.sum(exp, axis=-1, keepdims=True)  # [g, s, 1]
+        out = jnp.einsum("gst,gtd->gsd", (exp / total).astype(v.dtype), v)  # [g, s, d]
+        return out, top + jnp.log(total)
+
+    blocked = jax.tree.map(lambda x: _blocks(x, rows), (q, k, v, ids))
+    out, lse = jax.lax.map(block, blocked)
+    out, lse = out.reshape(q.shape), lse.reshape(q.shape[:2] + (1,))
+    return out, (q, k, v, ids, out, lse)
+
+
+def _masked_blocked_backward(window, rows, residuals, grad):
+    q, k, v, ids, out, lse = residuals
+    scale = 1.0 / math.sqrt(q.shape[-1])
+
+    def block(args):
+        q, k, v, ids, out, lse, grad = args
+        weights = jnp.exp(_masked_block_logits(q, k, ids, window, scale) - lse)  # [g, s, t]
+        dv = jnp.einsum("gst,gsd->gtd", weights.astype(grad.dtype), grad)  # [g, t, d]
+        dweights = jnp.einsum("gsd,gtd->gst", grad, v, preferred_element_type=jnp.float32)
+        # The softmax's backward, with sum(w * dw) = sum(out * grad) over the head size
+        # (flash attention's D), which needs no pass over the [s, t] block.
+        delta = jnp.sum(out.astype(jnp.float32) * grad.astype(jnp.float32), -1, keepdims=True)
+        dlogits = (weights * (dweights - delta) * scale).astype(q.dtype)  # [g, s, t]
+        dq = jnp.einsum("gst,gtd->gsd", dlogits, k)
+        dk = jnp.einsum("gst,gsd->gtd", dlogits, q)
+        return dq, dk, dv
+
+    blocked = jax.tree.map(lambda x: _blocks(x, rows), (q, k, v, ids, out, lse, grad))
+    dq, dk, dv = jax.lax.map(block, blocked)
+    no_ids = jax.tree.map(lambda _: None, ids)
+    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), no_ids
+
+
+_masked_blocked.defvjp(_masked_blocked_forward, _masked_blocked_backward)
+
+
+def _chunk_band(x: jax.Array, window: int, fill) -> jax.Array:
+    """[b, s, ...] -> [b, chunks, 3 * window, ...]: each chunk's band of keys (the chunk
+    before, itself, the chunk after), `fill` beyond the row."""
+    batch, seq = x.shape[:2]
+    chunks = -(-seq // window)
+    pad = [(0, 0), (window, (chunks + 1) * window - seq)] + [(0, 0)] * (x.ndim - 2)
+    padded = jnp.pad(x, pad, constant_values=fill)
+    blocks = padded.reshape(batch, chunks + 2, window, *x.shape[2:])  # [b, c + 2, w, ...]
+    return jnp.concatenate([blocks[:, :-2], blocks[:, 1:-1], blocks[:, 2:]], axis=2)
+
+
+def _masked_blocked_attention(query, key, value, document_ids, local_window=None):
+    """Attention within documents (and a window), blocked for CPUs: [b, s, n, d].
+
+    ``document_ids`` [b, s]: a query sees the keys of its own id only (padding's id 0 sees
+    padding, so no row is empty). Rows longer than three windows attend by chunks of
+    `local_window` queries against their band of keys (see the section's comment).
+    """
+    batch, seq, heads, dim = query.shape
+    positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))  # [b, s]
+    document_ids = document_ids.astype(jnp.int32)
+    if local_window is not None and 0 < local_window and seq > 3 * local_window:
+        w = local_window
+        chunks = -(-seq // w)
+        pad = ((0, 0), (0, chunks * w - seq), (0, 0), (0, 0))
+        query = jnp.pad(query, pad).reshape(batch * chunks, w, heads, dim)  # [b c, w, n, d]
+        key, value = (
+            _chunk_band(x, w, 0).reshape(batch * chunks, 3 * w, heads, dim)  # [b c, 3w, n, d]
+            for x in (key, value)
+        )
+        # Queries past the row's end are a document (-2) no key belongs to; keys outside
+        # the row are one (-1) no query belongs to.
+        q_ids = jnp.pad(document_ids, ((0, 0), (0, chunks * w - seq)), constant_values=-2)
+        q_pos = jnp.pad(positions, ((0, 0), (0, chunks * w - seq)))
+        k_ids = _chunk_band(document_ids, w, -1).reshape(batch * chunks, 3 * w)
+        k_pos = _chunk_band(positions, w, 0).reshape(batch * chunks, 3 * w)
+        out = _masked_blocked_rows(
+            query,
+            key,
+            value,
+            (q_ids.reshape(batch * chunks, w), k_ids, q_pos.reshape(batch * chunks, w), k_pos),
+            w,
+        )  # [b c, w, n, d]
+        return out.reshape(batch, chunks * w, heads, dim)[:, :seq]
+    ids = (document_ids, document_ids, positions, positions)
+    return _masked_blocked_rows(query, key, value, ids, local_window)
+
+
+def _masked_blocked_rows(query, key, value, ids, window):
+    """[r, s, n, d] queries, [r, t, n, d] keys and values, ids (query ids, key ids, query
+    positions, key positions: [r, s] or [r, t] each) -> [r, s, n, d]."""
+    rows, seq_len, heads, head_dim = query.shape
+    kv_len = key.shape[1]
+
+    def rows_of(x):  # [r, s, n, d] -> [r * n, s, d]
+        return x.transpose(0, 2, 1, 3).reshape(rows * heads, x.shape[1], head_dim)
+
+    def per_head(x):  # [r, s] -> [r * n, s]
+        return jnp.broadcast_to(x[:, None], (rows, heads, x.shape[1])).reshape(-1, x.shape[1])
+
+    block = _block_rows(rows * heads, seq_len, kv_len)
+    out = _masked_blocked(
+        rows_of(query), rows_of(key), rows_of(value), tuple(map(per_head, ids)), window, block
+    )  # [r * n, s, d]
+    return out.reshape(rows, heads, seq_len, head_dim).transpose(0, 2, 1, 3)
+
+
 def _xla_attention(
     query,
     key,
@@ -587,8 +728,18 @@ def dot_product_attention(
         document_mask=document_ids is not None,
         local_window=local_window,
     )
+    if query_document_ids is not None and impl == "blocked":
+        impl = "xla"  # the blocked path's documents have as many queries as keys
     if query_document_ids is not None and impl != "xla":
         raise ValueError("query_document_ids (fewer queries than keys) needs the xla path")
+    if impl == "blocked" and (document_ids is not None or local_window is not None):
+        if document_ids is None:
+            document_ids = (
+                jnp.ones((batch, seq_len), jnp.int32)
+                if attention_mask is None
+                else attention_mask.astype(jnp.int32)  # real tokens 1, padding 0
+            )
+        return _masked_blocked_attention(query, key, value, document_ids, local_window)
     if impl == "blocked":
         if dropout_active and dropout_rng is None:
             raise ValueError("attention dropout is active but no dropout_rng was given")

@@ -32,19 +32,22 @@ Packed documents: ``segment_ids`` keeps attention within a document, and ``posit
 restart at each document restart the rotary phase, so a packed row computes what each of its
 documents would alone.
 
-Fused attention kernels (``config.attention_impl``, bertjax.attention; not a transformers
+Attention kernels (``config.attention_impl``, bertjax.attention; not a transformers
 field): for each kind of layer (global, local) `layer_masks` asks
-bertjax.attention.resolve_implementation, once per forward. Where it picks a fused kernel,
+bertjax.attention.resolve_implementation, once per forward. Where it picks a kernel,
 those layers call bertjax.attention.dot_product_attention with the padding mask, the segment
 ids as document ids and, on local layers, the window, instead of building boolean masks:
-splash on TPUs (both kinds of layer: a LocalMask band per head, documents as segment ids;
-sequences a multiple of 128), cuDNN on NVIDIA GPUs in bf16/fp16 (global layers of rows
-without documents only: jax's cuDNN attention takes neither a two-sided window nor
-documents; those layers keep the einsum path, the reason logged once). Everything else runs
-the einsum path above, bit for bit as without the option: "xla", "auto" on CPU, attention
-dropout active (the kernels cannot drop weights). On real tokens both paths give the same
-weights; a padded query's row differs (it sees padding on a kernel, nothing here), and
-nothing reads it. "blocked" (bertjax.attention's CPU path, padding masks only) is refused.
+blocked on one CPU device (both kinds of layer, documents and windows; "auto"'s choice
+there for global layers, and for local layers outside training: see `attention_kernel`),
+splash on TPUs (both kinds of layer: a LocalMask band
+per head, documents as segment ids; sequences a multiple of 128), cuDNN on NVIDIA GPUs in
+bf16/fp16 (global layers of rows without documents only: jax's cuDNN attention takes
+neither a two-sided window nor documents; those layers keep the einsum path, the reason
+logged once). Everything else runs
+the einsum path above, bit for bit as without the option: "xla", several CPU devices,
+attention dropout active (the kernels cannot drop weights). On real tokens both paths give
+the same weights; a padded query's row differs (it sees padding on a kernel, nothing here),
+and nothing reads it.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ import numpy as np
 from flax import linen as nn
 
 from bertjax import attention as attention_lib
+from bertjax import model as model_lib
 from bertjax import sharding
 from bertjax.sharding import (
     ACTIVATION_EMBED,
@@ -78,12 +82,11 @@ from bertjax.sharding import (
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
 CLASSIFIER_POOLINGS = ("cls", "mean")
-# bertjax.attention's implementations but "blocked", whose CPU blocks take a padding mask
-# only (no window, no documents): on CPU, "auto" and "xla" run ModernBERT's own path.
-ATTENTION_IMPLEMENTATIONS = tuple(i for i in attention_lib.IMPLEMENTATIONS if i != "blocked")
-# The implementations served by bertjax.attention's fused kernels; any other that
-# resolve_implementation picks runs ModernBERT's own einsum path.
-KERNELS = ("cudnn", "splash")
+ATTENTION_IMPLEMENTATIONS = attention_lib.IMPLEMENTATIONS
+# The implementations served by bertjax.attention's kernels (blocked: CPU blocks with
+# documents and windows); any other that resolve_implementation picks ("xla") runs
+# ModernBERT's own einsum path.
+KERNELS = ("blocked", "cudnn", "splash")
 
 # Special token ids of ModernBERT's tokenizer (a vocabulary of 50,368 rows).
 CLS_ID = 50281
@@ -237,14 +240,8 @@ class ModernBertConfig:
         ):
             value = getattr(self, name)
             if value not in valid:
-                why = (
-                    " (the 'blocked' CPU path takes a padding mask only, not ModernBERT's "
-                    "sliding windows and documents)"
-                    if value == "blocked"
-                    else ""
-                )
                 raise ValueError(
-                    f"ModernBertConfig.{name}={value!r} is invalid: must be one of {valid}{why}"
+                    f"ModernBertConfig.{name}={value!r} is invalid: must be one of {valid}"
                 )
 
     @property
@@ -556,9 +553,15 @@ def attention_kernel(
     documents: bool,
     local_window: int | None,
 ) -> str | None:
-    """The fused kernel ("cudnn" or "splash") one kind of layer runs on, or None for
+    """The kernel ("blocked", "cudnn" or "splash") one kind of layer runs on, or None for
     ModernBERT's own einsum path: bertjax.attention.resolve_implementation's choice for
-    config.attention_impl (which logs, once, why a requested kernel cannot serve)."""
+    config.attention_impl (which logs, once, why a requested kernel cannot serve).
+
+    "auto" keeps local layers on the einsum path in training: their chunked einsum
+    attention's backward measured faster on CPU than the blocked one's (0.76x-1.02x for
+    blocked, forward + backward; `benchmarks/modernbert.py --attention`), while the blocked
+    forward is faster (1.25x) and global layers gain both ways (1.6x forward, 1.1x with the
+    backward)."""
     impl = attention_lib.resolve_implementation(
         config.attention_impl,
         dtype=jnp.dtype(config.dtype),
@@ -570,6 +573,8 @@ def attention_kernel(
         document_mask=documents,
         local_window=local_window,
     )
+    if impl == "blocked" and config.attention_impl == "auto" and local_window is not None:
+        return None if not deterministic else impl
     return impl if impl in KERNELS else None
 
 
@@ -683,7 +688,7 @@ class Attention(nn.Module):
     local_window: int | None = None  # a local layer's half-width; None for a global layer
 
     @nn.compact
-    def __call__(self, x, mask, cos, sin, deterministic: bool):
+    def __call__(self, x, mask, cos, sin, deterministic: bool, index=None):
         cfg = self.config
         h, n, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
         qkv_names = (BATCH, LENGTH, HEADS, KV)
@@ -697,7 +702,9 @@ class Attention(nn.Module):
             stds["in"],
             cfg.attention_bias,
             name="wqkv",
-        )(x)  # [b, s, 3, n, d]
+        )(x)  # [b, s, 3, n, d], or packed [g, c, 3, n, d]
+        if index is not None:  # packed tokens: attention runs on the rows (see ModernBertModel)
+            qkv = model_lib.unpack_tokens(qkv, index, *cos.shape[:2])  # [b, s, 3, n, d]
         q, k, v = (sharding.constrain(qkv[:, :, i], qkv_names) for i in range(3))  # [b, s, n, d]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         weights_dropout = nn.Dropout(cfg.attention_dropout)
@@ -726,6 +733,8 @@ class Attention(nn.Module):
             weights = weights_dropout(weights, deterministic=deterministic)
             context = jnp.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
         context = sharding.constrain(context, qkv_names)
+        if index is not None:
+            context = model_lib.pack_tokens(context, index)  # [g, c, n, d]
         y = Projection(
             cfg,
             "bsnd,ndh->bsh",
@@ -735,7 +744,7 @@ class Attention(nn.Module):
             stds["out"],
             cfg.attention_bias,
             name="wo",
-        )(context)  # [b, s, h]
+        )(context)  # [b, s, h] (packed: [g, c, h])
         return nn.Dropout(cfg.attention_dropout)(y, deterministic=deterministic)
 
 
@@ -784,13 +793,13 @@ class EncoderLayer(nn.Module):
     first: bool = False
 
     @nn.compact
-    def __call__(self, x, masks, rotary, deterministic: bool):
+    def __call__(self, x, masks, rotary, index, deterministic: bool):
         cfg = self.config
         kind = 0 if self.is_global else 1
         y = x if self.first else _layer_norm(cfg, "attn_norm")(x)
         window = None if self.is_global else cfg.window
         attention = Attention(cfg, local_window=window, name="attn")
-        x = x + attention(y, masks[kind], *rotary[kind], deterministic)
+        x = x + attention(y, masks[kind], *rotary[kind], deterministic, index)
         x = x + GegluMlp(cfg, name="mlp")(_layer_norm(cfg, "mlp_norm")(x), deterministic)
         return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
 
@@ -807,8 +816,8 @@ GROUPS = "groups"
 def _layer_class(config: ModernBertConfig):
     if config.remat_policy == "none":
         return EncoderLayer
-    # argnum 4 (counting self) is `deterministic`: a Python bool, must stay static.
-    return nn.remat(EncoderLayer, policy=_REMAT_POLICIES[config.remat_policy], static_argnums=(4,))
+    # argnum 5 (counting self) is `deterministic`: a Python bool, must stay static.
+    return nn.remat(EncoderLayer, policy=_REMAT_POLICIES[config.remat_policy], static_argnums=(5,))
 
 
 def group_layout(config: ModernBertConfig) -> tuple[int, int]:
@@ -826,12 +835,12 @@ class LayerGroup(nn.Module):
     config: ModernBertConfig
 
     @nn.compact
-    def __call__(self, x, masks, rotary, deterministic: bool):
+    def __call__(self, x, masks, rotary, index, deterministic: bool):
         n = self.config.global_attn_every_n_layers
         layer_cls = _layer_class(self.config)
         for j in range(n):
             x = layer_cls(self.config, is_global=j == n - 1, name=f"layer_{j}")(
-                x, masks, rotary, deterministic
+                x, masks, rotary, index, deterministic
             )
         return x, None
 
@@ -864,6 +873,22 @@ class Embeddings(nn.Module):
         return self.drop(x, deterministic=deterministic)
 
 
+# Token packing (``packed_length``) runs the dense layers on real tokens only and attention on
+# the rows: each layer gathers its queries, keys and values back into [batch, seq] rows and
+# its context into the packed slots again. The gathers cost memory traffic, so packing is
+# skipped unless the slots kept are at most this share of the batch's: `benchmarks/
+# modernbert.py --packing_sweep` measured the unpadded masked-LM step (L6/H256, 8 rows of
+# 512, CPU; three runs on a busy host) at 1.0x-2.0x the padded one up to 0.70 of the slots,
+# 0.6x-0.9x from 0.75.
+PACKING_MAX_SHARE = 0.7
+
+
+def packing_pays(batch: int, seq: int, packed_length: int, groups: int) -> bool:
+    """Whether packing each of `groups` batch shards' tokens into `packed_length` slots runs
+    faster than the padded rows (PACKING_MAX_SHARE)."""
+    return packed_length <= PACKING_MAX_SHARE * (batch // groups) * seq
+
+
 class ModernBertModel(nn.Module):
     """The encoder: ``(input_ids [batch, seq], attention_mask [batch, seq]) -> [batch, seq,
     hidden]``, after the final norm.
@@ -872,6 +897,13 @@ class ModernBertModel(nn.Module):
     same id. ``positions`` [batch, seq]: rotary positions, e.g. restarting at each packed
     document; default 0..seq-1 in every row. Padding is given by ``attention_mask`` in any
     case (1 real, 0 padding; default all real).
+
+    ``packed_length`` (an int) runs the embeddings, projections, feed-forwards and norms on
+    the real tokens only, gathered into that many slots per batch shard (bertjax.model's
+    packing_index); attention sees the same rows as without it. Every shard must hold at
+    most that many real tokens (the train step checks, bertjax.steps). Outputs at real
+    tokens are the padded path's; padded positions come back zero. Where packing cannot pay
+    (`packing_pays`), the rows run padded.
     """
 
     config: ModernBertConfig
@@ -891,7 +923,7 @@ class ModernBertModel(nn.Module):
                     LayerGroup,
                     variable_axes={"params": 0},
                     split_rngs={"params": True, "dropout": True},
-                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
+                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
                     length=groups,
                     metadata_params={nn.PARTITION_NAME: LAYERS},
                 )(cfg, name=GROUPS)
@@ -909,6 +941,7 @@ class ModernBertModel(nn.Module):
         deterministic: bool = True,
         segment_ids: jax.Array | None = None,
         positions: jax.Array | None = None,
+        packed_length: int | None = None,
     ) -> jax.Array:
         cfg = self.config
         if input_ids.ndim != 2:
@@ -932,14 +965,22 @@ class ModernBertModel(nn.Module):
             rotary_tables(positions, cfg.head_dim, cfg.global_rope_theta),
             rotary_tables(positions, cfg.head_dim, cfg.local_rope_theta),
         )  # 2 x (cos, sin) [b, s, d]
-        x = self.embeddings(input_ids, deterministic)  # [b, s, h]
+        index = None
+        groups = sharding.shards(BATCH)
+        if packed_length is not None and packing_pays(batch, seq, packed_length, groups):
+            index = model_lib.packing_index(attention_mask, packed_length, groups)  # [g, c]
+            input_ids = model_lib.pack_tokens(input_ids, index)  # [g, c]
+        x = self.embeddings(input_ids, deterministic)  # [b, s, h] (packed: [g, c, h])
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
-        x = self.layers[0](x, masks, rotary, deterministic)
+        x = self.layers[0](x, masks, rotary, index, deterministic)
         if self.groups is not None:
-            x, _ = self.groups(x, masks, rotary, deterministic)
+            x, _ = self.groups(x, masks, rotary, index, deterministic)
         for layer in self.layers[1:]:
-            x = layer(x, masks, rotary, deterministic)
-        return self.final_norm(x)
+            x = layer(x, masks, rotary, index, deterministic)
+        x = self.final_norm(x)
+        if index is not None:
+            x = model_lib.unpack_tokens(x, index, batch, seq)  # [b, s, h], zero at padding
+        return x
 
     def token_table(self) -> jax.Array:
         """The token-embedding matrix [vocab, hidden] (the MLM decoder's weight)."""

@@ -49,8 +49,9 @@ POOLER = "pooler"
 class Encoder(mb.ModernBertModel):
     """ModernBertModel and its prediction head, with the families' call (see
     bertjax.encoders.family): pooled is the head on [CLS] or the mean over real tokens;
-    ``token_head`` runs the head over every token. Segment ids and ``packed_length`` are
-    ignored; with ``cls_only`` every position is still computed (mean pooling needs them).
+    ``token_head`` runs the head over every token. Segment ids are ignored;
+    ``packed_length`` runs the dense layers on real tokens only (ModernBertModel's token
+    packing); with ``cls_only`` every position is still computed (mean pooling needs them).
     ``document_ids`` and ``positions`` describe rows of packed documents (ModernBertModel's
     ``segment_ids`` and ``positions``)."""
 
@@ -81,6 +82,7 @@ class Encoder(mb.ModernBertModel):
             deterministic=deterministic,
             segment_ids=document_ids,
             positions=positions,
+            packed_length=packed_length,
         )  # [b, s, h]
         if cfg.classifier_pooling == "cls":
             pooled = x[:, :1]  # [b, 1, h]
@@ -102,7 +104,7 @@ class MaskedLM(nn.Module):
     """The encoder ("bert", with the head) and the tied decoder's bias: float32 logits
     [batch, seq or predictions, vocab], as transformers' ModernBertForMaskedLM, with the
     families' pretraining call (bertjax.encoders.family): ``mlm_logits`` and no sentence-pair
-    head (``nsp_logits`` None); ``packed_length`` is ignored."""
+    head (``nsp_logits`` None); ``packed_length`` as the encoder's."""
 
     config: ModernBertConfig
 
@@ -132,6 +134,7 @@ class MaskedLM(nn.Module):
             None,
             attention_mask,
             deterministic=deterministic,
+            packed_length=packed_length,
             document_ids=document_ids,
             positions=positions,
         )  # [b, s, h]
@@ -212,16 +215,6 @@ def _transformers_head(head) -> capability.TransformersHead:
     return th
 
 
-def _check_attention_impl(impl: str) -> None:
-    """Refuses, naming why, an attention implementation that cannot serve ModernBERT."""
-    if impl == "blocked":
-        raise ValueError(
-            "attention_impl='blocked' is not available for ModernBERT: the blocked CPU path "
-            "takes a padding mask only, not ModernBERT's sliding windows and packed documents; "
-            f"set it to one of {mb.ATTENTION_IMPLEMENTATIONS}"
-        )
-
-
 class ModernBert(family.EncoderFamily):
     name = "modernbert"
     config_class = ModernBertConfig
@@ -257,10 +250,9 @@ class ModernBert(family.EncoderFamily):
 
     def from_settings(self, preset: str, fields: Mapping[str, Any]) -> ModernBertConfig:
         """ModernBERT's own field names win over BERT's (hidden_dropout, attention_dropout),
-        which every pretraining config carries; attention_impl must be one ModernBERT runs."""
+        which every pretraining config carries."""
         own = {f.name for f in dataclasses.fields(ModernBertConfig)}
         bert_named = {k: v for k, v in fields.items() if k not in own}
-        _check_attention_impl(fields.get("attention_impl", "auto"))
         # Provisional token ids (0 fits any vocabulary) until with_vocabulary sets the real ones.
         ids = dict(pad_token_id=0, cls_token_id=0, sep_token_id=0)
         config = ModernBertConfig.preset(preset, **ids)
@@ -279,15 +271,13 @@ class ModernBert(family.EncoderFamily):
     def with_overrides(self, config: ModernBertConfig, overrides: Mapping[str, Any]):
         """BERT's names in ModernBERT's terms: hidden_dropout is the embeddings' and the
         feed-forward's, attention_dropout the attention's; attention_impl is ModernBERT's own
-        field too (bertjax.attention's kernels, "blocked" refused); classifier_dropout stays
+        field too (bertjax.attention's implementations); classifier_dropout stays
         the checkpoint's."""
         fields = {}
         for name, value in overrides.items():
             if name == "hidden_dropout":
                 fields.update(embedding_dropout=value, mlp_dropout=value)
             else:
-                if name == "attention_impl":
-                    _check_attention_impl(value)
                 fields[name] = value
         return dataclasses.replace(config, **fields)
 

@@ -27,7 +27,8 @@ def _real_rows(x, mask):
 
 
 def _masked_loss(fn, mask):
-    weights = np.random.default_rng(5).standard_normal((B, S, N, D)) * mask[:, :, None, None]
+    shape = (B, mask.shape[1], N, D)
+    weights = np.random.default_rng(5).standard_normal(shape) * mask[:, :, None, None]
 
     def loss(q, k, v):
         return jnp.sum(fn(q, k, v, mask).astype(jnp.float32) * weights)
@@ -149,17 +150,23 @@ def test_resolution_rules(caplog):
     kw = dict(batch=2, num_heads=2, head_dim=64)
     assert jax.default_backend() == "cpu"
     for dtype in (jnp.float32, jnp.bfloat16):
-        # One CPU device: blocked, with or without dropout; documents need the xla path.
+        # One CPU device: blocked, with or without dropout, with documents or a window;
+        # documents or a window with dropout need the xla path.
         for dropout in (False, True):
             assert attention.resolve_implementation(
                 "auto", dtype=dtype, seq_len=128, dropout_active=dropout, **kw
             ) == ("blocked")
-        assert (
-            attention.resolve_implementation(
-                "auto", dtype=dtype, seq_len=128, document_mask=True, **kw
+        for masks in (dict(document_mask=True), dict(local_window=4)):
+            assert (
+                attention.resolve_implementation("auto", dtype=dtype, seq_len=128, **masks, **kw)
+                == "blocked"
             )
-            == "xla"
-        )
+            assert (
+                attention.resolve_implementation(
+                    "auto", dtype=dtype, seq_len=128, dropout_active=True, **masks, **kw
+                )
+                == "xla"
+            )
     # On a mesh of several devices the blocks would not follow the shards: xla.
     with jax.set_mesh(sharding.make_mesh((2, 1, 1), jax.devices()[:2])):
         assert attention.resolve_implementation("auto", dtype=jnp.float32, seq_len=128, **kw) == (
@@ -302,7 +309,7 @@ def _einsum_attention(q, k, v, keep):
 
 
 @pytest.mark.parametrize("masking", ["padding", "documents"])
-@pytest.mark.parametrize("impl", ["xla", "splash"])
+@pytest.mark.parametrize("impl", ["xla", "splash", "blocked"])
 def test_local_window_matches_a_numpy_reference(impl, masking):
     q, k, v, mask = _inputs()
     document_ids = _documents() if masking == "documents" else None
@@ -332,6 +339,44 @@ def test_local_window_matches_a_numpy_reference(impl, masking):
     for g, r in zip(grads, ref_grads):
         assert np.isfinite(np.asarray(g)).all()
         assert np.abs(np.asarray(g) - np.asarray(r)).max() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "seq, window, lengths",
+    [(128, None, (128, 1)), (128, 16, (2, 1)), (24, 16, (24, 1)), (24, 5, (3, 24))],
+    ids=["global", "banded_nearly_empty", "whole_row_window", "window_one_token_docs"],
+)
+def test_blocked_documents_and_windows_equal_the_reference_forward_and_backward(
+    seq, window, lengths
+):
+    """The blocked path with documents (and windows: banded where rows are longer than three
+    windows, whole rows otherwise) against the float32 einsum reference, outputs and
+    gradients, with full, nearly empty and one-token rows and one-token documents."""
+    q, k, v, mask = _inputs(seq=seq, lengths=lengths)
+    # Row 0: documents of 1, 3 and the rest; row 1 as the mask says (one document).
+    documents = np.asarray(mask).copy()
+    documents[0, 1:4] = 2
+    documents[0, 4 : lengths[0]] = 3
+    documents = jnp.asarray(documents)
+
+    def path(impl):
+        return lambda q, k, v, mask: attention.dot_product_attention(
+            q, k, v, mask, implementation=impl, document_ids=documents, local_window=window
+        )
+
+    def reference(q, k, v, mask):
+        return _reference(q, k, v, mask, documents, local_window=window)
+
+    out = jax.jit(path("blocked"))(q, k, v, mask)
+    assert np.isfinite(np.asarray(out)).all()
+    np.testing.assert_allclose(
+        _real_rows(out, mask), _real_rows(reference(q, k, v, mask), mask), atol=1e-5
+    )
+    grads = jax.jit(jax.grad(_masked_loss(path("blocked"), mask), argnums=(0, 1, 2)))(q, k, v)
+    expected = jax.jit(jax.grad(_masked_loss(reference, mask), argnums=(0, 1, 2)))(q, k, v)
+    for g, r in zip(grads, expected):
+        assert np.isfinite(np.asarray(g)).all()
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
 
 
 def test_local_window_splash_under_mesh_matches():
@@ -375,17 +420,25 @@ def test_local_window_with_dropout_drops_inside_the_window_only():
     assert 0.5 < (out[~hidden] > 0).mean() < 1.0  # dropped, but not all, inside
 
 
-def test_blocked_cannot_take_a_window_and_falls_back_with_the_reason(caplog):
+def test_blocked_cannot_drop_weights_with_a_window_and_falls_back_with_the_reason(caplog):
     q, k, v, mask = _inputs()
     with caplog.at_level(logging.INFO, logger="bertjax.attention"):
-        out = _attend(q, k, v, mask, implementation="blocked", local_window=WINDOW)
-    assert "'blocked' falls back to xla" in caplog.text and "sliding window" in caplog.text
-    expected = _numpy_attention(q, k, v, _keep(mask, None, WINDOW))
-    assert np.abs(_real_rows(out, mask) - _real_rows(expected, mask)).max() <= 1e-5
-    # "auto" on CPU: blocked for padding, xla (quietly) with a window.
+        out = _attend(
+            q,
+            k,
+            v,
+            mask,
+            implementation="blocked",
+            local_window=WINDOW,
+            dropout_rate=0.5,
+            dropout_rng=jax.random.key(0),
+            deterministic=False,
+        )
+    assert "'blocked' falls back to xla" in caplog.text and "windows" in caplog.text
+    assert np.isfinite(np.asarray(out)).all()
     kw = dict(dtype=jnp.float32, batch=B, seq_len=S, num_heads=N, head_dim=D)
     assert attention.resolve_implementation("auto", **kw) == "blocked"
-    assert attention.resolve_implementation("auto", local_window=WINDOW, **kw) == "xla"
+    assert attention.resolve_implementation("auto", local_window=WINDOW, **kw) == "blocked"
 
 
 def test_cudnn_on_nvidia_serves_padding_but_not_a_window_or_documents(monkeypatch, caplog):

@@ -58,7 +58,6 @@ def test_a_modernbert_config_takes_the_tokenizers_vocabulary_and_special_ids():
     [
         ("model.family", "albert", r"config\.model: encoder family 'albert' is unknown"),
         ("objective", "mlm_sentence", r"config\.objective=.*has not; set objective='mlm'"),
-        ("model.attention_impl", "blocked", r"attention_impl='blocked' is not available"),
     ],
 )
 def test_a_modernbert_config_refuses_what_the_family_cannot_do(field, value, message):

@@ -1,0 +1,54 @@
+"""ModernBERT's token packing (``packed_length``) against the padded rows, for every
+capability's head: outputs, losses and gradients on real tokens, global and local layers
+(banded and whole-row local masks), full, nearly empty and one-token rows; and packed
+pretraining documents through the scanned, rematerialised stack."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import modernbert_unpadding as unpadding
+import numpy as np
+import pytest
+
+from bertjax.encoders import modernbert_family as mf
+
+
+@pytest.mark.slow  # 14 pairs of gradients: about 50 s on two cores
+@pytest.mark.parametrize("shape", unpadding.SHAPES)
+@pytest.mark.parametrize("name", list(unpadding.models()))
+def test_packed_equals_padded_outputs_and_gradients(name, shape):
+    unpadding.check_packed_equals_padded(name, shape)
+
+
+@pytest.mark.slow  # about 5 s
+def test_packed_with_documents_scanned_and_rematerialised():
+    """Packed pretraining rows (documents, restarting positions) through the scanned and
+    rematerialised stack: the packed encoder equals the padded one on real tokens."""
+    config = dataclasses.replace(unpadding.CONFIG, num_layers=7, scan_layers=True)
+    config = dataclasses.replace(config, remat_policy="full")
+    ids, mask = unpadding.batch(32, (32, 30, 5, 1))
+    documents = jnp.asarray(np.where(np.arange(32)[None] < 14, 1, 2) * np.asarray(mask))
+    positions = jnp.asarray(np.where(np.arange(32) < 14, np.arange(32), np.arange(32) - 14))
+    positions = jnp.broadcast_to(positions, ids.shape) * mask
+    model = mf.Encoder(config)
+    params = model.init({"params": jax.random.key(0)}, ids, None, mask)["params"]
+
+    def run(packed_length):
+        return model.apply(
+            {"params": params},
+            ids,
+            None,
+            mask,
+            document_ids=documents,
+            positions=positions,
+            packed_length=packed_length,
+            token_head=True,
+        )  # (sequence [b, s, h], pooled [b, h])
+
+    padded, packed = run(None), run(unpadding.packed_length(mask))
+    real = np.asarray(mask, bool)
+    np.testing.assert_allclose(
+        np.asarray(packed[0])[real], np.asarray(padded[0])[real], atol=unpadding.ATOL
+    )
+    np.testing.assert_allclose(packed[1], padded[1], atol=unpadding.ATOL)

@@ -1,0 +1,112 @@
+"""ModernBERT's token packing checked against the padded rows: the small config, the batches
+(full, nearly empty and one-token rows) and every capability's head, shared by the unit and
+integration tests of the unpadded path."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax.encoders import modernbert as mb
+from bertjax.encoders import modernbert_family as mf
+from bertjax.tasks.embed import model as embed_model
+from bertjax.tasks.labels import model as label_model
+from bertjax.tasks.qa import model as qa_model
+
+ATOL = 2e-5
+
+# 4 layers: 0 and 3 global, 1 and 2 local (a window of +-4).
+CONFIG = mb.ModernBertConfig(
+    vocab_size=61,
+    hidden_size=32,
+    intermediate_size=40,
+    num_layers=4,
+    num_heads=4,
+    max_position_embeddings=64,
+    local_attention=8,
+    global_rope_theta=1000.0,
+    local_rope_theta=100.0,
+    pad_token_id=0,
+    cls_token_id=1,
+    sep_token_id=2,
+    dtype="float32",
+)
+# Rows of 32 (local layers banded: longer than 3 windows) and of 10 (one whole-row mask);
+# a full row, a nearly empty one, a one-token one and one in between.
+SHAPES = {"banded": (32, (32, 2, 1, 19)), "whole_row": (10, (10, 2, 1, 7))}
+
+
+def batch(seq, lengths, seed=0):
+    """(ids, mask) [len(lengths), seq]: [CLS] and random tokens, then padding."""
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
+    ids = rng.integers(3, CONFIG.vocab_size, mask.shape)
+    ids[:, 0] = CONFIG.cls_token_id
+    return jnp.asarray(np.where(mask == 1, ids, 0), jnp.int32), jnp.asarray(mask)
+
+
+def packed_length(mask) -> int:
+    """A multiple of 8 that holds every real token, checked to pack (packing_pays)."""
+    length = -(-int(mask.sum()) // 8) * 8
+    assert mb.packing_pays(*mask.shape, length, 1)
+    return length
+
+
+def models(config=CONFIG):
+    """name -> every capability's head model on `config`."""
+    return {
+        "classification_cls": label_model.SequenceClassifier(config, 3),
+        "classification_mean": label_model.SequenceClassifier(
+            dataclasses.replace(config, classifier_pooling="mean"), 3
+        ),
+        "token_labels": label_model.TokenClassifier(config, 5),
+        "qa": qa_model.QuestionAnswering(config),
+        "embed_mean": embed_model.BiEncoder(config, embed_model.MEAN),
+        "embed_cls": embed_model.BiEncoder(config, embed_model.CLS),
+        "masked_lm": mf.MaskedLM(config),
+    }
+
+
+def real_outputs(name, out, mask):
+    """What a loss reads: the row's outputs for pooled heads, real tokens' for the others."""
+    if name == "qa":
+        out = jnp.stack(out, axis=-1)  # [b, s, 2]
+    elif name == "masked_lm":
+        out = out.mlm_logits  # [b, s, v]
+    elif out.ndim == 2:
+        return out  # [b, c]
+    return jnp.where(mask[..., None].astype(bool), out, 0.0)  # [b, s, c]
+
+
+def check_packed_equals_padded(name, shape):
+    """Outputs, a loss over them and its gradients: packed == padded (to float32 rounding)."""
+    seq, lengths = SHAPES[shape]
+    ids, mask = batch(seq, lengths)
+    model = models()[name]
+    params = jax.jit(lambda key: model.init({"params": key}, ids, None, mask))(jax.random.key(1))[
+        "params"
+    ]
+    length = packed_length(mask)
+    assert length < mask.size  # packing really runs
+    shape_of = jax.eval_shape(
+        lambda p: real_outputs(name, model.apply({"params": p}, ids, None, mask), mask), params
+    ).shape
+    weights = jax.random.normal(jax.random.key(2), shape_of)
+
+    def loss(params, packed_length):
+        out = model.apply({"params": params}, ids, None, mask, packed_length=packed_length)
+        return jnp.sum(real_outputs(name, out, mask) * weights), out
+
+    grad = jax.value_and_grad(loss, has_aux=True)
+    (padded_loss, padded), padded_grads = jax.jit(lambda p: grad(p, None))(params)
+    (packed_loss, packed), packed_grads = jax.jit(lambda p: grad(p, length))(params)
+    np.testing.assert_allclose(
+        real_outputs(name, packed, mask), real_outputs(name, padded, mask), atol=ATOL, rtol=1e-5
+    )
+    np.testing.assert_allclose(packed_loss, padded_loss, atol=ATOL * 10, rtol=1e-5)
+    flat_padded = jax.tree.leaves(padded_grads)
+    flat_packed = jax.tree.leaves(packed_grads)
+    assert len(flat_packed) == len(flat_padded)
+    for a, b in zip(flat_packed, flat_padded):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
