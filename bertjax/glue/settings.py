@@ -9,19 +9,25 @@ have, a start_from that is not a task of the suite: one line naming the config f
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import itertools
 from typing import Any
 
+import jax
 import ml_collections
 
 from bertjax import fs
+from bertjax.finetune import layouts
+from bertjax.finetune.settings import FinetuneSettings
 from bertjax.glue import tasks as tasks_lib
 from bertjax.settings import ConfigError
 
 # config.steps: every checkpoint a pretraining run kept.
 ALL_STEPS = "all"
+# What a run calls its predictions of the dev files (dev, dev_matched, ...).
+DEV = "dev"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,3 +246,39 @@ def _steps(value: Any) -> tuple[int, ...] | str:
             "steps", value, f"must be checkpoint steps, e.g. 1000,2000,3000, or {ALL_STEPS!r}"
         )
     return tuple(sorted(steps))
+
+
+def run_config(
+    settings: SuiteSettings, run, data_dir: str, init_from: str
+) -> ml_collections.ConfigDict:
+    """The fine-tuning config of one run (bertjax.glue.suite.Run: its task, sweep point and
+    seed): config.finetune, the task's fields, the sweep point, the task's GLUE files and the
+    seed."""
+    config = ml_collections.ConfigDict(copy.deepcopy(settings.finetune))
+    for field, value in (*settings.plans[run.task].fields, *run.values):
+        *parents, name = field.split(".")
+        node = config
+        for parent in parents:
+            node = node[parent]
+        try:
+            node[name] = value
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"{run.task}: fine-tuning field {field}={value!r}: {err}") from None
+    config.init_from = init_from
+    config.task = ""
+    config.data.glue_task = run.task
+    config.data.dir = data_dir
+    config.data.train = config.data.validation = config.data.test = ""
+    config.seeds = (run.seed,)
+    return config
+
+
+def run_settings(config: ml_collections.ConfigDict, step: int | None) -> FinetuneSettings:
+    """A run's fine-tuning settings: its dev files predicted (as splits named dev, dev_matched,
+    ...) in place of the test files, which only a submission predicts."""
+    settings = FinetuneSettings.from_config(config, process_count=jax.process_count())
+    dev = tuple(
+        (DEV + name[len(layouts.VALIDATION) :], path) for name, path in settings.data.validation
+    )
+    data = dataclasses.replace(settings.data, test=dev)
+    return dataclasses.replace(settings, data=data, init_step=step)

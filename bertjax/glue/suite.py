@@ -25,7 +25,6 @@ RTE from MNLI) starts from that task's best configuration's median run, and runs
 from __future__ import annotations
 
 import contextlib
-import copy
 import dataclasses
 import json
 import os
@@ -34,18 +33,16 @@ import time
 from typing import Any
 
 import jax
-import ml_collections
 import tqdm
 
 from bertjax import fs, rundir
-from bertjax.finetune import layouts, loop
-from bertjax.finetune.settings import FinetuneSettings
+from bertjax.finetune import loop
 from bertjax.glue import curve as curve_lib
 from bertjax.glue import files as files_lib
 from bertjax.glue import results as results_lib
 from bertjax.glue import submission as submission_lib
 from bertjax.glue import tasks as tasks_lib
-from bertjax.glue.settings import ALL_STEPS, SuiteSettings
+from bertjax.glue.settings import ALL_STEPS, SuiteSettings, run_config, run_settings
 from bertjax.settings import ConfigError
 
 DATA_DIR = "data"
@@ -55,7 +52,6 @@ RESULTS_JSON = "results.json"
 RESULTS_MD = "results.md"
 STEP_DIR = "step_{}"
 # The dev files are predicted as extra "test" splits of each run, under these names.
-DEV = "dev"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,41 +89,6 @@ def plan(settings: SuiteSettings, tasks: tuple[str, ...], steps: list[int | None
                     directory = f"{prefix}{task}/{name}/seed_{seed}"
                     runs.append(Run(task, name, values, seed, step, directory))
     return runs
-
-
-def run_config(
-    settings: SuiteSettings, run: Run, data_dir: str, init_from: str
-) -> ml_collections.ConfigDict:
-    """The fine-tuning config of one run: config.finetune, the task's fields, the sweep
-    point, the task's GLUE files and one seed."""
-    config = ml_collections.ConfigDict(copy.deepcopy(settings.finetune))
-    for field, value in (*settings.plans[run.task].fields, *run.values):
-        *parents, name = field.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        try:
-            node[name] = value
-        except (TypeError, ValueError) as err:
-            raise ConfigError(f"{run.task}: fine-tuning field {field}={value!r}: {err}") from None
-    config.init_from = init_from
-    config.task = ""
-    config.data.glue_task = run.task
-    config.data.dir = data_dir
-    config.data.train = config.data.validation = config.data.test = ""
-    config.seeds = (run.seed,)
-    return config
-
-
-def run_settings(config: ml_collections.ConfigDict, step: int | None) -> FinetuneSettings:
-    """A run's fine-tuning settings: its dev files predicted (as splits named dev, dev_matched,
-    ...) in place of the test files, which only a submission predicts."""
-    settings = FinetuneSettings.from_config(config, process_count=jax.process_count())
-    dev = tuple(
-        (DEV + name[len(layouts.VALIDATION) :], path) for name, path in settings.data.validation
-    )
-    data = dataclasses.replace(settings.data, test=dev)
-    return dataclasses.replace(settings, data=data, init_step=step)
 
 
 def kept_steps(init_from: str) -> list[int]:

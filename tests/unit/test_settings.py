@@ -155,6 +155,7 @@ def test_no_module_below_the_settings_takes_a_config_dict():
     ]
     assert sorted(readers) == [
         "bertjax/finetune/settings.py",
+        "bertjax/glue/settings.py",
         "bertjax/pretrain/settings.py",
         "bertjax/settings.py",
     ]
