@@ -64,8 +64,9 @@ def get_config() -> ml_collections.ConfigDict:
         )
     )
 
-    # What a step minimises: "mlm_sentence" (masked LM + the sentence-pair task of data.task)
-    # or "mlm" (masked LM only; the pooler and the pair head are not trained).
+    # What a step minimises, a registered objective (bertjax.pretrain.objectives):
+    # "mlm_sentence" (masked LM + the sentence-pair task of data.task) or "mlm" (masked LM
+    # only; the pooler and the pair head are not trained).
     config.objective = "mlm_sentence"
 
     # Optimizer and schedule: the fields of bertjax.optim.OptimizerSettings.

@@ -1,0 +1,99 @@
+"""What a pretraining objective is to a run, and the registry that lists them.
+
+An objective owns everything of a pretraining run that depends on what a step minimises:
+
+  check        its settings checks (the data's layout, the family's heads, its own fields)
+  frozen       the parameters the optimizer leaves untouched (heads it does not train)
+  model_init   the parameter tree it trains: `rng -> boxed parameters`
+  step         the engine's `steps.Objective` (loss sums, denominators, loss, metrics)
+  baselines    what a model that learned nothing scores on its eval metrics
+  flops        matmul FLOPs of training on one sequence (perf's MFU)
+  samples      the lines shown at the end of a run
+  export_params  the family's pretraining tree inside a checkpoint's parameters (what
+               Model.load, save_hf and a warm start read)
+
+bertjax.pretrain.objectives lists the registered objectives in one tuple; the settings, the
+loop and the warm start ask `get(name)` and never branch on a name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import ml_collections
+
+from bertjax import steps
+
+
+class PretrainObjective:
+    """One pretraining objective (see the module docstring); `name` is config.objective."""
+
+    name: str = ""
+    # Whether the objective trains (and evaluation reports) the sentence-pair task.
+    sentence_pair: bool = False
+
+    def check(self, config: ml_collections.ConfigDict, family: Any, layout: str) -> None:
+        """Fails with a ConfigError naming the field when the config cannot run this objective
+        (`family` is the run's encoder family, `layout` its data.layout)."""
+
+    def frozen(self, family: Any) -> tuple[str, ...]:
+        """Parameter path prefixes the optimizer leaves untouched."""
+        return ()
+
+    def model_init(self, family: Any, model_config: Any) -> Callable[[jax.Array], Any]:
+        """`rng -> boxed parameters` of what the run trains."""
+        return family.pretraining_init(model_config)
+
+    def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
+        """What a step minimises (settings: the run's PretrainSettings)."""
+        raise NotImplementedError
+
+    def baselines(self, settings: Any, data_dir: str | os.PathLike) -> dict[str, float]:
+        """Eval metrics of a model that learned nothing, keyed as the eval metrics are."""
+        return {}
+
+    def flops(self, family: Any, model_config: Any, seq_len: int, predictions: int) -> float:
+        """Matmul FLOPs to train on one sequence."""
+        raise NotImplementedError
+
+    def samples(
+        self,
+        model_config: Any,
+        params: Any,
+        tokenizer: Any,
+        data_dir: str | os.PathLike,
+        count: int,
+        mesh: jax.sharding.Mesh,
+    ) -> list[str]:
+        """Printable lines on held-out text shown at the end of a run."""
+        return []
+
+    def export_params(self, params: Any) -> Any:
+        """The family's pretraining tree within the trained parameters (the same tree
+        unless the objective trains more, e.g. a generator)."""
+        return params
+
+
+_OBJECTIVES: dict[str, PretrainObjective] = {}
+
+
+def register(objective: PretrainObjective) -> PretrainObjective:
+    """Adds an objective (bertjax.pretrain.objectives does, for each one it lists)."""
+    if _OBJECTIVES.get(objective.name, objective) is not objective:
+        raise ValueError(f"pretraining objective {objective.name!r} is registered twice")
+    _OBJECTIVES[objective.name] = objective
+    return objective
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_OBJECTIVES)
+
+
+def get(name: str) -> PretrainObjective:
+    """The objective of a name (config.objective)."""
+    if name not in _OBJECTIVES:
+        raise ValueError(f"objective {name!r} is unknown: valid objectives are {names()}")
+    return _OBJECTIVES[name]
