@@ -255,6 +255,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
             model_config,
             data_settings.max_seq_length,
             data_settings.masking.max_predictions_per_seq,
+            settings.objective_settings,
         ),
         perf.peak_flops_per_device(
             jax.devices()[0].device_kind,
@@ -303,7 +304,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     if sources:
         result["mixture"] = hooks.mixture()
     if is_main_process and outcome.eval_metrics:
-        result["baselines"] = eval_baselines(settings, data_dir)
+        result["baselines"] = eval_baselines(settings, data_dir, outcome.eval_metrics)
     # Sampling runs the model outside the training mesh's collectives: one process only.
     if run_settings.fill_mask_samples and jax.process_count() == 1 and not outcome.preempted:
         result["samples"] = objective.samples(
@@ -319,10 +320,12 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     return result
 
 
-def eval_baselines(settings: PretrainSettings, data_dir: fs.AnyPath) -> dict[str, float]:
+def eval_baselines(
+    settings: PretrainSettings, data_dir: fs.AnyPath, eval_metrics: dict | None = None
+) -> dict[str, float]:
     """What the eval accuracies of a model that learned nothing would be, on the same batches
-    (the run's objective says which)."""
-    return objectives.get(settings.objective).baselines(settings, data_dir)
+    (the run's objective says which; `eval_metrics` are the run's last)."""
+    return objectives.get(settings.objective).baselines(settings, data_dir, eval_metrics)
 
 
 def print_summary(result: dict[str, Any]) -> None:

@@ -21,7 +21,7 @@ def build_pretraining(settings: PretrainSettings, model_config: Any, devices=Non
     objective = objectives.get(settings.objective)
     return steps.build(
         objective.step(family, model_config, settings),
-        objective.model_init(family, model_config),
+        objective.model_init(family, model_config, settings.objective_settings),
         settings.optimizer,
         mesh,
         grad_accum_steps=run.grad_accum_steps,

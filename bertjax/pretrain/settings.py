@@ -125,7 +125,9 @@ class PretrainSettings:
     data: DataSettings
     run: RunSettings
     config: dict  # the config as given, kept in checkpoints for the record
-    objective: str = "mlm_sentence"  # one of OBJECTIVES
+    objective: str = "mlm_sentence"  # a registered objective's name
+    # The objective's own settings (its `read`), e.g. rtd's generator width and weight.
+    objective_settings: Any = None
 
     @property
     def sentence_pair(self) -> bool:
@@ -233,8 +235,15 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         )
     objective = config.objective
     require_(objective in objectives.names(), "objective", f"must be one of {objectives.names()}")
-    objectives.get(objective).check(config, family, data.layout)
-    frozen = objectives.get(objective).frozen(family)
+    chosen = objectives.get(objective)
+    chosen.check(config, family, data.layout)
+    objective_settings = chosen.read(config)
+    data = dataclasses.replace(
+        data,
+        masking=chosen.masking(data.masking, data.max_seq_length),
+        eval_masking=chosen.masking(data.eval_masking, data.max_seq_length),
+    )
+    frozen = chosen.frozen(family)
     optimizer = read_optimizer(config, total_steps=config.num_train_steps, frozen=frozen)
 
     mesh = check_mesh(config, run, devices, process_count)
@@ -259,6 +268,7 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         run=run,
         config=config.to_dict(),
         objective=objective,
+        objective_settings=objective_settings,
     )
 
 

@@ -2,7 +2,9 @@
 
 An objective owns everything of a pretraining run that depends on what a step minimises:
 
-  check        its settings checks (the data's layout, the family's heads, its own fields)
+  check, read  its settings checks (the data's layout, the family's heads, its own fields)
+               and its own typed settings (PretrainSettings.objective_settings)
+  masking      how the loader masks its batches
   frozen       the parameters the optimizer leaves untouched (heads it does not train)
   model_init   the parameter tree it trains: `rng -> boxed parameters`
   step         the engine's `steps.Objective` (loss sums, denominators, loss, metrics)
@@ -26,6 +28,7 @@ import jax
 import ml_collections
 
 from bertjax import steps
+from bertjax.data.masking import MaskingSettings
 
 
 class PretrainObjective:
@@ -39,23 +42,38 @@ class PretrainObjective:
         """Fails with a ConfigError naming the field when the config cannot run this objective
         (`family` is the run's encoder family, `layout` its data.layout)."""
 
+    def read(self, config: ml_collections.ConfigDict) -> Any:
+        """The objective's own settings from the config (checked by `check`), or None."""
+        return None
+
+    def masking(self, masking: MaskingSettings, max_seq_length: int) -> MaskingSettings:
+        """The loader's masking for this objective (the config's, unless it has its own)."""
+        return masking
+
     def frozen(self, family: Any) -> tuple[str, ...]:
         """Parameter path prefixes the optimizer leaves untouched."""
         return ()
 
-    def model_init(self, family: Any, model_config: Any) -> Callable[[jax.Array], Any]:
-        """`rng -> boxed parameters` of what the run trains."""
+    def model_init(
+        self, family: Any, model_config: Any, options: Any = None
+    ) -> Callable[[jax.Array], Any]:
+        """`rng -> boxed parameters` of what the run trains (options: its `read`)."""
         return family.pretraining_init(model_config)
 
     def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
         """What a step minimises (settings: the run's PretrainSettings)."""
         raise NotImplementedError
 
-    def baselines(self, settings: Any, data_dir: str | os.PathLike) -> dict[str, float]:
-        """Eval metrics of a model that learned nothing, keyed as the eval metrics are."""
+    def baselines(
+        self, settings: Any, data_dir: str | os.PathLike, eval_metrics: dict | None = None
+    ) -> dict[str, float]:
+        """Eval metrics of a model that learned nothing, keyed as the eval metrics are
+        (`eval_metrics`: the run's last, for baselines measured beside them)."""
         return {}
 
-    def flops(self, family: Any, model_config: Any, seq_len: int, predictions: int) -> float:
+    def flops(
+        self, family: Any, model_config: Any, seq_len: int, predictions: int, options: Any = None
+    ) -> float:
         """Matmul FLOPs to train on one sequence."""
         raise NotImplementedError
 

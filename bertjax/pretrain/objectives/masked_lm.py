@@ -75,7 +75,9 @@ class MaskedLanguageModel(PretrainObjective):
             family.pretraining_model(model_config), sentence_pair=self.sentence_pair
         )
 
-    def baselines(self, settings: Any, data_dir: str | os.PathLike) -> dict[str, float]:
+    def baselines(
+        self, settings: Any, data_dir: str | os.PathLike, eval_metrics: dict | None = None
+    ) -> dict[str, float]:
         """The unigram guess's MLM accuracy (and the commonest pair label's), on the eval
         batches the run evaluates."""
         batches = {
@@ -90,7 +92,7 @@ class MaskedLanguageModel(PretrainObjective):
             out["eval/nsp_accuracy"] = baseline.sentence_pair_baseline(data_dir, **batches)
         return out
 
-    def flops(self, family: Any, model_config: Any, seq_len: int, predictions: int) -> float:
+    def flops(self, family, model_config, seq_len: int, predictions: int, options=None) -> float:
         # The family's pair head is counted whether trained or not: it is computed either way.
         return perf.training_flops_per_sequence(
             model_config,
