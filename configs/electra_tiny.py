@@ -21,7 +21,7 @@ def get_config():
     config.objective = "rtd"
     # A generator as wide as the discriminator (the released ELECTRA-Small's 1.0): at a
     # quarter of 128 it would have one 32-wide head and learn little in minutes.
-    config.generator_hidden_fraction = 0.5
+    config.generator_hidden_fraction = 0.25
     config.data.vocab_size = 4000
     config.data.dupe_factor = 2
     config.data.eval_fraction = 0.05
