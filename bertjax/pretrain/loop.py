@@ -315,6 +315,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
             run_settings.fill_mask_samples,
             run.mesh,
         )
+        result["samples_title"] = objective.samples_title
     if is_main_process:
         print_summary(result)
     return result
@@ -352,7 +353,7 @@ def print_summary(result: dict[str, Any]) -> None:
         f"  load it:     bertjax.Model.load({result['workdir']!r})",
     ]
     if result.get("samples"):
-        lines += ["", "Fill-mask on held-out text (top 3):"]
+        lines += ["", result.get("samples_title", "Fill-mask on held-out text (top 3):")]
         lines += [f"  {line}" for line in result["samples"]]
     print("\n".join(lines), flush=True)
 

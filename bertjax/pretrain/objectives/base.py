@@ -37,6 +37,8 @@ class PretrainObjective:
     name: str = ""
     # Whether the objective trains (and evaluation reports) the sentence-pair task.
     sentence_pair: bool = False
+    # The summary's heading above the lines of `samples`.
+    samples_title: str = ""
 
     def check(self, config: ml_collections.ConfigDict, family: Any, layout: str) -> None:
         """Fails with a ConfigError naming the field when the config cannot run this objective

@@ -67,6 +67,8 @@ class MaskedLanguageModel(PretrainObjective):
     """The masked LM (+ the sentence-pair task when `sentence_pair`) on a family's
     pretraining model."""
 
+    samples_title = "Fill-mask on held-out text (top 3):"
+
     def check(self, config: ml_collections.ConfigDict, family: Any, layout: str) -> None:
         """Nothing beyond what every objective checks; the subclasses add theirs."""
 

@@ -35,6 +35,10 @@ _FAMILY = "electra"
 
 class ReplacedTokenDetectionObjective(PretrainObjective):
     name = "rtd"
+    samples_title = (
+        "Held-out text as the discriminator saw it ([drawn/original] where the generator "
+        "replaced a token, *p where the discriminator calls it replaced):"
+    )
 
     def check(self, config: ml_collections.ConfigDict, family: Any, layout: str) -> None:
         require(
