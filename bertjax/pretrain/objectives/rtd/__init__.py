@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
-from bertjax import perf, steps
+from bertjax import encoders, fs, perf, steps
 from bertjax.data import baseline
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.pretrain import samples as samples_lib
@@ -123,6 +123,38 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
     def export_params(self, params: Any) -> Any:
         """The discriminator: ElectraPreTraining's tree without the generator."""
         return {k: v for k, v in params.items() if k != rtd_model.GENERATOR}
+
+
+GENERATOR_DIR = "generator"
+
+
+def generator_tree(config, params) -> tuple[Any, dict]:
+    """The generator as a model of the family of its own: (its ElectraConfig, ElectraPreTraining's
+    tree of it), the shared embeddings under its encoder, its head as `mlm_head`."""
+    generator = _generator_config(config, params)
+    own = params[rtd_model.GENERATOR]
+    encoder = {"embeddings": params["bert"]["embeddings"], "encoder": own["encoder"]}
+    if "embeddings_project" in own:
+        encoder["embeddings_project"] = own["embeddings_project"]
+    return generator, {"bert": encoder, "mlm_head": own["mlm_head"]}
+
+
+def write_transformers(config, params, directory, *, tokenizer=None) -> None:
+    """An RTD run's two networks in transformers' format: the discriminator in `directory` as
+    ElectraForPreTraining, the generator in `directory`/generator as ElectraForMaskedLM."""
+    family = encoders.family_of(config)
+    discriminator = OBJECTIVE.export_params(params)
+    family.write_transformers(
+        config, discriminator, directory, tokenizer=tokenizer, untrained=("mlm_head", "pooler")
+    )
+    generator, tree = generator_tree(config, params)
+    family.write_transformers(
+        generator,
+        tree,
+        fs.path(directory) / GENERATOR_DIR,
+        tokenizer=tokenizer,
+        untrained=("discriminator_head", "pooler"),
+    )
 
 
 def _flops(config, seq_len: int, predictions: int, fraction: float) -> float:
