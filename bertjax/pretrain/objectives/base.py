@@ -11,8 +11,8 @@ An objective owns everything of a pretraining run that depends on what a step mi
   baselines    what a model that learned nothing scores on its eval metrics
   flops        matmul FLOPs of training on one sequence (perf's MFU)
   samples      the lines shown at the end of a run
-  export_params  the family's pretraining tree inside a checkpoint's parameters (what
-               Model.load, save_hf and a warm start read)
+  export_params  the family's pretraining tree inside the trained parameters (what the
+               family's transformers writer takes)
 
 bertjax.pretrain.objectives lists the registered objectives in one tuple; the settings, the
 loop and the warm start ask `get(name)` and never branch on a name.
