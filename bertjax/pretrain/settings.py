@@ -236,8 +236,11 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
     objective = config.objective
     require_(objective in objectives.names(), "objective", f"must be one of {objectives.names()}")
     chosen = objectives.get(objective)
-    chosen.check(config, family, data.layout)
-    objective_settings = chosen.read(config)
+    # The objective sees its own fields as plain values (configs written before it lack them).
+    values = {"objective": objective}
+    values.update({name: config.get(name, default) for name, default in chosen.fields.items()})
+    chosen.check(values, family, data.layout)
+    objective_settings = chosen.read(values)
     data = dataclasses.replace(
         data,
         masking=chosen.masking(data.masking, data.max_seq_length),

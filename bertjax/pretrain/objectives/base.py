@@ -21,14 +21,14 @@ loop and the warm start ask `get(name)` and never branch on a name.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
-import ml_collections
 
 from bertjax import steps
 from bertjax.data.masking import MaskingSettings
+from bertjax.settings import fail
 
 
 class PretrainObjective:
@@ -39,13 +39,18 @@ class PretrainObjective:
     sentence_pair: bool = False
     # The summary's heading above the lines of `samples`.
     samples_title: str = ""
+    # The objective's own config fields (config.<name>) and their defaults when a config
+    # lacks them.
+    fields: Mapping[str, Any] = {}
 
-    def check(self, config: ml_collections.ConfigDict, family: Any, layout: str) -> None:
-        """Fails with a ConfigError naming the field when the config cannot run this objective
-        (`family` is the run's encoder family, `layout` its data.layout)."""
+    def check(self, values: Mapping[str, Any], family: Any, layout: str) -> None:
+        """Fails with a ConfigError naming the field when the config cannot run this objective.
 
-    def read(self, config: ml_collections.ConfigDict) -> Any:
-        """The objective's own settings from the config (checked by `check`), or None."""
+        `values` holds config.objective and the objective's own `fields` as the config gives
+        them; `family` is the run's encoder family, `layout` its data.layout."""
+
+    def read(self, values: Mapping[str, Any]) -> Any:
+        """The objective's own settings from its checked `values`, or None."""
         return None
 
     def masking(self, masking: MaskingSettings, max_seq_length: int) -> MaskingSettings:
@@ -95,6 +100,12 @@ class PretrainObjective:
         """The family's pretraining tree within the trained parameters (the same tree
         unless the objective trains more, e.g. a generator)."""
         return params
+
+
+def require(values: Mapping[str, Any], ok: bool, field: str, message: str) -> None:
+    """Fails naming config.<field> and its value unless `ok`."""
+    if not ok:
+        raise fail(field, values[field], message)
 
 
 _OBJECTIVES: dict[str, PretrainObjective] = {}

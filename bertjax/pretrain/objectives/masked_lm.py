@@ -9,7 +9,6 @@ from typing import Any
 
 import flax.linen as nn
 import jax.numpy as jnp
-import ml_collections
 
 from bertjax import losses, perf, steps
 from bertjax.data import baseline
@@ -69,7 +68,7 @@ class MaskedLanguageModel(PretrainObjective):
 
     samples_title = "Fill-mask on held-out text (top 3):"
 
-    def check(self, config: ml_collections.ConfigDict, family: Any, layout: str) -> None:
+    def check(self, values, family: Any, layout: str) -> None:
         """Nothing beyond what every objective checks; the subclasses add theirs."""
 
     def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:

@@ -5,27 +5,25 @@ from __future__ import annotations
 
 from typing import Any
 
-import ml_collections
-
+from bertjax.pretrain.objectives.base import require
 from bertjax.pretrain.objectives.masked_lm import MaskedLanguageModel
-from bertjax.settings import require
 
 
 class MlmSentence(MaskedLanguageModel):
     name = "mlm_sentence"
     sentence_pair = True
 
-    def check(self, config: ml_collections.ConfigDict, family: Any, layout: str) -> None:
+    def check(self, values, family: Any, layout: str) -> None:
         """The pair task needs sentence pairs and a family with a next-sentence head."""
         require(
-            config,
+            values,
             layout != "packed",
             "objective",
             "the sentence-pair task needs sentence pairs but config.data.layout='packed' holds "
             "whole documents; set objective='mlm' or data.layout='pairs'",
         )
         require(
-            config,
+            values,
             family.sentence_pair_head,
             "objective",
             f"the sentence-pair task needs a next-sentence head, which "

@@ -8,14 +8,13 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from bertjax import encoders, fs, perf, steps
 from bertjax.data import baseline
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.pretrain import samples as samples_lib
-from bertjax.pretrain.objectives.base import PretrainObjective
+from bertjax.pretrain.objectives.base import PretrainObjective, require
 from bertjax.pretrain.objectives.rtd import model as rtd_model
 from bertjax.pretrain.objectives.rtd.objective import (
     RtdSettings,
@@ -23,7 +22,6 @@ from bertjax.pretrain.objectives.rtd.objective import (
     gumbel_sample,
     num_slots,
 )
-from bertjax.settings import require
 
 # ELECTRA's fates of a masked position: [MASK] 85%, kept 15%, never a random token
 # (google-research/electra pretrain_helpers.mask).
@@ -40,35 +38,38 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         "replaced a token, *p where the discriminator calls it replaced):"
     )
 
-    def check(self, config: ml_collections.ConfigDict, family: Any, layout: str) -> None:
+    fields = {
+        "generator_hidden_fraction": RtdSettings.generator_hidden_fraction,
+        "rtd_weight": RtdSettings.weight,
+    }
+
+    def check(self, values, family: Any, layout: str) -> None:
         require(
-            config,
+            values,
             family.name == _FAMILY,
             "objective",
             f"replaced-token detection runs on config.model.family={_FAMILY!r} (the "
             f"discriminator is ELECTRA's encoder and head), not {family.name!r}",
         )
-        fraction = config.get("generator_hidden_fraction", RtdSettings.generator_hidden_fraction)
+        fraction = values["generator_hidden_fraction"]
         require(
-            config,
+            values,
             isinstance(fraction, (int, float)) and 0 < fraction <= 1,
             "generator_hidden_fraction",
             "must be in (0, 1] (ELECTRA: 0.25 for base and large, 1.0 for the released Small)",
         )
-        weight = config.get("rtd_weight", RtdSettings.weight)
+        weight = values["rtd_weight"]
         require(
-            config,
+            values,
             isinstance(weight, (int, float)) and weight > 0,
             "rtd_weight",
             "must be > 0 (ELECTRA's lambda: 50)",
         )
 
-    def read(self, config: ml_collections.ConfigDict) -> RtdSettings:
+    def read(self, values) -> RtdSettings:
         return RtdSettings(
-            generator_hidden_fraction=float(
-                config.get("generator_hidden_fraction", RtdSettings.generator_hidden_fraction)
-            ),
-            weight=float(config.get("rtd_weight", RtdSettings.weight)),
+            generator_hidden_fraction=float(values["generator_hidden_fraction"]),
+            weight=float(values["rtd_weight"]),
         )
 
     def masking(self, masking: MaskingSettings, max_seq_length: int) -> MaskingSettings:
