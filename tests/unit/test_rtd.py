@@ -105,6 +105,19 @@ def test_masking_counts_positions_and_fates(lengths, prob, seed):
     np.testing.assert_array_equal(np.asarray(originals(out | {"input_mask": mask})), ids)
 
 
+def test_masking_exact_values():
+    """Two rows of 24 slots at 15%: N = int(0.155 * 24) = 3 slots; 10 real tokens give
+    round(1.5) = 2 positions, 24 give min(3, round(3.6)) = 3 (pinned draws)."""
+    ids, _, _, out = _masked([10, 24], 24)
+    assert out["masked_lm_positions"].tolist() == [[5, 8, 0], [3, 5, 7]]
+    assert out["masked_lm_weights"].tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert out["masked_lm_ids"].tolist() == [[6, 12, 0], [32, 37, 29]]
+    expected = ids.copy()
+    expected[0, [5, 8]] = MASK
+    expected[1, [3, 5, 7]] = MASK
+    np.testing.assert_array_equal(out["input_ids"], expected)
+
+
 def test_fates_are_85_percent_mask_and_none_random():
     ids, _, _, out = _masked([24] * 400, 24)
     weights = out["masked_lm_weights"] > 0
