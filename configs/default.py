@@ -64,9 +64,15 @@ def get_config() -> ml_collections.ConfigDict:
         )
     )
 
-    # What a step minimises: "mlm_sentence" (masked LM + the sentence-pair task of data.task)
-    # or "mlm" (masked LM only; the pooler and the pair head are not trained).
+    # What a step minimises, a registered objective (bertjax.pretrain.objectives):
+    # "mlm_sentence" (masked LM + the sentence-pair task of data.task) or "mlm" (masked LM
+    # only; the pooler and the pair head are not trained) or "rtd" (replaced-token detection,
+    # ELECTRA: model.family "electra"; its masking is ELECTRA's, docs/electra.md).
     config.objective = "mlm_sentence"
+    # rtd only: the generator's hidden size as a fraction of the discriminator's (ELECTRA's
+    # 1/4 for base and large), and the weight (lambda) of the discriminator's loss.
+    config.generator_hidden_fraction = 0.25
+    config.rtd_weight = 50.0
 
     # Optimizer and schedule: the fields of bertjax.optim.OptimizerSettings.
     config.optimizer = ml_collections.ConfigDict(

@@ -78,8 +78,19 @@ class MaskingSettings:
     masked_lm_prob: float = 0.15
     max_predictions_per_seq: int = 20
     whole_word_masking: bool = False
+    # The fates of a chosen position: [MASK] with mask_token_prob, a random non-special token
+    # with random_token_prob, itself otherwise (google's BERT 0.8/0.1; ELECTRA's 0.85/0).
+    mask_token_prob: float = MASK_TOKEN_PROB
+    random_token_prob: float = RANDOM_TOKEN_PROB
 
     def __post_init__(self):
+        fates = (self.mask_token_prob, self.random_token_prob)
+        if not all(0.0 <= p <= 1.0 for p in fates) or sum(fates) > 1.0:
+            raise ValueError(
+                f"mask_token_prob={self.mask_token_prob!r} and random_token_prob="
+                f"{self.random_token_prob!r} are invalid: each must lie in [0, 1], their sum "
+                "at most 1."
+            )
         if not 0.0 < self.masked_lm_prob <= 1.0:
             raise ValueError(
                 f"masked_lm_prob={self.masked_lm_prob!r} is invalid: it must lie in (0, 1]."
@@ -222,10 +233,11 @@ def mask_batch(
     fate = rng.random((batch, width))  # [B,P]
     non_special = np.flatnonzero(~is_special)
     random_tokens = non_special[rng.integers(0, len(non_special), size=(batch, width))]
+    mask_prob, random_prob = settings.mask_token_prob, settings.random_token_prob
     replacement = np.where(
-        fate < MASK_TOKEN_PROB,
+        fate < mask_prob,
         mask_id,
-        np.where(fate < MASK_TOKEN_PROB + RANDOM_TOKEN_PROB, random_tokens, original),
+        np.where(fate < mask_prob + random_prob, random_tokens, original),
     )
 
     masked_ids = input_ids.astype(np.int32, copy=True)

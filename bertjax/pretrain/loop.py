@@ -18,11 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import data, encoders, fs, losses, metrics_writer, perf, rundir, steps
+from bertjax import data, encoders, fs, metrics_writer, perf, rundir, steps
 from bertjax import loop as loop_lib
-from bertjax.data import baseline
 from bertjax.data.mixture import MixtureLoader, make_mixture_loader
-from bertjax.pretrain import samples
+from bertjax.pretrain import objectives
 from bertjax.pretrain.data import PreparedSource, ensure_data, ensure_sources
 from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
@@ -35,10 +34,10 @@ def held_out_metrics(
     params,
     make_batches: Callable[[], Any],
     max_batches: int,
-    sentence_pair: bool = True,
+    metrics_of: Callable[[Any, str], dict[str, jax.Array]],
 ) -> dict[str, float]:
-    """Eval metrics summed over the held-out split (or its first max_batches batches); the
-    nsp_* ones only when the objective trains the sentence-pair task."""
+    """Eval metrics summed over the held-out split (or its first max_batches batches), named
+    by the run's objective (`metrics_of(sums, prefix)`, its steps.Objective.metrics)."""
     totals = None
     for index, local_batch in enumerate(make_batches()):
         if max_batches and index >= max_batches:
@@ -48,7 +47,7 @@ def held_out_metrics(
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     if totals is None:
         return {}
-    metrics = losses.metrics(totals, "eval", sentence_pair=sentence_pair)
+    metrics = metrics_of(totals, "eval")
     return {k: float(v) for k, v in metrics.items()}
 
 
@@ -68,6 +67,8 @@ class _Hooks:
     phase: dict | None = None
     # A mixture's sources (data.sources) and their directories; empty for one corpus.
     sources: tuple[PreparedSource, ...] = ()
+    # The objective's eval metrics of summed statistics: (sums, prefix) -> {name: value}.
+    metrics_of: Callable[[Any, str], dict[str, jax.Array]] | None = None
 
     def fresh(self) -> tuple[steps.TrainState, jax.Array]:
         params_rng, self.dropout_rng = jax.random.split(jax.random.key(self.settings.run.seed))
@@ -109,7 +110,7 @@ class _Hooks:
             state.params,
             self.eval_batches,
             self.settings.run.eval_batches,
-            sentence_pair=self.settings.sentence_pair,
+            self.metrics_of,
         )
         if isinstance(self.train_loader, MixtureLoader):  # the realised shares so far
             shares = self.train_loader.shares()
@@ -189,6 +190,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
         data_dir, tokenizer = ensure_data(data_settings, workdir_path, **data_kwargs)
     model_config = settings.model_config(tokenizer)
     family = encoders.family_of(model_config)
+    objective = objectives.get(settings.objective)
     run = build_pretraining(settings, model_config)
     check_mesh_fits(model_config, run.mesh)
 
@@ -248,12 +250,12 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     throughput = _Throughput(
         run_settings.batch_size_at,
         data_settings.max_seq_length,
-        perf.training_flops_per_sequence(
+        objective.flops(
+            family,
             model_config,
             data_settings.max_seq_length,
             data_settings.masking.max_predictions_per_seq,
-            feed_forward_matrices=family.feed_forward_matrices,
-            sentence_pair_head=family.sentence_pair_head,
+            settings.objective_settings,
         ),
         perf.peak_flops_per_device(
             jax.devices()[0].device_kind,
@@ -286,6 +288,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
         eval_batches,
         checkpointer.directory,
         sources=sources,
+        metrics_of=objective.step(family, model_config, settings).metrics,
     )
     outcome = loop_lib.train(plan, hooks)
 
@@ -301,31 +304,29 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     if sources:
         result["mixture"] = hooks.mixture()
     if is_main_process and outcome.eval_metrics:
-        result["baselines"] = eval_baselines(settings, data_dir)
+        result["baselines"] = eval_baselines(settings, data_dir, outcome.eval_metrics)
     # Sampling runs the model outside the training mesh's collectives: one process only.
     if run_settings.fill_mask_samples and jax.process_count() == 1 and not outcome.preempted:
-        texts = samples.held_out_texts(data_dir, tokenizer, run_settings.fill_mask_samples)
-        result["samples"] = samples.fill_mask_samples(
-            model_config, outcome.state.params, tokenizer, texts, mesh=run.mesh
+        result["samples"] = objective.samples(
+            model_config,
+            outcome.state.params,
+            tokenizer,
+            data_dir,
+            run_settings.fill_mask_samples,
+            run.mesh,
         )
+        result["samples_title"] = objective.samples_title
     if is_main_process:
         print_summary(result)
     return result
 
 
-def eval_baselines(settings: PretrainSettings, data_dir: fs.AnyPath) -> dict[str, float]:
-    """What the eval accuracies of a model that learned nothing would be, on the same batches."""
-    batches = {
-        "batch_size": settings.run.micro_batch_size,
-        "max_batches": settings.run.eval_batches,
-    }
-    unigram = baseline.unigram_baseline(
-        data_dir, masking=settings.data.eval_masking, seed=settings.run.seed, **batches
-    )
-    baselines = {"eval/mlm_accuracy": unigram.accuracy}
-    if settings.sentence_pair:
-        baselines["eval/nsp_accuracy"] = baseline.sentence_pair_baseline(data_dir, **batches)
-    return baselines
+def eval_baselines(
+    settings: PretrainSettings, data_dir: fs.AnyPath, eval_metrics: dict | None = None
+) -> dict[str, float]:
+    """What the eval accuracies of a model that learned nothing would be, on the same batches
+    (the run's objective says which; `eval_metrics` are the run's last)."""
+    return objectives.get(settings.objective).baselines(settings, data_dir, eval_metrics)
 
 
 def print_summary(result: dict[str, Any]) -> None:
@@ -352,7 +353,7 @@ def print_summary(result: dict[str, Any]) -> None:
         f"  load it:     bertjax.Model.load({result['workdir']!r})",
     ]
     if result.get("samples"):
-        lines += ["", "Fill-mask on held-out text (top 3):"]
+        lines += ["", result.get("samples_title", "Fill-mask on held-out text (top 3):")]
         lines += [f"  {line}" for line in result["samples"]]
     print("\n".join(lines), flush=True)
 

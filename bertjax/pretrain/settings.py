@@ -23,6 +23,8 @@ from bertjax.data import instances, mixture, packing
 from bertjax.data.corpus import expand_paths
 from bertjax.data.masking import MaskingSettings
 from bertjax.data.storage import MANIFEST_FILE
+from bertjax.pretrain import objectives
+from bertjax.pretrain.objectives.mlm import SENTENCE_PAIR_PARAMS
 from bertjax.settings import (
     ConfigError,
     check_mesh,
@@ -34,12 +36,9 @@ from bertjax.settings import (
 )
 from bertjax.tokenizer import MODEL_TYPES, Tokenizer
 
-# What a step minimises: the masked LM plus the sentence-pair task that data.task names
-# (next-sentence or sentence-order prediction, google's BERT and ALBERT), or the masked LM
-# alone (RoBERTa, ModernBERT, NeoBERT), with the pair head left untrained.
-OBJECTIVES = ("mlm_sentence", "mlm")
-# The parameters only the sentence-pair task trains: frozen when the objective is MLM only.
-SENTENCE_PAIR_PARAMS = ("nsp_head", "bert/pooler")
+# What a step minimises: the registered objectives' names (bertjax.pretrain.objectives).
+OBJECTIVES = objectives.names()
+__all__ = ["OBJECTIVES", "SENTENCE_PAIR_PARAMS", "DataSettings", "PretrainSettings", "RunSettings"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,12 +125,14 @@ class PretrainSettings:
     data: DataSettings
     run: RunSettings
     config: dict  # the config as given, kept in checkpoints for the record
-    objective: str = "mlm_sentence"  # one of OBJECTIVES
+    objective: str = "mlm_sentence"  # a registered objective's name
+    # The objective's own settings (its `read`), e.g. rtd's generator width and weight.
+    objective_settings: Any = None
 
     @property
     def sentence_pair(self) -> bool:
         """Whether the objective trains (and evaluation reports) the sentence-pair task."""
-        return self.objective == "mlm_sentence"
+        return objectives.get(self.objective).sentence_pair
 
     @classmethod
     def from_config(
@@ -233,20 +234,19 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
             f"{wanted}",
         )
     objective = config.objective
-    require_(objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}")
-    require_(
-        not (objective == "mlm_sentence" and data.layout == "packed"),
-        "objective",
-        "the sentence-pair task needs sentence pairs but config.data.layout='packed' holds "
-        "whole documents; set objective='mlm' or data.layout='pairs'",
+    require_(objective in objectives.names(), "objective", f"must be one of {objectives.names()}")
+    chosen = objectives.get(objective)
+    # The objective sees its own fields as plain values (configs written before it lack them).
+    values = {"objective": objective}
+    values.update({name: config.get(name, default) for name, default in chosen.fields.items()})
+    chosen.check(values, family, data.layout)
+    objective_settings = chosen.read(values)
+    data = dataclasses.replace(
+        data,
+        masking=chosen.masking(data.masking, data.max_seq_length),
+        eval_masking=chosen.masking(data.eval_masking, data.max_seq_length),
     )
-    require_(
-        not (objective == "mlm_sentence" and not family.sentence_pair_head),
-        "objective",
-        f"the sentence-pair task needs a next-sentence head, which "
-        f"config.model.family={family.name!r} has not; set objective='mlm'",
-    )
-    frozen = SENTENCE_PAIR_PARAMS if family.sentence_pair_head and objective == "mlm" else ()
+    frozen = chosen.frozen(family)
     optimizer = read_optimizer(config, total_steps=config.num_train_steps, frozen=frozen)
 
     mesh = check_mesh(config, run, devices, process_count)
@@ -271,6 +271,7 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         run=run,
         config=config.to_dict(),
         objective=objective,
+        objective_settings=objective_settings,
     )
 
 

@@ -78,9 +78,12 @@ def test_the_family_is_registered_and_its_config_travels_in_meta():
     assert dataclasses.replace(CONFIG, classifier_dropout=0.3).classifier_rate == 0.3
 
 
-def test_pretraining_and_seq2seq_refuse_electra_in_one_line():
-    with pytest.raises(ValueError, match="replaced-token detection, which bertjax does not"):
-        encoders.get("electra").from_settings("tiny", {})
+def test_presets_read_and_seq2seq_refuses_electra_in_one_line():
+    small = encoders.get("electra").from_settings("small", {"hidden_dropout": 0.0})
+    assert (small.embedding_size, small.hidden_size, small.num_layers) == (128, 256, 12)
+    assert (small.num_heads, small.intermediate_size, small.hidden_dropout) == (4, 1024, 0.0)
+    with pytest.raises(ValueError, match="ELECTRA preset 'huge' is unknown"):
+        encoders.get("electra").from_settings("huge", {})
     options = seq2seq.TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
     with pytest.raises(ValueError, match="seq2seq needs a BERT encoder; ElectraConfig"):
         options.config(CONFIG)

@@ -31,6 +31,19 @@ HF_DEFAULTS = dict(
     type_vocab_size=2,
 )
 
+# The discriminators of the ELECTRA paper (Clark et al. 2020, Table 6) and of google-research/
+# electra's configure_pretraining.py: embedding width, hidden width, layers, heads, FFN width.
+# "tiny" is this project's CPU demo (configs/electra_tiny.py).
+PRESETS: dict[str, dict] = {
+    name: dict(embedding_size=e, hidden_size=h, num_layers=n, num_heads=a, intermediate_size=4 * h)
+    for name, (e, h, n, a) in {
+        "tiny": (128, 128, 2, 2),
+        "small": (128, 256, 12, 4),
+        "base": (768, 768, 12, 12),
+        "large": (1024, 1024, 24, 16),
+    }.items()
+}
+
 # The fields that fix what the weights mean (shapes and numerics): BERT's and the embedding
 # width. A checkpoint opens only into a config that agrees on every one.
 ARCHITECTURE_FIELDS = (
@@ -144,6 +157,15 @@ class ElectraConfig:
     def to_dict(self) -> dict:
         """JSON-serialisable field values."""
         return dataclasses.asdict(self)
+
+    @classmethod
+    def preset(cls, name: str, **overrides) -> ElectraConfig:
+        """A named discriminator size (PRESETS) with field overrides."""
+        if name not in PRESETS:
+            raise ValueError(
+                f"ELECTRA preset {name!r} is unknown: valid presets are {list(PRESETS)}"
+            )
+        return cls(**{**PRESETS[name], **overrides})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ElectraConfig:

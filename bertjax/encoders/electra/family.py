@@ -1,9 +1,9 @@
 """ELECTRA as an encoder family: the interface the capabilities use (bertjax.encoders.family).
 
-Pretraining an ELECTRA takes replaced-token detection, which bertjax's pretraining does not
-offer yet: `from_settings` refuses an ELECTRA pretraining config in one line. Everything else
-is here: transformers' ELECTRA directories open (Model.load, fine-tuning's init_from), every
-capability but seq2seq runs on them, and they travel back.
+An ELECTRA pretrains with replaced-token detection (objective "rtd",
+bertjax.pretrain.objectives.rtd) from a preset (ElectraConfig.preset). Transformers' ELECTRA
+directories open (Model.load, fine-tuning's init_from), every capability but seq2seq runs on
+them, and they travel back.
 """
 
 from __future__ import annotations
@@ -37,11 +37,8 @@ class Electra(family.EncoderFamily):
         return ElectraConfig.from_dict(dict(d))
 
     def from_settings(self, preset: str, fields: Mapping[str, Any]) -> ElectraConfig:
-        raise ValueError(
-            "config.model.family='electra': ELECTRA pretrains with replaced-token detection, "
-            "which bertjax does not offer yet; fine-tune from an ELECTRA directory "
-            "(config.init_from) or pretrain family 'bert' or 'modernbert'"
-        )
+        # BERT's names for dropout and attention are ELECTRA's own fields.
+        return ElectraConfig.preset(preset, **fields)
 
     def with_vocabulary(self, config: ElectraConfig, tokenizer: Any) -> ElectraConfig:
         return dataclasses.replace(config, vocab_size=tokenizer.vocab_size)

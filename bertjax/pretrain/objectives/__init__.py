@@ -1,0 +1,22 @@
+"""Pretraining objectives, one module each, registered in the one list below.
+
+  mlm_sentence  the masked LM + next-sentence or sentence-order prediction (google's BERT)
+  mlm           the masked LM alone (RoBERTa, ModernBERT)
+  rtd           replaced-token detection (ELECTRA): a generator and a discriminator
+
+A new objective is a module (or package) here with a `PretrainObjective` (base.py says what
+it owns) and one line in `OBJECTIVES`.
+"""
+
+from bertjax.pretrain.objectives import mlm, mlm_sentence, rtd
+from bertjax.pretrain.objectives.base import PretrainObjective, get, names, register
+
+OBJECTIVES: tuple[PretrainObjective, ...] = (
+    mlm_sentence.OBJECTIVE,
+    mlm.OBJECTIVE,
+    rtd.OBJECTIVE,
+)
+for _objective in OBJECTIVES:
+    register(_objective)
+
+__all__ = ["OBJECTIVES", "PretrainObjective", "get", "names", "register"]

@@ -1,0 +1,130 @@
+"""What a pretraining objective is to a run, and the registry that lists them.
+
+An objective owns everything of a pretraining run that depends on what a step minimises:
+
+  check, read  its settings checks (the data's layout, the family's heads, its own fields)
+               and its own typed settings (PretrainSettings.objective_settings)
+  masking      how the loader masks its batches
+  frozen       the parameters the optimizer leaves untouched (heads it does not train)
+  model_init   the parameter tree it trains: `rng -> boxed parameters`
+  step         the engine's `steps.Objective` (loss sums, denominators, loss, metrics)
+  baselines    what a model that learned nothing scores on its eval metrics
+  flops        matmul FLOPs of training on one sequence (perf's MFU)
+  samples      the lines shown at the end of a run
+  export_params  the family's pretraining tree inside the trained parameters (what the
+               family's transformers writer takes)
+
+bertjax.pretrain.objectives lists the registered objectives in one tuple; the settings, the
+loop and the warm start ask `get(name)` and never branch on a name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+
+from bertjax import steps
+from bertjax.data.masking import MaskingSettings
+from bertjax.settings import fail
+
+
+class PretrainObjective:
+    """One pretraining objective (see the module docstring); `name` is config.objective."""
+
+    name: str = ""
+    # Whether the objective trains (and evaluation reports) the sentence-pair task.
+    sentence_pair: bool = False
+    # The summary's heading above the lines of `samples`.
+    samples_title: str = ""
+    # The objective's own config fields (config.<name>) and their defaults when a config
+    # lacks them.
+    fields: Mapping[str, Any] = {}
+
+    def check(self, values: Mapping[str, Any], family: Any, layout: str) -> None:
+        """Fails with a ConfigError naming the field when the config cannot run this objective.
+
+        `values` holds config.objective and the objective's own `fields` as the config gives
+        them; `family` is the run's encoder family, `layout` its data.layout."""
+
+    def read(self, values: Mapping[str, Any]) -> Any:
+        """The objective's own settings from its checked `values`, or None."""
+        return None
+
+    def masking(self, masking: MaskingSettings, max_seq_length: int) -> MaskingSettings:
+        """The loader's masking for this objective (the config's, unless it has its own)."""
+        return masking
+
+    def frozen(self, family: Any) -> tuple[str, ...]:
+        """Parameter path prefixes the optimizer leaves untouched."""
+        return ()
+
+    def model_init(
+        self, family: Any, model_config: Any, options: Any = None
+    ) -> Callable[[jax.Array], Any]:
+        """`rng -> boxed parameters` of what the run trains (options: its `read`)."""
+        return family.pretraining_init(model_config)
+
+    def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
+        """What a step minimises (settings: the run's PretrainSettings)."""
+        raise NotImplementedError
+
+    def baselines(
+        self, settings: Any, data_dir: str | os.PathLike, eval_metrics: dict | None = None
+    ) -> dict[str, float]:
+        """Eval metrics of a model that learned nothing, keyed as the eval metrics are
+        (`eval_metrics`: the run's last, for baselines measured beside them)."""
+        return {}
+
+    def flops(
+        self, family: Any, model_config: Any, seq_len: int, predictions: int, options: Any = None
+    ) -> float:
+        """Matmul FLOPs to train on one sequence."""
+        raise NotImplementedError
+
+    def samples(
+        self,
+        model_config: Any,
+        params: Any,
+        tokenizer: Any,
+        data_dir: str | os.PathLike,
+        count: int,
+        mesh: jax.sharding.Mesh,
+    ) -> list[str]:
+        """Printable lines on held-out text shown at the end of a run."""
+        return []
+
+    def export_params(self, params: Any) -> Any:
+        """The family's pretraining tree within the trained parameters (the same tree
+        unless the objective trains more, e.g. a generator)."""
+        return params
+
+
+def require(values: Mapping[str, Any], ok: bool, field: str, message: str) -> None:
+    """Fails naming config.<field> and its value unless `ok`."""
+    if not ok:
+        raise fail(field, values[field], message)
+
+
+_OBJECTIVES: dict[str, PretrainObjective] = {}
+
+
+def register(objective: PretrainObjective) -> PretrainObjective:
+    """Adds an objective (bertjax.pretrain.objectives does, for each one it lists)."""
+    if _OBJECTIVES.get(objective.name, objective) is not objective:
+        raise ValueError(f"pretraining objective {objective.name!r} is registered twice")
+    _OBJECTIVES[objective.name] = objective
+    return objective
+
+
+def names() -> tuple[str, ...]:
+    return tuple(_OBJECTIVES)
+
+
+def get(name: str) -> PretrainObjective:
+    """The objective of a name (config.objective)."""
+    if name not in _OBJECTIVES:
+        raise ValueError(f"objective {name!r} is unknown: valid objectives are {names()}")
+    return _OBJECTIVES[name]

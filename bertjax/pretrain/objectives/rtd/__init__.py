@@ -1,0 +1,268 @@
+"""`rtd`: replaced-token detection (ELECTRA). objective.py says what a step computes, model.py
+what it trains; this module is what a run asks of the objective (bertjax.pretrain.objectives)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import encoders, fs, perf, steps
+from bertjax.data import baseline
+from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
+from bertjax.pretrain import samples as samples_lib
+from bertjax.pretrain.objectives.base import PretrainObjective, require
+from bertjax.pretrain.objectives.rtd import model as rtd_model
+from bertjax.pretrain.objectives.rtd.objective import (
+    RtdSettings,
+    RtdStep,
+    gumbel_sample,
+    num_slots,
+)
+
+# ELECTRA's fates of a masked position: [MASK] 85%, kept 15%, never a random token
+# (google-research/electra pretrain_helpers.mask).
+MASK_TOKEN_PROB = 0.85
+# The discriminator's pooler is the fine-tuning classifier's first layer: RTD never runs it.
+FROZEN = ("bert/pooler",)
+_FAMILY = "electra"
+
+
+class ReplacedTokenDetectionObjective(PretrainObjective):
+    name = "rtd"
+    samples_title = (
+        "Held-out text as the discriminator saw it ([drawn/original] where the generator "
+        "replaced a token, *p where the discriminator calls it replaced):"
+    )
+
+    fields = {
+        "generator_hidden_fraction": RtdSettings.generator_hidden_fraction,
+        "rtd_weight": RtdSettings.weight,
+    }
+
+    def check(self, values, family: Any, layout: str) -> None:
+        require(
+            values,
+            family.name == _FAMILY,
+            "objective",
+            f"replaced-token detection runs on config.model.family={_FAMILY!r} (the "
+            f"discriminator is ELECTRA's encoder and head), not {family.name!r}",
+        )
+        fraction = values["generator_hidden_fraction"]
+        require(
+            values,
+            isinstance(fraction, (int, float)) and 0 < fraction <= 1,
+            "generator_hidden_fraction",
+            "must be in (0, 1] (ELECTRA: 0.25 for base and large, 1.0 for the released Small)",
+        )
+        weight = values["rtd_weight"]
+        require(
+            values,
+            isinstance(weight, (int, float)) and weight > 0,
+            "rtd_weight",
+            "must be > 0 (ELECTRA's lambda: 50)",
+        )
+
+    def read(self, values) -> RtdSettings:
+        return RtdSettings(
+            generator_hidden_fraction=float(values["generator_hidden_fraction"]),
+            weight=float(values["rtd_weight"]),
+        )
+
+    def masking(self, masking: MaskingSettings, max_seq_length: int) -> MaskingSettings:
+        """ELECTRA's: N = int((p + 0.005) * S) slots per row, 85% [MASK], 15% kept."""
+        return dataclasses.replace(
+            masking,
+            max_predictions_per_seq=num_slots(masking.masked_lm_prob, max_seq_length),
+            mask_token_prob=MASK_TOKEN_PROB,
+            random_token_prob=0.0,
+        )
+
+    def frozen(self, family: Any) -> tuple[str, ...]:
+        return FROZEN
+
+    def _model(self, model_config: Any, options: RtdSettings) -> rtd_model.ReplacedTokenDetection:
+        generator = rtd_model.generator_config(model_config, options.generator_hidden_fraction)
+        return rtd_model.ReplacedTokenDetection(model_config, generator)
+
+    def model_init(self, family: Any, model_config: Any, options: RtdSettings):
+        generator = rtd_model.generator_config(model_config, options.generator_hidden_fraction)
+        return rtd_model.init(model_config, generator)
+
+    def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
+        options = settings.objective_settings
+        return RtdStep(self._model(model_config, options), options.weight)
+
+    def baselines(self, settings, data_dir, eval_metrics=None) -> dict[str, float]:
+        """The generator's against the unigram guess; the discriminator's against calling
+        every token original (measured on the same eval batches)."""
+        unigram = baseline.unigram_baseline(
+            data_dir,
+            masking=settings.data.eval_masking,
+            seed=settings.run.seed,
+            batch_size=settings.run.micro_batch_size,
+            max_batches=settings.run.eval_batches,
+        )
+        out = {"eval/generator_accuracy": unigram.accuracy}
+        if eval_metrics and "eval/all_original_accuracy" in eval_metrics:
+            out["eval/discriminator_accuracy"] = eval_metrics["eval/all_original_accuracy"]
+        return out
+
+    def flops(self, family, model_config, seq_len: int, predictions: int, options=None) -> float:
+        """Both networks: each encoder as perf counts it, the discriminator's head on every
+        token, the generator's head on the predictions, and the embedding projections."""
+        fraction = (options or RtdSettings()).generator_hidden_fraction
+        return _flops(model_config, seq_len, predictions, fraction)
+
+    def samples(self, model_config, params, tokenizer, data_dir, count, mesh) -> list[str]:
+        texts = samples_lib.held_out_texts(data_dir, tokenizer, count)
+        return corrupted_samples(model_config, params, tokenizer, texts, mesh)
+
+    def export_params(self, params: Any) -> Any:
+        """The discriminator: ElectraPreTraining's tree without the generator."""
+        return {k: v for k, v in params.items() if k != rtd_model.GENERATOR}
+
+
+GENERATOR_DIR = "generator"
+
+
+def generator_tree(config, params) -> tuple[Any, dict]:
+    """The generator as a model of the family of its own: (its ElectraConfig, ElectraPreTraining's
+    tree of it), the shared embeddings under its encoder, its head as `mlm_head`."""
+    generator = _generator_config(config, params)
+    own = params[rtd_model.GENERATOR]
+    encoder = {"embeddings": params["bert"]["embeddings"], "encoder": own["encoder"]}
+    if "embeddings_project" in own:
+        encoder["embeddings_project"] = own["embeddings_project"]
+    return generator, {"bert": encoder, "mlm_head": own["mlm_head"]}
+
+
+def write_transformers(config, params, directory, *, tokenizer=None) -> None:
+    """An RTD run's two networks in transformers' format: the discriminator in `directory` as
+    ElectraForPreTraining, the generator in `directory`/generator as ElectraForMaskedLM."""
+    family = encoders.family_of(config)
+    discriminator = OBJECTIVE.export_params(params)
+    family.write_transformers(
+        config, discriminator, directory, tokenizer=tokenizer, untrained=("mlm_head", "pooler")
+    )
+    generator, tree = generator_tree(config, params)
+    family.write_transformers(
+        generator,
+        tree,
+        fs.path(directory) / GENERATOR_DIR,
+        tokenizer=tokenizer,
+        untrained=("discriminator_head", "pooler"),
+    )
+
+
+def _flops(config, seq_len: int, predictions: int, fraction: float) -> float:
+    generator = rtd_model.generator_config(config, fraction)
+    s, e, v = float(seq_len), float(config.embedding_size), float(config.vocab_size)
+    total = 0.0
+    for network in (config, generator):
+        h = float(network.hidden_size)
+        total += perf.training_flops_per_sequence(
+            network.bert, seq_len, 0, sentence_pair_head=False
+        )
+        if network.embedding_size != network.hidden_size:
+            total += 3.0 * s * 2 * e * h  # the projection
+    h, g = float(config.hidden_size), float(generator.hidden_size)
+    total += 3.0 * s * (2 * h * h + 2 * h)  # the discriminator's head
+    total += 3.0 * predictions * (2 * g * e + 2 * e * e + 2 * e * v)  # the generator's head
+    return total
+
+
+def corrupted_samples(config, params, tokenizer, texts, mesh, fraction: float = 0.25):
+    """Lines showing, per held-out text, the generator's replacements ([drawn/was]) and the
+    discriminator's marks (a * after each token it calls replaced, with its probability)."""
+    if not texts:
+        return []
+    ids = [
+        [tokenizer.cls_id, *tokenizer.encode(t)[: config.max_position_embeddings - 2]]
+        + [tokenizer.sep_id]
+        for t in texts
+    ]
+    length = max(map(len, ids))
+    input_ids = np.zeros((len(ids), length), np.int32)  # [n, s]
+    for row, piece_ids in enumerate(ids):
+        input_ids[row, : len(piece_ids)] = piece_ids
+    input_mask = (input_ids != 0).astype(np.int32)  # [n, s]
+    masking = MaskingSettings(
+        masked_lm_prob=0.15,
+        max_predictions_per_seq=max(1, num_slots(0.15, length)),
+        mask_token_prob=MASK_TOKEN_PROB,
+        random_token_prob=0.0,
+    )
+    masked = mask_batch(
+        input_ids,
+        input_mask,
+        RowRandom(np.arange(len(ids))),
+        masking,
+        vocab_size=tokenizer.vocab_size,
+        special_ids=tokenizer.special_ids,
+        mask_id=tokenizer.mask_id,
+    )
+    generator = _generator_config(config, params)
+    model = rtd_model.ReplacedTokenDetection(config, generator)
+
+    @jax.jit
+    def run(params, masked_ids, positions, weights, mask):
+        logits = model.apply(
+            {"params": params},
+            masked_ids,
+            None,
+            mask,
+            positions,
+            deterministic=True,
+            method=rtd_model.ReplacedTokenDetection.generator_logits,
+        )  # [n, p, v]
+        drawn = gumbel_sample(logits, jax.random.key(0))  # [n, p]
+        current = jnp.take_along_axis(masked_ids, positions, axis=1)  # [n, p]
+        rows = jnp.arange(masked_ids.shape[0])[:, None]  # [n, 1]
+        corrupted = masked_ids.at[rows, positions].set(jnp.where(weights > 0, drawn, current))
+        scores = jax.nn.sigmoid(
+            model.apply(
+                {"params": params},
+                corrupted,
+                None,
+                mask,
+                method=rtd_model.ReplacedTokenDetection.replaced_logits,
+            )
+        )  # [n, s]
+        return corrupted, scores
+
+    with jax.set_mesh(mesh):
+        corrupted, scores = jax.device_get(
+            run(
+                params,
+                masked["input_ids"],
+                masked["masked_lm_positions"],
+                masked["masked_lm_weights"],
+                input_mask,
+            )
+        )
+    lines = []
+    for row, piece_ids in enumerate(ids):
+        shown = []
+        for position in range(1, len(piece_ids) - 1):
+            token, was = int(corrupted[row, position]), int(input_ids[row, position])
+            piece = tokenizer.id_to_piece(token)
+            if token != was:
+                piece = f"[{piece}/{tokenizer.id_to_piece(was)}]"
+            if scores[row, position] > 0.5:
+                piece += f"*{scores[row, position]:.2f}"
+            shown.append(piece)
+        lines.append(" ".join(shown))
+    return lines
+
+
+def _generator_config(config, params):
+    """The generator's config, read off its parameters' widths (the run's fraction)."""
+    layer = params[rtd_model.GENERATOR]["mlm_head"]["transform"]["kernel"]  # [g, e]
+    return rtd_model.generator_config(config, layer.shape[0] / config.hidden_size)
+
+
+OBJECTIVE = ReplacedTokenDetectionObjective()

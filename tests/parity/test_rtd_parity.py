@@ -1,0 +1,80 @@
+"""An RTD model's two networks in transformers: the discriminator opens as
+ElectraForPreTraining and the generator as ElectraForMaskedLM, nothing missing or unexpected,
+with the logits of bertjax's networks (random weights, within 1e-5)."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import transformers
+from flax import linen as nn
+
+from bertjax.encoders.electra.config import ElectraConfig
+from bertjax.pretrain.objectives import rtd
+from bertjax.pretrain.objectives.rtd import model as rtd_model
+
+ATOL = 1e-5
+CONFIG = ElectraConfig(
+    vocab_size=60,
+    embedding_size=16,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=48,
+    max_position_embeddings=24,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
+
+
+def _random(params, seed):
+    """Every leaf random (LayerNorms and biases too), so a misplaced tensor shows."""
+    leaves, tree = jax.tree.flatten(params)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(
+        tree, [0.2 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
+    )
+
+
+def test_both_networks_open_in_transformers_with_the_same_logits(tmp_path):
+    generator = rtd_model.generator_config(dataclasses.replace(CONFIG), 0.5)
+    params = nn.meta.unbox(rtd_model.init(CONFIG, generator)(jax.random.key(0)))
+    params = _random(params, 1)
+    rtd.write_transformers(CONFIG, params, tmp_path)
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(5, CONFIG.vocab_size, (2, 10)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 7:] = 0
+    model = rtd_model.ReplacedTokenDetection(CONFIG, generator)
+    ours = model.apply(
+        {"params": params}, ids, None, mask, method=rtd_model.ReplacedTokenDetection.replaced_logits
+    )
+    loaded, info = transformers.ElectraForPreTraining.from_pretrained(
+        tmp_path, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    with torch.no_grad():
+        theirs = loaded(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours)[mask > 0], theirs[mask > 0], atol=ATOL)
+
+    positions = jnp.broadcast_to(jnp.arange(10), ids.shape)  # every position
+    ours = model.apply(
+        {"params": params},
+        ids,
+        None,
+        mask,
+        positions,
+        deterministic=True,
+        method=rtd_model.ReplacedTokenDetection.generator_logits,
+    )
+    loaded, info = transformers.ElectraForMaskedLM.from_pretrained(
+        tmp_path / rtd.GENERATOR_DIR, output_loading_info=True
+    )
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    assert loaded.config.hidden_size == 16 and loaded.config.embedding_size == 16
+    with torch.no_grad():
+        theirs = loaded(torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+    np.testing.assert_allclose(np.asarray(ours)[mask > 0], theirs[mask > 0], atol=ATOL)
