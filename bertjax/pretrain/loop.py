@@ -80,9 +80,11 @@ class _Hooks:
             )
             state = state.replace(params=params)
             self.phase = dataclasses.asdict(start)
-            # The mixture the parameters were trained on, beside this phase's (meta "mixture").
+            # The mixture the parameters were trained on, beside this phase's (meta "mixture");
+            # a source trained on one corpus records none.
             before = checkpoint_lib.read_meta(rundir.checkpoint_dir(init_from)).get("mixture")
-            self.phase["mixture_before"] = before
+            if before is not None:
+                self.phase["mixture_before"] = before
             print(f"Initialised parameters from {start.describe()}; the optimizer starts fresh")
         return state, self.dropout_rng
 
