@@ -463,27 +463,16 @@ def load_with_report(
             f"with {config.num_layers} layers"
         )
 
-    present_groups = {by_name[name].group for name in found}
-    missing_groups = []
     dtype = np.dtype(config.param_dtype)
-    flat: dict[tuple[str, ...], np.ndarray] = {}
-    for spec in specs:
-        if spec.hf_name not in found:
-            if spec.group in required or spec.group in present_groups:
-                raise ValueError(
-                    f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})"
-                )
-            wanted = pretraining_heads or spec.group not in (MLM_HEAD, NSP_HEAD)
-            if wanted and spec.group not in missing_groups:
-                missing_groups.append(spec.group)
-            continue
-        array = found[spec.hf_name]
-        if tuple(array.shape) != spec.hf_shape:
-            raise ValueError(
-                f"{source}: tensor {spec.hf_name!r} has shape {tuple(array.shape)}, "
-                f"expected {spec.hf_shape} from {config_path}"
-            )
-        flat[spec.path] = spec.to_bertjax(array).astype(dtype)
+    flat, missing_groups = match_tensors(
+        specs,
+        found,
+        source,
+        required=required,
+        unwanted=() if pretraining_heads else (MLM_HEAD, NSP_HEAD),
+        dtype=dtype,
+        expected_from=f" from {config_path}",
+    )
 
     initialized: list[str] = []
     if missing_groups:
@@ -868,6 +857,35 @@ def _canonical_name(name: str) -> str:
     if name.split(".", 1)[0] in ("embeddings", "encoder", "pooler"):
         name = "bert." + name  # BertModel checkpoints have no prefix
     return name
+
+
+def match_tensors(
+    specs, found, source, *, required, unwanted, dtype, expected_from: str = ""
+) -> tuple[dict[tuple[str, ...], np.ndarray], list[str]]:
+    """A transformers file's tensors `found` (by name) matched to a family's tensor specs:
+    (bertjax's arrays by path in `dtype`, the groups with no tensor at all, in spec order,
+    leaving out `unwanted` ones). A group that is `required`, or partly present, must be
+    whole; a tensor of another shape is refused, naming the file (and `expected_from`)."""
+    present = {spec.group for spec in specs if spec.hf_name in found}
+    flat: dict[tuple[str, ...], np.ndarray] = {}
+    missing: list[str] = []
+    for spec in specs:
+        if spec.hf_name not in found:
+            if spec.group in required or spec.group in present:
+                raise ValueError(
+                    f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})"
+                )
+            if spec.group not in unwanted and spec.group not in missing:
+                missing.append(spec.group)
+            continue
+        array = found[spec.hf_name]
+        if tuple(array.shape) != spec.hf_shape:
+            raise ValueError(
+                f"{source}: tensor {spec.hf_name!r} has shape {tuple(array.shape)}, "
+                f"expected {spec.hf_shape}{expected_from}"
+            )
+        flat[spec.path] = spec.to_bertjax(array).astype(dtype)
+    return flat, missing
 
 
 def _canonical_tensors(

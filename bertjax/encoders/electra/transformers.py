@@ -306,27 +306,15 @@ def read(
             f"{source}: unexpected tensor(s) {hf.name_list(unexpected)} for an ELECTRA with "
             f"{config.num_layers} layers" + ("" if th is None else f" as {th.architecture}")
         )
-    present = {by_name[name].group for name in found}
     dtype = np.dtype(config.param_dtype)
-    flat: dict[tuple[str, ...], np.ndarray] = {}
-    missing: list[str] = []
-    for spec in specs:
-        if spec.hf_name not in found:
-            if spec.group in required or spec.group in present:
-                raise ValueError(
-                    f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})"
-                )
-            wanted = pretraining_heads or spec.group not in PRETRAINING_HEADS
-            if wanted and spec.group not in missing:
-                missing.append(spec.group)
-            continue
-        array = found[spec.hf_name]
-        if tuple(array.shape) != spec.hf_shape:
-            raise ValueError(
-                f"{source}: tensor {spec.hf_name!r} has shape {tuple(array.shape)}, expected "
-                f"{spec.hf_shape}"
-            )
-        flat[spec.path] = spec.to_bertjax(array).astype(dtype)
+    flat, missing = hf.match_tensors(
+        specs,
+        found,
+        source,
+        required=required,
+        unwanted=() if pretraining_heads else PRETRAINING_HEADS,
+        dtype=dtype,
+    )
     if missing:
         paths = [s.path for s in specs if s.group in missing]
         for path, value in fresh_params(config, paths).items():
