@@ -85,8 +85,8 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from bertjax import attention, encoders, fs, losses, perf, sharding, steps  # noqa: E402
+from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init  # noqa: E402
 from bertjax.encoders.modernbert import ModernBertConfig  # noqa: E402
-from bertjax.model import BertForPreTraining, pretraining_init  # noqa: E402
 from bertjax.pretrain.objective import PretrainingObjective, build_pretraining  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 

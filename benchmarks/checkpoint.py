@@ -64,7 +64,8 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax import checkpoint  # noqa: E402
-from bertjax.model import BertConfig, BertForPreTraining  # noqa: E402
+from bertjax.encoders.bert.config import BertConfig  # noqa: E402
+from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
 
 
 def random_state(config: BertConfig, devices: int):

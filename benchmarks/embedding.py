@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax import Model, optim  # noqa: E402
-from bertjax.model import BertConfig  # noqa: E402
+from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed import objective as training

@@ -71,11 +71,11 @@ if _REPO not in sys.path:
 
 from bertjax import optim  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
+from bertjax.encoders.bert.config import PRESETS, BertConfig  # noqa: E402
 from bertjax.finetune import data as task_data  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
-from bertjax.model import PRESETS, BertConfig  # noqa: E402
 from bertjax.tasks.labels import data as label_data  # noqa: E402
 from bertjax.tasks.labels import model as label_heads  # noqa: E402
 

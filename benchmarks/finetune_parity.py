@@ -41,10 +41,12 @@ import flax.linen as nn  # noqa: E402
 
 from bertjax import hf  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
+from bertjax.encoders.bert import transformers as bert_hf  # noqa: E402
+from bertjax.encoders.bert.config import BertConfig  # noqa: E402
+from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.metrics import spearman  # noqa: E402
 from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
-from bertjax.model import BertConfig, BertForPreTraining  # noqa: E402
 from bertjax.tasks.labels import model as label_heads  # noqa: E402
 from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
 from configs import finetune as finetune_config  # noqa: E402
@@ -113,7 +115,7 @@ def random_start(directory: str) -> None:
     params = BertForPreTraining(config).init(
         jax.random.key(0), ids, ids, ids, jnp.zeros((1, 2), jnp.int32)
     )["params"]
-    hf.save(
+    bert_hf.save(
         config,
         jax.device_get(nn.meta.unbox(params)),
         directory,
@@ -124,7 +126,7 @@ def random_start(directory: str) -> None:
 def seeded_start(start: str, seed: int, directory: str, bias: float = 0.0) -> str:
     """`start` with a regression head drawn for `seed` as google initialises one (truncated
     normal at initializer_range, zero bias, or `bias`): both sides begin from the same head."""
-    config, params, _ = hf.load_with_report(start)
+    config, params, _ = bert_hf.load_with_report(start)
     rng = np.random.default_rng(seed)
     kernel = rng.normal(0.0, config.initializer_range, (config.hidden_size, 1))
     while np.any(np.abs(kernel) > 2 * config.initializer_range):  # truncate at 2 std
@@ -135,7 +137,7 @@ def seeded_start(start: str, seed: int, directory: str, bias: float = 0.0) -> st
         "classifier": {"kernel": kernel.astype(np.float32), "bias": np.full(1, bias, np.float32)},
     }
     os.makedirs(directory, exist_ok=True)
-    hf.save(config, params, directory, hf.load_tokenizer(start), head=REGRESSION_HEAD)
+    bert_hf.save(config, params, directory, hf.load_tokenizer(start), head=REGRESSION_HEAD)
     return directory
 
 

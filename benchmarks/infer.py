@@ -75,7 +75,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax import Model  # noqa: E402
 from bertjax.data import demo_corpus_path  # noqa: E402
-from bertjax.model import BertConfig, BertForPreTraining  # noqa: E402
+from bertjax.encoders.bert.config import BertConfig  # noqa: E402
+from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
 from bertjax.tasks.embed import task as embed_task  # noqa: E402
 from bertjax.tasks.embed.model import EmbeddingSpec  # noqa: E402
 from bertjax.tasks.seq2seq import hf as seq2seq_hf  # noqa: E402

@@ -55,12 +55,14 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from benchmarks.finetune import _no_decay, versions  # noqa: E402
-from bertjax import hf, optim, perf, steps  # noqa: E402
+from bertjax import optim, perf, steps  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
+from bertjax.encoders.bert import transformers as bert_hf  # noqa: E402
+from bertjax.encoders.bert.config import PRESETS, BertConfig  # noqa: E402
+from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
-from bertjax.model import PRESETS, BertConfig, BertForPreTraining  # noqa: E402
 from bertjax.tasks.qa import model as qa_model  # noqa: E402
 from bertjax.tasks.qa import squad  # noqa: E402
 from bertjax.tasks.qa import task as qa_task  # noqa: E402
@@ -501,7 +503,7 @@ def command_inputs(args, directory: str) -> tuple[str, str, str]:
         params = BertForPreTraining(config).init(
             jax.random.key(args.seed), np.zeros((1, 8), np.int32)
         )
-        hf.save(config, params, init_from, WordPieceTokenizer.from_vocab(vocab))
+        bert_hf.save(config, params, init_from, WordPieceTokenizer.from_vocab(vocab))
     else:
         with open(os.path.join(init_from, "vocab.txt")) as f:
             words = [w for w in f.read().split() if w.isalpha() and w.islower()]

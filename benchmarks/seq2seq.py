@@ -47,7 +47,7 @@ from flax import linen as nn  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bertjax.model import BertConfig  # noqa: E402
+from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.tasks.seq2seq import hf as seq2seq_hf  # noqa: E402
 from bertjax.tasks.seq2seq import model as s2s  # noqa: E402
 

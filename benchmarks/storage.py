@@ -38,7 +38,8 @@ from flax import linen as nn  # noqa: E402
 
 from bertjax import fs  # noqa: E402
 from bertjax.data import MaskingSettings, make_loader, prepare  # noqa: E402
-from bertjax.model import BertConfig, BertForPreTraining  # noqa: E402
+from bertjax.encoders.bert.config import BertConfig  # noqa: E402
+from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
 
 SEQ_LEN = 128
 BATCH = 256

@@ -12,8 +12,9 @@ those capabilities build on (BERT, ModernBERT) are the families of `bertjax.enco
 
 from bertjax import encoders, tasks
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import PRESETS, BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining, BertModel, BertOutput
 from bertjax.inference import Model
-from bertjax.model import PRESETS, BertConfig, BertForPreTraining, BertModel, BertOutput
 from bertjax.rundir import load
 from bertjax.tokenizer import Tokenizer
 

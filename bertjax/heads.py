@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import encoders
-from bertjax.model import BertConfig
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.sharding import EMBED, LABELS
 
 # The dense layer's name beside the encoder (transformers' too).

@@ -47,8 +47,8 @@ from bertjax import features as features_lib
 from bertjax import sharding as sharding_lib
 from bertjax import vectors as vectors_lib
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.features import TruncationWarning  # noqa: F401  (callers catch it from here)
-from bertjax.model import BertConfig
 from bertjax.tokenizer import Tokenizer
 
 POOLINGS = ("mean", "cls", "pooler")
@@ -116,7 +116,7 @@ class Model:
         self.mesh = mesh
         self.progress = progress
         self.source = source
-        # Parameter groups the checkpoint did not have (freshly initialised by hf.load).
+        # Parameter groups the checkpoint did not have (freshly initialised by bert_hf.load).
         self.fresh_heads = tuple(fresh_heads)
         # A fine-tuned model's task, labels and options; it has no pretraining heads to fill
         # masks with. Its capability (bertjax.tasks) serves the notebook methods that fit it.

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from bertjax.model import STACKED_LAYERS
+from bertjax.encoders.bert.config import STACKED_LAYERS
 
 OPTIMIZERS = ("adamw", "lamb", "stable_adamw")
 SCHEDULES = ("linear", "polynomial", "cosine", "google", "constant", "wsd")

@@ -18,7 +18,7 @@ import jax
 import ml_collections
 
 from bertjax import optim, sharding
-from bertjax.model import BertConfig
+from bertjax.encoders.bert.config import BertConfig
 
 
 class ConfigError(ValueError):

@@ -21,8 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import model as model_lib
-from bertjax import optim, sharding
+from bertjax import optim, packing, sharding
 
 
 @flax.struct.dataclass
@@ -209,7 +208,7 @@ def make_train_step(
 
     def fits(input_mask: jax.Array) -> jax.Array:
         groups = sharding.shards(sharding.BATCH)
-        return jnp.max(model_lib.tokens_per_group(input_mask, groups)) <= packed_length
+        return jnp.max(packing.tokens_per_group(input_mask, groups)) <= packed_length
 
     def loss_fn(params, batch, denominators, rng, length):
         sums = objective.sums(params, batch, rng=rng, deterministic=False, packed_length=length)

@@ -5,16 +5,19 @@
                           for_model_type(config.json's model_type), read_transformers(path),
                           config_to_dict /
                           config_from_dict for checkpoint meta
-    bert.py               BERT: bertjax.model and bertjax.hf
+    bert/                 BERT
     modernbert.py         ModernBERT's config, linen modules and weight mapping
     modernbert_family.py  ModernBERT as a family: the encoder with its prediction head, the
                           masked-LM model, transformers' ModernBert* directories
-    electra/              ELECTRA: config, modules, transformers' Electra* directories, family
+    electra/              ELECTRA
 
-A new family is one module that builds an EncoderFamily and one line below.
+Each family is one folder with the same rooms: config.py, model.py (linen), transformers.py
+(its tensor map and config translation), family.py (the EncoderFamily). A new family is one
+folder and one line below.
 """
 
-from bertjax.encoders import bert, family, modernbert_family
+from bertjax.encoders import family, modernbert_family
+from bertjax.encoders.bert import family as bert
 from bertjax.encoders.electra import family as electra
 from bertjax.encoders.family import (
     DEFAULT_FAMILY,

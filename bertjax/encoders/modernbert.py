@@ -63,8 +63,7 @@ import numpy as np
 from flax import linen as nn
 
 from bertjax import attention as attention_lib
-from bertjax import model as model_lib
-from bertjax import sharding
+from bertjax import packing, sharding
 from bertjax.sharding import (
     ACTIVATION_EMBED,
     BATCH,
@@ -704,7 +703,7 @@ class Attention(nn.Module):
             name="wqkv",
         )(x)  # [b, s, 3, n, d], or packed [g, c, 3, n, d]
         if index is not None:  # packed tokens: attention runs on the rows (see ModernBertModel)
-            qkv = model_lib.unpack_tokens(qkv, index, *cos.shape[:2])  # [b, s, 3, n, d]
+            qkv = packing.unpack_tokens(qkv, index, *cos.shape[:2])  # [b, s, 3, n, d]
         q, k, v = (sharding.constrain(qkv[:, :, i], qkv_names) for i in range(3))  # [b, s, n, d]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         weights_dropout = nn.Dropout(cfg.attention_dropout)
@@ -734,7 +733,7 @@ class Attention(nn.Module):
             context = jnp.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
         context = sharding.constrain(context, qkv_names)
         if index is not None:
-            context = model_lib.pack_tokens(context, index)  # [g, c, n, d]
+            context = packing.pack_tokens(context, index)  # [g, c, n, d]
         y = Projection(
             cfg,
             "bsnd,ndh->bsh",
@@ -899,7 +898,7 @@ class ModernBertModel(nn.Module):
     case (1 real, 0 padding; default all real).
 
     ``packed_length`` (an int) runs the embeddings, projections, feed-forwards and norms on
-    the real tokens only, gathered into that many slots per batch shard (bertjax.model's
+    the real tokens only, gathered into that many slots per batch shard (bertjax.packing's
     packing_index); attention sees the same rows as without it. Every shard must hold at
     most that many real tokens (the train step checks, bertjax.steps). Outputs at real
     tokens are the padded path's; padded positions come back zero. Where packing cannot pay
@@ -968,8 +967,8 @@ class ModernBertModel(nn.Module):
         index = None
         groups = sharding.shards(BATCH)
         if packed_length is not None and packing_pays(batch, seq, packed_length, groups):
-            index = model_lib.packing_index(attention_mask, packed_length, groups)  # [g, c]
-            input_ids = model_lib.pack_tokens(input_ids, index)  # [g, c]
+            index = packing.packing_index(attention_mask, packed_length, groups)  # [g, c]
+            input_ids = packing.pack_tokens(input_ids, index)  # [g, c]
         x = self.embeddings(input_ids, deterministic)  # [b, s, h] (packed: [g, c, h])
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
         x = self.layers[0](x, masks, rotary, index, deterministic)
@@ -979,7 +978,7 @@ class ModernBertModel(nn.Module):
             x = layer(x, masks, rotary, index, deterministic)
         x = self.final_norm(x)
         if index is not None:
-            x = model_lib.unpack_tokens(x, index, batch, seq)  # [b, s, h], zero at padding
+            x = packing.unpack_tokens(x, index, batch, seq)  # [b, s, h], zero at padding
         return x
 
     def token_table(self) -> jax.Array:

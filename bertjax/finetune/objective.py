@@ -13,8 +13,8 @@ import jax
 
 from bertjax import optim, sharding, steps
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import task as task_lib
-from bertjax.model import BertConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,9 +17,9 @@ import jax
 import ml_collections
 
 from bertjax import encoders, fs, optim, sharding
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import layouts
 from bertjax.finetune import task as task_lib
-from bertjax.model import BertConfig
 from bertjax.settings import (
     ConfigError,
     check_mesh,

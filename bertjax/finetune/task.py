@@ -71,7 +71,7 @@ import numpy as np
 
 from bertjax import capability, fs, steps
 from bertjax.capability import HeadSpec
-from bertjax.model import BertConfig
+from bertjax.encoders.bert.config import BertConfig
 
 
 @dataclasses.dataclass(frozen=True)

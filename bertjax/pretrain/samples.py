@@ -15,8 +15,8 @@ import numpy as np
 
 from bertjax.data import storage
 from bertjax.data.sentences import split_sentences
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.inference import Model
-from bertjax.model import BertConfig
 from bertjax.tokenizer import Tokenizer
 
 

@@ -23,9 +23,9 @@ from tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, write_tokenizer
 
 from bertjax import Model, capability, encoders, sharding
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert import ModernBertConfig
 from bertjax.features import TruncationWarning
-from bertjax.model import BertConfig
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.seq2seq import model as seq2seq_lib

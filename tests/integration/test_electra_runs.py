@@ -14,8 +14,8 @@ from synthetic_corpus import finetune_config
 import bertjax
 from bertjax import capability, encoders, optim, rundir, sharding
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import model as model_lib
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig

@@ -13,8 +13,9 @@ from synthetic_corpus import finetune_config as make_config
 from xla_env import subprocess_env
 
 import bertjax
-from bertjax import hf, rundir
+from bertjax import rundir
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.settings import ConfigError
@@ -231,7 +232,7 @@ def test_every_head_fine_tunes_and_predicts(pretrained_run, tmp_path, task):
         fields[f"data.{name}"] = str(path.with_suffix(suffix))
     if task == "multi_label":  # from a transformers export of the pretrained model this time
         config, params, tokenizer = bertjax.load(init_from)
-        hf.save(config, params, tmp_path / "export", tokenizer=tokenizer)
+        bert_hf.save(config, params, tmp_path / "export", tokenizer=tokenizer)
         init_from = tmp_path / "export"
     summary = finetune(make_config(init_from, **fields), tmp_path / "run")
 

@@ -19,7 +19,8 @@ from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
 )
 from test_finetune_hf_parity import HF_CLASSES, torch_labels
 
-from bertjax import hf, optim
+from bertjax import optim
+from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.finetune.objective import build_finetuning
 
 
@@ -37,7 +38,7 @@ def test_fine_tuning_steps_equal_transformers_step_for_step(tmp_path, name, pair
     head = HEADS[name]
     config = dataclasses.replace(CONFIG, hidden_dropout=0.0, attention_dropout=0.0)
     params = random_params(head, seed=6)
-    hf.save(config, params, tmp_path / "start", head=head)
+    bert_hf.save(config, params, tmp_path / "start", head=head)
     cls = HF_CLASSES.get(head.task, transformers.BertForSequenceClassification)
     reference = cls.from_pretrained(tmp_path / "start", attn_implementation="eager").train()
     named = list(reference.named_parameters())
@@ -84,7 +85,7 @@ def test_fine_tuning_steps_equal_transformers_step_for_step(tmp_path, name, pair
         np.testing.assert_allclose(float(metrics["train/loss"]), loss.item(), rtol=1e-4)
         np.testing.assert_allclose(float(metrics["train/grad_norm"]), grad_norm.item(), rtol=1e-4)
 
-    hf.save(config, jax.device_get(state.params), tmp_path / "ours", head=head)
+    bert_hf.save(config, jax.device_get(state.params), tmp_path / "ours", head=head)
     ours = cls.from_pretrained(tmp_path / "ours", attn_implementation="eager").state_dict()
     start = cls.from_pretrained(tmp_path / "start", attn_implementation="eager").state_dict()
     theirs = reference.state_dict()

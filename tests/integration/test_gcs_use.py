@@ -21,10 +21,12 @@ import transformers
 from test_tokenizer import training_sentences
 
 from bertjax import fs, hf
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import InferenceError, Model
-from bertjax.model import BertConfig, BertForPreTraining, pretraining_init
 from bertjax.settings import ConfigError
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import task as sentence_embedding
@@ -98,15 +100,15 @@ def _download(gcs, url: str, local: pathlib.Path) -> pathlib.Path:
 def test_hf_export_to_gcs_matches_local_export_and_loads_back(gcs, tiny, tmp_path):
     config, params, tokenizer = tiny
     remote = gcs.bucket() + "/exports/tiny"
-    hf.save(config, params, remote, tokenizer=tokenizer)
-    hf.save(config, params, tmp_path / "local", tokenizer=tokenizer)
+    bert_hf.save(config, params, remote, tokenizer=tokenizer)
+    bert_hf.save(config, params, tmp_path / "local", tokenizer=tokenizer)
 
     # The same files, byte for byte, as the local export: nothing else (no staging leftovers).
     objects = _objects(gcs, remote)
     assert set(objects) == EXPORT_FILES
     assert objects == _files(tmp_path / "local")
 
-    loaded_config, loaded = hf.load(remote)
+    loaded_config, loaded = bert_hf.load(remote)
     assert loaded_config == config
     flat, _ = jax.tree.flatten_with_path(params)
     back = dict(jax.tree.flatten_with_path(loaded)[0])
@@ -198,7 +200,7 @@ def _finetune_config(init_from, **fields):
 def test_finetune_reads_its_files_from_gcs(gcs, tiny, tmp_path):
     config, params, tokenizer = tiny
     init_from = tmp_path / "init"
-    hf.save(config, params, init_from, tokenizer=tokenizer)
+    bert_hf.save(config, params, init_from, tokenizer=tokenizer)
     data = gcs.bucket() + "/task"
     fields = {
         "task": "classification",
@@ -252,7 +254,7 @@ def test_finetune_from_gcs_init_into_gcs_workdir(gcs, pretrained_run, tmp_path, 
 def test_glue_directory_on_gcs_resolves_its_files(gcs, tiny, tmp_path):
     config, params, tokenizer = tiny
     init_from = tmp_path / "init"
-    hf.save(config, params, init_from, tokenizer=tokenizer)
+    bert_hf.save(config, params, init_from, tokenizer=tokenizer)
     glue = gcs.bucket() + "/glue/SST-2"
     for name in ("train.tsv", "dev.tsv", "test.tsv"):
         fs.write_text(f"{glue}/{name}", "sentence\tlabel\nthe film was good\t1\n")
@@ -345,7 +347,7 @@ def test_missing_bucket_and_object_name_the_path(gcs, monkeypatch, tmp_path):
     with pytest.raises(InferenceError, match=f"{bucket}/none does not exist"):
         Model.load(bucket + "/none")
     with pytest.raises(FileNotFoundError, match="not a directory"):
-        hf.load(bucket + "/none")
+        bert_hf.load(bucket + "/none")
     with pytest.raises(fs.StorageError, match="the bucket gs://no-such-bucket-4d2 does not"):
         sbert.load("gs://no-such-bucket-4d2/sbert")
     assert list(tmp_path.iterdir()) == []  # nothing local under a mangled name ("gs:/...")
@@ -367,7 +369,7 @@ def _cli_finetune(tmp_path, init_from, *overrides):
 def test_finetune_cli_bad_cloud_input_ends_in_one_line(gcs, tiny, tmp_path):
     config, params, tokenizer = tiny
     init_from = tmp_path / "init"
-    hf.save(config, params, init_from, tokenizer=tokenizer)
+    bert_hf.save(config, params, init_from, tokenizer=tokenizer)
     bucket = gcs.bucket()
     good = _write_rows(bucket + "/dev.csv", 8, 1)
     cwd = tmp_path / "cwd"
@@ -414,9 +416,9 @@ def test_credentials_and_permission_errors_name_the_path(
 ):
     config, params, tokenizer = tiny
     remote = gcs.bucket() + "/model"
-    hf.save(config, params, remote, tokenizer=tokenizer)
+    bert_hf.save(config, params, remote, tokenizer=tokenizer)
     init_from = tmp_path / "init"  # fine-tuning checks init_from before the data
-    hf.save(config, params, init_from, tokenizer=tokenizer)
+    bert_hf.save(config, params, init_from, tokenizer=tokenizer)
     fsspec.filesystem("gs").invalidate_cache()
 
     async def refuse(self, *args, **kwargs):
@@ -424,7 +426,7 @@ def test_credentials_and_permission_errors_name_the_path(
 
     monkeypatch.setattr(gcsfs.GCSFileSystem, "_call", refuse)
     with pytest.raises(fs.StorageError) as err:
-        hf.load(remote)
+        bert_hf.load(remote)
     assert str(err.value).startswith(f"{remote}: cannot read: {said}")
     assert "\n" not in str(err.value)
     with pytest.raises(InferenceError, match=f"^{remote}: cannot read: {said}"):
@@ -437,4 +439,4 @@ def test_credentials_and_permission_errors_name_the_path(
     with pytest.raises(ConfigError, match=f"^config.data.train: {remote}/train.csv: cannot read"):
         FinetuneSettings.from_config(_finetune_config(init_from, **fields))
     with pytest.raises(fs.StorageError, match=f"^{remote}-again/.*: cannot write: {said}"):
-        hf.save(config, params, remote + "-again", tokenizer=tokenizer)
+        bert_hf.save(config, params, remote + "-again", tokenizer=tokenizer)

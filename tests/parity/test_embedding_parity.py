@@ -15,8 +15,8 @@ from test_embedding import (  # noqa: F401 (fixtures are used by name)
     wordpiece,
 )
 
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert import ModernBertConfig
-from bertjax.model import BertConfig
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer

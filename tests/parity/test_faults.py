@@ -24,9 +24,10 @@ from test_tokenizer import training_sentences, write_wordpiece_vocab
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import heads, hf, rundir
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import loop as finetune_loop
 from bertjax.inference import InferenceError, Model
-from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
@@ -237,7 +238,7 @@ def _save_steps(workdir: pathlib.Path, steps, params_for, meta: dict) -> None:
 @pytest.fixture(scope="module")
 def bert(pretraining_dir):
     """(config, host params, tokenizer) of the pretraining directory, read by bertjax."""
-    config, params = hf.load(pretraining_dir)
+    config, params = bert_hf.load(pretraining_dir)
     return config, params, hf.load_tokenizer(pretraining_dir)
 
 

@@ -19,8 +19,8 @@ from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
 )
 
 import bertjax
-from bertjax import hf
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.tasks import labels as labels_capability
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
@@ -53,7 +53,7 @@ def torch_labels(head: HeadSpec, labels: np.ndarray):
 def test_exported_heads_load_in_transformers_with_equal_logits(tmp_path, name):
     head = HEADS[name]
     params = random_params(head, seed=1)
-    hf.save(CONFIG, params, tmp_path, head=head)
+    bert_hf.save(CONFIG, params, tmp_path, head=head)
     cls = HF_CLASSES.get(head.task, transformers.BertForSequenceClassification)
     model, info = cls.from_pretrained(
         tmp_path, output_loading_info=True, attn_implementation="eager"
@@ -95,7 +95,7 @@ def test_transformers_heads_import_with_equal_logits(tmp_path, name):
             parameter.add_(torch.randn_like(parameter) * 0.2)
     model.save_pretrained(tmp_path)
 
-    config, params, report = hf.load_with_report(tmp_path)
+    config, params, report = bert_hf.load_with_report(tmp_path)
     assert report.head == head
     assert set(params) == {"bert", "classifier"}
     if head.token_level:  # BertForTokenClassification has no pooler: bertjax starts one
@@ -114,7 +114,7 @@ def test_an_exported_classifier_predicts_as_transformers_does(tmp_path):
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
     tokenizer = WordPieceTokenizer.from_vocab(vocab)
     head = HEADS["classification"]
-    hf.save(CONFIG, random_params(head, seed=4), tmp_path / "export", tokenizer, head=head)
+    bert_hf.save(CONFIG, random_params(head, seed=4), tmp_path / "export", tokenizer, head=head)
 
     model = bertjax.Model.load(tmp_path / "export")
     texts, pairs = ["w1 w2 w3", "w40 w7"], ["w5 w6", "w8 w9 w10 w11"]

@@ -21,9 +21,11 @@ from test_hf_unit import (  # noqa: F401 (fixtures are used by name)
 from test_tokenizer import VARIED, write_wordpiece_vocab
 
 from bertjax import hf
-from bertjax import model as model_lib
+from bertjax.encoders.bert import config as bert_config
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.finetune import loop as finetune_loop
-from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tokenizer import WordPieceTokenizer
 
 ATOL = 1e-4
@@ -134,7 +136,7 @@ def hf_dir(tmp_path_factory):
 def test_hf_to_bertjax_matches_torch(tmp_path, hidden_act, scan_layers):
     model = _hf_pretraining_model(seed=2, hidden_act=hidden_act)
     model.save_pretrained(tmp_path)
-    config, params = hf.load(tmp_path, scan_layers=scan_layers, attention_impl="xla")
+    config, params = bert_hf.load(tmp_path, scan_layers=scan_layers, attention_impl="xla")
     assert config.hidden_act == {"gelu": "gelu", "gelu_pytorch_tanh": "gelu_tanh"}[hidden_act]
     assert (
         config.vocab_size,
@@ -168,7 +170,7 @@ def test_bertjax_to_hf_matches_torch(tmp_path, positions):
         position_embedding_type=positions,
     )
     params = _random_params(config, seed=3)
-    hf.save(config, params, tmp_path)
+    bert_hf.save(config, params, tmp_path)
 
     model, info = transformers.BertForPreTraining.from_pretrained(
         tmp_path, output_loading_info=True, attn_implementation="eager"
@@ -204,9 +206,9 @@ def test_hf_bertjax_hf_round_trip_is_bit_identical(tmp_path, hf_dir, dtype):
     if dtype == "bfloat16":
         source = tmp_path / "bf16"
         copy.deepcopy(model).to(torch.bfloat16).save_pretrained(source)
-    config, params = hf.load(source, param_dtype=dtype)
+    config, params = bert_hf.load(source, param_dtype=dtype)
     assert {np.dtype(x.dtype).name for x in jax.tree.leaves(params)} == {dtype}
-    hf.save(config, params, tmp_path / "out")
+    bert_hf.save(config, params, tmp_path / "out")
     before, after = _read_dir(source), _read_dir(tmp_path / "out")
     assert before.keys() == after.keys()
     for name in before:
@@ -249,7 +251,7 @@ def test_bert_model_checkpoint_loads_with_fresh_heads(tmp_path, caplog):
     base = _randomize_torch(transformers.BertModel(_hf_config()), seed=6).eval()
     base.save_pretrained(tmp_path)
     with caplog.at_level(logging.WARNING, logger="bertjax.hf"):
-        config, params, report = hf.load_with_report(tmp_path, seed=7, attention_impl="xla")
+        config, params, report = bert_hf.load_with_report(tmp_path, seed=7, attention_impl="xla")
     heads = [
         "mlm_head/output_bias",
         "mlm_head/transform/kernel",
@@ -281,7 +283,7 @@ def test_bert_model_checkpoint_loads_with_fresh_heads(tmp_path, caplog):
         ours["pooled_output"], theirs.pooler_output.numpy(), atol=ATOL, rtol=0
     )
     # Seeded: the same seed gives the same heads.
-    _, again = hf.load(tmp_path, seed=7)
+    _, again = bert_hf.load(tmp_path, seed=7)
     np.testing.assert_array_equal(again["nsp_head"]["kernel"], params["nsp_head"]["kernel"])
 
 
@@ -290,9 +292,9 @@ def test_pytorch_model_bin_loads_like_safetensors(tmp_path, hf_dir):
     # The legacy format: a pickled state dict, as older transformers wrote it.
     torch.save(model.state_dict(), tmp_path / hf.TORCH_WEIGHTS_NAME)
     model.config.to_json_file(tmp_path / hf.CONFIG_NAME)
-    _, from_bin, report = hf.load_with_report(tmp_path)
+    _, from_bin, report = bert_hf.load_with_report(tmp_path)
     assert report.source.endswith(hf.TORCH_WEIGHTS_NAME)
-    _, from_safe = hf.load(source)
+    _, from_safe = bert_hf.load(source)
     jax.tree.map(np.testing.assert_array_equal, from_bin, from_safe)
 
 
@@ -301,9 +303,9 @@ def test_sharded_checkpoint_loads_like_single_file(tmp_path, hf_dir):
     model.save_pretrained(tmp_path, max_shard_size="20KB")
     assert not (tmp_path / hf.SAFE_WEIGHTS_NAME).exists()
     assert len(list(tmp_path.glob("model-*-of-*.safetensors"))) > 1
-    _, sharded, report = hf.load_with_report(tmp_path)
+    _, sharded, report = bert_hf.load_with_report(tmp_path)
     assert report.source.endswith(hf.SAFE_WEIGHTS_INDEX_NAME)
-    _, single = hf.load(source)
+    _, single = bert_hf.load(source)
     jax.tree.map(np.testing.assert_array_equal, sharded, single)
 
 
@@ -313,7 +315,7 @@ def test_pytorch_model_bin_without_torch_fails_clearly(tmp_path, hf_dir, monkeyp
     model.config.to_json_file(tmp_path / hf.CONFIG_NAME)
     monkeypatch.setitem(sys.modules, "torch", None)  # makes `import torch` fail
     with pytest.raises(ImportError, match="pytorch_model.bin needs torch"):
-        hf.load(tmp_path)
+        bert_hf.load(tmp_path)
 
 
 def test_old_names_and_missing_prefix_load_the_same(tmp_path, hf_dir):
@@ -334,8 +336,8 @@ def test_old_names_and_missing_prefix_load_the_same(tmp_path, hf_dir):
     assert any(n.endswith("LayerNorm.gamma") for n in renamed)
     safetensors_numpy.save_file(renamed, tmp_path / hf.SAFE_WEIGHTS_NAME)
     (tmp_path / hf.CONFIG_NAME).write_text((source / hf.CONFIG_NAME).read_text())
-    _, old_style, report = hf.load_with_report(tmp_path)
-    _, canonical = hf.load(source)
+    _, old_style, report = bert_hf.load_with_report(tmp_path)
+    _, canonical = bert_hf.load(source)
     jax.tree.map(np.testing.assert_array_equal, old_style, canonical)
     assert sorted(report.ignored) == [
         "cls.predictions.decoder.bias",
@@ -366,70 +368,72 @@ def test_bad_checkpoints_name_the_tensor(tmp_path, hf_dir):
     with pytest.raises(
         ValueError, match=r"bert\.encoder\.layer\.1\.output\.dense\.weight.*\(32, 47\)"
     ):
-        hf.load(_write_variant(source, tmp_path / "shape", bad))
+        bert_hf.load(_write_variant(source, tmp_path / "shape", bad))
 
     bad = {k: v for k, v in tensors.items() if k != "bert.encoder.layer.0.attention.self.key.bias"}
     with pytest.raises(
         ValueError, match=r"missing tensor 'bert\.encoder\.layer\.0\.attention\.self\.key\.bias'"
     ):
-        hf.load(_write_variant(source, tmp_path / "missing", bad))
+        bert_hf.load(_write_variant(source, tmp_path / "missing", bad))
 
     # A head that is half there is an error, not a silent re-initialisation.
     bad = {k: v for k, v in tensors.items() if k != "cls.seq_relationship.bias"}
     with pytest.raises(ValueError, match=r"missing tensor 'cls\.seq_relationship\.bias'"):
-        hf.load(_write_variant(source, tmp_path / "half_head", bad))
+        bert_hf.load(_write_variant(source, tmp_path / "half_head", bad))
 
     bad = dict(tensors, **{"classifier.weight": np.zeros((3, 32), np.float32)})
     with pytest.raises(ValueError, match=r"unexpected tensor\(s\) 'classifier\.weight'"):
-        hf.load(_write_variant(source, tmp_path / "unexpected", bad))
+        bert_hf.load(_write_variant(source, tmp_path / "unexpected", bad))
 
     # config.json says 1 layer: layer 1's tensors are unexpected.
     with pytest.raises(ValueError, match=r"unexpected tensor\(s\) 'bert\.encoder\.layer\.1\."):
-        hf.load(
+        bert_hf.load(
             _write_variant(source, tmp_path / "layers", config_changes={"num_hidden_layers": 1})
         )
 
     untied = tensors["bert.embeddings.word_embeddings.weight"] + 1
     bad = dict(tensors, **{"cls.predictions.decoder.weight": untied})
     with pytest.raises(ValueError, match=r"cls\.predictions\.decoder\.weight.*untied"):
-        hf.load(_write_variant(source, tmp_path / "untied", bad))
+        bert_hf.load(_write_variant(source, tmp_path / "untied", bad))
 
 
 def test_bad_configs_and_overrides_are_refused(tmp_path, hf_dir):
     source, _ = hf_dir
     with pytest.raises(ValueError, match=r"hidden_act='relu'.*gelu_new"):
-        hf.load(_write_variant(source, tmp_path / "relu", config_changes={"hidden_act": "relu"}))
+        bert_hf.load(
+            _write_variant(source, tmp_path / "relu", config_changes={"hidden_act": "relu"})
+        )
     with pytest.raises(ValueError, match=r"position_embedding_type='relative_key'"):
-        hf.load(
+        bert_hf.load(
             _write_variant(
                 source, tmp_path / "rel", config_changes={"position_embedding_type": "relative_key"}
             )
         )
     with pytest.raises(ValueError, match=r"override hidden_size=64 is not allowed"):
-        hf.load(source, hidden_size=64)
+        bert_hf.load(source, hidden_size=64)
     with pytest.raises(ValueError, match=r"override 'no_such_field'"):
-        hf.load(source, no_such_field=1)
+        bert_hf.load(source, no_such_field=1)
     with pytest.raises(FileNotFoundError, match="no weights found"):
         (tmp_path / "empty").mkdir()
         (tmp_path / "empty" / hf.CONFIG_NAME).write_text((source / hf.CONFIG_NAME).read_text())
-        hf.load(tmp_path / "empty")
-    config, _ = hf.load(source, dtype="bfloat16", attention_impl="xla", remat_policy="full")
+        bert_hf.load(tmp_path / "empty")
+    config, _ = bert_hf.load(source, dtype="bfloat16", attention_impl="xla", remat_policy="full")
     assert (config.dtype, config.attention_impl, config.remat_policy) == ("bfloat16", "xla", "full")
     assert config.param_dtype == "float32"
 
 
-@pytest.mark.parametrize("name", list(model_lib.PRESETS))
+@pytest.mark.parametrize("name", list(bert_config.PRESETS))
 def test_preset_parameter_counts_match_transformers(name):
     config = BertConfig.preset(name)
     ours = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(_abstract_params(config)))
     with torch.device("meta"):
         theirs_model = transformers.BertForPreTraining(
-            transformers.BertConfig(**hf.config_to_hf(config))
+            transformers.BertConfig(**bert_hf.config_to_hf(config))
         )
     theirs = sum(p.numel() for p in theirs_model.parameters())  # tied weights counted once
     assert ours == theirs
     assert (
-        len(hf.tensor_specs(config)) == len(theirs_model.state_dict()) - 2
+        len(bert_hf.tensor_specs(config)) == len(theirs_model.state_dict()) - 2
     )  # less the tied decoder copies
 
 
@@ -441,7 +445,7 @@ def test_save_writes_the_tokenizer_transformers_reads(tmp_path, sentencepiece):
     config = BertConfig.preset(
         "tiny", vocab_size=sentencepiece.vocab_size, max_position_embeddings=24
     )
-    hf.save(config, _random_params(config, seed=10), tmp_path, tokenizer=sentencepiece)
+    bert_hf.save(config, _random_params(config, seed=10), tmp_path, tokenizer=sentencepiece)
     names = {p.name for p in tmp_path.iterdir()}
     assert names == {
         "config.json",
@@ -458,7 +462,7 @@ def test_save_writes_the_tokenizer_transformers_reads(tmp_path, sentencepiece):
     ours = sentencepiece.encode_batch(texts, special_tokens_in_text=True)
     assert theirs(texts)["input_ids"] == [[2, *ids, 3] for ids in ours]
     # Without a tokenizer, the weights alone, as before.
-    hf.save(config, _random_params(config, seed=10), tmp_path / "bare")
+    bert_hf.save(config, _random_params(config, seed=10), tmp_path / "bare")
     assert {p.name for p in (tmp_path / "bare").iterdir()} == {"config.json", "model.safetensors"}
 
 

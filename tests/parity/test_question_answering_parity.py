@@ -18,7 +18,7 @@ from test_question_answering import (  # noqa: F401 (fixtures are used by name)
     random_params,
 )
 
-from bertjax import hf
+from bertjax.encoders.bert import transformers as bert_hf
 
 
 def torch_logits(model):
@@ -33,7 +33,7 @@ def torch_logits(model):
 
 def test_export_loads_in_transformers_with_equal_logits(tmp_path):
     params = random_params(seed=1)
-    hf.save(CONFIG, params, tmp_path, head=qa_head())
+    bert_hf.save(CONFIG, params, tmp_path, head=qa_head())
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
         "BertForQuestionAnswering"
     ]
@@ -62,14 +62,14 @@ def test_transformers_model_imports_with_equal_logits(tmp_path):
         for parameter in model.parameters():
             parameter.add_(torch.randn_like(parameter) * 0.2)
     model.save_pretrained(tmp_path)
-    config, params, report = hf.load_with_report(tmp_path)
+    config, params, report = bert_hf.load_with_report(tmp_path)
     assert report.head == qa_head()
     assert report.initialized == ("bert/pooler/kernel", "bert/pooler/bias")  # HF has none
     assert set(params) == {"bert", "qa_outputs"} and config == CONFIG
     for ours, theirs in zip(our_logits(jax.tree.map(jnp.asarray, params)), torch_logits(model)):
         np.testing.assert_allclose(ours, theirs, atol=ATOL, rtol=0)
     # And back out: the re-exported weights are the same tensors.
-    hf.save(config, params, tmp_path / "again", head=qa_head())
+    bert_hf.save(config, params, tmp_path / "again", head=qa_head())
     again = transformers.BertForQuestionAnswering.from_pretrained(tmp_path / "again").eval()
     for name, tensor in model.state_dict().items():
         torch.testing.assert_close(again.state_dict()[name], tensor, rtol=0, atol=0)

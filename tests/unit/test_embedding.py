@@ -11,9 +11,9 @@ import pytest
 
 import bertjax
 from bertjax import sharding, steps, vectors
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert import ModernBertConfig
 from bertjax.inference import TruncationWarning
-from bertjax.model import BertConfig
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import metrics as embedding_eval
 from bertjax.tasks.embed import model as embedding

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import data, layouts
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.finetune.task import TaskData
 from bertjax.inference import Model
-from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks.labels import data as label_data
 from bertjax.tasks.labels import model as label_heads

@@ -10,9 +10,10 @@ from safetensors import numpy as safetensors_numpy
 
 from bertjax import heads, hf, optim
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
-from bertjax.model import BertConfig
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
 
@@ -59,20 +60,20 @@ def our_logits(head: HeadSpec, params) -> np.ndarray:
 def test_a_save_and_load_round_trip_keeps_every_parameter(tmp_path):
     head = HEADS["multi_label"]
     params = random_params(head, seed=2)
-    hf.save(CONFIG, params, tmp_path, head=head)
-    config, loaded, report = hf.load_with_report(tmp_path)
+    bert_hf.save(CONFIG, params, tmp_path, head=head)
+    config, loaded, report = bert_hf.load_with_report(tmp_path)
     assert report.head == head and config == CONFIG
     jax.tree.map(np.testing.assert_array_equal, loaded, params)
 
 
 def test_a_classifier_checkpoint_without_its_classifier_is_refused(tmp_path):
     head = HEADS["classification"]
-    hf.save(CONFIG, random_params(head, seed=3), tmp_path, head=head)
+    bert_hf.save(CONFIG, random_params(head, seed=3), tmp_path, head=head)
     tensors = safetensors_numpy.load_file(tmp_path / hf.SAFE_WEIGHTS_NAME)
     del tensors["classifier.bias"]
     safetensors_numpy.save_file(tensors, tmp_path / hf.SAFE_WEIGHTS_NAME, metadata={"format": "pt"})
     with pytest.raises(ValueError, match="missing tensor 'classifier.bias'"):
-        hf.load_with_report(tmp_path)
+        bert_hf.load_with_report(tmp_path)
 
 
 @pytest.mark.parametrize("same_task", [True, False])
@@ -83,7 +84,9 @@ def test_fine_tuning_from_a_transformers_classifier_keeps_its_head_for_the_same_
     vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "w"]) + "\n")
     head = HEADS["classification"]
     params = random_params(head, seed=5)
-    hf.save(CONFIG, params, tmp_path / "export", WordPieceTokenizer.from_vocab(vocab), head=head)
+    bert_hf.save(
+        CONFIG, params, tmp_path / "export", WordPieceTokenizer.from_vocab(vocab), head=head
+    )
     source = loop.open_source(tmp_path / "export")
     assert source.kind == "hf" and source.head == head
 

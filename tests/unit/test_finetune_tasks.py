@@ -9,10 +9,10 @@ import pytest
 
 from bertjax import capability, optim
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks import labels
 from bertjax.tasks.labels import model as label_heads

@@ -5,13 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import model as model_lib
-from bertjax import optim, perf, steps
+from bertjax import optim, packing, perf, steps
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.task import Examples
-from bertjax.model import BertConfig
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
 
@@ -185,7 +184,7 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(shards, accu
             for index in range(count // batch_size):
                 rows = order[index * batch_size : (index + 1) * batch_size]
                 for micro in steps.split_micro_batches(mask[rows], accumulate):
-                    per_shard = model_lib.tokens_per_group(jnp.asarray(micro), shards)
+                    per_shard = packing.tokens_per_group(jnp.asarray(micro), shards)
                     fullest = max(fullest, int(per_shard.max()))
     assert fullest == round(capacity * slots)
     assert 0 < capacity < 1

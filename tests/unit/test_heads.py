@@ -11,7 +11,8 @@ import pytest
 
 from bertjax import heads, sharding
 from bertjax.capability import HeadSpec
-from bertjax.model import BertConfig, BertModel
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertModel
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.objective import LossSettings

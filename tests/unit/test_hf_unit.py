@@ -11,8 +11,10 @@ from safetensors import numpy as safetensors_numpy
 from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
 
 from bertjax import hf
-from bertjax import model as model_lib
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.encoders.bert import model as model_lib
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 
 
@@ -61,9 +63,9 @@ def test_save_from_stacked_layers_writes_the_same_tensors(tmp_path):
         "tiny", vocab_size=97, max_position_embeddings=24, hidden_act="gelu_tanh"
     )
     params = _random_params(config, seed=5)
-    hf.save(config, params, tmp_path / "flat")
+    bert_hf.save(config, params, tmp_path / "flat")
     scanned = BertConfig.from_dict({**config.to_dict(), "scan_layers": True})
-    hf.save(scanned, model_lib.stack_layers(params, config.num_layers), tmp_path / "stacked")
+    bert_hf.save(scanned, model_lib.stack_layers(params, config.num_layers), tmp_path / "stacked")
     flat, stacked = _read_dir(tmp_path / "flat"), _read_dir(tmp_path / "stacked")
     assert flat.keys() == stacked.keys()
     for name in flat:
@@ -79,14 +81,14 @@ def test_save_refuses_wrong_params(tmp_path):
     wrong = jax.tree.map(lambda x: x, params)
     wrong["nsp_head"]["kernel"] = np.zeros((config.hidden_size, 3), np.float32)
     with pytest.raises(ValueError, match=r"'nsp_head/kernel' has shape"):
-        hf.save(config, wrong, tmp_path / "a")
+        bert_hf.save(config, wrong, tmp_path / "a")
     wrong = jax.tree.map(lambda x: x, params)
     del wrong["bert"]["pooler"]["bias"]
     with pytest.raises(ValueError, match=r"missing parameter 'bert/pooler/bias'"):
-        hf.save(config, wrong, tmp_path / "b")
+        bert_hf.save(config, wrong, tmp_path / "b")
     # Boxed params straight from init are accepted too.
-    hf.save(config, {"params": _random_params(config, seed=9, boxed=True)}, tmp_path / "c")
-    hf.save(config, params, tmp_path / "d")
+    bert_hf.save(config, {"params": _random_params(config, seed=9, boxed=True)}, tmp_path / "c")
+    bert_hf.save(config, params, tmp_path / "d")
     boxed, plain = _read_dir(tmp_path / "c"), _read_dir(tmp_path / "d")
     assert boxed.keys() == plain.keys()
     for name in boxed:
@@ -96,7 +98,7 @@ def test_save_refuses_wrong_params(tmp_path):
 def test_save_refuses_a_tokenizer_larger_than_the_vocabulary(tmp_path, sentencepiece):
     config = BertConfig.preset("tiny", vocab_size=97, max_position_embeddings=24)
     with pytest.raises(ValueError, match="400 pieces but the model's vocabulary has 97 rows"):
-        hf.save(config, _random_params(config, seed=11), tmp_path, tokenizer=sentencepiece)
+        bert_hf.save(config, _random_params(config, seed=11), tmp_path, tokenizer=sentencepiece)
     assert not tmp_path.exists() or not any(tmp_path.iterdir())  # nothing written
 
 

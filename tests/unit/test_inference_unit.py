@@ -15,8 +15,9 @@ from bertjax import checkpoint as checkpoint_lib
 from bertjax import data as data_lib
 from bertjax import inference, losses, perf
 from bertjax import sharding as sharding_lib
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.inference import InferenceError, Model, TruncationWarning
-from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.pretrain import samples
 from bertjax.tokenizer import Tokenizer
 

@@ -11,21 +11,21 @@ import pytest
 from flax import linen as nn
 
 from bertjax import sharding
-from bertjax.model import (
-    ARCHITECTURE_FIELDS,
-    PRESETS,
-    BertConfig,
+from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS, PRESETS, BertConfig
+from bertjax.encoders.bert.model import (
     BertForPreTraining,
     BertModel,
     count_params,
+    sinusoidal_table,
+    stack_layers,
+    unstack_layers,
+)
+from bertjax.packing import (
     first_tokens,
     pack_tokens,
     packing_index,
-    sinusoidal_table,
-    stack_layers,
     tokens_per_group,
     unpack_tokens,
-    unstack_layers,
 )
 
 CFG = BertConfig(

@@ -21,7 +21,8 @@ from bertjax.data.packing import (
     pack_documents,
 )
 from bertjax.data.storage import shard_paths
-from bertjax.model import BertConfig, BertModel
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertModel
 from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError

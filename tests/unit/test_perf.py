@@ -10,7 +10,8 @@ import pytest
 from jax.extend import core as jax_core
 
 from bertjax import perf
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining
 
 
 def test_bert_base_flops_match_hand_count():

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from test_question_answering import CONFIG, TOKENIZER, qa_head, synthetic_examples
 
-from bertjax import Model, hf
+from bertjax import Model
+from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.finetune import settings as finetune_settings
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
@@ -47,7 +48,7 @@ def random_export(directory, config=CONFIG, seed=0):
     """A random BertForQuestionAnswering directory with the test tokenizer."""
     model = qa_model.QuestionAnswering(config)
     params = jax.tree.map(np.asarray, qa_model.init_params(model, jax.random.key(seed)))
-    hf.save(config, params, directory, tokenizer=TOKENIZER, head=qa_head())
+    bert_hf.save(config, params, directory, tokenizer=TOKENIZER, head=qa_head())
     return str(directory)
 
 

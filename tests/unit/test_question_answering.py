@@ -13,7 +13,7 @@ from test_tokenizer import training_sentences
 
 from bertjax import Model
 from bertjax.capability import HeadSpec
-from bertjax.model import BertConfig
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import metrics as qa_metrics
 from bertjax.tasks.qa import model as qa_model

@@ -9,7 +9,8 @@ import pytest
 from synthetic_corpus import ONE_LAYER
 from test_trainer import make_config
 
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.pretrain.objective import PretrainingObjective
 from bertjax.pretrain.settings import SENTENCE_PAIR_PARAMS, PretrainSettings
 from bertjax.settings import ConfigError

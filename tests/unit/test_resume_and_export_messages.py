@@ -12,9 +12,10 @@ import pytest
 from tokenizer_kinds import write_tokenizer
 
 from bertjax import Model, hf
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.finetune import loop
 from bertjax.inference import InferenceError
-from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 

@@ -15,7 +15,8 @@ import pytest
 from xla_env import optimized_compiles
 
 from bertjax import sharding
-from bertjax.model import BertConfig, BertForPreTraining
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.tasks.seq2seq import metrics as text_metrics
 from bertjax.tasks.seq2seq import model as s2s
 

@@ -12,10 +12,12 @@ import pytest
 import sacrebleu
 
 import bertjax
-from bertjax import hf, rundir
+from bertjax import rundir
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.settings import ConfigError
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as s2s
@@ -52,7 +54,7 @@ def source(tmp_path_factory) -> pathlib.Path:
     config = bert_config()
     ids = np.zeros((1, 4), np.int32)
     params = BertForPreTraining(config).init(jax.random.key(0), ids, ids, ids)["params"]
-    hf.save(config, nn.meta.unbox(params), root / "model", tokenizer)
+    bert_hf.save(config, nn.meta.unbox(params), root / "model", tokenizer)
     return root / "model"
 
 

@@ -12,13 +12,13 @@ from test_seq2seq_task import bert_config, make_config, source, write_data  # no
 from bertjax import Model
 from bertjax import capability as capability_lib
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import data as task_data
 from bertjax.finetune import layouts
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneDataSettings, FinetuneSettings
 from bertjax.inference import InferenceError
-from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
@@ -317,7 +317,7 @@ def models() -> dict[str, Model]:
 
 
 def _model_encoder() -> Model:
-    from bertjax.model import BertForPreTraining, pretraining_init
+    from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
 
     params = pretraining_init(BertForPreTraining(CONFIG), 1, 1)(jax.random.key(0))
     return Model(CONFIG, params, TOKENIZER)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax.model import BertConfig
+from bertjax.encoders.bert.config import BertConfig
 
 # transformers' ElectraConfig defaults (ELECTRA-Small's discriminator): a config.json field
 # that is absent means these.

@@ -1,4 +1,4 @@
-"""ELECTRA's linen modules: BERT's embeddings and layers (bertjax.model), an embedding
+"""ELECTRA's linen modules: BERT's embeddings and layers (bertjax.encoders.bert.model), an embedding
 projection, and no tanh pooler.
 
 `ElectraEncoder` is the family's module (the call of bertjax.encoders.family), under "bert":
@@ -39,9 +39,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import model as model_lib
-from bertjax import sharding
+from bertjax import packing, sharding
 from bertjax.encoders import family
+from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.sharding import ACTIVATION_EMBED, BATCH, EMBED, HIDDEN, LABELS, LENGTH
 
@@ -61,7 +61,7 @@ class ElectraEncoder(nn.Module):
     """Embeddings, projection and BERT's layers; returns (sequence_output [b, s, h],
     pooled [b, h]) with the families' call (bertjax.encoders.family). ``token_head`` changes
     nothing (ELECTRA's token heads read the hidden states). ``packed_length``, ``cls_only``,
-    ``document_ids`` and ``positions`` work as in bertjax.model.BertModel."""
+    ``document_ids`` and ``positions`` work as in bertjax.encoders.bert.model.BertModel."""
 
     config: ElectraConfig
 
@@ -138,13 +138,13 @@ class ElectraEncoder(nn.Module):
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
         index = None
         if packed_length is not None:
-            index = model_lib.packing_index(attention_mask, packed_length, sharding.shards(BATCH))
-            x = model_lib.pack_tokens(x, index)  # [g, c, h]
+            index = packing.packing_index(attention_mask, packed_length, sharding.shards(BATCH))
+            x = packing.pack_tokens(x, index)  # [g, c, h]
             x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
         x = self.encoder(x, attention_mask, deterministic, index, cls_only, document_ids)
         if index is not None and not cls_only:  # x is packed [g, c, h]
             batch, seq = input_ids.shape
-            x = model_lib.unpack_tokens(x, index, batch, seq)  # [b, s, h]
+            x = packing.unpack_tokens(x, index, batch, seq)  # [b, s, h]
         return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
 
     def word_table(self) -> jax.Array:

@@ -31,8 +31,9 @@ import jax
 import numpy as np
 
 from bertjax import capability, fs, hf
-from bertjax import model as model_lib
 from bertjax.capability import TransformersHead
+from bertjax.encoders.bert import model as model_lib
+from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, HF_DEFAULTS, ElectraConfig
 from bertjax.hf import TensorSpec
@@ -68,9 +69,10 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides) -> ElectraConfig:
     if model_type != MODEL_TYPE:
         raise ValueError(f"config.json: model_type={model_type!r} is not {MODEL_TYPE!r}")
     act = hf_config.get("hidden_act", "gelu")
-    if act not in hf._ACT_FROM_HF:
+    if act not in bert_hf._ACT_FROM_HF:
         raise ValueError(
-            f"config.json: hidden_act={act!r} is not supported; valid: {sorted(hf._ACT_FROM_HF)}"
+            f"config.json: hidden_act={act!r} is not supported; "
+            f"valid: {sorted(bert_hf._ACT_FROM_HF)}"
         )
     position_type = hf_config.get("position_embedding_type", "absolute")
     if position_type != "absolute":
@@ -99,7 +101,7 @@ def config_from_hf(hf_config: Mapping[str, Any], **overrides) -> ElectraConfig:
         attention_dropout=float(hf_config.get("attention_probs_dropout_prob", 0.1)),
         layer_norm_eps=float(hf_config.get("layer_norm_eps", 1e-12)),
         initializer_range=float(hf_config.get("initializer_range", 0.02)),
-        hidden_act=hf._ACT_FROM_HF[act],
+        hidden_act=bert_hf._ACT_FROM_HF[act],
     )
     if hf_config.get("classifier_dropout") is not None:
         fields["classifier_dropout"] = float(hf_config["classifier_dropout"])
@@ -124,7 +126,7 @@ def config_to_hf(config: ElectraConfig, architecture: str) -> dict[str, Any]:
         "num_hidden_layers": config.num_layers,
         "num_attention_heads": config.num_heads,
         "intermediate_size": config.intermediate_size,
-        "hidden_act": hf._ACT_TO_HF[config.hidden_act],
+        "hidden_act": bert_hf._ACT_TO_HF[config.hidden_act],
         "hidden_dropout_prob": config.hidden_dropout,
         "attention_probs_dropout_prob": config.attention_dropout,
         "classifier_dropout": config.classifier_dropout,
@@ -169,13 +171,13 @@ def _renamed(specs: list[TensorSpec], start: str) -> list[TensorSpec]:
 
 def encoder_specs(config: ElectraConfig) -> list[TensorSpec]:
     """ElectraModel's tensors ("electra."-prefixed), in transformers' order."""
-    specs = _renamed(hf.tensor_specs(config.embedding), "bert.embeddings.")
+    specs = _renamed(bert_hf.tensor_specs(config.embedding), "bert.embeddings.")
     e, h = config.embedding_size, config.hidden_size
     if e != h:
         specs += _dense(
             HF_PREFIX + "embeddings_project", (ENCODER, "embeddings_project"), e, h, CORE
         )
-    return specs + _renamed(hf.tensor_specs(config.bert), "bert.encoder.")
+    return specs + _renamed(bert_hf.tensor_specs(config.bert), "bert.encoder.")
 
 
 def pretraining_specs(config: ElectraConfig) -> list[TensorSpec]:

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import encoders, sharding
-from bertjax.model import BertConfig
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.sharding import ACTIVATION_EMBED, BATCH
 from bertjax.tokenizer import Tokenizer
 from bertjax.vectors import l2_normalize

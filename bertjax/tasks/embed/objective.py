@@ -39,7 +39,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from bertjax import optim, sharding, steps, vectors
-from bertjax.model import BertConfig
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import BiEncoder, EmbeddingSpec
 

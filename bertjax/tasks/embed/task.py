@@ -42,10 +42,10 @@ import numpy as np
 
 from bertjax import fs, rundir, textfile, vectors
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import data as task_data
 from bertjax.finetune.layouts import Layout
 from bertjax.finetune.task import Examples, Task, TaskData, TaskInputs, TaskObjective
-from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks.embed import metrics as embedding_eval
 from bertjax.tasks.embed import model as embedding

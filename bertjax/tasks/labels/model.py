@@ -29,8 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import encoders, sharding
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.bert.model import Dropout
 from bertjax.heads import HeadSums, dense_head
-from bertjax.model import BertConfig, Dropout
 from bertjax.sharding import ACTIVATION_EMBED, BATCH, LABELS, LENGTH
 from bertjax.tokenizer import Tokenizer
 

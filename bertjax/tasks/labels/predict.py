@@ -16,9 +16,9 @@ import numpy as np
 
 from bertjax import features as features_lib
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.features import TruncationWarning
 from bertjax.inference import InferenceError, Model, as_int, as_texts
-from bertjax.model import BertConfig
 from bertjax.tasks.labels import model as label_heads
 
 

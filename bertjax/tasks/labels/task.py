@@ -20,9 +20,9 @@ import numpy as np
 
 from bertjax import fs, heads, rundir
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune.settings import FinetuneDataSettings, FinetuneRunSettings
 from bertjax.finetune.task import Examples, Task, TaskData, TaskObjective
-from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks.labels import data as task_data
 from bertjax.tasks.labels import metrics as metrics_lib

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Sequence
 import jax
 import numpy as np
 
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.inference import InferenceError, Model, as_bool, as_int, as_texts
-from bertjax.model import BertConfig
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad
 

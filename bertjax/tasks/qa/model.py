@@ -11,8 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import encoders, heads, sharding, steps
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.heads import HeadSums
-from bertjax.model import BertConfig
 from bertjax.sharding import BATCH, LABELS, LENGTH
 
 TASK = "question_answering"

@@ -34,12 +34,12 @@ import numpy as np
 from bertjax import features as features_lib
 from bertjax import fs
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import layouts
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, Task, TaskData, TaskObjective
 from bertjax.heads import HeadSums
-from bertjax.model import BertConfig
 from bertjax.settings import ConfigError
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import metrics as qa_metrics

@@ -16,15 +16,16 @@ import flax.linen as nn
 import numpy as np
 
 from bertjax import fs, hf
-from bertjax import model as model_lib
-from bertjax.model import ARCHITECTURE_FIELDS
+from bertjax.encoders.bert import model as model_lib
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS
 from bertjax.tasks.seq2seq import model as seq2seq_lib
 from bertjax.tokenizer import Tokenizer
 
 ENCODER_DECODER_ARCHITECTURE = "EncoderDecoderModel"
 GENERATION_CONFIG_NAME = "generation_config.json"
-_DECODER_TIED_WEIGHT = "decoder." + hf.TIED_DECODER_WEIGHT
-_DECODER_TIED_BIAS = "decoder." + hf.TIED_DECODER_BIAS
+_DECODER_TIED_WEIGHT = "decoder." + bert_hf.TIED_DECODER_WEIGHT
+_DECODER_TIED_BIAS = "decoder." + bert_hf.TIED_DECODER_BIAS
 
 
 def seq2seq_specs(config: seq2seq_lib.Seq2SeqConfig) -> list[hf.TensorSpec]:
@@ -35,10 +36,10 @@ def seq2seq_specs(config: seq2seq_lib.Seq2SeqConfig) -> list[hf.TensorSpec]:
     "decoder.cls.predictions.*"). The tied decoder weight and bias are not listed.
     """
     specs = []
-    for spec in hf.tensor_specs(config.bert):
+    for spec in bert_hf.tensor_specs(config.bert):
         if spec.group in (hf.CORE, hf.SINUSOIDAL, hf.POOLER):
             specs.append(dataclasses.replace(spec, hf_name="encoder." + spec.hf_name[5:]))
-    for spec in hf.tensor_specs(config.bert):
+    for spec in bert_hf.tensor_specs(config.bert):
         if spec.group in (hf.CORE, hf.SINUSOIDAL):
             rest = spec.path[1:]
             if rest[0] == "encoder":  # ("encoder", "layer_i", ...) -> ("layer_i", ...)
@@ -71,9 +72,9 @@ def seq2seq_config_to_hf(config: seq2seq_lib.Seq2SeqConfig) -> dict[str, Any]:
         "eos_token_id": config.eos_id,
         "pad_token_id": seq2seq_lib.PAD_ID,
     }
-    encoder = {**hf.config_to_hf(config.bert), "architectures": ["BertModel"]}
+    encoder = {**bert_hf.config_to_hf(config.bert), "architectures": ["BertModel"]}
     decoder = {
-        **hf.config_to_hf(config.bert),
+        **bert_hf.config_to_hf(config.bert),
         "architectures": ["BertLMHeadModel"],
         "is_decoder": True,
         "add_cross_attention": True,
@@ -95,7 +96,7 @@ def seq2seq_config_from_hf(
 ) -> seq2seq_lib.Seq2SeqConfig:
     """A Seq2SeqConfig from an EncoderDecoderConfig dict with BERT on both sides.
 
-    `overrides` set non-architecture BertConfig fields, as for `hf.config_from_hf`.
+    `overrides` set non-architecture BertConfig fields, as for `bert_hf.config_from_hf`.
     """
     if hf_config.get("model_type") != "encoder-decoder":
         raise ValueError(
@@ -105,8 +106,8 @@ def seq2seq_config_from_hf(
     for side in ("encoder", "decoder"):
         if not isinstance(hf_config.get(side), Mapping):
             raise ValueError(f"config.json: missing the {side!r} config")
-    encoder = hf.config_from_hf(hf_config["encoder"], **overrides)
-    decoder = hf.config_from_hf(hf_config["decoder"], **overrides)
+    encoder = bert_hf.config_from_hf(hf_config["encoder"], **overrides)
+    decoder = bert_hf.config_from_hf(hf_config["decoder"], **overrides)
     different = [
         name for name in ARCHITECTURE_FIELDS if getattr(encoder, name) != getattr(decoder, name)
     ]
@@ -197,8 +198,8 @@ def load_seq2seq(path: str | os.PathLike, **overrides) -> tuple[seq2seq_lib.Seq2
     config = seq2seq_config_from_hf(hf.read_config(config_path), **overrides)
     tensors, source = hf.read_weights(directory)
     tensors = dict(tensors)
-    word_name = "decoder." + hf.WORD_EMBEDDINGS
-    bias_name = "decoder." + hf.PREDICTION_BIAS
+    word_name = "decoder." + bert_hf.WORD_EMBEDDINGS
+    bias_name = "decoder." + bert_hf.PREDICTION_BIAS
     for tied, twin in ((_DECODER_TIED_WEIGHT, word_name), (_DECODER_TIED_BIAS, bias_name)):
         if tied in tensors:
             copy = np.asarray(tensors.pop(tied))

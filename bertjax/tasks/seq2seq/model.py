@@ -3,7 +3,8 @@
 The model is transformers' EncoderDecoderModel with BERT on both sides (Rothe, Narayan and
 Severyn, "Leveraging Pre-trained Checkpoints for Sequence Generation Tasks", TACL 2020):
 
-  encoder   bertjax.model.BertModel, parameters under "bert" (a pretrained encoder drops in)
+  encoder   bertjax.encoders.bert.model.BertModel, parameters under "bert" (a pretrained
+            encoder drops in)
   decoder   "decoder": its own embeddings, then per layer causal self-attention -> LayerNorm,
             cross-attention over the encoder output -> LayerNorm, feed-forward -> LayerNorm
             (post-LN, as BertLMHeadModel with add_cross_attention=True), then the MLM head
@@ -11,7 +12,7 @@ Severyn, "Leveraging Pre-trained Checkpoints for Sequence Generation Tasks", TAC
 
 Parameter names follow the encoder's, so a decoder layer's "attention" and "mlp" have the
 same tree as an encoder layer's and a checkpoint fills them as is; "cross_attention" has the
-tree of "attention". Einsum letters are those of bertjax.model (b s t h n d f v).
+tree of "attention". Einsum letters are those of bertjax.encoders.bert.model (b s t h n d f v).
 
 Initialisations (Seq2SeqConfig.init, the paper's names; `init_params`):
   bert2bert  encoder and decoder from the checkpoint, cross-attention new
@@ -52,10 +53,8 @@ import numpy as np
 from bertjax import attention as attention_lib
 from bertjax import sharding
 from bertjax.capability import HeadSpec
-from bertjax.heads import HeadSums
-from bertjax.model import (
-    STACKED_LAYERS,
-    BertConfig,
+from bertjax.encoders.bert.config import STACKED_LAYERS, BertConfig
+from bertjax.encoders.bert.model import (
     BertModel,
     Dropout,
     Embeddings,
@@ -66,6 +65,7 @@ from bertjax.model import (
     _layer_norm,
     unstack_layers,
 )
+from bertjax.heads import HeadSums
 from bertjax.sharding import ACTIVATION_EMBED, BATCH, HEADS, KV, LENGTH
 
 BERT2BERT = "bert2bert"
@@ -158,8 +158,9 @@ def attend(query, key, value, mask, *, dropout_rate=0.0, dropout_rng=None, deter
 class Attention(nn.Module):
     """Attention block: queries from x, given keys/values, output, dropout, residual, LN.
 
-    Its parameters have the tree of bertjax.model.SelfAttention (query, key, value, output,
-    layer_norm), so an encoder layer's attention fills a decoder's self- or cross-attention.
+    Its parameters have the tree of bertjax.encoders.bert.model.SelfAttention (query, key,
+    value, output, layer_norm), so an encoder layer's attention fills a decoder's self- or
+    cross-attention.
     """
 
     config: BertConfig

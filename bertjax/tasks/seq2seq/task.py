@@ -28,12 +28,12 @@ import numpy as np
 from bertjax import features as features_lib
 from bertjax import fs, rundir
 from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import data as task_data
 from bertjax.finetune.layouts import TRAIN
 from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, Task, TaskData, TaskInputs, TaskObjective
 from bertjax.heads import HeadSums
-from bertjax.model import BertConfig
 from bertjax.settings import ConfigError, require
 from bertjax.tasks.seq2seq import metrics as text_metrics
 from bertjax.tasks.seq2seq import model as s2s

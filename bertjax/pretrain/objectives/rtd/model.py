@@ -24,8 +24,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import model as model_lib
 from bertjax import sharding
+from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.encoders.electra.model import DiscriminatorHead, ElectraEncoder
 from bertjax.sharding import ACTIVATION_EMBED, BATCH, EMBED, HIDDEN, LENGTH

@@ -13,12 +13,11 @@ Initialisation: ``jax.nn.initializers.truncated_normal(initializer_range)``, whi
 standard normal truncated at +-2 and multiplies by the stddev without rescaling -- the same
 distribution as TensorFlow's ``truncated_normal(stddev=initializer_range)`` used by BERT.
 Biases are zero, LayerNorm scales one. ``head_init="lecun_normal"`` is an opt-in departure for
-the MLM-transform and NSP kernels only (see HEAD_INITS).
+the MLM-transform and NSP kernels only (see config.HEAD_INITS).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 from collections.abc import Callable
@@ -31,6 +30,8 @@ from flax import linen as nn
 
 from bertjax import attention as attention_lib
 from bertjax import sharding
+from bertjax.encoders.bert.config import STACKED_LAYERS, BertConfig
+from bertjax.packing import first_tokens, pack_tokens, packing_index, unpack_tokens
 from bertjax.sharding import (
     ACTIVATION_EMBED,
     BATCH,
@@ -46,149 +47,6 @@ from bertjax.sharding import (
     TOKEN_TYPE,
     VOCAB,
 )
-
-ACTIVATIONS = ("gelu", "gelu_tanh")
-# How the kernels of the pretraining heads (the MLM transform and the NSP classifier) start:
-# "truncated_normal" is google's (initializer_range, like every other kernel); "lecun_normal"
-# draws them with variance 1/fan_in, as transformers' Flax BERT did, to compare with models
-# started that way. Neither changes what the weights mean. On the tiny preset lecun_normal
-# heads left the unigram plateau later, not sooner (benchmarks/plateau.py); a larger
-# initializer_range for every weight is what shortened it there.
-HEAD_INITS = ("truncated_normal", "lecun_normal")
-POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
-# The encoder's key for all layers stacked along a leading axis (scan_layers=True).
-STACKED_LAYERS = "layers"
-DTYPES = ("float32", "bfloat16", "float16")
-REMAT_POLICIES = ("none", "full", "dots")
-
-# name -> (hidden_size, num_layers, num_heads, intermediate_size); the intermediate is 4H.
-PRESETS: dict[str, dict] = {
-    name: dict(hidden_size=h, num_layers=n, num_heads=a, intermediate_size=4 * h)
-    for name, (h, n, a) in {
-        "tiny": (128, 2, 2),
-        "mini": (256, 4, 4),
-        "small": (512, 4, 8),
-        "medium": (512, 8, 8),
-        "base": (768, 12, 12),
-        "large": (1024, 24, 16),
-    }.items()
-}
-
-# The BertConfig fields that fix what the weights mean (their shapes and numerics): a
-# checkpoint is only usable by a model that agrees on every one of them.
-ARCHITECTURE_FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "intermediate_size",
-    "max_position_embeddings",
-    "type_vocab_size",
-    "layer_norm_eps",
-    "hidden_act",
-    "position_embedding_type",
-)
-
-
-@dataclasses.dataclass(frozen=True)
-class BertConfig:
-    """Architecture and numerics of a BERT model; validated on construction."""
-
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    intermediate_size: int = 3072
-    max_position_embeddings: int = 512
-    type_vocab_size: int = 2
-    hidden_dropout: float = 0.1
-    attention_dropout: float = 0.1
-    layer_norm_eps: float = 1e-12
-    initializer_range: float = 0.02
-    hidden_act: str = "gelu"  # "gelu" (exact erf) | "gelu_tanh"
-    head_init: str = "truncated_normal"  # "truncated_normal" (google) | "lecun_normal"
-    position_embedding_type: str = "learned"  # "learned" | "sinusoidal"
-    dtype: str = "float32"  # compute dtype name, e.g. "bfloat16"
-    param_dtype: str = "float32"
-    attention_impl: str = "auto"  # "auto" | "xla" | "cudnn" | "splash"
-    remat_policy: str = "none"  # "none" | "full" | "dots" (save matmul outputs)
-    scan_layers: bool = False
-
-    def __post_init__(self):
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "num_layers",
-            "num_heads",
-            "intermediate_size",
-            "max_position_embeddings",
-            "type_vocab_size",
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ValueError(f"BertConfig.{name}={value!r} is invalid: must be a positive int")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"BertConfig.hidden_size={self.hidden_size} is invalid: must be divisible by "
-                f"num_heads={self.num_heads}"
-            )
-        for name in ("hidden_dropout", "attention_dropout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-                raise ValueError(f"BertConfig.{name}={value!r} is invalid: must be in [0, 1)")
-        for name in ("layer_norm_eps", "initializer_range"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(
-                    f"BertConfig.{name}={value!r} is invalid: must be a positive float"
-                )
-        for name, valid in (
-            ("hidden_act", ACTIVATIONS),
-            ("head_init", HEAD_INITS),
-            ("position_embedding_type", POSITION_EMBEDDING_TYPES),
-            ("dtype", DTYPES),
-            ("param_dtype", DTYPES),
-            ("attention_impl", attention_lib.IMPLEMENTATIONS),
-            ("remat_policy", REMAT_POLICIES),
-        ):
-            value = getattr(self, name)
-            if value not in valid:
-                raise ValueError(f"BertConfig.{name}={value!r} is invalid: must be one of {valid}")
-        if not isinstance(self.scan_layers, bool):
-            raise ValueError(
-                f"BertConfig.scan_layers={self.scan_layers!r} is invalid: must be True or False"
-            )
-        if self.position_embedding_type == "sinusoidal" and self.hidden_size % 2:
-            raise ValueError(
-                f"BertConfig.hidden_size={self.hidden_size} is invalid with sinusoidal position "
-                "embeddings: must be even"
-            )
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @classmethod
-    def preset(cls, name: str, **overrides) -> BertConfig:
-        """A named size (tiny/mini/small/medium/base/large) with optional field overrides."""
-        if name not in PRESETS:
-            raise ValueError(f"unknown BERT preset {name!r}: valid presets are {tuple(PRESETS)}")
-        return cls(**{**PRESETS[name], **overrides})
-
-    def to_dict(self) -> dict:
-        """JSON-serialisable field values."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> BertConfig:
-        """Inverse of ``to_dict``; unknown keys are an error."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown BertConfig fields {unknown}: valid fields are {sorted(known)}"
-            )
-        return cls(**d)
 
 
 class BertOutput(NamedTuple):
@@ -272,78 +130,6 @@ def sinusoidal_table(length: int, width: int) -> np.ndarray:
     table[:, 0::2] = np.sin(angles)
     table[:, 1::2] = np.cos(angles)
     return table
-
-
-# ---------------------------------------------------------------------------------------------
-# Token packing: the encoder can skip padding. The batch is cut into one group per batch
-# shard of the mesh (so packing never moves tokens between devices), and each group's real
-# tokens are gathered into `packed_length` slots. Dense layers, LayerNorms and dropout then
-# run on [groups, packed_length, ...]; attention unpacks to [batch, seq, ...] and back.
-# Unused slots read a copy of some token, and whatever they compute is dropped on unpacking,
-# so it reaches neither outputs nor gradients.
-
-
-def packing_index(attention_mask: jax.Array, packed_length: int, groups: int) -> jax.Array:
-    """[groups, packed_length] positions of each group's real tokens within the group.
-
-    Positions are counted over the group's rows flattened ([rows * seq]); slots beyond the
-    group's real tokens hold rows * seq, an out-of-range position. Real tokens beyond
-    ``packed_length`` are not packed: callers check ``tokens_per_group`` first.
-    """
-    batch, seq = attention_mask.shape
-    real = attention_mask.reshape(groups, batch // groups * seq).astype(bool)  # [g, n]
-    size = real.shape[1]
-    slot = jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1  # [g, n]: slot of each real token
-    slot = jnp.where(real, slot, packed_length)  # padding goes out of range: dropped
-    positions = jnp.arange(size, dtype=jnp.int32)
-
-    def one(group_slots):
-        empty = jnp.full((packed_length,), size, jnp.int32)
-        return empty.at[group_slots].set(positions, mode="drop")
-
-    return sharding.constrain(jax.vmap(one)(slot), (BATCH, LENGTH))
-
-
-def tokens_per_group(attention_mask: jax.Array, groups: int) -> jax.Array:
-    """[groups] count of real tokens in each group of batch rows."""
-    batch = attention_mask.shape[0]
-    per_row = jnp.sum(attention_mask.astype(jnp.int32), axis=1)  # [b]
-    return jnp.sum(per_row.reshape(groups, batch // groups), axis=1)
-
-
-def first_tokens(x: jax.Array, attention_mask: jax.Array, index: jax.Array | None) -> jax.Array:
-    """[batch, 1, ...]: each row's first token ([CLS]) from x, packed (index) or not.
-
-    A row's first token is real (BERT's input_mask is a prefix of ones), so when packed it
-    sits in the slot after all real tokens of the group's earlier rows.
-    """
-    if index is None:
-        return x[:, :1]  # [b, 1, ...]
-    batch = attention_mask.shape[0]
-    groups = index.shape[0]
-    per_row = jnp.sum(attention_mask.astype(jnp.int32), axis=1).reshape(groups, -1)  # [g, r]
-    slots = jnp.cumsum(per_row, axis=1) - per_row  # [g, r]: real tokens before each row
-    firsts = jax.vmap(lambda g, i: jnp.take(g, i, axis=0, mode="clip"))(x, slots)  # [g, r, ...]
-    return firsts.reshape(batch, 1, *x.shape[2:])
-
-
-def pack_tokens(x: jax.Array, index: jax.Array) -> jax.Array:
-    """[batch, seq, ...] -> [groups, packed_length, ...] at ``index`` (packing_index)."""
-    groups = index.shape[0]
-    grouped = x.reshape(groups, -1, *x.shape[2:])  # [g, rows * seq, ...]
-    return jax.vmap(lambda g, i: jnp.take(g, i, axis=0, mode="clip"))(grouped, index)
-
-
-def unpack_tokens(packed: jax.Array, index: jax.Array, batch: int, seq: int) -> jax.Array:
-    """[groups, packed_length, ...] -> [batch, seq, ...], zero where nothing was packed."""
-    groups = index.shape[0]
-    size = batch // groups * seq
-    rest = packed.shape[2:]
-
-    def one(group, group_index):
-        return jnp.zeros((size, *rest), packed.dtype).at[group_index].set(group, mode="drop")
-
-    return jax.vmap(one)(packed, index).reshape(batch, seq, *rest)
 
 
 class Embeddings(nn.Module):
@@ -617,7 +403,7 @@ class BertModel(nn.Module):
     """Embeddings, encoder and pooler; returns (sequence_output [B,S,H], pooled_output [B,H]).
 
     ``packed_length`` (an int) runs the encoder on real tokens only, packed into that many
-    slots per batch shard (see packing_index); every group must hold at most that many real
+    slots per batch shard (see bertjax.packing); every group must hold at most that many real
     tokens (tokens_per_group). Outputs at real positions are the same as unpacked;
     sequence_output is zero at padded positions.
 

@@ -1,4 +1,4 @@
-"""BERT as an encoder family: bertjax.model's modules and bertjax.hf's transformers format."""
+"""BERT as an encoder family: the interface the capabilities use (bertjax.encoders.family)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 
 import flax.linen as nn
 
-from bertjax import hf
-from bertjax import model as model_lib
 from bertjax.encoders import family
-from bertjax.model import BertConfig, BertForPreTraining, BertModel
+from bertjax.encoders.bert import model as bert_model
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS, BertConfig
+from bertjax.encoders.bert.model import BertForPreTraining, BertModel
 
 
 class BertEncoder(BertModel):
@@ -46,7 +47,7 @@ class Bert(family.EncoderFamily):
     model_type = "bert"
     class_prefix = "Bert"
     uses_segment_ids = True
-    architecture_fields = model_lib.ARCHITECTURE_FIELDS
+    architecture_fields = ARCHITECTURE_FIELDS
 
     def config_to_dict(self, config: BertConfig) -> dict:
         return config.to_dict()
@@ -79,7 +80,7 @@ class Bert(family.EncoderFamily):
         return BertForPreTraining(config)
 
     def pretraining_init(self, config: BertConfig):
-        return model_lib.pretraining_init(BertForPreTraining(config), 1, 1)
+        return bert_model.pretraining_init(BertForPreTraining(config), 1, 1)
 
     def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
         out = BertForPreTraining(config).apply(
@@ -100,7 +101,7 @@ class Bert(family.EncoderFamily):
         pretraining_heads: bool = True,
         **overrides,
     ):
-        config, params, report = hf.load_with_report(
+        config, params, report = bert_hf.load_with_report(
             path, pretraining_heads=pretraining_heads, **overrides
         )
         fresh = {name.split("/")[0] for name in report.initialized}
@@ -109,7 +110,7 @@ class Bert(family.EncoderFamily):
         return config, params, report.head, tuple(sorted(fresh))
 
     def encoder_files(self, config: BertConfig, params: Any) -> tuple[dict, dict]:
-        return hf.encoder_files(config, params)
+        return bert_hf.encoder_files(config, params)
 
     def write_transformers(
         self,
@@ -121,7 +122,7 @@ class Bert(family.EncoderFamily):
         head: Any = None,
         untrained: Sequence[str] = (),
     ) -> None:
-        hf.save(config, params, directory, tokenizer=tokenizer, head=head, untrained=untrained)
+        bert_hf.save(config, params, directory, tokenizer=tokenizer, head=head, untrained=untrained)
 
 
 FAMILY = Bert()
