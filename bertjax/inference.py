@@ -1,7 +1,7 @@
 """Use a trained BERT: fill-mask, text embeddings and model inputs, from text.
 
 `Model.load(path)` opens a bertjax work directory (its latest checkpoint, or `step=`), a
-directory written by `bertjax.hf.save` or `Model.save_hf`, or a Hugging Face BERT or ModernBERT
+directory written by `Model.save_hf`, or a Hugging Face BERT or ModernBERT
 directory (config.json, model.safetensors or pytorch_model.bin, and tokenizer.json or
 vocab.txt)::
 

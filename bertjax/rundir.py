@@ -65,7 +65,7 @@ PREDICTIONS_FILE = "predictions_{}.tsv"
 # What open_run found.
 PRETRAINED = "pretrained"  # a pretraining work directory
 FINETUNED = "finetuned"  # a fine-tuning work directory (its checkpoints carry a head)
-HUGGING_FACE = "hf"  # a transformers directory, or one bertjax.hf.save wrote
+HUGGING_FACE = "hf"  # a transformers directory, or one Model.save_hf wrote
 
 
 class IncompatibleCheckpointError(ConfigError):

@@ -19,7 +19,7 @@ from ml_collections.config_dict import placeholder
 def get_config() -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict()
     # The model to fine-tune: a bertjax work directory (its latest checkpoint), a directory
-    # written by bertjax.hf.save, or a Hugging Face BERT directory with its tokenizer. Required.
+    # written by Model.save_hf, or a Hugging Face BERT directory with its tokenizer. Required.
     config.init_from = ""
     # classification | regression | multi_label | token_classification | question_answering |
     # seq2seq | embedding; may stay empty with data.glue_task, which implies it.

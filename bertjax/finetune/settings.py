@@ -169,7 +169,7 @@ def _read_finetune(
         config.init_from is not None and config.init_from != "",
         "init_from",
         "set it to the model to fine-tune: a bertjax work directory, a directory written by "
-        "bertjax.hf.save, or a Hugging Face BERT directory (config.json, weights, tokenizer)",
+        "Model.save_hf, or a Hugging Face BERT directory (config.json, weights, tokenizer)",
     )
     require_(_is(config.init_from, "directory", "init_from"), "init_from", "no such directory")
     glue = layouts.glue_task(config.data.glue_task) if config.data.glue_task else None
