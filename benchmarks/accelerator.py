@@ -86,7 +86,7 @@ if _REPO not in sys.path:
 
 from bertjax import attention, encoders, fs, losses, perf, sharding, steps  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init  # noqa: E402
-from bertjax.encoders.modernbert import ModernBertConfig  # noqa: E402
+from bertjax.encoders.modernbert.config import ModernBertConfig  # noqa: E402
 from bertjax.pretrain.objective import PretrainingObjective, build_pretraining  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 
@@ -483,8 +483,8 @@ def attention_by_layer_kind(
 ) -> tuple[dict[str, str], str]:
     """({kind of layer: the backend bertjax.attention will run for it}, what it logged about
     why). BERT's layers are all of one kind; ModernBERT's global and local (sliding-window)
-    layers resolve apart, as its encoder asks (bertjax.encoders.modernbert.layer_masks), and
-    `documents` (packed rows) is a request of its own."""
+    layers resolve apart, as its encoder asks
+    (bertjax.encoders.modernbert.attention.layer_masks), and `documents` (packed rows) is a request of its own."""
     windows = {"all": None}
     if isinstance(model, ModernBertConfig):
         windows = {"global": None, "local": model.window}

@@ -27,7 +27,7 @@
    step) times the number of steps.
 4. --packing_sweep: the masked-LM train step, padded and unpadded, at batches whose real
    tokens fill the given shares of the slots: where the unpadded step stops paying is the
-   rule bertjax.encoders.modernbert.PACKING_MAX_SHARE encodes.
+   rule bertjax.encoders.modernbert.model.PACKING_MAX_SHARE encodes.
 5. --attention: one layer's attention on --batch rows of --seq (random lengths from a quarter
    of --seq, --heads heads of --hidden / --heads), forward and forward + backward:
    ModernBERT's einsum path (global: whole rows; local: chunks against their band) against
@@ -67,8 +67,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 from bertjax import attention as attention_lib  # noqa: E402
 from bertjax import encoders  # noqa: E402
 from bertjax.data.packing import best_fit  # noqa: E402
-from bertjax.encoders import modernbert as mb  # noqa: E402
-from bertjax.encoders import modernbert_family  # noqa: E402
+from bertjax.encoders.modernbert import attention as mb_attention  # noqa: E402
+from bertjax.encoders.modernbert import config as mb_config  # noqa: E402
+from bertjax.encoders.modernbert import model as mb_model  # noqa: E402
 from bertjax.tasks.labels import model as label_model  # noqa: E402
 
 TOLERANCE = 1e-3
@@ -182,7 +183,7 @@ def median_time(function, rounds: int) -> float:
 
 
 def ours_forward(config, params):
-    encoder = modernbert_family.Encoder(config)
+    encoder = mb_model.Encoder(config)
 
     @jax.jit
     def forward(params, batch):
@@ -205,7 +206,7 @@ def packed_length(mask: np.ndarray) -> int:
 
 
 def ours_train_step(config, params, packed_length: int | None = None):
-    model = modernbert_family.MaskedLM(config)
+    model = mb_model.MaskedLM(config)
     optimizer = optax.adamw(1e-4)
 
     def loss_fn(params, batch):
@@ -479,7 +480,7 @@ def finetune(args, kind: str) -> None:
     widths = sorted({b["input_ids"].shape[1] for b in ours_batches})
     capacity = max(packed_length(b["attention_mask"]) for b in ours_batches)
 
-    config = mb.ModernBertConfig(
+    config = mb_config.ModernBertConfig(
         vocab_size=VOCAB,
         hidden_size=args.hidden,
         intermediate_size=args.intermediate,
@@ -556,8 +557,8 @@ def packing_sweep(args) -> None:
         batch = masked(padded(rows, args.seq), rng)
         batch["positions_mlm"] = batch.pop("positions")
         del batch["labels"]
-        saved = mb.PACKING_MAX_SHARE
-        mb.PACKING_MAX_SHARE = 1.0  # measure packing even where the rule would skip it
+        saved = mb_model.PACKING_MAX_SHARE
+        mb_model.PACKING_MAX_SHARE = 1.0  # measure packing even where the rule would skip it
         unpadded_step, _ = ours_train_step(config, params, packed_length(batch["attention_mask"]))
         steps = {"padded": padded_step, "unpadded": unpadded_step}
         for step in steps.values():
@@ -569,7 +570,7 @@ def packing_sweep(args) -> None:
                 step(params, opt_state, batch)[2].block_until_ready()
                 rounds[name].append(time.perf_counter() - start)
         times = {name: statistics.median(seconds) for name, seconds in rounds.items()}
-        mb.PACKING_MAX_SHARE = saved
+        mb_model.PACKING_MAX_SHARE = saved
         real = batch["attention_mask"].mean()
         print(
             f"{real:>8.2f}{times['padded']:>12.3f}{times['unpadded']:>12.3f}"
@@ -593,12 +594,14 @@ def attention_paths(args) -> None:
 
     def einsum_global(q, k, v):
         logits = jnp.einsum("bsnd,btnd->bnst", q, k, preferred_element_type=jnp.float32)
-        visible = mb.global_mask(mask, None)[:, None]  # [b, 1, s, t]
-        logits = jnp.where(visible, logits * np.float32(dim**-0.5), mb._MASK_VALUE)
+        visible = mb_attention.global_mask(mask, None)[:, None]  # [b, 1, s, t]
+        logits = jnp.where(visible, logits * np.float32(dim**-0.5), mb_attention._MASK_VALUE)
         return jnp.einsum("bnst,btnd->bsnd", jax.nn.softmax(logits, axis=-1), v)
 
     def einsum_local(q, k, v):
-        return mb._banded_attention(q, k, v, mb.local_mask(mask, None, window), window, lambda w: w)
+        return mb_attention._banded_attention(
+            q, k, v, mb_attention.local_mask(mask, None, window), window, lambda w: w
+        )
 
     def blocked(local_window):
         return lambda q, k, v: attention_lib.dot_product_attention(

@@ -13,9 +13,9 @@ def get_config() -> ml_collections.ConfigDict:
     config.seed = 0
 
     # The model: an encoder family ("bert" or "modernbert", bertjax.encoders), one of its
-    # presets (bertjax.encoders.bert.config.PRESETS, bertjax.encoders.modernbert.PRESETS) and
-    # overrides of its config's fields (BertConfig, ModernBertConfig; ModernBERT reads
-    # hidden_dropout as its embedding and feed-forward dropout). vocab_size 0 means "take it
+    # presets (bertjax/encoders/<family>/config.py's PRESETS) and overrides of its config's
+    # fields (BertConfig, ModernBertConfig; ModernBERT reads hidden_dropout as its embedding
+    # and feed-forward dropout). vocab_size 0 means "take it
     # from the tokenizer"; a non-zero value must match it.
     config.model = ml_collections.ConfigDict(
         dict(

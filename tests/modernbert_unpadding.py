@@ -8,8 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.encoders import modernbert as mb
-from bertjax.encoders import modernbert_family as mf
+from bertjax.encoders.modernbert import config as mb_config
+from bertjax.encoders.modernbert import model as mb_model
 from bertjax.tasks.embed import model as embed_model
 from bertjax.tasks.labels import model as label_model
 from bertjax.tasks.qa import model as qa_model
@@ -17,7 +17,7 @@ from bertjax.tasks.qa import model as qa_model
 ATOL = 2e-5
 
 # 4 layers: 0 and 3 global, 1 and 2 local (a window of +-4).
-CONFIG = mb.ModernBertConfig(
+CONFIG = mb_config.ModernBertConfig(
     vocab_size=61,
     hidden_size=32,
     intermediate_size=40,
@@ -49,7 +49,7 @@ def batch(seq, lengths, seed=0):
 def packed_length(mask) -> int:
     """A multiple of 8 that holds every real token, checked to pack (packing_pays)."""
     length = -(-int(mask.sum()) // 8) * 8
-    assert mb.packing_pays(*mask.shape, length, 1)
+    assert mb_model.packing_pays(*mask.shape, length, 1)
     return length
 
 
@@ -64,7 +64,7 @@ def models(config=CONFIG):
         "qa": qa_model.QuestionAnswering(config),
         "embed_mean": embed_model.BiEncoder(config, embed_model.MEAN),
         "embed_cls": embed_model.BiEncoder(config, embed_model.CLS),
-        "masked_lm": mf.MaskedLM(config),
+        "masked_lm": mb_model.MaskedLM(config),
     }
 
 

@@ -6,9 +6,7 @@
                           config_to_dict /
                           config_from_dict for checkpoint meta
     bert/                 BERT
-    modernbert.py         ModernBERT's config, linen modules and weight mapping
-    modernbert_family.py  ModernBERT as a family: the encoder with its prediction head, the
-                          masked-LM model, transformers' ModernBert* directories
+    modernbert/           ModernBERT
     electra/              ELECTRA
 
 Each family is one folder with the same rooms: config.py, model.py (linen), transformers.py
@@ -16,7 +14,7 @@ Each family is one folder with the same rooms: config.py, model.py (linen), tran
 folder and one line below.
 """
 
-from bertjax.encoders import family, modernbert_family
+from bertjax.encoders import family
 from bertjax.encoders.bert import family as bert
 from bertjax.encoders.electra import family as electra
 from bertjax.encoders.family import (
@@ -31,8 +29,9 @@ from bertjax.encoders.family import (
     names,
     read_transformers,
 )
+from bertjax.encoders.modernbert import family as modernbert
 
-FAMILIES = (bert.FAMILY, modernbert_family.FAMILY, electra.FAMILY)
+FAMILIES = (bert.FAMILY, modernbert.FAMILY, electra.FAMILY)
 
 for _family in FAMILIES:
     family.register(_family)

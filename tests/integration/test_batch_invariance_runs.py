@@ -24,7 +24,7 @@ from tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, write_tokenizer
 from bertjax import Model, capability, encoders, sharding
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.features import TruncationWarning
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for

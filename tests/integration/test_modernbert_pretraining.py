@@ -18,7 +18,7 @@ from xla_env import subprocess_env
 import bertjax
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import rundir
-from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny

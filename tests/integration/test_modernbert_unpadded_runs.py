@@ -11,7 +11,7 @@ import modernbert_unpadding as unpadding
 import numpy as np
 import pytest
 
-from bertjax.encoders import modernbert_family as mf
+from bertjax.encoders.modernbert import model as mb_model
 
 
 @pytest.mark.slow  # 14 pairs of gradients: about 50 s on two cores
@@ -31,7 +31,7 @@ def test_packed_with_documents_scanned_and_rematerialised():
     documents = jnp.asarray(np.where(np.arange(32)[None] < 14, 1, 2) * np.asarray(mask))
     positions = jnp.asarray(np.where(np.arange(32) < 14, np.arange(32), np.arange(32) - 14))
     positions = jnp.broadcast_to(positions, ids.shape) * mask
-    model = mf.Encoder(config)
+    model = mb_model.Encoder(config)
     params = model.init({"params": jax.random.key(0)}, ids, None, mask)["params"]
 
     def run(packed_length):

@@ -16,7 +16,7 @@ from test_embedding import (  # noqa: F401 (fixtures are used by name)
 )
 
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer

@@ -24,12 +24,14 @@ from test_modernbert import (  # noqa: F401 (fixtures are used by name)
     _torch,
 )
 
-from bertjax.encoders import modernbert as mb
-from bertjax.encoders.modernbert import (
-    ModernBertConfig,
+from bertjax.encoders.modernbert import model as mb_model
+from bertjax.encoders.modernbert import transformers as mb_hf
+from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.encoders.modernbert.model import ModernBertModel
+from tests.helpers import modernbert_reference as mb_ref
+from tests.helpers.modernbert_reference import (
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
-    ModernBertModel,
 )
 
 
@@ -37,7 +39,7 @@ from bertjax.encoders.modernbert import (
 def test_hidden_states_equal_transformers(biases):
     config = dataclasses.replace(SMALL, **biases)
     hf = _hf_model("ModernBertModel", config)
-    params = mb.params_from_hf(_state_dict(hf), config)
+    params = mb_ref.params_from_hf(_state_dict(hf), config)
     ids, mask = _batch(config)
     theirs = _run_torch(hf, ids, mask).last_hidden_state.numpy()
     ours = np.asarray(_apply(ModernBertModel(config), params, ids, mask))
@@ -54,7 +56,7 @@ def test_hidden_states_equal_transformers(biases):
 
 def test_masked_lm_logits_equal_transformers():
     hf = _hf_model("ModernBertForMaskedLM", SMALL, seed=1)
-    params = mb.params_from_hf(_state_dict(hf), SMALL)
+    params = mb_ref.params_from_hf(_state_dict(hf), SMALL)
     assert set(params) == {"model", "head", "decoder_bias"}
     ids, mask = _batch()
     theirs = _run_torch(hf, ids, mask).logits.numpy()
@@ -79,7 +81,7 @@ def test_masked_lm_logits_equal_transformers():
 def test_sequence_classification_logits_equal_transformers(pooling):
     config = dataclasses.replace(SMALL, classifier_pooling=pooling, classifier_bias=True)
     hf = _hf_model("ModernBertForSequenceClassification", config, seed=2, num_labels=3)
-    params = mb.params_from_hf(_state_dict(hf), config)
+    params = mb_ref.params_from_hf(_state_dict(hf), config)
     ids, mask = _batch(config)
     theirs = _run_torch(hf, ids, mask).logits.numpy()
     ours = np.asarray(_apply(ModernBertForSequenceClassification(config, 3), params, ids, mask))
@@ -90,7 +92,7 @@ def test_sequence_classification_logits_equal_transformers(pooling):
 def test_packed_rotary_positions_equal_transformers_position_ids():
     """Our `positions` are transformers' position_ids: the same rotary phase per token."""
     hf = _hf_model("ModernBertModel", SMALL, seed=3)
-    params = mb.params_from_hf(_state_dict(hf), SMALL)
+    params = mb_ref.params_from_hf(_state_dict(hf), SMALL)
     ids, mask = _batch(SMALL, lengths=(SEQ, SEQ, SEQ))
     positions = np.tile(np.arange(SEQ)[::-1] + 7, (3, 1)).astype(np.int32)
     torch, _ = _torch()
@@ -112,7 +114,7 @@ def test_hf_params_hf_round_trip_is_exact(cls_name, biases):
     config = dataclasses.replace(SMALL, **biases)
     extra = {"num_labels": 5} if "Classification" in cls_name else {}
     sd = _state_dict(_hf_model(cls_name, config, seed=4, **extra))
-    back = mb.params_to_hf(mb.params_from_hf(sd, config), config)
+    back = mb_ref.params_to_hf(mb_ref.params_from_hf(sd, config), config)
     assert set(back) == set(sd)
     for name, array in sd.items():
         assert back[name].dtype == array.dtype, name
@@ -134,7 +136,7 @@ def test_transformers_loads_our_weights_strictly_and_agrees():
     ours = np.asarray(_apply(model, params, ids, mask))
 
     hf = transformers.ModernBertForMaskedLM(_hf_config(config)).eval()
-    state = {name: torch.from_numpy(a) for name, a in mb.params_to_hf(params, config).items()}
+    state = {name: torch.from_numpy(a) for name, a in mb_ref.params_to_hf(params, config).items()}
     result = hf.load_state_dict(state, strict=True)
     assert not result.missing_keys and not result.unexpected_keys
     assert hf.decoder.weight.data_ptr() == hf.model.embeddings.tok_embeddings.weight.data_ptr()
@@ -150,43 +152,45 @@ def test_bad_state_dicts_name_the_tensor():
     with pytest.raises(
         ValueError, match=rf"tensor '{wqkv}' is missing \(expected shape \(96, 32\)\)"
     ):
-        mb.params_from_hf(missing, SMALL)
+        mb_ref.params_from_hf(missing, SMALL)
     with pytest.raises(ValueError, match=rf"tensor '{wqkv}' has shape \(32, 96\), expected"):
-        mb.params_from_hf({**sd, wqkv: sd[wqkv].T}, SMALL)
+        mb_ref.params_from_hf({**sd, wqkv: sd[wqkv].T}, SMALL)
     with pytest.raises(ValueError, match=r"\['model.layers.1.attn.Wqkv.bias'\] are not parameters"):
-        mb.params_from_hf({**sd, "model.layers.1.attn.Wqkv.bias": np.zeros(96, np.float32)}, SMALL)
+        mb_ref.params_from_hf(
+            {**sd, "model.layers.1.attn.Wqkv.bias": np.zeros(96, np.float32)}, SMALL
+        )
     # A checkpoint with more layers than the config says.
     with pytest.raises(ValueError, match=r"'model.layers.3.attn_norm.weight'.*are not parameters"):
-        mb.params_from_hf(sd, dataclasses.replace(SMALL, num_layers=3))
+        mb_ref.params_from_hf(sd, dataclasses.replace(SMALL, num_layers=3))
     untied = {**sd, "decoder.weight": sd["decoder.weight"] + 1}
     with pytest.raises(ValueError, match="'decoder.weight' differs .* untied decoder"):
-        mb.params_from_hf(untied, SMALL)
+        mb_ref.params_from_hf(untied, SMALL)
 
-    params = mb.params_from_hf(sd, SMALL)
+    params = mb_ref.params_from_hf(sd, SMALL)
     del params["model"]["layer_1"]["mlp"]["wi"]
     with pytest.raises(ValueError, match=r"params have no model/layer_1/mlp/wi/kernel"):
-        mb.params_to_hf(params, SMALL)
+        mb_ref.params_to_hf(params, SMALL)
 
 
 def test_scanned_layer_groups_equal_transformers_and_round_trip():
     """Layer 0, two scanned groups of (local, local, global), one local tail layer."""
     config = dataclasses.replace(SMALL, num_layers=8, scan_layers=True, **ALL_BIASES)
-    assert mb.group_layout(config) == (2, 1)
+    assert mb_model.group_layout(config) == (2, 1)
     hf = _hf_model("ModernBertForMaskedLM", config, seed=9)
     sd = _state_dict(hf)
-    params = mb.params_from_hf(sd, config)
+    params = mb_ref.params_from_hf(sd, config)
     assert sorted(params["model"]) == ["embeddings", "final_norm", "groups", "layer_0", "layer_7"]
     assert params["model"]["groups"]["layer_2"]["attn"]["wqkv"]["kernel"].shape == (2, 32, 3, 4, 8)
     ids, mask = _batch(config)
     theirs = _run_torch(hf, ids, mask).logits.numpy()
     ours = _apply(ModernBertForMaskedLM(config), params, ids, mask)
     assert _max_diff(ours, theirs, mask.astype(bool)) <= LOGITS_ATOL
-    back = mb.params_to_hf(params, config)
+    back = mb_ref.params_to_hf(params, config)
     assert set(back) == set(sd) and all(np.array_equal(back[k], sd[k]) for k in sd)
-    restacked = mb.stack_layers(mb.unstack_layers(params["model"], config), config)
+    restacked = mb_model.stack_layers(mb_model.unstack_layers(params["model"], config), config)
     assert jax.tree.all(jax.tree.map(np.array_equal, restacked, params["model"]))
     plain = dataclasses.replace(config, scan_layers=False)
-    plain_out = _apply(ModernBertForMaskedLM(plain), mb.params_from_hf(sd, plain), ids, mask)
+    plain_out = _apply(ModernBertForMaskedLM(plain), mb_ref.params_from_hf(sd, plain), ids, mask)
     assert _max_diff(plain_out, ours) <= 1e-6
 
 
@@ -216,4 +220,4 @@ def test_preset_parameter_counts_match_transformers(name):
     theirs = sum(p.numel() for p in theirs_model.parameters())  # the tied decoder counted once
     assert ours == theirs
     assert ours // 10**6 == {"base": 149, "large": 395}[name]  # the hub's 149M and 395M
-    assert len(mb.tensor_specs(config)) == len(theirs_model.state_dict()) - 1  # less the tie
+    assert len(mb_hf.tensor_specs(config)) == len(theirs_model.state_dict()) - 1  # less the tie

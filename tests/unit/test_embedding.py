@@ -12,7 +12,7 @@ import pytest
 import bertjax
 from bertjax import sharding, steps, vectors
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.inference import TruncationWarning
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import metrics as embedding_eval

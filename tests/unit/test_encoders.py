@@ -18,7 +18,7 @@ from bertjax import checkpoint as checkpoint_lib
 from bertjax import encoders, heads, rundir, sharding
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.labels import model as label_heads

@@ -14,12 +14,14 @@ import pytest
 from flax import linen as nn
 
 from bertjax import sharding
-from bertjax.encoders import modernbert as mb
-from bertjax.encoders.modernbert import (
-    ModernBertConfig,
+from bertjax.encoders.modernbert import attention as mb_attention
+from bertjax.encoders.modernbert import family as mb_family
+from bertjax.encoders.modernbert import model as mb_model
+from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.encoders.modernbert.model import ModernBertModel
+from tests.helpers.modernbert_reference import (
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
-    ModernBertModel,
 )
 
 ATOL = 1e-5
@@ -343,7 +345,7 @@ def test_remat_and_dropout():
 
     grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     scanned = dataclasses.replace(config, scan_layers=True)
-    scanned_params = {**params, "model": mb.stack_layers(params["model"], scanned)}
+    scanned_params = {**params, "model": mb_model.stack_layers(params["model"], scanned)}
     for cfg, p, policies in [
         (config, params, ("full",)),
         (scanned, scanned_params, ("dots",)),
@@ -432,9 +434,9 @@ def test_sharded_forward_equals_single_device(scan_layers):
 def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
     """Local layers of rows longer than three windows attend by chunks; on the real tokens
     they give what the whole-row local mask gives, with padding and packed documents."""
-    from bertjax.encoders import modernbert as mb
-
-    assert mb.is_banded(SEQ, SMALL.window) and not mb.is_banded(3 * SMALL.window, SMALL.window)
+    assert mb_attention.is_banded(SEQ, SMALL.window) and not mb_attention.is_banded(
+        3 * SMALL.window, SMALL.window
+    )
     model = ModernBertModel(SMALL)
     ids, mask = _batch(lengths=(SEQ, 27, 13), seq=SEQ, seed=5)
     segments = np.where(np.arange(SEQ)[None] < 11, 1, 2) * mask  # two documents per row
@@ -443,7 +445,7 @@ def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
         lambda p: p + 0.05 * jax.random.normal(jax.random.key(4), p.shape), params
     )
     chunked = np.asarray(_apply(model, params, ids, mask, segment_ids=segments))
-    monkeypatch.setattr(mb, "is_banded", lambda seq, window: False)
+    monkeypatch.setattr(mb_attention, "is_banded", lambda seq, window: False)
     whole = np.asarray(_apply(model, params, ids, mask, segment_ids=segments))
     real = mask.astype(bool)
     assert _max_diff(chunked[real], whole[real]) < ATOL
@@ -538,8 +540,8 @@ def test_layer_masks_send_each_kind_of_layer_to_the_kernel_that_serves_it(monkey
 
     # CPU, "xla": the einsum path's masks, exactly as before the option existed.
     cpu = dataclasses.replace(config, attention_impl="xla")
-    masks = mb.layer_masks(cpu, mask, segments, deterministic=True)
-    expected = mb.attention_masks(mask, segments, cpu.window)
+    masks = mb_attention.layer_masks(cpu, mask, segments, deterministic=True)
+    expected = mb_attention.attention_masks(mask, segments, cpu.window)
     for got, want in zip(masks, expected):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     # CPU, "auto" or "blocked": both kinds of layer on the blocked path (documents and
@@ -547,49 +549,51 @@ def test_layer_masks_send_each_kind_of_layer_to_the_kernel_that_serves_it(monkey
     # layers on the einsum path in training (its backward measured faster there).
     for impl in ("auto", "blocked"):
         cpu = dataclasses.replace(config, attention_impl=impl)
-        global_mask, local_mask = mb.layer_masks(cpu, mask, segments, deterministic=True)
-        assert isinstance(global_mask, mb.KernelMasks) and local_mask is global_mask
-        global_mask, local_mask = mb.layer_masks(cpu, mask, segments, deterministic=False)
-        assert isinstance(global_mask, mb.KernelMasks)
-        assert isinstance(local_mask, mb.KernelMasks) == (impl == "blocked")
+        global_mask, local_mask = mb_attention.layer_masks(cpu, mask, segments, deterministic=True)
+        assert isinstance(global_mask, mb_attention.KernelMasks) and local_mask is global_mask
+        global_mask, local_mask = mb_attention.layer_masks(cpu, mask, segments, deterministic=False)
+        assert isinstance(global_mask, mb_attention.KernelMasks)
+        assert isinstance(local_mask, mb_attention.KernelMasks) == (impl == "blocked")
         dropping = dataclasses.replace(cpu, attention_dropout=0.1)
-        masks = mb.layer_masks(dropping, mask, segments, deterministic=False)
-        assert not any(isinstance(m, mb.KernelMasks) for m in masks)
+        masks = mb_attention.layer_masks(dropping, mask, segments, deterministic=False)
+        assert not any(isinstance(m, mb_attention.KernelMasks) for m in masks)
 
     # An NVIDIA GPU in bf16: cuDNN serves global layers (padding as sequence lengths); it
     # takes no two-sided window and no documents, so those layers keep the einsum path.
     monkeypatch.setattr(attention, "_platform", lambda: "nvidia")
     with caplog.at_level(logging.INFO, logger="bertjax.attention"):
-        global_mask, local_mask = mb.layer_masks(config, mask, None, deterministic=True)
-    assert isinstance(global_mask, mb.KernelMasks) and global_mask.document_ids is None
-    assert not isinstance(local_mask, mb.KernelMasks) and local_mask.ndim == 4  # banded
+        global_mask, local_mask = mb_attention.layer_masks(config, mask, None, deterministic=True)
+    assert isinstance(global_mask, mb_attention.KernelMasks) and global_mask.document_ids is None
+    assert not isinstance(local_mask, mb_attention.KernelMasks) and local_mask.ndim == 4  # banded
     assert "'cudnn' falls back to xla" in caplog.text and "two-sided window" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="bertjax.attention"):
-        masks = mb.layer_masks(config, mask, segments, deterministic=True)
-    assert not any(isinstance(m, mb.KernelMasks) for m in masks)
+        masks = mb_attention.layer_masks(config, mask, segments, deterministic=True)
+    assert not any(isinstance(m, mb_attention.KernelMasks) for m in masks)
     assert "each token's document" in caplog.text
     auto = dataclasses.replace(config, attention_impl="auto")
-    assert isinstance(mb.layer_masks(auto, mask, None, deterministic=True)[0], mb.KernelMasks)
+    assert isinstance(
+        mb_attention.layer_masks(auto, mask, None, deterministic=True)[0], mb_attention.KernelMasks
+    )
 
     # A TPU: splash serves both kinds, documents as ids 1.. and padding as 0.
     monkeypatch.setattr(attention, "_platform", lambda: "tpu")
-    global_mask, local_mask = mb.layer_masks(auto, mask, segments, deterministic=True)
-    assert isinstance(global_mask, mb.KernelMasks) and local_mask is global_mask
+    global_mask, local_mask = mb_attention.layer_masks(auto, mask, segments, deterministic=True)
+    assert isinstance(global_mask, mb_attention.KernelMasks) and local_mask is global_mask
     np.testing.assert_array_equal(
         np.asarray(global_mask.document_ids), np.where(mask == 1, segments + 1, 0)
     )
     # Attention dropout in training: the kernels cannot drop weights, the einsum path runs.
     dropping = dataclasses.replace(auto, attention_dropout=0.1)
-    masks = mb.layer_masks(dropping, mask, segments, deterministic=False)
-    assert not any(isinstance(m, mb.KernelMasks) for m in masks)
+    masks = mb_attention.layer_masks(dropping, mask, segments, deterministic=False)
+    assert not any(isinstance(m, mb_attention.KernelMasks) for m in masks)
     assert isinstance(
-        mb.layer_masks(dropping, mask, segments, deterministic=True)[0], mb.KernelMasks
+        mb_attention.layer_masks(dropping, mask, segments, deterministic=True)[0],
+        mb_attention.KernelMasks,
     )
 
 
 def test_attention_impl_is_a_runtime_field_not_a_transformers_one():
-    from bertjax.encoders import modernbert_family
 
     assert SMALL.attention_impl == "auto"
     splash = dataclasses.replace(SMALL, attention_impl="splash")
@@ -601,7 +605,7 @@ def test_attention_impl_is_a_runtime_field_not_a_transformers_one():
     with pytest.raises(ValueError, match=r"attention_impl='flash' is invalid: must be one of"):
         dataclasses.replace(SMALL, attention_impl="flash")
 
-    family = modernbert_family.FAMILY
+    family = mb_family.FAMILY
     assert "attention_impl" not in family.architecture_fields  # a checkpoint opens with any
     assert family.config_from_dict(family.config_to_dict(splash)) == splash
     for impl in ("auto", "xla", "blocked", "cudnn", "splash"):

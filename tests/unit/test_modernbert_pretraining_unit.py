@@ -6,7 +6,7 @@ import types
 import pytest
 
 from bertjax import encoders, rundir
-from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig
 
 
 def test_a_new_phase_may_change_the_rotary_theta_but_a_resumed_run_may_not():

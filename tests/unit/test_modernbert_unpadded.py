@@ -5,7 +5,7 @@ checks every capability's head, both row shapes, documents, scan and remat)."""
 import jax
 import modernbert_unpadding as unpadding
 
-from bertjax.encoders import modernbert as mb
+from bertjax.encoders.modernbert import model as mb_model
 
 
 def test_mean_embeddings_packed_equal_padded_with_global_and_banded_local_layers():
@@ -16,11 +16,11 @@ def test_packing_is_skipped_where_it_cannot_pay():
     """A packed length near the rows' slots runs the padded rows (the same program as
     without packing: no gathers), a small one packs."""
     ids, mask = unpadding.batch(16, (16, 16, 16, 15))
-    model = mb.ModernBertModel(unpadding.CONFIG)
+    model = mb_model.ModernBertModel(unpadding.CONFIG)
     params = jax.eval_shape(lambda: model.init({"params": jax.random.key(0)}, ids, mask))
     params = params["params"]  # shapes only: the programs are compared, not run
-    assert not mb.packing_pays(4, 16, 64, 1)
-    assert mb.packing_pays(4, 16, 32, 1)
+    assert not mb_model.packing_pays(4, 16, 64, 1)
+    assert mb_model.packing_pays(4, 16, 32, 1)
 
     def jaxpr(packed_length):
         return str(

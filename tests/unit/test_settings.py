@@ -11,7 +11,7 @@ from xla_env import subprocess_env
 
 from bertjax import settings as settings_lib
 from bertjax import sharding
-from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from configs import default, modernbert_tiny, tiny

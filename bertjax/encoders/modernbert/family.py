@@ -1,0 +1,149 @@
+"""ModernBERT as an encoder family: the interface the capabilities use (bertjax.encoders.family)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import flax.linen as nn
+
+from bertjax.encoders import family
+from bertjax.encoders.modernbert import transformers as modernbert_hf
+from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.encoders.modernbert.model import Encoder, MaskedLM, _init, _stds, init_masked_lm
+
+
+class ModernBert(family.EncoderFamily):
+    name = "modernbert"
+    config_class = ModernBertConfig
+    model_type = "modernbert"
+    class_prefix = "ModernBert"
+    uses_segment_ids = False
+    sentence_pair_head = False
+    feed_forward_matrices = 3  # GeGLU: Wi holds the input and the gate, then Wo
+    # Everything but the numerics, the attention implementation, the dropout rates and the
+    # initialisation.
+    architecture_fields = tuple(
+        f.name
+        for f in dataclasses.fields(ModernBertConfig)
+        if f.name not in ("dtype", "param_dtype", "remat_policy", "scan_layers", "attention_impl")
+        and not f.name.endswith("dropout")
+        and not f.name.startswith("initializer_")
+    )
+    # Rotary positions have no table: a context-extension phase (ModernBERT: 1,024 -> 8,192
+    # tokens with the global theta 10,000 -> 160,000) changes these and no weight's shape.
+    phase_fields = ("max_position_embeddings", "global_rope_theta", "local_rope_theta")
+
+    def config_to_dict(self, config: ModernBertConfig) -> dict:
+        return dataclasses.asdict(config)
+
+    def config_from_dict(self, d: Mapping[str, Any]) -> ModernBertConfig:
+        known = {f.name for f in dataclasses.fields(ModernBertConfig)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown ModernBertConfig fields {unknown}: valid fields are {sorted(known)}"
+            )
+        return ModernBertConfig(**d)
+
+    def from_settings(self, preset: str, fields: Mapping[str, Any]) -> ModernBertConfig:
+        """ModernBERT's own field names win over BERT's (hidden_dropout, attention_dropout),
+        which every pretraining config carries."""
+        own = {f.name for f in dataclasses.fields(ModernBertConfig)}
+        bert_named = {k: v for k, v in fields.items() if k not in own}
+        # Provisional token ids (0 fits any vocabulary) until with_vocabulary sets the real ones.
+        ids = dict(pad_token_id=0, cls_token_id=0, sep_token_id=0)
+        config = ModernBertConfig.preset(preset, **ids)
+        config = self.with_overrides(config, bert_named)
+        return dataclasses.replace(config, **{k: v for k, v in fields.items() if k in own})
+
+    def with_vocabulary(self, config: ModernBertConfig, tokenizer: Any) -> ModernBertConfig:
+        return dataclasses.replace(
+            config,
+            vocab_size=tokenizer.vocab_size,
+            pad_token_id=tokenizer.pad_id,
+            cls_token_id=tokenizer.cls_id,
+            sep_token_id=tokenizer.sep_id,
+        )
+
+    def with_overrides(self, config: ModernBertConfig, overrides: Mapping[str, Any]):
+        """BERT's names in ModernBERT's terms: hidden_dropout is the embeddings' and the
+        feed-forward's, attention_dropout the attention's; attention_impl is ModernBERT's own
+        field too (bertjax.attention's implementations); classifier_dropout stays
+        the checkpoint's."""
+        fields = {}
+        for name, value in overrides.items():
+            if name == "hidden_dropout":
+                fields.update(embedding_dropout=value, mlp_dropout=value)
+            else:
+                fields[name] = value
+        return dataclasses.replace(config, **fields)
+
+    def describe(self, config: ModernBertConfig) -> str:
+        return f"ModernBERT L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"
+
+    def module(self, config: ModernBertConfig, name: str | None = None) -> nn.Module:
+        return Encoder(config, name=name)
+
+    def head_dropout(self, config: ModernBertConfig) -> float:
+        return 0.0  # the encoder's head applied classifier_dropout already
+
+    def classifier_init(self, config: ModernBertConfig):
+        return _init(config, _stds(config)["classifier"])
+
+    def pretraining_model(self, config: ModernBertConfig) -> MaskedLM:
+        return MaskedLM(config)
+
+    def pretraining_init(self, config: ModernBertConfig):
+        return lambda rng: init_masked_lm(config, rng)
+
+    def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
+        return (
+            MaskedLM(config)
+            .apply(
+                {"params": params}, input_ids, None, attention_mask, positions, deterministic=True
+            )
+            .mlm_logits
+        )  # [b, p, v]
+
+    # ---------------------------------------------------------------- transformers
+
+    def read_transformers(
+        self,
+        path: str | os.PathLike,
+        hf_config: Mapping[str, Any],
+        *,
+        pretraining_heads: bool = True,
+        **overrides,
+    ):
+        # pretraining_heads changes nothing here: ModernBERT's prediction head is also its
+        # classifiers' pooling, so a missing one is made fresh either way (and not warned of).
+        return modernbert_hf.read(path, hf_config, architecture=self.bert_architecture, **overrides)
+
+    def encoder_files(self, config: ModernBertConfig, params: Any) -> tuple[dict, dict]:
+        return modernbert_hf.encoder_files(config, params, self.architecture)
+
+    def write_transformers(
+        self,
+        config: ModernBertConfig,
+        params: Any,
+        directory: str | os.PathLike,
+        *,
+        tokenizer: Any = None,
+        head: Any = None,
+        untrained: Sequence[str] = (),
+    ) -> None:
+        modernbert_hf.write(
+            config,
+            params,
+            directory,
+            tokenizer=tokenizer,
+            head=head,
+            untrained=untrained,
+            architecture=self.architecture,
+        )
+
+
+FAMILY = ModernBert()

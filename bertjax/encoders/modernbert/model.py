@@ -1,0 +1,669 @@
+"""ModernBERT's encoder as Flax linen modules, its prediction head and masked-LM model.
+
+Einsum letters used throughout:
+  b batch   s sequence (queries)   t sequence (keys)   h hidden size   n heads
+  d head size (h // n)   f feed-forward intermediate   c chunk (3: query/key/value, or
+  2: GeGLU input/gate)   v vocabulary   p masked-LM predictions (or 1, a pooled row)
+  k the hidden size on the output side of a [hidden, hidden] kernel   l labels
+
+The architecture (transformers' ModernBertModel): token embeddings only, then LayerNorm;
+rotary position embeddings on queries and keys (one theta for global layers, another for
+local ones); pre-LayerNorm blocks ``x + attn(attn_norm(x))``, ``x + mlp(mlp_norm(x))`` where
+layer 0's attention norm is the identity (the embeddings were just normalised); a final
+LayerNorm. Layer i attends globally when ``i % global_attn_every_n_layers == 0``; the others
+see a sliding window, token i seeing token j when ``|i - j| <= local_attention // 2``. The
+feed-forward is GeGLU: ``Wo(gelu(input) * gate)``. No biases by default (attention_bias,
+mlp_bias, norm_bias).
+
+Numerics: parameters live in ``param_dtype``; matmuls run in ``dtype``; the rotary angles
+and the rotation, the softmax and LayerNorm statistics are float32, and so are the logits.
+
+Initialisation (transformers' _init_weights): a normal truncated at
+``+-initializer_cutoff_factor`` standard deviations, with std ``initializer_range`` for the
+token embeddings, Wqkv and Wi; ``initializer_range / sqrt(2 * num_layers)`` for both Wo and the
+head's dense layer; ``hidden_size ** -0.5`` for a classifier. Biases are zero, LayerNorm
+scales one. The MLM decoder is the token-embedding table itself (tied), plus its own bias.
+
+Packed documents: ``segment_ids`` keeps attention within a document, and ``positions`` that
+restart at each document restart the rotary phase, so a packed row computes what each of its
+documents would alone.
+
+Attention masks and kernels: attention.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bertjax import attention as attention_lib
+from bertjax import packing, sharding
+from bertjax.encoders.family import PretrainingOutput
+from bertjax.encoders.modernbert.attention import (
+    _MASK_VALUE,
+    KernelMasks,
+    _banded_attention,
+    layer_masks,
+)
+from bertjax.encoders.modernbert.config import (
+    ModernBertConfig,
+)
+from bertjax.sharding import (
+    ACTIVATION_EMBED,
+    BATCH,
+    EMBED,
+    HEADS,
+    HIDDEN,
+    KV,
+    LAYERS,
+    LENGTH,
+    MLP,
+    VOCAB,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Building blocks.
+
+
+def _init(config: ModernBertConfig, std: float):
+    cutoff = config.initializer_cutoff_factor
+    return nn.initializers.truncated_normal(std, lower=-cutoff, upper=cutoff)
+
+
+def _stds(config: ModernBertConfig) -> dict[str, float]:
+    """The init std of each kind of kernel (transformers' _init_weights)."""
+    return {
+        "in": config.initializer_range,
+        "out": config.initializer_range / math.sqrt(2.0 * config.num_layers),
+        "classifier": config.hidden_size**-0.5,
+    }
+
+
+def _param(module: nn.Module, name: str, init, shape, names, config: ModernBertConfig):
+    """A parameter annotated with logical axis names, stored in param_dtype."""
+    return module.param(
+        name, nn.with_logical_partitioning(init, names), shape, jnp.dtype(config.param_dtype)
+    )
+
+
+class Projection(nn.Module):
+    """A kernel applied with ``jnp.einsum(equation, x, kernel)``, plus an optional bias over
+    the kernel's trailing (output) dimensions."""
+
+    config: ModernBertConfig
+    equation: str
+    kernel_shape: tuple[int, ...]
+    kernel_axes: tuple[str | None, ...]
+    bias_axes: tuple[str | None, ...]  # one per output dimension
+    std: float
+    use_bias: bool
+    dtype: str | None = None  # default: config.dtype
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        dtype = jnp.dtype(self.dtype or cfg.dtype)
+        kernel = _param(
+            self, "kernel", _init(cfg, self.std), self.kernel_shape, self.kernel_axes, cfg
+        )
+        y = jnp.einsum(self.equation, x.astype(dtype), kernel.astype(dtype))
+        if self.use_bias:
+            bias_shape = self.kernel_shape[-len(self.bias_axes) :]
+            bias = _param(
+                self, "bias", nn.initializers.zeros_init(), bias_shape, self.bias_axes, cfg
+            )
+            y = y + bias.astype(dtype)
+        return y
+
+
+def _layer_norm(config: ModernBertConfig, name: str) -> nn.LayerNorm:
+    # Statistics in float32 whatever the dtype; two-pass variance, as torch computes it.
+    return nn.LayerNorm(
+        epsilon=config.norm_eps,
+        use_bias=config.norm_bias,
+        use_fast_variance=False,
+        dtype=jnp.dtype(config.dtype),
+        param_dtype=jnp.dtype(config.param_dtype),
+        scale_init=nn.with_logical_partitioning(nn.initializers.ones_init(), (HIDDEN,)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (HIDDEN,)),
+        name=name,
+    )
+
+
+def gelu(x: jax.Array) -> jax.Array:
+    """Exact GELU with erf, as torch computes it (jax.nn.gelu's erfc form is slower on CPU)."""
+    return 0.5 * x * (1.0 + jax.lax.erf(x * np.float32(1 / math.sqrt(2))).astype(x.dtype))
+
+
+def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """(cos, sin), each [batch, seq, head_dim] float32, for NeoX-style rotary embeddings:
+    dimension k and k + head_dim / 2 rotate together at frequency theta ** (-2k / head_dim)."""
+    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim  # [d / 2]
+    inv_freq = 1.0 / (jnp.float32(theta) ** exponents)  # [d / 2]
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, s, d / 2]
+    angles = jnp.concatenate([angles, angles], axis=-1)  # [b, s, d]
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotates x [batch, seq, heads, head_dim] by the tables [batch, seq, head_dim] in float32;
+    returns x's dtype."""
+    x32 = x.astype(jnp.float32)
+    first, second = jnp.split(x32, 2, axis=-1)  # [b, s, n, d / 2] each
+    rotated = jnp.concatenate([-second, first], axis=-1)  # [b, s, n, d]
+    return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
+
+
+class Attention(nn.Module):
+    """Fused-QKV self-attention with rotary positions; softmax in float32.
+
+    ``mask`` is a boolean mask (ModernBERT's own einsum path: [b, s, t], or banded [b, c, w,
+    3w]) or KernelMasks (bertjax.attention's fused kernel, with ``local_window``), as
+    `layer_masks` decided for this kind of layer.
+    """
+
+    config: ModernBertConfig
+    local_window: int | None = None  # a local layer's half-width; None for a global layer
+
+    @nn.compact
+    def __call__(self, x, mask, cos, sin, deterministic: bool, index=None):
+        cfg = self.config
+        h, n, d = cfg.hidden_size, cfg.num_heads, cfg.head_dim
+        qkv_names = (BATCH, LENGTH, HEADS, KV)
+        stds = _stds(cfg)
+        qkv = Projection(
+            cfg,
+            "bsh,hcnd->bscnd",
+            (h, 3, n, d),
+            (EMBED, None, HEADS, KV),
+            (None, HEADS, KV),
+            stds["in"],
+            cfg.attention_bias,
+            name="wqkv",
+        )(x)  # [b, s, 3, n, d], or packed [g, c, 3, n, d]
+        if index is not None:  # packed tokens: attention runs on the rows (see ModernBertModel)
+            qkv = packing.unpack_tokens(qkv, index, *cos.shape[:2])  # [b, s, 3, n, d]
+        q, k, v = (sharding.constrain(qkv[:, :, i], qkv_names) for i in range(3))  # [b, s, n, d]
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        weights_dropout = nn.Dropout(cfg.attention_dropout)
+        if isinstance(mask, KernelMasks):
+            # layer_masks chose a kernel only with attention dropout inactive; the same
+            # resolution runs again inside, with the same inputs, so the same kernel.
+            context = attention_lib.dot_product_attention(
+                q,
+                k,
+                v,
+                mask.attention_mask,
+                implementation=cfg.attention_impl,
+                document_ids=mask.document_ids,
+                local_window=self.local_window,
+            )  # [b, s, n, d]
+        elif mask.ndim == 4:  # banded (local layers of long rows): see attention_masks
+            context = _banded_attention(
+                q, k, v, mask, cfg.window, lambda w: weights_dropout(w, deterministic)
+            )
+        else:
+            logits = jnp.einsum(
+                "bsnd,btnd->bnst", q, k, preferred_element_type=jnp.float32
+            )  # [b, n, s, t]
+            logits = jnp.where(mask[:, None], logits * np.float32(d**-0.5), _MASK_VALUE)
+            weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [b, n, s, t]
+            weights = weights_dropout(weights, deterministic=deterministic)
+            context = jnp.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
+        context = sharding.constrain(context, qkv_names)
+        if index is not None:
+            context = packing.pack_tokens(context, index)  # [g, c, n, d]
+        y = Projection(
+            cfg,
+            "bsnd,ndh->bsh",
+            (n, d, h),
+            (HEADS, KV, EMBED),
+            (HIDDEN,),
+            stds["out"],
+            cfg.attention_bias,
+            name="wo",
+        )(context)  # [b, s, h] (packed: [g, c, h])
+        return nn.Dropout(cfg.attention_dropout)(y, deterministic=deterministic)
+
+
+class GegluMlp(nn.Module):
+    """Wo(gelu(input) * gate), where Wi yields input and gate side by side."""
+
+    config: ModernBertConfig
+
+    @nn.compact
+    def __call__(self, x, deterministic: bool):
+        cfg = self.config
+        h, f = cfg.hidden_size, cfg.intermediate_size
+        stds = _stds(cfg)
+        # Input and gate on their own axis (not one [h, 2f] axis): sharding the intermediate
+        # over devices then gives each device the matching slices of both.
+        y = Projection(
+            cfg,
+            "bsh,hcf->bscf",
+            (h, 2, f),
+            (EMBED, None, MLP),
+            (None, MLP),
+            stds["in"],
+            cfg.mlp_bias,
+            name="wi",
+        )(x)  # [b, s, 2, f]
+        y = gelu(y[:, :, 0]) * y[:, :, 1]  # [b, s, f]
+        y = sharding.constrain(y, (BATCH, LENGTH, MLP))
+        y = nn.Dropout(cfg.mlp_dropout)(y, deterministic=deterministic)
+        return Projection(
+            cfg,
+            "bsf,fh->bsh",
+            (f, h),
+            (MLP, EMBED),
+            (HIDDEN,),
+            stds["out"],
+            cfg.mlp_bias,
+            name="wo",
+        )(y)  # [b, s, h]
+
+
+class EncoderLayer(nn.Module):
+    """One pre-LayerNorm block; ``first`` (layer 0) has no attention norm."""
+
+    config: ModernBertConfig
+    is_global: bool
+    first: bool = False
+
+    @nn.compact
+    def __call__(self, x, masks, rotary, index, deterministic: bool):
+        cfg = self.config
+        kind = 0 if self.is_global else 1
+        y = x if self.first else _layer_norm(cfg, "attn_norm")(x)
+        window = None if self.is_global else cfg.window
+        attention = Attention(cfg, local_window=window, name="attn")
+        x = x + attention(y, masks[kind], *rotary[kind], deterministic, index)
+        x = x + GegluMlp(cfg, name="mlp")(_layer_norm(cfg, "mlp_norm")(x), deterministic)
+        return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
+
+
+_REMAT_POLICIES = {
+    "full": None,  # save nothing: recompute the whole layer in the backward pass
+    "dots": jax.checkpoint_policies.dots_saveable,
+}
+
+# The encoder's key for the repeated layer groups stacked along a leading axis (scan_layers).
+GROUPS = "groups"
+
+
+def _layer_class(config: ModernBertConfig):
+    if config.remat_policy == "none":
+        return EncoderLayer
+    # argnum 5 (counting self) is `deterministic`: a Python bool, must stay static.
+    return nn.remat(EncoderLayer, policy=_REMAT_POLICIES[config.remat_policy], static_argnums=(5,))
+
+
+def group_layout(config: ModernBertConfig) -> tuple[int, int]:
+    """(groups, tail) of the scanned stack: after layer 0, ``groups`` repeats of n layers
+    (n = global_attn_every_n_layers: n - 1 local, then one global), then ``tail`` local
+    layers. ModernBERT-base (22 layers, n = 3) is 1 + 7 * 3 + 0."""
+    n = config.global_attn_every_n_layers
+    return (config.num_layers - 1) // n, (config.num_layers - 1) % n
+
+
+class LayerGroup(nn.Module):
+    """n consecutive layers, the last one global: the body nn.scan repeats, so compile time
+    does not grow with the number of layers. Returns ``(x, None)`` for nn.scan."""
+
+    config: ModernBertConfig
+
+    @nn.compact
+    def __call__(self, x, masks, rotary, index, deterministic: bool):
+        n = self.config.global_attn_every_n_layers
+        layer_cls = _layer_class(self.config)
+        for j in range(n):
+            x = layer_cls(self.config, is_global=j == n - 1, name=f"layer_{j}")(
+                x, masks, rotary, index, deterministic
+            )
+        return x, None
+
+
+class Embeddings(nn.Module):
+    """Token embeddings, LayerNorm, dropout."""
+
+    config: ModernBertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.tok_embeddings = _param(
+            self,
+            "tok_embeddings",
+            _init(cfg, _stds(cfg)["in"]),
+            (cfg.vocab_size, cfg.hidden_size),
+            (VOCAB, EMBED),
+            cfg,
+        )
+        self.norm = _layer_norm(cfg, "norm")
+        self.drop = nn.Dropout(cfg.embedding_dropout)
+
+    def __call__(self, input_ids, deterministic: bool):
+        # The whole table for the lookup (as fsdp gathers any weight before use): a lookup
+        # into a table split by columns would leave rows split by columns, and moving those
+        # to batch-split rows makes the partitioner replicate them first.
+        table = sharding.constrain(self.tok_embeddings, (VOCAB, ACTIVATION_EMBED))
+        x = jnp.take(table, input_ids, axis=0)  # [b, s, h]
+        x = self.norm(x.astype(jnp.dtype(self.config.dtype)))
+        return self.drop(x, deterministic=deterministic)
+
+
+# Token packing (``packed_length``) runs the dense layers on real tokens only and attention on
+# the rows: each layer gathers its queries, keys and values back into [batch, seq] rows and
+# its context into the packed slots again. The gathers cost memory traffic, so packing is
+# skipped unless the slots kept are at most this share of the batch's: `benchmarks/
+# modernbert.py --packing_sweep` measured the unpadded masked-LM step (L6/H256, 8 rows of
+# 512, CPU; three runs on a busy host) at 1.0x-2.0x the padded one up to 0.70 of the slots,
+# 0.6x-0.9x from 0.75.
+PACKING_MAX_SHARE = 0.7
+
+
+def packing_pays(batch: int, seq: int, packed_length: int, groups: int) -> bool:
+    """Whether packing each of `groups` batch shards' tokens into `packed_length` slots runs
+    faster than the padded rows (PACKING_MAX_SHARE)."""
+    return packed_length <= PACKING_MAX_SHARE * (batch // groups) * seq
+
+
+class ModernBertModel(nn.Module):
+    """The encoder: ``(input_ids [batch, seq], attention_mask [batch, seq]) -> [batch, seq,
+    hidden]``, after the final norm.
+
+    ``segment_ids`` [batch, seq] (packed documents): a token attends only to tokens with the
+    same id. ``positions`` [batch, seq]: rotary positions, e.g. restarting at each packed
+    document; default 0..seq-1 in every row. Padding is given by ``attention_mask`` in any
+    case (1 real, 0 padding; default all real).
+
+    ``packed_length`` (an int) runs the embeddings, projections, feed-forwards and norms on
+    the real tokens only, gathered into that many slots per batch shard (bertjax.packing's
+    packing_index); attention sees the same rows as without it. Every shard must hold at
+    most that many real tokens (the train step checks, bertjax.steps). Outputs at real
+    tokens are the padded path's; padded positions come back zero. Where packing cannot pay
+    (`packing_pays`), the rows run padded.
+    """
+
+    config: ModernBertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.embeddings = Embeddings(cfg)
+        layer_cls = _layer_class(cfg)
+        plain = range(cfg.num_layers)  # layer indices run one by one
+        self.groups = None
+        if cfg.scan_layers:
+            groups, _ = group_layout(cfg)
+            n = cfg.global_attn_every_n_layers
+            plain = [0, *range(1 + groups * n, cfg.num_layers)]
+            if groups:
+                self.groups = nn.scan(
+                    LayerGroup,
+                    variable_axes={"params": 0},
+                    split_rngs={"params": True, "dropout": True},
+                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, nn.broadcast),
+                    length=groups,
+                    metadata_params={nn.PARTITION_NAME: LAYERS},
+                )(cfg, name=GROUPS)
+        self.layers = [
+            layer_cls(cfg, is_global=cfg.is_global(i), first=i == 0, name=f"layer_{i}")
+            for i in plain
+        ]
+        self.final_norm = _layer_norm(cfg, "final_norm")
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        *,
+        deterministic: bool = True,
+        segment_ids: jax.Array | None = None,
+        positions: jax.Array | None = None,
+        packed_length: int | None = None,
+    ) -> jax.Array:
+        cfg = self.config
+        if input_ids.ndim != 2:
+            raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
+        batch, seq = input_ids.shape
+        for name, value in (
+            ("attention_mask", attention_mask),
+            ("segment_ids", segment_ids),
+            ("positions", positions),
+        ):
+            if value is not None and value.shape != input_ids.shape:
+                raise ValueError(
+                    f"{name} must have input_ids' shape {input_ids.shape}, got {value.shape}"
+                )
+        if attention_mask is None:
+            attention_mask = jnp.ones((batch, seq), jnp.int32)
+        if positions is None:
+            positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
+        masks = layer_masks(cfg, attention_mask, segment_ids, deterministic)  # global, local
+        rotary = (
+            rotary_tables(positions, cfg.head_dim, cfg.global_rope_theta),
+            rotary_tables(positions, cfg.head_dim, cfg.local_rope_theta),
+        )  # 2 x (cos, sin) [b, s, d]
+        index = None
+        groups = sharding.shards(BATCH)
+        if packed_length is not None and packing_pays(batch, seq, packed_length, groups):
+            index = packing.packing_index(attention_mask, packed_length, groups)  # [g, c]
+            input_ids = packing.pack_tokens(input_ids, index)  # [g, c]
+        x = self.embeddings(input_ids, deterministic)  # [b, s, h] (packed: [g, c, h])
+        x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
+        x = self.layers[0](x, masks, rotary, index, deterministic)
+        if self.groups is not None:
+            x, _ = self.groups(x, masks, rotary, index, deterministic)
+        for layer in self.layers[1:]:
+            x = layer(x, masks, rotary, index, deterministic)
+        x = self.final_norm(x)
+        if index is not None:
+            x = packing.unpack_tokens(x, index, batch, seq)  # [b, s, h], zero at padding
+        return x
+
+    def token_table(self) -> jax.Array:
+        """The token-embedding matrix [vocab, hidden] (the MLM decoder's weight)."""
+        return self.embeddings.tok_embeddings
+
+
+class PredictionHead(nn.Module):
+    """dense (hidden -> hidden), GELU, LayerNorm: the MLM and classification heads' trunk."""
+
+    config: ModernBertConfig
+
+    @nn.compact
+    def __call__(self, x):
+        cfg = self.config
+        h = cfg.hidden_size
+        x = Projection(
+            cfg,
+            "bph,hk->bpk",
+            (h, h),
+            (EMBED, HIDDEN),
+            (HIDDEN,),
+            _stds(cfg)["out"],
+            cfg.classifier_bias,
+            name="dense",
+        )(x)  # [b, p, h]
+        return _layer_norm(cfg, "norm")(gelu(x))
+
+
+def masked_lm_logits(cfg, x, masked_lm_positions, head, table, bias) -> jax.Array:
+    """float32 [b, p, v] (or [b, s, v]) logits: the prediction `head` over the hidden states at
+    `masked_lm_positions` (all, if None), then the decoder tied to the token `table`."""
+    if masked_lm_positions is not None:
+        # Run the head only at the predicted positions: skips most of the vocab matmul.
+        x = jnp.take_along_axis(
+            x, masked_lm_positions[..., None].astype(jnp.int32), axis=1
+        )  # [b, p, h]
+    x = head(x)  # [b, p, h]
+    dtype = jnp.dtype(cfg.dtype)
+    logits = jnp.einsum(
+        "bph,vh->bpv", x.astype(dtype), table.astype(dtype), preferred_element_type=jnp.float32
+    )  # [b, p, v]
+    if bias is not None:
+        logits = logits + bias.astype(jnp.float32)
+    return sharding.constrain(logits, (BATCH, LENGTH, VOCAB))
+
+
+# ---------------------------------------------------------------------------------------------
+# The two layouts of the encoder's params: plain (layer_0 .. layer_{L-1}) and scanned
+# (layer_0, the groups stacked under "groups" with a leading [groups] axis, the tail layers).
+
+
+def stack_layers(encoder: Mapping[str, Any], config: ModernBertConfig) -> dict:
+    """ModernBertModel params, plain layout -> scanned layout (unboxed arrays)."""
+    groups, _ = group_layout(config)
+    n = config.global_attn_every_n_layers
+    grouped = {f"layer_{1 + g * n + j}" for g in range(groups) for j in range(n)}
+    missing = sorted(grouped - set(encoder))
+    if missing:
+        raise ValueError(f"encoder params have no {missing[0]!r}: expected the plain layout")
+    out = {key: value for key, value in encoder.items() if key not in grouped}
+    if groups:
+        out[GROUPS] = {
+            f"layer_{j}": jax.tree.map(
+                lambda *xs: jnp.stack(xs),  # [groups, ...]
+                *[encoder[f"layer_{1 + g * n + j}"] for g in range(groups)],
+            )
+            for j in range(n)
+        }
+    return out
+
+
+def unstack_layers(encoder: Mapping[str, Any], config: ModernBertConfig) -> dict:
+    """ModernBertModel params, scanned layout -> plain layout (unboxed arrays)."""
+    groups, _ = group_layout(config)
+    n = config.global_attn_every_n_layers
+    out = {key: value for key, value in encoder.items() if key != GROUPS}
+    if not groups:
+        return out
+    if GROUPS not in encoder:
+        raise ValueError(f"encoder params have no {GROUPS!r}: expected the scanned layout")
+    for j in range(n):
+        stacked = encoder[GROUPS][f"layer_{j}"]
+        for leaf in jax.tree.leaves(stacked):
+            if np.shape(leaf)[0] != groups:
+                raise ValueError(
+                    f"stacked layers have {np.shape(leaf)[0]} groups, the config {groups}"
+                )
+        for g in range(groups):
+            out[f"layer_{1 + g * n + j}"] = jax.tree.map(lambda x, g=g: x[g], stacked)
+    return out
+
+
+HEAD = "head"
+DECODER_BIAS = "decoder_bias"
+
+
+class Encoder(ModernBertModel):
+    """ModernBertModel and its prediction head, with the families' call (see
+    bertjax.encoders.family): pooled is the head on [CLS] or the mean over real tokens;
+    ``token_head`` runs the head over every token. Segment ids are ignored;
+    ``packed_length`` runs the dense layers on real tokens only (ModernBertModel's token
+    packing); with ``cls_only`` every position is still computed (mean pooling needs them).
+    ``document_ids`` and ``positions`` describe rows of packed documents (ModernBertModel's
+    ``segment_ids`` and ``positions``)."""
+
+    def setup(self):
+        super().setup()
+        self.head = PredictionHead(self.config)
+        self.head_dropout = nn.Dropout(self.config.classifier_dropout)
+
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+        cls_only: bool = False,
+        token_head: bool = False,
+        document_ids=None,
+        positions=None,
+    ):
+        cfg = self.config
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+        x = super().__call__(
+            input_ids,
+            attention_mask,
+            deterministic=deterministic,
+            segment_ids=document_ids,
+            positions=positions,
+            packed_length=packed_length,
+        )  # [b, s, h]
+        if cfg.classifier_pooling == "cls":
+            pooled = x[:, :1]  # [b, 1, h]
+        else:
+            weights = attention_mask.astype(jnp.float32)[..., None]  # [b, s, 1]
+            total = jnp.sum(x.astype(jnp.float32) * weights, axis=1, keepdims=True)  # [b, 1, h]
+            pooled = total / jnp.sum(weights, axis=1, keepdims=True)  # [b, 1, h]
+        pooled = self.head_dropout(self.head(pooled), deterministic=deterministic)[:, 0]  # [b, h]
+        if token_head:
+            x = self.head_dropout(self.head(x), deterministic=deterministic)  # [b, s, h]
+        return x, pooled
+
+    def predictions(self, x: jax.Array) -> jax.Array:
+        """The prediction head alone (the masked-LM model's trunk): [b, p, h] -> [b, p, h]."""
+        return self.head(x)
+
+
+class MaskedLM(nn.Module):
+    """The encoder ("bert", with the head) and the tied decoder's bias: float32 logits
+    [batch, seq or predictions, vocab], as transformers' ModernBertForMaskedLM, with the
+    families' pretraining call (bertjax.encoders.family): ``mlm_logits`` and no sentence-pair
+    head (``nsp_logits`` None); ``packed_length`` as the encoder's."""
+
+    config: ModernBertConfig
+
+    def setup(self):
+        cfg = self.config
+        self.bert = Encoder(cfg)
+        if cfg.decoder_bias:
+            self.decoder_bias = _param(
+                self, DECODER_BIAS, nn.initializers.zeros_init(), (cfg.vocab_size,), (VOCAB,), cfg
+            )
+
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        masked_lm_positions=None,
+        *,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+        document_ids=None,
+        positions=None,
+    ) -> PretrainingOutput:
+        cfg = self.config
+        x, _ = self.bert(
+            input_ids,
+            None,
+            attention_mask,
+            deterministic=deterministic,
+            packed_length=packed_length,
+            document_ids=document_ids,
+            positions=positions,
+        )  # [b, s, h]
+        bias = self.decoder_bias if cfg.decoder_bias else None
+        logits = masked_lm_logits(
+            cfg, x, masked_lm_positions, self.bert.predictions, self.bert.token_table(), bias
+        )  # [b, p, v]
+        return PretrainingOutput(mlm_logits=logits, nsp_logits=None)
+
+
+def init_masked_lm(config: ModernBertConfig, rng: jax.Array):
+    ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
+    # The parameters do not depend on the attention implementation; a one-token row is no
+    # shape for a fused kernel to compile for.
+    config = dataclasses.replace(config, attention_impl="xla")
+    return MaskedLM(config).init({"params": rng}, ids)["params"]
