@@ -484,7 +484,8 @@ def attention_by_layer_kind(
     """({kind of layer: the backend bertjax.attention will run for it}, what it logged about
     why). BERT's layers are all of one kind; ModernBERT's global and local (sliding-window)
     layers resolve apart, as its encoder asks
-    (bertjax.encoders.modernbert.attention.layer_masks), and `documents` (packed rows) is a request of its own."""
+    (bertjax.encoders.modernbert.attention.layer_masks), and `documents` (packed rows) is a
+    request of its own."""
     windows = {"all": None}
     if isinstance(model, ModernBertConfig):
         windows = {"global": None, "local": model.window}
