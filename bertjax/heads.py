@@ -17,14 +17,14 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import encoders
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.sharding import EMBED, LABELS
 
 # The dense layer's name beside the encoder (transformers' too).
 CLASSIFIER = "classifier"
 
 
-def dense_head(config: BertConfig, features: int, name: str = CLASSIFIER) -> nn.Dense:
+def dense_head(config: EncoderConfig, features: int, name: str = CLASSIFIER) -> nn.Dense:
     """A head's dense layer [hidden, features]: the family's classifier kernel init (BERT:
     google's truncated normal), zero bias, float32 logits (they feed the loss directly, as
     the NSP head's do)."""

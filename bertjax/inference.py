@@ -44,10 +44,11 @@ from bertjax import capability as capability_lib
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import compilation_cache, encoders, fs, hf, perf, rundir
 from bertjax import features as features_lib
+from bertjax import pooling as pooling_lib
 from bertjax import sharding as sharding_lib
 from bertjax import vectors as vectors_lib
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.features import TruncationWarning  # noqa: F401  (callers catch it from here)
 from bertjax.tokenizer import Tokenizer
 
@@ -92,7 +93,7 @@ class Model:
 
     def __init__(
         self,
-        config: BertConfig,
+        config: EncoderConfig,
         params: Any,
         tokenizer: Tokenizer,
         *,
@@ -123,7 +124,7 @@ class Model:
         self.head = head
         self.capability = None if head is None else capability_lib.of(head)
         if head is not None:
-            self.fresh_heads = tuple(sorted({*self.fresh_heads, "mlm_head", "nsp_head"}))
+            self.fresh_heads = tuple(sorted({*self.fresh_heads, hf.MLM_HEAD, hf.NSP_HEAD}))
         # Inference never needs rematerialisation; the compute dtype may be overridden.
         self.run_config = dataclasses.replace(
             config, dtype=dtype or config.dtype, remat_policy="none"
@@ -280,7 +281,7 @@ class Model:
         {"score", "token", "token_str", "sequence"}; with several [MASK]s, one such list per
         mask; for a list of texts, a list of those.
         """
-        if "mlm_head" in self.fresh_heads:
+        if hf.MLM_HEAD in self.fresh_heads:
             raise InferenceError(
                 f"{self.source} has no masked-LM head (cls.predictions.* in transformers' "
                 "names), so it cannot fill masks; embed and encode work"
@@ -334,7 +335,7 @@ class Model:
         normalize = False if normalize is None else as_bool(normalize, "normalize")
         if not isinstance(pooling, str) or pooling not in POOLINGS:
             raise InferenceError(f"pooling={pooling!r} is invalid: choose one of {POOLINGS}")
-        if pooling == "pooler" and "pooler" in self.fresh_heads:
+        if pooling == "pooler" and hf.POOLER in self.fresh_heads:
             raise InferenceError(
                 f"{self.source} has no pooler weights (bert.pooler.* in transformers' names); "
                 "use pooling='mean' or 'cls'"
@@ -597,7 +598,7 @@ class Model:
 
 
 @functools.partial(jax.jit, static_argnames=("config", "usable", "top_k"))
-def _fill_mask(params, batch, *, config: BertConfig, usable: int, top_k: int):
+def _fill_mask(params, batch, *, config: EncoderConfig, usable: int, top_k: int):
     """Top-k probabilities and ids at masked_lm_positions: [b, p, k] each.
 
     Ids from `usable` on (rows of a vocabulary padded past the tokenizer's pieces) are never
@@ -618,13 +619,13 @@ def _fill_mask(params, batch, *, config: BertConfig, usable: int, top_k: int):
 
 
 @functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize"))
-def _embed(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
+def _embed(params, batch, *, config: EncoderConfig, pooling: str, normalize: bool):
     """One float32 vector per row: [b, h]."""
     sequence, pooled = (
         encoders.family_of(config)
         .module(config)
         .apply(
-            {"params": params["bert"]},
+            {"params": params[capability_lib.ENCODER]},
             batch["input_ids"],
             batch["segment_ids"],
             batch["input_mask"],
@@ -638,9 +639,7 @@ def _embed(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
     elif pooling == "pooler":
         vectors = pooled.astype(jnp.float32)
     else:
-        mask = batch["input_mask"][..., None].astype(jnp.float32)  # [b, s, 1]
-        total = jnp.sum(sequence.astype(jnp.float32) * mask, axis=1)  # [b, h]
-        vectors = total / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+        vectors = pooling_lib.mean(sequence, batch["input_mask"])  # [b, h]
     if normalize:
         norm = jnp.linalg.norm(vectors, axis=-1, keepdims=True)  # [b, 1]
         vectors = vectors / jnp.maximum(norm, 1e-12)

@@ -18,7 +18,7 @@ import jax
 import ml_collections
 
 from bertjax import optim, sharding
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 
 
 class ConfigError(ValueError):
@@ -128,7 +128,9 @@ _SHARDED_DIMENSIONS = (
 )
 
 
-def check_mesh_fits(model: BertConfig, mesh: jax.sharding.Mesh, check_vocab: bool = True) -> None:
+def check_mesh_fits(
+    model: EncoderConfig, mesh: jax.sharding.Mesh, check_vocab: bool = True
+) -> None:
     """Fails, naming the dimension and the mesh axes, unless every sharded dimension of the
     model divides evenly over the mesh axes it is split along."""
     for logical, field in _SHARDED_DIMENSIONS:

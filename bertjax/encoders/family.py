@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 import flax.linen as nn
 import jax
@@ -56,6 +56,25 @@ from bertjax import fs, hf
 FAMILY_KEY = "family"
 # The family of a model_config without FAMILY_KEY, and of config.json without model_type.
 DEFAULT_FAMILY = "bert"
+
+
+class EncoderConfig(Protocol):
+    """What family-neutral code reads of any family's config (BertConfig, ModernBertConfig,
+    ElectraConfig): its family's name, its size and its numerics. Everything else is asked
+    of the family (`family_of(config)`)."""
+
+    family: ClassVar[str]
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    max_position_embeddings: int
+    dtype: str
+    param_dtype: str
+    attention_impl: str
+    remat_policy: str
+    scan_layers: bool
 
 
 class PretrainingOutput(NamedTuple):
@@ -70,7 +89,8 @@ class EncoderFamily:
 
     Members:
       name              the family's name in checkpoint meta ("bert", "modernbert")
-      config_class      its frozen config dataclass (`family_of` looks families up by it)
+      config_class      its frozen config dataclass, whose class attribute `family` is this
+                        family's name (`family_of` reads it)
       model_type        transformers' config.json model_type
       class_prefix      transformers' class names: <prefix>For<Task> ("Bert", "ModernBert")
       uses_segment_ids  whether the module reads token_type_ids
@@ -222,6 +242,10 @@ def register(family: EncoderFamily) -> EncoderFamily:
     """Adds a family (bertjax.encoders does, for each one it lists)."""
     if _FAMILIES.get(family.name, family) is not family:
         raise ValueError(f"encoder family {family.name!r} is registered twice")
+    if getattr(family.config_class, "family", None) != family.name:
+        raise ValueError(
+            f"{family.config_class.__name__}.family must name its family {family.name!r}"
+        )
     _FAMILIES[family.name] = family
     return family
 
@@ -237,15 +261,15 @@ def get(name: str) -> EncoderFamily:
     return _FAMILIES[name]
 
 
-def family_of(config: Any) -> EncoderFamily:
-    """The family whose config class `config` is."""
-    for family in _FAMILIES.values():
-        if isinstance(config, family.config_class):
-            return family
-    raise ValueError(
-        f"{type(config).__name__} is no encoder family's config: valid configs are "
-        f"{[f.config_class.__name__ for f in _FAMILIES.values()]}"
-    )
+def family_of(config: EncoderConfig) -> EncoderFamily:
+    """The family a config names (its class's `family`)."""
+    name = getattr(type(config), "family", None)
+    if name not in _FAMILIES:
+        raise ValueError(
+            f"{type(config).__name__} is no encoder family's config: valid configs are "
+            f"{[f.config_class.__name__ for f in _FAMILIES.values()]}"
+        )
+    return _FAMILIES[name]
 
 
 def for_model_type(model_type: str | None) -> EncoderFamily:

@@ -13,7 +13,7 @@ import jax
 
 from bertjax import optim, sharding, steps
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.finetune import task as task_lib
 
 
@@ -21,7 +21,7 @@ from bertjax.finetune import task as task_lib
 class Finetuning:
     """A run's model, objective and built steps (nothing allocated)."""
 
-    model_config: BertConfig
+    model_config: EncoderConfig
     head: HeadSpec
     objective: task_lib.TaskObjective
     steps: steps.Steps
@@ -49,7 +49,7 @@ class Finetuning:
 
 
 def build_finetuning(
-    model_config: BertConfig,
+    model_config: EncoderConfig,
     head: HeadSpec,
     optimizer: optim.OptimizerSettings,
     *,

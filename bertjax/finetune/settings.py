@@ -17,7 +17,6 @@ import jax
 import ml_collections
 
 from bertjax import encoders, fs, optim, sharding
-from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import layouts
 from bertjax.finetune import task as task_lib
 from bertjax.settings import (
@@ -29,7 +28,8 @@ from bertjax.settings import (
     token_capacity,
 )
 
-# BertConfig fields a fine-tuning run may change; the rest come from the checkpoint.
+# Encoder config fields a fine-tuning run may change (BERT's names, which every family's
+# with_overrides reads in its own terms); the rest come from the checkpoint.
 FINETUNE_MODEL_FIELDS = (
     "dtype",
     "attention_impl",
@@ -139,7 +139,10 @@ class FinetuneSettings:
         """The checkpoint's architecture with this run's numerics and dropout (in the terms
         of the checkpoint's encoder family)."""
         family = encoders.family_of(checkpoint_config)
-        model = family.with_overrides(checkpoint_config, self.model_overrides)
+        try:
+            model = family.with_overrides(checkpoint_config, self.model_overrides)
+        except (ValueError, TypeError) as e:
+            raise ConfigError(f"config.model: {e}") from e
         if self.data.max_seq_length > model.max_position_embeddings:
             raise ConfigError(
                 f"config.{self.data.max_seq_length_field}={self.data.max_seq_length}: "
@@ -268,10 +271,8 @@ def _read_finetune(
     model_overrides = dict(config.model)
     unknown = sorted(set(model_overrides) - set(FINETUNE_MODEL_FIELDS))
     require_(not unknown, "model", f"fields {unknown} cannot change: valid {FINETUNE_MODEL_FIELDS}")
-    try:  # the values checked now; the architecture comes with the checkpoint
-        BertConfig(**model_overrides)
-    except (ValueError, TypeError) as e:
-        raise ConfigError(f"config.model: {e}") from e
+    # Their values are checked by the checkpoint's family, once init_from is open
+    # (model_config), before any data is read.
 
     warmup_fraction = config.optimizer.warmup_fraction
     require_(

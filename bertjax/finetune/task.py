@@ -32,7 +32,7 @@ The contract, per method:
   ids with `bertjax.features`. Bad input raises `TaskDataError` naming the file and line.
 - `check(data: TaskData, metric: str)`: a last check of the data against the chosen metric
   (e.g. F1 needs two labels); raise `ConfigError`.
-- `objective(model_config: BertConfig, head: HeadSpec) -> TaskObjective`: the model and what
+- `objective(model_config: EncoderConfig, head: HeadSpec) -> TaskObjective`: the model and what
   a step minimises. A `TaskObjective` is a `steps.Objective` (sums over examples) with
   `init_params(rng)` (boxed parameters; the encoder under "bert", so a pretrained one drops
   in, the task's own layers under "classifier") and `evaluate(params, batch)` returning
@@ -71,7 +71,7 @@ import numpy as np
 
 from bertjax import capability, fs, steps
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,7 +154,7 @@ class Task:
     def check(self, data: TaskData, metric: str) -> None:
         """A last check of the data against the chosen metric; raises ConfigError."""
 
-    def objective(self, model_config: BertConfig, head: HeadSpec) -> TaskObjective:
+    def objective(self, model_config: EncoderConfig, head: HeadSpec) -> TaskObjective:
         raise NotImplementedError
 
     def scores(

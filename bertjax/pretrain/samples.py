@@ -15,7 +15,7 @@ import numpy as np
 
 from bertjax.data import storage
 from bertjax.data.sentences import split_sentences
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.inference import Model
 from bertjax.tokenizer import Tokenizer
 
@@ -42,7 +42,7 @@ def held_out_texts(data_dir: str | os.PathLike, tokenizer: Tokenizer, count: int
 
 
 def fill_mask_samples(
-    config: BertConfig,
+    config: EncoderConfig,
     params: Any,
     tokenizer: Tokenizer,
     texts: Sequence[str],

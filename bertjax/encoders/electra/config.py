@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -90,6 +90,9 @@ class ElectraConfig:
     when the two differ); ``classifier_dropout`` the rate of the classifiers' dropout (None:
     ``hidden_dropout``, as in transformers).
     """
+
+    # The encoder family this config belongs to (bertjax.encoders.family_of reads it).
+    family: ClassVar[str] = "electra"
 
     vocab_size: int = HF_DEFAULTS["vocab_size"]
     embedding_size: int = HF_DEFAULTS["embedding_size"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -64,6 +64,9 @@ class ModernBertConfig:
     Field names follow transformers' ModernBertConfig, except num_layers and num_heads
     (bertjax's names for num_hidden_layers and num_attention_heads).
     """
+
+    # The encoder family this config belongs to (bertjax.encoders.family_of reads it).
+    family: ClassVar[str] = "modernbert"
 
     vocab_size: int = 50368
     hidden_size: int = 768

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import attention as attention_lib
-from bertjax import packing, sharding
+from bertjax import packing, pooling, sharding
 from bertjax.encoders.family import PretrainingOutput
 from bertjax.encoders.modernbert.attention import (
     _MASK_VALUE,
@@ -603,9 +603,7 @@ class Encoder(ModernBertModel):
         if cfg.classifier_pooling == "cls":
             pooled = x[:, :1]  # [b, 1, h]
         else:
-            weights = attention_mask.astype(jnp.float32)[..., None]  # [b, s, 1]
-            total = jnp.sum(x.astype(jnp.float32) * weights, axis=1, keepdims=True)  # [b, 1, h]
-            pooled = total / jnp.sum(weights, axis=1, keepdims=True)  # [b, 1, h]
+            pooled = pooling.mean(x, attention_mask)[:, None]  # [b, 1, h]
         pooled = self.head_dropout(self.head(pooled), deterministic=deterministic)[:, 0]  # [b, h]
         if token_head:
             x = self.head_dropout(self.head(x), deterministic=deterministic)  # [b, s, h]

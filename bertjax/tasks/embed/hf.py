@@ -35,6 +35,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from bertjax import encoders, fs, hf
+from bertjax.capability import ENCODER
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import HF_TOKENIZER_CONFIG_FILE, Tokenizer
@@ -59,8 +60,6 @@ _OTHER_POOLING_FLAGS = (
     "pooling_mode_weightedmean_tokens",
     "pooling_mode_lasttoken",
 )
-_CORE_GROUPS = (hf.CORE, hf.SINUSOIDAL, hf.POOLER)
-_PREFIX = "bert."
 
 
 class SentenceModel(NamedTuple):
@@ -232,4 +231,4 @@ def load(path: str | os.PathLike, **overrides) -> SentenceModel:
         normalize=len(modules) == 3,
         max_seq_length=max_seq_length,
     )
-    return SentenceModel(config, {"bert": params["bert"]}, tokenizer, spec)
+    return SentenceModel(config, {ENCODER: params[ENCODER]}, tokenizer, spec)

@@ -32,7 +32,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import encoders, sharding
-from bertjax.encoders.bert.config import BertConfig
+from bertjax import pooling as pooling_lib
+from bertjax.capability import ENCODER
+from bertjax.encoders.family import EncoderConfig
 from bertjax.sharding import ACTIVATION_EMBED, BATCH
 from bertjax.tokenizer import Tokenizer
 from bertjax.vectors import l2_normalize
@@ -69,7 +71,7 @@ class EmbeddingSpec:
                 "(room for [CLS] and [SEP])"
             )
 
-    def check(self, config: BertConfig) -> None:
+    def check(self, config: EncoderConfig) -> None:
         """Fails unless the model has a position for every token of the longest input."""
         if self.max_seq_length > config.max_position_embeddings:
             raise ValueError(
@@ -120,15 +122,13 @@ def pool(sequence: jax.Array, input_mask: jax.Array, pooling: str) -> jax.Array:
         return jnp.where(jnp.any(mask, axis=1), best, 0.0)
     if pooling != MEAN:
         raise ValueError(f"pooling={pooling!r} is invalid: must be one of {POOLINGS}")
-    weights = mask.astype(jnp.float32)
-    total = jnp.sum(values * weights, axis=1)  # [b, h]
-    return total / jnp.maximum(jnp.sum(weights, axis=1), 1.0)
+    return pooling_lib.mean(sequence, input_mask)  # [b, h]
 
 
 class BiEncoder(nn.Module):
     """The encoder ("bert") -> pooling -> optional normalisation: [batch, hidden] float32."""
 
-    config: BertConfig
+    config: EncoderConfig
     pooling: str = MEAN
     normalize: bool = False
 
@@ -144,7 +144,7 @@ class BiEncoder(nn.Module):
     ) -> jax.Array:
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
-        sequence, _ = encoders.family_of(self.config).module(self.config, name="bert")(
+        sequence, _ = encoders.family_of(self.config).module(self.config, name=ENCODER)(
             input_ids,
             token_type_ids,
             attention_mask,
@@ -159,7 +159,7 @@ class BiEncoder(nn.Module):
         return sharding.constrain(vectors, (BATCH, ACTIVATION_EMBED))
 
 
-def make_model(config: BertConfig, spec: EmbeddingSpec) -> BiEncoder:
+def make_model(config: EncoderConfig, spec: EmbeddingSpec) -> BiEncoder:
     """The linen module of an embedding model."""
     return BiEncoder(config, spec.pooling, spec.normalize)
 
@@ -203,10 +203,10 @@ def pad_inputs(sequences: Sequence[Sequence[int]], length: int, rows: int | None
 
 
 @functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize"))
-def embed_inputs(params, batch, *, config: BertConfig, pooling: str, normalize: bool):
+def embed_inputs(params, batch, *, config: EncoderConfig, pooling: str, normalize: bool):
     """float32 [b, hidden] vectors of a padded batch; params is BiEncoder's tree ("bert")."""
     return BiEncoder(config, pooling, normalize).apply(
-        {"params": {"bert": params["bert"]}},
+        {"params": {ENCODER: params[ENCODER]}},
         batch["input_ids"],
         batch["segment_ids"],
         batch["input_mask"],

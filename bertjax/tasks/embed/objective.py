@@ -39,7 +39,7 @@ import optax
 from jax.sharding import PartitionSpec
 
 from bertjax import optim, sharding, steps, vectors
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import BiEncoder, EmbeddingSpec
 
@@ -360,7 +360,7 @@ def make_cached_train_step(
 class EmbeddingTraining:
     """A run's model, mesh, state layout and jitted steps, built once (nothing allocated)."""
 
-    model_config: BertConfig
+    model_config: EncoderConfig
     spec: EmbeddingSpec
     settings: LossSettings
     model: BiEncoder
@@ -372,7 +372,7 @@ class EmbeddingTraining:
 
 
 def build_embedding_training(
-    model_config: BertConfig,
+    model_config: EncoderConfig,
     spec: EmbeddingSpec,
     settings: LossSettings,
     optimizer: optim.OptimizerSettings,

@@ -42,7 +42,7 @@ import numpy as np
 
 from bertjax import fs, rundir, textfile, vectors
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.finetune import data as task_data
 from bertjax.finetune.layouts import Layout
 from bertjax.finetune.task import Examples, Task, TaskData, TaskInputs, TaskObjective
@@ -65,7 +65,6 @@ METRICS = (*embedding_eval.STS_METRICS, *RETRIEVAL_METRICS)
 # The texts of an example after the anchor, by feature-name prefix.
 POSITIVE = "positive_"
 NEGATIVE = "negative_"
-_INPUTS = ("input_ids", "input_mask", "segment_ids")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -305,7 +304,7 @@ class EmbeddingTaskObjective(TaskObjective):
 
     eval_outputs = True
 
-    def __init__(self, model_config: BertConfig, head: HeadSpec):
+    def __init__(self, model_config: EncoderConfig, head: HeadSpec):
         self.spec = head.options.spec
         self.settings = loss_of(head)
         self.model = embedding.make_model(model_config, self.spec)
@@ -448,7 +447,7 @@ class EmbeddingTask(Task):
                 "corpus and relevance"
             )
 
-    def objective(self, model_config: BertConfig, head: HeadSpec) -> EmbeddingTaskObjective:
+    def objective(self, model_config: EncoderConfig, head: HeadSpec) -> EmbeddingTaskObjective:
         return EmbeddingTaskObjective(model_config, head)
 
     def scores(

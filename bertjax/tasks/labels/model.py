@@ -29,8 +29,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import encoders, sharding
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.capability import ENCODER
 from bertjax.encoders.bert.model import Dropout
+from bertjax.encoders.family import EncoderConfig
 from bertjax.heads import HeadSums, dense_head
 from bertjax.sharding import ACTIVATION_EMBED, BATCH, LABELS, LENGTH
 from bertjax.tokenizer import Tokenizer
@@ -62,7 +63,7 @@ def check_labels(task: str, labels: tuple[str, ...]) -> None:
 class SequenceClassifier(nn.Module):
     """The encoder's pooled output -> dropout -> dense: [batch, num_outputs] float32 logits."""
 
-    config: BertConfig
+    config: EncoderConfig
     num_outputs: int
 
     @nn.compact
@@ -75,7 +76,7 @@ class SequenceClassifier(nn.Module):
         deterministic: bool = True,
         packed_length: int | None = None,
     ) -> jax.Array:
-        _, pooled = encoders.family_of(self.config).module(self.config, name="bert")(
+        _, pooled = encoders.family_of(self.config).module(self.config, name=ENCODER)(
             input_ids,
             token_type_ids,
             attention_mask,
@@ -92,7 +93,7 @@ class SequenceClassifier(nn.Module):
 class TokenClassifier(nn.Module):
     """The encoder's per-token output -> dropout -> dense: [batch, seq, num_outputs] logits."""
 
-    config: BertConfig
+    config: EncoderConfig
     num_outputs: int
 
     @nn.compact
@@ -106,7 +107,7 @@ class TokenClassifier(nn.Module):
         packed_length: int | None = None,
     ) -> jax.Array:
         family = encoders.family_of(self.config)
-        sequence, _ = family.module(self.config, name="bert")(
+        sequence, _ = family.module(self.config, name=ENCODER)(
             input_ids,
             token_type_ids,
             attention_mask,
@@ -122,7 +123,7 @@ class TokenClassifier(nn.Module):
         return sharding.constrain(logits, (BATCH, LENGTH, LABELS))
 
 
-def make_model(config: BertConfig, task: str, num_outputs: int) -> nn.Module:
+def make_model(config: EncoderConfig, task: str, num_outputs: int) -> nn.Module:
     """The linen module of a label head: TokenClassifier for token labels, else
     SequenceClassifier."""
     cls = TokenClassifier if task == TOKEN_CLASSIFICATION else SequenceClassifier

@@ -16,7 +16,7 @@ import numpy as np
 
 from bertjax import features as features_lib
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.features import TruncationWarning
 from bertjax.inference import InferenceError, Model, as_int, as_texts
 from bertjax.tasks.labels import model as label_heads
@@ -108,7 +108,7 @@ def _predict_words(model: Model, texts: list[str], max_length: int | None) -> li
 
 
 @functools.partial(jax.jit, static_argnames=("config", "head"))
-def _predict(params, batch, *, config: BertConfig, head: HeadSpec):
+def _predict(params, batch, *, config: EncoderConfig, head: HeadSpec):
     """What a label head gives per row (bertjax.heads.outputs)."""
     logits = label_heads.make_model(config, head.task, head.num_outputs).apply(
         {"params": params},

@@ -20,7 +20,7 @@ import numpy as np
 
 from bertjax import fs, heads, rundir
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.finetune.settings import FinetuneDataSettings, FinetuneRunSettings
 from bertjax.finetune.task import Examples, Task, TaskData, TaskObjective
 from bertjax.settings import ConfigError
@@ -38,7 +38,7 @@ class HeadObjective(TaskObjective):
 
     eval_outputs = True
 
-    def __init__(self, model_config: BertConfig, head: HeadSpec):
+    def __init__(self, model_config: EncoderConfig, head: HeadSpec):
         self.model = label_heads.make_model(model_config, head.task, head.num_outputs)
         self.head = head
         self.position_outputs = ("labels", "scores") if head.token_level else ()
@@ -147,7 +147,7 @@ class HeadTask(Task):
             "classifier": classifier,
         }, f"its bias starts at the targets' mean {mean:.4g}"
 
-    def objective(self, model_config: BertConfig, head: HeadSpec) -> HeadObjective:
+    def objective(self, model_config: EncoderConfig, head: HeadSpec) -> HeadObjective:
         return HeadObjective(model_config, head)
 
     def scores(

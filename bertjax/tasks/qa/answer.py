@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 import jax
 import numpy as np
 
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.inference import InferenceError, Model, as_bool, as_int, as_texts
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad
@@ -206,7 +206,7 @@ def window_logits(model: Model, features: squad.QAFeatures) -> tuple[np.ndarray,
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def _logits(params, batch, *, config: BertConfig):
+def _logits(params, batch, *, config: EncoderConfig):
     return qa_model.QuestionAnswering(config).apply(
         {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"]
     )  # [b, s] each

@@ -11,7 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import encoders, heads, sharding, steps
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.capability import ENCODER
+from bertjax.encoders.family import EncoderConfig
 from bertjax.heads import HeadSums
 from bertjax.sharding import BATCH, LABELS, LENGTH
 
@@ -25,7 +26,7 @@ HEAD_LABELS = ("start", "end")
 # ----------------------------------------------------------------------------- the head
 
 
-def qa_outputs(config: BertConfig) -> nn.Dense:
+def qa_outputs(config: EncoderConfig) -> nn.Dense:
     """The head's dense layer [hidden, 2] (bertjax.heads.dense_head)."""
     return heads.dense_head(config, 2, HEAD_NAME)
 
@@ -39,7 +40,7 @@ class QuestionAnswering(nn.Module):
     [batch, seq].
     """
 
-    config: BertConfig
+    config: EncoderConfig
 
     @nn.compact
     def __call__(
@@ -51,7 +52,7 @@ class QuestionAnswering(nn.Module):
         deterministic: bool = True,
         packed_length: int | None = None,
     ) -> tuple[jax.Array, jax.Array]:
-        sequence, _ = encoders.family_of(self.config).module(self.config, name="bert")(
+        sequence, _ = encoders.family_of(self.config).module(self.config, name=ENCODER)(
             input_ids,
             token_type_ids,
             attention_mask,

@@ -34,7 +34,7 @@ import numpy as np
 from bertjax import features as features_lib
 from bertjax import fs
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.family import EncoderConfig
 from bertjax.finetune import layouts
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneDataSettings
@@ -155,7 +155,7 @@ class QAHeadObjective(qa_model.QAObjective, TaskObjective):
     eval_outputs = True
     position_outputs = ("start_logits", "end_logits")
 
-    def __init__(self, model_config: BertConfig):
+    def __init__(self, model_config: EncoderConfig):
         super().__init__(qa_model.QuestionAnswering(model_config))
 
     def init_params(self, rng):
@@ -223,7 +223,7 @@ class QuestionAnsweringTask(Task):
         if not len(data.train):
             raise ConfigError(f"{data.train.path}: no question is left to train on")
 
-    def objective(self, model_config: BertConfig, head: HeadSpec) -> QAHeadObjective:
+    def objective(self, model_config: EncoderConfig, head: HeadSpec) -> QAHeadObjective:
         return QAHeadObjective(model_config)
 
     def scores(

@@ -52,7 +52,7 @@ import numpy as np
 
 from bertjax import attention as attention_lib
 from bertjax import sharding
-from bertjax.capability import HeadSpec
+from bertjax.capability import ENCODER, HeadSpec
 from bertjax.encoders.bert.config import STACKED_LAYERS, BertConfig
 from bertjax.encoders.bert.model import (
     BertModel,
@@ -98,7 +98,7 @@ class Seq2SeqConfig:
     init: str = BERT2BERT  # one of INITS
 
     def __post_init__(self):
-        if not isinstance(self.bert, BertConfig):
+        if getattr(self.bert, "family", None) != BertConfig.family:
             raise ValueError(f"Seq2SeqConfig.bert={self.bert!r} is invalid: must be a BertConfig")
         if self.init not in INITS:
             raise ValueError(f"Seq2SeqConfig.init={self.init!r} is invalid: must be one of {INITS}")
@@ -337,10 +337,12 @@ class Seq2SeqModel(nn.Module):
 
 def _decoder_shared_paths(num_layers: int) -> list[tuple[tuple[str, ...], tuple[str, ...]]]:
     """(decoder path, encoder path) of every subtree bertshare shares."""
-    pairs = [(("decoder", "embeddings"), ("bert", "embeddings"))]
+    pairs = [(("decoder", "embeddings"), (ENCODER, "embeddings"))]
     for i in range(num_layers):
         for part in ("attention", "mlp"):
-            pairs.append((("decoder", f"layer_{i}", part), ("bert", "encoder", f"layer_{i}", part)))
+            pairs.append(
+                (("decoder", f"layer_{i}", part), (ENCODER, "encoder", f"layer_{i}", part))
+            )
     return pairs
 
 
@@ -437,16 +439,16 @@ def from_pretrained(config: Seq2SeqConfig, fresh: Mapping, pretrained: Mapping) 
     always; for bert2bert also the decoder's embeddings, self-attention, feed-forward and
     output head; bertshare's decoder shares the encoder's. Cross-attention stays fresh."""
     pretrained = _as_dict(nn.meta.unbox(pretrained))
-    if "bert" not in pretrained:
+    if ENCODER not in pretrained:
         raise ValueError(
             f"pretrained params hold {sorted(pretrained)}; expected BertForPreTraining's tree "
             "with a 'bert' entry"
         )
-    bert = pretrained["bert"]
+    bert = pretrained[ENCODER]
     if STACKED_LAYERS in bert.get("encoder", {}):
         bert = unstack_layers(bert, config.bert.num_layers)
     fresh = full_params(config, fresh)
-    fresh["bert"] = _graft(fresh["bert"], bert, "bert")
+    fresh[ENCODER] = _graft(fresh[ENCODER], bert, ENCODER)
     if config.init == BERT2BERT:
         for decoder_path, encoder_path in _decoder_shared_paths(config.bert.num_layers):
             where = "/".join(encoder_path)
@@ -865,7 +867,8 @@ class TaskOptions:
 
     def config(self, bert: BertConfig) -> Seq2SeqConfig:
         """The encoder-decoder over `bert` (its layers unrolled, as the decoder needs)."""
-        if not isinstance(bert, BertConfig):  # the decoder is BERT's layers with cross-attention
+        # The decoder is BERT's layers with cross-attention.
+        if getattr(bert, "family", None) != BertConfig.family:
             raise ValueError(f"seq2seq needs a BERT encoder; {type(bert).__name__} is not one")
         return Seq2SeqConfig(
             dataclasses.replace(bert, scan_layers=False),
