@@ -15,8 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from bertjax import capability, fs
-from bertjax import hf as bert_hf
+from bertjax import capability, fs, hf
 from bertjax.capability import HeadSpec, Opened
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as seq2seq_lib
@@ -55,7 +54,7 @@ class Seq2Seq(capability.Capability):
 
     def recognises(self, path: str | os.PathLike) -> bool:
         """A transformers EncoderDecoderModel directory (its config.json says)."""
-        config = fs.path(path) / bert_hf.CONFIG_NAME
+        config = fs.path(path) / hf.CONFIG_NAME
         if fs.kind(config) != "file":
             return False
         try:
@@ -67,7 +66,7 @@ class Seq2Seq(capability.Capability):
 
     def open(self, path: str | os.PathLike, **overrides) -> Opened:
         config, params = seq2seq_hf.load_seq2seq(path, **overrides)
-        tokenizer = bert_hf.load_tokenizer(path)
+        tokenizer = hf.load_tokenizer(path)
         options = seq2seq_lib.TaskOptions(
             decoder_start_id=config.decoder_start_id, eos_id=config.eos_id, init=config.init
         )
