@@ -18,7 +18,7 @@ Layout of a checkpoint directory (one sub-directory per finished step)::
                                           process writes its own shards under ocdbt.process_<i>
         opt_state/                    item OPT_STATE_ITEM: the optax state, same format
         meta/metadata                 item META_ITEM: JSON written by the trainer (loader
-                                        state, rng key data, BertConfig dict, tokenizer
+                                        state, rng key data, encoder config dict, tokenizer
                                         fingerprint, ...) plus, under INTEGRITY_KEY, a
                                         fingerprint of every array leaf taken at save time
       2000.orbax-checkpoint-tmp-<t>/  a save in progress or killed mid-write: never restored,

@@ -119,7 +119,7 @@ def open_run(
 
     `step` picks a checkpoint of a work directory (default: the newest readable one; for a
     fine-tuning run with `best`, its best one). The tokenizer must be the one the checkpoint
-    was trained with. `overrides` are BertConfig fields (e.g. dtype) of a Hugging Face
+    was trained with. `overrides` are encoder config fields (e.g. dtype) of a Hugging Face
     directory. Raises RunDirectoryError, FileNotFoundError, or what reading the files does.
     """
     path = fs.path(path)
