@@ -31,10 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import attention as attention_lib
-from bertjax.encoders.modernbert.config import (
-    KERNELS,
-    ModernBertConfig,
-)
+from bertjax.encoders.modernbert.config import KERNELS, ModernBertConfig
 
 # Large negative logit for masked keys: finite, so a query with no visible key softmaxes to
 # uniform weights instead of NaN, and far enough below any real score to weigh exactly 0.

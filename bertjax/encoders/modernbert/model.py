@@ -52,9 +52,7 @@ from bertjax.encoders.modernbert.attention import (
     _banded_attention,
     layer_masks,
 )
-from bertjax.encoders.modernbert.config import (
-    ModernBertConfig,
-)
+from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.sharding import (
     ACTIVATION_EMBED,
     BATCH,
@@ -558,6 +556,7 @@ def unstack_layers(encoder: Mapping[str, Any], config: ModernBertConfig) -> dict
     return out
 
 
+# The prediction head's key in the encoder's tree, and the tied decoder's bias beside it.
 HEAD = "head"
 DECODER_BIAS = "decoder_bias"
 
@@ -660,6 +659,7 @@ class MaskedLM(nn.Module):
 
 
 def init_masked_lm(config: ModernBertConfig, rng: jax.Array):
+    """The masked-LM model's parameters (boxed), drawn from `rng`."""
     ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
     # The parameters do not depend on the attention implementation; a one-token row is no
     # shape for a fused kernel to compile for.

@@ -26,10 +26,7 @@ import jax
 import numpy as np
 
 from bertjax import capability, fs, hf
-from bertjax.encoders.modernbert.config import (
-    ModernBertConfig,
-    _is_int,
-)
+from bertjax.encoders.modernbert.config import ModernBertConfig, _is_int
 from bertjax.encoders.modernbert.model import (
     DECODER_BIAS,
     HEAD,
