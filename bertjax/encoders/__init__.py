@@ -15,8 +15,8 @@ folder and one line below.
 """
 
 from bertjax.encoders import family
-from bertjax.encoders.bert import family as bert
-from bertjax.encoders.electra import family as electra
+from bertjax.encoders.bert import family as bert_family
+from bertjax.encoders.electra import family as electra_family
 from bertjax.encoders.family import (
     DEFAULT_FAMILY,
     FAMILY_KEY,
@@ -29,9 +29,10 @@ from bertjax.encoders.family import (
     names,
     read_transformers,
 )
-from bertjax.encoders.modernbert import family as modernbert
+from bertjax.encoders.modernbert import family as modernbert_family
 
-FAMILIES = (bert.FAMILY, modernbert.FAMILY, electra.FAMILY)
+# Imported under their own names, so that bertjax.encoders.<family> stays the package.
+FAMILIES = (bert_family.FAMILY, modernbert_family.FAMILY, electra_family.FAMILY)
 
 for _family in FAMILIES:
     family.register(_family)

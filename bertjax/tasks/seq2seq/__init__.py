@@ -15,7 +15,10 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from bertjax import capability, fs, hf
+from bertjax import capability, fs
+
+# Aliased: this package's own submodule is named hf.
+from bertjax import hf as hf_files
 from bertjax.capability import HeadSpec, Opened
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as seq2seq_lib
@@ -54,7 +57,7 @@ class Seq2Seq(capability.Capability):
 
     def recognises(self, path: str | os.PathLike) -> bool:
         """A transformers EncoderDecoderModel directory (its config.json says)."""
-        config = fs.path(path) / hf.CONFIG_NAME
+        config = fs.path(path) / hf_files.CONFIG_NAME
         if fs.kind(config) != "file":
             return False
         try:
@@ -66,7 +69,7 @@ class Seq2Seq(capability.Capability):
 
     def open(self, path: str | os.PathLike, **overrides) -> Opened:
         config, params = seq2seq_hf.load_seq2seq(path, **overrides)
-        tokenizer = hf.load_tokenizer(path)
+        tokenizer = hf_files.load_tokenizer(path)
         options = seq2seq_lib.TaskOptions(
             decoder_start_id=config.decoder_start_id, eos_id=config.eos_id, init=config.init
         )
