@@ -22,7 +22,7 @@ import sys
 _HERE = pathlib.Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE / kind) for kind in ("unit", "parity", "integration")]
 
-from xla_env import (  # noqa: E402 (imports no jax)
+from tests.helpers.xla_env import (  # noqa: E402 (imports no jax)
     COMPILATION_CACHE,
     COMPILATION_CACHE_DIR,
     COMPILATION_CACHE_LIMIT_BYTES,
@@ -45,11 +45,11 @@ import json  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 import filelock  # noqa: E402
-import gcs_emulator  # noqa: E402
+from tests.helpers import gcs_emulator  # noqa: E402
 import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
-from synthetic_corpus import (  # noqa: E402
+from tests.helpers.corpora import (  # noqa: E402
     ONE_LAYER,
     finetune_config,
     topic_words,

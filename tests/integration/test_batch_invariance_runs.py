@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, write_tokenizer
+from tests.helpers.tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, write_tokenizer
 
 from bertjax import Model, capability, encoders, sharding
 from bertjax.capability import HeadSpec

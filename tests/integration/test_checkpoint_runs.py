@@ -14,7 +14,7 @@ from test_checkpoint import (  # noqa: F401 (fixtures are used by name)
     mesh,
     save_steps,
 )
-from xla_env import subprocess_env
+from tests.helpers.xla_env import subprocess_env
 
 
 @pytest.mark.slow

@@ -27,7 +27,7 @@ import sys
 import time
 
 import pytest
-from xla_env import QUICK_COMPILES
+from tests.helpers.xla_env import QUICK_COMPILES
 
 from bertjax.data import read_manifest
 from bertjax.data.baseline import unigram_baseline

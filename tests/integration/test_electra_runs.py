@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 from flax import linen as nn
-from synthetic_corpus import finetune_config
+from tests.helpers.corpora import finetune_config
 
 import bertjax
 from bertjax import capability, encoders, optim, rundir, sharding

@@ -3,7 +3,7 @@
 import jax
 import numpy as np
 import pytest
-from synthetic_corpus import finetune_config
+from tests.helpers.corpora import finetune_config
 from test_encoders import (  # noqa: F401 (fixtures are used by name)
     ATOL,
     CASES,

@@ -8,7 +8,7 @@ import pytest
 from test_faults import (  # noqa: F401 (fixtures are used by name)
     REPO,
 )
-from xla_env import subprocess_env
+from tests.helpers.xla_env import subprocess_env
 
 from bertjax import rundir
 from bertjax.inference import Model

@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 import transformers
-from synthetic_corpus import LABELS, sentences, write_topic_csv
-from synthetic_corpus import finetune_config as make_config
-from xla_env import subprocess_env
+from tests.helpers.corpora import LABELS, sentences, write_topic_csv
+from tests.helpers.corpora import finetune_config as make_config
+from tests.helpers.xla_env import subprocess_env
 
 import bertjax
 from bertjax import hf, rundir

@@ -19,7 +19,7 @@ import gcsfs.retry
 import jax.numpy as jnp
 import pytest
 import requests
-from fault_proxy import FaultProxy
+from tests.helpers.fault_proxy import FaultProxy
 from test_gcs_run import (
     INTERRUPTED_RUN,
     cli,
@@ -32,7 +32,7 @@ from test_gcs_run import (
     straight_reference,  # noqa: F401 - a fixture the subprocess test uses
 )
 from test_gcs_use import _files, _finetune_config, _objects, _write_rows
-from xla_env import subprocess_env
+from tests.helpers.xla_env import subprocess_env
 
 import bertjax
 from bertjax import checkpoint, fs, metrics_writer, rundir

@@ -19,8 +19,8 @@ import time
 import jax
 import numpy as np
 import pytest
-from synthetic_corpus import ONE_LAYER
-from xla_env import subprocess_env
+from tests.helpers.corpora import ONE_LAYER
+from tests.helpers.xla_env import subprocess_env
 
 import bertjax
 from bertjax import checkpoint as ckpt

@@ -9,10 +9,10 @@ import subprocess
 import sys
 import zipfile
 
-import glue_data
+from tests.helpers import glue_data
 import pytest
-from synthetic_corpus import ONE_LAYER
-from xla_env import subprocess_env
+from tests.helpers.corpora import ONE_LAYER
+from tests.helpers.xla_env import subprocess_env
 
 from bertjax.glue import suite
 from bertjax.glue.settings import SuiteSettings

@@ -10,9 +10,9 @@ import subprocess
 
 import numpy as np
 import pytest
-from synthetic_corpus import ONE_LAYER, write_corpus
+from tests.helpers.corpora import ONE_LAYER, write_corpus
 from test_gcs_run import cli, config_file, leaf_hashes  # noqa: F401 - config_file: a fixture
-from xla_env import subprocess_env
+from tests.helpers.xla_env import subprocess_env
 
 import bertjax
 from bertjax import checkpoint as checkpoint_lib

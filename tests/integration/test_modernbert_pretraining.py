@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from xla_env import subprocess_env
+from tests.helpers.xla_env import subprocess_env
 
 import bertjax
 from bertjax import checkpoint as checkpoint_lib

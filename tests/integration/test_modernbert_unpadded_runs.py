@@ -7,7 +7,7 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import modernbert_unpadding as unpadding
+from tests.helpers import modernbert_unpadding as unpadding
 import numpy as np
 import pytest
 

@@ -8,7 +8,7 @@ import pytest
 from test_settings import (  # noqa: F401 (fixtures are used by name)
     _train_cli,
 )
-from xla_env import subprocess_env
+from tests.helpers.xla_env import subprocess_env
 
 
 @pytest.mark.slow

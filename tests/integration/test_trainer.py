@@ -12,7 +12,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from synthetic_corpus import ONE_LAYER, write_corpus
+from tests.helpers.corpora import ONE_LAYER, write_corpus
 from test_gcs_run import (
     INTERRUPTED_RUN,
     cli,
@@ -21,7 +21,7 @@ from test_gcs_run import (
     overrides,
     straight_reference,  # noqa: F401 - a fixture the kill test uses
 )
-from xla_env import subprocess_env
+from tests.helpers.xla_env import subprocess_env
 
 import bertjax
 from bertjax import data as data_lib

@@ -14,7 +14,7 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from tokenizer_kinds import pipeline_json, text_of, with_call_settings, wordpiece_vocab
+from tests.helpers.tokenizer_kinds import pipeline_json, text_of, with_call_settings, wordpiece_vocab
 
 from bertjax import Model, hf, rundir
 from bertjax.finetune import task as task_lib

@@ -13,7 +13,7 @@ import warnings
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, with_call_settings, write_tokenizer
+from tests.helpers.tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, with_call_settings, write_tokenizer
 
 from bertjax import features as features_lib
 from bertjax import hf

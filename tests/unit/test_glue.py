@@ -5,7 +5,7 @@ the curve."""
 import dataclasses
 import json
 
-import glue_data
+from tests.helpers import glue_data
 import ml_collections
 import pytest
 from hypothesis import given, settings

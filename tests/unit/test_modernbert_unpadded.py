@@ -3,7 +3,7 @@ pay, and one head against the padded rows (tests/integration/test_modernbert_unp
 checks every capability's head, both row shapes, documents, scan and remat)."""
 
 import jax
-import modernbert_unpadding as unpadding
+from tests.helpers import modernbert_unpadding as unpadding
 
 from bertjax.encoders import modernbert as mb
 

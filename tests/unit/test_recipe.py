@@ -6,7 +6,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from synthetic_corpus import ONE_LAYER
+from tests.helpers.corpora import ONE_LAYER
 from test_trainer import make_config
 
 from bertjax.model import BertConfig, BertForPreTraining

@@ -9,7 +9,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from tokenizer_kinds import write_tokenizer
+from tests.helpers.tokenizer_kinds import write_tokenizer
 
 from bertjax import Model, hf
 from bertjax.finetune import loop

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from xla_env import optimized_compiles
+from tests.helpers.xla_env import optimized_compiles
 
 from bertjax import sharding
 from bertjax.model import BertConfig, BertForPreTraining

@@ -7,7 +7,7 @@ import types
 
 import pytest
 from flax import linen as nn
-from xla_env import subprocess_env
+from tests.helpers.xla_env import subprocess_env
 
 from bertjax import settings as settings_lib
 from bertjax import sharding

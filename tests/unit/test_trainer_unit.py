@@ -4,7 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from synthetic_corpus import ONE_LAYER, write_corpus
+from tests.helpers.corpora import ONE_LAYER, write_corpus
 from test_trainer import (  # noqa: F401 (fixtures are used by name)
     PINNED_LOSSES,
     PINNED_PARAM_ABS_SUM,

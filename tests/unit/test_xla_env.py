@@ -4,7 +4,7 @@
 import os
 
 import jax
-from xla_env import (
+from tests.helpers.xla_env import (
     COMPILATION_CACHE_DIR,
     OPTIMIZED_FLAGS,
     optimized_compiles,
