@@ -11,17 +11,15 @@ for it, so a narrower run builds only the ones its tests use.
 
 import os
 import pathlib
-import sys
 
 # The suite by kind: tests/unit (in-process, short), tests/parity (against transformers and
 # sentence-transformers), tests/integration (command lines, runs, GCS). A subject's tests of
 # another kind sit in a file of their own (tests/unit/test_hf_unit.py beside
-# tests/parity/test_hf.py) and import its helpers by name, from whichever kind is selected.
-# No unit file imports a module that loads torch or transformers (the helpers that need them
-# live in the parity files), so `pytest tests/unit` never pays for their import.
-_HERE = pathlib.Path(__file__).resolve().parent
-sys.path[:0] = [str(_HERE / kind) for kind in ("unit", "parity", "integration")]
-
+# tests/parity/test_hf.py); what they share (constants, batches, random parameters, corpora,
+# fixtures used by name) lives in tests/helpers/, which every tier imports and no test file
+# is. No unit file imports a module that loads torch or transformers (the helpers that need
+# them import them inside the functions that use them, or are imported only by the parity
+# and integration tiers), so `pytest tests/unit` never pays for their import.
 from tests.helpers.xla_env import (  # noqa: E402 (imports no jax)
     COMPILATION_CACHE,
     COMPILATION_CACHE_DIR,
@@ -45,17 +43,9 @@ import json  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 import filelock  # noqa: E402
-from tests.helpers import gcs_emulator  # noqa: E402
 import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
-from tests.helpers.corpora import (  # noqa: E402
-    ONE_LAYER,
-    finetune_config,
-    topic_words,
-    write_corpus,
-    write_topic_csv,
-)
 
 from bertjax import compilation_cache  # noqa: E402
 from bertjax import data as data_lib  # noqa: E402
@@ -66,6 +56,14 @@ from bertjax.pretrain import loop as pretrain_loop  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 from bertjax.rundir import CORPUS_DIR  # noqa: E402
 from configs import tiny  # noqa: E402
+from tests.helpers import gcs_emulator  # noqa: E402
+from tests.helpers.corpora import (  # noqa: E402
+    ONE_LAYER,
+    finetune_config,
+    topic_words,
+    write_corpus,
+    write_topic_csv,
+)
 
 
 @pytest.hookimpl(tryfirst=True)

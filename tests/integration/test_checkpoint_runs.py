@@ -8,12 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_checkpoint import (  # noqa: F401 (fixtures are used by name)
-    _ONE_DEVICE_SCRIPT,
-    make_state,
-    mesh,
-    save_steps,
-)
+
+from tests.helpers.checkpoint import _ONE_DEVICE_SCRIPT, make_state, mesh, save_steps  # noqa: F401
 from tests.helpers.xla_env import subprocess_env
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tests.helpers.corpora import write_topic_csv
 from tests.helpers.xla_env import subprocess_env
 

@@ -9,7 +9,6 @@ import jax
 import numpy as np
 import pytest
 from flax import linen as nn
-from tests.helpers.corpora import finetune_config
 
 import bertjax
 from bertjax import capability, encoders, optim, rundir, sharding
@@ -24,6 +23,7 @@ from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.corpora import finetune_config
 
 ATOL = 1e-5
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

@@ -3,8 +3,15 @@
 import jax
 import numpy as np
 import pytest
+
+import bertjax
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import encoders, rundir
+from bertjax.finetune import loop
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.qa import model as qa_model
 from tests.helpers.corpora import finetune_config
-from test_encoders import (  # noqa: F401 (fixtures are used by name)
+from tests.helpers.encoders import (  # noqa: F401
     ATOL,
     CASES,
     CONFIG,
@@ -23,13 +30,6 @@ from test_encoders import (  # noqa: F401 (fixtures are used by name)
     _torch,
     _torch_loss,
 )
-
-import bertjax
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import encoders, rundir
-from bertjax.finetune import loop
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.tasks.qa import model as qa_model
 
 
 @pytest.mark.slow

@@ -7,7 +7,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
+
+from bertjax import hf, optim
+from bertjax.finetune.objective import build_finetuning
+from tests.helpers.finetune_hf import (  # noqa: F401
     CONFIG,
     HEADS,
     PARITY_BATCH,
@@ -17,10 +20,7 @@ from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
     parity_batches,
     random_params,
 )
-from test_finetune_hf_parity import HF_CLASSES, torch_labels
-
-from bertjax import hf, optim
-from bertjax.finetune.objective import build_finetuning
+from tests.helpers.finetune_hf_torch import HF_CLASSES, torch_labels  # noqa: F401
 
 
 @pytest.mark.parametrize(

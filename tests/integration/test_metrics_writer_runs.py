@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+
 from tests.helpers.xla_env import REPO, subprocess_env
 
 

@@ -4,10 +4,8 @@ import subprocess
 import sys
 
 import pytest
-from test_prepare import (  # noqa: F401 (fixtures are used by name)
-    ROOT,
-    write_corpus,
-)
+
+from tests.helpers.prepare import ROOT, write_corpus  # noqa: F401
 
 
 @pytest.mark.slow

@@ -5,9 +5,8 @@ import sys
 import time
 
 import pytest
-from test_settings import (  # noqa: F401 (fixtures are used by name)
-    _train_cli,
-)
+
+from tests.helpers.settings import _train_cli  # noqa: F401
 from tests.helpers.xla_env import subprocess_env
 
 

@@ -5,7 +5,13 @@ import json
 import jax
 import numpy as np
 import pytest
-from test_embedding import (  # noqa: F401 (fixtures are used by name)
+
+from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.model import BertConfig
+from bertjax.tasks.embed import hf as sbert
+from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tokenizer import TokenizerSettings, train_tokenizer
+from tests.helpers.embedding import (  # noqa: F401
     CONFIG,
     MODERN,
     TEXTS,
@@ -14,12 +20,6 @@ from test_embedding import (  # noqa: F401 (fixtures are used by name)
     random_params,
     wordpiece,
 )
-
-from bertjax.encoders.modernbert import ModernBertConfig
-from bertjax.model import BertConfig
-from bertjax.tasks.embed import hf as sbert
-from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.tokenizer import TokenizerSettings, train_tokenizer
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,8 @@ def test_a_modernbert_encoder_goes_to_sentence_transformers_and_back(tmp_path, w
 def test_a_sentencepiece_model_embeds_alike_in_sentence_transformers(tmp_path):
     """bertjax's own tokenizer (sentencepiece, exported as tokenizer.json) in the directory."""
     from sentence_transformers import SentenceTransformer
-    from test_tokenizer import VARIED, training_sentences
+
+    from tests.helpers.tokenizer import VARIED, training_sentences  # noqa: F401
 
     tokenizer = train_tokenizer(
         training_sentences(800)[:800], TokenizerSettings(vocab_size=400), tmp_path / "spm.model"

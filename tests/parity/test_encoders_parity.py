@@ -5,7 +5,11 @@ import json
 import jax
 import numpy as np
 import pytest
-from test_encoders import (  # noqa: F401 (fixtures are used by name)
+
+import bertjax
+from bertjax import encoders, hf
+from bertjax.tasks.qa import model as qa_model
+from tests.helpers.encoders import (  # noqa: F401
     ATOL,
     CASES,
     CONFIG,
@@ -23,10 +27,6 @@ from test_encoders import (  # noqa: F401 (fixtures are used by name)
     _torch_logits,
     hub_dir,
 )
-
-import bertjax
-from bertjax import encoders, hf
-from bertjax.tasks.qa import model as qa_model
 
 
 @pytest.mark.parametrize("case", list(CASES))

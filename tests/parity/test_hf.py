@@ -12,19 +12,14 @@ import pytest
 import torch
 import transformers
 from safetensors import numpy as safetensors_numpy
-from test_hf_unit import (  # noqa: F401 (fixtures are used by name)
-    _abstract_params,
-    _random_params,
-    _read_dir,
-    sentencepiece,
-)
-from test_tokenizer import VARIED, write_wordpiece_vocab
 
 from bertjax import hf
 from bertjax import model as model_lib
 from bertjax.finetune import loop as finetune_loop
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.hf import _abstract_params, _random_params, _read_dir, sentencepiece  # noqa: F401
+from tests.helpers.tokenizer import VARIED, write_wordpiece_vocab  # noqa: F401
 
 ATOL = 1e-4
 

@@ -14,12 +14,17 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from tests.helpers.tokenizer_kinds import pipeline_json, text_of, with_call_settings, wordpiece_vocab
 
 from bertjax import Model, hf, rundir
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
 from configs import finetune as finetune_recipe
+from tests.helpers.tokenizer_kinds import (
+    pipeline_json,
+    text_of,
+    with_call_settings,
+    wordpiece_vocab,
+)
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -15,7 +15,10 @@ import pytest
 import torch
 import transformers
 from safetensors import numpy as safetensors_numpy
-from test_inference_unit import (  # noqa: F401 (fixtures are used by name)
+
+from bertjax.inference import InferenceError, Model, TruncationWarning
+from bertjax.tokenizer import TokenizerSettings, train_tokenizer
+from tests.helpers.inference import (  # noqa: F401
     ATOL,
     MASKED,
     TRAIN_STEPS,
@@ -24,10 +27,7 @@ from test_inference_unit import (  # noqa: F401 (fixtures are used by name)
     trained,
     workdir,
 )
-from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
-
-from bertjax.inference import InferenceError, Model, TruncationWarning
-from bertjax.tokenizer import TokenizerSettings, train_tokenizer
+from tests.helpers.tokenizer import VARIED, training_sentences, write_wordpiece_vocab  # noqa: F401
 
 
 def _randomize(module, seed):

@@ -8,7 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
-from test_modernbert import (  # noqa: F401 (fixtures are used by name)
+
+from bertjax.encoders import modernbert as mb
+from bertjax.encoders.modernbert import (
+    ModernBertConfig,
+    ModernBertForMaskedLM,
+    ModernBertForSequenceClassification,
+    ModernBertModel,
+)
+from tests.helpers.modernbert import (  # noqa: F401
     ALL_BIASES,
     ATOL,
     LOGITS_ATOL,
@@ -22,14 +30,6 @@ from test_modernbert import (  # noqa: F401 (fixtures are used by name)
     _run_torch,
     _state_dict,
     _torch,
-)
-
-from bertjax.encoders import modernbert as mb
-from bertjax.encoders.modernbert import (
-    ModernBertConfig,
-    ModernBertForMaskedLM,
-    ModernBertForSequenceClassification,
-    ModernBertModel,
 )
 
 

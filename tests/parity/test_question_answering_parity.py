@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
-from test_question_answering import (  # noqa: F401 (fixtures are used by name)
+
+from bertjax import hf
+from tests.helpers.question_answering import (  # noqa: F401
     ATOL,
     CONFIG,
     IDS,
@@ -17,8 +19,6 @@ from test_question_answering import (  # noqa: F401 (fixtures are used by name)
     qa_head,
     random_params,
 )
-
-from bertjax import hf
 
 
 def torch_logits(model):

@@ -5,13 +5,6 @@ import pydoc_data.topics
 import re
 
 import pytest
-from test_tokenizer import (  # noqa: F401 (fixtures are used by name)
-    HF_CONFIG,
-    VARIED,
-    exported,
-    sentences,
-    wordpiece_dir,
-)
 
 from bertjax.tokenizer import (
     CLS_ID,
@@ -20,6 +13,7 @@ from bertjax.tokenizer import (
     WordPieceTokenizer,
     train_tokenizer,
 )
+from tests.helpers.tokenizer import HF_CONFIG, VARIED, exported, sentences, wordpiece_dir  # noqa: F401
 
 
 def test_wordpiece_ids_equal_bert_tokenizer_fast(wordpiece_dir, sentences):

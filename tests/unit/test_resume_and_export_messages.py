@@ -9,7 +9,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from tests.helpers.tokenizer_kinds import write_tokenizer
 
 from bertjax import Model, hf
 from bertjax.finetune import loop
@@ -17,6 +16,7 @@ from bertjax.inference import InferenceError
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
+from tests.helpers.tokenizer_kinds import write_tokenizer
 
 
 def test_reusing_an_embedding_workdir_with_another_pooling_names_the_options():

@@ -4,8 +4,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+
+import bertjax
+from bertjax import data as data_lib
+from bertjax import loop
+from bertjax.settings import ConfigError
 from tests.helpers.corpora import ONE_LAYER, write_corpus
-from test_trainer import (  # noqa: F401 (fixtures are used by name)
+from tests.helpers.trainer import (  # noqa: F401
     PINNED_LOSSES,
     PINNED_PARAM_ABS_SUM,
     PREDICTIONS,
@@ -16,11 +21,6 @@ from test_trainer import (  # noqa: F401 (fixtures are used by name)
     read_losses,
     train,
 )
-
-import bertjax
-from bertjax import data as data_lib
-from bertjax import loop
-from bertjax.settings import ConfigError
 
 
 def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):

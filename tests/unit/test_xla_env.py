@@ -4,6 +4,7 @@
 import os
 
 import jax
+
 from tests.helpers.xla_env import (
     COMPILATION_CACHE_DIR,
     OPTIMIZED_FLAGS,

@@ -1,0 +1,31 @@
+"""Shared by the tests of finetune_hf_torch in every tier (moved from test_finetune_hf_parity.py)."""
+
+import numpy as np
+import torch
+import transformers
+
+from bertjax.capability import HeadSpec
+from bertjax.tasks.labels import model as label_heads
+from tests.helpers.finetune_hf import (  # noqa: F401
+    ATOL,
+    CONFIG,
+    HEADS,
+    IDS,
+    MASK,
+    SEGMENTS,
+    our_logits,
+    random_params,
+)
+
+HF_CLASSES = {
+    label_heads.TOKEN_CLASSIFICATION: transformers.BertForTokenClassification,
+    label_heads.CLASSIFICATION: transformers.BertForSequenceClassification,
+}
+
+
+def torch_labels(head: HeadSpec, labels: np.ndarray):
+    if head.task == label_heads.TOKEN_CLASSIFICATION:  # transformers ignores -100
+        return torch.tensor(np.where(labels == label_heads.IGNORE_LABEL, -100, labels)).long()
+    if head.task == label_heads.CLASSIFICATION:
+        return torch.tensor(labels).long()
+    return torch.tensor(labels)

@@ -1,0 +1,104 @@
+"""Shared by the tests of modernbert in every tier (moved from test_modernbert.py)."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+from bertjax.encoders.modernbert import (
+    ModernBertConfig,
+)
+
+ATOL = 1e-5
+
+
+# Logits reach about 4.4 with these random weights; 2e-5 is some 40 float32 ulps there.
+LOGITS_ATOL = 2e-5
+
+
+# Small, with every dimension distinct so that a swapped axis shows: 4 layers (0 and 3
+# global, 1 and 2 local), a window of +-4 on sequences of 32, so the local layers matter.
+# Special ids inside the small vocabulary.
+SMALL = ModernBertConfig(
+    vocab_size=99,
+    hidden_size=32,
+    intermediate_size=48,
+    num_layers=4,
+    num_heads=4,
+    max_position_embeddings=64,
+    local_attention=8,
+    global_rope_theta=1000.0,
+    local_rope_theta=100.0,
+    pad_token_id=0,
+    cls_token_id=1,
+    sep_token_id=2,
+    dtype="float32",
+)
+
+
+ALL_BIASES = dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True)
+
+
+SEQ = 32
+
+
+LENGTHS = (SEQ, 20, 9)  # real tokens per row; the rest is padding
+
+
+def _batch(config=SMALL, lengths=LENGTHS, seq=SEQ, seed=0):
+    rng = np.random.default_rng(seed)
+    mask = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
+    ids = rng.integers(3, config.vocab_size, mask.shape)
+    ids[:, 0] = config.cls_token_id
+    return np.where(mask == 1, ids, config.pad_token_id).astype(np.int32), mask
+
+
+def _max_diff(a, b, rows=None):
+    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    return float(diff[rows].max() if rows is not None else diff.max())
+
+
+def _torch():
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    return torch, transformers
+
+
+def _hf_config(config, **extra):
+    _, transformers = _torch()
+    return transformers.ModernBertConfig(
+        **config.to_hf_dict(), attn_implementation="eager", **extra
+    )
+
+
+def _hf_model(cls_name, config, seed=0, **extra):
+    """A transformers model with every parameter random: its own init zeroes biases and sets
+    norms to one, which would hide a swapped bias or scale."""
+    torch, transformers = _torch()
+    model = getattr(transformers, cls_name)(_hf_config(config, **extra))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.2
+            p.copy_((1.0 + noise) if "norm.weight" in name else noise)
+    return model.eval()
+
+
+def _state_dict(model):
+    return {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
+
+
+def _run_torch(model, ids, mask, **kwargs):
+    torch, _ = _torch()
+    with torch.no_grad():
+        return model(
+            input_ids=torch.from_numpy(ids).long(),
+            attention_mask=torch.from_numpy(mask).long(),
+            **kwargs,
+        )
+
+
+@functools.partial(jax.jit, static_argnums=(0,))
+def _apply(module, params, *args, **kwargs):
+    return module.apply({"params": params}, *args, **kwargs)
