@@ -1,6 +1,5 @@
 """Shared by the tests of embedding in every tier (moved from test_embedding.py)."""
 
-import flax.linen as nn
 import jax
 import numpy as np
 import pytest
@@ -11,6 +10,7 @@ from bertjax.model import BertConfig
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.task import head_for
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.params import random_init
 
 TOL = 1e-5
 
@@ -59,14 +59,7 @@ def embed_texts(config, params, tokenizer, spec, texts, batch_size=32, mesh=None
 def random_params(seed: int, config: BertConfig = CONFIG):
     """Every encoder parameter random (biases and LayerNorm too, which zero init would hide)."""
     model = embedding.BiEncoder(config)
-    abstract = jax.eval_shape(lambda: embedding.init_params(model, jax.random.key(0)))
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        noise = rng.normal(0, 0.2, leaf.shape).astype(np.float32)
-        return 1.0 + noise if path[-1].key == "scale" else noise
-
-    return jax.tree.map_with_path(fill, nn.meta.unbox(abstract))
+    return random_init(lambda: embedding.init_params(model, jax.random.key(0)), seed)
 
 
 def pair_batch(seed: int, rows: int = 16, texts: int = 3, seq: int = 10, padded_rows: int = 1):

@@ -3,16 +3,15 @@
 import dataclasses
 import json
 
-import jax
 import numpy as np
 import pytest
-from flax import linen as nn
 
 from bertjax.capability import HeadSpec
 from bertjax.encoders.modernbert import ModernBertConfig
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.batches import padded_batch
 
 ATOL = 1e-5
 
@@ -68,12 +67,17 @@ TAGS = ("O", "B-LOC", "I-LOC", "B-PER")
 
 
 def _batch(config=CONFIG, lengths=LENGTHS, seq=SEQ, seed=0):
-    rng = np.random.default_rng(seed)
-    mask = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
-    ids = rng.integers(len(SPECIALS), config.vocab_size, mask.shape)
-    ids[:, 0] = config.cls_token_id
-    ids[np.arange(len(lengths)), np.array(lengths) - 1] = config.sep_token_id
-    return np.where(mask == 1, ids, config.pad_token_id).astype(np.int32), mask
+    """(ids, mask) [len(lengths), seq]: [CLS], words, [SEP], then padding."""
+    return padded_batch(
+        lengths,
+        seq,
+        vocab_size=config.vocab_size,
+        first_word=len(SPECIALS),
+        cls_id=config.cls_token_id,
+        sep_id=config.sep_token_id,
+        pad_id=config.pad_token_id,
+        seed=seed,
+    )
 
 
 def _max_diff(a, b):
@@ -108,15 +112,6 @@ def _hf_model(cls_name, config, seed=0, **extra):
             noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1
             p.copy_((1.0 + noise) if "norm.weight" in name else noise)
     return model.eval()
-
-
-def _randomize(params, seed=0):
-    """Our params with noise on every leaf, so that no scale is one and no bias zero."""
-    params = nn.meta.unbox(params)
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    noisy = [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-    return jax.tree.unflatten(tree, noisy)
 
 
 def _head_model(config, head: HeadSpec):

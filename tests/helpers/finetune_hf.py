@@ -1,6 +1,5 @@
 """Shared by the tests of finetune_hf in every tier (moved from test_finetune_hf.py)."""
 
-import flax.linen as nn
 import jax
 import numpy as np
 
@@ -8,6 +7,7 @@ from bertjax import heads
 from bertjax.capability import HeadSpec
 from bertjax.model import BertConfig
 from bertjax.tasks.labels import model as label_heads
+from tests.helpers.params import random_init
 
 ATOL = 1e-4
 
@@ -44,14 +44,7 @@ HEADS = {
 def random_params(head: HeadSpec, seed: int):
     """Every parameter random (biases and LayerNorm scales too, which a zero init would hide)."""
     model = label_heads.make_model(CONFIG, head.task, head.num_outputs)
-    abstract = jax.eval_shape(lambda: heads.init_params(model, jax.random.key(0)))
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        noise = rng.normal(0, 0.2, leaf.shape).astype(np.float32)
-        return 1.0 + noise if path[-1].key == "scale" else noise
-
-    return jax.tree.map_with_path(fill, nn.meta.unbox(abstract))
+    return random_init(lambda: heads.init_params(model, jax.random.key(0)), seed)
 
 
 def our_logits(head: HeadSpec, params) -> np.ndarray:

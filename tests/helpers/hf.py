@@ -3,13 +3,13 @@
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 from safetensors import numpy as safetensors_numpy
 
 from bertjax import hf
 from bertjax.model import BertForPreTraining
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
+from tests.helpers.params import random_like
 from tests.helpers.tokenizer import VARIED, training_sentences, write_wordpiece_vocab  # noqa: F401
 
 
@@ -23,21 +23,7 @@ def _abstract_params(config, boxed=False):
 
 def _random_params(config, seed, boxed=False):
     """Every parameter random (biases and LayerNorm too), in BertForPreTraining's tree."""
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        noise = rng.normal(0, 0.2, leaf.shape).astype(np.float32)
-        is_scale = any(getattr(k, "key", None) == "scale" for k in path)
-        return (1.0 + noise) if is_scale else noise
-
-    abstract = _abstract_params(config, boxed)
-    if boxed:
-        return jax.tree.map_with_path(
-            lambda path, box: box.replace(value=fill(path, box.value)),
-            abstract,
-            is_leaf=lambda x: isinstance(x, nn.Partitioned),
-        )
-    return jax.tree.map_with_path(fill, abstract)
+    return random_like(_abstract_params(config, boxed), seed)
 
 
 def _read_dir(path):

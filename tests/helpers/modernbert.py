@@ -9,6 +9,7 @@ import pytest
 from bertjax.encoders.modernbert import (
     ModernBertConfig,
 )
+from tests.helpers.batches import padded_batch
 
 ATOL = 1e-5
 
@@ -47,11 +48,16 @@ LENGTHS = (SEQ, 20, 9)  # real tokens per row; the rest is padding
 
 
 def _batch(config=SMALL, lengths=LENGTHS, seq=SEQ, seed=0):
-    rng = np.random.default_rng(seed)
-    mask = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
-    ids = rng.integers(3, config.vocab_size, mask.shape)
-    ids[:, 0] = config.cls_token_id
-    return np.where(mask == 1, ids, config.pad_token_id).astype(np.int32), mask
+    """(ids, mask) [len(lengths), seq]: [CLS] and random tokens, then padding."""
+    return padded_batch(
+        lengths,
+        seq,
+        vocab_size=config.vocab_size,
+        first_word=3,
+        cls_id=config.cls_token_id,
+        pad_id=config.pad_token_id,
+        seed=seed,
+    )
 
 
 def _max_diff(a, b, rows=None):

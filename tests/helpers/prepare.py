@@ -1,25 +1,22 @@
 """Shared by the tests of prepare in every tier (moved from test_prepare.py)."""
 
+import functools
 import pathlib
 
-import numpy as np
+from tests.helpers.corpora import write_random_corpus
 
 NUM_DOCUMENTS = 240
 
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
-
-def write_corpus(path, num_documents=NUM_DOCUMENTS, seed=0):
-    """Google's format; every sentence carries its document's tag "q<index>q"."""
-    rng = np.random.default_rng(seed)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    words = ["".join(rng.choice(letters, size=rng.integers(2, 9))) for _ in range(800)]
-    lines = []
-    for d in range(num_documents):
-        for _ in range(rng.integers(2, 10)):
-            body = " ".join(rng.choice(words, size=rng.integers(4, 20)))
-            lines.append(f"q{d}q {body}.")
-        lines.append("")
-    path.write_text("\n".join(lines) + "\n")
-    return path
+# Every sentence carries its document's tag "q<index>q".
+write_corpus = functools.partial(
+    write_random_corpus,
+    num_documents=NUM_DOCUMENTS,
+    vocabulary=800,
+    word_length=(2, 9),
+    sentences=(2, 10),
+    words=(4, 20),
+    tag_documents=True,
+)

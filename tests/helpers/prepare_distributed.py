@@ -7,10 +7,10 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
-import numpy as np
 import pytest
 
 from bertjax.data import prepare
+from tests.helpers.corpora import write_random_corpus
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -25,26 +25,13 @@ SETTINGS = [
 ]
 
 
-def write_corpus(path: pathlib.Path, num_documents: int, seed: int) -> pathlib.Path:
-    rng = np.random.default_rng(seed)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    words = ["".join(rng.choice(letters, size=rng.integers(2, 10))) for _ in range(500)]
-    lines = []
-    for _ in range(num_documents):
-        for _ in range(rng.integers(2, 9)):
-            lines.append(" ".join(rng.choice(words, size=rng.integers(4, 18))) + ".")
-        lines.append("")
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> pathlib.Path:
     """Two files, so that chunks straddle a file boundary."""
     root = tmp_path_factory.mktemp("distributed") / "corpus"
     root.mkdir()
-    write_corpus(root / "a.txt", 150, seed=1)
-    write_corpus(root / "b.txt", 100, seed=2)
+    write_random_corpus(root / "a.txt", 150, seed=1)
+    write_random_corpus(root / "b.txt", 100, seed=2)
     return root
 
 

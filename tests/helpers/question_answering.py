@@ -1,6 +1,5 @@
 """Shared by the tests of question_answering in every tier (moved from test_question_answering.py)."""
 
-import flax.linen as nn
 import jax
 import numpy as np
 
@@ -9,6 +8,7 @@ from bertjax.model import BertConfig
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.params import random_init
 from tests.helpers.tokenizer import training_sentences  # noqa: F401
 
 ATOL = 1e-4
@@ -35,15 +35,9 @@ def qa_head() -> HeadSpec:
 
 
 def random_params(seed: int):
+    """Every parameter random (biases and LayerNorm scales too, which a zero init would hide)."""
     model = qa_model.QuestionAnswering(CONFIG)
-    abstract = jax.eval_shape(lambda: qa_model.init_params(model, jax.random.key(0)))
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        noise = rng.normal(0, 0.2, leaf.shape).astype(np.float32)
-        return 1.0 + noise if path[-1].key == "scale" else noise
-
-    return jax.tree.map_with_path(fill, nn.meta.unbox(abstract))
+    return random_init(lambda: qa_model.init_params(model, jax.random.key(0)), seed)
 
 
 IDS = np.array([[2, 17, 45, 3, 20, 30, 9, 3, 0, 0], [2, 40, 3, 11, 12, 3, 0, 0, 0, 0]], np.int32)

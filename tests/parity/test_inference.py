@@ -28,16 +28,7 @@ from tests.helpers.inference import (  # noqa: F401
     workdir,
 )
 from tests.helpers.tokenizer import VARIED, training_sentences, write_wordpiece_vocab  # noqa: F401
-
-
-def _randomize(module, seed):
-    """Every torch parameter random: LayerNorm scales near one, the rest std 0.2."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=generator) * 0.2
-            p.copy_((1.0 + noise) if "LayerNorm.weight" in name else noise)
-    return module.eval()
+from tests.helpers.torch_params import randomize_torch
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +48,7 @@ def wordpiece_hf_dir(tmp_path_factory) -> pathlib.Path:
         max_position_embeddings=64,
         attn_implementation="eager",
     )
-    _randomize(transformers.BertForPreTraining(config), seed=1).save_pretrained(directory)
+    randomize_torch(transformers.BertForPreTraining(config), seed=1).save_pretrained(directory)
     (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
     return directory
 

@@ -31,8 +31,8 @@ from tests.helpers.encoders import (  # noqa: F401
     _batch,
     _head_model,
     _max_diff,
-    _randomize,
 )
+from tests.helpers.params import with_noise
 
 SMALL_BERT = BertConfig(
     vocab_size=len(VOCAB),
@@ -149,7 +149,7 @@ def test_seq2seq_refuses_a_modernbert_encoder():
 def test_an_embedding_model_on_modernbert_embeds_and_exports_as_trained(tmp_path):
     spec = EmbeddingSpec(pooling="mean", normalize=True, max_seq_length=32)
     head = head_for(spec)
-    params = _randomize(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(8)), 8)
+    params = with_noise(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(8)), 8)
     model = bertjax.Model(CONFIG, params, TOKENIZER, head=head)
     texts = ["the louvre is in paris", "a river"]
     vectors = model.embed(texts)
@@ -184,7 +184,7 @@ def test_resuming_checks_the_family_and_its_architecture_fields():
 
 def test_a_modernbert_model_on_a_mesh_predicts_as_on_one_device():
     head = HeadSpec("classification", LABELS)
-    params = _randomize(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(9)), 9)
+    params = with_noise(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(9)), 9)
     texts = ["the louvre is in paris", "a river", "the old king built a museum"]
     alone = bertjax.Model(CONFIG, params, TOKENIZER, head=head).predict(texts)
     mesh = sharding.make_mesh((2, 2, 2))
