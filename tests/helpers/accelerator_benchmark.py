@@ -1,4 +1,4 @@
-"""Shared by the tests of accelerator_benchmark in every tier (moved from test_accelerator_benchmark.py)."""
+"""benchmarks/accelerator.py loaded as a module, and the rows of the tables it prints."""
 
 import importlib.util
 import pathlib

@@ -1,4 +1,5 @@
-"""Shared by the tests of checkpoint in every tier (moved from test_checkpoint.py)."""
+"""A mesh of 8 devices, a small sharded train state and its saves, and the script a
+one-device process runs to restore what eight saved: the checkpoint tests of every tier."""
 
 import textwrap
 

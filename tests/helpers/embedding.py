@@ -1,4 +1,5 @@
-"""Shared by the tests of embedding in every tier (moved from test_embedding.py)."""
+"""The embedding models' tests' small BERT and ModernBERT configs, texts, pair batches, random
+parameters, a WordPiece vocabulary and synthetic pairs and STS scores."""
 
 import jax
 import numpy as np

@@ -1,4 +1,5 @@
-"""Shared by the tests of embedding_task in every tier (moved from test_embedding_task.py)."""
+"""The embedding task's files (a random tiny sentence-transformers directory and the task's
+data), its config, and examples as flat features and as [batch, texts, seq]."""
 
 import pathlib
 

@@ -1,4 +1,6 @@
-"""Shared by the tests of encoders in every tier (moved from test_encoders.py)."""
+"""The encoder families' tests' shared vocabulary, tokenizer, small config and batches, the
+heads of every capability, and the transformers side of their parity checks (torch and
+transformers imported inside the functions that use them), and a hub-style directory."""
 
 import dataclasses
 import json

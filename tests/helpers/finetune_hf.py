@@ -1,4 +1,5 @@
-"""Shared by the tests of finetune_hf in every tier (moved from test_finetune_hf.py)."""
+"""A small BERT with every label head, random parameters, our logits and the batches of the
+fine-tuning step-parity checks against transformers."""
 
 import jax
 import numpy as np

@@ -1,4 +1,5 @@
-"""Shared by the tests of finetune_hf_torch in every tier (moved from test_finetune_hf_parity.py)."""
+"""The transformers classes of each label head, and torch's labels for a batch: the torch side
+of the fine-tuning parity checks (imports torch)."""
 
 import numpy as np
 import torch

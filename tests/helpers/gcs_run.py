@@ -1,4 +1,5 @@
-"""Shared by the tests of gcs_run in every tier (moved from test_gcs_run.py)."""
+"""Runs on gs:// through the command line: config files and overrides, the objects a run
+writes, its losses, leaf hashes and an uninterrupted reference run."""
 
 import hashlib
 import json
@@ -14,10 +15,7 @@ import bertjax
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
 from tests.helpers.corpora import ONE_LAYER
-from tests.helpers.xla_env import subprocess_env
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
+from tests.helpers.xla_env import REPO, subprocess_env
 
 SEQ_LEN = 64
 

@@ -1,4 +1,5 @@
-"""Shared by the tests of gcs_use in every tier (moved from test_gcs_use.py)."""
+"""Objects under a gs:// prefix and files under a directory, compared; fine-tuning rows written
+to gs:// and a fine-tuning config for them."""
 
 import pathlib
 

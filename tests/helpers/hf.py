@@ -1,4 +1,5 @@
-"""Shared by the tests of hf in every tier (moved from test_hf_unit.py)."""
+"""BERT's transformers tensor map: abstract and random parameters of BertForPreTraining, a
+written directory's tensors, and a sentencepiece tokenizer."""
 
 import flax.linen as nn
 import jax

@@ -1,4 +1,5 @@
-"""Shared by the tests of inference in every tier (moved from test_inference_unit.py)."""
+"""A work directory bertjax trained (checkpoints at two steps), its model, held-out sentences,
+and how two lists of fill-mask predictions are compared."""
 
 import pathlib
 

@@ -1,4 +1,4 @@
-"""Shared by the tests of metrics_writer in every tier (moved from test_metrics_writer.py)."""
+"""The TFRecord payloads of a TensorBoard event file."""
 
 
 def records(data: bytes) -> list[bytes]:

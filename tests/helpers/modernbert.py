@@ -1,4 +1,5 @@
-"""Shared by the tests of modernbert in every tier (moved from test_modernbert.py)."""
+"""ModernBERT's small config, batches and the transformers side of its parity checks (torch
+and transformers imported inside the functions that use them)."""
 
 import functools
 

@@ -1,4 +1,4 @@
-"""Shared by the tests of packing in every tier (moved from test_packing.py)."""
+"""A packed-document pretraining config over the session's packed data."""
 
 import pathlib
 

@@ -1,14 +1,11 @@
-"""Shared by the tests of prepare in every tier (moved from test_prepare.py)."""
+"""A corpus whose sentences carry their document's tag, for the preparation tests."""
 
 import functools
-import pathlib
 
 from tests.helpers.corpora import write_random_corpus
 
 NUM_DOCUMENTS = 240
 
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 # Every sentence carries its document's tag "q<index>q".
 write_corpus = functools.partial(

@@ -1,4 +1,5 @@
-"""Shared by the tests of prepare_distributed in every tier (moved from test_prepare_distributed.py)."""
+"""Preparation by several processes: a two-file corpus, free ports, the processes' run and
+their shards read back."""
 
 import os
 import pathlib
@@ -11,9 +12,7 @@ import pytest
 
 from bertjax.data import prepare
 from tests.helpers.corpora import write_random_corpus
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
+from tests.helpers.xla_env import REPO as ROOT
 
 SETTINGS = [
     "--max_seq_length=48",

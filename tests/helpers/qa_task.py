@@ -1,4 +1,4 @@
-"""Shared by the tests of qa_task in every tier (moved from test_qa_task.py)."""
+"""Question answering as a task: SQuAD-style JSON Lines, an exported model and its config."""
 
 import dataclasses
 import json

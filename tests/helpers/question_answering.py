@@ -1,4 +1,5 @@
-"""Shared by the tests of question_answering in every tier (moved from test_question_answering.py)."""
+"""Question answering's small BERT, tokenizer, random parameters, logits and synthetic
+examples."""
 
 import jax
 import numpy as np

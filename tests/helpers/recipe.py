@@ -1,4 +1,4 @@
-"""Shared by the tests of recipe in every tier (moved from test_recipe.py)."""
+"""configs/tiny_modern_recipe.py over the session's synthetic data, short, one layer."""
 
 import pytest
 

@@ -1,4 +1,5 @@
-"""Shared by the tests of seq2seq in every tier (moved from test_seq2seq.py)."""
+"""The sequence-to-sequence tests' tiny BERT, sources, random parameters, logits, the toy
+decoding table and a half-trained reversal model."""
 
 import functools
 

@@ -1,4 +1,4 @@
-"""Shared by the tests of seq2seq_task in every tier (moved from test_seq2seq_task.py)."""
+"""The seq2seq task's files, config and exported model."""
 
 import pathlib
 

@@ -1,4 +1,5 @@
-"""Shared by the tests of seq2seq_torch in every tier (moved from test_seq2seq_parity.py)."""
+"""A directory of ours opened by transformers as an EncoderDecoderModel: the torch side of the
+seq2seq parity checks (imports torch)."""
 
 import transformers
 

@@ -1,12 +1,9 @@
-"""Shared by the tests of settings in every tier (moved from test_settings.py)."""
+"""train.py run in a process, as a user runs it."""
 
-import pathlib
 import subprocess
 import sys
 
-from tests.helpers.xla_env import subprocess_env
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from tests.helpers.xla_env import REPO, subprocess_env
 
 
 def _train_cli(*args: str, cwd) -> subprocess.CompletedProcess:

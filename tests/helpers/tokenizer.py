@@ -1,4 +1,5 @@
-"""Shared by the tests of tokenizer in every tier (moved from test_tokenizer.py)."""
+"""Sentences in several scripts (the interpreter's docs, Chinese, Japanese), a BERT-layout
+vocab.txt learned from them, and tokenizer directories as transformers writes them."""
 
 import json
 import pydoc_data.topics

@@ -1,4 +1,5 @@
-"""Shared by the tests of trainer in every tier (moved from test_trainer.py)."""
+"""The trainer's prepared data and config, what train.py does with a config, the losses a run
+logged, one train step, and the pinned values of the fixed short run."""
 
 import json
 import pathlib
