@@ -13,7 +13,7 @@ from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_config
-from tests.helpers.embedding import CONFIG, random_params, synthetic_pairs, synthetic_sts  # noqa: F401
+from tests.helpers.embedding import CONFIG, random_params, synthetic_pairs, synthetic_sts
 
 SEQ = 16
 

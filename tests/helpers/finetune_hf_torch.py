@@ -7,16 +7,6 @@ import transformers
 
 from bertjax.capability import HeadSpec
 from bertjax.tasks.labels import model as label_heads
-from tests.helpers.finetune_hf import (  # noqa: F401
-    ATOL,
-    CONFIG,
-    HEADS,
-    IDS,
-    MASK,
-    SEGMENTS,
-    our_logits,
-    random_params,
-)
 
 HF_CLASSES = {
     label_heads.TOKEN_CLASSIFICATION: transformers.BertForTokenClassification,

@@ -6,7 +6,6 @@ import pathlib
 import numpy as np
 
 from bertjax import fs
-from tests.helpers.tokenizer import training_sentences  # noqa: F401
 
 WORDS = {
     "good": "the film was good and the acting was fine and warm",

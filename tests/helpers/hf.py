@@ -11,7 +11,7 @@ from bertjax import hf
 from bertjax.model import BertForPreTraining
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
 from tests.helpers.params import random_like
-from tests.helpers.tokenizer import VARIED, training_sentences, write_wordpiece_vocab  # noqa: F401
+from tests.helpers.tokenizer import training_sentences
 
 
 def _abstract_params(config, boxed=False):

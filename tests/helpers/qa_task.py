@@ -9,7 +9,7 @@ import numpy as np
 from bertjax import hf
 from bertjax.tasks.qa import model as qa_model
 from configs import finetune as finetune_config
-from tests.helpers.question_answering import CONFIG, TOKENIZER, qa_head, synthetic_examples  # noqa: F401
+from tests.helpers.question_answering import CONFIG, TOKENIZER, qa_head
 
 ATOL = 1e-4
 

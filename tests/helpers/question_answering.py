@@ -10,7 +10,6 @@ from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import WordPieceTokenizer
 from tests.helpers.params import random_init
-from tests.helpers.tokenizer import training_sentences  # noqa: F401
 
 ATOL = 1e-4
 

@@ -4,7 +4,6 @@ import pytest
 
 from configs import tiny_modern_recipe
 from tests.helpers.corpora import ONE_LAYER
-from tests.helpers.trainer import make_config  # noqa: F401
 
 
 @pytest.fixture

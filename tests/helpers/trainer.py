@@ -15,14 +15,6 @@ from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
-from tests.helpers.gcs_run import (  # noqa: F401
-    INTERRUPTED_RUN,
-    cli,
-    config_file,
-    leaf_hashes,
-    overrides,
-    straight_reference,
-)
 
 SEQ_LEN = 64
 

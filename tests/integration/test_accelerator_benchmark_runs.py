@@ -5,7 +5,7 @@ import json
 import jax
 import pytest
 
-from tests.helpers.accelerator_benchmark import accelerator, table_lines  # noqa: F401
+from tests.helpers.accelerator_benchmark import accelerator, table_lines
 
 
 @pytest.mark.slow

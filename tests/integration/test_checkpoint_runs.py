@@ -9,7 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers.checkpoint import _ONE_DEVICE_SCRIPT, make_state, mesh, save_steps  # noqa: F401
+from tests.helpers.checkpoint import (
+    _ONE_DEVICE_SCRIPT,
+    make_state,
+    mesh,  # noqa: F401 (fixtures)
+    save_steps,
+)
 from tests.helpers.xla_env import subprocess_env
 
 

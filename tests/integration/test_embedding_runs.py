@@ -7,7 +7,7 @@ import pytest
 from bertjax import optim
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed.model import EmbeddingSpec
-from tests.helpers.embedding import CONFIG, TOL, max_difference, pair_batch  # noqa: F401
+from tests.helpers.embedding import CONFIG, TOL, max_difference, pair_batch
 
 
 @pytest.mark.slow

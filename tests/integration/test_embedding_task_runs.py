@@ -13,8 +13,14 @@ from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed import task as task_module
 from bertjax.tasks.embed.model import EmbeddingSpec
-from tests.helpers.embedding import SHALLOW, TEXTS, random_params, synthetic_sts  # noqa: F401
-from tests.helpers.embedding_task import LONG, SEQ, _config, _flat_and_stacked, files  # noqa: F401
+from tests.helpers.embedding import SHALLOW, TEXTS, random_params, synthetic_sts
+from tests.helpers.embedding_task import (
+    LONG,
+    SEQ,
+    _config,
+    _flat_and_stacked,
+    files,  # noqa: F401 (fixtures)
+)
 
 
 @pytest.mark.slow  # two gradient programs compile per case

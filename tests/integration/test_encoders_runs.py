@@ -11,7 +11,7 @@ from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.qa import model as qa_model
 from tests.helpers.corpora import finetune_config
-from tests.helpers.encoders import (  # noqa: F401
+from tests.helpers.encoders import (
     ATOL,
     CASES,
     CONFIG,

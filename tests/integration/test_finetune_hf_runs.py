@@ -10,7 +10,7 @@ import transformers
 
 from bertjax import hf, optim
 from bertjax.finetune.objective import build_finetuning
-from tests.helpers.finetune_hf import (  # noqa: F401
+from tests.helpers.finetune_hf import (
     CONFIG,
     HEADS,
     PARITY_BATCH,
@@ -20,7 +20,7 @@ from tests.helpers.finetune_hf import (  # noqa: F401
     parity_batches,
     random_params,
 )
-from tests.helpers.finetune_hf_torch import HF_CLASSES, torch_labels  # noqa: F401
+from tests.helpers.finetune_hf_torch import HF_CLASSES, torch_labels
 
 
 @pytest.mark.parametrize(

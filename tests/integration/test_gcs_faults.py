@@ -28,7 +28,7 @@ from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import Model
 from bertjax.pretrain import loop as trainer
 from tests.helpers.fault_proxy import FaultProxy
-from tests.helpers.gcs_run import (  # noqa: F401
+from tests.helpers.gcs_run import (  # noqa: F401 (fixtures)
     INTERRUPTED_RUN,
     cli,
     config_file,
@@ -39,7 +39,7 @@ from tests.helpers.gcs_run import (  # noqa: F401
     settings_of,
     straight_reference,
 )
-from tests.helpers.gcs_use import _files, _finetune_config, _objects, _write_rows  # noqa: F401
+from tests.helpers.gcs_use import _files, _finetune_config, _objects, _write_rows
 from tests.helpers.xla_env import subprocess_env
 
 

@@ -24,7 +24,7 @@ from bertjax import fs, metrics_writer, rundir
 from bertjax import loop as engine_loop
 from bertjax.pretrain import loop as trainer
 from bertjax.tokenizer import SENTENCEPIECE_FILE
-from tests.helpers.gcs_run import (  # noqa: F401
+from tests.helpers.gcs_run import (  # noqa: F401 (fixtures)
     INTERRUPTED_RUN,
     REPO,
     cli,

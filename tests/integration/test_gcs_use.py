@@ -31,8 +31,8 @@ from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
-from tests.helpers.gcs_use import WORDS, _files, _finetune_config, _objects, _write_rows  # noqa: F401
-from tests.helpers.tokenizer import training_sentences  # noqa: F401
+from tests.helpers.gcs_use import WORDS, _files, _finetune_config, _objects, _write_rows
+from tests.helpers.tokenizer import training_sentences
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXPORT_FILES = {

@@ -22,7 +22,11 @@ from bertjax.pretrain.data import SOURCES_DIR
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
 from tests.helpers.corpora import ONE_LAYER, write_corpus
-from tests.helpers.gcs_run import cli, config_file, leaf_hashes  # noqa: F401
+from tests.helpers.gcs_run import (
+    cli,
+    config_file,  # noqa: F401 (fixtures)
+    leaf_hashes,
+)
 from tests.helpers.xla_env import subprocess_env
 
 SEQ_LEN = 64

@@ -10,8 +10,8 @@ import pytest
 from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
 from tests.helpers.corpora import write_corpus
-from tests.helpers.packing import packed_config  # noqa: F401
-from tests.helpers.prepare_distributed import files_of, prepare_in_processes, single_process  # noqa: F401
+from tests.helpers.packing import packed_config
+from tests.helpers.prepare_distributed import files_of, prepare_in_processes, single_process
 from tests.helpers.xla_env import subprocess_env
 
 

@@ -5,7 +5,12 @@ import re
 import pytest
 
 from bertjax.data import prepare, read_manifest
-from tests.helpers.prepare_distributed import corpus, files_of, prepare_in_processes, single_process  # noqa: F401
+from tests.helpers.prepare_distributed import (
+    corpus,  # noqa: F401 (fixtures)
+    files_of,
+    prepare_in_processes,
+    single_process,
+)
 
 
 @pytest.mark.slow

@@ -10,8 +10,8 @@ from bertjax import Model
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.qa import decode as qa_decode
-from tests.helpers.qa_task import LEARNER, qa_config, random_export, write_jsonl  # noqa: F401
-from tests.helpers.question_answering import synthetic_examples  # noqa: F401
+from tests.helpers.qa_task import LEARNER, qa_config, random_export, write_jsonl
+from tests.helpers.question_answering import synthetic_examples
 
 
 @pytest.mark.slow

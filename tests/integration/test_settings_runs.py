@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.helpers.settings import _train_cli  # noqa: F401
+from tests.helpers.settings import _train_cli
 from tests.helpers.xla_env import subprocess_env
 
 

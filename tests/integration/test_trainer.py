@@ -15,7 +15,7 @@ import pytest
 import bertjax
 from bertjax import data as data_lib
 from tests.helpers.corpora import ONE_LAYER, write_corpus
-from tests.helpers.gcs_run import (  # noqa: F401
+from tests.helpers.gcs_run import (  # noqa: F401 (fixtures)
     INTERRUPTED_RUN,
     cli,
     config_file,
@@ -23,11 +23,11 @@ from tests.helpers.gcs_run import (  # noqa: F401
     overrides,
     straight_reference,
 )
-from tests.helpers.trainer import (  # noqa: F401
+from tests.helpers.trainer import (
     PREDICTIONS,
     SEQ_LEN,
     _one_step,
-    data_dir,
+    data_dir,  # noqa: F401 (fixtures)
     make_config,
     masking,
     read_losses,

@@ -11,14 +11,14 @@ from bertjax.model import BertConfig
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
-from tests.helpers.embedding import (  # noqa: F401
+from tests.helpers.embedding import (
     CONFIG,
     MODERN,
     TEXTS,
     embed_texts,
     max_difference,
     random_params,
-    wordpiece,
+    wordpiece,  # noqa: F401 (fixtures)
 )
 
 
@@ -105,7 +105,7 @@ def test_a_sentencepiece_model_embeds_alike_in_sentence_transformers(tmp_path):
     """bertjax's own tokenizer (sentencepiece, exported as tokenizer.json) in the directory."""
     from sentence_transformers import SentenceTransformer
 
-    from tests.helpers.tokenizer import VARIED, training_sentences  # noqa: F401
+    from tests.helpers.tokenizer import VARIED, training_sentences
 
     tokenizer = train_tokenizer(
         training_sentences(800)[:800], TokenizerSettings(vocab_size=400), tmp_path / "spm.model"

@@ -8,8 +8,12 @@ from bertjax import vectors
 from bertjax.tasks.embed import task as task_module
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import WordPieceTokenizer
-from tests.helpers.embedding import CONFIG, TEXTS, random_params  # noqa: F401
-from tests.helpers.embedding_task import LONG, SEQ, files  # noqa: F401
+from tests.helpers.embedding import CONFIG, TEXTS, random_params
+from tests.helpers.embedding_task import (
+    LONG,
+    SEQ,
+    files,  # noqa: F401 (fixtures)
+)
 
 
 def test_model_embeds_a_sentence_transformers_directory_as_it_does(files):

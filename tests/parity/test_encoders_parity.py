@@ -9,7 +9,7 @@ import pytest
 import bertjax
 from bertjax import encoders, hf
 from bertjax.tasks.qa import model as qa_model
-from tests.helpers.encoders import (  # noqa: F401
+from tests.helpers.encoders import (
     ATOL,
     CASES,
     CONFIG,
@@ -24,7 +24,7 @@ from tests.helpers.encoders import (  # noqa: F401
     _run_torch,
     _torch,
     _torch_logits,
-    hub_dir,
+    hub_dir,  # noqa: F401 (fixtures)
 )
 from tests.helpers.params import with_noise
 

@@ -31,7 +31,7 @@ from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
-from tests.helpers.tokenizer import training_sentences, write_wordpiece_vocab  # noqa: F401
+from tests.helpers.tokenizer import training_sentences, write_wordpiece_vocab
 
 
 def _hf_config(vocab_size: int) -> transformers.BertConfig:

@@ -13,7 +13,7 @@ from bertjax import hf
 from bertjax.tasks import labels as labels_capability
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
-from tests.helpers.finetune_hf import (  # noqa: F401
+from tests.helpers.finetune_hf import (
     ATOL,
     CONFIG,
     HEADS,
@@ -23,7 +23,7 @@ from tests.helpers.finetune_hf import (  # noqa: F401
     our_logits,
     random_params,
 )
-from tests.helpers.finetune_hf_torch import HF_CLASSES  # noqa: F401
+from tests.helpers.finetune_hf_torch import HF_CLASSES
 
 
 def torch_logits(model) -> np.ndarray:

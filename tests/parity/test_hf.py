@@ -18,8 +18,13 @@ from bertjax import model as model_lib
 from bertjax.finetune import loop as finetune_loop
 from bertjax.model import BertConfig, BertForPreTraining
 from bertjax.tokenizer import WordPieceTokenizer
-from tests.helpers.hf import _abstract_params, _random_params, _read_dir, sentencepiece  # noqa: F401
-from tests.helpers.tokenizer import VARIED, write_wordpiece_vocab  # noqa: F401
+from tests.helpers.hf import (
+    _abstract_params,
+    _random_params,
+    _read_dir,
+    sentencepiece,  # noqa: F401 (fixtures)
+)
+from tests.helpers.tokenizer import VARIED, write_wordpiece_vocab
 from tests.helpers.torch_params import randomize_torch
 
 ATOL = 1e-4

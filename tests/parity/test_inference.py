@@ -18,16 +18,15 @@ from safetensors import numpy as safetensors_numpy
 
 from bertjax.inference import InferenceError, Model, TruncationWarning
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
-from tests.helpers.inference import (  # noqa: F401
+from tests.helpers.inference import (  # noqa: F401 (fixtures)
     ATOL,
     MASKED,
-    TRAIN_STEPS,
     _assert_same_predictions,
     held_out,
     trained,
     workdir,
 )
-from tests.helpers.tokenizer import VARIED, training_sentences, write_wordpiece_vocab  # noqa: F401
+from tests.helpers.tokenizer import VARIED, training_sentences, write_wordpiece_vocab
 from tests.helpers.torch_params import randomize_torch
 
 

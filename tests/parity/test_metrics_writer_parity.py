@@ -6,7 +6,7 @@ import time
 from tensorboardX import SummaryWriter
 
 from bertjax import metrics_writer
-from tests.helpers.metrics_writer import records  # noqa: F401
+from tests.helpers.metrics_writer import records
 
 # Steps from 0 (a proto3 zero, left out) to past one varint byte, and negative; values 0.0 (a
 # oneof member, written anyway), negative, subnormal, beyond float32's range, infinite, NaN.

@@ -16,7 +16,7 @@ from bertjax.encoders.modernbert import (
     ModernBertForSequenceClassification,
     ModernBertModel,
 )
-from tests.helpers.modernbert import (  # noqa: F401
+from tests.helpers.modernbert import (
     ALL_BIASES,
     ATOL,
     LOGITS_ATOL,

@@ -8,8 +8,8 @@ import transformers
 from bertjax import Model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa.answer import window_logits
-from tests.helpers.qa_task import ATOL, random_export  # noqa: F401
-from tests.helpers.question_answering import TOKENIZER, qa_head  # noqa: F401
+from tests.helpers.qa_task import ATOL, random_export
+from tests.helpers.question_answering import TOKENIZER, qa_head
 
 
 def test_model_answer_and_save_hf_match_transformers(tmp_path):

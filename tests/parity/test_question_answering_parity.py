@@ -9,7 +9,7 @@ import torch
 import transformers
 
 from bertjax import hf
-from tests.helpers.question_answering import (  # noqa: F401
+from tests.helpers.question_answering import (
     ATOL,
     CONFIG,
     IDS,

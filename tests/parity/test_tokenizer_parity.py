@@ -13,7 +13,13 @@ from bertjax.tokenizer import (
     WordPieceTokenizer,
     train_tokenizer,
 )
-from tests.helpers.tokenizer import HF_CONFIG, VARIED, exported, sentences, wordpiece_dir  # noqa: F401
+from tests.helpers.tokenizer import (  # noqa: F401 (fixtures)
+    HF_CONFIG,
+    VARIED,
+    exported,
+    sentences,
+    wordpiece_dir,  # noqa: F401 (fixtures)
+)
 
 
 def test_wordpiece_ids_equal_bert_tokenizer_fast(wordpiece_dir, sentences):

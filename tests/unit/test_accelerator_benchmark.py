@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from bertjax import attention, perf, sharding
-from tests.helpers.accelerator_benchmark import accelerator, table_lines  # noqa: F401
+from tests.helpers.accelerator_benchmark import accelerator, table_lines
 
 
 def test_cpu_defaults_to_the_tiny_model_and_names_the_missing_fused_backend():

@@ -22,7 +22,11 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from bertjax import checkpoint as ckpt
-from tests.helpers.checkpoint import make_state, mesh, save_steps  # noqa: F401
+from tests.helpers.checkpoint import (
+    make_state,
+    mesh,  # noqa: F401 (fixtures)
+    save_steps,
+)
 
 # The checkpoint tests save as Orbax does by default (conftest.py's whole_shard_saves says
 # what the rest of the suite does instead).

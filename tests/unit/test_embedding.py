@@ -17,7 +17,7 @@ from bertjax.tasks.embed import metrics as embedding_eval
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed.model import EmbeddingSpec
-from tests.helpers.embedding import (  # noqa: F401
+from tests.helpers.embedding import (
     CONFIG,
     SHALLOW,
     TEXTS,
@@ -26,7 +26,7 @@ from tests.helpers.embedding import (  # noqa: F401
     max_difference,
     pair_batch,
     random_params,
-    wordpiece,
+    wordpiece,  # noqa: F401 (fixtures)
 )
 
 # ----------------------------------------------------------------------------- pooling

@@ -14,8 +14,12 @@ from bertjax.tasks.embed import task as task_module
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
-from tests.helpers.embedding import CONFIG, random_params, synthetic_pairs, synthetic_sts  # noqa: F401
-from tests.helpers.embedding_task import SEQ, TRAIN_EXAMPLES, _config, files  # noqa: F401
+from tests.helpers.embedding_task import (
+    SEQ,
+    TRAIN_EXAMPLES,
+    _config,
+    files,  # noqa: F401 (fixtures)
+)
 
 
 def _settings(root, **fields) -> FinetuneSettings:

@@ -21,7 +21,7 @@ from bertjax.model import BertConfig
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.seq2seq import model as seq2seq
-from tests.helpers.encoders import (  # noqa: F401
+from tests.helpers.encoders import (
     ATOL,
     CONFIG,
     LABELS,

@@ -13,7 +13,7 @@ from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
-from tests.helpers.finetune_hf import CONFIG, HEADS, random_params  # noqa: F401
+from tests.helpers.finetune_hf import CONFIG, HEADS, random_params
 
 
 def test_a_save_and_load_round_trip_keeps_every_parameter(tmp_path):

@@ -10,8 +10,12 @@ from bertjax import hf
 from bertjax import model as model_lib
 from bertjax.model import BertConfig
 from bertjax.tokenizer import WordPieceTokenizer
-from tests.helpers.hf import _random_params, _read_dir, sentencepiece  # noqa: F401
-from tests.helpers.tokenizer import VARIED, training_sentences, write_wordpiece_vocab  # noqa: F401
+from tests.helpers.hf import (
+    _random_params,
+    _read_dir,
+    sentencepiece,  # noqa: F401 (fixtures)
+)
+from tests.helpers.tokenizer import VARIED, write_wordpiece_vocab
 
 
 def test_save_from_stacked_layers_writes_the_same_tensors(tmp_path):

@@ -11,7 +11,7 @@ from bertjax import inference, perf
 from bertjax import sharding as sharding_lib
 from bertjax.inference import InferenceError, Model, TruncationWarning
 from bertjax.pretrain import samples
-from tests.helpers.inference import (  # noqa: F401
+from tests.helpers.inference import (  # noqa: F401 (fixtures)
     MASKED,
     TRAIN_STEPS,
     _assert_same_predictions,

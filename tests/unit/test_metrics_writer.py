@@ -4,7 +4,7 @@ tensorboardX writes in tests/parity/test_metrics_writer_parity.py)."""
 import json
 
 from bertjax import metrics_writer
-from tests.helpers.metrics_writer import records  # noqa: F401
+from tests.helpers.metrics_writer import records
 
 
 def test_metric_writer_writes_json_lines_and_one_event_per_metric(tmp_path):

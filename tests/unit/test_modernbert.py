@@ -21,7 +21,7 @@ from bertjax.encoders.modernbert import (
     ModernBertForSequenceClassification,
     ModernBertModel,
 )
-from tests.helpers.modernbert import ALL_BIASES, ATOL, SEQ, SMALL, _apply, _batch, _max_diff  # noqa: F401
+from tests.helpers.modernbert import ALL_BIASES, ATOL, SEQ, SMALL, _apply, _batch, _max_diff
 
 # ---------------------------------------------------------------------------------------------
 # transformers' side, built from a random config in float32 (no network).

@@ -25,7 +25,7 @@ from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from bertjax.tokenizer import Tokenizer
-from tests.helpers.packing import SEQ_LEN, packed_config  # noqa: F401
+from tests.helpers.packing import SEQ_LEN, packed_config
 
 prepare_module = importlib.import_module("bertjax.data.prepare")
 

@@ -20,8 +20,8 @@ from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
-from tests.helpers.qa_task import qa_config, random_export, write_jsonl  # noqa: F401
-from tests.helpers.question_answering import CONFIG, TOKENIZER, qa_head, synthetic_examples  # noqa: F401
+from tests.helpers.qa_task import qa_config, random_export, write_jsonl
+from tests.helpers.question_answering import CONFIG, TOKENIZER, synthetic_examples
 
 # The module (the package's `answer` is its function).
 answer_lib = importlib.import_module("bertjax.tasks.qa.answer")

@@ -18,7 +18,7 @@ from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa.answer import window_logits
 from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
-from tests.helpers.question_answering import (  # noqa: F401
+from tests.helpers.question_answering import (
     CONFIG,
     TOKENIZER,
     WORDS,
@@ -26,7 +26,7 @@ from tests.helpers.question_answering import (  # noqa: F401
     random_params,
     synthetic_examples,
 )
-from tests.helpers.tokenizer import training_sentences  # noqa: F401
+from tests.helpers.tokenizer import training_sentences
 
 # Every word is one token; [CLS] q1 q2 [SEP] puts the context at position 4.
 SETTINGS = qa.QASettings(max_seq_length=11, doc_stride=3, max_query_length=4, n_best_size=5)

@@ -12,8 +12,8 @@ from bertjax.pretrain.objective import PretrainingObjective
 from bertjax.pretrain.settings import SENTENCE_PAIR_PARAMS, PretrainSettings
 from bertjax.settings import ConfigError
 from configs import tiny_modern_recipe
-from tests.helpers.recipe import data_dir  # noqa: F401
-from tests.helpers.trainer import make_config  # noqa: F401
+from tests.helpers.recipe import data_dir  # noqa: F401 (fixtures)
+from tests.helpers.trainer import make_config
 
 
 def _random_batch(rng, batch=4, seq=16, predictions=5, vocab=60):

@@ -11,7 +11,7 @@ from bertjax.encoders.modernbert import ModernBertConfig
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from configs import default, modernbert_tiny, tiny
-from tests.helpers.settings import REPO  # noqa: F401
+from tests.helpers.xla_env import REPO
 
 
 def _tokenizer(vocab_size: int):

@@ -29,7 +29,12 @@ from bertjax.tokenizer import (
     reservoir_sample,
     train_tokenizer,
 )
-from tests.helpers.tokenizer import CHINESE, JAPANESE, exported, sentences, wordpiece_dir  # noqa: F401
+from tests.helpers.tokenizer import (
+    CHINESE,
+    JAPANESE,
+    sentences,  # noqa: F401 (fixtures)
+    wordpiece_dir,  # noqa: F401 (fixtures)
+)
 
 
 @pytest.fixture(scope="module")

@@ -10,13 +10,13 @@ from bertjax import data as data_lib
 from bertjax import loop
 from bertjax.settings import ConfigError
 from tests.helpers.corpora import ONE_LAYER, write_corpus
-from tests.helpers.trainer import (  # noqa: F401
+from tests.helpers.trainer import (
     PINNED_LOSSES,
     PINNED_PARAM_ABS_SUM,
     PREDICTIONS,
     SEQ_LEN,
     _one_step,
-    data_dir,
+    data_dir,  # noqa: F401 (fixtures)
     make_config,
     read_losses,
     train,
