@@ -8,8 +8,10 @@ import json
 import numpy as np
 import pytest
 
+from bertjax import encoders
 from bertjax.capability import HeadSpec
 from bertjax.encoders.modernbert import ModernBertConfig
+from bertjax.model import BertConfig
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tokenizer import WordPieceTokenizer
@@ -54,6 +56,33 @@ CONFIG = ModernBertConfig(
     sep_token_id=TOKENIZER.sep_id,
     dtype="float32",
 )
+
+SMALL_BERT = BertConfig(
+    vocab_size=len(VOCAB),
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+# A small config of every registered family over VOCAB, for the tests parametrised over the
+# families (encoders.names()): registering a family and adding its line here covers it.
+SMALL_CONFIGS = {
+    "bert": SMALL_BERT,
+    "modernbert": CONFIG,
+    "electra": encoders.config_from_dict(
+        {
+            encoders.FAMILY_KEY: "electra",
+            "vocab_size": len(VOCAB),
+            "embedding_size": 16,
+            "hidden_size": 32,
+            "num_layers": 2,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "max_position_embeddings": 64,
+        }
+    ),
+}
 
 
 SEQ = 24

@@ -26,23 +26,14 @@ from tests.helpers.encoders import (
     CONFIG,
     LABELS,
     SEQ,
+    SMALL_BERT,
+    SMALL_CONFIGS,
     TOKENIZER,
-    VOCAB,
     _batch,
     _head_model,
     _max_diff,
 )
 from tests.helpers.params import with_noise
-
-SMALL_BERT = BertConfig(
-    vocab_size=len(VOCAB),
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=64,
-)
-
 
 # ---------------------------------------------------------------------------------------------
 # The registry and checkpoint meta.
@@ -66,15 +57,24 @@ def test_families_are_found_by_config_type_and_model_type():
     assert not modern.uses_segment_ids and encoders.family_of(BertConfig()).uses_segment_ids
 
 
-def test_meta_records_the_family_and_old_meta_is_bert():
-    bert = SMALL_BERT
-    for config in (bert, CONFIG):
-        d = encoders.config_to_dict(config)
-        assert d[encoders.FAMILY_KEY] == encoders.family_of(config).name
-        assert json.loads(json.dumps(d)) == d
-        assert encoders.config_from_dict(d) == config
+def test_every_registered_family_has_a_small_config_for_the_tests():
+    assert tuple(SMALL_CONFIGS) == encoders.names()
+    for name, config in SMALL_CONFIGS.items():
+        assert encoders.family_of(config).name == name
+
+
+@pytest.mark.parametrize("family", encoders.names())
+def test_meta_records_the_family(family):
+    config = SMALL_CONFIGS[family]
+    d = encoders.config_to_dict(config)
+    assert d[encoders.FAMILY_KEY] == family
+    assert json.loads(json.dumps(d)) == d
+    assert encoders.config_from_dict(d) == config
+
+
+def test_old_meta_is_bert_and_unknown_fields_are_refused():
     # Checkpoints written before families record BertConfig.to_dict() alone.
-    assert encoders.config_from_dict(bert.to_dict()) == bert
+    assert encoders.config_from_dict(SMALL_BERT.to_dict()) == SMALL_BERT
     with pytest.raises(ValueError, match="unknown ModernBertConfig fields"):
         encoders.config_from_dict({"family": "modernbert", "hidden_act": "gelu"})
 
@@ -111,15 +111,14 @@ def _write_checkpoint(workdir, meta, params):
         ckpt.save(1, params=params, opt_state=opt_state, meta=meta, force=True)
 
 
-@pytest.mark.parametrize(
-    "config", [SMALL_BERT, CONFIG], ids=["bert-meta-without-family", "modernbert"]
-)
-def test_finetuned_checkpoint_opens_with_its_family(config, tmp_path):
+@pytest.mark.parametrize("family", ("bert-meta-without-family", *encoders.names()))
+def test_finetuned_checkpoint_opens_with_its_family(family, tmp_path):
+    config = SMALL_CONFIGS[family.split("-")[0]]
     head = HeadSpec("classification", LABELS)
     init = bertjax.capability.of(head).init(config, head)
     params = nn.meta.unbox(init(jax.random.key(6)))
-    # As fine-tuning writes meta; BERT's without a family, as every checkpoint before them.
-    if isinstance(config, BertConfig):
+    # As fine-tuning writes meta, or BERT's without a family, as every checkpoint before them.
+    if family == "bert-meta-without-family":
         model_config = config.to_dict()
     else:
         model_config = encoders.config_to_dict(config)
@@ -182,12 +181,14 @@ def test_resuming_checks_the_family_and_its_architecture_fields():
         rundir.check_compatible(modern, TOKENIZER, windowed, "the checkpoint")
 
 
-def test_a_modernbert_model_on_a_mesh_predicts_as_on_one_device():
+@pytest.mark.parametrize("family", encoders.names())
+def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
+    config = SMALL_CONFIGS[family]
     head = HeadSpec("classification", LABELS)
-    params = with_noise(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(9)), 9)
+    params = with_noise(bertjax.capability.of(head).init(config, head)(jax.random.key(9)), 9)
     texts = ["the louvre is in paris", "a river", "the old king built a museum"]
-    alone = bertjax.Model(CONFIG, params, TOKENIZER, head=head).predict(texts)
+    alone = bertjax.Model(config, params, TOKENIZER, head=head).predict(texts)
     mesh = sharding.make_mesh((2, 2, 2))
-    spread = bertjax.Model(CONFIG, params, TOKENIZER, head=head, mesh=mesh).predict(texts)
+    spread = bertjax.Model(config, params, TOKENIZER, head=head, mesh=mesh).predict(texts)
     assert [p["label"] for p in spread] == [p["label"] for p in alone]
     assert _max_diff([p["score"] for p in spread], [p["score"] for p in alone]) < ATOL
