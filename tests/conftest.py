@@ -168,7 +168,7 @@ def orbax_array_handler(handler):
 
 @pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory) -> pathlib.Path:
-    """tests/synthetic_corpus.py's corpus at its defaults: 200 documents of 8 topics."""
+    """tests/helpers/corpora.py's corpus at its defaults: 200 documents of 8 topics."""
     return write_corpus(tmp_path_factory.mktemp("synthetic") / "corpus.txt")
 
 
@@ -239,7 +239,7 @@ def pretrained_run(synthetic_data, synthetic_corpus, tmp_path_factory):
 @pytest.fixture(scope="session")
 def finetuned_run(pretrained_run, tmp_path_factory):
     """(root, two-seed summary, preempted summary, resumed summary): topic classification
-    (synthetic_corpus.LABELS) fine-tuned from `pretrained_run` with seeds 1 and 2 in one run
+    (corpora.LABELS) fine-tuned from `pretrained_run` with seeds 1 and 2 in one run
     (root/seeds), and seed 1 alone preempted at step 25 and resumed (root/alone); root holds
     the csv files."""
     init_from, topics = pretrained_run

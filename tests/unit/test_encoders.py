@@ -82,10 +82,12 @@ def test_old_meta_is_bert_and_unknown_fields_are_refused():
 def test_modernbert_encoder_ignores_segment_ids_and_keeps_its_head_under_bert():
     module = encoders.family_of(CONFIG).module(CONFIG)
     ids, mask = _batch()
-    params = module.init(jax.random.key(0), ids, None, mask)["params"]
+    # Compiled, not op by op: four layers eagerly take seconds.
+    params = jax.jit(module.init)(jax.random.key(0), ids, None, mask)["params"]
     assert "head" in params and "layer_0" in params
-    seq, pooled = module.apply({"params": params}, ids, None, mask)
-    seq2, pooled2 = module.apply({"params": params}, ids, np.ones_like(ids), mask)
+    apply = jax.jit(module.apply)
+    seq, pooled = apply({"params": params}, ids, None, mask)
+    seq2, pooled2 = apply({"params": params}, ids, np.ones_like(ids), mask)
     assert seq.shape == (3, SEQ, 64) and pooled.shape == (3, 64)
     np.testing.assert_array_equal(seq, seq2)
     np.testing.assert_array_equal(pooled, pooled2)

@@ -115,9 +115,11 @@ def test_initialisation_follows_transformers_init_weights():
         SMALL, vocab_size=2000, hidden_size=64, intermediate_size=128, num_layers=8, **ALL_BIASES
     )
     ids = np.zeros((1, 8), np.int32)
-    mlm = nn.meta.unbox(ModernBertForMaskedLM(config).init(jax.random.key(0), ids)["params"])
+    mlm = nn.meta.unbox(
+        jax.jit(ModernBertForMaskedLM(config).init)(jax.random.key(0), ids)["params"]
+    )
     clf = ModernBertForSequenceClassification(config, 16)
-    clf = nn.meta.unbox(clf.init(jax.random.key(1), ids)["params"])
+    clf = nn.meta.unbox(jax.jit(clf.init)(jax.random.key(1), ids)["params"])
     std_in = config.initializer_range
     std_out = config.initializer_range / math.sqrt(2 * config.num_layers)
     groups = {
@@ -232,7 +234,7 @@ def test_config_validates_and_converts():
 def test_bfloat16_compute_stays_close_to_float32():
     ids, mask = _batch()
     model32 = ModernBertForMaskedLM(SMALL)
-    params = nn.meta.unbox(model32.init(jax.random.key(2), ids, mask)["params"])
+    params = nn.meta.unbox(jax.jit(model32.init)(jax.random.key(2), ids, mask)["params"])
     ref = np.asarray(_apply(model32, params, ids, mask))
     bf16 = ModernBertForMaskedLM(dataclasses.replace(SMALL, dtype="bfloat16"))
     out = _apply(bf16, params, ids, mask)
@@ -249,7 +251,9 @@ def test_remat_and_dropout():
     config = dataclasses.replace(
         SMALL, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1
     )
-    params = nn.meta.unbox(ModernBertForMaskedLM(config).init(jax.random.key(3), ids)["params"])
+    params = nn.meta.unbox(
+        jax.jit(ModernBertForMaskedLM(config).init)(jax.random.key(3), ids)["params"]
+    )
 
     def loss(p, cfg, rng):
         logits = ModernBertForMaskedLM(cfg).apply(
@@ -354,7 +358,7 @@ def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
     model = ModernBertModel(SMALL)
     ids, mask = _batch(lengths=(SEQ, 27, 13), seq=SEQ, seed=5)
     segments = np.where(np.arange(SEQ)[None] < 11, 1, 2) * mask  # two documents per row
-    params = model.init(jax.random.key(3), ids, mask)["params"]
+    params = jax.jit(model.init)(jax.random.key(3), ids, mask)["params"]
     params = jax.tree.map(
         lambda p: p + 0.05 * jax.random.normal(jax.random.key(4), p.shape), params
     )
@@ -410,7 +414,7 @@ def test_splash_attention_equals_the_einsum_path(packed):
         config = dataclasses.replace(config, scan_layers=True, remat_policy="dots")
     ids, mask, documents = _kernel_batch(packed)
     model = ModernBertModel(config)
-    params = model.init(jax.random.key(5), ids[:, :8])["params"]
+    params = jax.jit(model.init)(jax.random.key(5), ids[:, :8])["params"]
     params = jax.tree.map(
         lambda p: p + 0.05 * jax.random.normal(jax.random.key(6), p.shape), nn.meta.unbox(params)
     )

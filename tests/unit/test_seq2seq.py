@@ -50,7 +50,7 @@ def test_config_errors_name_the_field():
 def pretrained():
     """A BertForPreTraining params tree with the encoder-decoder's architecture."""
     ids = jnp.zeros((1, 1), jnp.int32)
-    return nn.meta.unbox(BertForPreTraining(BERT).init(jax.random.key(7), ids)["params"])
+    return nn.meta.unbox(jax.jit(BertForPreTraining(BERT).init)(jax.random.key(7), ids)["params"])
 
 
 def test_every_parameter_has_logical_axes():

@@ -1,4 +1,4 @@
-"""The suite's own compilation settings (tests/xla_env.py): one shared compilation cache
+"""The suite's own compilation settings (tests/helpers/xla_env.py): one shared compilation cache
 (kept under its size limit by bertjax.compilation_cache.prune, tested with it)."""
 
 import os
