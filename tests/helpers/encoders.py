@@ -16,6 +16,7 @@ from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch
+from tests.helpers.tokenizer_kinds import pipeline_json
 
 ATOL = 1e-5
 
@@ -111,10 +112,6 @@ def _batch(config=CONFIG, lengths=LENGTHS, seq=SEQ, seed=0):
     )
 
 
-def _max_diff(a, b):
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-
-
 def _torch():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -137,12 +134,10 @@ def _hf_model(cls_name, config, seed=0, **extra):
         **{**config.to_hf_dict(), **extra}, attn_implementation="eager"
     )
     model = getattr(transformers, cls_name)(hf_config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1
-            p.copy_((1.0 + noise) if "norm.weight" in name else noise)
-    return model.eval()
+    # Imported here: torch is for the parity tier, and the unit tier imports this module.
+    from tests.helpers.torch_params import randomize_torch
+
+    return randomize_torch(model, seed, 0.1)
 
 
 def _head_model(config, head: HeadSpec):
@@ -253,39 +248,13 @@ HUB_TEXTS = [
 ] * 20
 
 
-def _hub_tokenizer_json() -> str:
-    import tokenizers
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
-    tokenizer = tokenizers.Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tokenizer.train_from_iterator(HUB_TEXTS, trainer)
-    tokenizer.add_special_tokens(
-        [
-            tokenizers.AddedToken(piece, special=True, lstrip=piece == "[MASK]")
-            for piece in ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
-        ]
-    )
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )
-    return tokenizer.to_str()
-
-
 @pytest.fixture(scope="session")
 def hub_dir(tmp_path_factory):
     """(directory, the transformers model): ModernBertForMaskedLM + a byte-level BPE tokenizer."""
     torch, transformers = _torch()
     directory = tmp_path_factory.mktemp("hub") / "modernbert"
     directory.mkdir()
-    text = _hub_tokenizer_json()
+    text = pipeline_json(400, HUB_TEXTS)
     (directory / "tokenizer.json").write_text(text)
     specials = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]"}
     specials.update(mask_token="[MASK]", unk_token="[UNK]")

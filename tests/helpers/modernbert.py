@@ -4,7 +4,6 @@ and transformers imported inside the functions that use them)."""
 import functools
 
 import jax
-import numpy as np
 import pytest
 
 from bertjax.encoders.modernbert import (
@@ -61,11 +60,6 @@ def _batch(config=SMALL, lengths=LENGTHS, seq=SEQ, seed=0):
     )
 
 
-def _max_diff(a, b, rows=None):
-    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
-    return float(diff[rows].max() if rows is not None else diff.max())
-
-
 def _torch():
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -84,12 +78,10 @@ def _hf_model(cls_name, config, seed=0, **extra):
     norms to one, which would hide a swapped bias or scale."""
     torch, transformers = _torch()
     model = getattr(transformers, cls_name)(_hf_config(config, **extra))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.2
-            p.copy_((1.0 + noise) if "norm.weight" in name else noise)
-    return model.eval()
+    # Imported here: torch is for the parity tier, and the unit tier imports this module.
+    from tests.helpers.torch_params import randomize_torch
+
+    return randomize_torch(model, seed, 0.2)
 
 
 def _state_dict(model):

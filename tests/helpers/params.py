@@ -40,3 +40,9 @@ def with_noise(params, seed: int = 0, scale: float = 0.1):
     keys = jax.random.split(jax.random.key(seed), len(leaves))
     noisy = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
     return jax.tree.unflatten(tree, noisy)
+
+
+def max_diff(a, b, rows=None) -> float:
+    """The largest absolute difference of two arrays, in float64 (over `rows` only if given)."""
+    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
+    return float(diff[rows].max() if rows is not None else diff.max())

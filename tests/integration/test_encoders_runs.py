@@ -22,7 +22,6 @@ from tests.helpers.encoders import (
     TOKENIZER,
     _batch,
     _hf_model,
-    _max_diff,
     _our_logits,
     _parity_batches,
     _run_torch,
@@ -30,6 +29,7 @@ from tests.helpers.encoders import (
     _torch,
     _torch_loss,
 )
+from tests.helpers.params import max_diff
 
 
 @pytest.mark.slow
@@ -63,7 +63,7 @@ def test_finetuning_classification_from_a_modernbert_directory(tmp_path):
     ).eval()
     ids, mask = _batch()
     ours = _our_logits(model.config, model.head, model.params, ids, mask)
-    assert _max_diff(ours, _run_torch(exported, ids, mask).logits.numpy()) < ATOL
+    assert max_diff(ours, _run_torch(exported, ids, mask).logits.numpy()) < ATOL
 
 
 @pytest.mark.slow  # 20 steps on both sides and two exports: about 15 s a case on two cores

@@ -24,6 +24,7 @@ from bertjax.tasks.qa import model as qa_model
 from bertjax.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch, second_segment
 from tests.helpers.params import with_noise
+from tests.helpers.torch_params import randomize_torch
 
 ATOL = 1e-5
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -84,15 +85,10 @@ def _hf_config(config=CONFIG, **extra):
 def _hf_model(cls_name, seed=0, config=CONFIG, **extra):
     """A transformers model with every parameter random (its own init zeroes biases and sets
     norms to one, which would hide a swapped bias or scale), the generator's decoder tied."""
-    model = getattr(transformers, cls_name)(_hf_config(config, **extra))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1
-            p.copy_((1.0 + noise) if "LayerNorm.weight" in name else noise)
-        if cls_name == "ElectraForMaskedLM":
-            model.generator_lm_head.weight = model.electra.embeddings.word_embeddings.weight
-    return model.eval()
+    model = randomize_torch(getattr(transformers, cls_name)(_hf_config(config, **extra)), seed, 0.1)
+    if cls_name == "ElectraForMaskedLM":
+        model.generator_lm_head.weight = model.electra.embeddings.word_embeddings.weight
+    return model
 
 
 def _randomize(init, seed=0):

@@ -31,9 +31,8 @@ from tests.helpers.encoders import (
     TOKENIZER,
     _batch,
     _head_model,
-    _max_diff,
 )
-from tests.helpers.params import with_noise
+from tests.helpers.params import max_diff, with_noise
 
 # ---------------------------------------------------------------------------------------------
 # The registry and checkpoint meta.
@@ -156,7 +155,7 @@ def test_an_embedding_model_on_modernbert_embeds_and_exports_as_trained(tmp_path
     vectors = model.embed(texts)
     plain = bertjax.Model(CONFIG, params, TOKENIZER).embed(texts, pooling="mean")
     expected = plain / np.linalg.norm(plain, axis=-1, keepdims=True)
-    assert _max_diff(vectors, expected) < ATOL
+    assert max_diff(vectors, expected) < ATOL
     # Exported as sentence-transformers over a ModernBertModel, and read back as trained.
     model.save_hf(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
@@ -164,7 +163,7 @@ def test_an_embedding_model_on_modernbert_embeds_and_exports_as_trained(tmp_path
     ]
     reopened = bertjax.Model.load(tmp_path)
     assert isinstance(reopened.config, ModernBertConfig)
-    assert _max_diff(reopened.embed(texts), vectors) < ATOL
+    assert max_diff(reopened.embed(texts), vectors) < ATOL
 
 
 def test_resuming_checks_the_family_and_its_architecture_fields():
@@ -193,4 +192,4 @@ def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
     mesh = sharding.make_mesh((2, 2, 2))
     spread = bertjax.Model(config, params, TOKENIZER, head=head, mesh=mesh).predict(texts)
     assert [p["label"] for p in spread] == [p["label"] for p in alone]
-    assert _max_diff([p["score"] for p in spread], [p["score"] for p in alone]) < ATOL
+    assert max_diff([p["score"] for p in spread], [p["score"] for p in alone]) < ATOL

@@ -21,7 +21,8 @@ from bertjax.encoders.modernbert import (
     ModernBertForSequenceClassification,
     ModernBertModel,
 )
-from tests.helpers.modernbert import ALL_BIASES, ATOL, SEQ, SMALL, _apply, _batch, _max_diff
+from tests.helpers.modernbert import ALL_BIASES, ATOL, SEQ, SMALL, _apply, _batch
+from tests.helpers.params import max_diff
 
 # ---------------------------------------------------------------------------------------------
 # transformers' side, built from a random config in float32 (no network).
@@ -86,17 +87,17 @@ def test_packed_documents_equal_each_document_alone():
         return np.asarray(_apply(ModernBertModel(SMALL), params, ids, mask))[0, : len(a)]
 
     out = packed(first, second)
-    assert _max_diff(out[:13], alone(first)) <= ATOL
-    assert _max_diff(out[13:28], alone(second)) <= ATOL
+    assert max_diff(out[:13], alone(first)) <= ATOL
+    assert max_diff(out[13:28], alone(second)) <= ATOL
 
     changed = packed(rng.integers(3, 99, 13), second)
-    assert _max_diff(changed[13:28], out[13:28]) <= 1e-6
-    assert _max_diff(changed[:13], out[:13]) > 1e-2
+    assert max_diff(changed[13:28], out[13:28]) <= 1e-6
+    assert max_diff(changed[:13], out[:13]) > 1e-2
     # Without segment ids the documents do see each other.
     ids = np.concatenate([first, second, np.zeros(4, int)])[None].astype(np.int32)
     mask = (np.arange(SEQ) < 28).astype(np.int32)[None]
     joined = np.asarray(_apply(ModernBertModel(SMALL), params, ids, mask))[0]
-    assert _max_diff(joined[13:28], alone(second)) > 1e-2
+    assert max_diff(joined[13:28], alone(second)) > 1e-2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,7 +240,7 @@ def test_bfloat16_compute_stays_close_to_float32():
     bf16 = ModernBertForMaskedLM(dataclasses.replace(SMALL, dtype="bfloat16"))
     out = _apply(bf16, params, ids, mask)
     assert out.dtype == jnp.float32
-    assert _max_diff(out, ref, mask.astype(bool)) < 0.05 * np.abs(ref).max()
+    assert max_diff(out, ref, mask.astype(bool)) < 0.05 * np.abs(ref).max()
     hidden = _apply(
         ModernBertModel(dataclasses.replace(SMALL, dtype="bfloat16")), params["model"], ids
     )
@@ -274,7 +275,7 @@ def test_remat_and_dropout():
                 p, dataclasses.replace(cfg, remat_policy=policy), jax.random.key(4)
             )
             assert abs(float(remat_value - value)) <= 1e-6, (policy, cfg.scan_layers)
-            diffs = jax.tree.map(lambda a, b: _max_diff(a, b), remat_grads, grads)
+            diffs = jax.tree.map(lambda a, b: max_diff(a, b), remat_grads, grads)
             assert max(jax.tree.leaves(diffs)) <= 1e-6, (policy, cfg.scan_layers)
 
     # Dropout draws from the rng; deterministic runs ignore the rates.
@@ -282,7 +283,7 @@ def test_remat_and_dropout():
     other, _ = grad(params, config, jax.random.key(5))
     assert float(other) != float(value)
     deterministic = _apply(ModernBertForMaskedLM(config), params, ids, mask)
-    assert _max_diff(deterministic, _apply(ModernBertForMaskedLM(SMALL), params, ids, mask)) == 0
+    assert max_diff(deterministic, _apply(ModernBertForMaskedLM(SMALL), params, ids, mask)) == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,7 +347,7 @@ def test_sharded_forward_equals_single_device(scan_layers):
         assert rows == {8 // sharding.data_parallel_size(mesh)}, shape  # the batch stays split
         # On one device CPU attention is blocked, sharded it is the einsum path: a padded
         # query's row differs between them (nothing reads it), real tokens agree.
-        assert _max_diff(out, ref, np.asarray(mask, bool)) <= 1e-5, shape
+        assert max_diff(out, ref, np.asarray(mask, bool)) <= 1e-5, shape
 
 
 def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
@@ -366,7 +367,7 @@ def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
     monkeypatch.setattr(mb, "is_banded", lambda seq, window: False)
     whole = np.asarray(_apply(model, params, ids, mask, segment_ids=segments))
     real = mask.astype(bool)
-    assert _max_diff(chunked[real], whole[real]) < ATOL
+    assert max_diff(chunked[real], whole[real]) < ATOL
     assert np.abs(whole[real]).mean() > 0.1
 
 
@@ -440,12 +441,12 @@ def test_splash_attention_equals_the_einsum_path(packed):
         jax.value_and_grad(loss_and_hidden("splash"), has_aux=True)
     )(params)
     real = mask.astype(bool)
-    assert _max_diff(splash_hidden[real], einsum_hidden[real]) <= ATOL
+    assert max_diff(splash_hidden[real], einsum_hidden[real]) <= ATOL
     assert np.abs(np.asarray(einsum_hidden)[real]).mean() > 0.1
     for path, einsum_grad in jax.tree_util.tree_leaves_with_path(einsum_grads):
         splash_grad = functools.reduce(lambda node, key: node[key.key], path, splash_grads)
         scale = max(1.0, float(np.abs(np.asarray(einsum_grad)).max()))
-        assert _max_diff(splash_grad, einsum_grad) <= ATOL * scale, jax.tree_util.keystr(path)
+        assert max_diff(splash_grad, einsum_grad) <= ATOL * scale, jax.tree_util.keystr(path)
 
 
 def test_layer_masks_send_each_kind_of_layer_to_the_kernel_that_serves_it(monkeypatch, caplog):
