@@ -129,7 +129,7 @@ def _run_torch(model, ids, mask):
 def _hf_model(cls_name, config, seed=0, **extra):
     """A transformers model with every parameter random (its own init zeroes biases and sets
     norms to one, which would hide a swapped bias or scale)."""
-    torch, transformers = _torch()
+    _, transformers = _torch()
     hf_config = transformers.ModernBertConfig(
         **{**config.to_hf_dict(), **extra}, attn_implementation="eager"
     )

@@ -4,12 +4,12 @@ and transformers imported inside the functions that use them)."""
 import functools
 
 import jax
-import pytest
 
 from bertjax.encoders.modernbert import (
     ModernBertConfig,
 )
 from tests.helpers.batches import padded_batch
+from tests.helpers.encoders import _torch
 
 ATOL = 1e-5
 
@@ -60,12 +60,6 @@ def _batch(config=SMALL, lengths=LENGTHS, seq=SEQ, seed=0):
     )
 
 
-def _torch():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    return torch, transformers
-
-
 def _hf_config(config, **extra):
     _, transformers = _torch()
     return transformers.ModernBertConfig(
@@ -76,7 +70,7 @@ def _hf_config(config, **extra):
 def _hf_model(cls_name, config, seed=0, **extra):
     """A transformers model with every parameter random: its own init zeroes biases and sets
     norms to one, which would hide a swapped bias or scale."""
-    torch, transformers = _torch()
+    _, transformers = _torch()
     model = getattr(transformers, cls_name)(_hf_config(config, **extra))
     # Imported here: torch is for the parity tier, and the unit tier imports this module.
     from tests.helpers.torch_params import randomize_torch
