@@ -2,7 +2,7 @@
 
     python benchmarks/storage.py [--corpus_mb 8] [--batches 60] [--presets tiny base]
 
-Starts fake-gcs-server on 127.0.0.1 (tests/gcs_emulator.py, the test suite's emulator), then
+Starts fake-gcs-server on 127.0.0.1 (tests/helpers/gcs_emulator.py, the suite's emulator), then
 
   loader      a synthetic corpus prepared once (max_seq_length 128), copied to the bucket, and
               read by the loader (batch 256, shuffled, masked) from disk and from gs://, with
@@ -27,9 +27,11 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import gcs_emulator  # noqa: E402  (sets the emulator's environment before gcsfs is imported)
+# First: it sets the emulator's environment before gcsfs is imported.
+from tests.helpers import gcs_emulator  # noqa: E402
+
+# isort: split
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402

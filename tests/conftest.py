@@ -11,18 +11,16 @@ for it, so a narrower run builds only the ones its tests use.
 
 import os
 import pathlib
-import sys
 
 # The suite by kind: tests/unit (in-process, short), tests/parity (against transformers and
 # sentence-transformers), tests/integration (command lines, runs, GCS). A subject's tests of
 # another kind sit in a file of their own (tests/unit/test_hf_unit.py beside
-# tests/parity/test_hf.py) and import its helpers by name, from whichever kind is selected.
-# No unit file imports a module that loads torch or transformers (the helpers that need them
-# live in the parity files), so `pytest tests/unit` never pays for their import.
-_HERE = pathlib.Path(__file__).resolve().parent
-sys.path[:0] = [str(_HERE / kind) for kind in ("unit", "parity", "integration")]
-
-from xla_env import (  # noqa: E402 (imports no jax)
+# tests/parity/test_hf.py); what they share (constants, batches, random parameters, corpora,
+# fixtures used by name) lives in tests/helpers/, which every tier imports and no test file
+# is. No unit file imports a module that loads torch or transformers (the helpers that need
+# them import them inside the functions that use them, or are imported only by the parity
+# and integration tiers), so `pytest tests/unit` never pays for their import.
+from tests.helpers.xla_env import (  # noqa: E402 (imports no jax)
     COMPILATION_CACHE,
     COMPILATION_CACHE_DIR,
     COMPILATION_CACHE_LIMIT_BYTES,
@@ -45,17 +43,9 @@ import json  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 import filelock  # noqa: E402
-import gcs_emulator  # noqa: E402
 import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
-from synthetic_corpus import (  # noqa: E402
-    ONE_LAYER,
-    finetune_config,
-    topic_words,
-    write_corpus,
-    write_topic_csv,
-)
 
 from bertjax import compilation_cache  # noqa: E402
 from bertjax import data as data_lib  # noqa: E402
@@ -66,6 +56,14 @@ from bertjax.pretrain import loop as pretrain_loop  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 from bertjax.rundir import CORPUS_DIR  # noqa: E402
 from configs import tiny  # noqa: E402
+from tests.helpers import gcs_emulator  # noqa: E402
+from tests.helpers.corpora import (  # noqa: E402
+    ONE_LAYER,
+    finetune_config,
+    topic_words,
+    write_corpus,
+    write_topic_csv,
+)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -170,7 +168,7 @@ def orbax_array_handler(handler):
 
 @pytest.fixture(scope="session")
 def synthetic_corpus(tmp_path_factory) -> pathlib.Path:
-    """tests/synthetic_corpus.py's corpus at its defaults: 200 documents of 8 topics."""
+    """tests/helpers/corpora.py's corpus at its defaults: 200 documents of 8 topics."""
     return write_corpus(tmp_path_factory.mktemp("synthetic") / "corpus.txt")
 
 
@@ -241,7 +239,7 @@ def pretrained_run(synthetic_data, synthetic_corpus, tmp_path_factory):
 @pytest.fixture(scope="session")
 def finetuned_run(pretrained_run, tmp_path_factory):
     """(root, two-seed summary, preempted summary, resumed summary): topic classification
-    (synthetic_corpus.LABELS) fine-tuned from `pretrained_run` with seeds 1 and 2 in one run
+    (corpora.LABELS) fine-tuned from `pretrained_run` with seeds 1 and 2 in one run
     (root/seeds), and seed 1 alone preempted at step 25 and resumed (root/alone); root holds
     the csv files."""
     init_from, topics = pretrained_run

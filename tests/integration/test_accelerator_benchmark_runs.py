@@ -4,10 +4,8 @@ import json
 
 import jax
 import pytest
-from test_accelerator_benchmark import (  # noqa: F401 (fixtures are used by name)
-    accelerator,
-    table_lines,
-)
+
+from tests.helpers.accelerator_benchmark import accelerator, table_lines
 
 
 @pytest.mark.slow

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, write_tokenizer
 
 from bertjax import Model, capability, encoders, sharding
 from bertjax.capability import HeadSpec
@@ -29,6 +28,7 @@ from bertjax.features import TruncationWarning
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.seq2seq import model as seq2seq_lib
+from tests.helpers.tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, write_tokenizer
 
 pytestmark = pytest.mark.slow
 

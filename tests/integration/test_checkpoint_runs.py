@@ -8,13 +8,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_checkpoint import (  # noqa: F401 (fixtures are used by name)
+
+from tests.helpers.checkpoint import (
     _ONE_DEVICE_SCRIPT,
     make_state,
-    mesh,
+    mesh,  # noqa: F401 (fixtures)
     save_steps,
 )
-from xla_env import subprocess_env
+from tests.helpers.xla_env import subprocess_env
 
 
 @pytest.mark.slow

@@ -8,8 +8,9 @@ import subprocess
 import sys
 
 import pytest
-from synthetic_corpus import write_topic_csv
-from xla_env import subprocess_env
+
+from tests.helpers.corpora import write_topic_csv
+from tests.helpers.xla_env import subprocess_env
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 # finetune.py's summary: "... (12 %, 9 programs compiled, 0 loaded from the compilation cache)"

@@ -27,7 +27,6 @@ import sys
 import time
 
 import pytest
-from xla_env import QUICK_COMPILES
 
 from bertjax.data import read_manifest
 from bertjax.data.baseline import unigram_baseline
@@ -35,6 +34,7 @@ from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.rundir import DATA_DIR
 from configs import modernbert_tiny, tiny
+from tests.helpers.xla_env import QUICK_COMPILES
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 EVAL_EVERY = 25

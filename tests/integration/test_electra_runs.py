@@ -9,7 +9,6 @@ import jax
 import numpy as np
 import pytest
 from flax import linen as nn
-from synthetic_corpus import finetune_config
 
 import bertjax
 from bertjax import capability, encoders, optim, rundir, sharding
@@ -24,6 +23,8 @@ from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.batches import padded_batch
+from tests.helpers.corpora import finetune_config
 
 ATOL = 1e-5
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -51,12 +52,15 @@ SEQ = 12
 
 
 def _batch(lengths=(10, 7, 4, 10), seed=0):
-    rng = np.random.default_rng(seed)
-    mask = (np.arange(SEQ)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
-    ids = np.where(mask == 1, rng.integers(5, len(VOCAB), mask.shape), 0).astype(np.int32)
-    ids[:, 0] = TOKENIZER.cls_id
-    ids[np.arange(len(lengths)), np.array(lengths) - 1] = TOKENIZER.sep_id
-    return ids, mask
+    return padded_batch(
+        lengths,
+        SEQ,
+        vocab_size=len(VOCAB),
+        first_word=5,
+        cls_id=TOKENIZER.cls_id,
+        sep_id=TOKENIZER.sep_id,
+        seed=seed,
+    )
 
 
 def _random(init, seed=0):

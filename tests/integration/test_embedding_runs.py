@@ -3,11 +3,11 @@
 import jax
 import numpy as np
 import pytest
-from test_embedding import CONFIG, TOL, max_difference, pair_batch
 
 from bertjax import optim
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed.model import EmbeddingSpec
+from tests.helpers.embedding import CONFIG, TOL, max_difference, pair_batch
 
 
 @pytest.mark.slow

@@ -5,19 +5,6 @@ import functools
 import jax
 import numpy as np
 import pytest
-from test_embedding import (
-    SHALLOW,
-    TEXTS,
-    random_params,
-    synthetic_sts,
-)
-from test_embedding_task import (  # noqa: F401 (fixtures are used by name)
-    LONG,
-    SEQ,
-    _config,
-    _flat_and_stacked,
-    files,
-)
 
 import bertjax
 from bertjax.finetune.settings import FinetuneSettings
@@ -26,6 +13,14 @@ from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed import task as task_module
 from bertjax.tasks.embed.model import EmbeddingSpec
+from tests.helpers.embedding import SHALLOW, TEXTS, random_params, synthetic_sts
+from tests.helpers.embedding_task import (
+    LONG,
+    SEQ,
+    _config,
+    _flat_and_stacked,
+    files,  # noqa: F401 (fixtures)
+)
 
 
 @pytest.mark.slow  # two gradient programs compile per case

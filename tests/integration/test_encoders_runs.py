@@ -3,8 +3,15 @@
 import jax
 import numpy as np
 import pytest
-from synthetic_corpus import finetune_config
-from test_encoders import (  # noqa: F401 (fixtures are used by name)
+
+import bertjax
+from bertjax import checkpoint as checkpoint_lib
+from bertjax import encoders, rundir
+from bertjax.finetune import loop
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.qa import model as qa_model
+from tests.helpers.corpora import finetune_config
+from tests.helpers.encoders import (
     ATOL,
     CASES,
     CONFIG,
@@ -15,7 +22,6 @@ from test_encoders import (  # noqa: F401 (fixtures are used by name)
     TOKENIZER,
     _batch,
     _hf_model,
-    _max_diff,
     _our_logits,
     _parity_batches,
     _run_torch,
@@ -23,13 +29,7 @@ from test_encoders import (  # noqa: F401 (fixtures are used by name)
     _torch,
     _torch_loss,
 )
-
-import bertjax
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import encoders, rundir
-from bertjax.finetune import loop
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.tasks.qa import model as qa_model
+from tests.helpers.params import max_diff
 
 
 @pytest.mark.slow
@@ -63,7 +63,7 @@ def test_finetuning_classification_from_a_modernbert_directory(tmp_path):
     ).eval()
     ids, mask = _batch()
     ours = _our_logits(model.config, model.head, model.params, ids, mask)
-    assert _max_diff(ours, _run_torch(exported, ids, mask).logits.numpy()) < ATOL
+    assert max_diff(ours, _run_torch(exported, ids, mask).logits.numpy()) < ATOL
 
 
 @pytest.mark.slow  # 20 steps on both sides and two exports: about 15 s a case on two cores

@@ -5,13 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from test_faults import (  # noqa: F401 (fixtures are used by name)
-    REPO,
-)
-from xla_env import subprocess_env
 
 from bertjax import rundir
 from bertjax.inference import Model
+from tests.helpers.xla_env import REPO, subprocess_env
 
 
 @pytest.mark.slow

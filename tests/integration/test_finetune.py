@@ -8,9 +8,6 @@ import sys
 import numpy as np
 import pytest
 import transformers
-from synthetic_corpus import LABELS, sentences, write_topic_csv
-from synthetic_corpus import finetune_config as make_config
-from xla_env import subprocess_env
 
 import bertjax
 from bertjax import rundir
@@ -19,6 +16,9 @@ from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.settings import ConfigError
+from tests.helpers.corpora import LABELS, sentences, write_topic_csv
+from tests.helpers.corpora import finetune_config as make_config
+from tests.helpers.xla_env import subprocess_env
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 

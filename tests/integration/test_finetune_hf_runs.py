@@ -7,7 +7,11 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
+
+from bertjax import optim
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.finetune.objective import build_finetuning
+from tests.helpers.finetune_hf import (
     CONFIG,
     HEADS,
     PARITY_BATCH,
@@ -17,11 +21,7 @@ from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
     parity_batches,
     random_params,
 )
-from test_finetune_hf_parity import HF_CLASSES, torch_labels
-
-from bertjax import optim
-from bertjax.encoders.bert import transformers as bert_hf
-from bertjax.finetune.objective import build_finetuning
+from tests.helpers.finetune_hf_torch import HF_CLASSES, torch_labels
 
 
 @pytest.mark.parametrize(

@@ -18,23 +18,10 @@ from bertjax.data.corpus import InputReport, ReadSettings, expand_paths, read_do
 from bertjax.data.loader import REMOTE_READ_AHEAD
 from bertjax.data.mixture import Source, make_mixture_loader
 from bertjax.data.storage import RemoteTokens
+from tests.helpers.corpora import write_random_corpus
 
 SEQ_LEN = 48
 BATCH = 8
-
-
-def write_corpus(path: pathlib.Path, num_documents: int, seed: int) -> pathlib.Path:
-    """Google's format: one sentence per line, a blank line between documents."""
-    rng = np.random.default_rng(seed)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    words = ["".join(rng.choice(letters, size=rng.integers(2, 10))) for _ in range(500)]
-    lines = []
-    for _ in range(num_documents):
-        for _ in range(rng.integers(2, 9)):
-            lines.append(" ".join(rng.choice(words, size=rng.integers(4, 18))) + ".")
-        lines.append("")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +29,8 @@ def corpus_dir(tmp_path_factory) -> pathlib.Path:
     """A directory of three inputs, one of each format: text, gzipped text, JSON Lines."""
     root = tmp_path_factory.mktemp("gcs_corpus") / "corpus"
     root.mkdir()
-    write_corpus(root / "a.txt", 120, seed=1)
-    plain = write_corpus(root / "b.tmp", 80, seed=2)
+    write_random_corpus(root / "a.txt", 120, seed=1)
+    plain = write_random_corpus(root / "b.tmp", 80, seed=2)
     (root / "b.txt.gz").write_bytes(gzip.compress(plain.read_bytes()))
     plain.unlink()
     rng = np.random.default_rng(3)

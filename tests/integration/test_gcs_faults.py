@@ -19,20 +19,6 @@ import gcsfs.retry
 import jax.numpy as jnp
 import pytest
 import requests
-from fault_proxy import FaultProxy
-from test_gcs_run import (
-    INTERRUPTED_RUN,
-    cli,
-    config_file,  # noqa: F401 - a fixture the subprocess test uses
-    leaf_hashes,
-    losses,
-    objects,
-    overrides,
-    settings_of,
-    straight_reference,  # noqa: F401 - a fixture the subprocess test uses
-)
-from test_gcs_use import _files, _finetune_config, _objects, _write_rows
-from xla_env import subprocess_env
 
 import bertjax
 from bertjax import checkpoint, fs, metrics_writer, rundir
@@ -41,6 +27,20 @@ from bertjax.finetune import loop as finetune_loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import Model
 from bertjax.pretrain import loop as trainer
+from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.gcs_run import (  # noqa: F401 (fixtures)
+    INTERRUPTED_RUN,
+    cli,
+    config_file,
+    leaf_hashes,
+    losses,
+    objects,
+    overrides,
+    settings_of,
+    straight_reference,
+)
+from tests.helpers.gcs_use import _files, _finetune_config, _objects, _write_rows
+from tests.helpers.xla_env import subprocess_env
 
 
 @pytest.fixture(autouse=True)

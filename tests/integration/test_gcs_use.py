@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from test_tokenizer import training_sentences
 
 from bertjax import fs, hf
 from bertjax.encoders.bert import transformers as bert_hf
@@ -34,6 +33,8 @@ from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
+from tests.helpers.gcs_use import WORDS, _files, _finetune_config, _objects, _write_rows
+from tests.helpers.tokenizer import training_sentences
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXPORT_FILES = {
@@ -43,10 +44,6 @@ EXPORT_FILES = {
     "tokenizer.model",
     "tokenizer_config.json",
     "special_tokens_map.json",
-}
-WORDS = {
-    "good": "the film was good and the acting was fine and warm",
-    "bad": "the film was bad and the plot was dull and cold",
 }
 
 
@@ -70,21 +67,6 @@ def tiny(tmp_path_factory):
     boxed = pretraining_init(BertForPreTraining(config), 8, 2)(jax.random.key(0))
     params = jax.tree.map(np.asarray, nn.meta.unbox(boxed))
     return config, params, tokenizer
-
-
-def _objects(gcs, url: str) -> dict[str, bytes]:
-    """Every object under a gs:// prefix, by its name relative to the prefix."""
-    gcs.fs.invalidate_cache()
-    prefix = url.removeprefix("gs://").rstrip("/") + "/"
-    return {name[len(prefix) :]: gcs.fs.cat_file(name) for name in gcs.fs.find(prefix)}
-
-
-def _files(directory: pathlib.Path) -> dict[str, bytes]:
-    return {
-        f.relative_to(directory).as_posix(): f.read_bytes()
-        for f in directory.rglob("*")
-        if f.is_file()
-    }
 
 
 def _download(gcs, url: str, local: pathlib.Path) -> pathlib.Path:
@@ -173,27 +155,6 @@ def test_sbert_export_to_gcs_and_back(gcs, tiny, tmp_path):
 
 
 # ----------------------------------------------------------------------------- fine-tuning
-
-
-def _write_rows(url: str, count: int, seed: int) -> str:
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(count):
-        label = str(rng.choice(sorted(WORDS)))
-        words = WORDS[label].split()
-        rng.shuffle(words)
-        rows.append(f"{' '.join(words)},{label}")
-    fs.write_text(url, "sentence,label\n" + "\n".join(rows) + "\n")
-    return url
-
-
-def _finetune_config(init_from, **fields):
-    from synthetic_corpus import finetune_config
-
-    config = finetune_config(init_from, **fields)
-    config.num_epochs = 2
-    config.optimizer.learning_rate = 1e-3
-    return config
 
 
 @pytest.mark.slow

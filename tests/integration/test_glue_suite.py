@@ -9,10 +9,7 @@ import subprocess
 import sys
 import zipfile
 
-import glue_data
 import pytest
-from synthetic_corpus import ONE_LAYER
-from xla_env import subprocess_env
 
 from bertjax.glue import suite
 from bertjax.glue.settings import SuiteSettings
@@ -20,6 +17,9 @@ from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
 from configs import glue as glue_recipe
 from configs import tiny
+from tests.helpers import glue_data
+from tests.helpers.corpora import ONE_LAYER
+from tests.helpers.xla_env import subprocess_env
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DOWNLOAD_TASKS = ("sst2", "mrpc", "stsb", "mnli")

@@ -4,7 +4,8 @@ import subprocess
 import sys
 
 import pytest
-from xla_env import REPO, subprocess_env
+
+from tests.helpers.xla_env import REPO, subprocess_env
 
 
 @pytest.mark.slow

@@ -10,9 +10,6 @@ import subprocess
 
 import numpy as np
 import pytest
-from synthetic_corpus import ONE_LAYER, write_corpus
-from test_gcs_run import cli, config_file, leaf_hashes  # noqa: F401 - config_file: a fixture
-from xla_env import subprocess_env
 
 import bertjax
 from bertjax import checkpoint as checkpoint_lib
@@ -24,6 +21,13 @@ from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.data import SOURCES_DIR
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
+from tests.helpers.corpora import ONE_LAYER, write_corpus
+from tests.helpers.gcs_run import (
+    cli,
+    config_file,  # noqa: F401 (fixtures)
+    leaf_hashes,
+)
+from tests.helpers.xla_env import subprocess_env
 
 SEQ_LEN = 64
 PREDICTIONS = 10

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from xla_env import subprocess_env
 
 import bertjax
 from bertjax import checkpoint as checkpoint_lib
@@ -22,6 +21,7 @@ from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
+from tests.helpers.xla_env import subprocess_env
 
 
 def modern_config(data_dir, **overrides):

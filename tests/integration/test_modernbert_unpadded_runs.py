@@ -7,11 +7,11 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import modernbert_unpadding as unpadding
 import numpy as np
 import pytest
 
 from bertjax.encoders.modernbert import model as mb_model
+from tests.helpers import modernbert_unpadding as unpadding
 
 
 @pytest.mark.slow  # 14 pairs of gradients: about 50 s on two cores

@@ -6,15 +6,13 @@ import sys
 
 import numpy as np
 import pytest
-from synthetic_corpus import write_corpus
-from test_packing import (  # noqa: F401 (fixtures are used by name)
-    packed_config,
-)
-from test_prepare_distributed import files_of, prepare_in_processes, single_process
-from xla_env import subprocess_env
 
 from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
+from tests.helpers.corpora import write_corpus
+from tests.helpers.packing import packed_config
+from tests.helpers.prepare_distributed import files_of, prepare_in_processes, single_process
+from tests.helpers.xla_env import subprocess_env
 
 
 @pytest.mark.slow

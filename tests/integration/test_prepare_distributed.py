@@ -1,116 +1,16 @@
 """prepare spread over two processes (jax.distributed on CPU): the same bytes as one process."""
 
-import os
-import pathlib
 import re
-import socket
-import subprocess
-import sys
-from collections.abc import Sequence
 
-import numpy as np
 import pytest
 
 from bertjax.data import prepare, read_manifest
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-SETTINGS = [
-    "--max_seq_length=48",
-    "--vocab_size=300",
-    "--workers=1",
-    "--eval_fraction=0.1",
-    "--seed=7",
-    "--chunk_mb=0.01",
-]
-
-
-def write_corpus(path: pathlib.Path, num_documents: int, seed: int) -> pathlib.Path:
-    rng = np.random.default_rng(seed)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    words = ["".join(rng.choice(letters, size=rng.integers(2, 10))) for _ in range(500)]
-    lines = []
-    for _ in range(num_documents):
-        for _ in range(rng.integers(2, 9)):
-            lines.append(" ".join(rng.choice(words, size=rng.integers(4, 18))) + ".")
-        lines.append("")
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> pathlib.Path:
-    """Two files, so that chunks straddle a file boundary."""
-    root = tmp_path_factory.mktemp("distributed") / "corpus"
-    root.mkdir()
-    write_corpus(root / "a.txt", 150, seed=1)
-    write_corpus(root / "b.txt", 100, seed=2)
-    return root
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def prepare_in_processes(
-    inputs: list[str], output: str, count: int, extra: Sequence[str] = ()
-) -> list[str]:
-    """Runs the prepare command line in `count` processes of one jax.distributed job, with
-    SETTINGS and the `extra` flags."""
-    address = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "bertjax.data.prepare",
-                "--input",
-                *inputs,
-                "--output",
-                output,
-                *SETTINGS,
-                *extra,
-                f"--coordinator_address={address}",
-                f"--num_processes={count}",
-                f"--process_id={i}",
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(count)
-    ]
-    outputs = []
-    try:
-        for proc in procs:
-            out, _ = proc.communicate(timeout=240)
-            assert proc.returncode == 0, out
-            outputs.append(out)
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    return outputs
-
-
-def files_of(directory: pathlib.Path) -> dict[str, bytes]:
-    return {
-        p.relative_to(directory).as_posix(): p.read_bytes()
-        for p in sorted(directory.rglob("*"))
-        if p.is_file()
-    }
-
-
-def single_process(corpus: pathlib.Path, out: pathlib.Path, **extra) -> dict:
-    kwargs = dict(extra)
-    for flag in SETTINGS:
-        name, value = flag[2:].split("=")
-        kwargs[name] = float(value) if "." in value else int(value)
-    return prepare([str(corpus)], out, verbose=False, **kwargs)
+from tests.helpers.prepare_distributed import (
+    corpus,  # noqa: F401 (fixtures)
+    files_of,
+    prepare_in_processes,
+    single_process,
+)
 
 
 @pytest.mark.slow

@@ -4,10 +4,9 @@ import subprocess
 import sys
 
 import pytest
-from test_prepare import (  # noqa: F401 (fixtures are used by name)
-    ROOT,
-    write_corpus,
-)
+
+from tests.helpers.prepare import write_corpus
+from tests.helpers.xla_env import REPO
 
 
 @pytest.mark.slow
@@ -16,7 +15,7 @@ def test_command_line_runs_without_warnings_and_fails_in_one_line(tmp_path):
     command = [sys.executable, "-X", "warnings=default", "-m", "bertjax.data.prepare"]
     args = ["--input", str(corpus), "--output", str(tmp_path / "out"), "--workers", "1"]
     result = subprocess.run(
-        command + args + ["--vocab_size", "8000"], capture_output=True, text=True, cwd=ROOT
+        command + args + ["--vocab_size", "8000"], capture_output=True, text=True, cwd=REPO
     )
     # runpy used to warn that bertjax.data had imported the module it was about to run.
     assert "Warning" not in result.stdout + result.stderr, result.stderr

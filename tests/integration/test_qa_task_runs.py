@@ -5,18 +5,13 @@ import json
 import jax
 import numpy as np
 import pytest
-from test_qa_task import (  # noqa: F401 (fixtures are used by name)
-    LEARNER,
-    qa_config,
-    random_export,
-    write_jsonl,
-)
-from test_question_answering import synthetic_examples
 
 from bertjax import Model
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.qa import decode as qa_decode
+from tests.helpers.qa_task import LEARNER, qa_config, random_export, write_jsonl
+from tests.helpers.question_answering import synthetic_examples
 
 
 @pytest.mark.slow

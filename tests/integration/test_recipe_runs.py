@@ -6,17 +6,17 @@ import shutil
 import jax
 import numpy as np
 import pytest
-from test_recipe import (  # noqa: F401 (fixtures are used by name)
-    _recipe_config,
-    data_dir,
-)
-from test_trainer import read_losses, train
 
 import bertjax
 from bertjax import data as data_lib
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import SENTENCE_PAIR_PARAMS, PretrainSettings
+from tests.helpers.recipe import (
+    _recipe_config,
+    data_dir,  # noqa: F401 (fixtures)
+)
+from tests.helpers.trainer import read_losses, train
 
 
 @pytest.mark.slow  # a run and a compiled init: about 30 s on two cores

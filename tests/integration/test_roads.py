@@ -17,10 +17,10 @@ import sys
 import numpy as np
 import pytest
 import transformers
-from synthetic_corpus import LABELS, sentences, write_topic_csv
-from xla_env import REPO, subprocess_env
 
 from bertjax import capability
+from tests.helpers.corpora import LABELS, sentences, write_topic_csv
+from tests.helpers.xla_env import REPO, subprocess_env
 
 pytestmark = pytest.mark.slow
 

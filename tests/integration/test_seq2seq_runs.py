@@ -5,18 +5,11 @@ import dataclasses
 import numpy as np
 import pytest
 import torch
-from test_seq2seq import (  # noqa: F401 (fixtures are used by name)
-    CONFIG,
-    EOS,
-    SEARCHES,
-    half_trained,
-    reversal_batch,
-    trainer,
-)
-from test_seq2seq_parity import hf_model
 
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as s2s
+from tests.helpers.seq2seq import CONFIG, EOS, SEARCHES, half_trained, reversal_batch, trainer  # noqa: F401
+from tests.helpers.seq2seq_torch import hf_model  # noqa: F401
 
 
 @pytest.mark.slow

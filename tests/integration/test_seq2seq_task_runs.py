@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from test_seq2seq_task import (  # noqa: F401 (fixtures are used by name)
+
+import bertjax
+from bertjax import rundir
+from bertjax.finetune import loop
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.seq2seq import model as s2s
+from bertjax.tasks.seq2seq import task as s2s_task
+from tests.helpers.seq2seq_task import (  # noqa: F401
     EOS,
     START,
     TEXTS,
@@ -17,13 +24,6 @@ from test_seq2seq_task import (  # noqa: F401 (fixtures are used by name)
     source,
     write_data,
 )
-
-import bertjax
-from bertjax import rundir
-from bertjax.finetune import loop
-from bertjax.finetune.settings import FinetuneSettings
-from bertjax.tasks.seq2seq import model as s2s
-from bertjax.tasks.seq2seq import task as s2s_task
 
 
 @pytest.mark.slow  # about a minute on a shared 2-core machine

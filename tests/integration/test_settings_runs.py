@@ -5,10 +5,9 @@ import sys
 import time
 
 import pytest
-from test_settings import (  # noqa: F401 (fixtures are used by name)
-    _train_cli,
-)
-from xla_env import subprocess_env
+
+from tests.helpers.settings import _train_cli
+from tests.helpers.xla_env import subprocess_env
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from flax import linen as nn
 
 import bertjax
 from bertjax import capability, encoders, hf
@@ -23,6 +22,9 @@ from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.batches import padded_batch, second_segment
+from tests.helpers.params import with_noise
+from tests.helpers.torch_params import randomize_torch
 
 ATOL = 1e-5
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -60,13 +62,17 @@ HEADS = {
 
 
 def _batch(seed=0):
-    rng = np.random.default_rng(seed)
-    mask = (np.arange(SEQ)[None] < np.array(LENGTHS)[:, None]).astype(np.int32)  # [b, s]
-    ids = rng.integers(len(SPECIALS), len(VOCAB), mask.shape)
-    ids[:, 0] = TOKENIZER.cls_id
-    ids[np.arange(len(LENGTHS)), np.array(LENGTHS) - 1] = TOKENIZER.sep_id
-    segments = (np.arange(SEQ)[None] >= 3).astype(np.int32) * mask  # a pair: B from position 3
-    return np.where(mask == 1, ids, 0).astype(np.int32), mask, segments
+    """(ids, mask, token types): [CLS] words [SEP] rows, a pair with B from position 3."""
+    ids, mask = padded_batch(
+        LENGTHS,
+        SEQ,
+        vocab_size=len(VOCAB),
+        first_word=len(SPECIALS),
+        cls_id=TOKENIZER.cls_id,
+        sep_id=TOKENIZER.sep_id,
+        seed=seed,
+    )
+    return ids, mask, second_segment(mask, 3)
 
 
 def _hf_config(config=CONFIG, **extra):
@@ -79,29 +85,17 @@ def _hf_config(config=CONFIG, **extra):
 def _hf_model(cls_name, seed=0, config=CONFIG, **extra):
     """A transformers model with every parameter random (its own init zeroes biases and sets
     norms to one, which would hide a swapped bias or scale), the generator's decoder tied."""
-    model = getattr(transformers, cls_name)(_hf_config(config, **extra))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1
-            p.copy_((1.0 + noise) if "LayerNorm.weight" in name else noise)
-        if cls_name == "ElectraForMaskedLM":
-            model.generator_lm_head.weight = model.electra.embeddings.word_embeddings.weight
-    return model.eval()
+    model = randomize_torch(getattr(transformers, cls_name)(_hf_config(config, **extra)), seed, 0.1)
+    if cls_name == "ElectraForMaskedLM":
+        model.generator_lm_head.weight = model.electra.embeddings.word_embeddings.weight
+    return model
 
 
 def _randomize(init, seed=0):
     """Parameters of `init` (rng -> boxed params) with noise on every leaf, so that no scale is
     one and no bias zero; one compiled program, not an init op by op."""
-
-    def noisy(rng):
-        leaves, tree = jax.tree.flatten(nn.meta.unbox(init(rng)))
-        keys = jax.random.split(jax.random.key(seed), len(leaves))
-        return jax.tree.unflatten(
-            tree, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-        )
-
-    return jax.device_get(jax.jit(noisy)(jax.random.key(seed + 100)))
+    noisy = jax.jit(lambda rng: with_noise(init(rng), seed))
+    return jax.device_get(noisy(jax.random.key(seed + 100)))
 
 
 def _theirs(model, cls_name, ids, mask, segments) -> np.ndarray:

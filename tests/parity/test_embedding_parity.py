@@ -5,21 +5,21 @@ import json
 import jax
 import numpy as np
 import pytest
-from test_embedding import (  # noqa: F401 (fixtures are used by name)
-    CONFIG,
-    MODERN,
-    TEXTS,
-    embed_texts,
-    max_difference,
-    random_params,
-    wordpiece,
-)
 
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
+from tests.helpers.embedding import (
+    CONFIG,
+    MODERN,
+    TEXTS,
+    embed_texts,
+    max_difference,
+    random_params,
+    wordpiece,  # noqa: F401 (fixtures)
+)
 
 
 @pytest.mark.parametrize(
@@ -104,7 +104,8 @@ def test_a_modernbert_encoder_goes_to_sentence_transformers_and_back(tmp_path, w
 def test_a_sentencepiece_model_embeds_alike_in_sentence_transformers(tmp_path):
     """bertjax's own tokenizer (sentencepiece, exported as tokenizer.json) in the directory."""
     from sentence_transformers import SentenceTransformer
-    from test_tokenizer import VARIED, training_sentences
+
+    from tests.helpers.tokenizer import VARIED, training_sentences
 
     tokenizer = train_tokenizer(
         training_sentences(800)[:800], TokenizerSettings(vocab_size=400), tmp_path / "spm.model"

@@ -2,22 +2,18 @@
 
 import numpy as np
 import pytest
-from test_embedding import (
-    CONFIG,
-    TEXTS,
-    random_params,
-)
-from test_embedding_task import (  # noqa: F401 (fixtures are used by name)
-    LONG,
-    SEQ,
-    files,
-)
 
 import bertjax
 from bertjax import vectors
 from bertjax.tasks.embed import task as task_module
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.embedding import CONFIG, TEXTS, random_params
+from tests.helpers.embedding_task import (
+    LONG,
+    SEQ,
+    files,  # noqa: F401 (fixtures)
+)
 
 
 def test_model_embeds_a_sentence_transformers_directory_as_it_does(files):

@@ -5,7 +5,11 @@ import json
 import jax
 import numpy as np
 import pytest
-from test_encoders import (  # noqa: F401 (fixtures are used by name)
+
+import bertjax
+from bertjax import encoders, hf
+from bertjax.tasks.qa import model as qa_model
+from tests.helpers.encoders import (
     ATOL,
     CASES,
     CONFIG,
@@ -15,18 +19,13 @@ from test_encoders import (  # noqa: F401 (fixtures are used by name)
     TOKENIZER,
     _batch,
     _hf_model,
-    _max_diff,
     _our_logits,
-    _randomize,
     _run_torch,
     _torch,
     _torch_logits,
-    hub_dir,
+    hub_dir,  # noqa: F401 (fixtures)
 )
-
-import bertjax
-from bertjax import encoders, hf
-from bertjax.tasks.qa import model as qa_model
+from tests.helpers.params import max_diff, with_noise
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -37,7 +36,7 @@ def test_our_head_saved_loads_in_transformers_with_equal_logits(case, tmp_path):
         {**encoders.config_to_dict(CONFIG), "classifier_pooling": pooling}
     )
     init = bertjax.capability.of(head).init(config, head)
-    params = _randomize(init(jax.random.key(1)), seed=1)
+    params = with_noise(init(jax.random.key(1)), seed=1)
     model = bertjax.Model(config, params, TOKENIZER, head=head)
     model.save_hf(tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())
@@ -53,7 +52,7 @@ def test_our_head_saved_loads_in_transformers_with_equal_logits(case, tmp_path):
     if head.token_level or head.task == qa_model.TASK:  # padded positions are not compared
         ours, expected = ours[mask == 1], expected[mask == 1]
     assert ours.shape == expected.shape
-    diff = _max_diff(ours, expected)
+    diff = max_diff(ours, expected)
     print(
         f"{case}: max |ours - transformers| = {diff:.2e}, max |logit| {np.abs(expected).max():.2f}"
     )
@@ -77,7 +76,7 @@ def test_transformers_head_loads_with_equal_logits(case, tmp_path):
     expected = _torch_logits(theirs, head, ids, mask)
     if head.token_level or head.task == qa_model.TASK:
         ours, expected = ours[mask == 1], expected[mask == 1]
-    diff = _max_diff(ours, expected)
+    diff = max_diff(ours, expected)
     print(
         f"{case}: max |ours - transformers| = {diff:.2e}, max |logit| {np.abs(expected).max():.2f}"
     )
@@ -113,7 +112,7 @@ def test_masked_lm_both_ways_and_fill_mask(tmp_path):
     positions = np.tile(np.arange(SEQ, dtype=np.int32), (3, 1))
     ours = family.mlm_logits(model.config, model.params, ids, None, mask, positions)
     expected = _run_torch(theirs, ids, mask).logits.numpy()
-    assert _max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
+    assert max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
 
     text = "the capital of france is [MASK] ."
     filled = model.fill_mask(text, top_k=3)
@@ -124,10 +123,10 @@ def test_masked_lm_both_ways_and_fill_mask(tmp_path):
         probs = theirs(input_ids=row).logits[0, at].softmax(-1).numpy()
     top = np.argsort(-probs)[:3]
     assert [f["token"] for f in filled] == top.tolist()
-    assert _max_diff([f["score"] for f in filled], probs[top]) < ATOL
+    assert max_diff([f["score"] for f in filled], probs[top]) < ATOL
 
     # Ours -> save_hf -> transformers: the tied decoder is left out, as transformers writes it.
-    params = _randomize(family.pretraining_init(CONFIG)(jax.random.key(4)), seed=4)
+    params = with_noise(family.pretraining_init(CONFIG)(jax.random.key(4)), seed=4)
     bertjax.Model(CONFIG, params, TOKENIZER).save_hf(tmp_path / "ours")
     names = set(hf.read_weights(tmp_path / "ours")[0])
     assert "decoder.weight" not in names and "decoder.bias" in names
@@ -136,7 +135,7 @@ def test_masked_lm_both_ways_and_fill_mask(tmp_path):
     ).eval()
     ours = family.mlm_logits(CONFIG, params, ids, None, mask, positions)
     expected = _run_torch(reloaded, ids, mask).logits.numpy()
-    assert _max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
+    assert max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
 
 
 def test_embed_on_a_modernbert_model_directory_is_the_mean_hidden_state(tmp_path):
@@ -155,7 +154,7 @@ def test_embed_on_a_modernbert_model_directory_is_the_mean_hidden_state(tmp_path
         ids = np.asarray([model.encode([text])["input_ids"][0]], np.int32)
         with torch.no_grad():
             hidden = theirs(input_ids=torch.from_numpy(ids).long()).last_hidden_state
-        assert _max_diff(vector, hidden[0].mean(0).numpy()) < ATOL
+        assert max_diff(vector, hidden[0].mean(0).numpy()) < ATOL
     # ...and written back as a ModernBertModel, without the untrained head.
     model.save_hf(tmp_path / "again")
     written = json.loads((tmp_path / "again" / "config.json").read_text())
@@ -200,7 +199,7 @@ def test_a_hub_modernbert_directory_with_a_byte_level_bpe_tokenizer_opens(hub_di
         probs = theirs(**inputs).logits[0, at].softmax(-1).numpy()
     top = np.argsort(-probs)[:3]
     assert [f["token"] for f in filled] == top.tolist()
-    assert _max_diff([f["score"] for f in filled], probs[top]) < ATOL
+    assert max_diff([f["score"] for f in filled], probs[top]) < ATOL
 
     # Exported and read back: the same tokenizer (fingerprint), transformers reads it too.
     model.save_hf(tmp_path / "export")

@@ -19,7 +19,6 @@ import orbax.checkpoint as ocp
 import pytest
 import transformers
 from safetensors import numpy as safetensors_numpy
-from test_tokenizer import training_sentences, write_wordpiece_vocab
 
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import heads, hf, rundir
@@ -33,6 +32,7 @@ from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.tokenizer import training_sentences, write_wordpiece_vocab
 
 
 def _hf_config(vocab_size: int) -> transformers.BertConfig:

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
+
+import bertjax
+from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.tasks import labels as labels_capability
+from bertjax.tasks.labels import model as label_heads
+from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.finetune_hf import (
     ATOL,
     CONFIG,
     HEADS,
@@ -17,18 +23,7 @@ from test_finetune_hf import (  # noqa: F401 (fixtures are used by name)
     our_logits,
     random_params,
 )
-
-import bertjax
-from bertjax.capability import HeadSpec
-from bertjax.encoders.bert import transformers as bert_hf
-from bertjax.tasks import labels as labels_capability
-from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
-
-HF_CLASSES = {
-    label_heads.TOKEN_CLASSIFICATION: transformers.BertForTokenClassification,
-    label_heads.CLASSIFICATION: transformers.BertForSequenceClassification,
-}
+from tests.helpers.finetune_hf_torch import HF_CLASSES
 
 
 def torch_logits(model) -> np.ndarray:
@@ -39,14 +34,6 @@ def torch_logits(model) -> np.ndarray:
             attention_mask=torch.tensor(MASK, dtype=torch.long),
         )
     return out.logits.numpy()
-
-
-def torch_labels(head: HeadSpec, labels: np.ndarray):
-    if head.task == label_heads.TOKEN_CLASSIFICATION:  # transformers ignores -100
-        return torch.tensor(np.where(labels == label_heads.IGNORE_LABEL, -100, labels)).long()
-    if head.task == label_heads.CLASSIFICATION:
-        return torch.tensor(labels).long()
-    return torch.tensor(labels)
 
 
 @pytest.mark.parametrize("name", list(HEADS))

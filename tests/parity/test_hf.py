@@ -12,13 +12,6 @@ import pytest
 import torch
 import transformers
 from safetensors import numpy as safetensors_numpy
-from test_hf_unit import (  # noqa: F401 (fixtures are used by name)
-    _abstract_params,
-    _random_params,
-    _read_dir,
-    sentencepiece,
-)
-from test_tokenizer import VARIED, write_wordpiece_vocab
 
 from bertjax import hf
 from bertjax.encoders.bert import config as bert_config
@@ -27,6 +20,14 @@ from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.finetune import loop as finetune_loop
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.hf import (
+    _abstract_params,
+    _random_params,
+    _read_dir,
+    sentencepiece,  # noqa: F401 (fixtures)
+)
+from tests.helpers.tokenizer import VARIED, write_wordpiece_vocab
+from tests.helpers.torch_params import randomize_torch
 
 ATOL = 1e-4
 
@@ -46,20 +47,9 @@ def _hf_config(**changes):
     return transformers.BertConfig(**{**HF_SMALL, **changes}, attn_implementation="eager")
 
 
-def _randomize_torch(module, seed):
-    """Every parameter random: HF's init zeroes biases and sets LayerNorm to ones, which
-    would hide a swapped bias or scale."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.2
-            p.copy_((1.0 + noise) if "LayerNorm.weight" in name else noise)
-    return module
-
-
 def _hf_pretraining_model(seed=0, **changes):
     model = transformers.BertForPreTraining(_hf_config(**changes))
-    return _randomize_torch(model, seed).eval()
+    return randomize_torch(model, seed).eval()
 
 
 def _batch(vocab_size, batch=3, seq=16, seed=0):
@@ -236,7 +226,7 @@ def test_hf_bertjax_hf_round_trip_is_bit_identical(tmp_path, hf_dir, dtype):
 def test_fine_tuning_from_a_bert_model_directory_misses_no_head(tmp_path, caplog):
     """A fine-tuning run takes the encoder only: a BertModel directory's missing MLM and NSP
     heads are neither made up nor warned about."""
-    base = _randomize_torch(transformers.BertModel(_hf_config()), seed=6).eval()
+    base = randomize_torch(transformers.BertModel(_hf_config()), seed=6).eval()
     base.save_pretrained(tmp_path)
     pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     pieces += [f"w{i}" for i in range(HF_SMALL["vocab_size"] - len(pieces))]
@@ -248,7 +238,7 @@ def test_fine_tuning_from_a_bert_model_directory_misses_no_head(tmp_path, caplog
 
 
 def test_bert_model_checkpoint_loads_with_fresh_heads(tmp_path, caplog):
-    base = _randomize_torch(transformers.BertModel(_hf_config()), seed=6).eval()
+    base = randomize_torch(transformers.BertModel(_hf_config()), seed=6).eval()
     base.save_pretrained(tmp_path)
     with caplog.at_level(logging.WARNING, logger="bertjax.hf"):
         config, params, report = bert_hf.load_with_report(tmp_path, seed=7, attention_impl="xla")

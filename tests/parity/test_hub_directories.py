@@ -14,12 +14,18 @@ import warnings
 import jax
 import numpy as np
 import pytest
-from tokenizer_kinds import pipeline_json, text_of, with_call_settings, wordpiece_vocab
 
 from bertjax import Model, hf, rundir
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
 from configs import finetune as finetune_recipe
+from tests.helpers.tokenizer_kinds import (
+    pipeline_json,
+    text_of,
+    with_call_settings,
+    wordpiece_vocab,
+)
+from tests.helpers.torch_params import randomize_torch
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -35,17 +41,6 @@ SPECIALS = {
     "mask_token": "[MASK]",
     "unk_token": "[UNK]",
 }
-
-
-def _randomize(model, seed=0):
-    """Every parameter random and large enough that outputs move with the input (the
-    default init's zero biases and unit norms would hide a mix-up)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.2
-            p.copy_((1.0 + noise) if "norm.weight" in name or "LayerNorm.weight" in name else noise)
-    return model.eval()
 
 
 def _modernbert_classifier(tokenizer_text, seed=0):
@@ -68,7 +63,7 @@ def _modernbert_classifier(tokenizer_text, seed=0):
         num_labels=3,
         attn_implementation="eager",
     )
-    return _randomize(transformers.ModernBertForSequenceClassification(config), seed)
+    return randomize_torch(transformers.ModernBertForSequenceClassification(config), seed)
 
 
 def _bert_classifier(vocab_size, seed=0):
@@ -81,7 +76,7 @@ def _bert_classifier(vocab_size, seed=0):
         max_position_embeddings=512,
         num_labels=3,
     )
-    return _randomize(transformers.BertForSequenceClassification(config), seed)
+    return randomize_torch(transformers.BertForSequenceClassification(config), seed)
 
 
 def _write_tokenizer_json(directory, text):
@@ -256,7 +251,7 @@ def _bert_masked_lm(vocab_size, seed=0):
         intermediate_size=64,
         max_position_embeddings=64,
     )
-    return _randomize(transformers.BertForMaskedLM(config), seed)
+    return randomize_torch(transformers.BertForMaskedLM(config), seed)
 
 
 def _transformers_fill_mask(directory, text):
@@ -304,7 +299,7 @@ def test_added_tokens_beyond_the_vocabulary_read_as_transformers(tmp_path):
     assert tokenizer.add_tokens(added) == 2
     model = _bert_masked_lm(len(vocab))
     model.resize_token_embeddings(len(tokenizer))
-    _randomize(model, seed=1)
+    randomize_torch(model, seed=1)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     spec = json.loads((directory / "tokenizer.json").read_text())

@@ -15,29 +15,19 @@ import pytest
 import torch
 import transformers
 from safetensors import numpy as safetensors_numpy
-from test_inference_unit import (  # noqa: F401 (fixtures are used by name)
+
+from bertjax.inference import InferenceError, Model, TruncationWarning
+from bertjax.tokenizer import TokenizerSettings, train_tokenizer
+from tests.helpers.inference import (  # noqa: F401 (fixtures)
     ATOL,
     MASKED,
-    TRAIN_STEPS,
     _assert_same_predictions,
     held_out,
     trained,
     workdir,
 )
-from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
-
-from bertjax.inference import InferenceError, Model, TruncationWarning
-from bertjax.tokenizer import TokenizerSettings, train_tokenizer
-
-
-def _randomize(module, seed):
-    """Every torch parameter random: LayerNorm scales near one, the rest std 0.2."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=generator) * 0.2
-            p.copy_((1.0 + noise) if "LayerNorm.weight" in name else noise)
-    return module.eval()
+from tests.helpers.tokenizer import VARIED, training_sentences, write_wordpiece_vocab
+from tests.helpers.torch_params import randomize_torch
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +47,7 @@ def wordpiece_hf_dir(tmp_path_factory) -> pathlib.Path:
         max_position_embeddings=64,
         attn_implementation="eager",
     )
-    _randomize(transformers.BertForPreTraining(config), seed=1).save_pretrained(directory)
+    randomize_torch(transformers.BertForPreTraining(config), seed=1).save_pretrained(directory)
     (directory / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": True}))
     return directory
 

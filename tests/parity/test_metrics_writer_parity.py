@@ -4,9 +4,9 @@ loads torch where installed, which is why this sits with the parity tests)."""
 import time
 
 from tensorboardX import SummaryWriter
-from test_metrics_writer import records
 
 from bertjax import metrics_writer
+from tests.helpers.metrics_writer import records
 
 # Steps from 0 (a proto3 zero, left out) to past one varint byte, and negative; values 0.0 (a
 # oneof member, written anyway), negative, subnormal, beyond float32's range, infinite, NaN.

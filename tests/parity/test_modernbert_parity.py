@@ -8,7 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
-from test_modernbert import (  # noqa: F401 (fixtures are used by name)
+
+from bertjax.encoders.modernbert import model as mb_model
+from bertjax.encoders.modernbert import transformers as mb_hf
+from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.encoders.modernbert.model import ModernBertModel
+from tests.helpers import modernbert_reference as mb_ref
+from tests.helpers.modernbert import (
     ALL_BIASES,
     ATOL,
     LOGITS_ATOL,
@@ -18,21 +24,15 @@ from test_modernbert import (  # noqa: F401 (fixtures are used by name)
     _batch,
     _hf_config,
     _hf_model,
-    _max_diff,
     _run_torch,
     _state_dict,
     _torch,
 )
-
-from bertjax.encoders.modernbert import model as mb_model
-from bertjax.encoders.modernbert import transformers as mb_hf
-from bertjax.encoders.modernbert.config import ModernBertConfig
-from bertjax.encoders.modernbert.model import ModernBertModel
-from tests.helpers import modernbert_reference as mb_ref
 from tests.helpers.modernbert_reference import (
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
 )
+from tests.helpers.params import max_diff
 
 
 @pytest.mark.parametrize("biases", [{}, ALL_BIASES], ids=["no_biases", "all_biases"])
@@ -45,13 +45,13 @@ def test_hidden_states_equal_transformers(biases):
     ours = np.asarray(_apply(ModernBertModel(config), params, ids, mask))
     real = mask.astype(bool)
     assert ours.shape == theirs.shape == (3, SEQ, config.hidden_size)
-    assert _max_diff(ours, theirs, real) <= ATOL
+    assert max_diff(ours, theirs, real) <= ATOL
     assert np.abs(theirs[real]).mean() > 0.5  # real numbers, not two sets of zeros
 
     # The sliding windows matter here: the same weights with one window spanning the whole
     # sequence compute something else.
     wide = dataclasses.replace(config, local_attention=2 * SEQ)
-    assert _max_diff(_apply(ModernBertModel(wide), params, ids, mask), theirs, real) > 1e-2
+    assert max_diff(_apply(ModernBertModel(wide), params, ids, mask), theirs, real) > 1e-2
 
 
 def test_masked_lm_logits_equal_transformers():
@@ -65,7 +65,7 @@ def test_masked_lm_logits_equal_transformers():
     real = mask.astype(bool)
     assert ours.shape == theirs.shape == (3, SEQ, SMALL.vocab_size)
     assert ours.dtype == np.float32
-    assert _max_diff(ours, theirs, real) <= LOGITS_ATOL
+    assert max_diff(ours, theirs, real) <= LOGITS_ATOL
     assert np.abs(theirs[real]).mean() > 0.5
 
     # At given positions only: the same logits as the full ones there.
@@ -74,7 +74,7 @@ def test_masked_lm_logits_equal_transformers():
     assert some.shape == (3, 3, SMALL.vocab_size)
     # Not bit-equal: the head's matmuls over [b, p, h] and [b, s, h] may sum in another order
     # (about 10 float32 ulps at logits near 1 on some CPUs).
-    assert _max_diff(some, np.take_along_axis(ours, positions[..., None], axis=1)) <= 1e-5
+    assert max_diff(some, np.take_along_axis(ours, positions[..., None], axis=1)) <= 1e-5
 
 
 @pytest.mark.parametrize("pooling", ["cls", "mean"])
@@ -86,7 +86,7 @@ def test_sequence_classification_logits_equal_transformers(pooling):
     theirs = _run_torch(hf, ids, mask).logits.numpy()
     ours = np.asarray(_apply(ModernBertForSequenceClassification(config, 3), params, ids, mask))
     assert ours.shape == theirs.shape == (3, 3)
-    assert _max_diff(ours, theirs) <= ATOL
+    assert max_diff(ours, theirs) <= ATOL
 
 
 def test_packed_rotary_positions_equal_transformers_position_ids():
@@ -98,7 +98,7 @@ def test_packed_rotary_positions_equal_transformers_position_ids():
     torch, _ = _torch()
     theirs = _run_torch(hf, ids, mask, position_ids=torch.from_numpy(positions).long())
     ours = _apply(ModernBertModel(SMALL), params, ids, mask, positions=positions)
-    assert _max_diff(ours, theirs.last_hidden_state.numpy()) <= ATOL
+    assert max_diff(ours, theirs.last_hidden_state.numpy()) <= ATOL
 
 
 @pytest.mark.parametrize(
@@ -141,7 +141,7 @@ def test_transformers_loads_our_weights_strictly_and_agrees():
     assert not result.missing_keys and not result.unexpected_keys
     assert hf.decoder.weight.data_ptr() == hf.model.embeddings.tok_embeddings.weight.data_ptr()
     theirs = _run_torch(hf, ids, mask).logits.numpy()
-    assert _max_diff(ours, theirs, mask.astype(bool)) <= LOGITS_ATOL
+    assert max_diff(ours, theirs, mask.astype(bool)) <= LOGITS_ATOL
 
 
 def test_bad_state_dicts_name_the_tensor():
@@ -184,14 +184,14 @@ def test_scanned_layer_groups_equal_transformers_and_round_trip():
     ids, mask = _batch(config)
     theirs = _run_torch(hf, ids, mask).logits.numpy()
     ours = _apply(ModernBertForMaskedLM(config), params, ids, mask)
-    assert _max_diff(ours, theirs, mask.astype(bool)) <= LOGITS_ATOL
+    assert max_diff(ours, theirs, mask.astype(bool)) <= LOGITS_ATOL
     back = mb_ref.params_to_hf(params, config)
     assert set(back) == set(sd) and all(np.array_equal(back[k], sd[k]) for k in sd)
     restacked = mb_model.stack_layers(mb_model.unstack_layers(params["model"], config), config)
     assert jax.tree.all(jax.tree.map(np.array_equal, restacked, params["model"]))
     plain = dataclasses.replace(config, scan_layers=False)
     plain_out = _apply(ModernBertForMaskedLM(plain), mb_ref.params_from_hf(sd, plain), ids, mask)
-    assert _max_diff(plain_out, ours) <= 1e-6
+    assert max_diff(plain_out, ours) <= 1e-6
 
 
 def test_config_round_trips_through_transformers():

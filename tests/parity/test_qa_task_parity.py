@@ -4,15 +4,12 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from test_qa_task import (  # noqa: F401 (fixtures are used by name)
-    ATOL,
-    random_export,
-)
-from test_question_answering import TOKENIZER, qa_head
 
 from bertjax import Model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa.answer import window_logits
+from tests.helpers.qa_task import ATOL, random_export
+from tests.helpers.question_answering import TOKENIZER, qa_head
 
 
 def test_model_answer_and_save_hf_match_transformers(tmp_path):

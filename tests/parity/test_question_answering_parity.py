@@ -7,7 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
-from test_question_answering import (  # noqa: F401 (fixtures are used by name)
+
+from bertjax.encoders.bert import transformers as bert_hf
+from tests.helpers.question_answering import (
     ATOL,
     CONFIG,
     IDS,
@@ -17,8 +19,6 @@ from test_question_answering import (  # noqa: F401 (fixtures are used by name)
     qa_head,
     random_params,
 )
-
-from bertjax.encoders.bert import transformers as bert_hf
 
 
 def torch_logits(model):

@@ -4,21 +4,10 @@ with tests/integration/test_seq2seq_runs.py."""
 import numpy as np
 import torch
 import transformers
-from test_seq2seq import (  # noqa: F401 (fixtures are used by name)
-    CONFIG,
-    EOS,
-    START,
-    VOCAB,
-    logits_of,
-    random_params,
-    sources,
-)
 
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
-
-
-def hf_model(directory):
-    return transformers.EncoderDecoderModel.from_pretrained(directory).eval()
+from tests.helpers.seq2seq import CONFIG, EOS, START, VOCAB, logits_of, random_params, sources  # noqa: F401
+from tests.helpers.seq2seq_torch import hf_model  # noqa: F401
 
 
 def hf_logits(model, ids, mask, decoder_ids):

@@ -4,13 +4,9 @@ import json
 
 import numpy as np
 import transformers
-from test_seq2seq_task import (  # noqa: F401 (fixtures are used by name)
-    EOS,
-    START,
-    exported,
-)
 
 import bertjax
+from tests.helpers.seq2seq_task import EOS, START, exported  # noqa: F401
 
 
 def test_model_save_hf_writes_an_encoder_decoder(exported, tmp_path):

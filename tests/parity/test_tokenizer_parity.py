@@ -5,13 +5,6 @@ import pydoc_data.topics
 import re
 
 import pytest
-from test_tokenizer import (  # noqa: F401 (fixtures are used by name)
-    HF_CONFIG,
-    VARIED,
-    exported,
-    sentences,
-    wordpiece_dir,
-)
 
 from bertjax.tokenizer import (
     CLS_ID,
@@ -19,6 +12,13 @@ from bertjax.tokenizer import (
     TokenizerSettings,
     WordPieceTokenizer,
     train_tokenizer,
+)
+from tests.helpers.tokenizer import (  # noqa: F401 (fixtures)
+    HF_CONFIG,
+    VARIED,
+    exported,
+    sentences,
+    wordpiece_dir,  # noqa: F401 (fixtures)
 )
 
 

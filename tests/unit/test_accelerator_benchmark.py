@@ -7,33 +7,13 @@ packed rows) each with splash attention in Pallas interpret mode (so that the fu
 check really runs), and once as a user on CPU would, where no fused backend exists.
 """
 
-import importlib.util
 import json
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 
 from bertjax import attention, perf, sharding
-
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "accelerator.py"
-_SPEC = importlib.util.spec_from_file_location("accelerator_benchmark", _PATH)
-accelerator = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = accelerator  # dataclasses look their module up while being built
-_SPEC.loader.exec_module(accelerator)
-
-
-def table_lines(out: str, columns: tuple[str, ...]) -> list[list[str]]:
-    """The rows (split on 2+ spaces) of the printed table whose header is `columns`."""
-    lines = out.splitlines()
-    header = next(i for i, line in enumerate(lines) if line.split() == " ".join(columns).split())
-    rows = []
-    for line in lines[header + 2 :]:
-        if not line.strip():
-            break
-        rows.append([cell.strip() for cell in line.split("  ") if cell.strip()])
-    return rows
+from tests.helpers.accelerator_benchmark import accelerator, table_lines
 
 
 def test_cpu_defaults_to_the_tiny_model_and_names_the_missing_fused_backend():

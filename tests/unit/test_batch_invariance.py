@@ -13,7 +13,6 @@ import warnings
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, with_call_settings, write_tokenizer
 
 from bertjax import features as features_lib
 from bertjax import hf
@@ -21,6 +20,13 @@ from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tokenizer import Tokenizer
 from configs import finetune as finetune_recipe
+from tests.helpers.tokenizer_kinds import (
+    FILE_TRUNCATION,
+    KINDS,
+    text_of,
+    with_call_settings,
+    write_tokenizer,
+)
 
 FILE_KINDS = ("wordpiece", "pipeline")  # the kinds read from a tokenizer.json
 

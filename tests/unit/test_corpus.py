@@ -2,6 +2,7 @@
 
 import codecs
 import gzip
+import itertools
 import json
 import os
 import zipfile
@@ -13,7 +14,7 @@ import pytest
 
 from bertjax.data import corpus
 from bertjax.data.corpus import MAX_PLACES, InputReport, expand_paths, read_documents
-from bertjax.data.demo_corpus import demo_corpus_path
+from bertjax.data.demo_corpus import demo_corpus_path, demo_documents
 from bertjax.data.sentences import split_sentences
 
 
@@ -458,18 +459,22 @@ def test_utf16_long_lines_and_bad_code_units_are_repaired(tmp_path, monkeypatch)
 # ----------------------------------------------------------------------------- demo corpus
 
 
-def test_demo_corpus_builds_once_is_large_and_deterministic(tmp_path, demo_corpus):
-    path = demo_corpus_path(tmp_path / "cache")
+def test_demo_corpus_builds_once_is_large_and_deterministic(demo_corpus):
+    # The session's build (conftest.py's demo_corpus): a second whole build parses the
+    # standard library again (seconds), so the byte-for-byte comparison of two builds is in
+    # tests/integration/test_demo_corpus_runs.py; here the documents it starts with are drawn
+    # twice and compared.
+    path = demo_corpus
     assert path.stat().st_size >= 1_000_000
     mtime = path.stat().st_mtime_ns
-    assert demo_corpus_path(tmp_path / "cache") == path  # reused, not rebuilt
+    assert demo_corpus_path(path.parent) == path  # reused, not rebuilt
     assert path.stat().st_mtime_ns == mtime
-    # Built again, in another cache directory, by the session's fixture (conftest.py).
-    assert demo_corpus.name == path.name and demo_corpus.parent != path.parent
-    assert demo_corpus.read_bytes() == path.read_bytes()
-    assert not [p for p in os.listdir(tmp_path / "cache") if p.endswith(".tmp")]
+    assert not [p for p in os.listdir(path.parent) if p.endswith(".tmp")]
+    first = list(itertools.islice(demo_documents(), 60))
+    assert list(itertools.islice(demo_documents(), 60)) == first
     documents, report = read([path])
     assert len(documents) > 300
     assert report.problems == {}
+    assert documents[:60] == first
     assert documents[0][0] == 'The "assert" statement'  # the first pydoc topic
     assert all(line and line == line.strip() for d in documents[:50] for line in d)

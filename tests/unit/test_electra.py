@@ -21,6 +21,7 @@ from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.seq2seq import model as seq2seq
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.batches import padded_batch, second_segment
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
 TOKENIZER = WordPieceTokenizer(VOCAB, lowercase=True)
@@ -37,12 +38,11 @@ LABELS = ("a", "b", "c")
 
 
 def _batch(seed=0):
-    rng = np.random.default_rng(seed)
-    lengths = np.array([10, 7, 4, 10])
-    mask = (np.arange(10)[None] < lengths[:, None]).astype(np.int32)  # [b, s]
-    ids = np.where(mask == 1, rng.integers(5, len(VOCAB), mask.shape), 0).astype(np.int32)
-    ids[:, 0] = TOKENIZER.cls_id
-    return ids, mask, (np.arange(10)[None] >= 5).astype(np.int32) * mask
+    """(ids, mask, token types): rows of 10, 7, 4 and 10 tokens, the second segment from 5."""
+    ids, mask = padded_batch(
+        [10, 7, 4, 10], 10, vocab_size=len(VOCAB), first_word=5, cls_id=TOKENIZER.cls_id, seed=seed
+    )
+    return ids, mask, second_segment(mask, 5)
 
 
 def _random(init, seed=0):

@@ -4,7 +4,6 @@ directions (our params -> Model.save_hf -> transformers; transformers' save_pret
 Model.load -> ours), fill_mask, predict, answer and embed on ModernBERT directories, and a
 BERT checkpoint whose meta names no family still opening."""
 
-import dataclasses
 import json
 
 import jax
@@ -21,134 +20,19 @@ from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
-from bertjax.tasks.labels import model as label_heads
-from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.seq2seq import model as seq2seq
-from bertjax.tokenizer import WordPieceTokenizer
-
-ATOL = 1e-5
-SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-WORDS = (
-    "the a of to and in is it was for on that with as by at from his her they this which "
-    "paris france capital city river seine museum louvre art history old new large small "
-    "who what where when how many people live there built year king queen painting famous"
-).split()
-VOCAB = SPECIALS + WORDS + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"]
-VOCAB += [f"w{i}" for i in range(128 - len(VOCAB))]  # 128 rows: the model's vocabulary
-
-TOKENIZER = WordPieceTokenizer(VOCAB, lowercase=True)
-
-# hidden 64, 4 layers (0 and 3 global, 1 and 2 a window of +-4), 4 heads; float32.
-CONFIG = ModernBertConfig(
-    vocab_size=len(VOCAB),
-    hidden_size=64,
-    intermediate_size=96,
-    num_layers=4,
-    num_heads=4,
-    max_position_embeddings=64,
-    local_attention=8,
-    global_attn_every_n_layers=3,
-    global_rope_theta=1000.0,
-    local_rope_theta=100.0,
-    pad_token_id=TOKENIZER.pad_id,
-    cls_token_id=TOKENIZER.cls_id,
-    sep_token_id=TOKENIZER.sep_id,
-    dtype="float32",
+from tests.helpers.encoders import (
+    ATOL,
+    CONFIG,
+    LABELS,
+    SEQ,
+    SMALL_BERT,
+    SMALL_CONFIGS,
+    TOKENIZER,
+    _batch,
+    _head_model,
 )
-SMALL_BERT = BertConfig(
-    vocab_size=len(VOCAB),
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
-    max_position_embeddings=64,
-)
-SEQ = 24
-LENGTHS = (SEQ, 17, 9)
-LABELS = ("neg", "neutral", "pos")
-TAGS = ("O", "B-LOC", "I-LOC", "B-PER")
-
-
-def _batch(config=CONFIG, lengths=LENGTHS, seq=SEQ, seed=0):
-    rng = np.random.default_rng(seed)
-    mask = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
-    ids = rng.integers(len(SPECIALS), config.vocab_size, mask.shape)
-    ids[:, 0] = config.cls_token_id
-    ids[np.arange(len(lengths)), np.array(lengths) - 1] = config.sep_token_id
-    return np.where(mask == 1, ids, config.pad_token_id).astype(np.int32), mask
-
-
-def _max_diff(a, b):
-    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
-
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    return torch, transformers
-
-
-def _run_torch(model, ids, mask):
-    torch, _ = _torch()
-    with torch.no_grad():
-        return model(
-            input_ids=torch.from_numpy(ids).long(), attention_mask=torch.from_numpy(mask).long()
-        )
-
-
-def _hf_model(cls_name, config, seed=0, **extra):
-    """A transformers model with every parameter random (its own init zeroes biases and sets
-    norms to one, which would hide a swapped bias or scale)."""
-    torch, transformers = _torch()
-    hf_config = transformers.ModernBertConfig(
-        **{**config.to_hf_dict(), **extra}, attn_implementation="eager"
-    )
-    model = getattr(transformers, cls_name)(hf_config)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.1
-            p.copy_((1.0 + noise) if "norm.weight" in name else noise)
-    return model.eval()
-
-
-def _randomize(params, seed=0):
-    """Our params with noise on every leaf, so that no scale is one and no bias zero."""
-    params = nn.meta.unbox(params)
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    noisy = [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-    return jax.tree.unflatten(tree, noisy)
-
-
-def _head_model(config, head: HeadSpec):
-    if head.task == qa_model.TASK:
-        return qa_model.QuestionAnswering(config)
-    return label_heads.make_model(config, head.task, head.num_outputs)
-
-
-def _our_logits(config, head, params, ids, mask):
-    out = _head_model(config, head).apply({"params": params}, ids, None, mask)
-    if head.task == qa_model.TASK:
-        return np.stack([np.asarray(out[0]), np.asarray(out[1])], axis=-1)  # [b, s, 2]
-    return np.asarray(out)
-
-
-def _torch_logits(model, head, ids, mask):
-    out = _run_torch(model, ids, mask)
-    if head.task == qa_model.TASK:
-        return np.stack([out.start_logits.numpy(), out.end_logits.numpy()], axis=-1)
-    return out.logits.numpy()
-
-
-# (HeadSpec, transformers class, pooling)
-CASES = {
-    "classification-cls": (HeadSpec("classification", LABELS), "SequenceClassification", "cls"),
-    "classification-mean": (HeadSpec("classification", LABELS), "SequenceClassification", "mean"),
-    "token-labels": (HeadSpec("token_classification", TAGS), "TokenClassification", "cls"),
-    "qa": (HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS), "QuestionAnswering", "cls"),
-}
-
+from tests.helpers.params import max_diff, with_noise
 
 # ---------------------------------------------------------------------------------------------
 # The registry and checkpoint meta.
@@ -172,15 +56,24 @@ def test_families_are_found_by_config_type_and_model_type():
     assert not modern.uses_segment_ids and encoders.family_of(BertConfig()).uses_segment_ids
 
 
-def test_meta_records_the_family_and_old_meta_is_bert():
-    bert = SMALL_BERT
-    for config in (bert, CONFIG):
-        d = encoders.config_to_dict(config)
-        assert d[encoders.FAMILY_KEY] == encoders.family_of(config).name
-        assert json.loads(json.dumps(d)) == d
-        assert encoders.config_from_dict(d) == config
+def test_every_registered_family_has_a_small_config_for_the_tests():
+    assert tuple(SMALL_CONFIGS) == encoders.names()
+    for name, config in SMALL_CONFIGS.items():
+        assert encoders.family_of(config).name == name
+
+
+@pytest.mark.parametrize("family", encoders.names())
+def test_meta_records_the_family(family):
+    config = SMALL_CONFIGS[family]
+    d = encoders.config_to_dict(config)
+    assert d[encoders.FAMILY_KEY] == family
+    assert json.loads(json.dumps(d)) == d
+    assert encoders.config_from_dict(d) == config
+
+
+def test_old_meta_is_bert_and_unknown_fields_are_refused():
     # Checkpoints written before families record BertConfig.to_dict() alone.
-    assert encoders.config_from_dict(bert.to_dict()) == bert
+    assert encoders.config_from_dict(SMALL_BERT.to_dict()) == SMALL_BERT
     with pytest.raises(ValueError, match="unknown ModernBertConfig fields"):
         encoders.config_from_dict({"family": "modernbert", "hidden_act": "gelu"})
 
@@ -188,10 +81,12 @@ def test_meta_records_the_family_and_old_meta_is_bert():
 def test_modernbert_encoder_ignores_segment_ids_and_keeps_its_head_under_bert():
     module = encoders.family_of(CONFIG).module(CONFIG)
     ids, mask = _batch()
-    params = module.init(jax.random.key(0), ids, None, mask)["params"]
+    # Compiled, not op by op: four layers eagerly take seconds.
+    params = jax.jit(module.init)(jax.random.key(0), ids, None, mask)["params"]
     assert "head" in params and "layer_0" in params
-    seq, pooled = module.apply({"params": params}, ids, None, mask)
-    seq2, pooled2 = module.apply({"params": params}, ids, np.ones_like(ids), mask)
+    apply = jax.jit(module.apply)
+    seq, pooled = apply({"params": params}, ids, None, mask)
+    seq2, pooled2 = apply({"params": params}, ids, np.ones_like(ids), mask)
     assert seq.shape == (3, SEQ, 64) and pooled.shape == (3, 64)
     np.testing.assert_array_equal(seq, seq2)
     np.testing.assert_array_equal(pooled, pooled2)
@@ -217,15 +112,14 @@ def _write_checkpoint(workdir, meta, params):
         ckpt.save(1, params=params, opt_state=opt_state, meta=meta, force=True)
 
 
-@pytest.mark.parametrize(
-    "config", [SMALL_BERT, CONFIG], ids=["bert-meta-without-family", "modernbert"]
-)
-def test_finetuned_checkpoint_opens_with_its_family(config, tmp_path):
+@pytest.mark.parametrize("family", ("bert-meta-without-family", *encoders.names()))
+def test_finetuned_checkpoint_opens_with_its_family(family, tmp_path):
+    config = SMALL_CONFIGS[family.split("-")[0]]
     head = HeadSpec("classification", LABELS)
     init = bertjax.capability.of(head).init(config, head)
     params = nn.meta.unbox(init(jax.random.key(6)))
-    # As fine-tuning writes meta; BERT's without a family, as every checkpoint before them.
-    if isinstance(config, BertConfig):
+    # As fine-tuning writes meta, or BERT's without a family, as every checkpoint before them.
+    if family == "bert-meta-without-family":
         model_config = config.to_dict()
     else:
         model_config = encoders.config_to_dict(config)
@@ -245,22 +139,6 @@ def test_finetuned_checkpoint_opens_with_its_family(config, tmp_path):
 # ---------------------------------------------------------------------------------------------
 # Fine-tuning from a ModernBERT directory.
 
-TOPICS = (
-    "paris france capital city river seine museum louvre".split(),
-    "king queen painting famous history old year built".split(),
-)
-
-
-def _topic_csv(path, count, seed):
-    rng = np.random.default_rng(seed)
-    rows = []
-    for _ in range(count):
-        topic = int(rng.integers(2))
-        words = rng.choice(TOPICS[topic], size=int(rng.integers(4, 9)))
-        rows.append(f"{' '.join(words)},{('art', 'place')[topic]}")
-    path.write_text("sentence,label\n" + "\n".join(rows) + "\n")
-    return path
-
 
 def test_seq2seq_refuses_a_modernbert_encoder():
     options = seq2seq.TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
@@ -271,13 +149,13 @@ def test_seq2seq_refuses_a_modernbert_encoder():
 def test_an_embedding_model_on_modernbert_embeds_and_exports_as_trained(tmp_path):
     spec = EmbeddingSpec(pooling="mean", normalize=True, max_seq_length=32)
     head = head_for(spec)
-    params = _randomize(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(8)), 8)
+    params = with_noise(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(8)), 8)
     model = bertjax.Model(CONFIG, params, TOKENIZER, head=head)
     texts = ["the louvre is in paris", "a river"]
     vectors = model.embed(texts)
     plain = bertjax.Model(CONFIG, params, TOKENIZER).embed(texts, pooling="mean")
     expected = plain / np.linalg.norm(plain, axis=-1, keepdims=True)
-    assert _max_diff(vectors, expected) < ATOL
+    assert max_diff(vectors, expected) < ATOL
     # Exported as sentence-transformers over a ModernBertModel, and read back as trained.
     model.save_hf(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["architectures"] == [
@@ -285,7 +163,7 @@ def test_an_embedding_model_on_modernbert_embeds_and_exports_as_trained(tmp_path
     ]
     reopened = bertjax.Model.load(tmp_path)
     assert isinstance(reopened.config, ModernBertConfig)
-    assert _max_diff(reopened.embed(texts), vectors) < ATOL
+    assert max_diff(reopened.embed(texts), vectors) < ATOL
 
 
 def test_resuming_checks_the_family_and_its_architecture_fields():
@@ -304,131 +182,14 @@ def test_resuming_checks_the_family_and_its_architecture_fields():
         rundir.check_compatible(modern, TOKENIZER, windowed, "the checkpoint")
 
 
-def test_a_modernbert_model_on_a_mesh_predicts_as_on_one_device():
+@pytest.mark.parametrize("family", encoders.names())
+def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
+    config = SMALL_CONFIGS[family]
     head = HeadSpec("classification", LABELS)
-    params = _randomize(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(9)), 9)
+    params = with_noise(bertjax.capability.of(head).init(config, head)(jax.random.key(9)), 9)
     texts = ["the louvre is in paris", "a river", "the old king built a museum"]
-    alone = bertjax.Model(CONFIG, params, TOKENIZER, head=head).predict(texts)
+    alone = bertjax.Model(config, params, TOKENIZER, head=head).predict(texts)
     mesh = sharding.make_mesh((2, 2, 2))
-    spread = bertjax.Model(CONFIG, params, TOKENIZER, head=head, mesh=mesh).predict(texts)
+    spread = bertjax.Model(config, params, TOKENIZER, head=head, mesh=mesh).predict(texts)
     assert [p["label"] for p in spread] == [p["label"] for p in alone]
-    assert _max_diff([p["score"] for p in spread], [p["score"] for p in alone]) < ATOL
-
-
-# ---------------------------------------------------------------------------------------------
-# Fine-tuning steps against transformers' ModernBert* classes trained by a plain torch loop, as
-# tests/integration/test_finetune_hf_runs.py does for BERT's heads: the same random start (every
-# parameter, norms and head included), the same batches, dropout off, AdamW with the decay mask
-# (not on biases and norms), eps 1e-6, weight decay 0.01, clipping at global norm 1.0, linear
-# warmup then decay, at 1e-3 so that any difference in the update shows. Question answering
-# uses rows without padding: bertjax's span loss leaves padding positions out of the softmax,
-# which transformers' does not (so their losses differ on padded rows;
-# tests/unit/test_question_answering.py says why).
-PARITY_STEPS, PARITY_BATCH, PARITY_LR = 20, 8, 1e-3  # 8 rows: one a simulated device
-
-
-def _parity_batches(head: HeadSpec, seed: int = 0) -> list[dict]:
-    rng = np.random.default_rng(seed)
-    batches = []
-    for _ in range(PARITY_STEPS):
-        full = head.task == qa_model.TASK
-        lengths = np.full(PARITY_BATCH, SEQ) if full else rng.integers(6, SEQ + 1, PARITY_BATCH)
-        ids, mask = _batch(lengths=tuple(int(n) for n in lengths), seed=int(rng.integers(1 << 30)))
-        batch = {"input_ids": ids, "input_mask": mask, "segment_ids": np.zeros_like(ids)}
-        batch["weights"] = np.ones(PARITY_BATCH, np.float32)
-        if head.task == label_heads.CLASSIFICATION:
-            batch["labels"] = rng.integers(0, head.num_outputs, PARITY_BATCH).astype(np.int32)
-        elif head.task == label_heads.TOKEN_CLASSIFICATION:
-            labels = rng.integers(0, head.num_outputs, ids.shape).astype(np.int32)
-            labels[mask == 0] = label_heads.IGNORE_LABEL
-            batch["labels"] = labels
-        else:
-            starts = rng.integers(1, SEQ - 3, PARITY_BATCH)
-            batch["start_positions"] = starts.astype(np.int32)
-            batch["end_positions"] = (starts + rng.integers(0, 3, PARITY_BATCH)).astype(np.int32)
-        batches.append(batch)
-    return batches
-
-
-def _torch_loss(reference, head: HeadSpec, batch):
-    torch, _ = _torch()
-    inputs = {
-        "input_ids": torch.from_numpy(batch["input_ids"]).long(),
-        "attention_mask": torch.from_numpy(batch["input_mask"]).long(),
-    }
-    if head.task == qa_model.TASK:
-        inputs["start_positions"] = torch.from_numpy(batch["start_positions"]).long()
-        inputs["end_positions"] = torch.from_numpy(batch["end_positions"]).long()
-    else:  # transformers ignores -100
-        labels = np.where(batch["labels"] == label_heads.IGNORE_LABEL, -100, batch["labels"])
-        inputs["labels"] = torch.from_numpy(labels).long()
-    return reference(**inputs).loss
-
-
-# ---------------------------------------------------------------------------------------------
-# A ModernBERT directory as the hub has it: a byte-level BPE tokenizer.json (no vocab.txt, no
-# sentencepiece model) whose BERT-named special tokens come after the merged pieces, [MASK]
-# taking the space before it, as answerdotai/ModernBERT-base's does.
-HUB_TEXTS = [
-    "The capital of France is Paris, on the river Seine.",
-    "Paris has the Louvre, the largest art museum in the world.",
-    "Who built the old bridge? The king built it in 1607.",
-    "Many people live there; the city is large and old.",
-] * 20
-
-
-def _hub_tokenizer_json() -> str:
-    import tokenizers
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers
-
-    tokenizer = tokenizers.Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tokenizer.train_from_iterator(HUB_TEXTS, trainer)
-    tokenizer.add_special_tokens(
-        [
-            tokenizers.AddedToken(piece, special=True, lstrip=piece == "[MASK]")
-            for piece in ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
-        ]
-    )
-    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]",
-        pair="[CLS] $A [SEP] $B [SEP]",
-        special_tokens=[("[CLS]", cls), ("[SEP]", sep)],
-    )
-    return tokenizer.to_str()
-
-
-@pytest.fixture(scope="session")
-def hub_dir(tmp_path_factory):
-    """(directory, the transformers model): ModernBertForMaskedLM + a byte-level BPE tokenizer."""
-    torch, transformers = _torch()
-    directory = tmp_path_factory.mktemp("hub") / "modernbert"
-    directory.mkdir()
-    text = _hub_tokenizer_json()
-    (directory / "tokenizer.json").write_text(text)
-    specials = {"cls_token": "[CLS]", "sep_token": "[SEP]", "pad_token": "[PAD]"}
-    specials.update(mask_token="[MASK]", unk_token="[UNK]")
-    (directory / "tokenizer_config.json").write_text(
-        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **specials})
-    )
-    ids = json.loads(text)["added_tokens"]
-    by_name = {t["content"]: t["id"] for t in ids}
-    config = ModernBertConfig(
-        **{
-            **dataclasses.asdict(CONFIG),
-            "vocab_size": max(by_name.values()) + 1,
-            "pad_token_id": by_name["[PAD]"],
-            "cls_token_id": by_name["[CLS]"],
-            "sep_token_id": by_name["[SEP]"],
-        }
-    )
-    theirs = _hf_model("ModernBertForMaskedLM", config, seed=11)
-    with torch.no_grad():  # the decoder is tied: the noise drew it apart
-        theirs.decoder.weight = theirs.model.embeddings.tok_embeddings.weight
-    theirs.save_pretrained(directory)
-    return directory, theirs
+    assert max_diff([p["score"] for p in spread], [p["score"] for p in alone]) < ATOL

@@ -5,7 +5,6 @@ the curve."""
 import dataclasses
 import json
 
-import glue_data
 import ml_collections
 import pytest
 from hypothesis import given, settings
@@ -18,6 +17,7 @@ from bertjax.glue.settings import ALL_STEPS, SuiteSettings
 from bertjax.settings import ConfigError
 from configs import glue as glue_recipe
 from configs import glue_modernbert
+from tests.helpers import glue_data
 
 TOPICS = {t: [f"w{t}a", f"w{t}b", f"w{t}c"] for t in range(8)}
 

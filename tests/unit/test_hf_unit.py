@@ -2,60 +2,21 @@
 
 import json
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from safetensors import numpy as safetensors_numpy
-from test_tokenizer import VARIED, training_sentences, write_wordpiece_vocab
 
 from bertjax import hf
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.encoders.bert.model import BertForPreTraining
-from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
-
-
-def _abstract_params(config, boxed=False):
-    """Shapes of BertForPreTraining's params, without compiling its init."""
-    variables = jax.eval_shape(
-        lambda: BertForPreTraining(config).init(jax.random.key(0), jnp.zeros((1, 4), jnp.int32))
-    )
-    return variables["params"] if boxed else nn.meta.unbox(variables["params"])
-
-
-def _random_params(config, seed, boxed=False):
-    """Every parameter random (biases and LayerNorm too), in BertForPreTraining's tree."""
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        noise = rng.normal(0, 0.2, leaf.shape).astype(np.float32)
-        is_scale = any(getattr(k, "key", None) == "scale" for k in path)
-        return (1.0 + noise) if is_scale else noise
-
-    abstract = _abstract_params(config, boxed)
-    if boxed:
-        return jax.tree.map_with_path(
-            lambda path, box: box.replace(value=fill(path, box.value)),
-            abstract,
-            is_leaf=lambda x: isinstance(x, nn.Partitioned),
-        )
-    return jax.tree.map_with_path(fill, abstract)
-
-
-def _read_dir(path):
-    return safetensors_numpy.load_file(path / hf.SAFE_WEIGHTS_NAME)
-
-
-@pytest.fixture(scope="module")
-def sentencepiece(tmp_path_factory):
-    return train_tokenizer(
-        training_sentences(800)[:800],
-        TokenizerSettings(vocab_size=400),
-        tmp_path_factory.mktemp("spm") / "tokenizer.model",
-    )
+from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.hf import (
+    _random_params,
+    _read_dir,
+    sentencepiece,  # noqa: F401 (fixtures)
+)
+from tests.helpers.tokenizer import VARIED, write_wordpiece_vocab
 
 
 def test_save_from_stacked_layers_writes_the_same_tensors(tmp_path):

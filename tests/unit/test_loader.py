@@ -6,28 +6,15 @@ import numpy as np
 import pytest
 
 from bertjax.data import MaskingSettings, make_loader, prepare
+from tests.helpers.corpora import write_random_corpus
 
 NUM_DOCUMENTS = 200
-
-
-def write_corpus(path, num_documents=NUM_DOCUMENTS, seed=1):
-    """Google's format: one sentence per line, a blank line between documents."""
-    rng = np.random.default_rng(seed)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    words = ["".join(rng.choice(letters, size=rng.integers(2, 10))) for _ in range(600)]
-    lines = []
-    for _ in range(num_documents):
-        for _ in range(rng.integers(2, 9)):
-            lines.append(" ".join(rng.choice(words, size=rng.integers(4, 18))) + ".")
-        lines.append("")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("loader")
-    corpus = write_corpus(root / "corpus.txt")
+    corpus = write_random_corpus(root / "corpus.txt", NUM_DOCUMENTS, seed=1, vocabulary=600)
     prepare(
         [str(corpus)],
         root / "data",

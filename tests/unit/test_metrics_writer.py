@@ -4,17 +4,7 @@ tensorboardX writes in tests/parity/test_metrics_writer_parity.py)."""
 import json
 
 from bertjax import metrics_writer
-
-
-def records(data: bytes) -> list[bytes]:
-    """The TFRecord payloads of an event file (lengths trusted, CRCs compared elsewhere)."""
-    out, at = [], 0
-    while at < len(data):
-        length = int.from_bytes(data[at : at + 8], "little")
-        out.append(data[at + 12 : at + 12 + length])
-        at += 12 + length + 4
-    assert at == len(data)
-    return out
+from tests.helpers.metrics_writer import records
 
 
 def test_metric_writer_writes_json_lines_and_one_event_per_metric(tmp_path):

@@ -1,6 +1,7 @@
 """Weighted mixtures: the data.sources syntax, the schedule's shares and caps, and the mixture
 loader's determinism, resume and process split."""
 
+import functools
 import json
 import math
 
@@ -26,21 +27,20 @@ from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from bertjax.tokenizer import SENTENCEPIECE_FILE
 from configs import tiny
+from tests.helpers.corpora import write_random_corpus
 
 WEIGHTS = {"web": 0.6, "books": 0.3, "wiki": 0.1}
 
 
-def write_corpus(path, prefix, num_documents, seed):
-    """Google's format; each source's words carry its own prefix."""
-    rng = np.random.default_rng(seed)
-    words = [prefix + "".join(rng.choice(list("abcdefgh"), size=3)) for _ in range(80)]
-    lines = []
-    for _ in range(num_documents):
-        for _ in range(rng.integers(2, 6)):
-            lines.append(" ".join(rng.choice(words, size=rng.integers(4, 12))) + ".")
-        lines.append("")
-    path.write_text("\n".join(lines) + "\n")
-    return path
+# Each source's words carry its own prefix.
+_write_source_corpus = functools.partial(
+    write_random_corpus,
+    vocabulary=80,
+    letters="abcdefgh",
+    word_length=3,
+    sentences=(2, 6),
+    words=(4, 12),
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,9 @@ def sources(tmp_path_factory):
     prepared = []
     tokenizer = None
     for index, (name, weight) in enumerate(WEIGHTS.items()):
-        corpus = write_corpus(root / f"{name}.txt", name[:2], 140 - 50 * index, seed=index)
+        corpus = _write_source_corpus(
+            root / f"{name}.txt", 140 - 50 * index, seed=index, prefix=name[:2]
+        )
         prepare(
             [str(corpus)],
             root / name,
@@ -272,7 +274,7 @@ def test_all_sources_capped_make_a_finite_run(sources):
 
 
 def test_sources_must_share_the_tokenizer_and_sequence_length(sources, tmp_path):
-    corpus = write_corpus(tmp_path / "other.txt", "zz", 60, seed=9)
+    corpus = _write_source_corpus(tmp_path / "other.txt", 60, seed=9, prefix="zz")
     prepare(
         [str(corpus)],
         tmp_path / "other",

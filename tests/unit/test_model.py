@@ -27,6 +27,7 @@ from bertjax.packing import (
     tokens_per_group,
     unpack_tokens,
 )
+from tests.helpers.batches import padded_batch, second_segment
 
 CFG = BertConfig(
     vocab_size=99,
@@ -41,12 +42,11 @@ BATCH, SEQ, PREDS = 2, 16, 3
 
 
 def _batch():
-    rng = np.random.default_rng(0)
-    input_ids = rng.integers(5, CFG.vocab_size, (BATCH, SEQ)).astype(np.int32)
-    lengths = np.array([11, SEQ])
-    mask = (np.arange(SEQ)[None] < lengths[:, None]).astype(np.int32)
-    input_ids = np.where(mask == 1, input_ids, 0)
-    token_types = ((np.arange(SEQ)[None] >= 6) & (mask == 1)).astype(np.int32)
+    lengths = [11, SEQ]  # BATCH rows
+    input_ids, mask = padded_batch(
+        lengths, SEQ, vocab_size=CFG.vocab_size, first_word=5, cls_id=None
+    )
+    token_types = second_segment(mask, 6)
     positions = np.array([[1, 4, 9], [0, 7, 15]], np.int32)
     return input_ids, token_types, mask, positions
 

@@ -19,98 +19,15 @@ from bertjax.encoders.modernbert import family as mb_family
 from bertjax.encoders.modernbert import model as mb_model
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import ModernBertModel
+from tests.helpers.modernbert import ALL_BIASES, ATOL, SEQ, SMALL, _apply, _batch
 from tests.helpers.modernbert_reference import (
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
 )
-
-ATOL = 1e-5
-# Logits reach about 4.4 with these random weights; 2e-5 is some 40 float32 ulps there.
-LOGITS_ATOL = 2e-5
-
-# Small, with every dimension distinct so that a swapped axis shows: 4 layers (0 and 3
-# global, 1 and 2 local), a window of +-4 on sequences of 32, so the local layers matter.
-# Special ids inside the small vocabulary.
-SMALL = ModernBertConfig(
-    vocab_size=99,
-    hidden_size=32,
-    intermediate_size=48,
-    num_layers=4,
-    num_heads=4,
-    max_position_embeddings=64,
-    local_attention=8,
-    global_rope_theta=1000.0,
-    local_rope_theta=100.0,
-    pad_token_id=0,
-    cls_token_id=1,
-    sep_token_id=2,
-    dtype="float32",
-)
-ALL_BIASES = dict(attention_bias=True, mlp_bias=True, norm_bias=True, classifier_bias=True)
-SEQ = 32
-LENGTHS = (SEQ, 20, 9)  # real tokens per row; the rest is padding
-
-
-def _batch(config=SMALL, lengths=LENGTHS, seq=SEQ, seed=0):
-    rng = np.random.default_rng(seed)
-    mask = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
-    ids = rng.integers(3, config.vocab_size, mask.shape)
-    ids[:, 0] = config.cls_token_id
-    return np.where(mask == 1, ids, config.pad_token_id).astype(np.int32), mask
-
-
-def _max_diff(a, b, rows=None):
-    diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
-    return float(diff[rows].max() if rows is not None else diff.max())
-
+from tests.helpers.params import max_diff
 
 # ---------------------------------------------------------------------------------------------
 # transformers' side, built from a random config in float32 (no network).
-
-
-def _torch():
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    return torch, transformers
-
-
-def _hf_config(config, **extra):
-    _, transformers = _torch()
-    return transformers.ModernBertConfig(
-        **config.to_hf_dict(), attn_implementation="eager", **extra
-    )
-
-
-def _hf_model(cls_name, config, seed=0, **extra):
-    """A transformers model with every parameter random: its own init zeroes biases and sets
-    norms to one, which would hide a swapped bias or scale."""
-    torch, transformers = _torch()
-    model = getattr(transformers, cls_name)(_hf_config(config, **extra))
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen, dtype=torch.float32) * 0.2
-            p.copy_((1.0 + noise) if "norm.weight" in name else noise)
-    return model.eval()
-
-
-def _state_dict(model):
-    return {name: t.detach().numpy().copy() for name, t in model.state_dict().items()}
-
-
-def _run_torch(model, ids, mask, **kwargs):
-    torch, _ = _torch()
-    with torch.no_grad():
-        return model(
-            input_ids=torch.from_numpy(ids).long(),
-            attention_mask=torch.from_numpy(mask).long(),
-            **kwargs,
-        )
-
-
-@functools.partial(jax.jit, static_argnums=(0,))
-def _apply(module, params, *args, **kwargs):
-    return module.apply({"params": params}, *args, **kwargs)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -172,17 +89,17 @@ def test_packed_documents_equal_each_document_alone():
         return np.asarray(_apply(ModernBertModel(SMALL), params, ids, mask))[0, : len(a)]
 
     out = packed(first, second)
-    assert _max_diff(out[:13], alone(first)) <= ATOL
-    assert _max_diff(out[13:28], alone(second)) <= ATOL
+    assert max_diff(out[:13], alone(first)) <= ATOL
+    assert max_diff(out[13:28], alone(second)) <= ATOL
 
     changed = packed(rng.integers(3, 99, 13), second)
-    assert _max_diff(changed[13:28], out[13:28]) <= 1e-6
-    assert _max_diff(changed[:13], out[:13]) > 1e-2
+    assert max_diff(changed[13:28], out[13:28]) <= 1e-6
+    assert max_diff(changed[:13], out[:13]) > 1e-2
     # Without segment ids the documents do see each other.
     ids = np.concatenate([first, second, np.zeros(4, int)])[None].astype(np.int32)
     mask = (np.arange(SEQ) < 28).astype(np.int32)[None]
     joined = np.asarray(_apply(ModernBertModel(SMALL), params, ids, mask))[0]
-    assert _max_diff(joined[13:28], alone(second)) > 1e-2
+    assert max_diff(joined[13:28], alone(second)) > 1e-2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -201,9 +118,11 @@ def test_initialisation_follows_transformers_init_weights():
         SMALL, vocab_size=2000, hidden_size=64, intermediate_size=128, num_layers=8, **ALL_BIASES
     )
     ids = np.zeros((1, 8), np.int32)
-    mlm = nn.meta.unbox(ModernBertForMaskedLM(config).init(jax.random.key(0), ids)["params"])
+    mlm = nn.meta.unbox(
+        jax.jit(ModernBertForMaskedLM(config).init)(jax.random.key(0), ids)["params"]
+    )
     clf = ModernBertForSequenceClassification(config, 16)
-    clf = nn.meta.unbox(clf.init(jax.random.key(1), ids)["params"])
+    clf = nn.meta.unbox(jax.jit(clf.init)(jax.random.key(1), ids)["params"])
     std_in = config.initializer_range
     std_out = config.initializer_range / math.sqrt(2 * config.num_layers)
     groups = {
@@ -318,12 +237,12 @@ def test_config_validates_and_converts():
 def test_bfloat16_compute_stays_close_to_float32():
     ids, mask = _batch()
     model32 = ModernBertForMaskedLM(SMALL)
-    params = nn.meta.unbox(model32.init(jax.random.key(2), ids, mask)["params"])
+    params = nn.meta.unbox(jax.jit(model32.init)(jax.random.key(2), ids, mask)["params"])
     ref = np.asarray(_apply(model32, params, ids, mask))
     bf16 = ModernBertForMaskedLM(dataclasses.replace(SMALL, dtype="bfloat16"))
     out = _apply(bf16, params, ids, mask)
     assert out.dtype == jnp.float32
-    assert _max_diff(out, ref, mask.astype(bool)) < 0.05 * np.abs(ref).max()
+    assert max_diff(out, ref, mask.astype(bool)) < 0.05 * np.abs(ref).max()
     hidden = _apply(
         ModernBertModel(dataclasses.replace(SMALL, dtype="bfloat16")), params["model"], ids
     )
@@ -335,7 +254,9 @@ def test_remat_and_dropout():
     config = dataclasses.replace(
         SMALL, embedding_dropout=0.1, attention_dropout=0.1, mlp_dropout=0.1
     )
-    params = nn.meta.unbox(ModernBertForMaskedLM(config).init(jax.random.key(3), ids)["params"])
+    params = nn.meta.unbox(
+        jax.jit(ModernBertForMaskedLM(config).init)(jax.random.key(3), ids)["params"]
+    )
 
     def loss(p, cfg, rng):
         logits = ModernBertForMaskedLM(cfg).apply(
@@ -356,7 +277,7 @@ def test_remat_and_dropout():
                 p, dataclasses.replace(cfg, remat_policy=policy), jax.random.key(4)
             )
             assert abs(float(remat_value - value)) <= 1e-6, (policy, cfg.scan_layers)
-            diffs = jax.tree.map(lambda a, b: _max_diff(a, b), remat_grads, grads)
+            diffs = jax.tree.map(lambda a, b: max_diff(a, b), remat_grads, grads)
             assert max(jax.tree.leaves(diffs)) <= 1e-6, (policy, cfg.scan_layers)
 
     # Dropout draws from the rng; deterministic runs ignore the rates.
@@ -364,7 +285,7 @@ def test_remat_and_dropout():
     other, _ = grad(params, config, jax.random.key(5))
     assert float(other) != float(value)
     deterministic = _apply(ModernBertForMaskedLM(config), params, ids, mask)
-    assert _max_diff(deterministic, _apply(ModernBertForMaskedLM(SMALL), params, ids, mask)) == 0
+    assert max_diff(deterministic, _apply(ModernBertForMaskedLM(SMALL), params, ids, mask)) == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -428,7 +349,7 @@ def test_sharded_forward_equals_single_device(scan_layers):
         assert rows == {8 // sharding.data_parallel_size(mesh)}, shape  # the batch stays split
         # On one device CPU attention is blocked, sharded it is the einsum path: a padded
         # query's row differs between them (nothing reads it), real tokens agree.
-        assert _max_diff(out, ref, np.asarray(mask, bool)) <= 1e-5, shape
+        assert max_diff(out, ref, np.asarray(mask, bool)) <= 1e-5, shape
 
 
 def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
@@ -440,7 +361,7 @@ def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
     model = ModernBertModel(SMALL)
     ids, mask = _batch(lengths=(SEQ, 27, 13), seq=SEQ, seed=5)
     segments = np.where(np.arange(SEQ)[None] < 11, 1, 2) * mask  # two documents per row
-    params = model.init(jax.random.key(3), ids, mask)["params"]
+    params = jax.jit(model.init)(jax.random.key(3), ids, mask)["params"]
     params = jax.tree.map(
         lambda p: p + 0.05 * jax.random.normal(jax.random.key(4), p.shape), params
     )
@@ -448,7 +369,7 @@ def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
     monkeypatch.setattr(mb_attention, "is_banded", lambda seq, window: False)
     whole = np.asarray(_apply(model, params, ids, mask, segment_ids=segments))
     real = mask.astype(bool)
-    assert _max_diff(chunked[real], whole[real]) < ATOL
+    assert max_diff(chunked[real], whole[real]) < ATOL
     assert np.abs(whole[real]).mean() > 0.1
 
 
@@ -496,7 +417,7 @@ def test_splash_attention_equals_the_einsum_path(packed):
         config = dataclasses.replace(config, scan_layers=True, remat_policy="dots")
     ids, mask, documents = _kernel_batch(packed)
     model = ModernBertModel(config)
-    params = model.init(jax.random.key(5), ids[:, :8])["params"]
+    params = jax.jit(model.init)(jax.random.key(5), ids[:, :8])["params"]
     params = jax.tree.map(
         lambda p: p + 0.05 * jax.random.normal(jax.random.key(6), p.shape), nn.meta.unbox(params)
     )
@@ -522,12 +443,12 @@ def test_splash_attention_equals_the_einsum_path(packed):
         jax.value_and_grad(loss_and_hidden("splash"), has_aux=True)
     )(params)
     real = mask.astype(bool)
-    assert _max_diff(splash_hidden[real], einsum_hidden[real]) <= ATOL
+    assert max_diff(splash_hidden[real], einsum_hidden[real]) <= ATOL
     assert np.abs(np.asarray(einsum_hidden)[real]).mean() > 0.1
     for path, einsum_grad in jax.tree_util.tree_leaves_with_path(einsum_grads):
         splash_grad = functools.reduce(lambda node, key: node[key.key], path, splash_grads)
         scale = max(1.0, float(np.abs(np.asarray(einsum_grad)).max()))
-        assert _max_diff(splash_grad, einsum_grad) <= ATOL * scale, jax.tree_util.keystr(path)
+        assert max_diff(splash_grad, einsum_grad) <= ATOL * scale, jax.tree_util.keystr(path)
 
 
 def test_layer_masks_send_each_kind_of_layer_to_the_kernel_that_serves_it(monkeypatch, caplog):

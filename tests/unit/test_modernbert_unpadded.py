@@ -3,9 +3,9 @@ pay, and one head against the padded rows (tests/integration/test_modernbert_unp
 checks every capability's head, both row shapes, documents, scan and remat)."""
 
 import jax
-import modernbert_unpadding as unpadding
 
 from bertjax.encoders.modernbert import model as mb_model
+from tests.helpers import modernbert_unpadding as unpadding
 
 
 def test_mean_embeddings_packed_equal_padded_with_global_and_banded_local_layers():

@@ -1,7 +1,6 @@
 """Packed-document pretraining data: packing, per-document attention, the MLM-only run on it."""
 
 import importlib
-import pathlib
 
 import jax
 import jax.numpy as jnp
@@ -27,12 +26,11 @@ from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from bertjax.tokenizer import Tokenizer
-from configs import tiny_packed
+from tests.helpers.packing import SEQ_LEN, packed_config
 
 prepare_module = importlib.import_module("bertjax.data.prepare")
 
 CLS, SEP = 2, 3
-SEQ_LEN = 64  # the rows of conftest's packed_data
 
 
 def rows_of(instances) -> list[np.ndarray]:
@@ -247,27 +245,6 @@ def test_splash_takes_the_documents_as_segment_ids():
 
 
 # ----------------------------------------------------------------------------- settings + run
-
-
-def packed_config(data_dir: pathlib.Path, **overrides):
-    config = tiny_packed.get_config()
-    config.data.dir = str(data_dir)
-    config.data.max_seq_length = SEQ_LEN
-    config.data.max_predictions_per_seq = 20
-    config.model.num_layers = 1
-    config.batch_size = 16
-    config.batch_warmup_start = 0
-    config.batch_warmup_steps = 0
-    config.num_train_steps = 40
-    config.log_every_steps = 1
-    config.eval_every_steps = 1000
-    config.eval_batches = 1
-    config.checkpoint_every_steps = 40
-    config.optimizer.warmup_steps = 4
-    config.optimizer.decay_steps = 8
-    config.fill_mask_samples = 0
-    config.update_from_flattened_dict(overrides)
-    return config
 
 
 def test_the_sentence_pair_objective_is_refused_on_packed_data(packed_data):

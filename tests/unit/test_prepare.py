@@ -2,7 +2,6 @@
 
 import importlib
 import json
-import pathlib
 import re
 
 import numpy as np
@@ -13,26 +12,10 @@ from bertjax.data.corpus import InputReport, read_documents
 from bertjax.data.instances import InstanceSettings, create_instances, tokenize_documents
 from bertjax.data.storage import SplitReader, shard_paths, token_dtype
 from bertjax.tokenizer import Tokenizer
+from tests.helpers.prepare import NUM_DOCUMENTS, write_corpus
 
 # bertjax.data.prepare the attribute is the function; the module is reached by its name.
 prepare_lib = importlib.import_module("bertjax.data.prepare")
-NUM_DOCUMENTS = 240
-ROOT = pathlib.Path(__file__).resolve().parents[2]
-
-
-def write_corpus(path, num_documents=NUM_DOCUMENTS, seed=0):
-    """Google's format; every sentence carries its document's tag "q<index>q"."""
-    rng = np.random.default_rng(seed)
-    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
-    words = ["".join(rng.choice(letters, size=rng.integers(2, 9))) for _ in range(800)]
-    lines = []
-    for d in range(num_documents):
-        for _ in range(rng.integers(2, 10)):
-            body = " ".join(rng.choice(words, size=rng.integers(4, 20)))
-            lines.append(f"q{d}q {body}.")
-        lines.append("")
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 @pytest.fixture(scope="module")

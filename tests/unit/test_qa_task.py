@@ -2,7 +2,6 @@
 windows, per-example scores and the official prediction files, Model.answer and save_hf
 against transformers, and a short run through the fine-tuning loop that learns."""
 
-import dataclasses
 import importlib
 import json
 
@@ -10,10 +9,8 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from test_question_answering import CONFIG, TOKENIZER, qa_head, synthetic_examples
 
 from bertjax import Model
-from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.finetune import settings as finetune_settings
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
@@ -23,48 +20,11 @@ from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
-from configs import finetune as finetune_config
+from tests.helpers.qa_task import qa_config, random_export, write_jsonl
+from tests.helpers.question_answering import CONFIG, TOKENIZER, synthetic_examples
 
-ATOL = 1e-4
 # The module (the package's `answer` is its function).
 answer_lib = importlib.import_module("bertjax.tasks.qa.answer")
-
-
-def write_jsonl(path, examples):
-    """Examples in the JSON Lines layout of transformers' datasets."""
-    lines = []
-    for e in examples:
-        answers = {
-            "text": [a.text for a in e.answers],
-            "answer_start": [a.start for a in e.answers],
-        }
-        record = {"id": e.id, "question": e.question, "context": e.context, "answers": answers}
-        lines.append(json.dumps(record))
-    path.write_text("\n".join(lines) + "\n")
-    return str(path)
-
-
-def random_export(directory, config=CONFIG, seed=0):
-    """A random BertForQuestionAnswering directory with the test tokenizer."""
-    model = qa_model.QuestionAnswering(config)
-    params = jax.tree.map(np.asarray, qa_model.init_params(model, jax.random.key(seed)))
-    bert_hf.save(config, params, directory, tokenizer=TOKENIZER, head=qa_head())
-    return str(directory)
-
-
-def qa_config(init_from, train, validation, **overrides):
-    config = finetune_config.get_config()
-    config.init_from = init_from
-    config.task = "question_answering"
-    config.data.train = train
-    config.data.validation = validation
-    for field, value in overrides.items():
-        *parents, name = field.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[name] = value
-    return config
 
 
 @pytest.fixture(scope="module")
@@ -260,10 +220,6 @@ def test_answer_pads_windows_to_their_width_not_to_the_next_power_of_two(tmp_pat
 
 
 # ----------------------------------------------------------------------------- a run
-
-
-# A model wide enough to learn the synthetic task in a few hundred steps.
-LEARNER = dataclasses.replace(CONFIG, hidden_size=64, intermediate_size=128)
 
 
 def test_a_method_that_does_not_fit_names_the_one_that_does(tmp_path):

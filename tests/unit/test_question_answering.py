@@ -9,10 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_tokenizer import training_sentences
 
 from bertjax import Model
-from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import metrics as qa_metrics
@@ -20,27 +18,21 @@ from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa.answer import window_logits
 from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
+from tests.helpers.question_answering import (
+    CONFIG,
+    TOKENIZER,
+    WORDS,
+    qa_head,
+    random_params,
+    synthetic_examples,
+)
+from tests.helpers.tokenizer import training_sentences
 
-ATOL = 1e-4
-WORDS = [f"w{i}" for i in range(40)] + ["q1", "q2", "after", "the", "cat", "paris", "."]
-TOKENIZER = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])
 # Every word is one token; [CLS] q1 q2 [SEP] puts the context at position 4.
 SETTINGS = qa.QASettings(max_seq_length=11, doc_stride=3, max_query_length=4, n_best_size=5)
 CONTEXT_START = 4
 # Twelve words with uneven spacing and case: answers come back as the original characters.
 CONTEXT = "W0 w1  w2 w3 W4 w5\tw6 w7 w8  w9 w10 W11"
-CONFIG = BertConfig(
-    vocab_size=len(WORDS) + 5,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=64,
-)
-
-
-def qa_head() -> HeadSpec:
-    return HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS)
 
 
 def answering_model(config: BertConfig, params, tokenizer) -> Model:
@@ -535,18 +527,6 @@ def test_qa_sums_with_a_mask_ignore_the_padding_however_long():
     assert float(wider.loss) == pytest.approx(float(sums.loss), rel=1e-6)
 
 
-def random_params(seed: int):
-    model = qa_model.QuestionAnswering(CONFIG)
-    abstract = jax.eval_shape(lambda: qa_model.init_params(model, jax.random.key(0)))
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        noise = rng.normal(0, 0.2, leaf.shape).astype(np.float32)
-        return 1.0 + noise if path[-1].key == "scale" else noise
-
-    return jax.tree.map_with_path(fill, nn.meta.unbox(abstract))
-
-
 def test_head_parameters():
     model = qa_model.QuestionAnswering(CONFIG)
     shapes = nn.meta.unbox(jax.eval_shape(lambda: qa_model.init_params(model, jax.random.key(0))))
@@ -559,18 +539,6 @@ def test_head_parameters():
     kernel = np.asarray(head["kernel"])
     assert kernel.shape == (512, 2) and not np.any(np.asarray(head["bias"]))
     assert 0.015 < kernel.std() < 0.02 and np.abs(kernel).max() <= 0.04
-
-
-IDS = np.array([[2, 17, 45, 3, 20, 30, 9, 3, 0, 0], [2, 40, 3, 11, 12, 3, 0, 0, 0, 0]], np.int32)
-SEGMENTS = np.array([[0, 0, 0, 0, 1, 1, 1, 1, 0, 0], [0, 0, 0, 1, 1, 1, 0, 0, 0, 0]], np.int32)
-MASK = (IDS > 0).astype(np.int32)
-
-
-def our_logits(params):
-    start, end = jax.jit(qa_model.QuestionAnswering(CONFIG).apply)(
-        {"params": params}, IDS, SEGMENTS, MASK
-    )
-    return np.asarray(start)[MASK == 1], np.asarray(end)[MASK == 1]
 
 
 # ----------------------------------------------------------------------------- answer()
@@ -660,25 +628,6 @@ def test_answer_aligns_to_words():
 
 
 # ----------------------------------------------------------------------------- learning
-
-
-def synthetic_examples(rng, count, vocabulary=30, length=12, impossible=0.3):
-    """'the wX' over 12 distinct random words: the answer is where wX stands; a share of the
-    questions ask for a word not in the context and have no answer (SQuAD v2.0 style)."""
-    examples = []
-    for k in range(count):
-        words = [f"w{i}" for i in rng.choice(vocabulary, length, replace=False)]
-        context = " ".join(words)
-        if rng.random() < impossible:
-            absent = sorted(set(f"w{i}" for i in range(vocabulary)) - set(words))
-            question = f"the {rng.choice(absent)}"
-            examples.append(qa.QAExample(str(k), question, context, (), is_impossible=True))
-            continue
-        pick = int(rng.integers(0, length))
-        start = len(" ".join(words[:pick])) + (1 if pick else 0)
-        answer = qa.Answer(words[pick], start)
-        examples.append(qa.QAExample(str(k), f"the {words[pick]}", context, (answer,)))
-    return examples
 
 
 def test_training_positions_point_at_the_answer_text():

@@ -6,8 +6,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from synthetic_corpus import ONE_LAYER
-from test_trainer import make_config
 
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
@@ -15,11 +13,8 @@ from bertjax.pretrain.objective import PretrainingObjective
 from bertjax.pretrain.settings import SENTENCE_PAIR_PARAMS, PretrainSettings
 from bertjax.settings import ConfigError
 from configs import tiny_modern_recipe
-
-
-@pytest.fixture
-def data_dir(synthetic_data):
-    return synthetic_data
+from tests.helpers.recipe import data_dir  # noqa: F401 (fixtures)
+from tests.helpers.trainer import make_config
 
 
 def _random_batch(rng, batch=4, seq=16, predictions=5, vocab=60):
@@ -102,29 +97,6 @@ def test_objective_and_eval_rate_settings(data_dir):
     ]:
         with pytest.raises(ConfigError, match=field):
             PretrainSettings.from_config(make_config(data_dir, **overrides))
-
-
-def _recipe_config(data_dir, **overrides):
-    """configs/tiny_modern_recipe.py on the synthetic data, short, with a one-layer model
-    (these tests are about the recipe's objective, schedules and batch sizes, and one
-    layer traces and compiles in about half the time)."""
-    config = tiny_modern_recipe.get_config()
-    config.update_from_flattened_dict(ONE_LAYER)
-    config.data.dir = str(data_dir)
-    config.data.max_seq_length = 64
-    config.data.max_predictions_per_seq = 20  # 64 * 0.3 = 19.2
-    config.batch_size = 32
-    config.num_train_steps = 16
-    config.log_every_steps = 1
-    config.eval_every_steps = 8
-    config.eval_batches = 2
-    config.checkpoint_every_steps = 8
-    config.optimizer.warmup_steps = 4
-    config.optimizer.decay_steps = 6
-    config.fill_mask_samples = 0
-    config.batch_warmup_steps = 0  # each batch size compiles: only where a test wants them
-    config.update_from_flattened_dict(overrides)
-    return config
 
 
 def test_the_modern_recipe_config_reads(data_dir):

@@ -9,7 +9,6 @@ import flax.linen as nn
 import jax
 import numpy as np
 import pytest
-from tokenizer_kinds import write_tokenizer
 
 from bertjax import Model, hf
 from bertjax.encoders.bert.config import BertConfig
@@ -18,6 +17,7 @@ from bertjax.finetune import loop
 from bertjax.inference import InferenceError
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
+from tests.helpers.tokenizer_kinds import write_tokenizer
 
 
 def test_reusing_an_embedding_workdir_with_another_pooling_names_the_options():

@@ -144,7 +144,8 @@ def test_generator_is_a_fraction_with_heads_of_64():
 def _setup(weight=50.0, dtype="float32"):
     config = dataclasses.replace(CONFIG, dtype=dtype)
     generator = rtd_model.generator_config(config, 0.5)
-    params = nn.meta.unbox(rtd_model.init(config, generator)(jax.random.key(0)))
+    # One compiled init, not the two networks' init op by op.
+    params = nn.meta.unbox(jax.jit(rtd_model.init(config, generator))(jax.random.key(0)))
     step = RtdStep(rtd_model.ReplacedTokenDetection(config, generator), weight)
     ids, mask, _, out = _masked([12, 20, 9], 20)
     batch = {
@@ -159,6 +160,13 @@ def _setup(weight=50.0, dtype="float32"):
     return step, params, jax.tree.map(jnp.asarray, batch)
 
 
+@functools.cache
+def _sums(weight=50.0):
+    """The deterministic loss sums of `_setup(weight)`'s batch, compiled once for every rng."""
+    step, _, batch = _setup(weight)
+    return jax.jit(lambda p, rng: step.sums(p, batch, rng=rng, deterministic=True))
+
+
 def test_embeddings_are_shared_and_each_network_has_its_own_projection():
     _, params, _ = _setup()
     assert set(params) == {"bert", "discriminator_head", "generator"}
@@ -171,8 +179,7 @@ def test_embeddings_are_shared_and_each_network_has_its_own_projection():
 
 def test_lambda_is_applied_once():
     step, params, batch = _setup(weight=50.0)
-    rng = jax.random.key(1)
-    sums = jax.jit(lambda p: step.sums(p, batch, rng=rng, deterministic=True))(params)
+    sums = _sums(50.0)(params, jax.random.key(1))
     generator, tokens = step.denominators(batch)
     assert float(generator) == float(np.sum(batch["masked_lm_weights"]))
     assert float(tokens) == float(np.sum(batch["input_mask"]))
@@ -194,7 +201,7 @@ def test_the_sample_is_detached():
     loss gives the discriminator's layers and head none."""
     step, params, batch = _setup()
     rng = jax.random.key(3)
-    sums = jax.jit(lambda p: step.sums(p, batch, rng=rng, deterministic=True))(params)
+    sums = _sums()(params, rng)
     assert float(sums.replaced) > 0  # the test means something: some tokens were replaced
 
     @jax.jit

@@ -1,13 +1,9 @@
 """Settings: the config is read once, each mistake fails in one line naming the field."""
 
-import pathlib
-import subprocess
-import sys
 import types
 
 import pytest
 from flax import linen as nn
-from xla_env import subprocess_env
 
 from bertjax import settings as settings_lib
 from bertjax import sharding
@@ -15,8 +11,7 @@ from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from configs import default, modernbert_tiny, tiny
-
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from tests.helpers.xla_env import REPO
 
 
 def _tokenizer(vocab_size: int):
@@ -159,15 +154,3 @@ def test_no_module_below_the_settings_takes_a_config_dict():
         "bertjax/pretrain/settings.py",
         "bertjax/settings.py",
     ]
-
-
-def _train_cli(*args: str, cwd) -> subprocess.CompletedProcess:
-    env = subprocess_env(1)
-    return subprocess.run(
-        [sys.executable, str(REPO / "train.py"), "--workdir", str(cwd / "run"), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=cwd,
-    )

@@ -7,7 +7,6 @@ import json
 import jax
 import numpy as np
 import pytest
-from test_seq2seq_task import bert_config, make_config, source, write_data  # noqa: F401
 
 from bertjax import Model
 from bertjax import capability as capability_lib
@@ -28,6 +27,7 @@ from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
 from bertjax.tasks.seq2seq import model as s2s
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.seq2seq_task import bert_config, make_config, source, write_data  # noqa: F401
 
 WORDS = [f"w{i}" for i in range(40)]
 TOKENIZER = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])

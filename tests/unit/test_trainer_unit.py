@@ -4,23 +4,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from synthetic_corpus import ONE_LAYER, write_corpus
-from test_trainer import (  # noqa: F401 (fixtures are used by name)
-    PINNED_LOSSES,
-    PINNED_PARAM_ABS_SUM,
-    PREDICTIONS,
-    SEQ_LEN,
-    _one_step,
-    data_dir,
-    make_config,
-    read_losses,
-    train,
-)
 
 import bertjax
 from bertjax import data as data_lib
 from bertjax import loop
 from bertjax.settings import ConfigError
+from tests.helpers.corpora import ONE_LAYER, write_corpus
+from tests.helpers.trainer import (
+    PINNED_LOSSES,
+    PINNED_PARAM_ABS_SUM,
+    PREDICTIONS,
+    SEQ_LEN,
+    _one_step,
+    data_dir,  # noqa: F401 (fixtures)
+    make_config,
+    read_losses,
+    train,
+)
 
 
 def test_a_non_finite_step_leaves_the_state_unchanged(data_dir):

@@ -1,10 +1,11 @@
-"""The suite's own compilation settings (tests/xla_env.py): one shared compilation cache
+"""The suite's own compilation settings (tests/helpers/xla_env.py): one shared compilation cache
 (kept under its size limit by bertjax.compilation_cache.prune, tested with it)."""
 
 import os
 
 import jax
-from xla_env import (
+
+from tests.helpers.xla_env import (
     COMPILATION_CACHE_DIR,
     OPTIMIZED_FLAGS,
     optimized_compiles,

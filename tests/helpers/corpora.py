@@ -45,6 +45,46 @@ def write_corpus(
     return path
 
 
+def write_random_corpus(
+    path: pathlib.Path,
+    num_documents: int = 200,
+    seed: int = 0,
+    *,
+    vocabulary: int = 500,
+    letters: str = "abcdefghijklmnopqrstuvwxyz",
+    word_length: int | tuple[int, int] = (2, 10),
+    sentences: tuple[int, int] = (2, 9),
+    words: tuple[int, int] = (4, 18),
+    prefix: str = "",
+    tag_documents: bool = False,
+) -> pathlib.Path:
+    """Writes google-research/bert's format from a random vocabulary of `vocabulary` words
+    (`prefix` + `word_length` letters, or a length drawn from that range): each document
+    holds a number of sentences drawn from `sentences`, each of a number of words drawn from
+    `words` (ranges half-open). With `tag_documents`, every sentence of document d starts
+    with "q<d>q", so that a test can tell which document a row came from."""
+    rng = np.random.default_rng(seed)
+    alphabet = np.array(list(letters))
+    if isinstance(word_length, int):
+        vocab = [
+            prefix + "".join(rng.choice(alphabet, size=word_length)) for _ in range(vocabulary)
+        ]
+    else:
+        vocab = [
+            prefix + "".join(rng.choice(alphabet, size=rng.integers(*word_length)))
+            for _ in range(vocabulary)
+        ]
+    lines = []
+    for d in range(num_documents):
+        for _ in range(rng.integers(*sentences)):
+            body = " ".join(rng.choice(vocab, size=rng.integers(*words)))
+            lines.append(f"q{d}q {body}." if tag_documents else f"{body}.")
+        lines.append("")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
 def _pseudo_word(rng: np.random.Generator) -> str:
     """A pronounceable made-up word: varied enough for a few hundred sentencepiece pieces."""
     consonants, vowels = "bdfgklmnprstvz", "aeiou"

@@ -32,7 +32,7 @@ import contextlib
 import os
 import pathlib
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 FUSION_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 # LLVM's level inside `optimized_compiles()` (the docstring above says why); quick compiles
 # set level 0 over it.

@@ -62,9 +62,10 @@ def with_call_settings(text: str, pad_id: int, *, fixed: int | None = None) -> s
     return padded
 
 
-def pipeline_json(vocab_size: int = 400) -> str:
-    """A byte-level BPE tokenizer.json with BERT's special tokens after its pieces, as
-    ModernBERT's file has them ([MASK] strips the space before it)."""
+def pipeline_json(vocab_size: int = 400, texts=None) -> str:
+    """A byte-level BPE tokenizer.json learned from `texts` (`sentences()` by default) with
+    BERT's special tokens after its pieces, as ModernBERT's file has them ([MASK] strips the
+    space before it)."""
     tokenizer = tokenizers.Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
@@ -73,7 +74,7 @@ def pipeline_json(vocab_size: int = 400) -> str:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(sentences(), trainer)
+    tokenizer.train_from_iterator(sentences() if texts is None else texts, trainer)
     tokenizer.add_special_tokens(
         [
             tokenizers.AddedToken(piece, special=True, lstrip=piece == "[MASK]")

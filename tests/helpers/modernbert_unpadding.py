@@ -13,6 +13,7 @@ from bertjax.encoders.modernbert import model as mb_model
 from bertjax.tasks.embed import model as embed_model
 from bertjax.tasks.labels import model as label_model
 from bertjax.tasks.qa import model as qa_model
+from tests.helpers.batches import padded_batch
 
 ATOL = 2e-5
 
@@ -39,11 +40,15 @@ SHAPES = {"banded": (32, (32, 2, 1, 19)), "whole_row": (10, (10, 2, 1, 7))}
 
 def batch(seq, lengths, seed=0):
     """(ids, mask) [len(lengths), seq]: [CLS] and random tokens, then padding."""
-    rng = np.random.default_rng(seed)
-    mask = (np.arange(seq)[None] < np.array(lengths)[:, None]).astype(np.int32)  # [b, s]
-    ids = rng.integers(3, CONFIG.vocab_size, mask.shape)
-    ids[:, 0] = CONFIG.cls_token_id
-    return jnp.asarray(np.where(mask == 1, ids, 0), jnp.int32), jnp.asarray(mask)
+    ids, mask = padded_batch(
+        lengths,
+        seq,
+        vocab_size=CONFIG.vocab_size,
+        first_word=3,
+        cls_id=CONFIG.cls_token_id,
+        seed=seed,
+    )
+    return jnp.asarray(ids), jnp.asarray(mask)
 
 
 def packed_length(mask) -> int:
