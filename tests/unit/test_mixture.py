@@ -168,6 +168,11 @@ def test_schedule_numbers_each_sources_examples_once_in_order_within_caps(
     np.testing.assert_array_equal(
         schedule.counts(half), np.bincount(source[:half], minlength=count)
     )
+    # A batch's lookup (slices of the blocks) names the examples the general one does.
+    everything = schedule.examples(np.arange(n))
+    for first, size in ((0, n), (half, n - half), (BLOCK_EXAMPLES - 5, min(n, 2100) - 995)):
+        for got, expected in zip(schedule.span(first, size), everything):
+            np.testing.assert_array_equal(got, expected[first : first + size])
 
 
 def test_every_window_of_a_batch_holds_each_source_in_its_share():
