@@ -126,6 +126,22 @@ def _chunks(
         yield index, parts, chars
 
 
+class _InProcess:
+    """The executor of a preparation without worker processes: each chunk is done in this
+    process when it is submitted (its error raised there), so that one loop drives both."""
+
+    def __enter__(self) -> _InProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def submit(self, fn, *args, **kwargs) -> futures.Future:
+        future: futures.Future = futures.Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
+
+
 # Each worker process loads the tokenizer once.
 _worker_tokenizer: Tokenizer | None = None
 
@@ -490,42 +506,33 @@ def prepare(
     chunks = itertools.chain(head, chunks)
     if workers == 1 or len(head) < 2:
         _init_worker(str(tokenizer_file))
-        for index, parts, chars in chunks:
-            num_chunks += 1
-            raw_chars += chars
-            if lead:
-                eval_documents.extend(parts["eval"])
-            if mine(index):
-                train_records[index] = _process_chunk(
-                    *task_args, index, parts["train"], **task_kwargs
-                )
+        pool = _InProcess()
     else:
         # Workers fork from a fresh server process: the caller may be multithreaded (jax),
         # where a plain fork is unsafe, and may run from a notebook, where spawn cannot
         # re-import the main module.
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["bertjax.data.prepare"])
-        with futures.ProcessPoolExecutor(
+        pool = futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_file),)
-        ) as pool:
-            pending: collections.deque = collections.deque()
-            for index, parts, chars in chunks:
-                num_chunks += 1
-                raw_chars += chars
-                if lead:
-                    eval_documents.extend(parts["eval"])
-                if not mine(index):
-                    continue
-                future = pool.submit(
-                    _process_chunk, *task_args, index, parts["train"], **task_kwargs
-                )
-                pending.append((index, future))
-                while len(pending) >= 2 * workers:
-                    done_index, result = pending.popleft()
-                    train_records[done_index] = result.result()
-            while pending:
+        )
+    with pool:
+        pending: collections.deque = collections.deque()
+        for index, parts, chars in chunks:
+            num_chunks += 1
+            raw_chars += chars
+            if lead:
+                eval_documents.extend(parts["eval"])
+            if not mine(index):
+                continue
+            future = pool.submit(_process_chunk, *task_args, index, parts["train"], **task_kwargs)
+            pending.append((index, future))
+            while len(pending) >= 2 * workers:  # bounds the chunks in flight, and memory
                 done_index, result = pending.popleft()
                 train_records[done_index] = result.result()
+        while pending:
+            done_index, result = pending.popleft()
+            train_records[done_index] = result.result()
     if not num_chunks:
         raise ValueError(f"inputs {inputs} hold no documents.")
     if not lead:
