@@ -5,12 +5,13 @@ weighted mixture of sources (data.sources): each source is then prepared into it
 directory, ``<root>/sources/<name>-<fingerprint>`` under data.dir or <workdir>/data, where the
 fingerprint covers the source's files (names and sizes), how they are read, the preparation
 settings and the tokenizer. A run that names the same files and tokenizer finds the directory
-and reuses it; adding a source prepares that source alone. All sources share one tokenizer:
+and reuses it; adding a source prepares that source alone when the tokenizer stays (given, or
+a new phase's). All sources share one tokenizer:
 data.tokenizer, else a new phase's (init_from), else one trained on an equal sample of every
 source (bertjax.data.prepare.train_mixture_tokenizer), kept beside the sources as
 ``<root>/sources/tokenizer-<fingerprint>.model`` (its fingerprint covers the sources' names,
-files and reading, and the tokenizer settings, not the weights), so that runs of the same
-sources share it whatever their weights.
+files and reading, and the tokenizer settings, not the weights or order), so that runs of the
+same sources share it whatever their weights.
 """
 
 from __future__ import annotations
@@ -167,7 +168,7 @@ def _mixture_tokenizer(data: DataSettings, root: fs.AnyPath, seed: int) -> fs.An
                 [[str(f), fs.size(f)] for f in expand_paths(list(source.paths))],
                 dataclasses.asdict(source.read_settings),
             ]
-            for source in data.sources
+            for source in sorted(data.sources, key=lambda source: source.name)
         ],
         "vocab_size": data.vocab_size,
         "model_type": data.tokenizer_model_type,

@@ -281,11 +281,11 @@ def train_mixture_tokenizer(
     """A tokenizer trained on every source of a mixture, written to output_path.
 
     ``sources`` are (name, inputs, read settings). Each source gives an equal share of
-    ``sample_sentences`` (earlier sources one more when it does not divide), a uniform
-    reservoir sample of its sentences in stream order, drawn from ``(seed, its name)``: the
-    vocabulary covers every corpus however small its weight, the same sources give the same
-    tokenizer whatever their weights and order, and a source with fewer sentences than its
-    share gives all of them.
+    ``sample_sentences`` (one more each for the first by name when it does not divide), a
+    uniform reservoir sample of its sentences in stream order, drawn from ``(seed, its
+    name)``, the samples taken in the order of the names: the vocabulary covers every corpus
+    however small its weight, the same sources give the same tokenizer whatever their weights
+    and order, and a source with fewer sentences than its share gives all of them.
     """
     if not sources:
         raise ValueError("train_mixture_tokenizer needs at least one source")
@@ -298,7 +298,8 @@ def train_mixture_tokenizer(
     start = time.perf_counter()
     sample: list[str] = []
     taken = []
-    for index, (name, inputs, read_settings) in enumerate(sources):
+    by_name = sorted(sources, key=lambda source: source[0])
+    for index, (name, inputs, read_settings) in enumerate(by_name):
         key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")
         rng = np.random.default_rng([seed, _TOKENIZER_STREAM, key])
         sentences = _sentences([str(p) for p in inputs], read_settings)
