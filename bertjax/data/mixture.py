@@ -255,7 +255,7 @@ class Schedule:
     def block(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source of each example of the block [BLOCK], its number among the run's examples of
         that source [BLOCK], the example of the source's split it is [BLOCK]); made once per
-        block, so that a batch's lookups are plain indexing."""
+        block, so that a batch's lookup is slices of one or two blocks (span)."""
         with self._lock:
             cached = self._blocks.get(block)
             if cached is not None:

@@ -12,7 +12,8 @@ segment 1 begins at ``segment_b_start``. On disk both files open with ``np.load(
 so readers touch only the pages they gather from. On GCS (``gs://``) the small index file is
 read whole and the token file by byte ranges (`RemoteTokens`): a batch fetches only its
 instances' tokens, concurrently, and nothing is downloaded ahead of need but the batches the
-loader's threads prefetch.
+loader's threads prefetch. One reader over several splits (a mixture's sources) may hold some
+on disk and some on GCS, each shard read its own way.
 """
 
 from __future__ import annotations
