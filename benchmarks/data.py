@@ -251,7 +251,7 @@ def _side_by_side(label: str, single, mixture, rounds: int, batches: int = 60) -
     )
 
 
-def bench_mixture(work: pathlib.Path, tokenizer: pathlib.Path, rounds: int = 9) -> None:
+def bench_mixture(work: pathlib.Path, tokenizer: pathlib.Path, rounds: int = 31) -> None:
     demo = demo_corpus_path(work / "corpus")
     sources = parse_sources(write_sources(read_documents([str(demo)], InputReport()), work / "mix"))
     common = dict(tokenizer_path=tokenizer, workers=1, dupe_factor=1, max_seq_length=128)

@@ -217,7 +217,6 @@ class Schedule:
         self.names = list(names)
         self.weights = [float(w) for w in weights]
         self.sizes = [int(n) for n in sizes]
-        self._sizes = np.asarray(self.sizes, dtype=np.int64)
         self.max_epochs = [float(c) for c in max_epochs]
         self.seed = seed
         # Examples each source may give: its passes times its size (None: no cap).
@@ -256,7 +255,7 @@ class Schedule:
     def block(self, block: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(source of each example of the block [BLOCK], its number among the run's examples of
         that source [BLOCK], the example of the source's split it is [BLOCK]); made once per
-        block, so that a batch's lookups are plain indexing."""
+        block, so that a batch's lookup is slices of one or two blocks (span)."""
         with self._lock:
             cached = self._blocks.get(block)
             if cached is not None:
@@ -266,22 +265,46 @@ class Schedule:
             raise IndexError(
                 f"block {block} is past the end of the mixture ({self.total_examples} examples)"
             )
-        counts = self.segments[index].counts
-        offsets = [_unit_hash(self.seed, _SCHEDULE_STREAM, block, s) for s in range(len(counts))]
-        keys = np.concatenate([(np.arange(n) + offsets[s]) / n for s, n in enumerate(counts) if n])
-        sources = np.concatenate([np.full(n, s, np.int32) for s, n in enumerate(counts) if n])
-        ranks = np.concatenate([np.arange(n, dtype=np.int64) for n in counts if n])
+        active = [(s, n) for s, n in enumerate(self.segments[index].counts) if n]
+        before = self.before(block)
+        keys, numbers, examples = [], [], []
+        for s, n in active:
+            ranks = np.arange(n, dtype=np.int64)
+            keys.append((ranks + _unit_hash(self.seed, _SCHEDULE_STREAM, block, s)) / n)
+            # Laid out source by source, a source's draws are consecutive numbers: their
+            # examples come from a slice or two of its pass orders, before the interleaving.
+            numbers.append(before[s] + ranks)
+            examples.append(self._examples_in(s, int(before[s]), n))
+        sources = np.repeat(np.asarray([s for s, _ in active], np.int32), [n for _, n in active])
+        keys, numbers, examples = map(np.concatenate, (keys, numbers, examples))
         # By key; equal keys (rare) by source, the order they were laid out in.
         order = np.argsort(keys, kind="stable")
-        labels = sources[order]  # [BLOCK]
-        numbers = self.before(block)[labels] + ranks[order]  # [BLOCK]
-        result = (labels, numbers, self._examples_of(labels, numbers))
+        result = (sources[order], numbers[order], examples[order])  # [BLOCK] each
         with self._lock:
             # Keep the latest blocks only: a batch (and prefetch) spans a few.
             if len(self._blocks) > 8:
                 self._blocks = {b: v for b, v in self._blocks.items() if b >= block - 4}
             self._blocks[block] = result
         return result
+
+    def span(self, first: int, count: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source [count], example of that source's prepared split [count]) of the run's
+        examples first .. first + count - 1, as examples() gives them: slices of the blocks
+        they lie in (a batch's lookup; the arrays may be shared with the cache: read only)."""
+        sources, examples = [], []
+        index, end = int(first), int(first) + int(count)
+        while index < end:
+            block, within = divmod(index, BLOCK_EXAMPLES)
+            take = min(end - index, BLOCK_EXAMPLES - within)
+            made = self.block(block)
+            sources.append(made[0][within : within + take])
+            examples.append(made[2][within : within + take])
+            index += take
+        if len(sources) == 1:
+            return sources[0], examples[0]
+        if not sources:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        return np.concatenate(sources), np.concatenate(examples)
 
     def locate(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(source [n], number among that source's examples of the run [n]) of examples."""
@@ -307,23 +330,18 @@ class Schedule:
             value[rows] = made[column][within[rows]]
         return source, value
 
-    def _examples_of(self, source: np.ndarray, number: np.ndarray) -> np.ndarray:
-        """The example of each source's split that its number-th draw is: [n]."""
-        example = np.empty(len(number), dtype=np.int64)
-        passes, position = np.divmod(number, self._sizes[source])
-        # A batch meets few (source, pass) pairs: one lookup in each one's order.
-        for s in range(len(self.sizes)):
-            rows = np.flatnonzero(source == s)
-            if not len(rows):
-                continue
-            first, last = passes[rows].min(), passes[rows].max()
-            if first == last:
-                example[rows] = self.order(s, int(first))[position[rows]]
-                continue
-            for p in range(int(first), int(last) + 1):
-                at = rows[passes[rows] == p]
-                example[at] = self.order(s, p)[position[at]]
-        return example
+    def _examples_in(self, source: int, first: int, count: int) -> np.ndarray:
+        """The examples of source's split that its draws first .. first + count - 1 are:
+        [count], from the one or few passes they span."""
+        size = self.sizes[source]
+        parts = []
+        number, end = first, first + count
+        while number < end:
+            epoch, position = divmod(number, size)
+            take = min(end - number, size - position)
+            parts.append(self.order(source, epoch)[position : position + take])
+            number += take
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
     def order(self, source: int, epoch: int) -> np.ndarray:
         """The permutation of a source's examples for its pass epoch."""
@@ -451,7 +469,7 @@ class _MixtureMaker(BatchMakerBase):
     def _make(self, step: int) -> dict[str, np.ndarray]:
         first = int(step) * self.global_batch_size + self.process_index * self.batch_size
         indices = np.arange(first, first + self.batch_size)  # [B] examples of the run
-        source, example = self.schedule.examples(indices)  # [B], [B]
+        source, example = self.schedule.span(first, self.batch_size)  # [B], [B]
         features = self.reader.gather(self.offsets[source] + example, self.max_seq_length)
         # Keyed by the example's place in the run: the same rows whatever the process count.
         rng = RowRandom.from_positions(self.seed, _MASKING_STREAM, 0, indices)
@@ -495,6 +513,8 @@ class MixtureLoader(Loader):
         return batch
 
     def _notice(self, index: int) -> None:
+        if not self.schedule.segments[index].dropped:
+            return  # the block in which a source runs short: the next segment's line says so
         line = self.schedule.describe_segment(index)
         self.notices.append(line)
         self._log(line)

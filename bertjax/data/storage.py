@@ -12,7 +12,8 @@ segment 1 begins at ``segment_b_start``. On disk both files open with ``np.load(
 so readers touch only the pages they gather from. On GCS (``gs://``) the small index file is
 read whole and the token file by byte ranges (`RemoteTokens`): a batch fetches only its
 instances' tokens, concurrently, and nothing is downloaded ahead of need but the batches the
-loader's threads prefetch.
+loader's threads prefetch. One reader over several splits (a mixture's sources) may hold some
+on disk and some on GCS, each shard read its own way.
 """
 
 from __future__ import annotations
@@ -226,9 +227,8 @@ class SplitReader:
     """Random access to one split's instances: vectorised gather of padded examples."""
 
     def __init__(self, data_dir: str | os.PathLike, split: str, shards: Sequence[dict]):
-        # On disk: memory-mapped token files. On GCS: one RemoteTokens over all of them.
-        self.tokens: list[np.ndarray] = []
-        self.remote: RemoteTokens | None = None
+        # Per shard: its memory-mapped token file on disk, None on GCS (read by RemoteTokens).
+        self.tokens: list[np.ndarray | None] = []
         index_parts = []
         shard_of = []
         token_paths = []
@@ -237,6 +237,7 @@ class SplitReader:
             token_paths.append(tokens_path)
             if fs.is_remote(tokens_path):
                 index = _read_remote_index(index_path)
+                self.tokens.append(None)
             else:
                 for p in (tokens_path, index_path):
                     if not p.is_file():
@@ -246,12 +247,7 @@ class SplitReader:
             index_parts.append(index)
             shard_of.append(np.full(len(index), shard_number, dtype=np.int32))
         self.token_paths = token_paths
-        if token_paths and fs.is_remote(token_paths[0]):
-            try:
-                self.remote = RemoteTokens(token_paths)
-            except FileNotFoundError:
-                missing = next((p for p in token_paths if not fs.is_file(p)), token_paths[0])
-                raise FileNotFoundError(_missing_shard(missing)) from None
+        self._open_remote()
         if not index_parts:
             index_parts = [np.zeros((0, INDEX_COLUMNS), np.int64)]
         index = np.concatenate(index_parts)  # [N, 4]
@@ -261,6 +257,22 @@ class SplitReader:
         self.segment_b_start = index[:, SEGMENT_B_START]  # [N]
         self.label = index[:, LABEL].astype(np.int32)  # [N]
 
+    def _open_remote(self) -> None:
+        """One RemoteTokens over the shards on GCS (``remote``; None when there are none), and
+        each shard's place among them (``remote_index``: -1 for a shard on disk)."""
+        on_gcs = [s for s, tokens in enumerate(self.tokens) if tokens is None]
+        self.remote: RemoteTokens | None = None
+        self.remote_index = np.full(len(self.tokens), -1, dtype=np.int64)  # [shards]
+        self.remote_index[on_gcs] = np.arange(len(on_gcs))
+        if not on_gcs:
+            return
+        paths = [self.token_paths[s] for s in on_gcs]
+        try:
+            self.remote = RemoteTokens(paths)
+        except FileNotFoundError:
+            missing = next((p for p in paths if not fs.is_file(p)), paths[0])
+            raise FileNotFoundError(_missing_shard(missing)) from None
+
     def __len__(self) -> int:
         return len(self.start)
 
@@ -268,18 +280,11 @@ class SplitReader:
     def concatenate(cls, readers: Sequence[SplitReader]) -> SplitReader:
         """One reader over the instances of several (the i-th reader's instance j becomes
         ``sum(len(r) for r in readers[:i]) + j``): a batch drawn from several splits is one
-        gather. The splits must be all local or all on gs://."""
-        paths = [p for reader in readers for p in reader.token_paths]
-        remote = {fs.is_remote(p) for p in paths}
-        if len(remote) > 1:
-            raise ValueError(
-                "prepared splits to read together must be all local or all on gs://; got "
-                f"{sorted(str(p) for p in paths)[:4]}"
-            )
+        gather, whether they are on disk, on gs://, or some on each."""
         combined = cls.__new__(cls)
-        combined.token_paths = paths
+        combined.token_paths = [p for reader in readers for p in reader.token_paths]
         combined.tokens = [tokens for reader in readers for tokens in reader.tokens]
-        combined.remote = RemoteTokens(paths) if remote == {True} else None
+        combined._open_remote()
         shard_offsets = np.cumsum([0] + [len(reader.token_paths) for reader in readers])
         combined.shard = np.concatenate(
             [reader.shard + offset for reader, offset in zip(readers, shard_offsets)]
@@ -294,24 +299,27 @@ class SplitReader:
         positions = np.arange(max_seq_length)
         length = self.length[indices]  # [B]
         input_mask = positions < length[:, None]  # [B,S]
-        # Padding positions re-read the last real token (always in range) and are zeroed below.
-        within = self.start[indices][:, None] + np.minimum(positions, length[:, None] - 1)  # [B,S]
         shard = self.shard[indices]
-        if self.remote is not None:
-            # The runs themselves, not their padding: nothing past an instance is fetched.
-            runs = self.remote.take(shard, self.start[indices], np.minimum(length, max_seq_length))
-            input_ids = np.zeros(within.shape, dtype=np.int32)  # [B,S]
-            for row, run in enumerate(runs):
-                input_ids[row, : len(run)] = run
-        elif len(self.tokens) == 1:
-            input_ids = self.tokens[0][within].astype(np.int32)  # [B,S]
+        if self.remote is None:
+            input_ids = self._take_local(indices, shard, positions)  # [B,S]
         else:
-            input_ids = np.empty(within.shape, dtype=np.int32)  # [B,S]
-            for s in np.unique(shard):
-                # Row numbers, not a boolean mask: half the time of masked copies.
-                rows = np.flatnonzero(shard == s)
-                input_ids[rows] = np.take(self.tokens[s], within[rows])
-        input_ids[~input_mask] = 0
+            input_ids = np.zeros(input_mask.shape, dtype=np.int32)  # [B,S]
+            on_gcs = self.remote_index[shard] >= 0  # [B]
+            if not on_gcs.all():  # a mixture of sources on disk and on gs://
+                rows = np.flatnonzero(~on_gcs)
+                input_ids[rows] = self._take_local(indices[rows], shard[rows], positions)
+            rows = np.flatnonzero(on_gcs)
+            if len(rows):
+                # The runs themselves, not their padding: nothing past an instance is fetched.
+                runs = self.remote.take(
+                    self.remote_index[shard[rows]],
+                    self.start[indices[rows]],
+                    np.minimum(length[rows], max_seq_length),
+                )
+                for row, run in zip(rows, runs):
+                    input_ids[row, : len(run)] = run
+        # Zeroes the padding (multiplying is cheaper than assigning through a boolean mask).
+        np.multiply(input_ids, input_mask, out=input_ids)
         segment_ids = input_mask & (positions >= self.segment_b_start[indices][:, None])
         return {
             "input_ids": input_ids,
@@ -319,3 +327,38 @@ class SplitReader:
             "segment_ids": segment_ids.astype(np.int32),
             "next_sentence_labels": self.label[indices],
         }
+
+    def _take_local(
+        self, indices: np.ndarray, shard: np.ndarray, positions: np.ndarray
+    ) -> np.ndarray:
+        """[B,S] int32 tokens of the instances from the memory-mapped shards; padding positions
+        re-read an instance's last real token (always in range; the caller zeroes them)."""
+
+        def window(rows: np.ndarray) -> np.ndarray:  # [b,S] token numbers within their shard
+            length = self.length[rows]
+            return self.start[rows][:, None] + np.minimum(positions, length[:, None] - 1)
+
+        if len(indices) and (len(self.tokens) == 1 or shard.min() == shard.max()):
+            return self.tokens[int(shard[0])][window(indices)].astype(np.int32)
+        # Rows of several shards (a large corpus, or a mixture's sources): grouped by shard by
+        # a stable sort, so that each shard's rows are one slice, taken straight into place,
+        # and put back in the batch's order (and widened) in one copy; a fancy-indexed copy of
+        # each shard's rows in and out costs a third more.
+        order = np.argsort(shard, kind="stable")  # [B]
+        counts = np.bincount(shard, minlength=len(self.tokens))  # [shards]
+        present = np.flatnonzero(counts)
+        within = window(indices[order])  # [B,S], in shard order
+        dtypes = {self.tokens[s].dtype for s in present}
+        grouped = np.empty(within.shape, dtypes.pop() if len(dtypes) == 1 else np.int32)
+        begin = 0
+        for s in present:
+            end = begin + counts[s]
+            part = grouped[begin:end]  # [b,S] view
+            if part.dtype == self.tokens[s].dtype:
+                np.take(self.tokens[s], within[begin:end], mode="clip", out=part)
+            else:
+                part[...] = np.take(self.tokens[s], within[begin:end], mode="clip")
+            begin = end
+        input_ids = np.empty(grouped.shape, dtype=np.int32)  # [B,S]
+        input_ids[order] = grouped
+        return input_ids

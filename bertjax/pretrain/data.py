@@ -5,8 +5,13 @@ weighted mixture of sources (data.sources): each source is then prepared into it
 directory, ``<root>/sources/<name>-<fingerprint>`` under data.dir or <workdir>/data, where the
 fingerprint covers the source's files (names and sizes), how they are read, the preparation
 settings and the tokenizer. A run that names the same files and tokenizer finds the directory
-and reuses it; adding a source prepares that source alone. All sources share one tokenizer:
-data.tokenizer, else a new phase's (init_from), else one trained on the first source.
+and reuses it; adding a source prepares that source alone when the tokenizer stays (given, or
+a new phase's). All sources share one tokenizer:
+data.tokenizer, else a new phase's (init_from), else one trained on an equal sample of every
+source (bertjax.data.prepare.train_mixture_tokenizer), kept beside the sources as
+``<root>/sources/tokenizer-<fingerprint>.model`` (its fingerprint covers the sources' names,
+files and reading, and the tokenizer settings, not the weights or order), so that runs of the
+same sources share it whatever their weights.
 """
 
 from __future__ import annotations
@@ -104,23 +109,25 @@ def ensure_sources(
     root = (fs.path(data.dir) if data.dir else workdir / DATA_DIR) / SOURCES_DIR
     processes = jax.process_count()
     tokenizer_path = data.tokenizer or (str(default_tokenizer) if default_tokenizer else None)
-    # A tokenizer trained on the first source, as these settings say.
+    # What a directory that trained its own tokenizer was fingerprinted with.
     trained = {
         "vocab_size": data.vocab_size,
         "model_type": data.tokenizer_model_type,
         "lowercase": data.lowercase,
     }
-    tokenizer_id = Tokenizer.load(tokenizer_path).fingerprint if tokenizer_path else trained
+    if tokenizer_path is None:
+        tokenizer_path = str(_mixture_tokenizer(data, root, seed))
+    tokenizer_id = Tokenizer.load(tokenizer_path).fingerprint
     prepared: list[PreparedSource] = []
     for source in data.sources:
         directory = root / f"{source.name}-{source_fingerprint(source, data, seed, tokenizer_id)}"
-        candidates = [directory]
-        if tokenizer_path:
-            # The source that trained this tokenizer (a previous phase's first source) was
-            # prepared under the training settings' fingerprint: reuse it too.
-            candidates.append(
-                root / f"{source.name}-{source_fingerprint(source, data, seed, trained)}"
-            )
+        # A source that trained its own directory's tokenizer (a previous phase's first
+        # source, before mixtures trained theirs on every source) was prepared under the
+        # training settings' fingerprint: reuse it too when that is the tokenizer.
+        candidates = [
+            directory,
+            root / f"{source.name}-{source_fingerprint(source, data, seed, trained)}",
+        ]
         found = next(
             (
                 index
@@ -146,11 +153,57 @@ def ensure_sources(
             print(f"Source {source.name!r}: reusing the data prepared in {directory}")
         if processes > 1:
             multihost_utils.sync_global_devices(f"bertjax:source_prepared:{source.name}")
-        if tokenizer_path is None:  # the first source trained it; the others share it
-            tokenizer_path = str(directory / SENTENCEPIECE_FILE)
-            tokenizer_id = Tokenizer.load(tokenizer_path).fingerprint
         prepared.append(PreparedSource(source, directory, reused=not missing))
     return prepared, _checked(data, prepared[0].dir, workdir, eval_batch_size)
+
+
+def _mixture_tokenizer(data: DataSettings, root: fs.AnyPath, seed: int) -> fs.AnyPath:
+    """The tokenizer of data.sources trained on an equal sample of each (module docstring):
+    found under root when an earlier run trained it, else trained there by process 0 while
+    the others wait."""
+    described = {
+        "sources": [
+            [
+                source.name,
+                [[str(f), fs.size(f)] for f in expand_paths(list(source.paths))],
+                dataclasses.asdict(source.read_settings),
+            ]
+            for source in sorted(data.sources, key=lambda source: source.name)
+        ],
+        "vocab_size": data.vocab_size,
+        "model_type": data.tokenizer_model_type,
+        "lowercase": data.lowercase,
+        "sample_sentences": data_lib.TOKENIZER_SAMPLE_SENTENCES,
+        "seed": seed,
+    }
+    text = json.dumps(described, sort_keys=True)
+    path = root / f"tokenizer-{hashlib.blake2b(text.encode(), digest_size=8).hexdigest()}.model"
+    missing = not path.exists()
+    if jax.process_count() > 1:  # process 0's answer for all
+        missing = bool(multihost_utils.broadcast_one_to_all(np.asarray(missing)))
+    lead = jax.process_index() == 0
+    if missing and lead:
+        print(f"Training the mixture's tokenizer on every source into {path} ...")
+        try:
+            data_lib.train_mixture_tokenizer(
+                [
+                    (source.name, list(source.paths), source.read_settings)
+                    for source in data.sources
+                ],
+                path,
+                vocab_size=data.vocab_size,
+                model_type=data.tokenizer_model_type,
+                lowercase=data.lowercase,
+                sample_sentences=data_lib.TOKENIZER_SAMPLE_SENTENCES,
+                seed=seed,
+            )
+        except ValueError as err:
+            raise ValueError(f"config.data.sources: training their tokenizer: {err}") from None
+    elif lead:
+        print(f"Reusing the mixture's tokenizer {path}")
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices("bertjax:mixture_tokenizer")
+    return path
 
 
 def _prepared_with(directory: fs.AnyPath, tokenizer_fingerprint: str | None) -> bool:

@@ -63,7 +63,7 @@ class DataSettings:
     # rows, each attending to itself only (bertjax.data.packing), for the MLM-only objective.
     layout: str = "pairs"
     # A weighted mixture instead of inputs (bertjax.data.mixture): each source prepared into
-    # its own directory under dir (default <workdir>/data), the first one's tokenizer shared.
+    # its own directory under dir (default <workdir>/data), one tokenizer trained on them all.
     sources: tuple[mixture.Source, ...] = ()
 
 

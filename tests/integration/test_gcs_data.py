@@ -18,6 +18,9 @@ from bertjax.data.corpus import InputReport, ReadSettings, expand_paths, read_do
 from bertjax.data.loader import REMOTE_READ_AHEAD
 from bertjax.data.mixture import Source, make_mixture_loader
 from bertjax.data.storage import RemoteTokens
+from bertjax.pretrain.data import ensure_sources
+from bertjax.pretrain.settings import PretrainSettings
+from configs import tiny
 from tests.helpers.corpora import write_random_corpus
 
 SEQ_LEN = 48
@@ -184,8 +187,8 @@ def test_gcs_loader_streams_the_local_batches_and_resumes(local_data, remote_dat
 
 
 def test_gcs_mixture_streams_the_local_batches(local_data, remote_data):
-    """A mixture of prepared sources on gs:// (read by byte ranges) gives the local batches,
-    and a mixture of local and gs:// directories is refused in one line."""
+    """A mixture of prepared sources on gs:// (read by byte ranges), or of one on disk and one
+    on gs://, gives the batches of the same sources on disk."""
 
     def mixture(first, second):
         sources = [(Source("a", ("a",), 0.7), first), (Source("b", ("b",), 0.3), second)]
@@ -195,10 +198,47 @@ def test_gcs_mixture_streams_the_local_batches(local_data, remote_data):
 
     local, remote = mixture(local_data, local_data), mixture(remote_data, remote_data)
     assert local.remote_tokens is None and remote.remote_tokens is not None
-    assert_same_batches(batches(remote, 6), batches(local, 6))
+    expected = batches(local, 6)
+    assert_same_batches(batches(remote, 6), expected)
     assert remote.remote_tokens.bytes_read > 0  # by byte ranges, nothing downloaded whole
-    with pytest.raises(ValueError, match="must be all local or all on gs://"):
-        mixture(local_data, remote_data)
+    # Source a from disk, source b from gs://: only b's rows are fetched.
+    mixed = mixture(local_data, remote_data)
+    assert_same_batches(batches(mixed, 6), expected)
+    assert 0 < mixed.remote_tokens.bytes_read < remote.remote_tokens.bytes_read
+    assert len(mixed.remote_tokens.paths) == len(remote.remote_tokens.paths) // 2
+
+
+def test_mixture_of_a_local_and_a_gcs_source_trains_from_both(gcs, corpus_dir, tmp_path):
+    """data.sources naming a local corpus and one on gs://: the tokenizer is trained on both,
+    each is prepared (into the run's directory) and the mixture draws from both."""
+    bucket = gcs.bucket()
+    upload(gcs, corpus_dir, f"{bucket}/in")
+    config = tiny.get_config()
+    config.data.update(
+        sources=f"near={corpus_dir / 'a.txt'}:0.5,far={bucket}/in/c.jsonl:0.5",
+        vocab_size=300,
+        max_seq_length=SEQ_LEN,
+        max_predictions_per_seq=8,
+        eval_fraction=0.1,
+        dupe_factor=1,
+    )
+    settings = PretrainSettings.from_config(config)
+    prepared, tokenizer = ensure_sources(settings.data, tmp_path / "run", eval_batch_size=4, seed=0)
+    assert [p.source.name for p in prepared] == ["near", "far"]
+    # Digits appear in the far source's words ("w123") alone: a tokenizer of the near one
+    # would spell them in byte-fallback pieces.
+    pieces = [tokenizer.id_to_piece(i) for i in tokenizer.encode("w123 w45 w6")]
+    assert not any(piece.startswith("<0x") for piece in pieces), pieces
+    loader = make_mixture_loader(
+        [(p.source, p.dir) for p in prepared],
+        batch_size=BATCH,
+        seed=0,
+        process_index=0,
+        process_count=1,
+        log=print,
+    )
+    batches(loader, 4)
+    assert loader.shares() == {"near": 0.5, "far": 0.5}
 
 
 @pytest.mark.parametrize("gap", [0, RemoteTokens.MERGE_GAP_BYTES])

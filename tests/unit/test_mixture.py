@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertjax.data import prepare
+from bertjax.data import TOKENIZER_SAMPLE_SENTENCES, prepare, train_mixture_tokenizer
+from bertjax.data.corpus import ReadSettings
 from bertjax.data.mixture import (
     BLOCK_EXAMPLES,
     Schedule,
@@ -170,6 +171,11 @@ def test_schedule_numbers_each_sources_examples_once_in_order_within_caps(
     np.testing.assert_array_equal(
         schedule.counts(half), np.bincount(source[:half], minlength=count)
     )
+    # A batch's lookup (slices of the blocks) names the examples the general one does.
+    everything = schedule.examples(np.arange(n))
+    for first, size in ((0, n), (half, n - half), (BLOCK_EXAMPLES - 5, min(n, 2100) - 995)):
+        for got, expected in zip(schedule.span(first, size), everything):
+            np.testing.assert_array_equal(got, expected[first : first + size])
 
 
 def test_every_window_of_a_batch_holds_each_source_in_its_share():
@@ -332,14 +338,18 @@ def test_sources_and_input_are_not_both_set(sources):
 def test_an_empty_source_fails_naming_it_and_leaves_the_prepared_ones(sources, tmp_path):
     (tmp_path / "blank.jsonl").write_text('{"text": "   "}\n\n')
     corpus = sources[0][0].paths[0]
-    settings = settings_with(
-        sources=f"web={corpus}:0.9,blank={tmp_path / 'blank.jsonl'}:0.1",
-        vocab_size=300,
-        max_seq_length=32,
-        max_predictions_per_seq=5,
-        eval_fraction=0.1,
-        dupe_factor=1,
-    )
+    common = dict(vocab_size=300, max_seq_length=32, max_predictions_per_seq=5)
+    common.update(eval_fraction=0.1, dupe_factor=1)
+    mixture = f"web={corpus}:0.9,blank={tmp_path / 'blank.jsonl'}:0.1"
+    # Training the mixture's tokenizer reads every source: the empty one fails first, and
+    # nothing is written.
+    settings = settings_with(sources=mixture, **common)
+    with pytest.raises(ValueError, match=r"sources: training their tokenizer: source 'blank': "):
+        ensure_sources(settings.data, tmp_path / "run", eval_batch_size=4, seed=0)
+    assert not list((tmp_path / "run" / "data" / SOURCES_DIR).glob("*"))
+    # With the tokenizer given, the sources before it are prepared and stay prepared.
+    tokenizer = str(sources[0][1] + "/" + SENTENCEPIECE_FILE)
+    settings = settings_with(sources=mixture, tokenizer=tokenizer, **common)
     with pytest.raises(ValueError, match=r"config.data.sources: source 'blank': input .* holds "):
         ensure_sources(settings.data, tmp_path / "run", eval_batch_size=4, seed=0)
     (web,) = (tmp_path / "run" / "data" / SOURCES_DIR).glob("web-*")
@@ -347,3 +357,51 @@ def test_an_empty_source_fails_naming_it_and_leaves_the_prepared_ones(sources, t
     with pytest.raises(ValueError, match="source 'blank'"):
         ensure_sources(settings.data, tmp_path / "run", eval_batch_size=4, seed=0)
     assert (web / "manifest.json").stat().st_mtime_ns == before  # reused, not prepared again
+
+
+def test_a_mixtures_tokenizer_is_trained_on_every_source_deterministically(tmp_path):
+    # Two corpora that share no letter: a tokenizer of the first alone spells the second's
+    # words in byte-fallback pieces.
+    latin = _write_source_corpus(tmp_path / "latin.txt", 60, seed=1)
+    other = tmp_path / "other.txt"
+    other.write_text(latin.read_text().translate(str.maketrans("abcdefgh", "stuvwxyz")))
+    settings = settings_with(
+        sources=f"big={latin}:0.95,small={other}:0.05",
+        vocab_size=320,
+        max_seq_length=32,
+        max_predictions_per_seq=5,
+        eval_fraction=0.1,
+        dupe_factor=1,
+    )
+    prepared, tokenizer = ensure_sources(settings.data, tmp_path / "run", eval_batch_size=4, seed=0)
+    root = tmp_path / "run" / "data" / SOURCES_DIR
+    (trained,) = root.glob("tokenizer-*.model")
+    assert all(
+        read_manifest(p.dir)["tokenizer_fingerprint"] == tokenizer.fingerprint for p in prepared
+    )
+    words = other.read_text().split()[:50]
+    pieces = [tokenizer.id_to_piece(i) for i in tokenizer.encode(" ".join(words))]
+    assert not any(piece.startswith("<0x") for piece in pieces), pieces  # no byte fallback
+    # The same sources in another order and weights: the same sample, the same tokenizer,
+    # found where the first run trained it (and the prepared sources reused).
+    again = settings_with(
+        sources=f"small={other}:0.5,big={latin}:0.5",
+        vocab_size=320,
+        max_seq_length=32,
+        max_predictions_per_seq=5,
+        eval_fraction=0.1,
+        dupe_factor=1,
+    )
+    reused, same = ensure_sources(again.data, tmp_path / "run", eval_batch_size=4, seed=0)
+    assert same.fingerprint == tokenizer.fingerprint and all(p.reused for p in reused)
+    # Trained afresh from the same sources: byte for byte the same model.
+    retrained = train_mixture_tokenizer(
+        [("big", [str(latin)], ReadSettings()), ("small", [str(other)], ReadSettings())],
+        tmp_path / "retrained.model",
+        vocab_size=320,
+        sample_sentences=TOKENIZER_SAMPLE_SENTENCES,
+        seed=0,
+        log=lambda line: None,
+    )
+    assert (tmp_path / "retrained.model").read_bytes() == trained.read_bytes()
+    assert retrained.fingerprint == tokenizer.fingerprint

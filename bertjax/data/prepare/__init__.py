@@ -81,13 +81,18 @@ from bertjax.tokenizer import (
     SENTENCEPIECE_FILE,
     Tokenizer,
     TokenizerSettings,
+    reservoir_sample,
     train_tokenizer,
 )
 
 DEFAULT_CHUNK_MB = 4.0
+# Sentences a tokenizer is trained on (a reservoir sample of the corpus, or of each source's).
+TOKENIZER_SAMPLE_SENTENCES = 1_000_000
 # Stream tags of the instance seeds: (seed, chunk index, 0) for each train chunk, (seed, 1) for
 # the whole eval split.
 _SPLIT_STREAM = {"train": 0, "eval": 1}
+# Stream tag of a mixture's tokenizer sample: (seed, tag, source name's key).
+_TOKENIZER_STREAM = 2
 # Where processes other than 0 leave their shard records for process 0 (removed after use;
 # hidden, so that a directory listing of the output never takes it for data).
 PARTS_DIR = ".parts"
@@ -119,6 +124,22 @@ def _chunks(
             chars = 0
     if chars or any(parts.values()):
         yield index, parts, chars
+
+
+class _InProcess:
+    """The executor of a preparation without worker processes: each chunk is done in this
+    process when it is submitted (its error raised there), so that one loop drives both."""
+
+    def __enter__(self) -> _InProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        return None
+
+    def submit(self, fn, *args, **kwargs) -> futures.Future:
+        future: futures.Future = futures.Future()
+        future.set_result(fn(*args, **kwargs))
+        return future
 
 
 # Each worker process loads the tokenizer once.
@@ -246,6 +267,70 @@ def _make_tokenizer(
     return tokenizer
 
 
+def train_mixture_tokenizer(
+    sources: Sequence[tuple[str, Sequence[str], ReadSettings]],
+    output_path: str | os.PathLike,
+    *,
+    vocab_size: int = 8000,
+    model_type: str = "unigram",
+    lowercase: bool = False,
+    sample_sentences: int = TOKENIZER_SAMPLE_SENTENCES,
+    seed: int = 12345,
+    log=print,
+) -> Tokenizer:
+    """A tokenizer trained on every source of a mixture, written to output_path.
+
+    ``sources`` are (name, inputs, read settings). Each source gives an equal share of
+    ``sample_sentences`` (one more each for the first by name when it does not divide), a
+    uniform reservoir sample of its sentences in stream order, drawn from ``(seed, its
+    name)``, the samples taken in the order of the names: the vocabulary covers every corpus
+    however small its weight, the same sources give the same tokenizer whatever their weights
+    and order, and a source with fewer sentences than its share gives all of them.
+    """
+    if not sources:
+        raise ValueError("train_mixture_tokenizer needs at least one source")
+    if sample_sentences < len(sources):
+        raise ValueError(
+            f"sample_sentences={sample_sentences} is fewer than one sentence per source "
+            f"({len(sources)} sources)"
+        )
+    share, extra = divmod(sample_sentences, len(sources))
+    start = time.perf_counter()
+    sample: list[str] = []
+    taken = []
+    by_name = sorted(sources, key=lambda source: source[0])
+    for index, (name, inputs, read_settings) in enumerate(by_name):
+        key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")
+        rng = np.random.default_rng([seed, _TOKENIZER_STREAM, key])
+        sentences = _sentences([str(p) for p in inputs], read_settings)
+        try:
+            drawn = reservoir_sample(sentences, share + (index < extra), rng)
+        except ValueError as err:  # a source that holds no text, named
+            raise ValueError(f"source {name!r}: {err}") from None
+        sample.extend(drawn)
+        taken.append(f"{name} {len(drawn):,}")
+    settings = TokenizerSettings(
+        vocab_size=vocab_size,
+        model_type=model_type,
+        lowercase=lowercase,
+        sample_sentences=max(len(sample), 1),  # the sample is drawn: train on all of it
+        seed=seed,
+    )
+    try:
+        tokenizer = train_tokenizer(sample, settings, output_path)
+    except ValueError as err:
+        inputs = [str(p) for _, paths, _ in sources for p in paths]
+        clearer = _vocabulary_error(err, vocab_size, inputs)
+        if clearer is None:
+            raise
+        raise clearer from err
+    log(
+        f"Trained a {tokenizer.vocab_size}-piece tokenizer on {len(sample):,} sentences "
+        f"({', '.join(taken)}) in {time.perf_counter() - start:.1f}s"
+    )
+    return tokenizer
+
+
 def _clear_output(data_dir: fs.AnyPath) -> None:
     """Removes a previous manifest first (the directory is unfinished from here on), then shards."""
     with fs.errors(data_dir / MANIFEST_FILE, "remove"):
@@ -321,7 +406,7 @@ def prepare(
     task: str = "nsp",
     lowercase: bool = False,
     tokenizer_model_type: str = "unigram",
-    tokenizer_sample_sentences: int = 1_000_000,
+    tokenizer_sample_sentences: int = TOKENIZER_SAMPLE_SENTENCES,
     chunk_mb: float = DEFAULT_CHUNK_MB,
     verbose: bool = True,
     process_index: int = 0,
@@ -422,42 +507,33 @@ def prepare(
     chunks = itertools.chain(head, chunks)
     if workers == 1 or len(head) < 2:
         _init_worker(str(tokenizer_file))
-        for index, parts, chars in chunks:
-            num_chunks += 1
-            raw_chars += chars
-            if lead:
-                eval_documents.extend(parts["eval"])
-            if mine(index):
-                train_records[index] = _process_chunk(
-                    *task_args, index, parts["train"], **task_kwargs
-                )
+        pool = _InProcess()
     else:
         # Workers fork from a fresh server process: the caller may be multithreaded (jax),
         # where a plain fork is unsafe, and may run from a notebook, where spawn cannot
         # re-import the main module.
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(["bertjax.data.prepare"])
-        with futures.ProcessPoolExecutor(
+        pool = futures.ProcessPoolExecutor(
             workers, mp_context=context, initializer=_init_worker, initargs=(str(tokenizer_file),)
-        ) as pool:
-            pending: collections.deque = collections.deque()
-            for index, parts, chars in chunks:
-                num_chunks += 1
-                raw_chars += chars
-                if lead:
-                    eval_documents.extend(parts["eval"])
-                if not mine(index):
-                    continue
-                future = pool.submit(
-                    _process_chunk, *task_args, index, parts["train"], **task_kwargs
-                )
-                pending.append((index, future))
-                while len(pending) >= 2 * workers:
-                    done_index, result = pending.popleft()
-                    train_records[done_index] = result.result()
-            while pending:
+        )
+    with pool:
+        pending: collections.deque = collections.deque()
+        for index, parts, chars in chunks:
+            num_chunks += 1
+            raw_chars += chars
+            if lead:
+                eval_documents.extend(parts["eval"])
+            if not mine(index):
+                continue
+            future = pool.submit(_process_chunk, *task_args, index, parts["train"], **task_kwargs)
+            pending.append((index, future))
+            while len(pending) >= 2 * workers:  # bounds the chunks in flight, and memory
                 done_index, result = pending.popleft()
                 train_records[done_index] = result.result()
+        while pending:
+            done_index, result = pending.popleft()
+            train_records[done_index] = result.result()
     if not num_chunks:
         raise ValueError(f"inputs {inputs} hold no documents.")
     if not lead:
