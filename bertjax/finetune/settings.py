@@ -89,7 +89,7 @@ class FinetuneRunSettings:
     regression_bias_init: str = "mean"
     # Threads that compile the run's programs ahead, while it trains (bertjax.compile_ahead;
     # 0: each program is compiled when a step first meets its shape).
-    compile_ahead: int = 1
+    compile_ahead: int = 0
 
     @property
     def micro_batch_size(self) -> int:
@@ -239,7 +239,7 @@ def _read_finetune(
         "group_by_length",
         "must be True or False",
     )
-    compile_threads = config.get("compile_ahead", 1)
+    compile_threads = config.get("compile_ahead", 0)
     require_(
         isinstance(compile_threads, int)
         and not isinstance(compile_threads, bool)

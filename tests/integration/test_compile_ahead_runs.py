@@ -1,4 +1,4 @@
-"""Fine-tuning with its programs compiled ahead in a background thread (the default) trains
+"""Fine-tuning with its programs compiled ahead in a background thread (compile_ahead=1) trains
 the same parameters, bit for bit, as compiling each program when a step first meets its
 shape: one batch per step, and micro-batches grouped by length."""
 
