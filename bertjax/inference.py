@@ -59,9 +59,9 @@ MIN_LENGTH_BUCKET = 8
 PROGRESS_MIN_TEXTS = 2048
 # A padded batch runs unpadded (the encoder's packed_length, as fine-tuning runs it) when its
 # fullest batch shard's real tokens fit in at most this share of the shard's slots: the rule
-# ModernBERT's encoder applies (PACKING_MAX_SHARE), which holds for forward passes too (L4/H256
-# BERT and ModernBERT, 32 rows of 256, one CPU run on a busy host: packed over padded 1.84x and
-# 1.24x at 0.53 of the slots real, 1.40x and 1.24x at 0.69).
+# ModernBERT's encoder applies (its PACKING_MAX_SHARE, measured on train steps). Notebook calls
+# of 8 review-length texts (`benchmarks/modernbert.py --notebook 12`, L6/H256, one CPU run on a
+# busy host) ran 1.30x (ModernBERT) and 1.36x (BERT) faster unpadded than padded.
 PACKING_MAX_SHARE = 0.7
 # Packed lengths are whole eighths of a shard's slots, so that a bucket shape compiles at most
 # five packed programs besides its padded one.
