@@ -1,6 +1,7 @@
 """Fine-tuning with its programs compiled ahead in a background thread (compile_ahead=1) trains
 the same parameters, bit for bit, as compiling each program when a step first meets its
-shape: one batch per step, and micro-batches grouped by length."""
+shape: one batch per step, and micro-batches grouped by length; and a program that failed to
+compile in the background ends the run with its error."""
 
 import jax
 import numpy as np
@@ -57,3 +58,31 @@ def test_compiling_ahead_trains_bit_identical_parameters(
         jax.tree.map(np.testing.assert_array_equal, params, same_params)
     predictions = "predictions_test.tsv"
     assert (plain_dir / predictions).read_text() == (early_dir / predictions).read_text()
+
+
+@pytest.mark.slow  # about 5 s
+def test_a_failed_background_compile_ends_the_run_with_its_error(
+    pretrained_run, tmp_path, monkeypatch
+):
+    init_from, topics = pretrained_run
+    compile_program = compile_ahead.Compiler._compile
+
+    def out_of_memory_for_evaluation(self, function, args):
+        if function.__name__ == "evaluate":
+            raise MemoryError("no room for the evaluation program")
+        return compile_program(self, function, args)
+
+    monkeypatch.setattr(compile_ahead.Compiler, "_compile", out_of_memory_for_evaluation)
+    config = make_config(
+        init_from,
+        compile_ahead=1,
+        task="classification",
+        num_epochs=1,
+        **{
+            "data.train": str(write_topic_csv(tmp_path / "train.csv", topics, 32, seed=1)),
+            "data.validation": str(write_topic_csv(tmp_path / "dev.csv", topics, 8, seed=2)),
+        },
+    )
+    with pytest.raises(compile_ahead.CompileAheadError, match="evaluate.*no room") as info:
+        loop.finetune(FinetuneSettings.from_config(config), tmp_path / "run")
+    assert isinstance(info.value.__cause__, MemoryError)
