@@ -776,11 +776,12 @@ def finetune(
             compiler = None
             if settings.run.compile_ahead:
                 compiler = compile_ahead.Compiler(settings.run.compile_ahead, run.ft.mesh)
-                run = compiled_ahead(run, compiler)
             seeds = settings.run.seeds
             results = []
             failing = True
             try:
+                if compiler is not None:
+                    run = compiled_ahead(run, compiler)
                 for seed in seeds:
                     seed_dir = (
                         workdir if len(seeds) == 1 else workdir / rundir.SEED_DIR.format(seed)
