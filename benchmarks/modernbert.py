@@ -4,6 +4,7 @@
         [--batch 8 --seq 512] [--lengths 512 1024 2048 4096] [--rounds 3]
         [--finetune reviews squad] [--ft_examples 256 --ft_epochs 1 --ft_batch 32]
         [--packing_sweep 0.5 0.7 0.85 1.0] [--attention] [--skip_sweep] [--skip_mlm]
+        [--notebook 40]
 
 1. The forward pass (ModernBertModel's hidden states) and a masked-LM training step (30% of
    the tokens predicted, AdamW) on a batch of --batch texts of random lengths from a quarter of
@@ -33,6 +34,12 @@
    ModernBERT's einsum path (global: whole rows; local: chunks against their band) against
    bertjax.attention's blocked path, the rounds interleaved.
 
+6. --notebook N: N notebook calls (bertjax.Model's batching path, Model.batched with the
+   mean embedding `Model.embed` runs), each of 8 texts of review lengths, unpadded (the
+   default: a batch whose real tokens fill at most 0.7 of its slots runs packed) against
+   padded (`unpad=False`), for ModernBERT and a BERT of the same size (random weights), the
+   rounds interleaved; the outputs are checked to agree within 1e-4 first.
+
 The whole command's clock (start-up, imports, every compile, every section) is printed last.
 
 The model is a ModernBERT of random weights at the given size (transformers' initialisation,
@@ -49,6 +56,8 @@ import time
 STARTED = time.perf_counter()
 
 import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
 import os  # noqa: E402
 import pathlib  # noqa: E402
 import statistics  # noqa: E402
@@ -65,12 +74,14 @@ import optax  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax import attention as attention_lib  # noqa: E402
-from bertjax import encoders  # noqa: E402
+from bertjax import encoders, inference  # noqa: E402
 from bertjax.data.packing import best_fit  # noqa: E402
+from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.modernbert import attention as mb_attention  # noqa: E402
 from bertjax.encoders.modernbert import config as mb_config  # noqa: E402
 from bertjax.encoders.modernbert import model as mb_model  # noqa: E402
 from bertjax.tasks.labels import model as label_model  # noqa: E402
+from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
 
 TOLERANCE = 1e-3
 PAD, CLS, SEP, VOCAB = 0, 1, 2, 1000
@@ -643,6 +654,80 @@ def attention_paths(args) -> None:
             )
 
 
+def notebook_calls(args) -> None:
+    """Model.batched's mean embeddings over calls of 8 review-length texts: unpadded against
+    padded, ModernBERT and BERT of the benchmark's size."""
+    rng = np.random.default_rng(0)
+    calls = []
+    for _ in range(args.notebook):
+        lengths = np.minimum(sample_lengths("reviews", 8, rng), 512)
+        calls.append(
+            [
+                {"input_ids": rng.integers(SEP + 1, VOCAB, n).astype(np.int32)}
+                | {"segment_ids": np.zeros(n, np.int32)}
+                for n in lengths
+            ]
+        )
+    tokenizer = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    size = dict(hidden_size=args.hidden, intermediate_size=args.intermediate)
+    size |= dict(num_layers=args.layers, num_heads=args.heads, max_position_embeddings=512)
+    configs = {
+        "ModernBERT": mb_config.ModernBertConfig(
+            vocab_size=VOCAB, pad_token_id=PAD, cls_token_id=CLS, sep_token_id=SEP, **size
+        ),
+        "BERT": BertConfig(vocab_size=VOCAB, **size),
+    }
+    print(f"\nnotebook calls: {args.notebook} calls of 8 review-length texts, mean embeddings")
+    for name, config in configs.items():
+        config = dataclasses.replace(config, dtype="float32")
+        params = jax.jit(encoders.family_of(config).pretraining_init(config))(jax.random.key(0))
+        model = inference.Model(config, params, tokenizer, progress=False)
+        unpadded, padded, share = _time_notebook_calls(model, calls, args.rounds)
+        print(
+            f"  {name}: unpadded {unpadded:.2f} s, padded {padded:.2f} s: "
+            f"{padded / unpadded:.2f}x ({100 * share:.0f} % of the batches packed)",
+            flush=True,
+        )
+
+
+def _time_notebook_calls(model, calls, rounds: int) -> tuple[float, float, float]:
+    """(median seconds unpadded, padded, share of the batches packed) of the calls."""
+    function = functools.partial(
+        inference._embed, config=model.run_config, pooling="mean", normalize=False
+    )
+
+    def run(unpad: bool) -> list[np.ndarray]:
+        model.unpad = unpad
+        out = []
+        for features in calls:
+            vectors = np.zeros((len(features), model.config.hidden_size), np.float32)
+            for rows, batch in model.batched(function, features):
+                vectors[rows] = batch
+            out.append(vectors)
+        return out
+
+    choose, chosen = inference.packed_length, []
+
+    def counting(mask, shards=1):
+        chosen.append(choose(mask, shards))
+        return chosen[-1]
+
+    inference.packed_length = counting
+    try:
+        for a, b in zip(run(True), run(False)):  # also the warm-up: every bucket compiles
+            np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+    finally:
+        inference.packed_length = choose
+    share = sum(length is not None for length in chosen) / max(len(chosen), 1)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(rounds):
+        for unpad in (True, False):
+            start = time.perf_counter()
+            run(unpad)
+            times[unpad].append(time.perf_counter() - start)
+    return statistics.median(times[True]), statistics.median(times[False]), share
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=256)
@@ -661,6 +746,7 @@ def main() -> None:
     parser.add_argument("--ft_batch", type=int, default=32)
     parser.add_argument("--packing_sweep", type=float, nargs="*", default=[])
     parser.add_argument("--attention", action="store_true")
+    parser.add_argument("--notebook", type=int, default=0, help="notebook calls to time")
     args = parser.parse_args()
     import torch
 
@@ -677,6 +763,8 @@ def main() -> None:
         packing_sweep(args)
     if args.attention:
         attention_paths(args)
+    if args.notebook:
+        notebook_calls(args)
     print(f"\nthe whole command: {time.perf_counter() - STARTED:.1f} s")
 
 

@@ -31,6 +31,10 @@ filled (bertjax.compilation_cache). Beside it the same as a torch user's script 
 transformers' tokenizer windows the file (as run_qa.py), BertForQuestionAnswering trains one
 epoch by the grouped loop below and predicts every evaluation window's logits, timed from
 the script's start to its exit (no decoding, no checkpoint: in torch's favour).
+
+`--compile_ahead_rounds N` times only the whole command, with an empty compilation cache each
+time, with `config.compile_ahead=0` and `=1` alternately for N rounds, and prints each round's
+ratio (bertjax.compile_ahead: the run's programs compiled in a background thread).
 """
 
 from __future__ import annotations
@@ -134,6 +138,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--only_whole_command",
         action="store_true",
         help="time the whole finetune.py command (and the torch script) alone",
+    )
+    parser.add_argument(
+        "--compile_ahead_rounds",
+        type=int,
+        default=0,
+        help="time the whole finetune.py command alone, with an empty compilation cache each "
+        "time, with config.compile_ahead=0 and =1 alternately for this many rounds",
     )
     parser.add_argument(
         "--torch_command",
@@ -527,31 +538,69 @@ def _run(command: list[str], env: dict[str, str]) -> tuple[float, str]:
     return seconds, done.stdout
 
 
+def _finetune_command(args, directory: str, name: str, cache: str, inputs) -> list[str]:
+    """finetune.py's command line for one epoch of the benchmark's windows."""
+    init_from, train, dev = inputs
+    return [
+        sys.executable,
+        os.path.join(_REPO, "finetune.py"),
+        f"--workdir={os.path.join(directory, name.split(',')[0].replace(' ', '_'))}",
+        f"--compilation_cache={cache}",
+        "--config.task=question_answering",
+        f"--config.init_from={init_from}",
+        f"--config.data.train={train}",
+        f"--config.data.validation={dev}",
+        "--config.num_epochs=1",
+        f"--config.batch_size={args.batch_size}",
+        f"--config.eval_batch_size={args.batch_size}",
+        f"--config.grad_accum_steps={args.micro_batches}",
+        f"--config.data.max_seq_length={args.max_seq_length}",
+        f"--config.model.dtype={args.dtype}",
+    ]
+
+
+def compile_ahead_rounds(args) -> dict[str, float]:
+    """Times finetune.py's whole command with config.compile_ahead=0 and =1 alternately (the
+    first of each round alternating too), each run with an empty compilation cache of its own;
+    prints each round's ratio and their median."""
+    with tempfile.TemporaryDirectory(prefix="bertjax-qa-") as directory:
+        inputs = command_inputs(args, directory)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+        print(f"\nwhole command, compiled ahead or not: 1 epoch of {inputs[1]}, empty caches")
+        times: dict[int, list[float]] = {0: [], 1: []}
+        for round_ in range(args.compile_ahead_rounds):
+            # Which goes first alternates: a busy host's load drifts within a round.
+            for threads in (0, 1) if round_ % 2 == 0 else (1, 0):
+                name = f"ahead {threads} round {round_}"
+                cache = os.path.join(directory, f"xla {name}")
+                command = _finetune_command(args, directory, name, cache, inputs)
+                seconds, out = _run([*command, f"--config.compile_ahead={threads}"], env)
+                found = SUMMARY.search(out)
+                f1 = re.findall(r"eval/f1 ([\d.]+)", out)
+                print(
+                    f"  compile_ahead={threads}, round {round_}: {seconds:.1f} s"
+                    + (f" (compiling {found[2]} s, {found[3]} programs)" if found else "")
+                    + (f", eval/f1 {f1[-1]}" if f1 else ""),
+                    flush=True,
+                )
+                times[threads].append(seconds)
+            print(f"    round {round_}: off / on {times[0][-1] / times[1][-1]:.2f}x", flush=True)
+        ratio = statistics.median(a / b for a, b in zip(times[0], times[1]))
+        print(f"  compile_ahead=1 over 0, median of rounds: {ratio:.2f}x (above 1: faster)")
+    return {"command compile_ahead 0": statistics.median(times[0]), "ratio": ratio}
+
+
 def whole_command(args) -> dict[str, float]:
     """Times finetune.py's whole command cold and warm, and the torch script; prints them."""
     with tempfile.TemporaryDirectory(prefix="bertjax-qa-") as directory:
-        init_from, train, dev = command_inputs(args, directory)
+        inputs = command_inputs(args, directory)
+        init_from, train, dev = inputs
         env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
         cache = os.path.join(directory, "xla")
         result = {}
         print(f"\nwhole command: 1 epoch of {train} (evaluated on {dev}), process start to exit")
         for name in ("empty compilation cache", "second run, cache warm"):
-            command = [
-                sys.executable,
-                os.path.join(_REPO, "finetune.py"),
-                f"--workdir={os.path.join(directory, name.split(',')[0].replace(' ', '_'))}",
-                f"--compilation_cache={cache}",
-                "--config.task=question_answering",
-                f"--config.init_from={init_from}",
-                f"--config.data.train={train}",
-                f"--config.data.validation={dev}",
-                "--config.num_epochs=1",
-                f"--config.batch_size={args.batch_size}",
-                f"--config.eval_batch_size={args.batch_size}",
-                f"--config.grad_accum_steps={args.micro_batches}",
-                f"--config.data.max_seq_length={args.max_seq_length}",
-                f"--config.model.dtype={args.dtype}",
-            ]
+            command = _finetune_command(args, directory, name, cache, inputs)
             seconds, out = _run(command, env)
             found = SUMMARY.search(out)
             inside, compiling, compiled, loaded = (
@@ -679,6 +728,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if args.only_whole_command:
         print(f"versions: {versions()}")
         return whole_command(args)
+    if args.compile_ahead_rounds:
+        print(f"versions: {versions()}")
+        return compile_ahead_rounds(args)
     command = [sys.executable, sys.argv[0]] + (sys.argv[1:] if argv is None else list(argv))
     print("command:", " ".join(shlex.quote(a) for a in command))
     print(f"versions: {versions()}")

@@ -17,7 +17,8 @@ batch of that shape reuses it. On a CPU a batch of long texts is cut into smalle
 (perf.rows_per_call: at most about 2,048 tokens per device), which stay in the cache. With
 a mesh, batches are split over its (data, fsdp) axes and parameters laid out by the model's
 logical axis rules; without one, everything runs on the first device. Calls over many texts
-show a progress bar.
+show a progress bar. A padded batch whose real tokens fill at most 0.7 of its slots runs
+unpadded (`packed_length`): the encoder computes its real tokens only, with the same outputs.
 
 Input mistakes raise InferenceError with one message naming the text and what is wrong;
 texts longer than the model's positions are cut, with a TruncationWarning naming the limit.
@@ -57,6 +58,15 @@ POOLINGS = ("mean", "cls", "pooler")
 MIN_LENGTH_BUCKET = 8
 # Calls over at least this many texts show a progress bar (when `progress` is None).
 PROGRESS_MIN_TEXTS = 2048
+# A padded batch runs unpadded (the encoder's packed_length, as fine-tuning runs it) when its
+# fullest batch shard's real tokens fit in at most this share of the shard's slots: the rule
+# ModernBERT's encoder applies (its PACKING_MAX_SHARE, measured on train steps). Notebook calls
+# of 8 review-length texts (`benchmarks/modernbert.py --notebook 12`, L6/H256, one CPU run on a
+# busy host) ran 1.30x (ModernBERT) and 1.36x (BERT) faster unpadded than padded.
+PACKING_MAX_SHARE = 0.7
+# Packed lengths are whole eighths of a shard's slots, so that a bucket shape compiles at most
+# five packed programs besides its padded one.
+PACKING_STEPS = 8
 
 
 class InferenceError(ValueError):
@@ -104,6 +114,7 @@ class Model:
         source: str = "memory",
         fresh_heads: Sequence[str] = (),
         head: HeadSpec | None = None,
+        unpad: bool = True,
     ):
         try:
             hf.check_vocab(config, tokenizer, source)
@@ -116,6 +127,8 @@ class Model:
         self.tokenizer = tokenizer
         self.mesh = mesh
         self.progress = progress
+        # False: every batch runs padded (the reference the unpadded path is tested against).
+        self.unpad = as_bool(unpad, "unpad")
         self.source = source
         # Parameter groups the checkpoint did not have (freshly initialised by bert_hf.load).
         self.fresh_heads = tuple(fresh_heads)
@@ -130,6 +143,8 @@ class Model:
             config, dtype=dtype or config.dtype, remat_policy="none"
         )
         self._rows_multiple = 1 if mesh is None else sharding_lib.data_parallel_size(mesh)
+        # The batch shards the encoder packs each of (sharding.shards(BATCH) inside the mesh).
+        self._shards = 1 if mesh is None else sharding_lib.shards(sharding_lib.BATCH, mesh)
         # Without a mesh, everything runs on this one device.
         self._device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
         self.batch_size = _round_up(batch_size, self._rows_multiple)
@@ -150,11 +165,13 @@ class Model:
         batch_size: int = 32,
         dtype: str | None = None,
         progress: bool | None = None,
+        unpad: bool = True,
     ) -> Model:
         """Opens a bertjax work directory, a bertjax export or a Hugging Face BERT directory.
 
         `step` picks a checkpoint of a work directory (default: the latest readable one).
         Compiled programs are kept for the next session (bertjax.compilation_cache).
+        `unpad=False` runs every batch padded (see `packed_length`).
         """
         compilation_cache.enable()
         overrides = {"dtype": dtype} if dtype else {}
@@ -188,6 +205,7 @@ class Model:
                 progress=progress,
                 source=str(path),
                 head=opened.head,
+                unpad=unpad,
             )
         try:
             run = rundir.open_run(path, step, **overrides)
@@ -215,6 +233,7 @@ class Model:
             source=source,
             fresh_heads=run.fresh,
             head=run.head,
+            unpad=unpad,
         )
 
     def save_hf(self, directory: str | os.PathLike) -> None:
@@ -446,6 +465,9 @@ class Model:
     ) -> Iterator:
         """Yields (rows, outputs) per batch: the rows of `features` and numpy outputs for them.
 
+        `function(params, batch, packed_length=...)` runs a padded batch; `packed_length`
+        (static: None, or the slots per batch shard that hold its real tokens, chosen by
+        `packed_length`) is for the encoder, which then computes real tokens only.
         `max_length`: the longest any row can be (question answering's window length), which
         caps the length buckets: windows of 384 tokens are padded to 384, not to 512.
         Batches are dispatched one ahead of reading their results back, so the host builds
@@ -463,8 +485,10 @@ class Model:
             for rows in self._batches(features, max_length):
                 shape = self._bucket(rows, features, max_length)
                 batch = _pad_batch([features[r] for r in rows], shape)
+                length = packed_length(batch["input_mask"], self._shards) if self.unpad else None
                 with self.context():  # the mesh, for the model's sharding constraints
-                    pending.append((rows, function(self.params, self.put(batch))))
+                    out = function(self.params, self.put(batch), packed_length=length)
+                    pending.append((rows, out))
                 if len(pending) > 1:
                     rows_done, out = pending.popleft()
                     yield rows_done, self._fetch(out, len(rows_done))
@@ -597,20 +621,28 @@ class Model:
 # The jitted tasks: params and a padded batch in, numpy-ready outputs out.
 
 
-@functools.partial(jax.jit, static_argnames=("config", "usable", "top_k"))
-def _fill_mask(params, batch, *, config: EncoderConfig, usable: int, top_k: int):
+@functools.partial(jax.jit, static_argnames=("config", "usable", "top_k", "packed_length"))
+def _fill_mask(
+    params, batch, *, config: EncoderConfig, usable: int, top_k: int, packed_length: int | None
+):
     """Top-k probabilities and ids at masked_lm_positions: [b, p, k] each.
 
     Ids from `usable` on (rows of a vocabulary padded past the tokenizer's pieces) are never
     proposed; the softmax still spans every row, as transformers computes it.
     """
-    logits = encoders.family_of(config).mlm_logits(
-        config,
-        params,
-        batch["input_ids"],
-        batch["segment_ids"],
-        batch["input_mask"],
-        batch["masked_lm_positions"],
+    logits = (
+        encoders.family_of(config)
+        .pretraining_model(config)
+        .apply(
+            {"params": params},
+            batch["input_ids"],
+            batch["segment_ids"],
+            batch["input_mask"],
+            batch["masked_lm_positions"],
+            deterministic=True,
+            packed_length=packed_length,
+        )
+        .mlm_logits
     )  # [b, p, v]
     probs = jax.nn.softmax(logits, axis=-1)  # [b, p, v] float32
     if usable < config.vocab_size:
@@ -618,8 +650,16 @@ def _fill_mask(params, batch, *, config: EncoderConfig, usable: int, top_k: int)
     return jax.lax.top_k(probs, top_k)  # [b, p, k] scores, [b, p, k] ids
 
 
-@functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize"))
-def _embed(params, batch, *, config: EncoderConfig, pooling: str, normalize: bool):
+@functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize", "packed_length"))
+def _embed(
+    params,
+    batch,
+    *,
+    config: EncoderConfig,
+    pooling: str,
+    normalize: bool,
+    packed_length: int | None,
+):
     """One float32 vector per row: [b, h]."""
     sequence, pooled = (
         encoders.family_of(config)
@@ -630,6 +670,7 @@ def _embed(params, batch, *, config: EncoderConfig, pooling: str, normalize: boo
             batch["segment_ids"],
             batch["input_mask"],
             deterministic=True,
+            packed_length=packed_length,
             # Only mean pooling reads the other positions: the rest skip them in the last layer.
             cls_only=pooling != "mean",
         )
@@ -726,6 +767,21 @@ def _export_errors(directory: str | os.PathLike):
         error = ExportError(f"{message}; an export already there is left as it was")
         error.errno = err.errno
         raise error from None
+
+
+def packed_length(input_mask: np.ndarray, shards: int = 1) -> int | None:
+    """The encoder's packed_length for a padded batch [rows, length] split into `shards` batch
+    shards of contiguous rows, or None: run it padded.
+
+    The fullest shard's real tokens, rounded up to whole eighths of a shard's slots (few
+    programs), when that is at most PACKING_MAX_SHARE of them (packing pays).
+    """
+    rows, length = input_mask.shape
+    slots = rows // shards * length
+    fullest = int(input_mask.reshape(shards, -1).sum(axis=1).max())  # real tokens of a shard
+    step = max(slots // PACKING_STEPS, 1)
+    packed = max(_round_up(fullest, step), step)
+    return packed if packed <= PACKING_MAX_SHARE * slots else None
 
 
 def _pad_batch(features: list[dict[str, np.ndarray]], shape: dict[str, int]) -> dict:

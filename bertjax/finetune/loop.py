@@ -43,6 +43,7 @@ from jax.experimental import multihost_utils
 
 from bertjax import (
     capability,
+    compile_ahead,
     encoders,
     fs,
     heads,
@@ -399,12 +400,9 @@ def run_eval(
     the cut positions holding the lowest value of their type (no decoder picks them).
     """
     position_outputs = ft.objective.position_outputs
-    bucket = None if position_outputs is None else eval_length_bucket(length_bucket)
     seq = examples.features["input_mask"].shape[1]
     totals, outputs = None, {}
-    multiple = sharding.data_parallel_size(ft.mesh)
-    platform = ft.mesh.devices.flat[0].platform
-    for real, local in eval_batches(examples, batch_size, bucket, multiple, platform, widths):
+    for real, local in _run_eval_batches(ft, examples, batch_size, length_bucket, widths):
         batch = steps.global_batch(local, ft.batch_sharding, jax.process_count())
         sums, batch_outputs = ft.eval_step(params, batch)
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
@@ -420,6 +418,21 @@ def run_eval(
             else:
                 outputs[name][real, : value.shape[1]] = value
     return jax.device_get(totals), outputs
+
+
+def _run_eval_batches(
+    ft: Finetuning,
+    examples: Examples,
+    batch_size: int,
+    length_bucket: int,
+    widths: tuple[int, ...] | None,
+) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
+    """The batches run_eval takes (eval_batches with the objective's and mesh's settings)."""
+    position_outputs = ft.objective.position_outputs
+    bucket = None if position_outputs is None else eval_length_bucket(length_bucket)
+    multiple = sharding.data_parallel_size(ft.mesh)
+    platform = ft.mesh.devices.flat[0].platform
+    return eval_batches(examples, batch_size, bucket, multiple, platform, widths)
 
 
 def _lowest(dtype: np.dtype):
@@ -760,13 +773,27 @@ def finetune(
     try:
         with perf.CompileTime() as compiling:
             run = prepare(settings, devices)
+            compiler = None
+            if settings.run.compile_ahead:
+                compiler = compile_ahead.Compiler(settings.run.compile_ahead, run.ft.mesh)
             seeds = settings.run.seeds
             results = []
-            for seed in seeds:
-                seed_dir = workdir if len(seeds) == 1 else workdir / rundir.SEED_DIR.format(seed)
-                results.append(_run_seed(run, seed, seed_dir))
-                if results[-1]["preempted"]:
-                    break
+            failing = True
+            try:
+                if compiler is not None:
+                    run = compiled_ahead(run, compiler)
+                for seed in seeds:
+                    seed_dir = (
+                        workdir if len(seeds) == 1 else workdir / rundir.SEED_DIR.format(seed)
+                    )
+                    results.append(_run_seed(run, seed, seed_dir))
+                    if results[-1]["preempted"]:
+                        break
+                failing = False
+            finally:
+                if compiler is not None:
+                    # Programs never called are dropped; a failure no step raised is raised.
+                    compiler.close(failing=failing)
     finally:
         lock.release()
     summary = _seed_summary(settings, results, workdir, time.time() - start)
@@ -848,6 +875,111 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
         train_widths,
         eval_widths,
     )
+
+
+# ----------------------------------------------------------------------------- compiled ahead
+
+
+def compiled_ahead(run: _Run, compiler: compile_ahead.Compiler) -> _Run:
+    """`run` with its steps' programs compiled ahead by `compiler` (bertjax.compile_ahead):
+    every training shape, in the order the run first meets it, then every evaluation and
+    prediction shape (the batches run_eval will take). A step then runs the program compiled
+    for its shape: the same jitted function's, so the run's results do not change."""
+    ft, settings = run.ft, run.settings.run
+    built = ft.steps
+    abstract = built.state.abstract
+    rng = jax.eval_shape(lambda: jax.random.key(0))  # the dropout key's shape and dtype
+    train = run.task.train
+    order = epoch_order(settings.seeds[0], 0, len(train))
+    per_position = _per_position(train)
+
+    def shapes(local: dict[str, np.ndarray], width: int | None = None) -> dict:
+        """The global batch of this process's `local` rows, at `width` positions."""
+        out = {}
+        for name, array in local.items():
+            shape = (array.shape[0] * jax.process_count(),) + array.shape[1:]  # [rows, ...]
+            if width is not None and name in per_position:
+                shape = (shape[0], width) + shape[2:]  # [rows, width, ...]
+            out[name] = jax.ShapeDtypeStruct(shape, array.dtype, sharding=built.batch_sharding)
+        return out
+
+    widths = _training_widths_in_use_order(run)
+    train_step, micro_step = built.train_step, built.micro_batch_step
+    if settings.micro_batches_by_length:
+        first = train_micro_batches(
+            train,
+            order,
+            0,
+            settings.batch_size,
+            settings.grad_accum_steps,
+            settings.length_bucket,
+            run.train_widths,
+        )[0]
+        micro_step = dataclasses.replace(
+            micro_step,
+            denominators=compiler.ahead(micro_step.denominators),
+            zeros=compiler.ahead(micro_step.zeros),
+            accumulate=compiler.ahead(micro_step.accumulate),
+            apply=compiler.ahead(micro_step.apply),
+        )
+        micro_step.zeros.prepare(abstract.params)
+        grads, sums = jax.eval_shape(micro_step.zeros.function, abstract.params)
+        for k, width in enumerate(widths):
+            micro = shapes(first, width)
+            micro_step.denominators.prepare(micro)
+            denominators = jax.eval_shape(micro_step.denominators.function, micro)
+            # The micro-batch's index is a traced Python int: one program for every index.
+            micro_step.accumulate.prepare(
+                abstract.params, grads, sums, micro, denominators, rng, abstract.step, 0
+            )
+            if k == 0:
+                micro_step.apply.prepare(abstract, grads, sums, denominators)
+    else:
+        first = train_batch(
+            train, order, 0, settings.batch_size, settings.length_bucket, run.train_widths
+        )
+        train_step = compiler.ahead(train_step)
+        for width in widths:
+            train_step.prepare(abstract, shapes(first, width), rng)
+    eval_step = compiler.ahead(built.eval_step)
+    for examples in [*run.task.validation, *run.task.test]:
+        batches = _run_eval_batches(
+            ft, examples, settings.eval_batch_size, settings.length_bucket, run.eval_widths
+        )
+        for _, local in batches:
+            eval_step.prepare(abstract.params, shapes(local))
+    ahead = dataclasses.replace(
+        built, train_step=train_step, eval_step=eval_step, micro_batch_step=micro_step
+    )
+    return dataclasses.replace(run, ft=dataclasses.replace(ft, steps=ahead))
+
+
+def _training_widths_in_use_order(run: _Run) -> list[int | None]:
+    """The run's training widths (micro-batch widths when grouped by length) in the order its
+    steps first meet them; [None] when every batch runs at max_seq_length."""
+    if run.train_widths is None:
+        return [None]
+    settings = run.settings.run
+    train = run.task.train
+    lengths = train.features["input_mask"].sum(axis=1)
+    seq = train.features["input_mask"].shape[1]
+    groups = settings.grad_accum_steps if settings.micro_batches_by_length else 1
+    size = settings.batch_size
+    met: list[int | None] = []
+    for seed in settings.seeds:
+        for epoch in range(settings.num_epochs):
+            order = epoch_order(seed, epoch, len(train))
+            for index in range(run.steps_per_epoch):
+                rows = order[index * size : (index + 1) * size]
+                # [micro-batch, row], sorted as train_micro_batches groups them
+                longest = np.sort(lengths[rows]).reshape(groups, -1)[:, -1]
+                for n in longest:
+                    width = _fitting(run.train_widths, int(n), seq)
+                    if width not in met:
+                        met.append(width)
+                if len(met) == len(run.train_widths):
+                    return met
+    return met + [w for w in run.train_widths if w not in met]
 
 
 def _seed_summary(settings, results: list[dict], workdir: fs.AnyPath, seconds: float) -> dict:

@@ -87,6 +87,9 @@ class FinetuneRunSettings:
     checkpoint_every_steps: int
     # A fresh regression head's bias: "mean" of the training targets, or "zero" (google's).
     regression_bias_init: str = "mean"
+    # Threads that compile the run's programs ahead, while it trains (bertjax.compile_ahead;
+    # 0: each program is compiled when a step first meets its shape).
+    compile_ahead: int = 0
 
     @property
     def micro_batch_size(self) -> int:
@@ -239,6 +242,14 @@ def _read_finetune(
         "group_by_length",
         "must be True or False",
     )
+    compile_threads = config.get("compile_ahead", 0)
+    require_(
+        isinstance(compile_threads, int)
+        and not isinstance(compile_threads, bool)
+        and compile_threads >= 0,
+        "compile_ahead",
+        "must be an integer >= 0 (threads compiling the run's programs ahead; 0: off)",
+    )
     require_(
         config.regression_bias_init in REGRESSION_BIAS_INITS,
         "regression_bias_init",
@@ -258,6 +269,7 @@ def _read_finetune(
         log_every_steps=config.log_every_steps,
         checkpoint_every_steps=config.checkpoint_every_steps,
         regression_bias_init=config.regression_bias_init,
+        compile_ahead=compile_threads,
     )
     mesh = check_mesh(config, run, devices, process_count)
     data_parallel = sharding.data_parallel_size(mesh)

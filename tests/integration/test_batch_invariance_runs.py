@@ -2,7 +2,9 @@
 different lengths: for each encoder family (BERT, ModernBERT) and tokenizer kind
 (sentencepiece, WordPiece, a byte-level pipeline; the tokenizer.json files carry padding and
 truncation sections), with batch_size 1 and the default, on one device and on a mesh of the
-8 simulated devices.
+8 simulated devices. And each method gives the same results with its batches unpadded (the
+encoder's packed_length, the default) as padded (`unpad=False`), full, nearly empty and
+one-token rows in one batch.
 
 Tiny random models (one or two layers, hidden 32) with large initial weights, so that outputs
 move with their inputs; `hypothesis` draws the mix of lengths: one word, past ModernBERT's
@@ -20,7 +22,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bertjax import Model, capability, encoders, sharding
+from bertjax import Model, capability, encoders, inference, sharding
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
@@ -98,13 +100,19 @@ def _params(config, head):
     return jax.tree.map(np.asarray, nn.meta.unbox(jax.jit(init)(jax.random.key(0))))
 
 
-def _model(family, tokenizer, head, *, batch_size, mesh):
+def _model(family, tokenizer, head, *, batch_size, mesh, unpad=True):
     # Generation proposes every row of the vocabulary: it must be the tokenizer's own.
     seq2seq = head is not None and head.task == "seq2seq"
     config = _config(family, tokenizer.vocab_size if seq2seq else VOCAB)
     assert tokenizer.vocab_size <= config.vocab_size
     return Model(
-        config, _params(config, head), tokenizer, head=head, batch_size=batch_size, mesh=mesh
+        config,
+        _params(config, head),
+        tokenizer,
+        head=head,
+        batch_size=batch_size,
+        mesh=mesh,
+        unpad=unpad,
     )
 
 
@@ -230,3 +238,78 @@ def test_a_texts_result_alone_equals_its_result_in_a_mixed_list(
 def test_the_same_on_a_mesh_of_eight_devices(tokenizers_by_kind, family, method):
     mesh = sharding.make_mesh((2, 2, 2))
     _check(family, method, tokenizers_by_kind["pipeline"], LENGTHS[::-1], 7, mesh=mesh)
+
+
+# A text past the positions (a full row), nearly empty ones and one in between: the batch's
+# real tokens fill well under PACKING_MAX_SHARE of its slots, so it runs unpadded.
+UNPADDED_MIX = (3 * POSITIONS, 1, 1, 6)
+
+
+@pytest.fixture
+def packed_lengths(monkeypatch):
+    """The packed lengths Model.batched chooses, batch by batch (None: padded)."""
+    chosen = []
+
+    def recording(input_mask, shards=1):
+        chosen.append(choose(input_mask, shards))
+        return chosen[-1]
+
+    choose = inference.packed_length
+    monkeypatch.setattr(inference, "packed_length", recording)
+    return chosen
+
+
+@pytest.mark.parametrize("family,method", CASES)
+def test_unpadded_batches_give_the_padded_results(
+    tokenizers_by_kind, packed_lengths, family, method
+):
+    head_of, run = METHODS[method]
+    tokenizer = tokenizers_by_kind["pipeline"]
+    texts = _texts(UNPADDED_MIX, 5)
+    results = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", TruncationWarning)
+        for unpad in (False, True):
+            packed_lengths.clear()
+            model = _model(
+                family, tokenizer, head_of(tokenizer), batch_size=32, mesh=None, unpad=unpad
+            )
+            results[unpad] = run(model, texts)
+            assert any(packed_lengths) == unpad, packed_lengths
+    _assert_same(results[False], results[True], f"{family} {method}")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_one_token_rows_unpadded_equal_padded(tokenizers_by_kind, family):
+    """Rows of one token (below any text's: [CLS] text [SEP]) through Model.batched, beside
+    a full row and a nearly empty one, for fill-mask and both embeddings' poolings."""
+    config = _config(family)
+    model = Model(config, _params(config, None), tokenizers_by_kind["pipeline"], batch_size=32)
+    rng = np.random.default_rng(0)
+    features = [
+        {
+            "input_ids": rng.integers(5, VOCAB, n).astype(np.int32),
+            "segment_ids": np.zeros(n, np.int32),
+            "masked_lm_positions": np.asarray([n - 1]),
+        }
+        for n in (POSITIONS, 2, 1, 1)
+    ]
+    functions = {
+        "fill_mask": functools.partial(
+            inference._fill_mask, config=model.run_config, usable=VOCAB, top_k=3
+        ),
+        **{
+            pooling: functools.partial(
+                inference._embed, config=model.run_config, pooling=pooling, normalize=False
+            )
+            for pooling in ("mean", "cls")
+        },
+    }
+    for name, function in functions.items():
+        outputs = {}
+        for unpad in (False, True):
+            model.unpad = unpad
+            ((rows, out),) = list(model.batched(function, features))
+            assert len(rows) == len(features)
+            outputs[unpad] = jax.tree.map(lambda x, rows=rows: x[np.argsort(rows)], out)
+        _assert_same(outputs[False], outputs[True], f"{family} {name}")

@@ -157,3 +157,11 @@ def test_a_fresh_regression_head_starts_at_the_training_targets_mean(tmp_path, n
 def test_an_unknown_regression_bias_init_is_named(tmp_path):
     with pytest.raises(ConfigError, match="regression_bias_init"):
         _settings(tmp_path, task="classification", regression_bias_init="median")
+
+
+def test_compile_ahead_is_a_count_of_threads(tmp_path):
+    assert _settings(tmp_path, task="classification").run.compile_ahead == 0
+    assert _settings(tmp_path, task="classification", compile_ahead=2).run.compile_ahead == 2
+    for bad in (-1, -3):
+        with pytest.raises(ConfigError, match=r"config.compile_ahead=.* integer >= 0"):
+            _settings(tmp_path, task="classification", compile_ahead=bad)

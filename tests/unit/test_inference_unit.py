@@ -5,6 +5,8 @@ import warnings
 import jax
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import bertjax
 from bertjax import inference, perf
@@ -59,7 +61,11 @@ def test_each_bucket_compiles_once(trained, held_out):
     # A pooling of its own, so that other tests' compilations do not count here.
     vectors = model.embed(texts, pooling="cls", normalize=True)
     features = [e.features() for e in model.examples(texts, None, None)]
-    buckets = {tuple(model._bucket(rows, features).values()) for rows in model._batches(features)}
+    buckets = set()  # (rows, length, packed length or None): one program each
+    for rows in model._batches(features):
+        shape = model._bucket(rows, features)
+        mask = inference._pad_batch([features[r] for r in rows], shape)["input_mask"]
+        buckets.add((shape["rows"], shape["length"], inference.packed_length(mask)))
     assert inference._embed._cache_size() - compiled == len(buckets)
     model.embed(list(reversed(texts)), pooling="cls", normalize=True)  # nothing new to compile
     assert inference._embed._cache_size() - compiled == len(buckets)
@@ -69,6 +75,31 @@ def test_each_bucket_compiles_once(trained, held_out):
         np.testing.assert_allclose(vectors[i], alone[0], atol=1e-5, rtol=0)
     lengths = {b[1] for b in buckets}
     assert lengths <= {8, 16, 32, 64}
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    shards=st.sampled_from((1, 2, 4)),
+    rows_per_shard=st.sampled_from((1, 2, 8)),
+    length=st.sampled_from((8, 64, 512)),
+    data=st.data(),
+)
+def test_a_batch_runs_unpadded_where_packing_pays(shards, rows_per_shard, length, data):
+    """The packed length holds the fullest shard's real tokens in whole eighths of its slots,
+    and is chosen exactly when that is at most PACKING_MAX_SHARE of them."""
+    rows = shards * rows_per_shard
+    lengths = data.draw(st.lists(st.integers(0, length), min_size=rows, max_size=rows))
+    lengths[0] = max(lengths[0], 1)  # a batch holds a text
+    mask = (np.arange(length)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
+    slots = rows_per_shard * length
+    fullest = max(sum(lengths[k : k + rows_per_shard]) for k in range(0, rows, rows_per_shard))
+    step = slots // inference.PACKING_STEPS
+    smallest = max(-(-fullest // step), 1) * step  # whole eighths holding the fullest shard
+    packed = inference.packed_length(mask, shards)
+    if smallest <= inference.PACKING_MAX_SHARE * slots:
+        assert packed == smallest
+    else:
+        assert packed is None
 
 
 def test_mesh_gives_the_same_results(workdir, trained, held_out):

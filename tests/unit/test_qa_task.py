@@ -202,9 +202,9 @@ def test_answer_pads_windows_to_their_width_not_to_the_next_power_of_two(tmp_pat
     widths = []
     logits = answer_lib._logits
 
-    def spy(params, batch, *, config):
+    def spy(params, batch, *, config, packed_length):
         widths.append(batch["input_ids"].shape[1])
-        return logits(params, batch, config=config)
+        return logits(params, batch, config=config, packed_length=packed_length)
 
     monkeypatch.setattr(answer_lib, "_logits", spy)
     got = model.answer("the w3", context, max_seq_len=24, doc_stride=8, top_k=3)

@@ -202,13 +202,23 @@ def pad_inputs(sequences: Sequence[Sequence[int]], length: int, rows: int | None
     }
 
 
-@functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize"))
-def embed_inputs(params, batch, *, config: EncoderConfig, pooling: str, normalize: bool):
-    """float32 [b, hidden] vectors of a padded batch; params is BiEncoder's tree ("bert")."""
+@functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize", "packed_length"))
+def embed_inputs(
+    params,
+    batch,
+    *,
+    config: EncoderConfig,
+    pooling: str,
+    normalize: bool,
+    packed_length: int | None = None,
+):
+    """float32 [b, hidden] vectors of a padded batch; params is BiEncoder's tree ("bert");
+    `packed_length` as the encoder's."""
     return BiEncoder(config, pooling, normalize).apply(
         {"params": {ENCODER: params[ENCODER]}},
         batch["input_ids"],
         batch["segment_ids"],
         batch["input_mask"],
         deterministic=True,
+        packed_length=packed_length,
     )

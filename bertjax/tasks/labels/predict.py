@@ -107,15 +107,17 @@ def _predict_words(model: Model, texts: list[str], max_length: int | None) -> li
     ]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "head"))
-def _predict(params, batch, *, config: EncoderConfig, head: HeadSpec):
-    """What a label head gives per row (bertjax.heads.outputs)."""
+@functools.partial(jax.jit, static_argnames=("config", "head", "packed_length"))
+def _predict(params, batch, *, config: EncoderConfig, head: HeadSpec, packed_length: int | None):
+    """What a label head gives per row (bertjax.heads.outputs); `packed_length` as
+    Model.batched gives it."""
     logits = label_heads.make_model(config, head.task, head.num_outputs).apply(
         {"params": params},
         batch["input_ids"],
         batch["segment_ids"],
         batch["input_mask"],
         deterministic=True,
+        packed_length=packed_length,
     )  # [b, labels] or [b, s, labels]
     return label_heads.outputs(head.task, logits)
 

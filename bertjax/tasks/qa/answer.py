@@ -205,8 +205,12 @@ def window_logits(model: Model, features: squad.QAFeatures) -> tuple[np.ndarray,
     return starts, ends
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _logits(params, batch, *, config: EncoderConfig):
+@functools.partial(jax.jit, static_argnames=("config", "packed_length"))
+def _logits(params, batch, *, config: EncoderConfig, packed_length: int | None):
     return qa_model.QuestionAnswering(config).apply(
-        {"params": params}, batch["input_ids"], batch["segment_ids"], batch["input_mask"]
+        {"params": params},
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["input_mask"],
+        packed_length=packed_length,
     )  # [b, s] each

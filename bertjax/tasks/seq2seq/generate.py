@@ -63,7 +63,7 @@ def generate(
     return results[0] if single else results
 
 
-def _generate(params, batch, *, config, settings):
+def _generate(params, batch, *, config, settings, packed_length):
     generated = seq2seq_lib.generate(
         config,
         params,
@@ -71,5 +71,6 @@ def _generate(params, batch, *, config, settings):
         batch["input_mask"],
         batch["segment_ids"],
         settings=settings,
+        packed_length=packed_length,
     )
     return generated.tokens, generated.lengths

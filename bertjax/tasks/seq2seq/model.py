@@ -766,7 +766,7 @@ def _beam_search(config, settings, step, cache, batch):
     return state["sequences"][:, 0, 1:], state["scores"][:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("config", "settings"))
+@functools.partial(jax.jit, static_argnames=("config", "settings", "packed_length"))
 def generate(
     config: Seq2SeqConfig,
     params: Mapping,
@@ -775,20 +775,27 @@ def generate(
     token_type_ids: jax.Array | None = None,
     *,
     settings: GenerationSettings = GenerationSettings(),
+    packed_length: int | None = None,
 ) -> Generated:
     """Greedy (num_beams=1) or beam-search decoding of a batch of sources [b, t].
 
     Compiled once per (config, settings, input shape): the encoder runs once, the cross-
     attention keys/values once, then one lax.while_loop emits a token per step for every row
     (and beam) until each has produced [SEP] or max_new_tokens (beam search: until
-    transformers' stopping rules hold).
+    transformers' stopping rules hold). `packed_length` runs the encoder on real tokens only
+    (its outputs are the same).
     """
     if attention_mask is None:
         attention_mask = jnp.ones_like(input_ids)
     model = Seq2SeqModel(config)
     variables = {"params": full_params(config, nn.meta.unbox(params))}
     encoded = model.apply(
-        variables, input_ids, token_type_ids, attention_mask, method=Seq2SeqModel.encode
+        variables,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        packed_length=packed_length,
+        method=Seq2SeqModel.encode,
     )  # [b, t, h]
     cross = model.apply(variables, encoded, method=Seq2SeqModel.cross_keys_values)
     batch = input_ids.shape[0]
