@@ -871,9 +871,10 @@ def restore_params(
     abstract_params=None places every array on one local device, whatever mesh it was saved
     from. With `layout_only`, abstract_params only lays out the arrays it has: the stored tree
     says what is read, and an array abstract_params lacks (a network trained beside the
-    model, e.g. ELECTRA's generator) is replicated on its mesh. The values are checked as in Checkpointer.restore (`verify`). With step=None, an
-    unreadable or damaged newest step is named and the previous one used; nothing is moved,
-    since readers (notebooks, init_from) may share the directory with a live run.
+    model, e.g. ELECTRA's generator) is replicated on its mesh. The values are checked as in
+    Checkpointer.restore (`verify`). With step=None, an unreadable or damaged newest step is
+    named and the previous one used; nothing is moved, since readers (notebooks, init_from)
+    may share the directory with a live run.
     """
     path, manager = _open_for_reading(directory)
     try:

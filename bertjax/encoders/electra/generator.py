@@ -110,4 +110,3 @@ def generator(config: ElectraConfig, params: Any) -> tuple[ElectraConfig, dict]:
 # The group each network of a run lacks as an ElectraPreTraining (freshly made when opened).
 DISCRIMINATOR_LACKS = (MLM_HEAD,)
 GENERATOR_LACKS = (DISCRIMINATOR_HEAD,)
-

@@ -10,12 +10,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import encoders, fs, perf, steps
+from bertjax import perf, steps
 from bertjax.data import baseline
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
+from bertjax.encoders.electra import generator as generator_lib
 from bertjax.pretrain import samples as samples_lib
 from bertjax.pretrain.objectives.base import PretrainObjective, require
-from bertjax.encoders.electra import generator as generator_lib
 from bertjax.pretrain.objectives.rtd import model as rtd_model
 from bertjax.pretrain.objectives.rtd.objective import (
     RtdSettings,

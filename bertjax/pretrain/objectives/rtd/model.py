@@ -19,6 +19,7 @@ from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.encoders.electra.generator import Generator
 from bertjax.encoders.electra.model import DiscriminatorHead, ElectraEncoder
 
+
 class ReplacedTokenDetection(nn.Module):
     """Generator and discriminator with shared embeddings (the module docstring's tree)."""
 
