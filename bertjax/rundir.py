@@ -299,7 +299,9 @@ def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[Any, Any,
     """(config, params, tokenizer) of a run, from its latest (or the given) checkpoint.
 
     Reads the parameters only, never the optimizer state, and places them on this
-    machine's first device whatever mesh they were saved from.
+    machine's first device whatever mesh they were saved from. They are the whole tree the
+    run trained (a replaced-token detection run's generator too; Model.load opens each
+    network as a model).
     """
     workdir = fs.path(workdir)
     if not (workdir / CHECKPOINT_DIR).is_dir():
@@ -307,7 +309,7 @@ def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[Any, Any,
             f"{workdir} has no {CHECKPOINT_DIR}/ directory: is it a bertjax work directory?"
         )
     run = open_run(workdir, step, best=False)
-    _, params = read_params(run)
+    _, params, _ = checkpoint_lib.restore_params(run.checkpoints, step=run.step)
     return run.config, params, run.tokenizer
 
 

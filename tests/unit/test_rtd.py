@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
+from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.pretrain import objectives
 from bertjax.pretrain.objectives.rtd import model as rtd_model
@@ -130,20 +131,20 @@ def test_fates_are_85_percent_mask_and_none_random():
 
 def test_generator_is_a_fraction_with_heads_of_64():
     base = dataclasses.replace(CONFIG, hidden_size=768, num_heads=12, embedding_size=768)
-    generator = rtd_model.generator_config(base, 0.25)
+    generator = generator_lib.generator_config(base, 0.25)
     assert (generator.hidden_size, generator.num_heads, generator.intermediate_size) == (
         192,
         3,
         768,
     )
     assert generator.num_layers == base.num_layers
-    assert rtd_model.generator_config(CONFIG, 0.5).num_heads == 1  # 16 // 64 -> at least 1
+    assert generator_lib.generator_config(CONFIG, 0.5).num_heads == 1  # 16 // 64 -> at least 1
 
 
 @functools.cache
 def _setup(weight=50.0, dtype="float32"):
     config = dataclasses.replace(CONFIG, dtype=dtype)
-    generator = rtd_model.generator_config(config, 0.5)
+    generator = generator_lib.generator_config(config, 0.5)
     params = nn.meta.unbox(rtd_model.init(config, generator)(jax.random.key(0)))
     step = RtdStep(rtd_model.ReplacedTokenDetection(config, generator), weight)
     ids, mask, _, out = _masked([12, 20, 9], 20)

@@ -143,7 +143,12 @@ def _network(config: ElectraConfig, params: Any, lacks: str) -> family.Network:
     and the classifier's trunk (the pooler, which replaced-token detection never trains) are
     its untrained groups."""
     flat = dict(hf.flatten_tree(nn.meta.unbox(params)))
-    paths = [s.path for s in electra_hf.pretraining_specs(config) if s.group == lacks]
+    # The generator's tree has no pooler at all: made too, so each network's tree is whole.
+    paths = [
+        s.path
+        for s in electra_hf.pretraining_specs(config)
+        if s.group == lacks or (s.group == electra_model.POOLER and s.path not in flat)
+    ]
     for path, value in electra_hf.fresh_params(config, paths).items():
         flat[path] = value.astype(np.dtype(config.param_dtype))
     return family.Network(
