@@ -20,9 +20,12 @@ from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.pretrain import objectives
 from bertjax.pretrain.objectives.rtd import model as rtd_model
+from bertjax.pretrain.objectives.rtd import objective as objective_lib
 from bertjax.pretrain.objectives.rtd.objective import (
+    AUC_BINS,
     RtdSettings,
     RtdStep,
+    area_under_roc,
     gumbel_sample,
     num_slots,
     originals,
@@ -228,7 +231,7 @@ def test_sampling_is_float32_under_bfloat16():
     sums = jax.jit(lambda p: step.sums(p, batch, rng=jax.random.key(2), deterministic=False))(
         params
     )
-    assert all(np.isfinite(float(x)) for x in sums)
+    assert all(np.isfinite(np.asarray(x)).all() for x in sums)
 
 
 def test_settings_refuse_other_families_and_bad_fields():
@@ -243,3 +246,25 @@ def test_settings_refuse_other_families_and_bad_fields():
     settings_ = PretrainSettings.from_config(electra_tiny.get_config())
     assert settings_.objective_settings == RtdSettings(generator_hidden_fraction=0.5)
     assert settings_.optimizer.frozen == ("bert/pooler",)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(-3.0, 3.0))
+def test_the_auc_from_logit_histograms_is_the_pairwise_one(seed, shift):
+    """The discriminator's AUC, counted in bins of its logits (sums that add over batches),
+    equals the exact pairwise AUC up to the bins' width; split batches add to the same."""
+    rng = np.random.default_rng(seed)
+    replaced = rng.normal(shift, 1.5, 40).astype(np.float32)
+    original = rng.normal(0.0, 1.5, 300).astype(np.float32)
+    exact = np.mean(replaced[:, None] > original[None, :])
+    histogram = functools.partial(objective_lib._histogram)
+    logits = np.concatenate([replaced, original])[None, :]  # [1, n]
+    is_replaced = np.concatenate([np.ones(40), np.zeros(300)]).astype(np.float32)[None, :]
+    whole = area_under_roc(histogram(logits, is_replaced), histogram(logits, 1 - is_replaced))
+    assert float(whole) == pytest.approx(exact, abs=0.03)
+    halves = [slice(0, 170), slice(170, 340)]
+    positives = sum(histogram(logits[:, h], is_replaced[:, h]) for h in halves)
+    negatives = sum(histogram(logits[:, h], 1 - is_replaced[:, h]) for h in halves)
+    assert positives.shape == (AUC_BINS,)
+    assert float(area_under_roc(positives, negatives)) == pytest.approx(float(whole), abs=1e-6)
+    assert float(area_under_roc(positives, 0 * negatives)) == 0.5  # nothing to rank against

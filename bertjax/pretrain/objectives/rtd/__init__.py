@@ -99,7 +99,7 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
 
     def baselines(self, settings, data_dir, eval_metrics=None) -> dict[str, float]:
         """The generator's against the unigram guess; the discriminator's against calling
-        every token original (measured on the same eval batches)."""
+        every token original (measured on the same eval batches) and its AUC against chance."""
         unigram = baseline.unigram_baseline(
             data_dir,
             masking=settings.data.eval_masking,
@@ -110,6 +110,8 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         out = {"eval/generator_accuracy": unigram.accuracy}
         if eval_metrics and "eval/all_original_accuracy" in eval_metrics:
             out["eval/discriminator_accuracy"] = eval_metrics["eval/all_original_accuracy"]
+        # Scores that tell nothing apart rank a replaced token above an original half the time.
+        out["eval/replaced_auc"] = 0.5
         return out
 
     def flops(self, family, model_config, seq_len: int, predictions: int, options=None) -> float:
