@@ -268,3 +268,11 @@ def test_the_auc_from_logit_histograms_is_the_pairwise_one(seed, shift):
     assert positives.shape == (AUC_BINS,)
     assert float(area_under_roc(positives, negatives)) == pytest.approx(float(whole), abs=1e-6)
     assert float(area_under_roc(positives, 0 * negatives)) == 0.5  # nothing to rank against
+
+
+def test_a_generator_too_strong_is_named_in_a_caution():
+    assert RTD.cautions({"eval/generator_accuracy": 0.5}) == []
+    assert RTD.cautions({"eval/loss": 1.0}) == []
+    (line,) = RTD.cautions({"eval/generator_accuracy": 0.9})
+    assert "90.0%" in line and "generator_hidden_fraction" in line
+    assert objectives.get("mlm").cautions({"eval/generator_accuracy": 0.9}) == []

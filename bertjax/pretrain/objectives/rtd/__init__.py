@@ -27,6 +27,11 @@ from bertjax.pretrain.objectives.rtd.objective import (
 # ELECTRA's fates of a masked position: [MASK] 85%, kept 15%, never a random token
 # (google-research/electra pretrain_helpers.mask).
 MASK_TOKEN_PROB = 0.85
+# A generator that predicts more than this share of the masked tokens replaces few of them, and
+# only with what it finds plausible: the discriminator's task becomes too hard and its recall
+# on replaced tokens collapses (the ELECTRA paper's case against generators as large as the
+# discriminator). Each evaluation past it logs a warning (docs/electra.md).
+GENERATOR_TOO_STRONG = 0.75
 # The discriminator's pooler is the fine-tuning classifier's first layer: RTD never runs it.
 FROZEN = ("bert/pooler",)
 _FAMILY = "electra"
@@ -113,6 +118,17 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         # Scores that tell nothing apart rank a replaced token above an original half the time.
         out["eval/replaced_auc"] = 0.5
         return out
+
+    def cautions(self, eval_metrics) -> list[str]:
+        accuracy = eval_metrics.get("eval/generator_accuracy")
+        if accuracy is None or accuracy <= GENERATOR_TOO_STRONG:
+            return []
+        return [
+            f"the generator predicts {accuracy:.1%} of the masked tokens (above "
+            f"{GENERATOR_TOO_STRONG:.0%}): it replaces few of them, so the discriminator's "
+            "task gets too hard and its recall on replaced tokens collapses; use a smaller "
+            "generator (config.generator_hidden_fraction, ELECTRA: 1/4 to 1/2)"
+        ]
 
     def flops(self, family, model_config, seq_len: int, predictions: int, options=None) -> float:
         """Both networks: each encoder as perf counts it, the discriminator's head on every
