@@ -9,11 +9,14 @@ import json
 import logging
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
 from synthetic_corpus import finetune_config
+from xla_env import subprocess_env
 
 import bertjax
 from bertjax import sharding
@@ -180,3 +183,47 @@ def test_finetuning_from_an_rtd_run_starts_from_its_discriminator(rtd_run, tmp_p
     ):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-8)
     assert tuned.config.hidden_size == 64  # the discriminator's width, not the generator's
+
+
+# The notebook's road in a fresh process: the run opened alone and on a mesh of the 8 devices.
+NOTEBOOK = """
+import json, sys
+import bertjax
+from bertjax import sharding
+
+texts = json.loads(sys.argv[2])
+out = {}
+for name, mesh in (("alone", None), ("mesh", sharding.make_mesh((4, 2, 1)))):
+    m = bertjax.Model.load(sys.argv[1], mesh=mesh)
+    filled = m.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
+    out[name] = {
+        "model": repr(m),
+        "scores": [[t["score"] for t in text] for text in m.replaced(texts)],
+        "filled": [[f["token"], f["score"]] for f in filled],
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_an_rtd_run_opens_in_a_fresh_process_alone_and_on_a_mesh(rtd_run, tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-c", NOTEBOOK, str(rtd_run), json.dumps(TEXTS)],
+        env=subprocess_env(8),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    out = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert out["alone"]["model"].startswith("Model(ELECTRA L1/H64/A1/E32"), out
+    in_process = bertjax.Model.load(rtd_run)
+    for name in ("alone", "mesh"):
+        np.testing.assert_allclose(
+            np.concatenate(out[name]["scores"]), np.concatenate(_scores(in_process)), atol=1e-5
+        )
+    assert [t for t, _ in out["mesh"]["filled"]] == [t for t, _ in out["alone"]["filled"]]
+    np.testing.assert_allclose(
+        [s for _, s in out["mesh"]["filled"]], [s for _, s in out["alone"]["filled"]], atol=1e-5
+    )
