@@ -678,11 +678,16 @@ def _fill_mask(params, batch, *, config: BertConfig, usable: int, top_k: int):
     return jax.lax.top_k(probs, top_k)  # [b, p, k] scores, [b, p, k] ids
 
 
-@functools.partial(jax.jit, static_argnames=("config",))
-def _replaced(params, batch, *, config):
+@functools.partial(jax.jit, static_argnames=("config", "packed_length"))
+def _replaced(params, batch, *, config, packed_length: int | None = None):
     """The probability that each token was replaced: float32 [b, s]."""
     logits = encoders.family_of(config).replaced_logits(
-        config, params, batch["input_ids"], batch["segment_ids"], batch["input_mask"]
+        config,
+        params,
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["input_mask"],
+        packed_length,
     )  # [b, s]
     return jax.nn.sigmoid(logits.astype(jnp.float32))
 

@@ -178,10 +178,16 @@ class EncoderFamily:
         return {"": Network(config, params)}
 
     def replaced_logits(
-        self, config: Any, params: Any, input_ids, token_type_ids, attention_mask
+        self,
+        config: Any,
+        params: Any,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        packed_length: int | None = None,
     ) -> jax.Array:
         """Float32 logits [b, s] that each token was replaced (families with a
-        replaced_token_head)."""
+        replaced_token_head); `packed_length` as the encoder takes it."""
         raise NotImplementedError(f"the {self.name} family has no replaced-token head")
 
     def mlm_logits(

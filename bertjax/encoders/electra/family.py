@@ -87,12 +87,15 @@ class Electra(family.EncoderFamily):
             ),
         }
 
-    def replaced_logits(self, config, params, input_ids, token_type_ids, attention_mask):
+    def replaced_logits(
+        self, config, params, input_ids, token_type_ids, attention_mask, packed_length=None
+    ):
         return electra_model.ElectraPreTraining(config).apply(
             {"params": params},
             input_ids,
             token_type_ids,
             attention_mask,
+            packed_length=packed_length,
             method=electra_model.ElectraPreTraining.replaced_logits,
         )  # [b, s]
 
