@@ -26,6 +26,7 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
+from bertjax import capability
 from bertjax import model as model_lib
 from bertjax import sharding
 from bertjax.encoders.electra.config import ElectraConfig
@@ -34,7 +35,7 @@ from bertjax.sharding import ACTIVATION_EMBED, BATCH, EMBED, HIDDEN, LENGTH
 
 GENERATOR = "generator"
 # Where the encoder's own groups sit in both trees.
-ENCODER = "bert"
+ENCODER = capability.ENCODER
 EMBEDDINGS = "embeddings"
 LAYERS = "encoder"
 
