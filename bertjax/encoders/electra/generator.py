@@ -26,9 +26,8 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from bertjax import capability
+from bertjax import capability, sharding
 from bertjax import model as model_lib
-from bertjax import sharding
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.encoders.electra.model import DISCRIMINATOR_HEAD, MLM_HEAD, PROJECTION
 from bertjax.sharding import ACTIVATION_EMBED, BATCH, EMBED, HIDDEN, LENGTH
