@@ -92,9 +92,13 @@ def gumbel_sample(logits: jax.Array, key: jax.Array) -> jax.Array:
 class RtdStep(steps.Objective):
     """What an RTD step minimises (the module docstring), as sums over a (micro-)batch."""
 
-    def __init__(self, model: ReplacedTokenDetection, weight: float):
+    def __init__(self, model: ReplacedTokenDetection, weight: float, sample=None):
         self.model = model
         self.weight = weight
+        # `(generator logits [b, p, v], key) -> ids [b, p]` of the replacements; ELECTRA's is
+        # gumbel_sample. benchmarks/rtd_replacements.py swaps in others to see what the
+        # discriminator can learn.
+        self.sample = sample or gumbel_sample
 
     def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> RtdSums:
         if rng is None:
@@ -118,7 +122,7 @@ class RtdStep(steps.Objective):
         )  # [b, p, v]
         generator = losses.loss_sums(logits, None, batch)
 
-        sampled = gumbel_sample(logits, sample_rng)  # [b, p]
+        sampled = self.sample(logits, sample_rng)  # [b, p]
         # Only real predictions write; padding ones keep what the row has at their slot.
         original = originals(batch)  # [b, s]
         current = jnp.take_along_axis(batch["input_ids"], positions, axis=1)  # [b, p]
