@@ -793,6 +793,26 @@ def _single_device_target(metadata_tree: Any) -> Any:
     return jax.tree.map(to_struct, metadata_tree)
 
 
+def _laid_out_target(metadata_tree: Any, abstract: Any) -> Any:
+    """ShapeDtypeStructs of the stored arrays, sharded as `abstract`'s at the same paths and
+    replicated on its mesh elsewhere."""
+    laid_out = {
+        jax.tree_util.keystr(path): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(abstract)
+    }
+    mesh = next(iter(laid_out.values())).sharding.mesh
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+
+    def to_struct(path, leaf):
+        if not (hasattr(leaf, "shape") and hasattr(leaf, "dtype")):
+            return leaf
+        known = laid_out.get(jax.tree_util.keystr(path))
+        sharding = known.sharding if known is not None else replicated
+        return jax.ShapeDtypeStruct(tuple(leaf.shape), leaf.dtype, sharding=sharding)
+
+    return jax.tree_util.tree_map_with_path(to_struct, metadata_tree)
+
+
 # How many times a reader lists the steps again when those it tried vanished under it.
 _READ_ATTEMPTS = 5
 
@@ -840,25 +860,35 @@ def _open_for_reading(directory: str | os.PathLike) -> tuple[epath.Path, ocp.Che
 
 
 def restore_params(
-    directory: str | os.PathLike, *, step: int | None = None, abstract_params: Any = None
+    directory: str | os.PathLike,
+    *,
+    step: int | None = None,
+    abstract_params: Any = None,
+    layout_only: bool = False,
 ) -> tuple[int, Any, dict]:
     """(step, params, meta) reading only the params and meta items, never the optimizer state.
 
     abstract_params=None places every array on one local device, whatever mesh it was saved
-    from. The values are checked as in Checkpointer.restore (`verify`). With step=None, an
-    unreadable or damaged newest step is named and the previous one used; nothing is moved,
-    since readers (notebooks, init_from) may share the directory with a live run.
+    from. With `layout_only`, abstract_params only lays out the arrays it has: the stored tree
+    says what is read, and an array abstract_params lacks (a network trained beside the
+    model, e.g. ELECTRA's generator) is replicated on its mesh. The values are checked as in
+    Checkpointer.restore (`verify`). With step=None, an unreadable or damaged newest step is
+    named and the previous one used; nothing is moved, since readers (notebooks, init_from)
+    may share the directory with a live run.
     """
     path, manager = _open_for_reading(directory)
     try:
 
         def restore_one(candidate: int):
             target = abstract_params
-            if target is None:
+            if target is None or layout_only:
                 stored = ocp.StandardCheckpointHandler().metadata(
                     path / str(candidate) / PARAMS_ITEM
                 )
-                target = _single_device_target(stored.tree)
+                if target is None:
+                    target = _single_device_target(stored.tree)
+                else:
+                    target = _laid_out_target(stored.tree, target)
             restored = manager.restore(
                 candidate,
                 args=ocp.args.Composite(

@@ -151,6 +151,9 @@ class Model:
         devices = jax.local_devices() if mesh is None else mesh.devices.flat
         self._platform = next(iter(devices)).platform
         self.params = self._place(params)
+        # Networks a pretraining run trained beside this one, by name, each a Model (an
+        # ELECTRA run's "generator": m.networks["generator"].fill_mask(...)).
+        self.networks: dict[str, Model] = {}
 
     # ------------------------------------------------------------------------------------
     # Loading and saving
@@ -209,7 +212,7 @@ class Model:
             )
         try:
             run = rundir.open_run(path, step, **overrides)
-            restored_step, params = rundir.read_params(run)
+            restored_step, networks = rundir.read_networks(run)
         except (
             ValueError,
             FileNotFoundError,
@@ -222,26 +225,37 @@ class Model:
             dtype = None  # already the config's
         else:
             source = f"{run.path} step {restored_step}" + (" (best)" if run.best else "")
-        return cls(
-            run.config,
-            params,
-            run.tokenizer,
-            mesh=mesh,
-            batch_size=batch_size,
-            dtype=dtype,
-            progress=progress,
-            source=source,
-            fresh_heads=run.fresh,
-            head=run.head,
-            unpad=unpad,
-        )
+
+        def model(network: encoders.Network, source: str) -> Model:
+            return cls(
+                network.config,
+                network.params,
+                run.tokenizer,
+                mesh=mesh,
+                batch_size=batch_size,
+                dtype=dtype,
+                progress=progress,
+                source=source,
+                fresh_heads=network.fresh,
+                head=run.head,
+                unpad=unpad,
+            )
+
+        opened = model(networks[""], source)
+        opened.networks = {
+            name: model(network, f"{source}, its {name}")
+            for name, network in networks.items()
+            if name
+        }
+        return opened
 
     def save_hf(self, directory: str | os.PathLike) -> None:
         """Writes a transformers directory: weights, config.json and the tokenizer files.
 
         A fine-tuned model is written in its capability's format: BertFor* for label and
         question-answering heads, EncoderDecoderModel for seq2seq, a sentence-transformers
-        directory for an embedding model.
+        directory for an embedding model. Networks trained beside this one (`networks`: an
+        ELECTRA run's generator) are written in directories of their names inside it.
         """
         head = self.head
         # A failure while writing (a full disk) leaves an export already there whole; it is
@@ -261,6 +275,9 @@ class Model:
                 head=head,
                 untrained=untrained,
             )
+        # Networks trained beside this one, each in a directory of its name inside.
+        for name, network in self.networks.items():
+            network.save_hf(fs.path(directory) / name)
 
     def __repr__(self) -> str:
         return (
@@ -301,9 +318,14 @@ class Model:
         mask; for a list of texts, a list of those.
         """
         if hf.MLM_HEAD in self.fresh_heads:
+            beside = "".join(
+                f"; its {name} does: .networks[{name!r}].fill_mask(...)"
+                for name, network in self.networks.items()
+                if hf.MLM_HEAD not in network.fresh_heads
+            )
             raise InferenceError(
                 f"{self.source} has no masked-LM head (cls.predictions.* in transformers' "
-                "names), so it cannot fill masks; embed and encode work"
+                f"names), so it cannot fill masks; embed and encode work{beside}"
             )
         single = isinstance(text_or_texts, str)
         texts = as_texts(text_or_texts, "text_or_texts")
@@ -368,6 +390,45 @@ class Model:
         for rows, vectors in self.batched(function, [e.features() for e in examples]):
             out[rows] = vectors
         return out
+
+    def replaced(self, texts: str | Sequence[str]) -> list:
+        """Which tokens of each text a replaced-token detector thinks were replaced: an ELECTRA
+        discriminator (a replaced-token detection run, an ElectraForPreTraining directory).
+
+        Per text, one {"index", "token", "score", "replaced"} per token ([CLS] and [SEP] left
+        out): its position in the model's input, its piece, the probability that it was
+        replaced and whether that passes 0.5. For one text, its list; for a list, a list.
+        """
+        head = self.family.replaced_token_head
+        if head is None or head in self.fresh_heads:
+            raise InferenceError(
+                f"{self.source} has no replaced-token detection head, so it cannot mark "
+                "replaced tokens; an ELECTRA discriminator has one (a run trained with "
+                "objective='rtd', or an ElectraForPreTraining directory)"
+            )
+        single = isinstance(texts, str)
+        texts = as_texts(texts, "texts")
+        examples = self.examples(texts, None, None)
+        function = functools.partial(_replaced, config=self.run_config)
+        scores: list[Any] = [None] * len(examples)
+        for rows, batch_scores in self.batched(function, [e.features() for e in examples]):
+            for row, row_scores in zip(rows, batch_scores):
+                scores[row] = row_scores
+        special = set(self.tokenizer.special_ids)
+        results = [
+            [
+                {
+                    "index": index,
+                    "token": self.tokenizer.id_to_piece(token),
+                    "score": float(row_scores[index]),
+                    "replaced": bool(row_scores[index] > 0.5),
+                }
+                for index, token in enumerate(example.ids)
+                if token not in special
+            ]
+            for example, row_scores in zip(examples, scores)
+        ]
+        return results[0] if single else results
 
     def predict(self, texts, text_pairs=None, max_length=None) -> Any:
         """A fine-tuned label head's predictions with their scores, per text (or pair):
@@ -648,6 +709,20 @@ def _fill_mask(
     if usable < config.vocab_size:
         probs = jnp.where(jnp.arange(config.vocab_size) < usable, probs, -1.0)
     return jax.lax.top_k(probs, top_k)  # [b, p, k] scores, [b, p, k] ids
+
+
+@functools.partial(jax.jit, static_argnames=("config", "packed_length"))
+def _replaced(params, batch, *, config, packed_length: int | None = None):
+    """The probability that each token was replaced: float32 [b, s]."""
+    logits = encoders.family_of(config).replaced_logits(
+        config,
+        params,
+        batch["input_ids"],
+        batch["segment_ids"],
+        batch["input_mask"],
+        packed_length,
+    )  # [b, s]
+    return jax.nn.sigmoid(logits.astype(jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize", "packed_length"))

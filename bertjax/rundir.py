@@ -190,25 +190,43 @@ def _run_tokenizer(path: fs.AnyPath, fingerprint: str, config: Any) -> Tokenizer
 
 
 def read_params(run: Run, mesh: jax.sharding.Mesh | None = None) -> tuple[int | None, Any]:
-    """(step, parameters) of an opened run: the parameters only, never the optimizer state.
+    """(step, parameters) of an opened run: the parameters only, never the optimizer state;
+    a pretraining run's as its family's pretraining tree (`read_networks`' model).
 
     Without a mesh they land on this machine's first device, whatever mesh they were saved
     from; with one, sharded as the run's own model lays them out there. A Hugging Face
     directory's are host arrays (step None).
     """
+    step, networks = read_networks(run, mesh)
+    return step, networks[""].params
+
+
+def read_networks(
+    run: Run, mesh: jax.sharding.Mesh | None = None
+) -> tuple[int | None, dict[str, encoders.Network]]:
+    """(step, the networks of an opened run by name): "" the model of its family (with the
+    groups it lacks freshly made: `fresh`), and for a pretraining run any network trained
+    beside it (EncoderFamily.pretrained_networks, e.g. ELECTRA's "generator")."""
     if run.kind == HUGGING_FACE:
-        return None, run.params
+        return None, {"": encoders.Network(run.config, run.params, run.fresh)}
+    family = encoders.family_of(run.config)
     abstract = None
     if mesh is not None:
         if run.kind == PRETRAINED:
-            init = encoders.family_of(run.config).pretraining_init(run.config)
+            init = family.pretraining_init(run.config)
         else:  # the layout of the head's capability
             init = capability.of(run.head).init(run.config, run.head)
         abstract = steps.make_state(init, None, mesh).abstract.params
     step, params, _ = checkpoint_lib.restore_params(
-        run.checkpoints, step=run.step, abstract_params=abstract
+        run.checkpoints,
+        step=run.step,
+        abstract_params=abstract,
+        # A pretraining run may hold more than its family's model (pretrained_networks).
+        layout_only=run.kind == PRETRAINED,
     )
-    return step, params
+    if run.kind == PRETRAINED:
+        return step, family.pretrained_networks(run.config, params)
+    return step, {"": encoders.Network(run.config, params)}
 
 
 def checkpoint_dir(path: str | os.PathLike) -> fs.AnyPath:
@@ -281,7 +299,9 @@ def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[Any, Any,
     """(config, params, tokenizer) of a run, from its latest (or the given) checkpoint.
 
     Reads the parameters only, never the optimizer state, and places them on this
-    machine's first device whatever mesh they were saved from.
+    machine's first device whatever mesh they were saved from. They are the whole tree the
+    run trained (a replaced-token detection run's generator too; Model.load opens each
+    network as a model).
     """
     workdir = fs.path(workdir)
     if not (workdir / CHECKPOINT_DIR).is_dir():
@@ -289,7 +309,7 @@ def load(workdir: str | os.PathLike, step: int | None = None) -> tuple[Any, Any,
             f"{workdir} has no {CHECKPOINT_DIR}/ directory: is it a bertjax work directory?"
         )
     run = open_run(workdir, step, best=False)
-    _, params = read_params(run)
+    _, params, _ = checkpoint_lib.restore_params(run.checkpoints, step=run.step)
     return run.config, params, run.tokenizer
 
 

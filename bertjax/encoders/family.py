@@ -84,6 +84,16 @@ class PretrainingOutput(NamedTuple):
     nsp_logits: jax.Array | None  # [batch, 2]; None without a sentence-pair head
 
 
+class Network(NamedTuple):
+    """One network a pretraining run trained, as a model of its family: its config, the
+    family's pretraining tree of it, and the groups of that tree the run did not train
+    (freshly made, so the tree is whole; inference refuses what needs them)."""
+
+    config: Any
+    params: Any
+    fresh: tuple[str, ...] = ()
+
+
 class EncoderFamily:
     """One encoder architecture; see the module docstring for the module's call.
 
@@ -100,6 +110,7 @@ class EncoderFamily:
                         gated one), for the FLOPs count
       architecture_fields  the config fields that fix what the weights mean (a checkpoint
                         opens only into a config with the same values)
+      replaced_token_head  the group of the pretraining tree scoring replaced tokens, or None
       phase_fields      architecture fields a new training phase (config.init_from) may change
                         without changing the weights' shapes, e.g. a longer context's rotary
                         theta
@@ -114,6 +125,9 @@ class EncoderFamily:
     feed_forward_matrices: int = 2
     architecture_fields: tuple[str, ...] = ()
     phase_fields: tuple[str, ...] = ()
+    # The pretraining tree's group that scores each token as replaced (`replaced_logits`;
+    # ELECTRA's discriminator head), or None where the family has none.
+    replaced_token_head: str | None = None
 
     # ---------------------------------------------------------------- config
 
@@ -176,6 +190,25 @@ class EncoderFamily:
         """`rng -> boxed parameters` of the family's masked-LM model (the tree a pretrained
         encoder's checkpoint or transformers directory is read into)."""
         raise NotImplementedError
+
+    def pretrained_networks(self, config: Any, params: Any) -> dict[str, Network]:
+        """The networks in a pretraining run's parameters, by name: "" the model of this
+        family the run trained (what Model.load opens, init_from fine-tunes and save_hf
+        writes), and any other it trained beside it (ELECTRA's generator)."""
+        return {"": Network(config, params)}
+
+    def replaced_logits(
+        self,
+        config: Any,
+        params: Any,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        packed_length: int | None = None,
+    ) -> jax.Array:
+        """Float32 logits [b, s] that each token was replaced (families with a
+        replaced_token_head); `packed_length` as the encoder takes it."""
+        raise NotImplementedError(f"the {self.name} family has no replaced-token head")
 
     def mlm_logits(
         self,

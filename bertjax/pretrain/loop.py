@@ -9,6 +9,7 @@ throughput figures, and at the end the baselines and fill-mask samples of the su
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +28,8 @@ from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import check_mesh_fits
 from bertjax.tokenizer import Tokenizer
+
+logger = logging.getLogger(__name__)
 
 
 def held_out_metrics(
@@ -117,6 +120,9 @@ class _Hooks:
         if isinstance(self.train_loader, MixtureLoader):  # the realised shares so far
             shares = self.train_loader.shares()
             metrics.update({f"data/share/{name}": value for name, value in shares.items()})
+        # What the objective sees going wrong in them (an ELECTRA generator grown too strong).
+        for caution in objectives.get(self.settings.objective).cautions(metrics):
+            logger.warning("step %d: %s", step, caution)
         return metrics
 
     def meta(self, step: int) -> dict:

@@ -1,21 +1,34 @@
 """Replaced-token detection end to end: a one-layer ELECTRA trained through the pretraining
 loop on the 8 simulated devices with gradient accumulation, resumed bit-exactly from a
-checkpoint."""
+checkpoint; the run opened as its discriminator with its generator beside it (alone and on a
+mesh), written to transformers' format, and fine-tuned from (config.init_from)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import pathlib
 import shutil
+import subprocess
+import sys
 
 import jax
 import numpy as np
 import pytest
+from synthetic_corpus import finetune_config
+from xla_env import subprocess_env
 
 import bertjax
+from bertjax import sharding
+from bertjax.finetune import loop as finetune_loop
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.inference import InferenceError
 from bertjax.pretrain import loop as trainer
+from bertjax.pretrain.objectives import rtd
 from bertjax.pretrain.settings import PretrainSettings
 from configs import electra_tiny
+
+TEXTS = ["the cat sat on the mat today", "dogs run fast in the park", "one"]
 
 
 def _config(data_dir: pathlib.Path):
@@ -50,9 +63,15 @@ def _losses(workdir: pathlib.Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_rtd_trains_sharded_with_accumulation_and_resumes_bit_exactly(synthetic_data, tmp_path):
+def test_rtd_trains_sharded_with_accumulation_and_resumes_bit_exactly(
+    synthetic_data, tmp_path, monkeypatch, caplog
+):
     settings = PretrainSettings.from_config(_config(synthetic_data))
-    straight = trainer.train_and_evaluate(settings, str(tmp_path / "straight"))
+    # Any generator counts as too strong here: each evaluation logs the caution.
+    monkeypatch.setattr(rtd, "GENERATOR_TOO_STRONG", -1.0)
+    with caplog.at_level(logging.WARNING):
+        straight = trainer.train_and_evaluate(settings, str(tmp_path / "straight"))
+    assert "step 8: the generator predicts" in caplog.text
     assert straight["steps"] == 8
     metrics = straight["eval"]
     for name in ("discriminator_accuracy", "replaced_recall", "generator_accuracy"):
@@ -76,3 +95,135 @@ def test_rtd_trains_sharded_with_accumulation_and_resumes_bit_exactly(synthetic_
     assert set(straight_params) == {"bert", "discriminator_head", "generator"}
     for a, b in zip(jax.tree.leaves(straight_params), jax.tree.leaves(resumed_params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+@pytest.fixture(scope="module")
+def rtd_run(synthetic_data, tmp_path_factory) -> pathlib.Path:
+    """A short RTD run (the settings above, on the 8 devices)."""
+    workdir = tmp_path_factory.mktemp("rtd") / "run"
+    trainer.train_and_evaluate(PretrainSettings.from_config(_config(synthetic_data)), workdir)
+    return workdir
+
+
+def _scores(model) -> list[list[float]]:
+    return [[token["score"] for token in text] for text in model.replaced(TEXTS)]
+
+
+@pytest.mark.slow
+def test_an_rtd_run_opens_as_discriminator_and_generator_alone_on_a_mesh_and_exported(
+    rtd_run, tmp_path
+):
+    transformers = pytest.importorskip("transformers")
+    torch = pytest.importorskip("torch")
+    model = bertjax.Model.load(rtd_run)
+    assert set(model.networks) == {"generator"}
+    generator = model.networks["generator"]
+    assert generator.config.hidden_size == 32  # half the discriminator's 64
+    marks = model.replaced(TEXTS)
+    assert [len(m) for m in marks] == [len(model.tokenizer.encode(t)) for t in TEXTS]
+    assert all(0.0 < m["score"] < 1.0 and m["replaced"] == (m["score"] > 0.5) for m in marks[0])
+    with pytest.raises(InferenceError, match=r"networks\['generator'\]\.fill_mask"):
+        model.fill_mask("the [MASK] sat on the mat")
+    filled = generator.fill_mask("the [MASK] sat on the mat", top_k=3)
+    assert len(filled) == 3
+    with pytest.raises(InferenceError, match="no replaced-token detection head"):
+        generator.replaced(TEXTS)
+
+    # On the 8-device mesh: the same answers.
+    on_mesh = bertjax.Model.load(rtd_run, mesh=sharding.make_mesh((4, 2, 1)))
+    np.testing.assert_allclose(
+        np.concatenate(_scores(on_mesh)), np.concatenate(_scores(model)), atol=1e-5
+    )
+    for ours, theirs in zip(
+        filled, on_mesh.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
+    ):
+        assert ours["token"] == theirs["token"]
+        assert ours["score"] == pytest.approx(theirs["score"], abs=1e-5)
+
+    # save_hf: the discriminator as ElectraForPreTraining, the generator inside as
+    # ElectraForMaskedLM; bertjax and transformers read both back with the same outputs.
+    model.save_hf(tmp_path / "export")
+    exported = bertjax.Model.load(tmp_path / "export")
+    np.testing.assert_allclose(
+        np.concatenate(_scores(exported)), np.concatenate(_scores(model)), atol=1e-6
+    )
+    discriminator = transformers.ElectraForPreTraining.from_pretrained(
+        tmp_path / "export", attn_implementation="eager"
+    ).eval()
+    encoded = model.encode(TEXTS[:1])
+    with torch.no_grad():
+        logits = discriminator(
+            input_ids=torch.from_numpy(encoded["input_ids"]).long(),
+            attention_mask=torch.from_numpy(encoded["input_mask"]).long(),
+        ).logits.numpy()[0, 1:-1]
+    probabilities = torch.sigmoid(torch.from_numpy(logits)).numpy()
+    np.testing.assert_allclose(probabilities, _scores(model)[0], atol=1e-5)
+    masked_lm = transformers.ElectraForMaskedLM.from_pretrained(tmp_path / "export" / "generator")
+    assert masked_lm.config.hidden_size == 32
+
+
+@pytest.mark.slow
+def test_finetuning_from_an_rtd_run_starts_from_its_discriminator(rtd_run, tmp_path):
+    rows = [f"{'the cat sat' if i % 2 else 'dogs run fast'} {i},{i % 2}" for i in range(64)]
+    csv = tmp_path / "train.csv"
+    csv.write_text("sentence,label\n" + "\n".join(rows) + "\n")
+    config = finetune_config(
+        rtd_run,
+        task="classification",
+        **{"data.train": str(csv), "data.validation": str(csv), "num_epochs": 1},
+    )
+    # Steps too small to move the encoder: it stays as it was taken.
+    config.optimizer.learning_rate = 1e-12
+    finetune_loop.finetune(FinetuneSettings.from_config(config), tmp_path / "ft")
+    tuned = bertjax.Model.load(tmp_path / "ft")
+    discriminator = bertjax.Model.load(rtd_run)
+    for a, b in zip(
+        jax.tree.leaves(tuned.params["bert"]["encoder"]),
+        jax.tree.leaves(discriminator.params["bert"]["encoder"]),
+    ):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-8)
+    assert tuned.config.hidden_size == 64  # the discriminator's width, not the generator's
+
+
+# The notebook's road in a fresh process: the run opened alone and on a mesh of the 8 devices.
+NOTEBOOK = """
+import json, sys
+import bertjax
+from bertjax import sharding
+
+texts = json.loads(sys.argv[2])
+out = {}
+for name, mesh in (("alone", None), ("mesh", sharding.make_mesh((4, 2, 1)))):
+    m = bertjax.Model.load(sys.argv[1], mesh=mesh)
+    filled = m.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
+    out[name] = {
+        "model": repr(m),
+        "scores": [[t["score"] for t in text] for text in m.replaced(texts)],
+        "filled": [[f["token"], f["score"]] for f in filled],
+    }
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_an_rtd_run_opens_in_a_fresh_process_alone_and_on_a_mesh(rtd_run, tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-c", NOTEBOOK, str(rtd_run), json.dumps(TEXTS)],
+        env=subprocess_env(8),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    out = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert out["alone"]["model"].startswith("Model(ELECTRA L1/H64/A1/E32"), out
+    in_process = bertjax.Model.load(rtd_run)
+    for name in ("alone", "mesh"):
+        np.testing.assert_allclose(
+            np.concatenate(out[name]["scores"]), np.concatenate(_scores(in_process)), atol=1e-5
+        )
+    assert [t for t, _ in out["mesh"]["filled"]] == [t for t, _ in out["alone"]["filled"]]
+    np.testing.assert_allclose(
+        [s for _, s in out["mesh"]["filled"]], [s for _, s in out["alone"]["filled"]], atol=1e-5
+    )

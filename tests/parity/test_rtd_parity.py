@@ -1,4 +1,5 @@
-"""An RTD model's two networks in transformers: the discriminator opens as
+"""An RTD model's two networks in transformers: written as Model.save_hf writes a run's networks
+(the ELECTRA family's pretrained_networks, each in its directory), the discriminator opens as
 ElectraForPreTraining and the generator as ElectraForMaskedLM, nothing missing or unexpected,
 with the logits of bertjax's networks (random weights, within 1e-5)."""
 
@@ -11,8 +12,9 @@ import torch
 import transformers
 from flax import linen as nn
 
+from bertjax import encoders
+from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra.config import ElectraConfig
-from bertjax.pretrain.objectives import rtd
 from bertjax.pretrain.objectives.rtd import model as rtd_model
 
 ATOL = 1e-5
@@ -39,10 +41,16 @@ def _random(params, seed):
 
 
 def test_both_networks_open_in_transformers_with_the_same_logits(tmp_path):
-    generator = rtd_model.generator_config(dataclasses.replace(CONFIG), 0.5)
+    generator = generator_lib.generator_config(dataclasses.replace(CONFIG), 0.5)
     params = nn.meta.unbox(rtd_model.init(CONFIG, generator)(jax.random.key(0)))
     params = _random(params, 1)
-    rtd.write_transformers(CONFIG, params, tmp_path)
+    family = encoders.family_of(CONFIG)
+    networks = family.pretrained_networks(CONFIG, params)
+    assert set(networks) == {"", generator_lib.GENERATOR}
+    for name, network in networks.items():
+        family.write_transformers(
+            network.config, network.params, tmp_path / name, untrained=network.fresh
+        )
 
     rng = np.random.default_rng(0)
     ids = rng.integers(5, CONFIG.vocab_size, (2, 10)).astype(np.int32)
@@ -71,7 +79,7 @@ def test_both_networks_open_in_transformers_with_the_same_logits(tmp_path):
         method=rtd_model.ReplacedTokenDetection.generator_logits,
     )
     loaded, info = transformers.ElectraForMaskedLM.from_pretrained(
-        tmp_path / rtd.GENERATOR_DIR, output_loading_info=True
+        tmp_path / generator_lib.GENERATOR, output_loading_info=True
     )
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert loaded.config.hidden_size == 16 and loaded.config.embedding_size == 16

@@ -16,12 +16,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
+from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.pretrain import objectives
 from bertjax.pretrain.objectives.rtd import model as rtd_model
+from bertjax.pretrain.objectives.rtd import objective as objective_lib
 from bertjax.pretrain.objectives.rtd.objective import (
+    AUC_BINS,
     RtdSettings,
     RtdStep,
+    area_under_roc,
     gumbel_sample,
     num_slots,
     originals,
@@ -130,20 +134,20 @@ def test_fates_are_85_percent_mask_and_none_random():
 
 def test_generator_is_a_fraction_with_heads_of_64():
     base = dataclasses.replace(CONFIG, hidden_size=768, num_heads=12, embedding_size=768)
-    generator = rtd_model.generator_config(base, 0.25)
+    generator = generator_lib.generator_config(base, 0.25)
     assert (generator.hidden_size, generator.num_heads, generator.intermediate_size) == (
         192,
         3,
         768,
     )
     assert generator.num_layers == base.num_layers
-    assert rtd_model.generator_config(CONFIG, 0.5).num_heads == 1  # 16 // 64 -> at least 1
+    assert generator_lib.generator_config(CONFIG, 0.5).num_heads == 1  # 16 // 64 -> at least 1
 
 
 @functools.cache
 def _setup(weight=50.0, dtype="float32"):
     config = dataclasses.replace(CONFIG, dtype=dtype)
-    generator = rtd_model.generator_config(config, 0.5)
+    generator = generator_lib.generator_config(config, 0.5)
     # One compiled init, not the two networks' init op by op.
     params = nn.meta.unbox(jax.jit(rtd_model.init(config, generator))(jax.random.key(0)))
     step = RtdStep(rtd_model.ReplacedTokenDetection(config, generator), weight)
@@ -234,7 +238,7 @@ def test_sampling_is_float32_under_bfloat16():
     sums = jax.jit(lambda p: step.sums(p, batch, rng=jax.random.key(2), deterministic=False))(
         params
     )
-    assert all(np.isfinite(float(x)) for x in sums)
+    assert all(np.isfinite(np.asarray(x)).all() for x in sums)
 
 
 def test_settings_refuse_other_families_and_bad_fields():
@@ -249,3 +253,33 @@ def test_settings_refuse_other_families_and_bad_fields():
     settings_ = PretrainSettings.from_config(electra_tiny.get_config())
     assert settings_.objective_settings == RtdSettings(generator_hidden_fraction=0.5)
     assert settings_.optimizer.frozen == ("bert/pooler",)
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.floats(-3.0, 3.0))
+def test_the_auc_from_logit_histograms_is_the_pairwise_one(seed, shift):
+    """The discriminator's AUC, counted in bins of its logits (sums that add over batches),
+    equals the exact pairwise AUC up to the bins' width; split batches add to the same."""
+    rng = np.random.default_rng(seed)
+    replaced = rng.normal(shift, 1.5, 40).astype(np.float32)
+    original = rng.normal(0.0, 1.5, 300).astype(np.float32)
+    exact = np.mean(replaced[:, None] > original[None, :])
+    histogram = functools.partial(objective_lib._histogram)
+    logits = np.concatenate([replaced, original])[None, :]  # [1, n]
+    is_replaced = np.concatenate([np.ones(40), np.zeros(300)]).astype(np.float32)[None, :]
+    whole = area_under_roc(histogram(logits, is_replaced), histogram(logits, 1 - is_replaced))
+    assert float(whole) == pytest.approx(exact, abs=0.03)
+    halves = [slice(0, 170), slice(170, 340)]
+    positives = sum(histogram(logits[:, h], is_replaced[:, h]) for h in halves)
+    negatives = sum(histogram(logits[:, h], 1 - is_replaced[:, h]) for h in halves)
+    assert positives.shape == (AUC_BINS,)
+    assert float(area_under_roc(positives, negatives)) == pytest.approx(float(whole), abs=1e-6)
+    assert float(area_under_roc(positives, 0 * negatives)) == 0.5  # nothing to rank against
+
+
+def test_a_generator_too_strong_is_named_in_a_caution():
+    assert RTD.cautions({"eval/generator_accuracy": 0.5}) == []
+    assert RTD.cautions({"eval/loss": 1.0}) == []
+    (line,) = RTD.cautions({"eval/generator_accuracy": 0.9})
+    assert "90.0%" in line and "generator_hidden_fraction" in line
+    assert objectives.get("mlm").cautions({"eval/generator_accuracy": 0.9}) == []

@@ -14,8 +14,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
+import numpy as np
 
+from bertjax import hf
 from bertjax.encoders import family
+from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, ElectraConfig
@@ -29,6 +32,7 @@ class Electra(family.EncoderFamily):
     uses_segment_ids = True
     sentence_pair_head = False
     architecture_fields = ARCHITECTURE_FIELDS
+    replaced_token_head = electra_model.DISCRIMINATOR_HEAD
 
     def config_to_dict(self, config: ElectraConfig) -> dict:
         return config.to_dict()
@@ -68,6 +72,32 @@ class Electra(family.EncoderFamily):
 
     def pretraining_init(self, config: ElectraConfig):
         return electra_model.pretraining_init(config)
+
+    def pretrained_networks(self, config: ElectraConfig, params: Any) -> dict:
+        """A replaced-token detection run holds the discriminator and, under "generator", the
+        generator (bertjax.encoders.electra.generator): each opens as an ElectraPreTraining,
+        the head it never trained freshly made."""
+        if not generator_lib.has_generator(params):
+            return {"": family.Network(config, params)}
+        generator_config, generator = generator_lib.generator(config, params)
+        return {
+            "": _network(config, generator_lib.discriminator(params), electra_model.MLM_HEAD),
+            generator_lib.GENERATOR: _network(
+                generator_config, generator, electra_model.DISCRIMINATOR_HEAD
+            ),
+        }
+
+    def replaced_logits(
+        self, config, params, input_ids, token_type_ids, attention_mask, packed_length=None
+    ):
+        return electra_model.ElectraPreTraining(config).apply(
+            {"params": params},
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            packed_length=packed_length,
+            method=electra_model.ElectraPreTraining.replaced_logits,
+        )  # [b, s]
 
     def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
         out = electra_model.ElectraPreTraining(config).apply(
@@ -109,6 +139,24 @@ class Electra(family.EncoderFamily):
         electra_hf.write(
             config, params, directory, tokenizer=tokenizer, head=head, untrained=untrained
         )
+
+
+def _network(config: ElectraConfig, params: Any, lacks: str) -> family.Network:
+    """An ElectraPreTraining of `params` with its head `lacks` freshly initialised; that head
+    and the classifier's trunk (the pooler, which replaced-token detection never trains) are
+    its untrained groups."""
+    flat = dict(hf.flatten_tree(nn.meta.unbox(params)))
+    # The generator's tree has no pooler at all: made too, so each network's tree is whole.
+    paths = [
+        s.path
+        for s in electra_hf.pretraining_specs(config)
+        if s.group == lacks or (s.group == electra_model.POOLER and s.path not in flat)
+    ]
+    for path, value in electra_hf.fresh_params(config, paths).items():
+        flat[path] = value.astype(np.dtype(config.param_dtype))
+    return family.Network(
+        config, hf.unflatten_tree(flat), tuple(sorted({lacks, electra_model.POOLER}))
+    )
 
 
 FAMILY = Electra()

@@ -215,12 +215,22 @@ class ElectraPreTraining(nn.Module):
         return family.PretrainingOutput(mlm_logits=logits, nsp_logits=None)
 
     def replaced_logits(
-        self, input_ids, token_type_ids=None, attention_mask=None, *, deterministic=True
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic=True,
+        packed_length: int | None = None,
     ) -> jax.Array:
         """The discriminator's float32 logits [b, s] that each token was replaced
         (ElectraForPreTraining's logits)."""
         x = self.bert.hidden_states(
-            input_ids, token_type_ids, attention_mask, deterministic=deterministic
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            deterministic=deterministic,
+            packed_length=packed_length,
         )  # [b, s, h]
         return self.discriminator_head(x)
 

@@ -9,6 +9,7 @@ An objective owns everything of a pretraining run that depends on what a step mi
   model_init   the parameter tree it trains: `rng -> boxed parameters`
   step         the engine's `steps.Objective` (loss sums, denominators, loss, metrics)
   baselines    what a model that learned nothing scores on its eval metrics
+  cautions     warnings its eval metrics call for (logged at each evaluation)
   flops        matmul FLOPs of training on one sequence (perf's MFU)
   samples      the lines shown at the end of a run
   export_params  the family's pretraining tree inside the trained parameters (what the
@@ -77,6 +78,11 @@ class PretrainObjective:
         """Eval metrics of a model that learned nothing, keyed as the eval metrics are
         (`eval_metrics`: the run's last, for baselines measured beside them)."""
         return {}
+
+    def cautions(self, eval_metrics: Mapping[str, float]) -> list[str]:
+        """One line per problem the eval metrics show (logged as a warning at each
+        evaluation); none by default."""
+        return []
 
     def flops(
         self, family: Any, model_config: Any, seq_len: int, predictions: int, options: Any = None

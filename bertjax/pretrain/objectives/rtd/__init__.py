@@ -10,9 +10,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import encoders, fs, perf, steps
+from bertjax import perf, steps
 from bertjax.data import baseline
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
+from bertjax.encoders.electra import generator as generator_lib
 from bertjax.pretrain import samples as samples_lib
 from bertjax.pretrain.objectives.base import PretrainObjective, require
 from bertjax.pretrain.objectives.rtd import model as rtd_model
@@ -26,6 +27,11 @@ from bertjax.pretrain.objectives.rtd.objective import (
 # ELECTRA's fates of a masked position: [MASK] 85%, kept 15%, never a random token
 # (google-research/electra pretrain_helpers.mask).
 MASK_TOKEN_PROB = 0.85
+# A generator that predicts more than this share of the masked tokens replaces few of them, and
+# only with what it finds plausible: the discriminator's task becomes too hard and its recall
+# on replaced tokens collapses (the ELECTRA paper's case against generators as large as the
+# discriminator). Each evaluation past it logs a warning (docs/electra.md).
+GENERATOR_TOO_STRONG = 0.75
 # The discriminator's pooler is the fine-tuning classifier's first layer: RTD never runs it.
 FROZEN = ("bert/pooler",)
 _FAMILY = "electra"
@@ -85,11 +91,11 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         return FROZEN
 
     def _model(self, model_config: Any, options: RtdSettings) -> rtd_model.ReplacedTokenDetection:
-        generator = rtd_model.generator_config(model_config, options.generator_hidden_fraction)
+        generator = generator_lib.generator_config(model_config, options.generator_hidden_fraction)
         return rtd_model.ReplacedTokenDetection(model_config, generator)
 
     def model_init(self, family: Any, model_config: Any, options: RtdSettings):
-        generator = rtd_model.generator_config(model_config, options.generator_hidden_fraction)
+        generator = generator_lib.generator_config(model_config, options.generator_hidden_fraction)
         return rtd_model.init(model_config, generator)
 
     def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
@@ -98,7 +104,7 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
 
     def baselines(self, settings, data_dir, eval_metrics=None) -> dict[str, float]:
         """The generator's against the unigram guess; the discriminator's against calling
-        every token original (measured on the same eval batches)."""
+        every token original (measured on the same eval batches) and its AUC against chance."""
         unigram = baseline.unigram_baseline(
             data_dir,
             masking=settings.data.eval_masking,
@@ -109,7 +115,20 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         out = {"eval/generator_accuracy": unigram.accuracy}
         if eval_metrics and "eval/all_original_accuracy" in eval_metrics:
             out["eval/discriminator_accuracy"] = eval_metrics["eval/all_original_accuracy"]
+        # Scores that tell nothing apart rank a replaced token above an original half the time.
+        out["eval/replaced_auc"] = 0.5
         return out
+
+    def cautions(self, eval_metrics) -> list[str]:
+        accuracy = eval_metrics.get("eval/generator_accuracy")
+        if accuracy is None or accuracy <= GENERATOR_TOO_STRONG:
+            return []
+        return [
+            f"the generator predicts {accuracy:.1%} of the masked tokens (above "
+            f"{GENERATOR_TOO_STRONG:.0%}): it replaces few of them, so the discriminator's "
+            "task gets too hard and its recall on replaced tokens collapses; use a smaller "
+            "generator (config.generator_hidden_fraction, ELECTRA: 1/4 to 1/2)"
+        ]
 
     def flops(self, family, model_config, seq_len: int, predictions: int, options=None) -> float:
         """Both networks: each encoder as perf counts it, the discriminator's head on every
@@ -123,43 +142,11 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
 
     def export_params(self, params: Any) -> Any:
         """The discriminator: ElectraPreTraining's tree without the generator."""
-        return {k: v for k, v in params.items() if k != rtd_model.GENERATOR}
-
-
-GENERATOR_DIR = "generator"
-
-
-def generator_tree(config, params) -> tuple[Any, dict]:
-    """The generator as a model of the family of its own: (its ElectraConfig, ElectraPreTraining's
-    tree of it), the shared embeddings under its encoder, its head as `mlm_head`."""
-    generator = _generator_config(config, params)
-    own = params[rtd_model.GENERATOR]
-    encoder = {"embeddings": params["bert"]["embeddings"], "encoder": own["encoder"]}
-    if "embeddings_project" in own:
-        encoder["embeddings_project"] = own["embeddings_project"]
-    return generator, {"bert": encoder, "mlm_head": own["mlm_head"]}
-
-
-def write_transformers(config, params, directory, *, tokenizer=None) -> None:
-    """An RTD run's two networks in transformers' format: the discriminator in `directory` as
-    ElectraForPreTraining, the generator in `directory`/generator as ElectraForMaskedLM."""
-    family = encoders.family_of(config)
-    discriminator = OBJECTIVE.export_params(params)
-    family.write_transformers(
-        config, discriminator, directory, tokenizer=tokenizer, untrained=("mlm_head", "pooler")
-    )
-    generator, tree = generator_tree(config, params)
-    family.write_transformers(
-        generator,
-        tree,
-        fs.path(directory) / GENERATOR_DIR,
-        tokenizer=tokenizer,
-        untrained=("discriminator_head", "pooler"),
-    )
+        return generator_lib.discriminator(params)
 
 
 def _flops(config, seq_len: int, predictions: int, fraction: float) -> float:
-    generator = rtd_model.generator_config(config, fraction)
+    generator = generator_lib.generator_config(config, fraction)
     s, e, v = float(seq_len), float(config.embedding_size), float(config.vocab_size)
     total = 0.0
     for network in (config, generator):
@@ -205,7 +192,7 @@ def corrupted_samples(config, params, tokenizer, texts, mesh, fraction: float = 
         special_ids=tokenizer.special_ids,
         mask_id=tokenizer.mask_id,
     )
-    generator = _generator_config(config, params)
+    generator = generator_lib.trained_config(config, params)
     model = rtd_model.ReplacedTokenDetection(config, generator)
 
     @jax.jit
@@ -257,12 +244,6 @@ def corrupted_samples(config, params, tokenizer, texts, mesh, fraction: float = 
             shown.append(piece)
         lines.append(" ".join(shown))
     return lines
-
-
-def _generator_config(config, params):
-    """The generator's config, read off its parameters' widths (the run's fraction)."""
-    layer = params[rtd_model.GENERATOR]["mlm_head"]["transform"]["kernel"]  # [g, e]
-    return rtd_model.generator_config(config, layer.shape[0] / config.hidden_size)
 
 
 OBJECTIVE = ReplacedTokenDetectionObjective()

@@ -30,6 +30,11 @@ from bertjax.pretrain.objectives.rtd.model import ReplacedTokenDetection
 _GUARD = 1e-5
 # The Gumbel draw of an evaluation batch (no step key there): fixed, so evaluations compare.
 _EVAL_SAMPLE_SEED = 0
+# The area under the ROC curve (ELECTRA's disc_auc) is counted from histograms of the
+# discriminator's logits, which add up over batches and devices as the other sums do: this
+# many bins of equal width over [-AUC_LOGIT_RANGE, AUC_LOGIT_RANGE] (outside it, the end bins).
+AUC_BINS = 256
+AUC_LOGIT_RANGE = 8.0
 
 
 def num_slots(masked_lm_prob: float, max_seq_length: int) -> int:
@@ -57,6 +62,8 @@ class RtdSums(NamedTuple):
     replaced: jax.Array  # real tokens that differ from the original
     predicted_replaced: jax.Array  # real tokens the discriminator calls replaced
     true_positives: jax.Array  # replaced tokens it calls replaced
+    replaced_logits: jax.Array  # [AUC_BINS] histogram of its logits on replaced tokens
+    original_logits: jax.Array  # [AUC_BINS] histogram of its logits on original tokens
 
 
 def originals(batch) -> jax.Array:
@@ -85,9 +92,13 @@ def gumbel_sample(logits: jax.Array, key: jax.Array) -> jax.Array:
 class RtdStep(steps.Objective):
     """What an RTD step minimises (the module docstring), as sums over a (micro-)batch."""
 
-    def __init__(self, model: ReplacedTokenDetection, weight: float):
+    def __init__(self, model: ReplacedTokenDetection, weight: float, sample=None):
         self.model = model
         self.weight = weight
+        # `(generator logits [b, p, v], key) -> ids [b, p]` of the replacements; ELECTRA's is
+        # gumbel_sample. benchmarks/rtd_replacements.py swaps in others to see what the
+        # discriminator can learn.
+        self.sample = sample or gumbel_sample
 
     def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> RtdSums:
         if rng is None:
@@ -111,7 +122,7 @@ class RtdStep(steps.Objective):
         )  # [b, p, v]
         generator = losses.loss_sums(logits, None, batch)
 
-        sampled = gumbel_sample(logits, sample_rng)  # [b, p]
+        sampled = self.sample(logits, sample_rng)  # [b, p]
         # Only real predictions write; padding ones keep what the row has at their slot.
         original = originals(batch)  # [b, s]
         current = jnp.take_along_axis(batch["input_ids"], positions, axis=1)  # [b, p]
@@ -144,10 +155,18 @@ class RtdStep(steps.Objective):
             replaced=jnp.sum(replaced),
             predicted_replaced=jnp.sum(predicted),
             true_positives=jnp.sum(predicted * replaced),
+            replaced_logits=_histogram(disc_logits, replaced),
+            original_logits=_histogram(disc_logits, (1.0 - replaced) * input_mask),
         )
 
     def zero_sums(self) -> RtdSums:
-        return RtdSums(*(jnp.zeros((), jnp.float32) for _ in RtdSums._fields))
+        histograms = ("replaced_logits", "original_logits")
+        return RtdSums(
+            *(
+                jnp.zeros((AUC_BINS,) if name in histograms else (), jnp.float32)
+                for name in RtdSums._fields
+            )
+        )
 
     def denominators(self, batch):
         """The global batch's masked positions and real tokens."""
@@ -172,9 +191,26 @@ class RtdStep(steps.Objective):
             f"{prefix}/replaced_precision": ratio(sums.true_positives, sums.predicted_replaced),
             f"{prefix}/replaced_recall": ratio(sums.true_positives, sums.replaced),
             f"{prefix}/replaced_share": ratio(sums.replaced, sums.tokens),
+            f"{prefix}/replaced_auc": area_under_roc(sums.replaced_logits, sums.original_logits),
             # What a discriminator that calls every token original scores.
             f"{prefix}/all_original_accuracy": 1.0 - ratio(sums.replaced, sums.tokens),
         }
+
+
+def _histogram(logits: jax.Array, weights: jax.Array) -> jax.Array:
+    """[AUC_BINS] weighted counts of float32 logits [b, s] (weights [b, s]) in equal bins."""
+    scaled = (logits.astype(jnp.float32) + AUC_LOGIT_RANGE) / (2 * AUC_LOGIT_RANGE)  # [b, s]
+    bins = jnp.clip(jnp.floor(scaled * AUC_BINS), 0, AUC_BINS - 1).astype(jnp.int32)  # [b, s]
+    return jnp.zeros((AUC_BINS,), jnp.float32).at[bins.reshape(-1)].add(weights.reshape(-1))
+
+
+def area_under_roc(positives: jax.Array, negatives: jax.Array) -> jax.Array:
+    """The probability that a positive scores above a negative (ties in a bin count half),
+    from their histograms over the same bins [n]; 0.5 when either is empty."""
+    below = jnp.cumsum(negatives) - negatives  # [n] negatives in lower bins
+    wins = jnp.sum(positives * (below + 0.5 * negatives))
+    pairs = jnp.sum(positives) * jnp.sum(negatives)
+    return jnp.where(pairs > 0, wins / jnp.maximum(pairs, _GUARD), 0.5)
 
 
 def _sigmoid_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
