@@ -6,12 +6,12 @@ compile in the background ends the run with its error."""
 import jax
 import numpy as np
 import pytest
-from synthetic_corpus import finetune_config as make_config
-from synthetic_corpus import write_topic_csv
 
 from bertjax import compile_ahead, rundir
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
+from tests.helpers.corpora import finetune_config as make_config
+from tests.helpers.corpora import write_topic_csv
 
 
 @pytest.mark.slow  # two short runs each: about 30 s

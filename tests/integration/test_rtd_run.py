@@ -15,8 +15,6 @@ import sys
 import jax
 import numpy as np
 import pytest
-from synthetic_corpus import finetune_config
-from xla_env import subprocess_env
 
 import bertjax
 from bertjax import sharding
@@ -27,6 +25,8 @@ from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objectives import rtd
 from bertjax.pretrain.settings import PretrainSettings
 from configs import electra_tiny
+from tests.helpers.corpora import finetune_config
+from tests.helpers.xla_env import subprocess_env
 
 TEXTS = ["the cat sat on the mat today", "dogs run fast in the park", "one"]
 
@@ -128,6 +128,15 @@ def test_an_rtd_run_opens_as_discriminator_and_generator_alone_on_a_mesh_and_exp
     assert len(filled) == 3
     with pytest.raises(InferenceError, match="no replaced-token detection head"):
         generator.replaced(TEXTS)
+
+    # Batches run unpadded by default (the encoder's packed_length): the padded path agrees.
+    padded = bertjax.Model.load(rtd_run, unpad=False)
+    np.testing.assert_allclose(
+        np.concatenate(_scores(padded)), np.concatenate(_scores(model)), atol=1e-5
+    )
+    # Each text's marks alone are its marks among the others.
+    for text, marks in zip(TEXTS, _scores(model)):
+        np.testing.assert_allclose([t["score"] for t in model.replaced(text)], marks, atol=1e-5)
 
     # On the 8-device mesh: the same answers.
     on_mesh = bertjax.Model.load(rtd_run, mesh=sharding.make_mesh((4, 2, 1)))
