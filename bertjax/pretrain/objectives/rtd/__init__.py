@@ -14,6 +14,7 @@ from bertjax import perf, steps
 from bertjax.data import baseline
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.encoders.electra import generator as generator_lib
+from bertjax.encoders.electra.model import POOLER
 from bertjax.pretrain import samples as samples_lib
 from bertjax.pretrain.objectives.base import PretrainObjective, require
 from bertjax.pretrain.objectives.rtd import model as rtd_model
@@ -33,7 +34,7 @@ MASK_TOKEN_PROB = 0.85
 # discriminator). Each evaluation past it logs a warning (docs/electra.md).
 GENERATOR_TOO_STRONG = 0.75
 # The discriminator's pooler is the fine-tuning classifier's first layer: RTD never runs it.
-FROZEN = ("bert/pooler",)
+FROZEN = (f"{generator_lib.ENCODER}/{POOLER}",)
 _FAMILY = "electra"
 
 
