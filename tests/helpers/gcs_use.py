@@ -6,6 +6,7 @@ import pathlib
 import numpy as np
 
 from bertjax import fs
+from tests.helpers.corpora import finetune_config
 
 WORDS = {
     "good": "the film was good and the acting was fine and warm",
@@ -41,8 +42,6 @@ def _write_rows(url: str, count: int, seed: int) -> str:
 
 
 def _finetune_config(init_from, **fields):
-    from synthetic_corpus import finetune_config
-
     config = finetune_config(init_from, **fields)
     config.num_epochs = 2
     config.optimizer.learning_rate = 1e-3

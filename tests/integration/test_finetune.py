@@ -47,7 +47,8 @@ def test_fine_tuning_learns_a_synthetic_task_well_above_chance(finetuned_run):
     assert {"eval/loss", "eval/f1", "eval/f1_macro", "eval/mcc"} <= set(evals[0])
     # The summary says how much of the wall time went to compiling, and how many programs.
     assert 0 < seeds["compile_sec"] < seeds["wall_time_sec"]
-    assert seeds["programs_compiled"] >= 2  # at least a train and an eval step
+    # At least a train and an eval step, compiled or (a warm cache) loaded.
+    assert seeds["programs_compiled"] + seeds["programs_loaded"] >= 2
 
 
 @pytest.mark.slow
