@@ -25,6 +25,7 @@ from tests.helpers.xla_env import (  # noqa: E402 (imports no jax)
     COMPILATION_CACHE_DIR,
     COMPILATION_CACHE_LIMIT_BYTES,
     QUICK_COMPILES,
+    memory_maps_near_limit,
     optimized_compiles,
     xla_flags,
 )
@@ -72,6 +73,17 @@ def pytest_sessionstart(session):
     is_worker = hasattr(session.config, "workerinput")  # pytest-xdist's workers have it
     if not is_worker and os.environ["JAX_COMPILATION_CACHE_DIR"] == str(COMPILATION_CACHE_DIR):
         compilation_cache.prune(COMPILATION_CACHE_DIR, COMPILATION_CACHE_LIMIT_BYTES)
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent under `-p no:xdist`
+def pytest_xdist_make_scheduler(config, log):
+    """`--dist loadfile` (pyproject.toml's addopts) by a scheduler that finishes the run when a
+    worker crashes, instead of hanging (tests/helpers/xdist_schedule.py)."""
+    if config.getvalue("dist") == "loadfile":
+        from tests.helpers.xdist_schedule import CrashTolerantFileScheduling
+
+        return CrashTolerantFileScheduling(config, log)
+    return None
 
 
 # Each test's seconds (setup, call and teardown) in the last run that ran it, kept in pytest's
@@ -146,6 +158,17 @@ def whole_shard_saves():
     test_checkpoint.py puts them back for its tests (`orbax_defaults`)."""
     with orbax_array_handler(ocp.type_handlers.ArrayHandler(use_replica_parallel=False)):
         yield
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release_compiled_programs():
+    """After each test file, drops jax's compiled programs once this worker holds more than
+    half the memory mappings Linux allows a process (xla_env.memory_maps_near_limit says why:
+    past the limit the next compile crashes the worker). Later files load what they need
+    again from the compilation cache."""
+    yield
+    if memory_maps_near_limit():
+        jax.clear_caches()
 
 
 @pytest.fixture(scope="module")

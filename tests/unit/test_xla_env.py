@@ -1,5 +1,6 @@
 """The suite's own compilation settings (tests/helpers/xla_env.py): one shared compilation cache
-(kept under its size limit by bertjax.compilation_cache.prune, tested with it)."""
+(kept under its size limit by bertjax.compilation_cache.prune, tested with it), and compiled
+programs released before a worker runs out of memory mappings."""
 
 import os
 
@@ -8,6 +9,8 @@ import jax
 from tests.helpers.xla_env import (
     COMPILATION_CACHE_DIR,
     OPTIMIZED_FLAGS,
+    OWN_MAPS_FILE,
+    memory_maps_near_limit,
     optimized_compiles,
     subprocess_env,
 )
@@ -30,3 +33,25 @@ def test_quick_compiles_unless_a_block_asks_for_optimised_ones():
     # The level an optimised compile uses, here and in the processes the tests start.
     for flags in (os.environ["XLA_FLAGS"], subprocess_env(2)["XLA_FLAGS"]):
         assert all(flag in flags.split() for flag in OPTIMIZED_FLAGS)
+
+
+def _memory_maps() -> int:
+    with OWN_MAPS_FILE.open("rb") as maps:
+        return sum(1 for _ in maps)
+
+
+def test_dropping_jax_caches_releases_the_mappings_of_compiled_programs():
+    """What conftest.py's release_compiled_programs relies on: compiled programs hold memory
+    mappings until jax's caches are dropped, though their functions are still referenced."""
+    jax.clear_caches()
+    before = _memory_maps()
+    functions = [jax.jit(lambda x, n=n: jax.numpy.tanh(x * n).sum()) for n in range(200)]
+    for function in functions:
+        function(jax.numpy.ones(3))
+    held = _memory_maps()
+    assert held - before >= 200  # several mappings a program
+    jax.clear_caches()
+    released = held - _memory_maps()
+    assert released > 0.75 * (held - before), (before, held, released)
+    assert memory_maps_near_limit(share=0.0)
+    assert not memory_maps_near_limit(share=1.0)

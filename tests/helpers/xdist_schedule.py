@@ -1,0 +1,56 @@
+"""pytest-xdist's file scheduling (`--dist loadfile`), made to finish after a worker crashes.
+
+A worker that dies in native code (a segfault, an abort) is replaced, and its unfinished test
+file goes back on the queue. pytest-xdist 3.8's `LoadFileScheduling` then hangs the run
+forever with every worker idle (pytest-xdist issues #784, #1323, #1327, #1378):
+- it puts back every file the dead worker was given, finished ones too, and a finished file
+  is sent as an empty list of tests, which never reports back, so nothing schedules again;
+- it puts back the test that crashed, so the replacement runs it again and may crash too;
+- a worker runs a test only once it knows the next one (for teardown) or is told to stop,
+  and a replacement worker may be given one file with one test left, then nothing more.
+
+`CrashTolerantFileScheduling` fixes the three: the crashed test counts as done (xdist has
+reported it failed, naming it), only files with tests left go back on the queue, and a
+worker is given files until it holds two tests or more, and told to stop once the queue is
+empty. Everything else is xdist's own:
+whole files per worker, in the order conftest.py sorts them.
+"""
+
+from __future__ import annotations
+
+from xdist.scheduler import LoadFileScheduling
+from xdist.workermanage import WorkerController
+
+
+class CrashTolerantFileScheduling(LoadFileScheduling):
+    def remove_node(self, node: WorkerController) -> str | None:
+        workload = self.assigned_work.pop(node)
+        if not self._pending_of(workload):
+            return None
+        unfinished = {scope: unit for scope, unit in workload.items() if not all(unit.values())}
+        crashed_scope, crashed_unit = next(iter(unfinished.items()))
+        crashitem = next(nodeid for nodeid, done in crashed_unit.items() if not done)
+        crashed_unit[crashitem] = True  # reported failed by xdist; not run again
+        if not all(crashed_unit.values()):
+            self.workqueue[crashed_scope] = crashed_unit
+            self.workqueue.move_to_end(crashed_scope, last=False)
+        for scope, unit in unfinished.items():
+            if scope != crashed_scope:
+                self.workqueue[scope] = unit
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashitem
+
+    def _reschedule(self, node: WorkerController) -> None:
+        if node.shutting_down:
+            return
+        if self._pending_of(self.assigned_work[node]) > 2:  # xdist's low-water mark
+            return
+        # A worker runs a test once it knows the next one, so it keeps two at least (xdist's
+        # first schedule does this; a replacement worker's does not), or is told to stop.
+        while self.workqueue:
+            self._assign_work_unit(node)
+            if self._pending_of(self.assigned_work[node]) >= 2:
+                break
+        if not self.workqueue:
+            node.shutdown()  # it stops after the tests it was given
