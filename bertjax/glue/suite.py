@@ -226,6 +226,11 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
             if is_main:
                 rundir.write_text(directory / TIMING_FILE, json.dumps(timing) + "\n")
             executed.append(run.directory)
+            # The next run traces its steps afresh, so the finished run's programs only hold
+            # memory: on a CPU each keeps about 9 memory mappings, and a sweep of a hundred
+            # runs in one process would reach Linux's limit per process (vm.max_map_count,
+            # 65,530), where the next compile crashes the process.
+            jax.clear_caches()
             bar.update(1)
             if after_run is not None:
                 after_run(run)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import zipfile
 
+import jax
 import pytest
 
 from bertjax.glue import suite
@@ -69,7 +70,12 @@ def download_suite(pretrained_run, tmp_path_factory):
     with pytest.raises(Killed):
         suite.run_suite(settings, str(workdir), after_run=kill)
     stamps = {p: p.stat().st_mtime_ns for p in workdir.glob("*/*/seed_1/result.json")}
-    summary = suite.run_suite(settings, str(workdir))
+    clear_caches, cleared = jax.clear_caches, []
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jax, "clear_caches", lambda: cleared.append(clear_caches()))
+        summary = suite.run_suite(settings, str(workdir))
+    # Each finished run's programs are dropped before the next (run_suite says why).
+    assert len(cleared) == len(summary["executed"])
     return workdir, topics, summary, stamps
 
 
