@@ -1,6 +1,8 @@
 """The embedding models' tests' small BERT and ModernBERT configs, texts, pair batches, random
 parameters, a WordPiece vocabulary and synthetic pairs and STS scores."""
 
+import dataclasses
+
 import jax
 import numpy as np
 import pytest
@@ -11,21 +13,13 @@ from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.task import head_for
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers import finetune_hf
 from tests.helpers.params import random_init
 
 TOL = 1e-5
 
 
-CONFIG = BertConfig(
-    vocab_size=99,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=40,
-    hidden_dropout=0.0,
-    attention_dropout=0.0,
-)
+CONFIG = dataclasses.replace(finetune_hf.CONFIG, hidden_dropout=0.0, attention_dropout=0.0)
 
 
 # A ModernBERT encoder of the same width: a global layer, two local ones (windows of 8 tokens),

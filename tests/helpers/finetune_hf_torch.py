@@ -8,6 +8,9 @@ import transformers
 from bertjax.capability import HeadSpec
 from bertjax.tasks.labels import model as label_heads
 
+# The warmup of the torch side's schedule, and of bertjax's optimizer settings beside it.
+TORCH_WARMUP_STEPS = 2
+
 HF_CLASSES = {
     label_heads.TOKEN_CLASSIFICATION: transformers.BertForTokenClassification,
     label_heads.CLASSIFICATION: transformers.BertForSequenceClassification,
@@ -20,3 +23,20 @@ def torch_labels(head: HeadSpec, labels: np.ndarray):
     if head.task == label_heads.CLASSIFICATION:
         return torch.tensor(labels).long()
     return torch.tensor(labels)
+
+
+def torch_adamw(reference: torch.nn.Module, steps: int, learning_rate: float, no_decay=("bias",)):
+    """(optimizer, schedule) of transformers' fine-tuning recipe for `reference`, as bertjax's
+    fine-tuning optimizer: AdamW, eps 1e-6, weight decay 0.01 except on parameters whose
+    names hold a `no_decay` word (biases and norms), linear warmup over 2 steps then linear
+    decay to 0 at `steps`."""
+    named = list(reference.named_parameters())
+    exempt = [p for n, p in named if any(word in n for word in no_decay)]
+    decay = [p for n, p in named if not any(word in n for word in no_decay)]
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": exempt, "weight_decay": 0.0}],
+        lr=learning_rate,
+        eps=1e-6,
+    )
+    schedule = transformers.get_linear_schedule_with_warmup(optimizer, TORCH_WARMUP_STEPS, steps)
+    return optimizer, schedule

@@ -8,31 +8,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.encoders.modernbert import config as mb_config
 from bertjax.encoders.modernbert import model as mb_model
 from bertjax.tasks.embed import model as embed_model
 from bertjax.tasks.labels import model as label_model
 from bertjax.tasks.qa import model as qa_model
 from tests.helpers.batches import padded_batch
+from tests.helpers.modernbert import SMALL
 
 ATOL = 2e-5
 
 # 4 layers: 0 and 3 global, 1 and 2 local (a window of +-4).
-CONFIG = mb_config.ModernBertConfig(
-    vocab_size=61,
-    hidden_size=32,
-    intermediate_size=40,
-    num_layers=4,
-    num_heads=4,
-    max_position_embeddings=64,
-    local_attention=8,
-    global_rope_theta=1000.0,
-    local_rope_theta=100.0,
-    pad_token_id=0,
-    cls_token_id=1,
-    sep_token_id=2,
-    dtype="float32",
-)
+CONFIG = SMALL
 # Rows of 32 (local layers banded: longer than 3 windows) and of 10 (one whole-row mask);
 # a full row, a nearly empty one, a one-token one and one in between.
 SHAPES = {"banded": (32, (32, 2, 1, 19)), "whole_row": (10, (10, 2, 1, 7))}

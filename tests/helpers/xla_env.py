@@ -31,6 +31,8 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
+import socket
+import subprocess
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FUSION_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
@@ -120,3 +122,39 @@ def memory_maps_near_limit(share: float = 0.5) -> bool:
     except (OSError, ValueError):
         return False
     return held > share * limit
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (for a coordinator the test starts next)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_distributed(args: list[str], cwd=None, processes: int = 2) -> list[str]:
+    """Runs the command `args` (train.py's flags) as one jax job of `processes` processes on
+    this machine, 2 CPU devices each, and returns what each printed; a process that fails
+    fails the test with the end of its output."""
+    coordinator = [f"--coordinator_address=127.0.0.1:{free_port()}"]
+    started = [
+        subprocess.Popen(
+            args + coordinator + [f"--num_processes={processes}", f"--process_id={i}"],
+            env=subprocess_env(2),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=cwd,
+        )
+        for i in range(processes)
+    ]
+    outputs = []
+    try:
+        for process in started:
+            outputs.append(process.communicate(timeout=300)[0])
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+    for process, output in zip(started, outputs):
+        assert process.returncode == 0, output[-3000:]
+    return outputs

@@ -25,6 +25,7 @@ from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch
 from tests.helpers.corpora import finetune_config
+from tests.helpers.finetune_hf_torch import TORCH_WARMUP_STEPS, torch_adamw
 
 ATOL = 1e-5
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -210,18 +211,11 @@ def test_classification_steps_equal_transformers_step_for_step(tmp_path):
     config, params, read_head, fresh = encoders.read_transformers(tmp_path / "start")
     assert read_head == head and fresh == ()
 
-    named = list(reference.named_parameters())
-    no_decay = [p for n, p in named if "bias" in n or "LayerNorm" in n]
-    decay = [p for n, p in named if not ("bias" in n or "LayerNorm" in n)]
-    torch_optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=PARITY_LR,
-        eps=1e-6,
+    torch_optimizer, schedule = torch_adamw(
+        reference, PARITY_STEPS, PARITY_LR, no_decay=("bias", "LayerNorm")
     )
-    warmup = 2
-    schedule = transformers.get_linear_schedule_with_warmup(torch_optimizer, warmup, PARITY_STEPS)
     settings = optim.OptimizerSettings(
-        learning_rate=PARITY_LR, warmup_steps=warmup, total_steps=PARITY_STEPS
+        learning_rate=PARITY_LR, warmup_steps=TORCH_WARMUP_STEPS, total_steps=PARITY_STEPS
     )
     ft = build_finetuning(
         config,

@@ -29,6 +29,7 @@ from tests.helpers.encoders import (
     _torch,
     _torch_loss,
 )
+from tests.helpers.finetune_hf_torch import TORCH_WARMUP_STEPS, torch_adamw
 from tests.helpers.params import max_diff
 
 
@@ -83,18 +84,11 @@ def test_fine_tuning_steps_equal_transformers_step_for_step(case, tmp_path):
     assert read_head.task == head.task and read_head.num_outputs == head.num_outputs
     assert config.classifier_pooling == pooling
 
-    named = list(reference.named_parameters())
-    no_decay = [p for n, p in named if "bias" in n or "norm" in n]
-    decay = [p for n, p in named if not ("bias" in n or "norm" in n)]
-    torch_optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=PARITY_LR,
-        eps=1e-6,
+    torch_optimizer, schedule = torch_adamw(
+        reference, PARITY_STEPS, PARITY_LR, no_decay=("bias", "norm")
     )
-    warmup = 2
-    schedule = transformers.get_linear_schedule_with_warmup(torch_optimizer, warmup, PARITY_STEPS)
     settings = optim.OptimizerSettings(
-        learning_rate=PARITY_LR, warmup_steps=warmup, total_steps=PARITY_STEPS
+        learning_rate=PARITY_LR, warmup_steps=TORCH_WARMUP_STEPS, total_steps=PARITY_STEPS
     )
     ft = build_finetuning(
         config,

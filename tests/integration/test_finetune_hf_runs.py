@@ -21,7 +21,12 @@ from tests.helpers.finetune_hf import (
     parity_batches,
     random_params,
 )
-from tests.helpers.finetune_hf_torch import HF_CLASSES, torch_labels
+from tests.helpers.finetune_hf_torch import (
+    HF_CLASSES,
+    TORCH_WARMUP_STEPS,
+    torch_adamw,
+    torch_labels,
+)
 
 
 @pytest.mark.parametrize(
@@ -41,19 +46,12 @@ def test_fine_tuning_steps_equal_transformers_step_for_step(tmp_path, name, pair
     bert_hf.save(config, params, tmp_path / "start", head=head)
     cls = HF_CLASSES.get(head.task, transformers.BertForSequenceClassification)
     reference = cls.from_pretrained(tmp_path / "start", attn_implementation="eager").train()
-    named = list(reference.named_parameters())
-    no_decay = [p for n, p in named if "bias" in n or "LayerNorm" in n]
-    decay = [p for n, p in named if not ("bias" in n or "LayerNorm" in n)]
-    torch_optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=PARITY_LR,
-        eps=1e-6,
+    torch_optimizer, schedule = torch_adamw(
+        reference, PARITY_STEPS, PARITY_LR, no_decay=("bias", "LayerNorm")
     )
-    warmup = 2
-    schedule = transformers.get_linear_schedule_with_warmup(torch_optimizer, warmup, PARITY_STEPS)
 
     settings = optim.OptimizerSettings(
-        learning_rate=PARITY_LR, warmup_steps=warmup, total_steps=PARITY_STEPS
+        learning_rate=PARITY_LR, warmup_steps=TORCH_WARMUP_STEPS, total_steps=PARITY_STEPS
     )
     assert (settings.weight_decay, settings.eps, settings.max_grad_norm) == (0.01, 1e-6, 1.0)
     ft = build_finetuning(

@@ -36,7 +36,7 @@ from tests.helpers.gcs_run import (  # noqa: F401 (fixtures)
     settings_of,
     straight_reference,
 )
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.xla_env import run_distributed, subprocess_env
 
 
 def local_names(root: pathlib.Path) -> list[str]:
@@ -342,29 +342,7 @@ def test_two_processes_share_a_gcs_work_directory(gcs, synthetic_corpus, config_
         timeout=300,
     )
     multi = gcs.bucket() + "/run"
-    port = 20000 + (os.getpid() + 7) % 20000
-    processes = [
-        subprocess.Popen(
-            cli(values, multi, config_file)
-            + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-            env=subprocess_env(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            cwd=tmp_path,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=300)[0])
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-    for process, output in zip(processes, outputs):
-        assert process.returncode == 0, output[-3000:]
+    run_distributed(cli(values, multi, config_file), cwd=tmp_path)
     names = objects(gcs, multi)
     assert "checkpoints/4/commit_success.txt" in names
     assert any(n.startswith("checkpoints/4/params/ocdbt.process_1") for n in names), names

@@ -3,10 +3,8 @@ part-way resumes to bit-identical parameters on one process and on two, prepared
 reused, and a new phase that changes the weights (and adds a source) records both mixtures."""
 
 import json
-import os
 import pathlib
 import shutil
-import subprocess
 
 import numpy as np
 import pytest
@@ -27,7 +25,7 @@ from tests.helpers.gcs_run import (
     config_file,  # noqa: F401 (fixtures)
     leaf_hashes,
 )
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.xla_env import run_distributed
 
 SEQ_LEN = 64
 PREDICTIONS = 10
@@ -157,32 +155,6 @@ def test_a_new_phase_changes_the_weights_adds_a_source_and_records_both(
     assert meta["phase"]["init_from"] == str(workdir)
 
 
-def run_two_processes(args: list[str]) -> list[str]:
-    port = 20000 + (os.getpid() * 7) % 20000
-    processes = [
-        subprocess.Popen(
-            args
-            + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-            env=subprocess_env(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=300)[0])
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-    for process, output in zip(processes, outputs):
-        assert process.returncode == 0, output[-3000:]
-    return outputs
-
-
 @pytest.mark.slow
 def test_two_processes_train_on_the_same_mixture_and_resume_exactly(
     shipped, straight, config_file, tmp_path
@@ -191,7 +163,7 @@ def test_two_processes_train_on_the_same_mixture_and_resume_exactly(
     workdir, _ = straight
     args = values(root, sources)
     two = tmp_path / "two"
-    run_two_processes(cli(args, str(two), config_file))
+    run_distributed(cli(args, str(two), config_file))
     # The same batches as one process (each process reads its half of every batch).
     got, expected = losses(two), losses(workdir)
     assert sorted(got) == [1, 2, 3, 4]
@@ -200,6 +172,6 @@ def test_two_processes_train_on_the_same_mixture_and_resume_exactly(
     stopped = tmp_path / "stopped"
     shutil.copytree(two, stopped)
     shutil.rmtree(stopped / "checkpoints" / "4")
-    outputs = run_two_processes(cli(args, str(stopped), config_file))
+    outputs = run_distributed(cli(args, str(stopped), config_file))
     assert "Resumed" in outputs[0] and "step 2" in outputs[0]
     assert leaf_hashes(bertjax.load(str(stopped))[1]) == leaf_hashes(bertjax.load(str(two))[1])

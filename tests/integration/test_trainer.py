@@ -1,7 +1,6 @@
 """End-to-end pretraining: learning, exact resume, preemption, multi-process, accumulation."""
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -33,7 +32,7 @@ from tests.helpers.trainer import (
     read_losses,
     train,
 )
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.xla_env import run_distributed, subprocess_env
 
 # ----------------------------------------------------------------------------- learning
 
@@ -228,28 +227,7 @@ def test_two_processes_log_the_same_losses_as_one(synthetic_data, config_file, t
     )
 
     multi = tmp_path / "multi"
-    port = 20000 + os.getpid() % 20000
-    processes = [
-        subprocess.Popen(
-            cli(values, str(multi), config_file)
-            + [f"--coordinator_address=127.0.0.1:{port}", "--num_processes=2", f"--process_id={i}"],
-            env=subprocess_env(2),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outputs = []
-    try:
-        for process in processes:
-            outputs.append(process.communicate(timeout=300)[0])
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-    for process, output in zip(processes, outputs):
-        assert process.returncode == 0, output[-3000:]
+    run_distributed(cli(values, str(multi), config_file))
     expected, got = read_losses(single), read_losses(multi)
     assert sorted(got) == [1, 2, 3, 4]
     np.testing.assert_allclose(
