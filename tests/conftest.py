@@ -65,6 +65,7 @@ from tests.helpers.corpora import (  # noqa: E402
     write_corpus,
     write_topic_csv,
 )
+from tests.helpers.xdist_schedule import CrashTolerantFileScheduling  # noqa: E402
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -80,8 +81,6 @@ def pytest_xdist_make_scheduler(config, log):
     """`--dist loadfile` (pyproject.toml's addopts) by a scheduler that finishes the run when a
     worker crashes, instead of hanging (tests/helpers/xdist_schedule.py)."""
     if config.getvalue("dist") == "loadfile":
-        from tests.helpers.xdist_schedule import CrashTolerantFileScheduling
-
         return CrashTolerantFileScheduling(config, log)
     return None
 
