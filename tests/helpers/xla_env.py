@@ -99,15 +99,17 @@ def optimized_compiles():
         jax.config.update("jax_disable_most_optimizations", quick)
 
 
-# Each program XLA compiles (or loads from the cache) for the CPU is linked into memory of its
-# own: about 9 memory mappings, kept while jax caches the program, which for a jitted function
-# is as long as the process lives. A worker that runs a few hundred test files holds tens of
-# thousands, and at Linux's limit per process (vm.max_map_count, 65,530 by default) LLVM
-# cannot map the next program: "LLVM compilation error: Cannot allocate memory", then a
-# segfault or an abort in whichever test compiles next (reproduced with the limit lowered
-# to 12,000: the 1,300th small program crashed the process). conftest.py drops jax's caches
-# after a test file once a worker holds more than half the limit; `jax.clear_caches()`
-# releases the mappings even while the jitted functions are still referenced.
+# XLA links each program it compiles (or loads from the cache) for the CPU into memory of its
+# own: about 10 memory mappings (read-only data, code, data), for a tiny program and a small
+# ModernBERT's train step alike, kept while jax caches the program, which for a jitted function
+# is as long as the process lives (and every eager operation on a new shape is a program). A
+# worker that runs a few hundred test files holds tens of thousands, and at Linux's limit per
+# process (vm.max_map_count, 65,530 by default) LLVM cannot map the next program: "LLVM
+# compilation error: Cannot allocate memory", then a segfault or an abort in whichever test
+# compiles next (reproduced with the limit lowered to 12,000: the 1,300th small program crashed
+# the process). conftest.py drops jax's caches after each test file, and between tests once a
+# worker holds more than half the limit; `jax.clear_caches()` releases the mappings even while
+# the jitted functions are referenced.
 MAX_MAP_COUNT_FILE = pathlib.Path("/proc/sys/vm/max_map_count")
 OWN_MAPS_FILE = pathlib.Path("/proc/self/maps")
 
