@@ -9,7 +9,9 @@ forever with every worker idle (pytest-xdist issues #784, #1323, #1327, #1378):
 - a worker runs a test only once it knows the next one (for teardown) or is told to stop,
   and a replacement worker may be given one file with one test left, then nothing more.
 
-`CrashTolerantFileScheduling` fixes the three: the crashed test counts as done (xdist has
+`CrashTolerantFileScheduling` fixes the three (and a fourth, which xdist shares: a report of
+a worker's last test can arrive after the worker died, and sending it more work then raised an
+internal error that ended the run): the crashed test counts as done (xdist has
 reported it failed, naming it), only files with tests left go back on the queue, and a
 worker is given files until it holds two tests or more, and told to stop once the queue is
 empty. Everything else is xdist's own:
@@ -49,7 +51,12 @@ class CrashTolerantFileScheduling(LoadFileScheduling):
         # A worker runs a test once it knows the next one, so it keeps two at least (xdist's
         # first schedule does this; a replacement worker's does not), or is told to stop.
         while self.workqueue:
-            self._assign_work_unit(node)
+            try:
+                self._assign_work_unit(node)
+            except OSError:
+                # The worker died and the news of it is still on its way: the file stays in
+                # its work, which remove_node puts back on the queue when the news comes.
+                break
             if self._pending_of(self.assigned_work[node]) >= 2:
                 break
         if not self.workqueue:
