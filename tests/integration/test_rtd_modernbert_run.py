@@ -125,9 +125,7 @@ print(json.dumps({
 
 
 @pytest.mark.slow
-def test_a_modernbert_rtd_run_opens_in_a_fresh_process_and_exports_its_encoder(
-    rtd_run, tmp_path
-):
+def test_a_modernbert_rtd_run_opens_in_a_fresh_process_and_exports_its_encoder(rtd_run, tmp_path):
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     workdir, _, _ = rtd_run
@@ -167,8 +165,10 @@ def test_a_modernbert_rtd_run_opens_in_a_fresh_process_and_exports_its_encoder(
             attention_mask=torch.from_numpy(encoded["input_mask"]).long(),
         ).last_hidden_state.numpy()
     config = model.config
-    ours, _ = encoders.family_of(config).module(config).apply(
-        {"params": model.params["bert"]}, encoded["input_ids"], None, encoded["input_mask"]
+    ours, _ = (
+        encoders.family_of(config)
+        .module(config)
+        .apply({"params": model.params["bert"]}, encoded["input_ids"], None, encoded["input_mask"])
     )
     np.testing.assert_allclose(theirs, np.asarray(ours), atol=1e-4)
 

@@ -247,12 +247,8 @@ def networks(config: ModernBertConfig, params: Any, fresh: tuple[str, ...]) -> d
     discriminator = {name: value for name, value in params.items() if name != GENERATOR}
     if config.decoder_bias:
         # The discriminator has no masked-LM decoder: zeros, as a fresh one starts.
-        discriminator[DECODER_BIAS] = np.zeros(
-            (config.vocab_size,), np.dtype(config.param_dtype)
-        )
+        discriminator[DECODER_BIAS] = np.zeros((config.vocab_size,), np.dtype(config.param_dtype))
     return {
         "": Network(config, discriminator, fresh),
-        GENERATOR: Network(
-            generator_config(config, generator_fraction(config, params)), generator
-        ),
+        GENERATOR: Network(generator_config(config, generator_fraction(config, params)), generator),
     }

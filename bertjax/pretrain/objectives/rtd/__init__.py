@@ -90,18 +90,12 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         return family.replaced_token_frozen
 
     def model_init(self, family: Any, model_config: Any, options: RtdSettings):
-        return family.replaced_token_detection(
-            model_config, options.generator_hidden_fraction
-        ).init
+        return family.replaced_token_detection(model_config, options.generator_hidden_fraction).init
 
     def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
         options = settings.objective_settings
-        detector = family.replaced_token_detection(
-            model_config, options.generator_hidden_fraction
-        )
-        return RtdStep(
-            detector.model, options.weight, packed_documents=detector.packed_documents
-        )
+        detector = family.replaced_token_detection(model_config, options.generator_hidden_fraction)
+        return RtdStep(detector.model, options.weight, packed_documents=detector.packed_documents)
 
     def baselines(self, settings, data_dir, eval_metrics=None) -> dict[str, float]:
         """The generator's against the unigram guess; the discriminator's against calling
@@ -176,9 +170,7 @@ def corrupted_samples(config, params, tokenizer, texts, mesh):
         mask_id=tokenizer.mask_id,
     )
     family = encoders.family_of(config)
-    model = family.replaced_token_detection(
-        config, family.generator_fraction(config, params)
-    ).model
+    model = family.replaced_token_detection(config, family.generator_fraction(config, params)).model
 
     @jax.jit
     def run(params, masked_ids, positions, weights, mask):
