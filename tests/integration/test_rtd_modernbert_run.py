@@ -20,6 +20,7 @@ import bertjax
 from bertjax import encoders
 from bertjax.finetune import loop as finetune_loop
 from bertjax.finetune.settings import FinetuneSettings
+from bertjax.inference import InferenceError
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
@@ -155,6 +156,8 @@ def test_a_modernbert_rtd_run_opens_in_a_fresh_process_and_exports_its_encoder(r
     written = json.loads((tmp_path / "export" / "config.json").read_text())
     assert written["architectures"] == ["ModernBertModel"]
     assert not (tmp_path / "export" / "generator").exists()
+    with pytest.raises(InferenceError, match="transformers has no ModernBERT class"):
+        model.networks["generator"].save_hf(tmp_path / "generator")
     encoder = transformers.AutoModel.from_pretrained(
         tmp_path / "export", attn_implementation="eager"
     ).eval()
