@@ -113,15 +113,19 @@ def test_a_modernbert_rtd_run_learns_reports_and_resumes_bit_exactly(rtd_run, tm
 NOTEBOOK = """
 import json, sys
 import bertjax
+from bertjax import sharding
 
-m = bertjax.Model.load(sys.argv[1])
-filled = m.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
-print(json.dumps({
-    "model": repr(m),
-    "generator": m.networks["generator"].config.hidden_size,
-    "scores": [[t["score"] for t in text] for text in m.replaced(json.loads(sys.argv[2]))],
-    "filled": [[f["token"], f["score"]] for f in filled],
-}))
+out = {}
+for name, mesh in (("alone", None), ("mesh", sharding.make_mesh((4, 2, 1)))):
+    m = bertjax.Model.load(sys.argv[1], mesh=mesh)
+    filled = m.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
+    out[name] = {
+        "model": repr(m),
+        "generator": m.networks["generator"].config.hidden_size,
+        "scores": [[t["score"] for t in text] for text in m.replaced(json.loads(sys.argv[2]))],
+        "filled": [[f["token"], f["score"]] for f in filled],
+    }
+print(json.dumps(out))
 """
 
 
@@ -132,7 +136,7 @@ def test_a_modernbert_rtd_run_opens_in_a_fresh_process_and_exports_its_encoder(r
     workdir, _, _ = rtd_run
     completed = subprocess.run(
         [sys.executable, "-c", NOTEBOOK, str(workdir), json.dumps(TEXTS)],
-        env=subprocess_env(1),
+        env=subprocess_env(8),
         capture_output=True,
         text=True,
         timeout=300,
@@ -140,15 +144,22 @@ def test_a_modernbert_rtd_run_opens_in_a_fresh_process_and_exports_its_encoder(r
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     out = json.loads(completed.stdout.strip().splitlines()[-1])
-    assert out["model"].startswith("Model(ModernBERT L2/H64/A2"), out
-    assert out["generator"] == 32
-    assert len(out["filled"]) == 3
     model = bertjax.Model.load(workdir)
     scores = [[t["score"] for t in text] for text in model.replaced(TEXTS)]
     assert [len(s) for s in scores] == [len(model.tokenizer.encode(t)) for t in TEXTS]
-    np.testing.assert_allclose(np.concatenate(out["scores"]), np.concatenate(scores), atol=1e-5)
     filled = model.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
-    assert [f["token"] for f in filled] == [t for t, _ in out["filled"]]
+    assert len(filled) == 3
+    for name in ("alone", "mesh"):  # one device, and the 8 devices' mesh
+        opened = out[name]
+        assert opened["model"].startswith("Model(ModernBERT L2/H64/A2"), opened
+        assert opened["generator"] == 32
+        np.testing.assert_allclose(
+            np.concatenate(opened["scores"]), np.concatenate(scores), atol=1e-5
+        )
+        assert [f["token"] for f in filled] == [t for t, _ in opened["filled"]]
+        np.testing.assert_allclose(
+            [f["score"] for f in filled], [s for _, s in opened["filled"]], atol=1e-5
+        )
 
     # save_hf: the discriminator's encoder as transformers' ModernBertModel, nothing else
     # (transformers has no ModernBERT replaced-token class, nor one for the generator).
