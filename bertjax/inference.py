@@ -258,6 +258,13 @@ class Model:
         ELECTRA run's generator) are written in directories of their names inside it.
         """
         head = self.head
+        if not self.family.transformers_class(self.config):
+            raise InferenceError(
+                f"{self.source}: transformers has no class for this model "
+                f"({self.family.describe(self.config)}, e.g. a ModernBERT replaced-token "
+                "detection generator's projected embeddings); it opens from its run's "
+                "checkpoints with Model.load"
+            )
         # A failure while writing (a full disk) leaves an export already there whole; it is
         # said in one line naming the directory and the cause.
         with as_inference_error(), _export_errors(directory):
@@ -630,7 +637,17 @@ class Model:
             init = self.capability.init(self.run_config, self.head)
         # Shapes and logical axis names only; nothing is computed.
         abstract = jax.eval_shape(init, jax.random.key(0))
-        return jax.device_put(params, sharding_lib.logical_shardings(abstract, self.mesh))
+        shardings = sharding_lib.logical_shardings(abstract, self.mesh)
+        # A group the family's tree does not have (a ModernBERT discriminator's replaced-token
+        # head: bertjax.encoders.modernbert.rtd) is small: replicated.
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        shardings = {
+            name: shardings[name]
+            if name in shardings
+            else jax.tree.map(lambda _: replicated, group)
+            for name, group in params.items()
+        }
+        return jax.device_put(params, shardings)
 
     def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         if self.mesh is None:
