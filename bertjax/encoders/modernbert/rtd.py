@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import perf, sharding
+from bertjax import capability, perf, sharding
 from bertjax.encoders.family import Network, ReplacedTokenDetector
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import (
@@ -48,7 +48,7 @@ from bertjax.sharding import BATCH, EMBED, HIDDEN, LABELS, LENGTH
 
 GENERATOR = "generator"
 DISCRIMINATOR_HEAD = "discriminator_head"
-ENCODER = "bert"
+ENCODER = capability.ENCODER
 EMBEDDINGS = "embeddings"
 # The encoder's prediction head (the masked LM's and the classifiers' trunk): the
 # discriminator never runs it, so it keeps its initial values (AdamW's decay would shrink
