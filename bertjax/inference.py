@@ -258,6 +258,13 @@ class Model:
         ELECTRA run's generator) are written in directories of their names inside it.
         """
         head = self.head
+        if not self.family.transformers_class(self.config):
+            raise InferenceError(
+                f"{self.source}: transformers has no class for this model "
+                f"({self.family.describe(self.config)}, e.g. a ModernBERT replaced-token "
+                "detection generator's projected embeddings); it opens from its run's "
+                "checkpoints with Model.load"
+            )
         # A failure while writing (a full disk) leaves an export already there whole; it is
         # said in one line naming the directory and the cause.
         with as_inference_error(), _export_errors(directory):
@@ -275,9 +282,12 @@ class Model:
                 head=head,
                 untrained=untrained,
             )
-        # Networks trained beside this one, each in a directory of its name inside.
+        # Networks trained beside this one, each in a directory of its name inside, where
+        # transformers has a class for it (a ModernBERT generator's projected embeddings have
+        # none: it stays in the run's checkpoints).
         for name, network in self.networks.items():
-            network.save_hf(fs.path(directory) / name)
+            if network.family.transformers_class(network.config):
+                network.save_hf(fs.path(directory) / name)
 
     def __repr__(self) -> str:
         return (
@@ -393,18 +403,21 @@ class Model:
 
     def replaced(self, texts: str | Sequence[str]) -> list:
         """Which tokens of each text a replaced-token detector thinks were replaced: an ELECTRA
-        discriminator (a replaced-token detection run, an ElectraForPreTraining directory).
+        discriminator (a replaced-token detection run, an ElectraForPreTraining directory) or
+        a ModernBERT one (a replaced-token detection run).
 
         Per text, one {"index", "token", "score", "replaced"} per token ([CLS] and [SEP] left
         out): its position in the model's input, its piece, the probability that it was
         replaced and whether that passes 0.5. For one text, its list; for a list, a list.
         """
         head = self.family.replaced_token_head
-        if head is None or head in self.fresh_heads:
+        # A family's masked-LM tree may lack the head altogether (a ModernBERT trained
+        # with the masked LM).
+        if head is None or head in self.fresh_heads or head not in self.params:
             raise InferenceError(
                 f"{self.source} has no replaced-token detection head, so it cannot mark "
-                "replaced tokens; an ELECTRA discriminator has one (a run trained with "
-                "objective='rtd', or an ElectraForPreTraining directory)"
+                "replaced tokens; a discriminator has one (an ELECTRA or ModernBERT run "
+                "trained with objective='rtd', or an ElectraForPreTraining directory)"
             )
         single = isinstance(texts, str)
         texts = as_texts(texts, "texts")
@@ -624,7 +637,17 @@ class Model:
             init = self.capability.init(self.run_config, self.head)
         # Shapes and logical axis names only; nothing is computed.
         abstract = jax.eval_shape(init, jax.random.key(0))
-        return jax.device_put(params, sharding_lib.logical_shardings(abstract, self.mesh))
+        shardings = sharding_lib.logical_shardings(abstract, self.mesh)
+        # A group the family's tree does not have (a ModernBERT discriminator's replaced-token
+        # head: bertjax.encoders.modernbert.rtd) is small: replicated.
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
+        shardings = {
+            name: shardings[name]
+            if name in shardings
+            else jax.tree.map(lambda _: replicated, group)
+            for name, group in params.items()
+        }
+        return jax.device_put(params, shardings)
 
     def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         if self.mesh is None:

@@ -84,6 +84,28 @@ class PretrainingOutput(NamedTuple):
     nsp_logits: jax.Array | None  # [batch, 2]; None without a sentence-pair head
 
 
+class ReplacedTokenDetector(NamedTuple):
+    """What replaced-token detection (bertjax.pretrain.objectives.rtd) trains on a family: a
+    generator and a discriminator sharing their embeddings, in one linen module::
+
+        model.generator_logits(input_ids, token_type_ids, attention_mask,
+                               masked_lm_positions, *, deterministic, **documents)
+            -> float32 [b, p, v], the generator's logits at the masked positions
+        model.replaced_logits(input_ids, token_type_ids, attention_mask, *, deterministic,
+                              packed_length=None, **documents)
+            -> float32 [b, s], the discriminator's logits that each token was replaced
+
+    where ``documents`` are ``document_ids`` and ``positions`` of packed rows, passed only
+    when `packed_documents`. The tree `init` makes holds the discriminator as the family's
+    pretraining tree does (so pretrained_networks opens it) and the generator under
+    "generator"."""
+
+    model: nn.Module
+    init: Callable[[jax.Array], Any]  # rng -> boxed parameters of `model`
+    flops: Callable[[int, int], float]  # (seq_len, predictions) -> matmul FLOPs to train
+    packed_documents: bool = False
+
+
 class Network(NamedTuple):
     """One network a pretraining run trained, as a model of its family: its config, the
     family's pretraining tree of it, and the groups of that tree the run did not train
@@ -111,6 +133,8 @@ class EncoderFamily:
       architecture_fields  the config fields that fix what the weights mean (a checkpoint
                         opens only into a config with the same values)
       replaced_token_head  the group of the pretraining tree scoring replaced tokens, or None
+      replaced_token_frozen  parameter path prefixes replaced-token detection leaves untrained
+                        (parts of the encoder its discriminator never runs)
       phase_fields      architecture fields a new training phase (config.init_from) may change
                         without changing the weights' shapes, e.g. a longer context's rotary
                         theta
@@ -128,6 +152,7 @@ class EncoderFamily:
     # The pretraining tree's group that scores each token as replaced (`replaced_logits`;
     # ELECTRA's discriminator head), or None where the family has none.
     replaced_token_head: str | None = None
+    replaced_token_frozen: tuple[str, ...] = ()
 
     # ---------------------------------------------------------------- config
 
@@ -196,6 +221,20 @@ class EncoderFamily:
         family the run trained (what Model.load opens, init_from fine-tunes and save_hf
         writes), and any other it trained beside it (ELECTRA's generator)."""
         return {"": Network(config, params)}
+
+    def replaced_token_detection(self, config: Any, fraction: float) -> ReplacedTokenDetector:
+        """Generator and discriminator for replaced-token detection (families with a
+        replaced_token_head): the discriminator of `config`, a generator `fraction` as wide."""
+        raise NotImplementedError(f"the {self.name} family has no replaced-token head")
+
+    def generator_fraction(self, config: Any, params: Any) -> float:
+        """The generator's width over the discriminator's in a replaced-token detection run's
+        parameters (what `replaced_token_detection` was given)."""
+        raise NotImplementedError(f"the {self.name} family has no replaced-token head")
+
+    def transformers_class(self, config: Any) -> bool:
+        """Whether transformers has a class for this config (save_hf can write it)."""
+        return True
 
     def replaced_logits(
         self,

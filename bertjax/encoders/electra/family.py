@@ -20,6 +20,7 @@ from bertjax import hf
 from bertjax.encoders import family
 from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra import model as electra_model
+from bertjax.encoders.electra import rtd as electra_rtd
 from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, ElectraConfig
 
@@ -33,6 +34,7 @@ class Electra(family.EncoderFamily):
     sentence_pair_head = False
     architecture_fields = ARCHITECTURE_FIELDS
     replaced_token_head = electra_model.DISCRIMINATOR_HEAD
+    replaced_token_frozen = electra_rtd.FROZEN
 
     def config_to_dict(self, config: ElectraConfig) -> dict:
         return config.to_dict()
@@ -86,6 +88,12 @@ class Electra(family.EncoderFamily):
                 generator_config, generator, electra_model.DISCRIMINATOR_HEAD
             ),
         }
+
+    def replaced_token_detection(self, config: ElectraConfig, fraction: float):
+        return electra_rtd.detector(config, fraction)
+
+    def generator_fraction(self, config: ElectraConfig, params: Any) -> float:
+        return generator_lib.trained_config(config, params).hidden_size / config.hidden_size
 
     def replaced_logits(
         self, config, params, input_ids, token_type_ids, attention_mask, packed_length=None

@@ -101,6 +101,11 @@ class ModernBertConfig:
     scan_layers: bool = False
     # "auto" | "xla" | "cudnn" | "splash" (bertjax.attention); not a transformers field.
     attention_impl: str = "auto"
+    # The token embeddings' width where it differs from hidden_size: a projection to
+    # hidden_size follows their norm and the prediction head maps back to it (a replaced-token
+    # detection generator reading its discriminator's embeddings, bertjax.encoders.modernbert.
+    # rtd). None: hidden_size. transformers has no such ModernBERT.
+    embedding_size: int | None = None
 
     def __post_init__(self):
         for name in (
@@ -118,6 +123,13 @@ class ModernBertConfig:
                 raise ValueError(
                     f"ModernBertConfig.{name}={value!r} is invalid: must be a positive int"
                 )
+        if self.embedding_size is not None and (
+            not _is_int(self.embedding_size) or self.embedding_size <= 0
+        ):
+            raise ValueError(
+                f"ModernBertConfig.embedding_size={self.embedding_size!r} is invalid: must be "
+                "None or a positive int"
+            )
         if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 2:
             raise ValueError(
                 f"ModernBertConfig.hidden_size={self.hidden_size} is invalid: must divide into "
@@ -171,6 +183,11 @@ class ModernBertConfig:
                 raise ValueError(
                     f"ModernBertConfig.{name}={value!r} is invalid: must be one of {valid}"
                 )
+
+    @property
+    def embedding_width(self) -> int:
+        """The token embeddings' width (embedding_size, else hidden_size)."""
+        return self.hidden_size if self.embedding_size is None else self.embedding_size
 
     @property
     def head_dim(self) -> int:
@@ -266,6 +283,13 @@ class ModernBertConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         """transformers' ModernBertConfig fields (config.json), current and older names both."""
+        if self.embedding_width != self.hidden_size:
+            raise ValueError(
+                f"ModernBertConfig.embedding_size={self.embedding_size} differs from "
+                f"hidden_size={self.hidden_size}: transformers has no ModernBERT class with "
+                "projected embeddings (a replaced-token detection generator), so it is not "
+                "written in its format"
+            )
         thetas = {HF_GLOBAL: self.global_rope_theta, HF_LOCAL: self.local_rope_theta}
         return dict(
             model_type="modernbert",

@@ -10,6 +10,7 @@ from typing import Any
 import flax.linen as nn
 
 from bertjax.encoders import family
+from bertjax.encoders.modernbert import rtd as modernbert_rtd
 from bertjax.encoders.modernbert import transformers as modernbert_hf
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import Encoder, MaskedLM, _init, _stds, init_masked_lm
@@ -35,6 +36,9 @@ class ModernBert(family.EncoderFamily):
     # Rotary positions have no table: a context-extension phase (ModernBERT: 1,024 -> 8,192
     # tokens with the global theta 10,000 -> 160,000) changes these and no weight's shape.
     phase_fields = ("max_position_embeddings", "global_rope_theta", "local_rope_theta")
+    # Replaced-token detection's discriminator (bertjax.encoders.modernbert.rtd).
+    replaced_token_head = modernbert_rtd.DISCRIMINATOR_HEAD
+    replaced_token_frozen = modernbert_rtd.FROZEN
 
     def config_to_dict(self, config: ModernBertConfig) -> dict:
         return dataclasses.asdict(config)
@@ -98,6 +102,38 @@ class ModernBert(family.EncoderFamily):
 
     def pretraining_init(self, config: ModernBertConfig):
         return lambda rng: init_masked_lm(config, rng)
+
+    def replaced_token_detection(self, config: ModernBertConfig, fraction: float):
+        return modernbert_rtd.detector(config, fraction)
+
+    def generator_fraction(self, config: ModernBertConfig, params: Any) -> float:
+        return modernbert_rtd.generator_fraction(config, params)
+
+    def pretrained_networks(self, config: ModernBertConfig, params: Any) -> dict:
+        """A replaced-token detection run holds the discriminator and, under "generator", the
+        generator (bertjax.encoders.modernbert.rtd): the discriminator opens with its
+        masked-LM decoder and prediction head untrained, the generator as a masked LM."""
+        if not modernbert_rtd.has_generator(params):
+            return {"": family.Network(config, params)}
+        untrained = (modernbert_hf.MLM_HEAD, modernbert_hf.POOLER)
+        return modernbert_rtd.networks(config, params, untrained)
+
+    def transformers_class(self, config: ModernBertConfig) -> bool:
+        # Projected embeddings (a replaced-token detection generator) are no transformers
+        # ModernBERT.
+        return config.embedding_width == config.hidden_size
+
+    def replaced_logits(
+        self, config, params, input_ids, token_type_ids, attention_mask, packed_length=None
+    ):
+        return modernbert_rtd.Discriminator(config).apply(
+            {"params": params},
+            input_ids,
+            None,
+            attention_mask,
+            packed_length=packed_length,
+            method=modernbert_rtd.Discriminator.replaced_logits,
+        )  # [b, s]
 
     def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
         return (

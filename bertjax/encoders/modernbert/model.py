@@ -69,6 +69,9 @@ from bertjax.sharding import (
 # ---------------------------------------------------------------------------------------------
 # Building blocks.
 
+# The encoder's projection of embeddings narrower or wider than its layers (embedding_size).
+EMBEDDINGS_PROJECT = "embeddings_project"
+
 
 def _init(config: ModernBertConfig, std: float):
     cutoff = config.initializer_cutoff_factor
@@ -329,7 +332,7 @@ class LayerGroup(nn.Module):
 
 
 class Embeddings(nn.Module):
-    """Token embeddings, LayerNorm, dropout."""
+    """Token embeddings (config.embedding_width wide), LayerNorm, dropout."""
 
     config: ModernBertConfig
 
@@ -339,7 +342,7 @@ class Embeddings(nn.Module):
             self,
             "tok_embeddings",
             _init(cfg, _stds(cfg)["in"]),
-            (cfg.vocab_size, cfg.hidden_size),
+            (cfg.vocab_size, cfg.embedding_width),
             (VOCAB, EMBED),
             cfg,
         )
@@ -351,7 +354,7 @@ class Embeddings(nn.Module):
         # into a table split by columns would leave rows split by columns, and moving those
         # to batch-split rows makes the partitioner replicate them first.
         table = sharding.constrain(self.tok_embeddings, (VOCAB, ACTIVATION_EMBED))
-        x = jnp.take(table, input_ids, axis=0)  # [b, s, h]
+        x = jnp.take(table, input_ids, axis=0)  # [b, s, e]
         x = self.norm(x.astype(jnp.dtype(self.config.dtype)))
         return self.drop(x, deterministic=deterministic)
 
@@ -387,6 +390,10 @@ class ModernBertModel(nn.Module):
     most that many real tokens (the train step checks, bertjax.steps). Outputs at real
     tokens are the padded path's; padded positions come back zero. Where packing cannot pay
     (`packing_pays`), the rows run padded.
+
+    ``embedded`` [batch, seq, embedding width]: the tokens as another network's Embeddings
+    gave them, read in place of this one's (a replaced-token detection generator reads its
+    discriminator's: bertjax.encoders.modernbert.rtd); its tree then has no embeddings.
     """
 
     config: ModernBertConfig
@@ -394,6 +401,17 @@ class ModernBertModel(nn.Module):
     def setup(self):
         cfg = self.config
         self.embeddings = Embeddings(cfg)
+        if cfg.embedding_width != cfg.hidden_size:
+            self.embeddings_project = Projection(
+                cfg,
+                "bse,eh->bsh",
+                (cfg.embedding_width, cfg.hidden_size),
+                (EMBED, HIDDEN),
+                (HIDDEN,),
+                _stds(cfg)["in"],
+                cfg.mlp_bias,
+                name=EMBEDDINGS_PROJECT,
+            )
         layer_cls = _layer_class(cfg)
         plain = range(cfg.num_layers)  # layer indices run one by one
         self.groups = None
@@ -425,6 +443,7 @@ class ModernBertModel(nn.Module):
         segment_ids: jax.Array | None = None,
         positions: jax.Array | None = None,
         packed_length: int | None = None,
+        embedded: jax.Array | None = None,
     ) -> jax.Array:
         cfg = self.config
         if input_ids.ndim != 2:
@@ -453,7 +472,14 @@ class ModernBertModel(nn.Module):
         if packed_length is not None and packing_pays(batch, seq, packed_length, groups):
             index = packing.packing_index(attention_mask, packed_length, groups)  # [g, c]
             input_ids = packing.pack_tokens(input_ids, index)  # [g, c]
-        x = self.embeddings(input_ids, deterministic)  # [b, s, h] (packed: [g, c, h])
+            if embedded is not None:
+                embedded = packing.pack_tokens(embedded, index)  # [g, c, e]
+        if embedded is None:
+            x = self.embeddings(input_ids, deterministic)  # [b, s, e] (packed: [g, c, e])
+        else:
+            x = embedded
+        if cfg.embedding_width != cfg.hidden_size:
+            x = self.embeddings_project(x)  # [b, s, e] -> [b, s, h]
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
         x = self.layers[0](x, masks, rotary, index, deterministic)
         if self.groups is not None:
@@ -471,7 +497,8 @@ class ModernBertModel(nn.Module):
 
 
 class PredictionHead(nn.Module):
-    """dense (hidden -> hidden), GELU, LayerNorm: the MLM and classification heads' trunk."""
+    """dense (hidden -> embedding width, i.e. hidden unless config.embedding_size), GELU,
+    LayerNorm: the MLM and classification heads' trunk."""
 
     config: ModernBertConfig
 
@@ -482,13 +509,13 @@ class PredictionHead(nn.Module):
         x = Projection(
             cfg,
             "bph,hk->bpk",
-            (h, h),
+            (h, cfg.embedding_width),
             (EMBED, HIDDEN),
             (HIDDEN,),
             _stds(cfg)["out"],
             cfg.classifier_bias,
             name="dense",
-        )(x)  # [b, p, h]
+        )(x)  # [b, p, e]
         return _layer_norm(cfg, "norm")(gelu(x))
 
 
@@ -587,6 +614,7 @@ class Encoder(ModernBertModel):
         token_head: bool = False,
         document_ids=None,
         positions=None,
+        embedded=None,
     ):
         cfg = self.config
         if attention_mask is None:
@@ -598,6 +626,7 @@ class Encoder(ModernBertModel):
             segment_ids=document_ids,
             positions=positions,
             packed_length=packed_length,
+            embedded=embedded,
         )  # [b, s, h]
         if cfg.classifier_pooling == "cls":
             pooled = x[:, :1]  # [b, 1, h]
@@ -617,7 +646,10 @@ class MaskedLM(nn.Module):
     """The encoder ("bert", with the head) and the tied decoder's bias: float32 logits
     [batch, seq or predictions, vocab], as transformers' ModernBertForMaskedLM, with the
     families' pretraining call (bertjax.encoders.family): ``mlm_logits`` and no sentence-pair
-    head (``nsp_logits`` None); ``packed_length`` as the encoder's."""
+    head (``nsp_logits`` None); ``packed_length`` as the encoder's. ``embedded`` (as
+    ModernBertModel takes it) and ``table`` [vocab, embedding width] are another network's
+    embedded tokens and token table, read in place of this model's own (a replaced-token
+    detection generator's)."""
 
     config: ModernBertConfig
 
@@ -640,6 +672,8 @@ class MaskedLM(nn.Module):
         packed_length: int | None = None,
         document_ids=None,
         positions=None,
+        embedded=None,
+        table=None,
     ) -> PretrainingOutput:
         cfg = self.config
         x, _ = self.bert(
@@ -650,10 +684,12 @@ class MaskedLM(nn.Module):
             packed_length=packed_length,
             document_ids=document_ids,
             positions=positions,
+            embedded=embedded,
         )  # [b, s, h]
         bias = self.decoder_bias if cfg.decoder_bias else None
+        table = self.bert.token_table() if table is None else table  # [v, e]
         logits = masked_lm_logits(
-            cfg, x, masked_lm_positions, self.bert.predictions, self.bert.token_table(), bias
+            cfg, x, masked_lm_positions, self.bert.predictions, table, bias
         )  # [b, p, v]
         return PretrainingOutput(mlm_logits=logits, nsp_logits=None)
 

@@ -1,5 +1,7 @@
-"""`rtd`: replaced-token detection (ELECTRA). objective.py says what a step computes, model.py
-what it trains; this module is what a run asks of the objective (bertjax.pretrain.objectives)."""
+"""`rtd`: replaced-token detection (ELECTRA). objective.py says what a step computes; what it
+trains is the family's (EncoderFamily.replaced_token_detection: ELECTRA's and ModernBERT's
+generator and discriminator); this module is what a run asks of the objective
+(bertjax.pretrain.objectives)."""
 
 from __future__ import annotations
 
@@ -10,14 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import perf, steps
+from bertjax import encoders, steps
 from bertjax.data import baseline
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.encoders.electra import generator as generator_lib
-from bertjax.encoders.electra.model import POOLER
 from bertjax.pretrain import samples as samples_lib
 from bertjax.pretrain.objectives.base import PretrainObjective, require
-from bertjax.pretrain.objectives.rtd import model as rtd_model
 from bertjax.pretrain.objectives.rtd.objective import (
     RtdSettings,
     RtdStep,
@@ -33,9 +33,6 @@ MASK_TOKEN_PROB = 0.85
 # on replaced tokens collapses (the ELECTRA paper's case against generators as large as the
 # discriminator). Each evaluation past it logs a warning (docs/electra.md).
 GENERATOR_TOO_STRONG = 0.75
-# The discriminator's pooler is the fine-tuning classifier's first layer: RTD never runs it.
-FROZEN = (f"{generator_lib.ENCODER}/{POOLER}",)
-_FAMILY = "electra"
 
 
 class ReplacedTokenDetectionObjective(PretrainObjective):
@@ -51,12 +48,13 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
     }
 
     def check(self, values, family: Any, layout: str) -> None:
+        able = [f.name for f in encoders.FAMILIES if f.replaced_token_head is not None]
         require(
             values,
-            family.name == _FAMILY,
+            family.replaced_token_head is not None,
             "objective",
-            f"replaced-token detection runs on config.model.family={_FAMILY!r} (the "
-            f"discriminator is ELECTRA's encoder and head), not {family.name!r}",
+            f"replaced-token detection runs on a family with a replaced-token head "
+            f"(config.model.family one of {able}), not {family.name!r}",
         )
         fraction = values["generator_hidden_fraction"]
         require(
@@ -89,19 +87,15 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         )
 
     def frozen(self, family: Any) -> tuple[str, ...]:
-        return FROZEN
-
-    def _model(self, model_config: Any, options: RtdSettings) -> rtd_model.ReplacedTokenDetection:
-        generator = generator_lib.generator_config(model_config, options.generator_hidden_fraction)
-        return rtd_model.ReplacedTokenDetection(model_config, generator)
+        return family.replaced_token_frozen
 
     def model_init(self, family: Any, model_config: Any, options: RtdSettings):
-        generator = generator_lib.generator_config(model_config, options.generator_hidden_fraction)
-        return rtd_model.init(model_config, generator)
+        return family.replaced_token_detection(model_config, options.generator_hidden_fraction).init
 
     def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
         options = settings.objective_settings
-        return RtdStep(self._model(model_config, options), options.weight)
+        detector = family.replaced_token_detection(model_config, options.generator_hidden_fraction)
+        return RtdStep(detector.model, options.weight, packed_documents=detector.packed_documents)
 
     def baselines(self, settings, data_dir, eval_metrics=None) -> dict[str, float]:
         """The generator's against the unigram guess; the discriminator's against calling
@@ -132,10 +126,9 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         ]
 
     def flops(self, family, model_config, seq_len: int, predictions: int, options=None) -> float:
-        """Both networks: each encoder as perf counts it, the discriminator's head on every
-        token, the generator's head on the predictions, and the embedding projections."""
+        """Both networks, as the family counts them (ReplacedTokenDetector.flops)."""
         fraction = (options or RtdSettings()).generator_hidden_fraction
-        return _flops(model_config, seq_len, predictions, fraction)
+        return family.replaced_token_detection(model_config, fraction).flops(seq_len, predictions)
 
     def samples(self, model_config, params, tokenizer, data_dir, count, mesh) -> list[str]:
         texts = samples_lib.held_out_texts(data_dir, tokenizer, count)
@@ -146,24 +139,7 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         return generator_lib.discriminator(params)
 
 
-def _flops(config, seq_len: int, predictions: int, fraction: float) -> float:
-    generator = generator_lib.generator_config(config, fraction)
-    s, e, v = float(seq_len), float(config.embedding_size), float(config.vocab_size)
-    total = 0.0
-    for network in (config, generator):
-        h = float(network.hidden_size)
-        total += perf.training_flops_per_sequence(
-            network.bert, seq_len, 0, sentence_pair_head=False
-        )
-        if network.embedding_size != network.hidden_size:
-            total += 3.0 * s * 2 * e * h  # the projection
-    h, g = float(config.hidden_size), float(generator.hidden_size)
-    total += 3.0 * s * (2 * h * h + 2 * h)  # the discriminator's head
-    total += 3.0 * predictions * (2 * g * e + 2 * e * e + 2 * e * v)  # the generator's head
-    return total
-
-
-def corrupted_samples(config, params, tokenizer, texts, mesh, fraction: float = 0.25):
+def corrupted_samples(config, params, tokenizer, texts, mesh):
     """Lines showing, per held-out text, the generator's replacements ([drawn/was]) and the
     discriminator's marks (a * after each token it calls replaced, with its probability)."""
     if not texts:
@@ -193,8 +169,8 @@ def corrupted_samples(config, params, tokenizer, texts, mesh, fraction: float = 
         special_ids=tokenizer.special_ids,
         mask_id=tokenizer.mask_id,
     )
-    generator = generator_lib.trained_config(config, params)
-    model = rtd_model.ReplacedTokenDetection(config, generator)
+    family = encoders.family_of(config)
+    model = family.replaced_token_detection(config, family.generator_fraction(config, params)).model
 
     @jax.jit
     def run(params, masked_ids, positions, weights, mask):
@@ -205,7 +181,7 @@ def corrupted_samples(config, params, tokenizer, texts, mesh, fraction: float = 
             mask,
             positions,
             deterministic=True,
-            method=rtd_model.ReplacedTokenDetection.generator_logits,
+            method="generator_logits",
         )  # [n, p, v]
         drawn = gumbel_sample(logits, jax.random.key(0))  # [n, p]
         current = jnp.take_along_axis(masked_ids, positions, axis=1)  # [n, p]
@@ -217,7 +193,7 @@ def corrupted_samples(config, params, tokenizer, texts, mesh, fraction: float = 
                 corrupted,
                 None,
                 mask,
-                method=rtd_model.ReplacedTokenDetection.replaced_logits,
+                method="replaced_logits",
             )
         )  # [n, s]
         return corrupted, scores

@@ -20,11 +20,11 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
 from bertjax import losses, steps
-from bertjax.pretrain.objectives.rtd.model import ReplacedTokenDetection
 
 # Guards divisions by a count that may be zero (no replaced token in a batch).
 _GUARD = 1e-5
@@ -92,13 +92,18 @@ def gumbel_sample(logits: jax.Array, key: jax.Array) -> jax.Array:
 class RtdStep(steps.Objective):
     """What an RTD step minimises (the module docstring), as sums over a (micro-)batch."""
 
-    def __init__(self, model: ReplacedTokenDetection, weight: float, sample=None):
+    def __init__(
+        self, model: nn.Module, weight: float, sample=None, *, packed_documents: bool = False
+    ):
+        # A family's replaced-token detection module (EncoderFamily.replaced_token_detection).
         self.model = model
         self.weight = weight
         # `(generator logits [b, p, v], key) -> ids [b, p]` of the replacements; ELECTRA's is
         # gumbel_sample. benchmarks/rtd_replacements.py swaps in others to see what the
         # discriminator can learn.
         self.sample = sample or gumbel_sample
+        # Whether both networks read the rows' packed documents (document_ids, positions).
+        self.packed_documents = packed_documents
 
     def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> RtdSums:
         if rng is None:
@@ -109,6 +114,10 @@ class RtdStep(steps.Objective):
         positions = jnp.asarray(batch["masked_lm_positions"]).astype(jnp.int32)  # [b, p]
         weights = jnp.asarray(batch["masked_lm_weights"]).astype(jnp.float32)  # [b, p]
         input_mask = jnp.asarray(batch["input_mask"]).astype(jnp.float32)  # [b, s]
+        # Rows of packed documents (data.layout="packed"): each token sees its own document.
+        documents = {}
+        if self.packed_documents and "document_ids" in batch:
+            documents = {"document_ids": batch["document_ids"], "positions": batch["positions"]}
 
         logits = self.model.apply(
             variables,
@@ -117,8 +126,9 @@ class RtdStep(steps.Objective):
             batch["input_mask"],
             positions,
             deterministic=deterministic,
-            method=ReplacedTokenDetection.generator_logits,
+            method="generator_logits",
             rngs=rngs,
+            **documents,
         )  # [b, p, v]
         generator = losses.loss_sums(logits, None, batch)
 
@@ -140,8 +150,9 @@ class RtdStep(steps.Objective):
             batch["input_mask"],
             deterministic=deterministic,
             packed_length=packed_length,
-            method=ReplacedTokenDetection.replaced_logits,
+            method="replaced_logits",
             rngs=rngs,
+            **documents,
         )  # [b, s] float32
         per_token = _sigmoid_cross_entropy(disc_logits, replaced)  # [b, s]
         predicted = (disc_logits > 0).astype(jnp.float32) * input_mask  # [b, s]
