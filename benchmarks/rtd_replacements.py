@@ -34,9 +34,9 @@ import optax
 from bertjax.data.loader import make_loader
 from bertjax.data.masking import MaskingSettings
 from bertjax.encoders.electra import generator as generator_lib
+from bertjax.encoders.electra import rtd as rtd_model
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.pretrain import objectives
-from bertjax.pretrain.objectives.rtd import model as rtd_model
 from bertjax.pretrain.objectives.rtd.objective import RtdStep, gumbel_sample
 from configs import electra_tiny
 

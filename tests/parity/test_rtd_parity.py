@@ -14,8 +14,8 @@ from flax import linen as nn
 
 from bertjax import encoders
 from bertjax.encoders.electra import generator as generator_lib
+from bertjax.encoders.electra import rtd as rtd_model
 from bertjax.encoders.electra.config import ElectraConfig
-from bertjax.pretrain.objectives.rtd import model as rtd_model
 
 ATOL = 1e-5
 CONFIG = ElectraConfig(

@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.encoders.electra import generator as generator_lib
+from bertjax.encoders.electra import rtd as rtd_model
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.pretrain import objectives
-from bertjax.pretrain.objectives.rtd import model as rtd_model
 from bertjax.pretrain.objectives.rtd import objective as objective_lib
 from bertjax.pretrain.objectives.rtd.objective import (
     AUC_BINS,
