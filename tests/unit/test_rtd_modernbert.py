@@ -1,6 +1,6 @@
 """Replaced-token detection on ModernBERT (bertjax.encoders.modernbert.rtd): the two networks'
 trees, the one shared token table, gradients reaching both, and packed documents computing
-what each document computes in a row of its own."""
+what each document computes in a row of its own (on ELECTRA's networks too)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bertjax import encoders
+from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.encoders.modernbert import rtd
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import MaskedLM, init_masked_lm
@@ -41,6 +42,18 @@ CONFIG = ModernBertConfig(
     initializer_range=0.2,
 )
 FAMILY = encoders.family_of(CONFIG)
+# ELECTRA's networks on the same rows, for what every family's replaced-token detection does
+# with packed documents.
+ELECTRA = ElectraConfig(
+    vocab_size=VOCAB,
+    embedding_size=16,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=48,
+    max_position_embeddings=SEQ,
+    initializer_range=0.2,
+)
 
 
 def _shapes(tree):
@@ -48,9 +61,9 @@ def _shapes(tree):
 
 
 @functools.cache
-def _setup(dtype="float32"):
-    config = dataclasses.replace(CONFIG, dtype=dtype)
-    detector = FAMILY.replaced_token_detection(config, 0.5)
+def _setup(dtype="float32", config=CONFIG):
+    config = dataclasses.replace(config, dtype=dtype)
+    detector = encoders.family_of(config).replaced_token_detection(config, 0.5)
     params = nn.meta.unbox(jax.jit(detector.init)(jax.random.key(0)))
     return config, detector, params
 
@@ -138,8 +151,9 @@ def _batches():
     return jax.tree.map(jnp.asarray, packed), jax.tree.map(jnp.asarray, rows)
 
 
-def test_packed_documents_compute_what_each_document_computes_alone():
-    _, detector, params = _setup()
+@pytest.mark.parametrize("config", [CONFIG, ELECTRA], ids=["modernbert", "electra"])
+def test_packed_documents_compute_what_each_document_computes_alone(config):
+    _, detector, params = _setup(config=config)
     packed, rows = _batches()
 
     @jax.jit

@@ -69,13 +69,22 @@ class Generator(nn.Module):
         self.encoder = model_lib.Encoder(cfg.bert)
         self.mlm_head = model_lib.MlmHead(cfg.embedding)
 
-    def __call__(self, embedded, attention_mask, masked_lm_positions, word_table, deterministic):
+    def __call__(
+        self,
+        embedded,
+        attention_mask,
+        masked_lm_positions,
+        word_table,
+        deterministic,
+        document_ids=None,
+    ):
+        """`document_ids` [b, s] of packed rows: each token attends to its own document."""
         cfg = self.config
         x = embedded  # [b, s, e]
         if cfg.embedding_size != cfg.hidden_size:
             x = self.embeddings_project(x)  # [b, s, e] -> [b, s, g]
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
-        x = self.encoder(x, attention_mask, deterministic, None, False, None)  # [b, s, g]
+        x = self.encoder(x, attention_mask, deterministic, None, False, document_ids)  # [b, s, g]
         x = jnp.take_along_axis(
             x, masked_lm_positions[..., None].astype(jnp.int32), axis=1
         )  # [b, p, g]

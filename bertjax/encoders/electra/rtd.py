@@ -39,15 +39,33 @@ class ReplacedTokenDetection(nn.Module):
         self.generator = Generator(self.generator_config)
 
     def generator_logits(
-        self, input_ids, token_type_ids, attention_mask, masked_lm_positions, *, deterministic
+        self,
+        input_ids,
+        token_type_ids,
+        attention_mask,
+        masked_lm_positions,
+        *,
+        deterministic,
+        document_ids=None,
+        positions=None,
     ) -> jax.Array:
-        """The generator's float32 logits [b, p, v] at the masked positions."""
+        """The generator's float32 logits [b, p, v] at the masked positions; packed rows
+        give their `document_ids` and `positions` [b, s] (each token sees its document)."""
         token_type_ids, attention_mask = model_lib._default_inputs(
             input_ids, token_type_ids, attention_mask
         )
-        embedded = self.bert.embeddings(input_ids, token_type_ids, deterministic)  # [b, s, e]
+        if document_ids is not None:
+            document_ids = jnp.where(attention_mask.astype(bool), document_ids, 0)  # [b, s]
+        embedded = self.bert.embeddings(
+            input_ids, token_type_ids, deterministic, positions=positions
+        )  # [b, s, e]
         return self.generator(
-            embedded, attention_mask, masked_lm_positions, self.bert.word_table(), deterministic
+            embedded,
+            attention_mask,
+            masked_lm_positions,
+            self.bert.word_table(),
+            deterministic,
+            document_ids,
         )
 
     def replaced_logits(
@@ -58,6 +76,8 @@ class ReplacedTokenDetection(nn.Module):
         *,
         deterministic: bool = True,
         packed_length: int | None = None,
+        document_ids=None,
+        positions=None,
     ) -> jax.Array:
         """The discriminator's float32 logits [b, s] that each token was replaced."""
         x = self.bert.hidden_states(
@@ -66,6 +86,8 @@ class ReplacedTokenDetection(nn.Module):
             attention_mask,
             deterministic=deterministic,
             packed_length=packed_length,
+            document_ids=document_ids,
+            positions=positions,
         )  # [b, s, h]
         return self.discriminator_head(x)
 
@@ -102,6 +124,7 @@ def detector(config: ElectraConfig, fraction: float) -> ReplacedTokenDetector:
         model=ReplacedTokenDetection(config, generator),
         init=init(config, generator),
         flops=lambda seq_len, predictions: flops(config, generator, seq_len, predictions),
+        packed_documents=True,
     )
 
 
