@@ -43,12 +43,14 @@ every checkpoint written before families were.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 
 from bertjax import fs, hf
 
@@ -95,15 +97,39 @@ class ReplacedTokenDetector(NamedTuple):
                               packed_length=None, **documents)
             -> float32 [b, s], the discriminator's logits that each token was replaced
 
-    where ``documents`` are ``document_ids`` and ``positions`` of packed rows, passed only
-    when `packed_documents`. The tree `init` makes holds the discriminator as the family's
-    pretraining tree does (so pretrained_networks opens it) and the generator under
-    "generator"."""
+    where ``documents`` are the ``document_ids`` and ``positions`` of packed rows. The tree
+    `init` makes holds the discriminator as the family's pretraining tree does (so
+    pretrained_networks opens it) and the generator under "generator"."""
 
     model: nn.Module
     init: Callable[[jax.Array], Any]  # rng -> boxed parameters of `model`
     flops: Callable[[int, int], float]  # (seq_len, predictions) -> matmul FLOPs to train
-    packed_documents: bool = False
+
+
+def replaced_token_init(module: type[nn.Module], config: Any, generator: Any):
+    """`rng -> boxed parameters` of a family's replaced-token detection `module` (built from
+    the discriminator's and the generator's configs, with an `everything` method that reaches
+    every parameter), traced on one token with xla attention."""
+    config = dataclasses.replace(config, attention_impl="xla")
+    generator = dataclasses.replace(generator, attention_impl="xla")
+
+    def init_params(rng: jax.Array):
+        ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
+        return module(config, generator).init({"params": rng}, ids, method="everything")["params"]
+
+    return init_params
+
+
+def replaced_token_detector(
+    module: type[nn.Module], config: Any, generator: Any, flops: Callable[..., float]
+) -> ReplacedTokenDetector:
+    """A family's ReplacedTokenDetector: `module` of the discriminator's `config` and the
+    `generator`'s, and `flops(config, generator, seq_len, predictions)`."""
+    return ReplacedTokenDetector(
+        model=module(config, generator),
+        init=replaced_token_init(module, config, generator),
+        flops=lambda seq_len, predictions: flops(config, generator, seq_len, predictions),
+    )
 
 
 class Network(NamedTuple):

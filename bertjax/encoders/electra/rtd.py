@@ -9,8 +9,6 @@ token-type tables and their LayerNorm) are shared with the generator.
 
 from __future__ import annotations
 
-import dataclasses
-
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
@@ -21,7 +19,11 @@ from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.encoders.electra.generator import Generator
 from bertjax.encoders.electra.model import POOLER, DiscriminatorHead, ElectraEncoder
-from bertjax.encoders.family import ReplacedTokenDetector
+from bertjax.encoders.family import (
+    ReplacedTokenDetector,
+    replaced_token_detector,
+    replaced_token_init,
+)
 
 # The discriminator's pooler is the fine-tuning classifier's first layer: RTD never runs it.
 FROZEN = (f"{generator_lib.ENCODER}/{POOLER}",)
@@ -104,28 +106,14 @@ class ReplacedTokenDetection(nn.Module):
 
 def init(config: ElectraConfig, generator: ElectraConfig):
     """`rng -> boxed parameters` of `ReplacedTokenDetection`."""
-    config = dataclasses.replace(config, attention_impl="xla")
-    generator = dataclasses.replace(generator, attention_impl="xla")
-
-    def init_params(rng: jax.Array):
-        ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
-        return ReplacedTokenDetection(config, generator).init(
-            {"params": rng}, ids, method=ReplacedTokenDetection.everything
-        )["params"]
-
-    return init_params
+    return replaced_token_init(ReplacedTokenDetection, config, generator)
 
 
 def detector(config: ElectraConfig, fraction: float) -> ReplacedTokenDetector:
     """The family's ReplacedTokenDetector: the discriminator of `config`, its generator
     `fraction` as wide (generator.generator_config)."""
     generator = generator_lib.generator_config(config, fraction)
-    return ReplacedTokenDetector(
-        model=ReplacedTokenDetection(config, generator),
-        init=init(config, generator),
-        flops=lambda seq_len, predictions: flops(config, generator, seq_len, predictions),
-        packed_documents=True,
-    )
+    return replaced_token_detector(ReplacedTokenDetection, config, generator, flops)
 
 
 def flops(config: ElectraConfig, generator: ElectraConfig, seq_len: int, predictions: int):

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import capability, perf, sharding
-from bertjax.encoders.family import Network, ReplacedTokenDetector
+from bertjax.encoders.family import Network, ReplacedTokenDetector, replaced_token_detector
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import (
     DECODER_BIAS,
@@ -182,20 +182,6 @@ class ReplacedTokenDetection(Discriminator):
         )
 
 
-def init(config: ModernBertConfig, generator: ModernBertConfig):
-    """`rng -> boxed parameters` of `ReplacedTokenDetection`."""
-    config = dataclasses.replace(config, attention_impl="xla")
-    generator = dataclasses.replace(generator, attention_impl="xla")
-
-    def init_params(rng: jax.Array):
-        ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
-        return ReplacedTokenDetection(config, generator).init(
-            {"params": rng}, ids, method=ReplacedTokenDetection.everything
-        )["params"]
-
-    return init_params
-
-
 def flops(config: ModernBertConfig, generator: ModernBertConfig, seq_len: int, predictions: int):
     """Both networks: each encoder as perf counts it, the discriminator's head on every
     token, the generator's projection on every token and its head on the predictions."""
@@ -216,12 +202,7 @@ def flops(config: ModernBertConfig, generator: ModernBertConfig, seq_len: int, p
 def detector(config: ModernBertConfig, fraction: float) -> ReplacedTokenDetector:
     """The family's ReplacedTokenDetector (bertjax.encoders.family)."""
     generator = generator_config(config, fraction)
-    return ReplacedTokenDetector(
-        model=ReplacedTokenDetection(config, generator),
-        init=init(config, generator),
-        flops=lambda seq_len, predictions: flops(config, generator, seq_len, predictions),
-        packed_documents=True,
-    )
+    return replaced_token_detector(ReplacedTokenDetection, config, generator, flops)
 
 
 def generator_fraction(config: ModernBertConfig, params: Any) -> float:

@@ -95,7 +95,7 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
     def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
         options = settings.objective_settings
         detector = family.replaced_token_detection(model_config, options.generator_hidden_fraction)
-        return RtdStep(detector.model, options.weight, packed_documents=detector.packed_documents)
+        return RtdStep(detector.model, options.weight)
 
     def baselines(self, settings, data_dir, eval_metrics=None) -> dict[str, float]:
         """The generator's against the unigram guess; the discriminator's against calling

@@ -92,9 +92,7 @@ def gumbel_sample(logits: jax.Array, key: jax.Array) -> jax.Array:
 class RtdStep(steps.Objective):
     """What an RTD step minimises (the module docstring), as sums over a (micro-)batch."""
 
-    def __init__(
-        self, model: nn.Module, weight: float, sample=None, *, packed_documents: bool = False
-    ):
+    def __init__(self, model: nn.Module, weight: float, sample=None):
         # A family's replaced-token detection module (EncoderFamily.replaced_token_detection).
         self.model = model
         self.weight = weight
@@ -102,8 +100,6 @@ class RtdStep(steps.Objective):
         # gumbel_sample. benchmarks/rtd_replacements.py swaps in others to see what the
         # discriminator can learn.
         self.sample = sample or gumbel_sample
-        # Whether both networks read the rows' packed documents (document_ids, positions).
-        self.packed_documents = packed_documents
 
     def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> RtdSums:
         if rng is None:
@@ -116,7 +112,7 @@ class RtdStep(steps.Objective):
         input_mask = jnp.asarray(batch["input_mask"]).astype(jnp.float32)  # [b, s]
         # Rows of packed documents (data.layout="packed"): each token sees its own document.
         documents = {}
-        if self.packed_documents and "document_ids" in batch:
+        if "document_ids" in batch:
             documents = {"document_ids": batch["document_ids"], "positions": batch["positions"]}
 
         logits = self.model.apply(
