@@ -11,10 +11,13 @@ import pytest
 import bertjax
 from bertjax import data as data_lib
 from bertjax import steps
+from bertjax.finetune import loop as finetune_loop
+from bertjax.finetune.settings import FinetuneSettings
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
+from tests.helpers.corpora import finetune_config
 
 SEQ_LEN = 64
 
@@ -101,3 +104,19 @@ PINNED_LOSSES = [
 
 
 PINNED_PARAM_ABS_SUM = 8639.590831310099
+
+
+def finetune_in_place(init_from, tmp_path: pathlib.Path) -> bertjax.Model:
+    """A classifier fine-tuned from `init_from` for one epoch with steps too small to move its
+    encoder (learning rate 1e-12), opened as a user opens it: what it started from."""
+    rows = [f"{'the cat sat' if i % 2 else 'dogs run fast'} {i},{i % 2}" for i in range(64)]
+    csv = tmp_path / "train.csv"
+    csv.write_text("sentence,label\n" + "\n".join(rows) + "\n")
+    config = finetune_config(
+        init_from,
+        task="classification",
+        **{"data.train": str(csv), "data.validation": str(csv), "num_epochs": 1},
+    )
+    config.optimizer.learning_rate = 1e-12
+    finetune_loop.finetune(FinetuneSettings.from_config(config), tmp_path / "ft")
+    return bertjax.Model.load(tmp_path / "ft")

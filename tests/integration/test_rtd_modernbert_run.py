@@ -18,13 +18,11 @@ import pytest
 
 import bertjax
 from bertjax import encoders
-from bertjax.finetune import loop as finetune_loop
-from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import InferenceError
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
-from tests.helpers.corpora import finetune_config
+from tests.helpers.trainer import finetune_in_place
 from tests.helpers.xla_env import subprocess_env
 
 TEXTS = ["the cat sat on the mat today", "dogs run fast in the park"]
@@ -190,18 +188,7 @@ def test_a_modernbert_rtd_run_opens_in_a_fresh_process_and_exports_its_encoder(r
 @pytest.mark.slow
 def test_finetuning_from_a_modernbert_rtd_run_starts_from_its_discriminator(rtd_run, tmp_path):
     workdir, _, _ = rtd_run
-    rows = [f"{'the cat sat' if i % 2 else 'dogs run fast'} {i},{i % 2}" for i in range(64)]
-    csv = tmp_path / "train.csv"
-    csv.write_text("sentence,label\n" + "\n".join(rows) + "\n")
-    config = finetune_config(
-        workdir,
-        task="classification",
-        **{"data.train": str(csv), "data.validation": str(csv), "num_epochs": 1},
-    )
-    # Steps too small to move the encoder: it stays as it was taken.
-    config.optimizer.learning_rate = 1e-12
-    finetune_loop.finetune(FinetuneSettings.from_config(config), tmp_path / "ft")
-    tuned = bertjax.Model.load(tmp_path / "ft")
+    tuned = finetune_in_place(workdir, tmp_path)
     discriminator = bertjax.Model.load(workdir)
     assert tuned.config.hidden_size == 64  # the discriminator's width, not the generator's
     for layer in ("embeddings", "layer_0", "layer_1", "final_norm"):

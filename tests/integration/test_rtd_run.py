@@ -18,14 +18,12 @@ import pytest
 
 import bertjax
 from bertjax import sharding
-from bertjax.finetune import loop as finetune_loop
-from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import InferenceError
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objectives import rtd
 from bertjax.pretrain.settings import PretrainSettings
 from configs import electra_tiny
-from tests.helpers.corpora import finetune_config
+from tests.helpers.trainer import finetune_in_place
 from tests.helpers.xla_env import subprocess_env
 
 TEXTS = ["the cat sat on the mat today", "dogs run fast in the park", "one"]
@@ -173,18 +171,7 @@ def test_an_rtd_run_opens_as_discriminator_and_generator_alone_on_a_mesh_and_exp
 
 @pytest.mark.slow
 def test_finetuning_from_an_rtd_run_starts_from_its_discriminator(rtd_run, tmp_path):
-    rows = [f"{'the cat sat' if i % 2 else 'dogs run fast'} {i},{i % 2}" for i in range(64)]
-    csv = tmp_path / "train.csv"
-    csv.write_text("sentence,label\n" + "\n".join(rows) + "\n")
-    config = finetune_config(
-        rtd_run,
-        task="classification",
-        **{"data.train": str(csv), "data.validation": str(csv), "num_epochs": 1},
-    )
-    # Steps too small to move the encoder: it stays as it was taken.
-    config.optimizer.learning_rate = 1e-12
-    finetune_loop.finetune(FinetuneSettings.from_config(config), tmp_path / "ft")
-    tuned = bertjax.Model.load(tmp_path / "ft")
+    tuned = finetune_in_place(rtd_run, tmp_path)
     discriminator = bertjax.Model.load(rtd_run)
     for a, b in zip(
         jax.tree.leaves(tuned.params["bert"]["encoder"]),
