@@ -58,9 +58,13 @@ def build_finetuning(
     micro_batch_size: int,
     max_seq_length: int,
     token_capacity: float = 1.0,
+    every_batch_fits: bool = False,
     devices=None,
 ) -> Finetuning:
-    """The mesh, the sharded state layout and the jitted train and eval steps of a run."""
+    """The mesh, the sharded state layout and the jitted train and eval steps of a run.
+
+    `every_batch_fits`: `token_capacity` was chosen so that every training batch of the run
+    fits it (loop.fitting_capacity), so the train step packs without a conditional."""
     mesh = sharding.make_mesh(mesh_shape, devices=devices)
     objective = task_lib.get(head.task).objective(model_config, head)
     built = steps.build(
@@ -70,5 +74,6 @@ def build_finetuning(
         mesh,
         grad_accum_steps=grad_accum_steps,
         packed_length=steps.packed_length(micro_batch_size, max_seq_length, token_capacity, mesh),
+        every_batch_fits=every_batch_fits,
     )
     return Finetuning(model_config, head, objective, built)

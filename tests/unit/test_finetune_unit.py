@@ -143,26 +143,37 @@ def test_length_buckets_cut_only_padding_and_train_the_same(task):
 
     optimizer = optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=4)
     # Packing slots (half of 32 positions) that the full batch packs into and the cut one,
-    # with no more positions than that, runs without.
-    ft = build_finetuning(
-        config,
-        head,
-        optimizer,
-        mesh_shape=(8, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=count,
-        max_seq_length=seq,
-        token_capacity=0.5,
-    )
-    results = []
-    with jax.set_mesh(ft.mesh):
-        for batch in (full, cut):
-            state = ft.state.init(jax.random.key(0))
-            global_batch = steps.global_batch(batch, ft.batch_sharding, 1)
-            state, metrics = ft.train_step(state, global_batch, jax.random.key(1))
-            assert float(metrics["train/packed"]) == 1.0
-            results.append((float(metrics["train/loss"]), jax.device_get(state.params)))
-    assert_trained_the_same(*results)
+    # with no more positions than that, runs without. Told that every batch fits (as a run
+    # whose capacity comes from its data is), the full batch's step packs without the
+    # conditional: one gradient in its program instead of two, the same update.
+    results, conditionals = [], []
+    for every_batch_fits in (False, True):
+        ft = build_finetuning(
+            config,
+            head,
+            optimizer,
+            mesh_shape=(8, 1, 1),
+            grad_accum_steps=1,
+            micro_batch_size=count,
+            max_seq_length=seq,
+            token_capacity=0.5,
+            every_batch_fits=every_batch_fits,
+        )
+        with jax.set_mesh(ft.mesh):
+            for batch in (full, cut) if not every_batch_fits else (full,):
+                state = ft.state.init(jax.random.key(0))
+                global_batch = steps.global_batch(batch, ft.batch_sharding, 1)
+                program = ft.train_step.lower(state, global_batch, jax.random.key(1)).as_text()
+                conditionals.append(program.count("stablehlo.case"))
+                state, metrics = ft.train_step(state, global_batch, jax.random.key(1))
+                assert float(metrics["train/packed"]) == 1.0
+                results.append((float(metrics["train/loss"]), jax.device_get(state.params)))
+    for other in results[1:]:
+        assert_trained_the_same(results[0], other)
+    # (full, cut, full told that every batch fits): only the first chooses between packing
+    # and not (the others keep the step's one conditional, on a non-finite update).
+    full_choosing, cut_unpacked, full_packed = conditionals
+    assert full_choosing == cut_unpacked + 1 == full_packed + 1
 
 
 @pytest.mark.parametrize("shards, accumulate", [(1, 1), (4, 2)])
