@@ -39,6 +39,8 @@ import statistics
 import subprocess
 import sys
 import time
+from types import ModuleType
+from typing import NamedTuple
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -54,10 +56,21 @@ from bertjax.data.baseline import unigram_baseline  # noqa: E402
 from bertjax.data.masking import MaskingSettings  # noqa: E402
 from configs import modernbert_tiny, tiny, tiny_packed  # noqa: E402
 
+
+class Setup(NamedTuple):
+    """A pretraining setup: its config file and module, the data layout it reads, and the
+    settings it changes in that config (--config.KEY=VALUE)."""
+
+    config_file: str
+    config_module: ModuleType
+    layout: str  # "pairs" or "packed", as prepare() writes them
+    overrides: dict
+
+
 SETUPS = {
-    "bert_google": ("tiny.py", tiny, "pairs"),
-    "bert_packed": ("tiny_packed.py", tiny_packed, "packed"),
-    "modernbert": ("modernbert_tiny.py", modernbert_tiny, "packed"),
+    "bert_google": Setup("tiny.py", tiny, "pairs", {}),
+    "bert_packed": Setup("tiny_packed.py", tiny_packed, "packed", {}),
+    "modernbert": Setup("modernbert_tiny.py", modernbert_tiny, "packed", {}),
 }
 SEQ_LEN = 128
 VOCAB = 4000
@@ -93,15 +106,15 @@ def prepare(corpus: str, work_dir: pathlib.Path) -> dict[str, pathlib.Path]:
     return out
 
 
-def train(setup: str, data_dir: pathlib.Path, workdir: pathlib.Path, overrides: dict) -> float:
+def train(setup: Setup, data_dir: pathlib.Path, workdir: pathlib.Path, overrides: dict) -> float:
     """Runs train.py for a setup to its end; returns the wall time it took."""
-    config_file, _, _ = SETUPS[setup]
     command = ["nice", "-n", "10", sys.executable, str(REPO / "train.py")]
-    command += ["--config", str(REPO / "configs" / config_file), "--workdir", str(workdir)]
+    command += ["--config", str(REPO / "configs" / setup.config_file), "--workdir", str(workdir)]
     settings = {
         "data.dir": str(data_dir),
         "eval_every_steps": 10**6,  # measured here afterwards, on the common batches
         "fill_mask_samples": 0,
+        **setup.overrides,
         **overrides,
     }
     command += [f"--config.{key}={value}" for key, value in settings.items()]
@@ -119,9 +132,9 @@ def steady_sequences_per_second(workdir: pathlib.Path) -> float:
     return speeds[-1]  # the last interval: compiled, at the full batch
 
 
-def scaled(setup: str, steps: int) -> dict:
+def scaled(setup: Setup, steps: int) -> dict:
     """The overrides giving a setup `steps` steps, its schedule scaled to them."""
-    config = SETUPS[setup][1].get_config()
+    config = setup.config_module.get_config()
     ratio = steps / config.num_train_steps
     overrides = {"num_train_steps": steps, "checkpoint_every_steps": steps}
     for field in SCHEDULE_FIELDS:
@@ -194,11 +207,12 @@ def main() -> None:
             results[key] = unigram_baseline(
                 data["packed"], batch_size=EVAL_BATCH, masking=EVAL, seed=0
             ).accuracy
-        for setup in args.setups:
-            data_dir = data[SETUPS[setup][2]]
-            calibration = f"{corpus}/{setup}/calibration"
+        for name in args.setups:
+            setup = SETUPS[name]
+            data_dir = data[setup.layout]
+            calibration = f"{corpus}/{name}/calibration"
             if calibration not in results:
-                workdir = work_dir / "runs" / f"{corpus}-{setup}-calibration"
+                workdir = work_dir / "runs" / f"{corpus}-{name}-calibration"
                 shutil.rmtree(workdir, ignore_errors=True)
                 train(
                     setup,
@@ -207,13 +221,13 @@ def main() -> None:
                     {**scaled(setup, CALIBRATION_STEPS), "log_every_steps": 20},
                 )
                 results[calibration] = steady_sequences_per_second(workdir)
-            batch = SETUPS[setup][1].get_config().batch_size
+            batch = setup.config_module.get_config().batch_size
             steps = int(args.seconds * results[calibration] / batch)
             for seed in args.seeds:
-                key = f"{corpus}/{setup}/seed{seed}/{int(args.seconds)}s"
+                key = f"{corpus}/{name}/seed{seed}/{int(args.seconds)}s"
                 if key in results:
                     continue
-                workdir = work_dir / "runs" / f"{corpus}-{setup}-seed{seed}-{int(args.seconds)}s"
+                workdir = work_dir / "runs" / f"{corpus}-{name}-seed{seed}-{int(args.seconds)}s"
                 shutil.rmtree(workdir, ignore_errors=True)
                 wall = train(setup, data_dir, workdir, {**scaled(setup, steps), "seed": seed})
                 results[key] = {
