@@ -233,9 +233,9 @@ class EncoderFamily:
         raise NotImplementedError
 
     def from_settings(self, preset: str, fields: Mapping[str, Any]) -> Any:
-        """The config of a pretraining run's config.model: a preset with field overrides (BERT's
-        names for dropout and attention are read as with_overrides reads them). The vocabulary
-        and special token ids are provisional until `with_vocabulary`."""
+        """The config of a pretraining run's config.model: a preset with field overrides (the
+        settings' names for dropout and attention are read as with_overrides reads them). The
+        vocabulary and special token ids are provisional until `with_vocabulary`."""
         raise NotImplementedError
 
     def with_vocabulary(self, config: Any, tokenizer: Any) -> Any:
@@ -244,9 +244,9 @@ class EncoderFamily:
         raise NotImplementedError
 
     def with_overrides(self, config: Any, overrides: Mapping[str, Any]) -> Any:
-        """`config` with a fine-tuning run's config.model fields (BERT's names: dtype,
-        attention_impl, remat_policy, hidden_dropout, attention_dropout) in this family's
-        terms."""
+        """`config` with a fine-tuning run's config.model fields (the settings' names, which
+        every family reads: dtype, attention_impl, remat_policy, hidden_dropout,
+        attention_dropout) in this family's terms."""
         raise NotImplementedError
 
     def describe(self, config: Any) -> str:
@@ -315,18 +315,6 @@ class EncoderFamily:
         """Float32 logits [b, s] that each token was replaced (families with a
         replaced_token_head); `packed_length` as the encoder takes it."""
         raise NotImplementedError(f"the {self.name} family has no replaced-token head")
-
-    def mlm_logits(
-        self,
-        config: Any,
-        params: Any,
-        input_ids: jax.Array,
-        token_type_ids: jax.Array,
-        attention_mask: jax.Array,
-        masked_lm_positions: jax.Array,
-    ) -> jax.Array:
-        """The masked-LM model's float32 logits [batch, predictions, vocab]."""
-        raise NotImplementedError
 
     # ---------------------------------------------------------------- transformers
 

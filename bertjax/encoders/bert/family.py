@@ -85,17 +85,6 @@ class Bert(family.EncoderFamily):
     def pretraining_init(self, config: BertConfig):
         return bert_model.pretraining_init(BertForPreTraining(config), 1, 1)
 
-    def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
-        out = BertForPreTraining(config).apply(
-            {"params": params},
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            positions,
-            deterministic=True,
-        )
-        return out.mlm_logits  # [b, p, v]
-
     def read_transformers(
         self,
         path: str | os.PathLike,

@@ -111,12 +111,6 @@ class Electra(family.EncoderFamily):
             method=electra_model.ElectraPreTraining.replaced_logits,
         )  # [b, s]
 
-    def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
-        out = electra_model.ElectraPreTraining(config).apply(
-            {"params": params}, input_ids, token_type_ids, attention_mask, positions
-        )
-        return out.mlm_logits  # [b, p, v]
-
     # ---------------------------------------------------------------- transformers
 
     def read_transformers(

@@ -139,15 +139,6 @@ class ModernBert(family.EncoderFamily):
             method=modernbert_rtd.Discriminator.replaced_logits,
         )  # [b, s]
 
-    def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
-        return (
-            MaskedLM(config)
-            .apply(
-                {"params": params}, input_ids, None, attention_mask, positions, deterministic=True
-            )
-            .mlm_logits
-        )  # [b, p, v]
-
     # ---------------------------------------------------------------- transformers
 
     def read_transformers(
