@@ -205,7 +205,6 @@ class TransformersHead:
     param: str  # the head's name in our tree and in transformers' ("classifier", "qa_outputs")
     outputs: int  # its width
     reads: str  # POOLED or TOKENS
-    dropout: bool = True  # whether dropout precedes the head (google's span head has none)
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # extra config.json
 
     def __post_init__(self):
