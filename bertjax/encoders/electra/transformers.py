@@ -235,14 +235,13 @@ def head_tensors(
 
 def head_specs(config: ElectraConfig, head: TransformersHead) -> list[TensorSpec]:
     """Every tensor of a fine-tuned model's tree in its transformers class: the encoder and
-    the head's (`head_tensors`). A token or span class has no classifier.dense: the pooler
-    the tree holds anyway is listed under that name, so that reading makes it fresh."""
+    the head's (`head_tensors`). A token or span class has no <name>.dense: the pooler the
+    tree holds anyway is listed under that name, so that reading makes it fresh."""
+    h = config.hidden_size
     layers = head_tensors(config, head.param, head.outputs, head.reads)
     pooler = []
     if all(spec.group != POOLER for spec in layers):
-        pooler = _dense(
-            "classifier.dense", (ENCODER, POOLER), config.hidden_size, config.hidden_size, POOLER
-        )
+        pooler = _dense(f"{head.param}.dense", (ENCODER, POOLER), h, h, POOLER)
     return [*encoder_specs(config), *pooler, *layers]
 
 
