@@ -40,6 +40,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax import Model, optim  # noqa: E402
+from bertjax.capability import ENCODER  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import model as embedding
@@ -171,7 +172,7 @@ def train_benchmark(args, config, spec, params, tokenizer, texts) -> None:
         batches.append(batch)
     with jax.set_mesh(run.mesh):
         state = run.state.init(jax.random.key(0))
-        state = state.replace(params={"bert": jax.device_put(params["bert"])})
+        state = state.replace(params={ENCODER: jax.device_put(params[ENCODER])})
         start = time.perf_counter()
         state, metrics = run.train_step(state, batches[0], jax.random.key(1))
         jax.block_until_ready(metrics)

@@ -40,7 +40,7 @@ if _REPO not in sys.path:
 import flax.linen as nn  # noqa: E402
 
 from bertjax import hf  # noqa: E402
-from bertjax.capability import HeadSpec  # noqa: E402
+from bertjax.capability import ENCODER, HeadSpec  # noqa: E402
 from bertjax.encoders.bert import transformers as bert_hf  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
@@ -133,7 +133,7 @@ def seeded_start(start: str, seed: int, directory: str, bias: float = 0.0) -> st
         redraw = np.abs(kernel) > 2 * config.initializer_range
         kernel[redraw] = rng.normal(0.0, config.initializer_range, int(redraw.sum()))
     params = {
-        "bert": params["bert"],
+        ENCODER: params[ENCODER],
         "classifier": {"kernel": kernel.astype(np.float32), "bias": np.full(1, bias, np.float32)},
     }
     os.makedirs(directory, exist_ok=True)

@@ -74,6 +74,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax import Model  # noqa: E402
+from bertjax.capability import ENCODER  # noqa: E402
 from bertjax.data import demo_corpus_path  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
@@ -501,7 +502,7 @@ def bench_search(b: Bench) -> Row:
     spec = EmbeddingSpec("mean", True, SEARCH_MAX_LENGTH)
     directory = b.work / "embedding"
     head = embed_task.head_for(spec)
-    Model(b.config, {"bert": b.params["bert"]}, b.tokenizer, head=head).save_hf(directory)
+    Model(b.config, {ENCODER: b.params[ENCODER]}, b.tokenizer, head=head).save_hf(directory)
     embedder = Model.load(directory, batch_size=b.batch_size, progress=False)
     st = SentenceTransformer(str(directory), device="cpu")
     encoder = transformers.BertModel.from_pretrained(directory).eval()

@@ -75,6 +75,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax import attention as attention_lib  # noqa: E402
 from bertjax import encoders, inference  # noqa: E402
+from bertjax.capability import ENCODER  # noqa: E402
 from bertjax.data.packing import best_fit  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.modernbert import attention as mb_attention  # noqa: E402
@@ -199,7 +200,7 @@ def ours_forward(config, params):
     @jax.jit
     def forward(params, batch):
         sequence, _ = encoder.apply(
-            {"params": params["bert"]},
+            {"params": params[ENCODER]},
             batch["input_ids"],
             None,
             batch["attention_mask"],

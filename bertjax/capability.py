@@ -91,8 +91,8 @@ class Opened(NamedTuple):
 
 
 class Capability:
-    """One capability's fixed interface; each method's default suits an encoder plus one
-    dense head under `head_param` (the classifiers), and a capability overrides the rest.
+    """One capability's fixed interface; each method's default suits an encoder plus a head
+    under `head_param` (the classifiers), and a capability overrides the rest.
 
     Members:
       tasks          the HeadSpec task names it owns (config.task values)
@@ -162,11 +162,16 @@ class Capability:
     # ---------------------------------------------------------------- transformers
 
     def transformers_head(self, head: HeadSpec) -> TransformersHead | None:
-        """How the head travels in a transformers BERT directory (None: it does not)."""
+        """How the head travels in a transformers directory of any family (None: it does
+        not)."""
         return None
 
-    def head_from_transformers(self, hf_config: Mapping[str, Any]) -> HeadSpec | None:
-        """This capability's head, if config.json names one of its transformers classes."""
+    def head_from_transformers(
+        self, hf_config: Mapping[str, Any], task_classes: Sequence[str]
+    ) -> HeadSpec | None:
+        """This capability's head, if config.json's architectures name one of its task
+        classes (`task_classes`: their names without the family's prefix, e.g.
+        "ForQuestionAnswering")."""
         return None
 
     def recognises(self, path: str | os.PathLike) -> bool:
@@ -183,19 +188,28 @@ class Capability:
         raise NotImplementedError
 
 
+# What a head reads of the encoder (TransformersHead.reads).
+POOLED = "pooled"  # the pooled row: a sequence head, [batch, outputs]
+TOKENS = "tokens"  # every token: [batch, seq, outputs]
+
+
 @dataclasses.dataclass(frozen=True)
 class TransformersHead:
-    """A head as transformers' Bert*For* classes hold it: one dense layer after the encoder.
+    """A capability's head as transformers' <Family><task_class> classes hold it, in no
+    family's vocabulary. Its layers are not fixed here: the encoder's family builds the head
+    from this description (bertjax.encoders.family.EncoderFamily.head), a linen module and
+    the tensor map of every layer it has (ELECTRA's sequence head: dense -> GELU ->
+    out_proj; BERT's: one dense layer after its pooler)."""
 
-    A family whose classifier has more layers (ELECTRA's dense -> GELU -> out_proj) holds
-    the layers before the projection in its encoder, as its pooled output, and its tensor
-    map names them (bertjax.encoders.family); the capability's part stays this one layer."""
-
-    architecture: str  # e.g. "BertForSequenceClassification"
-    param: str  # the dense layer's name in both trees ("classifier", "qa_outputs")
+    task_class: str  # e.g. "ForSequenceClassification"; a family's class is prefix + this
+    param: str  # the head's name in our tree and in transformers' ("classifier", "qa_outputs")
     outputs: int  # its width
-    pooler: bool  # whether the head reads the pooled output (the class has BERT's pooler)
+    reads: str  # POOLED or TOKENS
     config: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # extra config.json
+
+    def __post_init__(self):
+        if self.reads not in (POOLED, TOKENS):
+            raise ValueError(f"reads={self.reads!r} is invalid: must be {POOLED!r} or {TOKENS!r}")
 
 
 _CAPABILITIES: list[Capability] = []
@@ -235,10 +249,16 @@ def of(head: HeadSpec) -> Capability:
     return _BY_TASK[head.task]
 
 
-def head_from_transformers(hf_config: Mapping[str, Any]) -> HeadSpec | None:
-    """The head a transformers config.json names, asked of every capability."""
+def head_from_transformers(hf_config: Mapping[str, Any], class_prefix: str) -> HeadSpec | None:
+    """The head a transformers config.json names, asked of every capability: its
+    architectures' task classes are those named <class_prefix>For<Task> (the family's)."""
+    task_classes = tuple(
+        name.removeprefix(class_prefix)
+        for name in hf_config.get("architectures") or []
+        if name.startswith(class_prefix + "For")
+    )
     for capability in _CAPABILITIES:
-        head = capability.head_from_transformers(hf_config)
+        head = capability.head_from_transformers(hf_config, task_classes)
         if head is not None:
             return head
     return None

@@ -1,11 +1,12 @@
-"""What every fine-tuning head builds on: its dense layer, its loss statistics, its init.
+"""What every fine-tuning head builds on: its loss statistics, its init, its call.
 
-A head model is the encoder of the config's family (bertjax.encoders; parameters under "bert",
-as in BertForPreTraining, so a pretrained encoder drops in) plus the head's own layers. The
-heads themselves live with their capability (bertjax/tasks/<name>/): label heads in
-bertjax.tasks.labels.model, the span head in bertjax.tasks.qa. Their losses return sums (see
-`HeadSums`) so that micro-batches and devices add up exactly, as bertjax.losses does for
-pretraining.
+A head model is the encoder of the config's family (bertjax.encoders; parameters under
+capability.ENCODER, as in BertForPreTraining, so a pretrained encoder drops in) plus the
+family's head of the task (EncoderFamily.head: its linen module and its tensor map, one object
+however many layers it has). The head models live with their capability
+(bertjax/tasks/<name>/): label heads in bertjax.tasks.labels.model, the span head in
+bertjax.tasks.qa. Their losses return sums (see `HeadSums`) so that micro-batches and devices
+add up exactly, as bertjax.losses does for pretraining.
 """
 
 from __future__ import annotations
@@ -16,28 +17,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import encoders
-from bertjax.encoders.family import EncoderConfig
-from bertjax.sharding import EMBED, LABELS
-
-# The dense layer's name beside the encoder (transformers' too).
+# The label heads' name beside the encoder (transformers' too).
 CLASSIFIER = "classifier"
-
-
-def dense_head(config: EncoderConfig, features: int, name: str = CLASSIFIER) -> nn.Dense:
-    """A head's dense layer [hidden, features]: the family's classifier kernel init (BERT:
-    google's truncated normal), zero bias, float32 logits (they feed the loss directly, as
-    the NSP head's do)."""
-    return nn.Dense(
-        features,
-        dtype=jnp.float32,
-        param_dtype=jnp.dtype(config.param_dtype),
-        kernel_init=nn.with_logical_partitioning(
-            encoders.family_of(config).classifier_init(config), (EMBED, LABELS)
-        ),
-        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
-        name=name,
-    )
 
 
 def init_params(model: nn.Module, rng: jax.Array, seq_len: int = 1):

@@ -8,7 +8,7 @@ open any family's checkpoints through the same code.
 
 The encoder module's call, for every family::
 
-    sequence, pooled = family.module(config, name="bert")(
+    sequence, pooled = family.module(config, name=ENCODER)(
         input_ids, token_type_ids, attention_mask, *, deterministic, packed_length=None,
         cls_only=False, token_head=False)
 
@@ -22,16 +22,21 @@ The encoder module's call, for every family::
             dense -> GELU -> LayerNorm -> dropout. ELECTRA: dropout -> dense -> GELU on
             [CLS], the first layer of its transformers classification head.
 
-A classifier's layers before its final projection belong to the family (they are what
-differs between families); a head adds the projection alone, and the family's tensor map
-names the layers as its transformers classes do (ELECTRA's classifier.dense and
-classifier.out_proj, ModernBERT's head and classifier).
+A task head is one object the family builds (`EncoderFamily.head`, a `Head`): its linen
+module and the tensor map of every layer transformers' class of it has, so a head of more
+than one layer travels as one. The capabilities describe a head in no family's terms
+(bertjax.capability.TransformersHead: task class, name, width, what it reads); the family
+says what it is made of. Where a family's checkpoints keep a layer of the head in the
+encoder's tree, the encoder computes that layer as its pooled output and the head's tensor
+map names it there: ModernBERT's prediction head (pretrained by the masked LM, which shares
+it), ELECTRA's classifier.dense (under "pooler" in every ELECTRA tree, pretraining ones
+included, so that every checkpoint keeps its layout).
 
-Whatever the family, its parameters live under the encoder's own tree ("bert" in every
-task model), so a head adds only its dense layer, and a warm start copies one subtree.
-``token_type_ids`` are read only by families with `uses_segment_ids`; the others ignore them
-(absent or not). ``packed_length`` is a speed hint: a family without packing ignores it and
-computes the same outputs.
+Whatever the family, the encoder's parameters live under one key of every task model
+(bertjax.capability.ENCODER), so a warm start copies one subtree.
+``token_type_ids`` are read only by families that have segments (BERT, ELECTRA); the others
+ignore them (absent or not). ``packed_length`` is a speed hint: a family without packing
+ignores it and computes the same outputs.
 
 `read_transformers(path)` opens a transformers directory of any family (config.json's
 model_type chooses); `family_of(config).write_transformers` writes one.
@@ -53,6 +58,7 @@ import jax
 import jax.numpy as jnp
 
 from bertjax import fs, hf
+from bertjax.sharding import EMBED, LABELS
 
 # The key of the family's name in a checkpoint's model_config.
 FAMILY_KEY = "family"
@@ -142,6 +148,47 @@ class Network(NamedTuple):
     fresh: tuple[str, ...] = ()
 
 
+@dataclasses.dataclass(frozen=True)
+class Head:
+    """A task head on a family's encoder, as one object (EncoderFamily.head): what it reads
+    (POOLED or TOKENS, bertjax.capability), the dropout rate before it, its linen `module`
+    (features [..., hidden] -> float32 outputs [..., outputs], its parameters under its own
+    name beside the encoder's) and its `tensors`: the tensor map of every layer the head has
+    in transformers' <Family>For<Task> class, with the parameter's path in a task model's
+    tree. A head of more than one layer lists each (ELECTRA's sequence head: classifier.dense
+    and classifier.out_proj); a layer the tree keeps under the encoder (its path starts with
+    the encoder's key) is the encoder's to compute (ELECTRA's and ModernBERT's pooled output),
+    the rest are the module's."""
+
+    reads: str
+    dropout: float
+    module: nn.Module
+    tensors: tuple[hf.TensorSpec, ...]
+
+
+def projection(config: EncoderConfig, features: int, name: str, kernel_init: Callable):
+    """A head's dense layer [hidden, features] under `name`: `kernel_init` (the family's),
+    zero bias, float32 outputs (they feed the loss directly, as the NSP head's do)."""
+    return nn.Dense(
+        features,
+        dtype=jnp.float32,
+        param_dtype=jnp.dtype(config.param_dtype),
+        kernel_init=nn.with_logical_partitioning(kernel_init, (EMBED, LABELS)),
+        bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (LABELS,)),
+        name=name,
+    )
+
+
+def dense_tensors(hf_name: str, path: tuple[str, ...], n_in: int, n_out: int, group: str):
+    """The tensor map of a torch Linear [out, in] and our Dense [in, out] at `path`."""
+    return (
+        hf.TensorSpec(
+            f"{hf_name}.weight", (*path, "kernel"), (n_out, n_in), (n_in, n_out), True, group
+        ),
+        hf.TensorSpec(f"{hf_name}.bias", (*path, "bias"), (n_out,), (n_out,), False, group),
+    )
+
+
 class EncoderFamily:
     """One encoder architecture; see the module docstring for the module's call.
 
@@ -150,8 +197,6 @@ class EncoderFamily:
       config_class      its frozen config dataclass, whose class attribute `family` is this
                         family's name (`family_of` reads it)
       model_type        transformers' config.json model_type
-      class_prefix      transformers' class names: <prefix>For<Task> ("Bert", "ModernBert")
-      uses_segment_ids  whether the module reads token_type_ids
       sentence_pair_head  whether the masked-LM model has a pooler and next-sentence head
                         (BERT's); without one, pretraining's objective is the masked LM alone
       feed_forward_matrices  [hidden, intermediate] matrices per feed-forward (2, or 3 for a
@@ -169,8 +214,6 @@ class EncoderFamily:
     name: str = ""
     config_class: type = object
     model_type: str = ""
-    class_prefix: str = ""
-    uses_segment_ids: bool = True
     sentence_pair_head: bool = True
     feed_forward_matrices: int = 2
     architecture_fields: tuple[str, ...] = ()
@@ -190,9 +233,9 @@ class EncoderFamily:
         raise NotImplementedError
 
     def from_settings(self, preset: str, fields: Mapping[str, Any]) -> Any:
-        """The config of a pretraining run's config.model: a preset with field overrides (BERT's
-        names for dropout and attention are read as with_overrides reads them). The vocabulary
-        and special token ids are provisional until `with_vocabulary`."""
+        """The config of a pretraining run's config.model: a preset with field overrides (the
+        settings' names for dropout and attention are read as with_overrides reads them). The
+        vocabulary and special token ids are provisional until `with_vocabulary`."""
         raise NotImplementedError
 
     def with_vocabulary(self, config: Any, tokenizer: Any) -> Any:
@@ -201,9 +244,9 @@ class EncoderFamily:
         raise NotImplementedError
 
     def with_overrides(self, config: Any, overrides: Mapping[str, Any]) -> Any:
-        """`config` with a fine-tuning run's config.model fields (BERT's names: dtype,
-        attention_impl, remat_policy, hidden_dropout, attention_dropout) in this family's
-        terms."""
+        """`config` with a fine-tuning run's config.model fields (the settings' names, which
+        every family reads: dtype, attention_impl, remat_policy, hidden_dropout,
+        attention_dropout) in this family's terms."""
         raise NotImplementedError
 
     def describe(self, config: Any) -> str:
@@ -216,12 +259,10 @@ class EncoderFamily:
         """The encoder module (see the module docstring for its call)."""
         raise NotImplementedError
 
-    def head_dropout(self, config: Any) -> float:
-        """The dropout a head applies to the encoder's outputs before its dense layer."""
-        raise NotImplementedError
-
-    def classifier_init(self, config: Any) -> Callable:
-        """The initialiser of a head's dense kernel."""
+    def head(self, config: Any, name: str, outputs: int, reads: str) -> Head:
+        """The task head `name` of `outputs` that reads the encoder's pooled row or its
+        tokens (`reads`, bertjax.capability's POOLED or TOKENS), as this family's
+        transformers classes hold it."""
         raise NotImplementedError
 
     def pretraining_model(self, config: Any) -> nn.Module:
@@ -275,30 +316,7 @@ class EncoderFamily:
         replaced_token_head); `packed_length` as the encoder takes it."""
         raise NotImplementedError(f"the {self.name} family has no replaced-token head")
 
-    def mlm_logits(
-        self,
-        config: Any,
-        params: Any,
-        input_ids: jax.Array,
-        token_type_ids: jax.Array,
-        attention_mask: jax.Array,
-        masked_lm_positions: jax.Array,
-    ) -> jax.Array:
-        """The masked-LM model's float32 logits [batch, predictions, vocab]."""
-        raise NotImplementedError
-
     # ---------------------------------------------------------------- transformers
-
-    def architecture(self, bert_class: str) -> str:
-        """transformers' class of this family for BERT's class of the same task, e.g.
-        BertForQuestionAnswering -> ModernBertForQuestionAnswering."""
-        return self.class_prefix + bert_class.removeprefix("Bert")
-
-    def bert_architecture(self, architecture: str) -> str:
-        """The inverse of `architecture` (unchanged when the name is not this family's)."""
-        if architecture.startswith(self.class_prefix + "For"):
-            return "Bert" + architecture.removeprefix(self.class_prefix)
-        return architecture
 
     def read_transformers(
         self,
@@ -315,7 +333,7 @@ class EncoderFamily:
         raise NotImplementedError
 
     def encoder_files(self, config: Any, params: Any) -> tuple[dict, dict]:
-        """(config.json, tensors) of the encoder alone (params["bert"] of any task model) as
+        """(config.json, tensors) of the encoder alone (params[ENCODER] of any task model) as
         transformers' <prefix>Model: what a sentence-transformers Transformer module holds."""
         raise NotImplementedError
 

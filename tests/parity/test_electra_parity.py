@@ -124,7 +124,7 @@ def _ours(config, params, cls_name, ids, mask, segments) -> np.ndarray:
             {"params": params}, ids, segments, mask, method=pretraining.replaced_logits
         )
     elif cls_name == "ElectraForMaskedLM":
-        out = encoders.family_of(config).mlm_logits(config, params, ids, segments, mask, None)
+        out = pretraining.apply({"params": params}, ids, segments, mask).mlm_logits
     elif head.task == qa_model.TASK:
         start, end = qa_model.QuestionAnswering(config).apply(
             {"params": params}, ids, segments, mask

@@ -110,7 +110,11 @@ def test_masked_lm_both_ways_and_fill_mask(tmp_path):
     assert model.head is None and model.fresh_heads == ()
     ids, mask = _batch()
     positions = np.tile(np.arange(SEQ, dtype=np.int32), (3, 1))
-    ours = family.mlm_logits(model.config, model.params, ids, None, mask, positions)
+    ours = (
+        family.pretraining_model(model.config)
+        .apply({"params": model.params}, ids, None, mask, positions)
+        .mlm_logits
+    )
     expected = _run_torch(theirs, ids, mask).logits.numpy()
     assert max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
 
@@ -133,7 +137,11 @@ def test_masked_lm_both_ways_and_fill_mask(tmp_path):
     reloaded = transformers.ModernBertForMaskedLM.from_pretrained(
         tmp_path / "ours", attn_implementation="eager"
     ).eval()
-    ours = family.mlm_logits(CONFIG, params, ids, None, mask, positions)
+    ours = (
+        family.pretraining_model(CONFIG)
+        .apply({"params": params}, ids, None, mask, positions)
+        .mlm_logits
+    )
     expected = _run_torch(reloaded, ids, mask).logits.numpy()
     assert max_diff(ours[mask == 1], expected[mask == 1]) < ATOL
 

@@ -13,8 +13,8 @@ import pytest
 from flax import linen as nn
 
 import bertjax
+from bertjax import capability, encoders, heads, hf, rundir, sharding
 from bertjax import checkpoint as checkpoint_lib
-from bertjax import encoders, heads, rundir, sharding
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
@@ -48,12 +48,6 @@ def test_families_are_found_by_config_type_and_model_type():
         encoders.for_model_type("roberta")
     with pytest.raises(ValueError, match="no encoder family's config"):
         encoders.family_of({"hidden_size": 8})
-    modern = encoders.family_of(CONFIG)
-    assert modern.architecture("BertForQuestionAnswering") == "ModernBertForQuestionAnswering"
-    assert modern.bert_architecture("ModernBertForTokenClassification") == (
-        "BertForTokenClassification"
-    )
-    assert not modern.uses_segment_ids and encoders.family_of(BertConfig()).uses_segment_ids
 
 
 def test_every_registered_family_has_a_small_config_for_the_tests():
@@ -193,3 +187,45 @@ def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
     spread = bertjax.Model(config, params, TOKENIZER, head=head, mesh=mesh).predict(texts)
     assert [p["label"] for p in spread] == [p["label"] for p in alone]
     assert max_diff([p["score"] for p in spread], [p["score"] for p in alone]) < ATOL
+
+
+# ---------------------------------------------------------------------------------------------
+# Task heads: one object each (EncoderFamily.head), its module and its tensor map.
+
+
+@pytest.mark.parametrize("reads", [capability.POOLED, capability.TOKENS])
+@pytest.mark.parametrize("family", encoders.names())
+def test_a_head_names_every_parameter_of_its_own_and_each_tensor_has_its_shape(family, reads):
+    config = SMALL_CONFIGS[family]
+    head = encoders.family_of(config).head(config, heads.CLASSIFIER, 3, reads)
+    task = "classification" if reads == capability.POOLED else "token_classification"
+    model = _head_model(config, HeadSpec(task, LABELS))
+    flat = dict(
+        hf.flatten_tree(
+            nn.meta.unbox(jax.eval_shape(lambda: heads.init_params(model, jax.random.key(0))))
+        )
+    )
+    # The module's parameters are the head's tensors outside the encoder, no more, no less.
+    own = {path for path in flat if path[0] == heads.CLASSIFIER}
+    assert own == {s.path for s in head.tensors if s.path[0] != capability.ENCODER}
+    assert len({s.hf_name for s in head.tensors}) == len(head.tensors)
+    for spec in head.tensors:
+        assert flat[spec.path].shape == spec.shape, spec.hf_name
+        array = np.arange(np.prod(spec.shape), dtype=np.float32).reshape(spec.shape)
+        assert spec.to_hf(array).shape == spec.hf_shape
+        np.testing.assert_array_equal(spec.to_bertjax(spec.to_hf(array)), array)
+
+
+def test_electras_sequence_head_is_one_head_of_two_layers_in_transformers_names():
+    config = SMALL_CONFIGS["electra"]
+    h = config.hidden_size
+    family = encoders.family_of(config)
+    head = family.head(config, heads.CLASSIFIER, 3, capability.POOLED)
+    assert [(s.hf_name, s.path, s.hf_shape) for s in head.tensors] == [
+        ("classifier.dense.weight", (capability.ENCODER, "pooler", "kernel"), (h, h)),
+        ("classifier.dense.bias", (capability.ENCODER, "pooler", "bias"), (h,)),
+        ("classifier.out_proj.weight", (heads.CLASSIFIER, "kernel"), (3, h)),
+        ("classifier.out_proj.bias", (heads.CLASSIFIER, "bias"), (3,)),
+    ]
+    tokens = encoders.family_of(config).head(config, "qa_outputs", 2, capability.TOKENS)
+    assert [s.hf_name for s in tokens.tensors] == ["qa_outputs.weight", "qa_outputs.bias"]

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import heads, sharding
+from bertjax import capability, encoders, heads, sharding
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertModel
@@ -97,7 +97,7 @@ def test_the_classifier_kernel_is_named_for_sharding():
 
 
 def test_the_initial_classifier_is_truncated_normal_at_the_initializer_range():
-    dense = heads.dense_head(CONFIG, 64)
+    dense = encoders.family_of(CONFIG).head(CONFIG, heads.CLASSIFIER, 64, capability.POOLED).module
     variables = nn.meta.unbox(dense.init(jax.random.key(0), jnp.zeros((1, 16))))["params"]
     kernel = np.asarray(variables["kernel"])  # [16, 64]
     assert np.all(np.abs(kernel) <= 2 * CONFIG.initializer_range + 1e-7)

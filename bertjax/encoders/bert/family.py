@@ -45,8 +45,6 @@ class Bert(family.EncoderFamily):
     name = "bert"
     config_class = BertConfig
     model_type = "bert"
-    class_prefix = "Bert"
-    uses_segment_ids = True
     architecture_fields = ARCHITECTURE_FIELDS
 
     def config_to_dict(self, config: BertConfig) -> dict:
@@ -70,28 +68,22 @@ class Bert(family.EncoderFamily):
     def module(self, config: BertConfig, name: str | None = None) -> nn.Module:
         return BertEncoder(config, name=name)
 
-    def head_dropout(self, config: BertConfig) -> float:
-        return config.hidden_dropout
-
-    def classifier_init(self, config: BertConfig):
-        return nn.initializers.truncated_normal(config.initializer_range)
+    def head(self, config: BertConfig, name: str, outputs: int, reads: str) -> family.Head:
+        """One dense layer, google's truncated normal, after the config's hidden_dropout (0.1,
+        google's and transformers' rate); a sequence head reads the tanh pooler."""
+        init = nn.initializers.truncated_normal(config.initializer_range)
+        return family.Head(
+            reads,
+            config.hidden_dropout,
+            family.projection(config, outputs, name, init),
+            bert_hf.head_tensors(config, name, outputs),
+        )
 
     def pretraining_model(self, config: BertConfig) -> BertForPreTraining:
         return BertForPreTraining(config)
 
     def pretraining_init(self, config: BertConfig):
         return bert_model.pretraining_init(BertForPreTraining(config), 1, 1)
-
-    def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
-        out = BertForPreTraining(config).apply(
-            {"params": params},
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            positions,
-            deterministic=True,
-        )
-        return out.mlm_logits  # [b, p, v]
 
     def read_transformers(
         self,

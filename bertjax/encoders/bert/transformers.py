@@ -38,6 +38,7 @@ import numpy as np
 
 from bertjax import capability, fs
 from bertjax.capability import HeadSpec, TransformersHead
+from bertjax.encoders import family as family_lib
 from bertjax.encoders.bert import model as bert_model
 from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS, BertConfig
 from bertjax.hf import (
@@ -69,6 +70,9 @@ from bertjax.hf import (
 from bertjax.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
+
+# transformers' BERT classes: Bert<task class>, e.g. BertForQuestionAnswering.
+CLASS_PREFIX = "Bert"
 
 
 # HF hidden_act -> ours. "gelu" in HF is the exact erf form, like ours; "gelu_fast" is the
@@ -287,7 +291,7 @@ def config_to_hf(config: BertConfig, head: HeadSpec | None = None) -> dict[str, 
     }
     if head is not None:
         th = _transformers_head(head)
-        hf_config["architectures"] = [th.architecture]
+        hf_config["architectures"] = [CLASS_PREFIX + th.task_class]
         hf_config.update(th.config)
     return hf_config
 
@@ -343,19 +347,23 @@ def _transformers_head(head: HeadSpec) -> TransformersHead:
     return th
 
 
+def head_tensors(config: BertConfig, name: str, outputs: int) -> tuple[TensorSpec, ...]:
+    """The tensor map of a BERT task head: one dense layer [outputs, hidden] under its own
+    name in both trees (transformers' Bert<task class>), whatever it reads: a sequence head
+    reads BertModel's pooler, which is the encoder's."""
+    return family_lib.dense_tensors(name, (name,), config.hidden_size, outputs, name)
+
+
 def head_specs(config: BertConfig, head: TransformersHead) -> list[TensorSpec]:
-    """Every HF tensor of a fine-tuned model: the encoder, the pooler and the head's dense
-    layer [outputs, hidden] under its own name.
+    """Every HF tensor of a fine-tuned model: the encoder, the pooler and the head's
+    (`head_tensors`).
 
     transformers' BertForTokenClassification and BertForQuestionAnswering have no pooler:
     `save` leaves it out for those, and `load_with_report` initialises it afresh (bertjax's
     encoder always has one).
     """
-    h, n, name = config.hidden_size, head.outputs, head.param
     specs = [spec for spec in tensor_specs(config) if spec.group in (CORE, SINUSOIDAL, POOLER)]
-    specs.append(TensorSpec(f"{name}.weight", (name, "kernel"), (n, h), (h, n), True, name))
-    specs.append(TensorSpec(f"{name}.bias", (name, "bias"), (n,), (n,), False, name))
-    return specs
+    return specs + list(head_tensors(config, head.param, head.outputs))
 
 
 def load(path: str | os.PathLike, *, seed: int = 0, **overrides) -> tuple[BertConfig, dict]:
@@ -393,7 +401,7 @@ def load_with_report(
     hf_config = read_config(config_path)
     config = config_from_hf(hf_config, **overrides)
     try:
-        head = capability.head_from_transformers(hf_config)
+        head = capability.head_from_transformers(hf_config, CLASS_PREFIX)
     except ValueError as err:
         raise ValueError(f"{config_path}: {err}") from None
     required = {CORE}
@@ -499,7 +507,7 @@ def save(
     th = None if head is None else _transformers_head(head)
     specs = tensor_specs(config) if th is None else head_specs(config, th)
     expected = {spec.path for spec in specs if spec.group != SINUSOIDAL}
-    if th is not None and not th.pooler:  # in params, not written
+    if th is not None and th.reads != capability.POOLED:  # in params, not written
         specs = [spec for spec in specs if spec.group != POOLER]
     if head is None and untrained:
         specs = [spec for spec in specs if spec.group not in untrained]

@@ -29,8 +29,6 @@ class Electra(family.EncoderFamily):
     name = "electra"
     config_class = ElectraConfig
     model_type = electra_hf.MODEL_TYPE
-    class_prefix = "Electra"
-    uses_segment_ids = True
     sentence_pair_head = False
     architecture_fields = ARCHITECTURE_FIELDS
     replaced_token_head = electra_model.DISCRIMINATOR_HEAD
@@ -61,13 +59,19 @@ class Electra(family.EncoderFamily):
     def module(self, config: ElectraConfig, name: str | None = None) -> nn.Module:
         return electra_model.ElectraEncoder(config, name=name)
 
-    def head_dropout(self, config: ElectraConfig) -> float:
-        # The dropout before ElectraClassificationHead's out_proj and ElectraForToken
-        # Classification's classifier.
-        return config.classifier_rate
-
-    def classifier_init(self, config: ElectraConfig):
-        return nn.initializers.truncated_normal(config.initializer_range)
+    def head(self, config: ElectraConfig, name: str, outputs: int, reads: str) -> family.Head:
+        """transformers' ELECTRA heads: a sequence head is ElectraClassificationHead, dropout
+        -> dense -> GELU -> dropout -> out_proj on [CLS], whose first three steps the encoder
+        computes as its pooled output (its dense layer is "pooler" in every ELECTRA tree) and
+        whose last two the module does; a token head is dropout -> dense. The dropout rate
+        is classifier_rate, as in ElectraForTokenClassification."""
+        init = nn.initializers.truncated_normal(config.initializer_range)
+        return family.Head(
+            reads,
+            config.classifier_rate,
+            family.projection(config, outputs, name, init),
+            electra_hf.head_tensors(config, name, outputs, reads),
+        )
 
     def pretraining_model(self, config: ElectraConfig) -> electra_model.ElectraPreTraining:
         return electra_model.ElectraPreTraining(config)
@@ -107,12 +111,6 @@ class Electra(family.EncoderFamily):
             method=electra_model.ElectraPreTraining.replaced_logits,
         )  # [b, s]
 
-    def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
-        out = electra_model.ElectraPreTraining(config).apply(
-            {"params": params}, input_ids, token_type_ids, attention_mask, positions
-        )
-        return out.mlm_logits  # [b, p, v]
-
     # ---------------------------------------------------------------- transformers
 
     def read_transformers(
@@ -123,13 +121,7 @@ class Electra(family.EncoderFamily):
         pretraining_heads: bool = True,
         **overrides,
     ):
-        return electra_hf.read(
-            path,
-            hf_config,
-            pretraining_heads=pretraining_heads,
-            architecture=self.bert_architecture,
-            **overrides,
-        )
+        return electra_hf.read(path, hf_config, pretraining_heads=pretraining_heads, **overrides)
 
     def encoder_files(self, config: ElectraConfig, params: Any) -> tuple[dict, dict]:
         return electra_hf.encoder_files(config, params)

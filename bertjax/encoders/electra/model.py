@@ -10,19 +10,17 @@ projection, and no tanh pooler.
   pooler              dense [hidden, hidden] on [CLS], see below
 
 The pooled output. transformers' ElectraClassificationHead is dropout -> dense -> GELU ->
-dropout -> out_proj on [CLS]. Everything before the last dropout is the sequence head's
-trunk, and the encoder owns it as `pooler`: where BERT's tanh pooler sits, with GELU for tanh
-and a dropout in front. The capabilities' sequence head (dropout at the family's
-head_dropout, then its dense layer) is then out_proj, and their token and span heads read the
-hidden states, as ElectraForTokenClassification and ElectraForQuestionAnswering do. Why the
-family and not a two-layer head in the capability: the part of a classifier before its final
-projection is what differs between families (BERT's tanh pooler, ModernBERT's prediction
-head, ELECTRA's dense-GELU), while the projection is the same on each. With the trunk in the
-family every capability stays family-blind, a warm start copies the one encoder subtree, and
-the renaming to transformers' classifier.dense / classifier.out_proj lives in the family's
-tensor map (bertjax.encoders.electra.transformers) with its other names. A directory without
-the trunk (ElectraModel, ElectraForPreTraining, ...) starts it fresh, as a BERT directory
-without its pooler does.
+dropout -> out_proj on [CLS]: one head of two layers, which the family builds as one object
+(`Electra.head` in bertjax.encoders.electra.family: its tensor map names classifier.dense and
+classifier.out_proj, bertjax.encoders.electra.transformers.head_tensors). The encoder computes
+the head's first three steps as its pooled output, with the dense layer under `pooler`, where
+BERT keeps its tanh pooler: every ELECTRA tree holds it there (pretraining and replaced-token
+detection ones too, which never train it), so every checkpoint written so far keeps its
+layout, a warm start copies one subtree, and Model.embed's "pooler" pooling reads it. The
+head's module is the rest (dropout at classifier_rate, then out_proj). Token and span heads
+read the hidden states, as ElectraForTokenClassification and ElectraForQuestionAnswering do.
+A directory without classifier.dense (ElectraModel, ElectraForPreTraining, ...) starts it
+fresh, as a BERT directory without its pooler does.
 
 `ElectraPreTraining` is the tree transformers' pretraining classes are read into: the encoder,
 the generator's masked-LM head ("mlm_head": ElectraGeneratorPredictions and the tied

@@ -7,9 +7,9 @@ prefix), then per class:
   ElectraForMaskedLM                generator_predictions.dense [e, h], .LayerNorm [e] and
                                     generator_lm_head.bias [v] (its weight is the word table,
                                     tied, and not written)
-  ElectraForSequenceClassification  classifier.dense [h, h] (our encoder's "pooler", see
-                                    bertjax.encoders.electra.model) and classifier.out_proj
-                                    [labels, h] (the capability's dense layer)
+  ElectraForSequenceClassification  classifier.dense [h, h] and classifier.out_proj
+                                    [labels, h]: one head of two layers (`head_tensors`),
+                                    the first kept in the encoder's tree as "pooler"
   ElectraForTokenClassification     classifier [labels, h]
   ElectraForQuestionAnswering       qa_outputs [2, h]
 
@@ -23,7 +23,7 @@ import dataclasses
 import functools
 import logging
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -32,6 +32,7 @@ import numpy as np
 
 from bertjax import capability, fs, hf
 from bertjax.capability import TransformersHead
+from bertjax.encoders import family as family_lib
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.electra import model as electra_model
@@ -41,6 +42,8 @@ from bertjax.hf import TensorSpec
 logger = logging.getLogger(__name__)
 
 MODEL_TYPE = "electra"
+# transformers' ELECTRA classes: Electra<task class>, e.g. ElectraForQuestionAnswering.
+CLASS_PREFIX = "Electra"
 HF_PREFIX = "electra."
 ENCODER = capability.ENCODER
 # Parameter groups: the encoder core is in every directory; each other group is whole or
@@ -214,17 +217,32 @@ def pretraining_specs(config: ElectraConfig) -> list[TensorSpec]:
     ]
 
 
+def head_tensors(
+    config: ElectraConfig, name: str, outputs: int, reads: str
+) -> tuple[TensorSpec, ...]:
+    """The tensor map of an ELECTRA task head. A sequence head is transformers'
+    ElectraClassificationHead, two layers: <name>.dense [h, h], kept in the encoder's tree as
+    its "pooler" (every ELECTRA tree holds it there), and <name>.out_proj [outputs, h], the
+    head's own parameters. A token or span head is one layer, <name> [outputs, h]."""
+    h = config.hidden_size
+    if reads == capability.POOLED:
+        return (
+            *family_lib.dense_tensors(f"{name}.dense", (ENCODER, POOLER), h, h, POOLER),
+            *family_lib.dense_tensors(f"{name}.out_proj", (name,), h, outputs, name),
+        )
+    return family_lib.dense_tensors(name, (name,), h, outputs, name)
+
+
 def head_specs(config: ElectraConfig, head: TransformersHead) -> list[TensorSpec]:
-    """Every tensor of a fine-tuned model's transformers class: the encoder, the pooler (the
-    classification head's first dense layer, named <param>.dense, for a sequence head) and the
-    head's projection (<param>.out_proj for a sequence head, else <param>)."""
-    h, name = config.hidden_size, head.param
-    projection = f"{name}.out_proj" if head.pooler else name
-    return [
-        *encoder_specs(config),
-        *_dense(f"{name}.dense", (ENCODER, POOLER), h, h, POOLER),
-        *_dense(projection, (name,), h, head.outputs, name),
-    ]
+    """Every tensor of a fine-tuned model's tree in its transformers class: the encoder and
+    the head's (`head_tensors`). A token or span class has no <name>.dense: the pooler the
+    tree holds anyway is listed under that name, so that reading makes it fresh."""
+    h = config.hidden_size
+    layers = head_tensors(config, head.param, head.outputs, head.reads)
+    pooler = []
+    if all(spec.group != POOLER for spec in layers):
+        pooler = _dense(f"{head.param}.dense", (ENCODER, POOLER), h, h, POOLER)
+    return [*encoder_specs(config), *pooler, *layers]
 
 
 def transformers_head(head) -> TransformersHead:
@@ -278,27 +296,23 @@ def read(
     directory: str | os.PathLike,
     hf_config: Mapping[str, Any],
     *,
-    architecture: Callable[[str], str],
     pretraining_heads: bool = True,
     **overrides,
 ):
     """Reads an ELECTRA transformers directory: (config, params, head or None, the groups the
-    files did not have, freshly initialised). `architecture` maps transformers' ELECTRA class
-    names to BERT's, which the capabilities know (EncoderFamily.bert_architecture)."""
+    files did not have, freshly initialised)."""
     directory = fs.path(directory)
     config = config_from_hf(hf_config, **{"dtype": "float32", **overrides})
-    as_bert = {
-        **hf_config,
-        "architectures": [architecture(a) for a in hf_config.get("architectures") or []],
-    }
-    head = capability.head_from_transformers(as_bert)
+    head = capability.head_from_transformers(hf_config, CLASS_PREFIX)
     th = None if head is None else transformers_head(head)
     if th is None:
         specs = pretraining_specs(config)
         required = {CORE}
     else:
         specs = head_specs(config, th)
-        required = {CORE, th.param} | ({POOLER} if th.pooler else set())
+        # Every layer of the head (both of a sequence head's).
+        layers = head_tensors(config, th.param, th.outputs, th.reads)
+        required = {CORE} | {spec.group for spec in layers}
     tensors, source = hf.read_weights(directory)
     found = _canonical(tensors, source)
     by_name = {s.hf_name: s for s in specs}
@@ -306,7 +320,8 @@ def read(
     if unexpected:
         raise ValueError(
             f"{source}: unexpected tensor(s) {hf.name_list(unexpected)} for an ELECTRA with "
-            f"{config.num_layers} layers" + ("" if th is None else f" as {th.architecture}")
+            f"{config.num_layers} layers"
+            + ("" if th is None else f" as {CLASS_PREFIX}{th.task_class}")
         )
     dtype = np.dtype(config.param_dtype)
     flat, missing = hf.match_tensors(
@@ -373,8 +388,8 @@ def files(
     params = _plain(config, params)
     if head is not None:
         th = transformers_head(head)
-        architecture = "Electra" + th.architecture.removeprefix("Bert")
-        specs = [s for s in head_specs(config, th) if th.pooler or s.group != POOLER]
+        architecture = CLASS_PREFIX + th.task_class
+        specs = [*encoder_specs(config), *head_tensors(config, th.param, th.outputs, th.reads)]
         hf_config = config_to_hf(config, architecture)
         hf_config.update(th.config)
         if "id2label" not in th.config:  # transformers' num_labels: the projection's width

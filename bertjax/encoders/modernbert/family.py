@@ -20,8 +20,6 @@ class ModernBert(family.EncoderFamily):
     name = "modernbert"
     config_class = ModernBertConfig
     model_type = "modernbert"
-    class_prefix = "ModernBert"
-    uses_segment_ids = False
     sentence_pair_head = False
     feed_forward_matrices = 3  # GeGLU: Wi holds the input and the gate, then Wo
     # Everything but the numerics, the attention implementation, the dropout rates and the
@@ -91,11 +89,17 @@ class ModernBert(family.EncoderFamily):
     def module(self, config: ModernBertConfig, name: str | None = None) -> nn.Module:
         return Encoder(config, name=name)
 
-    def head_dropout(self, config: ModernBertConfig) -> float:
-        return 0.0  # the encoder's head applied classifier_dropout already
-
-    def classifier_init(self, config: ModernBertConfig):
-        return _init(config, _stds(config)["classifier"])
+    def head(self, config: ModernBertConfig, name: str, outputs: int, reads: str):
+        """transformers' ModernBertFor* heads: the prediction head, then dropout and the task's
+        dense layer. The encoder runs the prediction head and its dropout (classifier_dropout)
+        on its pooled row, and with token_head over the tokens, since the masked-LM model
+        shares it; the module is the dense layer, with no dropout of its own."""
+        return family.Head(
+            reads,
+            0.0,
+            family.projection(config, outputs, name, _init(config, _stds(config)["classifier"])),
+            modernbert_hf.head_tensors(config, name, outputs),
+        )
 
     def pretraining_model(self, config: ModernBertConfig) -> MaskedLM:
         return MaskedLM(config)
@@ -135,15 +139,6 @@ class ModernBert(family.EncoderFamily):
             method=modernbert_rtd.Discriminator.replaced_logits,
         )  # [b, s]
 
-    def mlm_logits(self, config, params, input_ids, token_type_ids, attention_mask, positions):
-        return (
-            MaskedLM(config)
-            .apply(
-                {"params": params}, input_ids, None, attention_mask, positions, deterministic=True
-            )
-            .mlm_logits
-        )  # [b, p, v]
-
     # ---------------------------------------------------------------- transformers
 
     def read_transformers(
@@ -156,10 +151,10 @@ class ModernBert(family.EncoderFamily):
     ):
         # pretraining_heads changes nothing here: ModernBERT's prediction head is also its
         # classifiers' pooling, so a missing one is made fresh either way (and not warned of).
-        return modernbert_hf.read(path, hf_config, architecture=self.bert_architecture, **overrides)
+        return modernbert_hf.read(path, hf_config, **overrides)
 
     def encoder_files(self, config: ModernBertConfig, params: Any) -> tuple[dict, dict]:
-        return modernbert_hf.encoder_files(config, params, self.architecture)
+        return modernbert_hf.encoder_files(config, params)
 
     def write_transformers(
         self,
@@ -178,7 +173,6 @@ class ModernBert(family.EncoderFamily):
             tokenizer=tokenizer,
             head=head,
             untrained=untrained,
-            architecture=self.architecture,
         )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import flax.linen as nn
@@ -39,6 +39,8 @@ from bertjax.encoders.modernbert.model import (
 ENCODER = capability.ENCODER
 HF_PREFIX = "model."
 TIED_DECODER = "decoder.weight"
+# transformers' ModernBERT classes: ModernBert<task class>, e.g. ModernBertForQuestionAnswering.
+CLASS_PREFIX = "ModernBert"
 # transformers' name of a task's dense layer in every ModernBertFor* class.
 HF_CLASSIFIER = "classifier"
 
@@ -195,6 +197,18 @@ def directory_specs(
     return specs
 
 
+def head_tensors(config: ModernBertConfig, name: str, outputs: int) -> tuple[hf.TensorSpec, ...]:
+    """The tensor map of a ModernBERT task head, whatever it reads: the prediction head
+    (head.dense -> GELU -> head.norm, kept in the encoder's tree as "head": the masked-LM
+    model shares it) and the task's dense layer, "classifier" [outputs, h] in every
+    ModernBertFor* class, `name` in our tree."""
+    return tuple(
+        hf.TensorSpec(*dataclasses.astuple(spec.tensor), spec.group)
+        for spec in directory_specs(config, name, outputs)
+        if spec.group != CORE
+    )
+
+
 def _transformers_head(head) -> capability.TransformersHead:
     th = capability.of(head).transformers_head(head)
     if th is None:
@@ -205,26 +219,14 @@ def _transformers_head(head) -> capability.TransformersHead:
     return th
 
 
-def read(
-    path: str | os.PathLike,
-    hf_config: Mapping[str, Any],
-    *,
-    architecture: Callable[[str], str],
-    **overrides,
-):
+def read(path: str | os.PathLike, hf_config: Mapping[str, Any], **overrides):
     """Reads a transformers ModernBERT directory: (config, params, head or None, the groups
-    the files lacked, freshly initialised). `architecture` names BERT's class of a
-    ModernBertFor* class (the capabilities know BERT's names)."""
+    the files lacked, freshly initialised)."""
     # A missing prediction head is made fresh, pretraining or not: it is also the
     # classifiers' pooling (and not warned of).
     directory = fs.path(path)
     config = ModernBertConfig.from_hf_dict(hf_config, **{"dtype": "float32", **overrides})
-    # The capabilities know BERT's class names: ask them with this family's translated.
-    as_bert = {
-        **hf_config,
-        "architectures": [architecture(a) for a in hf_config.get("architectures") or []],
-    }
-    head = capability.head_from_transformers(as_bert)
+    head = capability.head_from_transformers(hf_config, CLASS_PREFIX)
     th = None if head is None else _transformers_head(head)
     specs = directory_specs(
         config, None if th is None else th.param, 0 if th is None else th.outputs
@@ -283,12 +285,10 @@ def read(
     return config, params, head, tuple(sorted(fresh_groups))
 
 
-def encoder_files(
-    config: ModernBertConfig, params: Any, architecture: Callable[[str], str]
-) -> tuple[dict, dict]:
+def encoder_files(config: ModernBertConfig, params: Any) -> tuple[dict, dict]:
     """(config.json, tensors) of the encoder alone, as `write` writes an untrained head's
     model (ModernBertModel)."""
-    return _files(config, params, None, (MLM_HEAD,), architecture)
+    return _files(config, params, None, (MLM_HEAD,))
 
 
 def write(
@@ -299,13 +299,12 @@ def write(
     tokenizer: Any = None,
     head: Any = None,
     untrained: Sequence[str] = (),
-    architecture: Callable[[str], str],
 ) -> None:
     """Writes a transformers directory: config.json, model.safetensors, tokenizer files."""
     hf.require_safetensors()
     if tokenizer is not None:
         hf.check_vocab(config, tokenizer, f"saving to {directory}")
-    hf_config, tensors = _files(config, params, head, untrained, architecture)
+    hf_config, tensors = _files(config, params, head, untrained)
     target = fs.path(directory)
     with hf.staged(target) as staging:
         hf.write_json(staging / hf.CONFIG_NAME, hf_config)
@@ -321,7 +320,6 @@ def _files(
     params: Any,
     head: Any,
     untrained: Sequence[str],
-    architecture: Callable[[str], str],
 ) -> tuple[dict, dict[str, np.ndarray]]:
     """(config.json, tensors): ModernBertForMaskedLM, ModernBertModel (an untrained
     prediction head: the encoder alone) or the class of `head`."""
@@ -347,7 +345,7 @@ def _files(
             hf_config["architectures"] = ["ModernBertModel"]
     else:
         specs = directory_specs(config, th.param, th.outputs)
-        hf_config["architectures"] = [architecture(th.architecture)]
+        hf_config["architectures"] = [CLASS_PREFIX + th.task_class]
         labels = {str(i): f"LABEL_{i}" for i in range(th.outputs)}
         hf_config.update({"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}})
         hf_config.update(th.config)

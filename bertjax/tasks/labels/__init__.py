@@ -13,7 +13,7 @@ In transformers the heads are BertForSequenceClassification and BertForTokenClas
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bertjax import capability, heads
@@ -22,12 +22,12 @@ from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.labels.predict import predict
 from bertjax.tasks.labels.task import HeadTask
 
-# transformers' class and problem_type for each task.
-HF_ARCHITECTURES = {
-    label_heads.CLASSIFICATION: "BertForSequenceClassification",
-    label_heads.REGRESSION: "BertForSequenceClassification",
-    label_heads.MULTI_LABEL: "BertForSequenceClassification",
-    label_heads.TOKEN_CLASSIFICATION: "BertForTokenClassification",
+# transformers' task class (<Family>For...) and problem_type for each task.
+HF_TASK_CLASSES = {
+    label_heads.CLASSIFICATION: "ForSequenceClassification",
+    label_heads.REGRESSION: "ForSequenceClassification",
+    label_heads.MULTI_LABEL: "ForSequenceClassification",
+    label_heads.TOKEN_CLASSIFICATION: "ForTokenClassification",
 }
 HF_PROBLEM_TYPES = {
     label_heads.CLASSIFICATION: "single_label_classification",
@@ -67,20 +67,21 @@ class Labels(capability.Capability):
         if head.task in HF_PROBLEM_TYPES:
             config["problem_type"] = HF_PROBLEM_TYPES[head.task]
         return TransformersHead(
-            HF_ARCHITECTURES[head.task],
+            HF_TASK_CLASSES[head.task],
             heads.CLASSIFIER,
             head.num_outputs,
-            pooler=not self.token_level(head),
+            reads=capability.TOKENS if self.token_level(head) else capability.POOLED,
             config=config,
         )
 
-    def head_from_transformers(self, hf_config: Mapping[str, Any]) -> HeadSpec | None:
-        """The head of a BertForSequenceClassification or BertForTokenClassification
+    def head_from_transformers(
+        self, hf_config: Mapping[str, Any], task_classes: Sequence[str]
+    ) -> HeadSpec | None:
+        """The head of a <Family>ForSequenceClassification or <Family>ForTokenClassification
         config.json (its labels from id2label)."""
-        architectures = hf_config.get("architectures") or []
-        if HF_ARCHITECTURES[label_heads.TOKEN_CLASSIFICATION] in architectures:
+        if HF_TASK_CLASSES[label_heads.TOKEN_CLASSIFICATION] in task_classes:
             task = label_heads.TOKEN_CLASSIFICATION
-        elif HF_ARCHITECTURES[label_heads.CLASSIFICATION] in architectures:
+        elif HF_TASK_CLASSES[label_heads.CLASSIFICATION] in task_classes:
             problem = hf_config.get("problem_type")
             tasks = {problem_type: task for task, problem_type in HF_PROBLEM_TYPES.items()}
             if problem is not None and problem not in tasks:

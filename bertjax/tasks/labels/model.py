@@ -1,9 +1,10 @@
 """The label heads: classification, regression, multi-label and token labels.
 
-A label model is the encoder of the config's family (parameters under "bert") plus a
-"classifier" dense layer (bertjax.heads.dense_head), with the family's dropout before it (BERT:
-the config's hidden_dropout, 0.1, google's and transformers' rate; ModernBERT's encoder applies
-classifier_dropout after its head):
+A label model is the encoder of the config's family (parameters under capability.ENCODER)
+plus the family's head named "classifier" (EncoderFamily.head: its module and tensor map), with
+the head's dropout before it (BERT: the config's hidden_dropout, 0.1, google's and
+transformers' rate; ELECTRA: classifier_rate; ModernBERT's encoder applies classifier_dropout
+after its prediction head):
 
   classification        pooled output -> [batch, labels] logits, softmax cross-entropy
                         (one sentence or a pair; a pair is one [CLS] A [SEP] B [SEP] input)
@@ -28,11 +29,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import encoders, sharding
+from bertjax import capability, encoders, sharding
 from bertjax.capability import ENCODER
 from bertjax.encoders.bert.model import Dropout
 from bertjax.encoders.family import EncoderConfig
-from bertjax.heads import HeadSums, dense_head
+from bertjax.heads import CLASSIFIER, HeadSums
 from bertjax.sharding import ACTIVATION_EMBED, BATCH, LABELS, LENGTH
 from bertjax.tokenizer import Tokenizer
 
@@ -84,9 +85,11 @@ class SequenceClassifier(nn.Module):
             packed_length=packed_length,
             cls_only=True,  # the pooled output reads only [CLS]
         )  # [b, h]
-        rate = encoders.family_of(self.config).head_dropout(self.config)
-        pooled = Dropout(rate)(pooled, deterministic=deterministic)
-        logits = dense_head(self.config, self.num_outputs)(pooled)  # [b, labels]
+        head = encoders.family_of(self.config).head(
+            self.config, CLASSIFIER, self.num_outputs, capability.POOLED
+        )
+        pooled = Dropout(head.dropout)(pooled, deterministic=deterministic)
+        logits = head.module(pooled)  # [b, labels]
         return sharding.constrain(logits, (BATCH, LABELS))
 
 
@@ -115,11 +118,12 @@ class TokenClassifier(nn.Module):
             packed_length=packed_length,
             token_head=True,
         )  # [b, s, h]
+        head = family.head(self.config, CLASSIFIER, self.num_outputs, capability.TOKENS)
         sequence = sharding.constrain(
-            Dropout(family.head_dropout(self.config))(sequence, deterministic=deterministic),
+            Dropout(head.dropout)(sequence, deterministic=deterministic),
             (BATCH, LENGTH, ACTIVATION_EMBED),
         )
-        logits = dense_head(self.config, self.num_outputs)(sequence)  # [b, s, labels]
+        logits = head.module(sequence)  # [b, s, labels]
         return sharding.constrain(logits, (BATCH, LENGTH, LABELS))
 
 

@@ -6,13 +6,14 @@
     metrics.py  the official SQuAD v1.1 / v2.0 scorer
     task.py     the fine-tuning task (config.task=question_answering, config.qa)
     answer.py   Model.answer, as transformers' question-answering pipeline answers
-In transformers the model is BertForQuestionAnswering (qa_outputs [2, hidden], no pooler).
+In transformers the model is <Family>ForQuestionAnswering (BERT's: qa_outputs [2, hidden], no
+pooler).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from bertjax import capability
@@ -21,7 +22,8 @@ from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa.answer import answer
 from bertjax.tasks.qa.task import QuestionAnsweringTask
 
-HF_ARCHITECTURE = "BertForQuestionAnswering"
+# transformers' task class: <Family>ForQuestionAnswering.
+HF_TASK_CLASS = "ForQuestionAnswering"
 
 
 class QuestionAnswering(capability.Capability):
@@ -45,10 +47,12 @@ class QuestionAnswering(capability.Capability):
         return functools.partial(qa_model.init_params, qa_model.QuestionAnswering(config))
 
     def transformers_head(self, head: HeadSpec) -> TransformersHead:
-        return TransformersHead(HF_ARCHITECTURE, qa_model.HEAD_NAME, 2, pooler=False)
+        return TransformersHead(HF_TASK_CLASS, qa_model.HEAD_NAME, 2, reads=capability.TOKENS)
 
-    def head_from_transformers(self, hf_config: Mapping[str, Any]) -> HeadSpec | None:
-        if HF_ARCHITECTURE in (hf_config.get("architectures") or []):
+    def head_from_transformers(
+        self, hf_config: Mapping[str, Any], task_classes: Sequence[str]
+    ) -> HeadSpec | None:
+        if HF_TASK_CLASS in task_classes:
             return HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS)
         return None
 

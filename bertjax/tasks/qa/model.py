@@ -10,7 +10,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import encoders, heads, sharding, steps
+from bertjax import capability, encoders, heads, sharding, steps
 from bertjax.capability import ENCODER
 from bertjax.encoders.family import EncoderConfig
 from bertjax.heads import HeadSums
@@ -26,9 +26,9 @@ HEAD_LABELS = ("start", "end")
 # ----------------------------------------------------------------------------- the head
 
 
-def qa_outputs(config: EncoderConfig) -> nn.Dense:
-    """The head's dense layer [hidden, 2] (bertjax.heads.dense_head)."""
-    return heads.dense_head(config, 2, HEAD_NAME)
+def qa_outputs(config: EncoderConfig) -> nn.Module:
+    """The family's span head "qa_outputs" (EncoderFamily.head): [b, s, h] -> [b, s, 2]."""
+    return encoders.family_of(config).head(config, HEAD_NAME, 2, capability.TOKENS).module
 
 
 class QuestionAnswering(nn.Module):

@@ -442,7 +442,7 @@ def from_pretrained(config: Seq2SeqConfig, fresh: Mapping, pretrained: Mapping) 
     if ENCODER not in pretrained:
         raise ValueError(
             f"pretrained params hold {sorted(pretrained)}; expected BertForPreTraining's tree "
-            "with a 'bert' entry"
+            f"with a {ENCODER!r} entry"
         )
     bert = pretrained[ENCODER]
     if STACKED_LAYERS in bert.get("encoder", {}):
