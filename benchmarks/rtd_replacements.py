@@ -1,44 +1,57 @@
 """What a replaced-token detector can learn from which replacements, on the CPU demo's data.
 
     python benchmarks/rtd_replacements.py --data runs/electra_tiny/data
-        [--replacements generator uniform unigram] [--steps 300] [--every 50]
+        [--replacements generator uniform unigram neighbour] [--steps 300] [--every 50]
 
 Trains configs/electra_tiny.py's two networks (the discriminator L2/H128, the generator half
 as wide, shared embeddings, lambda 50, AdamW with the demo's warmup and linear decay) on the
 demo's prepared data (`python train.py --config configs/electra_tiny.py --workdir
-runs/electra_tiny` writes it), the masked positions filled three ways:
+runs/electra_tiny` writes it), the masked positions filled four ways:
 
   generator  ELECTRA's: drawn from the generator (the objective as it trains);
   uniform    a token drawn uniformly from the vocabulary, whatever the generator says;
   unigram    a token drawn from the training rows' own tokens (the corpus's unigram
-             distribution), whatever the generator says.
+             distribution), whatever the generator says;
+  neighbour  the original token just before the position (a row reads "x x" there): found
+             by looking one token back, a task of context alone but the simplest one.
 
 A uniform draw is told apart by the token alone (a rare piece is likely a replacement); a
 unigram draw only by its context, which is also what the generator's draws need once the
-generator knows the unigram distribution. Every --every steps it prints the discriminator's
-accuracy beside calling every token original, its precision, recall and AUC on replaced
-tokens over those steps' training batches, and the generator's accuracy.
+generator knows the unigram distribution; a neighbour's copy by whether a token repeats the
+one before it, which needs attention to the previous position and nothing else. Every
+--every steps it prints the discriminator's accuracy beside calling every token original,
+its precision, recall and AUC on replaced tokens over those steps' training batches, and the
+generator's accuracy.
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
+import sys
 import time
 
-import flax.linen as nn
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
+REPO = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
 
-from bertjax.data.loader import make_loader
-from bertjax.data.masking import MaskingSettings
-from bertjax.encoders.electra import generator as generator_lib
-from bertjax.encoders.electra import rtd as rtd_model
-from bertjax.encoders.electra.config import ElectraConfig
-from bertjax.pretrain import objectives
-from bertjax.pretrain.objectives.rtd.objective import RtdStep, gumbel_sample
-from configs import electra_tiny
+import flax.linen as nn  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from bertjax.data.loader import make_loader  # noqa: E402
+from bertjax.data.masking import MaskingSettings  # noqa: E402
+from bertjax.encoders.electra import generator as generator_lib  # noqa: E402
+from bertjax.encoders.electra import rtd as rtd_model  # noqa: E402
+from bertjax.encoders.electra.config import ElectraConfig  # noqa: E402
+from bertjax.pretrain import objectives  # noqa: E402
+from bertjax.pretrain.objectives.rtd.objective import (  # noqa: E402
+    RtdStep,
+    gumbel_sample,
+    originals,
+)
+from configs import electra_tiny  # noqa: E402
 
 SHOWN = (
     "discriminator_accuracy",
@@ -62,11 +75,32 @@ def _unigram_table(data: str, masking: MaskingSettings, rows: int = 640) -> jax.
 
 
 def sampler(name: str, vocab_size: int, table: jax.Array):
+    """`(logits [b, p, v], key, batch) -> replacements [b, p]` of a --replacements name."""
     if name == "generator":
-        return gumbel_sample
+        return lambda logits, key, batch: gumbel_sample(logits, key)
     if name == "uniform":
-        return lambda logits, key: jax.random.randint(key, logits.shape[:-1], 5, vocab_size)
-    return lambda logits, key: table[jax.random.randint(key, logits.shape[:-1], 0, len(table))]
+        return lambda logits, key, batch: jax.random.randint(key, logits.shape[:-1], 5, vocab_size)
+    if name == "neighbour":
+
+        def previous_token(logits, key, batch):
+            before = jnp.maximum(jnp.asarray(batch["masked_lm_positions"]) - 1, 0)  # [b, p]
+            return jnp.take_along_axis(originals(batch), before.astype(jnp.int32), axis=1)
+
+        return previous_token
+    return lambda logits, key, batch: table[
+        jax.random.randint(key, logits.shape[:-1], 0, len(table))
+    ]
+
+
+class ReplacedBy(RtdStep):
+    """RTD's step with the replacements drawn by `sampler` (which may read the batch)."""
+
+    def __init__(self, model, weight, draw):
+        super().__init__(model, weight, sample=lambda logits, key: draw(logits, key, self.batch))
+
+    def sums(self, params, batch, **kwargs):
+        self.batch = batch  # read by the sampler within this same trace
+        return super().sums(params, batch, **kwargs)
 
 
 def run(name: str, args, config, table) -> None:
@@ -81,10 +115,10 @@ def run(name: str, args, config, table) -> None:
     )
     generator = generator_lib.generator_config(model_config, config.generator_hidden_fraction)
     params = nn.meta.unbox(rtd_model.init(model_config, generator)(jax.random.key(0)))
-    step = RtdStep(
+    step = ReplacedBy(
         rtd_model.ReplacedTokenDetection(model_config, generator),
         config.rtd_weight,
-        sample=sampler(name, model_config.vocab_size, table),
+        sampler(name, model_config.vocab_size, table),
     )
     rate, warmup = config.optimizer.learning_rate, config.optimizer.warmup_steps
     schedule = optax.join_schedules(
@@ -121,7 +155,9 @@ def run(name: str, args, config, table) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="the demo run's prepared data directory")
-    parser.add_argument("--replacements", nargs="+", default=["generator", "uniform", "unigram"])
+    parser.add_argument(
+        "--replacements", nargs="+", default=["generator", "uniform", "unigram", "neighbour"]
+    )
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--every", type=int, default=50)
     args = parser.parse_args()

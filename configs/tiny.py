@@ -9,6 +9,8 @@ of a tiny model only (the base and large presets keep google's): no dropout and 
 initializer_range. benchmarks/plateau.py measures each choice below on this corpus and on
 Penn Treebank text; the step at which eval MLM accuracy reaches 1.5x the unigram baseline is
 quoted as "leaves the plateau at".
+
+    python train.py --config configs/tiny.py --workdir runs/tiny
 """
 
 from configs import default
