@@ -21,27 +21,26 @@ from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
+from tests.helpers.trainer import short_run_config
 from tests.helpers.xla_env import subprocess_env
 
 
 def modern_config(data_dir, **overrides):
     """configs/modernbert_tiny.py on conftest's packed synthetic data, short, with two of its
     four layers: the first global, the second local, as in the recipe's pattern."""
-    config = modernbert_tiny.get_config()
-    config.model.num_layers = 2
-    config.data.dir = str(data_dir)
-    config.data.max_seq_length = 64
-    config.data.max_predictions_per_seq = 20  # 30% of 64
-    config.model.local_attention = 16  # local layers see 8 tokens each side of 64
-    config.batch_size = 16
+    config = short_run_config(
+        modernbert_tiny,
+        data_dir,
+        steps=8,
+        batch_size=16,
+        warmup_steps=2,
+        predictions=20,  # 30% of 64
+        eval_every=4,
+        checkpoint_every=4,
+    )
+    config.model.update(num_layers=2, local_attention=16)  # local layers see 8 each side of 64
     config.batch_warmup_start = 8
     config.batch_warmup_steps = 4  # 8, 8, 16, 16, ... rows
-    config.num_train_steps = 8
-    config.log_every_steps = 1
-    config.eval_every_steps = 4
-    config.eval_batches = 1
-    config.checkpoint_every_steps = 4
-    config.optimizer.warmup_steps = 2
     config.optimizer.decay_steps = 0  # the rates do not depend on num_train_steps
     config.fill_mask_samples = 0
     config.update_from_flattened_dict(overrides)

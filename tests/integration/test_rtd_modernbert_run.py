@@ -22,7 +22,7 @@ from bertjax.inference import InferenceError
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
-from tests.helpers.trainer import finetune_in_place
+from tests.helpers.trainer import finetune_in_place, short_run_config
 from tests.helpers.xla_env import subprocess_env
 
 TEXTS = ["the cat sat on the mat today", "dogs run fast in the park"]
@@ -32,28 +32,24 @@ STEPS = 12
 def _config(data_dir: pathlib.Path):
     """configs/modernbert_tiny.py with objective rtd on conftest's packed data, two layers of
     64 and a generator half as wide (32, one head)."""
-    config = modernbert_tiny.get_config()
-    config.objective = "rtd"
-    config.generator_hidden_fraction = 0.5
+    config = short_run_config(
+        modernbert_tiny,
+        data_dir,
+        steps=STEPS,
+        batch_size=16,
+        warmup_steps=2,
+        predictions=20,  # 30% of 64
+        eval_every=STEPS,
+        eval_batches=2,
+        checkpoint_every=6,
+    )
+    config.update(objective="rtd", generator_hidden_fraction=0.5, fill_mask_samples=2)
     config.model.update(
         dict(num_layers=2, hidden_size=64, num_heads=2, intermediate_size=96, local_attention=16)
     )
-    config.data.dir = str(data_dir)
-    config.data.max_seq_length = 64
-    config.data.max_predictions_per_seq = 20  # 30% of 64
-    config.batch_size = 16
-    config.batch_warmup_start = 16
-    config.batch_warmup_steps = 0
-    config.grad_accum_steps = 2
+    config.update(batch_warmup_start=16, batch_warmup_steps=0, grad_accum_steps=2)
     config.mesh_shape = (4, 2, 1)
-    config.num_train_steps = STEPS
-    config.log_every_steps = 1
-    config.eval_every_steps = STEPS
-    config.eval_batches = 2
-    config.checkpoint_every_steps = 6
-    config.optimizer.warmup_steps = 2
     config.optimizer.decay_steps = 0
-    config.fill_mask_samples = 2
     return config
 
 

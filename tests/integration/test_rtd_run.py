@@ -23,30 +23,27 @@ from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objectives import rtd
 from bertjax.pretrain.settings import PretrainSettings
 from configs import electra_tiny
-from tests.helpers.trainer import finetune_in_place
+from tests.helpers.trainer import finetune_in_place, short_run_config
 from tests.helpers.xla_env import subprocess_env
 
 TEXTS = ["the cat sat on the mat today", "dogs run fast in the park", "one"]
 
 
 def _config(data_dir: pathlib.Path):
-    config = electra_tiny.get_config()
-    config.data.dir = str(data_dir)
-    config.data.max_seq_length = 64
-    config.data.max_predictions_per_seq = 10
+    config = short_run_config(
+        electra_tiny,
+        data_dir,
+        steps=8,
+        batch_size=16,
+        warmup_steps=2,
+        eval_every=8,
+        eval_batches=2,
+        checkpoint_every=4,
+    )
     config.model.update(
         dict(num_layers=1, hidden_size=64, num_heads=1, intermediate_size=128, embedding_size=32)
     )
-    config.generator_hidden_fraction = 0.5
-    config.batch_size = 16
-    config.grad_accum_steps = 2
-    config.mesh_shape = (4, 2, 1)
-    config.num_train_steps = 8
-    config.log_every_steps = 1
-    config.eval_every_steps = 8
-    config.eval_batches = 2
-    config.checkpoint_every_steps = 4
-    config.optimizer.warmup_steps = 2
+    config.update(generator_hidden_fraction=0.5, grad_accum_steps=2, mesh_shape=(4, 2, 1))
     config.fill_mask_samples = 2
     return config
 
