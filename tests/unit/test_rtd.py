@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra import rtd as rtd_model
-from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.pretrain import objectives
 from bertjax.pretrain.objectives.rtd import objective as objective_lib
 from bertjax.pretrain.objectives.rtd.objective import (
@@ -33,18 +32,16 @@ from bertjax.pretrain.objectives.rtd.objective import (
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from configs import electra_tiny
+from tests.helpers.encoders import SMALL_CONFIGS
 
 RTD = objectives.get("rtd")
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 SPECIALS = (PAD, 1, CLS, SEP, MASK)
 VOCAB = 50
-CONFIG = ElectraConfig(
+CONFIG = dataclasses.replace(
+    SMALL_CONFIGS["electra"],
     vocab_size=VOCAB,
-    embedding_size=16,
-    hidden_size=32,
     num_layers=1,
-    num_heads=2,
-    intermediate_size=64,
     max_position_embeddings=32,
     hidden_dropout=0.0,
     attention_dropout=0.0,

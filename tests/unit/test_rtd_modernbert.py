@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 
 from bertjax import encoders
-from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.encoders.modernbert import rtd
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import MaskedLM, init_masked_lm
 from bertjax.pretrain.objectives.rtd.objective import RtdStep
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
+from tests.helpers.encoders import SMALL_CONFIGS
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 VOCAB = 50
@@ -44,12 +44,9 @@ CONFIG = ModernBertConfig(
 FAMILY = encoders.family_of(CONFIG)
 # ELECTRA's networks on the same rows, for what every family's replaced-token detection does
 # with packed documents.
-ELECTRA = ElectraConfig(
+ELECTRA = dataclasses.replace(
+    SMALL_CONFIGS["electra"],
     vocab_size=VOCAB,
-    embedding_size=16,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
     intermediate_size=48,
     max_position_embeddings=SEQ,
     initializer_range=0.2,

@@ -2,6 +2,7 @@
 methods: each fault is refused in one line naming the file and line (or record) and the
 field, or the argument, before a tokenizer or a compiled function sees it."""
 
+import dataclasses
 import json
 
 import jax
@@ -27,15 +28,15 @@ from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
 from bertjax.tasks.seq2seq import model as s2s
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.seq2seq_task import bert_config, make_config, source, write_data  # noqa: F401
 
 WORDS = [f"w{i}" for i in range(40)]
 TOKENIZER = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])
-CONFIG = BertConfig(
+CONFIG = dataclasses.replace(
+    SMALL_BERT,
     vocab_size=len(WORDS) + 5,
-    hidden_size=32,
     num_layers=1,
-    num_heads=2,
     intermediate_size=48,
     max_position_embeddings=32,
 )
