@@ -21,7 +21,7 @@ from configs import tiny
 from tests.helpers import glue_data
 from tests.helpers.corpora import ONE_LAYER
 from tests.helpers.trainer import short_run_config
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.xla_env import run_process
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DOWNLOAD_TASKS = ("sst2", "mrpc", "stsb", "mnli")
@@ -91,13 +91,7 @@ CLI_FIELDS = (
 
 def evaluate(*args: str) -> subprocess.CompletedProcess:
     """`python evaluate.py ARGS` as a user runs it."""
-    return subprocess.run(
-        [sys.executable, str(REPO / "evaluate.py"), *args],
-        env=subprocess_env(1),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_process([sys.executable, str(REPO / "evaluate.py"), *args], devices=1)
 
 
 @pytest.fixture(scope="module")
