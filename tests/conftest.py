@@ -61,9 +61,9 @@ from tests.helpers import gcs_emulator  # noqa: E402
 from tests.helpers.corpora import (  # noqa: E402
     ONE_LAYER,
     finetune_config,
+    topic_task,
     topic_words,
     write_corpus,
-    write_topic_csv,
 )
 from tests.helpers.trainer import short_run_config  # noqa: E402
 from tests.helpers.xdist_schedule import CrashTolerantFileScheduling  # noqa: E402
@@ -267,10 +267,7 @@ def finetuned_run(pretrained_run, tmp_path_factory):
     init_from, topics = pretrained_run
     root = tmp_path_factory.mktemp("classification")
     fields = {
-        "task": "classification",
-        "data.train": str(write_topic_csv(root / "train.csv", topics, 320, seed=1)),
-        "data.validation": str(write_topic_csv(root / "dev.csv", topics, 64, seed=2)),
-        "data.test": str(write_topic_csv(root / "test.csv", topics, 12, seed=3)),
+        **topic_task(root, topics, train=320, validation=64, test=12),
         "num_epochs": 4,
         "optimizer.learning_rate": 1e-3,
     }

@@ -128,32 +128,12 @@ def test_worker_threads_do_not_change_batches(data_dir):
 
 
 def test_eval_loader_is_identical_across_passes(data_dir):
-    loader = make_loader(
-        data_dir,
-        split="eval",
-        batch_size=8,
-        shuffle=False,
-        num_epochs=1,
-        process_count=1,
-        process_index=0,
-    )
+    one_pass = dict(split="eval", shuffle=False, num_epochs=1, process_count=1, process_index=0)
+    loader = make_loader(data_dir, batch_size=8, **one_pass)
     first, second = list(loader), list(loader)
     assert len(first) == loader.num_examples // 8 == len(loader) > 0
     assert_same(first, second)
-    assert_same(
-        first,
-        list(
-            make_loader(
-                data_dir,
-                split="eval",
-                batch_size=8,
-                shuffle=False,
-                num_epochs=1,
-                process_count=1,
-                process_index=0,
-            )
-        ),
-    )
+    assert_same(first, list(make_loader(data_dir, batch_size=8, **one_pass)))
 
 
 def test_whole_word_masking_through_the_loader(data_dir):
