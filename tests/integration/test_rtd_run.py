@@ -20,7 +20,7 @@ from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objectives import rtd
 from bertjax.pretrain.settings import PretrainSettings
 from configs import electra_tiny
-from tests.helpers.rtd_runs import opened_in_a_fresh_process, scores
+from tests.helpers.replaced_tokens import opened_in_a_fresh_process, scores
 from tests.helpers.trainer import finetune_in_place, read_losses, short_run_config
 
 TEXTS = ["the cat sat on the mat today", "dogs run fast in the park", "one"]

@@ -33,6 +33,7 @@ from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from configs import electra_tiny
 from tests.helpers.encoders import SMALL_CONFIGS
+from tests.helpers.replaced_tokens import loss_gradients
 
 RTD = objectives.get("rtd")
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
@@ -205,14 +206,7 @@ def test_the_sample_is_detached():
     sums = _sums()(params, rng)
     assert float(sums.replaced) > 0  # the test means something: some tokens were replaced
 
-    @jax.jit
-    def grads(p):
-        def part(name):
-            return lambda q: getattr(step.sums(q, batch, rng=rng, deterministic=True), name)
-
-        return jax.grad(part("discriminator_loss"))(p), jax.grad(part("generator_loss"))(p)
-
-    disc, gen = grads(params)
+    disc, gen = loss_gradients(step, params, batch, rng)
     for leaf in jax.tree.leaves(disc["generator"]):
         assert not np.any(np.asarray(leaf))
     assert any(np.any(np.asarray(leaf)) for leaf in jax.tree.leaves(disc["discriminator_head"]))

@@ -21,6 +21,7 @@ from bertjax.pretrain.objectives.rtd.objective import RtdStep
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
 from tests.helpers.encoders import SMALL_CONFIGS
+from tests.helpers.replaced_tokens import loss_gradients
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 VOCAB = 50
@@ -198,14 +199,7 @@ def test_the_loss_is_finite_and_its_gradient_reaches_both_networks():
     step = RtdStep(detector.model, 50.0)
     rng = jax.random.key(3)
 
-    @jax.jit
-    def grads(p):
-        def part(name):
-            return lambda q: getattr(step.sums(q, rows, rng=rng, deterministic=True), name)
-
-        return jax.grad(part("discriminator_loss"))(p), jax.grad(part("generator_loss"))(p)
-
-    disc, gen = grads(params)
+    disc, gen = loss_gradients(step, params, rows, rng)
 
     def moves(tree):
         return any(np.any(np.asarray(leaf) != 0) for leaf in jax.tree.leaves(tree))

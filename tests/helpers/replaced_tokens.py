@@ -1,7 +1,10 @@
-"""What a replaced-token detection run of any family is read with: the discriminator's marks
-on texts, in this process and in a fresh one (the notebook's road)."""
+"""What the replaced-token detection tests of every family share: the gradients of the two
+losses, and the discriminator's marks on texts, in this process and in a fresh one (the
+notebook's road)."""
 
 import json
+
+import jax
 
 from tests.helpers.xla_env import script_json
 
@@ -37,3 +40,17 @@ def opened_in_a_fresh_process(workdir, texts: list[str], cwd) -> dict:
 def scores(model, texts: list[str]) -> list[list[float]]:
     """Each text's tokens' replaced-token probabilities from `model` (a bertjax.Model)."""
     return [[token["score"] for token in text] for text in model.replaced(texts)]
+
+
+def loss_gradients(step, params, batch, rng) -> tuple:
+    """(gradient of the discriminator's loss, gradient of the generator's loss) with respect to
+    `params`, of an RtdStep `step` on `batch`, deterministic, with the sample drawn by `rng`."""
+
+    @jax.jit
+    def grads(p):
+        def part(name):
+            return lambda q: getattr(step.sums(q, batch, rng=rng, deterministic=True), name)
+
+        return jax.grad(part("discriminator_loss"))(p), jax.grad(part("generator_loss"))(p)
+
+    return grads(params)
