@@ -61,10 +61,11 @@ from tests.helpers import gcs_emulator  # noqa: E402
 from tests.helpers.corpora import (  # noqa: E402
     ONE_LAYER,
     finetune_config,
+    topic_task,
     topic_words,
     write_corpus,
-    write_topic_csv,
 )
+from tests.helpers.trainer import short_run_config  # noqa: E402
 from tests.helpers.xdist_schedule import CrashTolerantFileScheduling  # noqa: E402
 
 
@@ -249,18 +250,9 @@ def packed_data(tmp_path_factory):
 def pretrained_run(synthetic_data, synthetic_corpus, tmp_path_factory):
     """(work directory, each topic's words): a one-layer BERT pretrained for 6 steps on the
     synthetic data, the source that fine-tuning tests start from. Tests must not change it."""
-    config = tiny.get_config()
-    config.update_from_flattened_dict(ONE_LAYER)
-    config.data.dir = str(synthetic_data)
-    config.data.max_seq_length = SYNTHETIC_SEQ_LEN
-    config.data.max_predictions_per_seq = SYNTHETIC_PREDICTIONS
-    config.batch_size = 16
-    config.num_train_steps = 6
-    config.log_every_steps = 6
-    config.eval_every_steps = 1000
-    config.eval_batches = 1
-    config.checkpoint_every_steps = 6
-    config.optimizer.warmup_steps = 2
+    config = short_run_config(
+        tiny, synthetic_data, steps=6, batch_size=16, warmup_steps=2, log_every=6, **ONE_LAYER
+    )
     workdir = tmp_path_factory.mktemp("pretrained") / "run"
     pretrain_loop.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
     return workdir, topic_words(synthetic_corpus)
@@ -275,10 +267,7 @@ def finetuned_run(pretrained_run, tmp_path_factory):
     init_from, topics = pretrained_run
     root = tmp_path_factory.mktemp("classification")
     fields = {
-        "task": "classification",
-        "data.train": str(write_topic_csv(root / "train.csv", topics, 320, seed=1)),
-        "data.validation": str(write_topic_csv(root / "dev.csv", topics, 64, seed=2)),
-        "data.test": str(write_topic_csv(root / "test.csv", topics, 12, seed=3)),
+        **topic_task(root, topics, train=320, validation=64, test=12),
         "num_epochs": 4,
         "optimizer.learning_rate": 1e-3,
     }

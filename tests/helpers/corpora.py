@@ -129,6 +129,19 @@ def write_topic_csv(path: pathlib.Path, topics, count: int, seed: int) -> pathli
     return path
 
 
+def topic_task(directory: pathlib.Path, topics, train: int, validation: int, test: int = 0):
+    """finetune_config's fields of topic classification (LABELS) over csv files written into
+    `directory`: `train`, `validation` and, where `test` is given, test rows (seeds 1, 2, 3)."""
+    fields = {
+        "task": "classification",
+        "data.train": str(write_topic_csv(directory / "train.csv", topics, train, seed=1)),
+        "data.validation": str(write_topic_csv(directory / "dev.csv", topics, validation, seed=2)),
+    }
+    if test:
+        fields["data.test"] = str(write_topic_csv(directory / "test.csv", topics, test, seed=3))
+    return fields
+
+
 def finetune_config(init_from, **fields) -> ml_collections.ConfigDict:
     """configs/finetune.py sized for the synthetic tasks, from `init_from`, with `fields`
     (dotted names) set."""

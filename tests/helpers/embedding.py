@@ -9,11 +9,10 @@ import pytest
 
 import bertjax
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.task import head_for
 from bertjax.tokenizer import WordPieceTokenizer
-from tests.helpers import finetune_hf
+from tests.helpers import finetune_hf, modernbert
 from tests.helpers.params import random_init
 
 TOL = 1e-5
@@ -22,20 +21,16 @@ TOL = 1e-5
 CONFIG = dataclasses.replace(finetune_hf.CONFIG, hidden_dropout=0.0, attention_dropout=0.0)
 
 
-# A ModernBERT encoder of the same width: a global layer, two local ones (windows of 8 tokens),
-# a global one; wordpiece's special ids.
-MODERN = ModernBertConfig(
-    vocab_size=99,
-    hidden_size=32,
-    intermediate_size=48,
-    num_layers=4,
-    num_heads=4,
+# A ModernBERT encoder of the same width (helpers/modernbert's small one): a global layer, two
+# local ones (windows of 8 tokens), a global one; transformers' RoPE bases, wordpiece's special
+# ids.
+MODERN = dataclasses.replace(
+    modernbert.SMALL,
     max_position_embeddings=40,
-    local_attention=8,
-    pad_token_id=0,
+    global_rope_theta=160_000.0,
+    local_rope_theta=10_000.0,
     cls_token_id=2,
     sep_token_id=3,
-    dtype="float32",
 )
 
 

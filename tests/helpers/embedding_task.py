@@ -70,12 +70,7 @@ def _config(root: pathlib.Path, **fields):
     config.data.max_seq_length = SEQ
     config.batch_size = 32
     config.eval_batch_size = 64
-    for key, value in fields.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            target = target[parent]
-        target[leaf] = value
+    config.update_from_flattened_dict(fields)
     return config
 
 

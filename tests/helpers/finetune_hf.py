@@ -1,25 +1,23 @@
 """A small BERT with every label head, random parameters, our logits and the batches of the
 fine-tuning step-parity checks against transformers."""
 
+import dataclasses
+
 import jax
 import numpy as np
 
 from bertjax import heads
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert.config import BertConfig
 from bertjax.tasks.labels import model as label_heads
+from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.params import random_init
 
 ATOL = 1e-4
 
 
-CONFIG = BertConfig(
-    vocab_size=99,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=40,
+# Every dimension distinct, so that a swapped axis shows.
+CONFIG = dataclasses.replace(
+    SMALL_BERT, vocab_size=99, num_heads=4, intermediate_size=48, max_position_embeddings=40
 )
 
 

@@ -4,7 +4,6 @@ writes, its losses, leaf hashes and an uninterrupted reference run."""
 import hashlib
 import json
 import pathlib
-import subprocess
 import sys
 
 import jax
@@ -15,7 +14,7 @@ import bertjax
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
 from tests.helpers.corpora import ONE_LAYER
-from tests.helpers.xla_env import REPO, subprocess_env
+from tests.helpers.xla_env import REPO, run_process
 
 SEQ_LEN = 64
 
@@ -105,13 +104,7 @@ def straight_reference(synthetic_data, config_file, shared_by_workers) -> dict:
     def make(directory: pathlib.Path) -> dict:
         workdir = directory / "run"
         values = overrides(synthetic_data, **INTERRUPTED_RUN)
-        subprocess.run(
-            cli(values, str(workdir), config_file),
-            env=subprocess_env(2),
-            check=True,
-            capture_output=True,
-            timeout=300,
-        )
+        run_process(cli(values, str(workdir), config_file), check=True)
         records = map(json.loads, (workdir / "metrics.jsonl").read_text().splitlines())
         return {
             "losses": {r["step"]: r["train/loss"] for r in records if "train/loss" in r},

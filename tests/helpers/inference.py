@@ -1,6 +1,7 @@
 """A work directory bertjax trained (checkpoints at two steps), its model, held-out sentences,
 and how two lists of fill-mask predictions are compared."""
 
+import dataclasses
 import pathlib
 
 import flax.linen as nn
@@ -13,11 +14,11 @@ import pytest
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import data as data_lib
 from bertjax import losses
-from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.inference import Model
 from bertjax.pretrain import samples
 from bertjax.tokenizer import Tokenizer
+from tests.helpers.encoders import SMALL_BERT
 
 ATOL = 1e-4
 
@@ -30,14 +31,8 @@ def workdir(tmp_path_factory, synthetic_data) -> pathlib.Path:
     """A work directory holding a model bertjax trained: checkpoints at two steps."""
     data_dir = synthetic_data
     tokenizer = Tokenizer.load(data_dir / "tokenizer.model")
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=4,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        attention_impl="xla",
+    config = dataclasses.replace(
+        SMALL_BERT, vocab_size=tokenizer.vocab_size, num_heads=4, attention_impl="xla"
     )
     model = BertForPreTraining(config)
     init = jax.jit(lambda key: model.init(key, jnp.zeros((1, 8), jnp.int32))["params"])

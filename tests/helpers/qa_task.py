@@ -42,12 +42,7 @@ def qa_config(init_from, train, validation, **overrides):
     config.task = "question_answering"
     config.data.train = train
     config.data.validation = validation
-    for field, value in overrides.items():
-        *parents, name = field.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[name] = value
+    config.update_from_flattened_dict(overrides)
     return config
 
 

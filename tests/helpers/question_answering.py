@@ -1,14 +1,16 @@
 """Question answering's small BERT, tokenizer, random parameters, logits and synthetic
 examples."""
 
+import dataclasses
+
 import jax
 import numpy as np
 
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert.config import BertConfig
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.params import random_init
 
 ATOL = 1e-4
@@ -20,13 +22,8 @@ WORDS = [f"w{i}" for i in range(40)] + ["q1", "q2", "after", "the", "cat", "pari
 TOKENIZER = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])
 
 
-CONFIG = BertConfig(
-    vocab_size=len(WORDS) + 5,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=64,
+CONFIG = dataclasses.replace(
+    SMALL_BERT, vocab_size=len(WORDS) + 5, num_heads=4, intermediate_size=48
 )
 
 

@@ -1,6 +1,7 @@
 """The sequence-to-sequence tests' tiny BERT, sources, random parameters, logits, the toy
 decoding table and a half-trained reversal model."""
 
+import dataclasses
 import functools
 
 import flax.linen as nn
@@ -9,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax.encoders.bert.config import BertConfig
 from bertjax.tasks.seq2seq import model as s2s
+from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.xla_env import optimized_compiles
 
 VOCAB = 40
@@ -19,12 +20,9 @@ VOCAB = 40
 START, EOS = 2, 3  # [CLS] and [SEP] in this tiny vocabulary; words are 4..39
 
 
-BERT = BertConfig(
+BERT = dataclasses.replace(
+    SMALL_BERT,
     vocab_size=VOCAB,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
-    intermediate_size=64,
     max_position_embeddings=32,
     hidden_dropout=0.0,
     attention_dropout=0.0,

@@ -82,12 +82,7 @@ def make_config(source: pathlib.Path, data: pathlib.Path, **fields):
     config.data.max_target_length = 8
     config.batch_size = 8
     config.eval_batch_size = 8
-    for dotted, value in fields.items():
-        *parents, last = dotted.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        node[last] = value
+    config.update_from_flattened_dict(fields)
     return config
 
 

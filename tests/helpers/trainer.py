@@ -31,18 +31,45 @@ def data_dir(synthetic_data) -> pathlib.Path:
     return synthetic_data
 
 
-def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDict:
-    config = tiny.get_config()
+def short_run_config(
+    recipe,
+    data_dir: pathlib.Path,
+    *,
+    steps: int,
+    batch_size: int,
+    warmup_steps: int,
+    seq_len: int = SEQ_LEN,
+    predictions: int = PREDICTIONS,
+    log_every: int = 1,
+    eval_every: int = 1000,
+    eval_batches: int = 1,
+    checkpoint_every: int | None = None,
+    **fields,
+) -> ml_collections.ConfigDict:
+    """`recipe`'s config (a module of configs/) for a short run over the data prepared in
+    `data_dir`: its length, batch, schedule and what it logs, evaluates and keeps (a checkpoint
+    at the last step unless `checkpoint_every` says otherwise), then `fields` (dotted names, as
+    train.py's --config. flags)."""
+    config = recipe.get_config()
     config.data.dir = str(data_dir)
-    config.data.max_seq_length = SEQ_LEN
-    config.data.max_predictions_per_seq = PREDICTIONS
-    config.batch_size = 32
-    config.num_train_steps = 20
-    config.log_every_steps = 1
-    config.eval_every_steps = 1000
-    config.eval_batches = 4
-    config.checkpoint_every_steps = 10
-    config.optimizer.warmup_steps = 5
+    config.data.max_seq_length = seq_len
+    config.data.max_predictions_per_seq = predictions
+    config.batch_size = batch_size
+    config.num_train_steps = steps
+    config.log_every_steps = log_every
+    config.eval_every_steps = eval_every
+    config.eval_batches = eval_batches
+    config.checkpoint_every_steps = checkpoint_every or steps
+    config.optimizer.warmup_steps = warmup_steps
+    config.update_from_flattened_dict(fields)
+    return config
+
+
+def make_config(data_dir: pathlib.Path, **overrides) -> ml_collections.ConfigDict:
+    """configs/tiny.py for 20 steps of 32 rows over `data_dir`, then `overrides`."""
+    config = short_run_config(
+        tiny, data_dir, steps=20, batch_size=32, warmup_steps=5, eval_batches=4, checkpoint_every=10
+    )
     config.fill_mask_samples = 0
     config.update_from_flattened_dict(overrides)
     return config

@@ -29,10 +29,12 @@ fine-tuning run (70 s, 82 s).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
 import socket
 import subprocess
+import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FUSION_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
@@ -81,6 +83,40 @@ def subprocess_env(device_count: int = 2) -> dict[str, str]:
     env["JAX_PLATFORMS"] = "cpu"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     return env
+
+
+def run_process(
+    args: list[str], devices: int = 2, cwd=None, timeout: float | None = 300, check: bool = False
+) -> subprocess.CompletedProcess:
+    """The command `args` run in a fresh jax process on `devices` CPU devices (subprocess_env),
+    what it printed captured as text; `check` fails on a non-zero exit."""
+    return subprocess.run(
+        args,
+        env=subprocess_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        check=check,
+    )
+
+
+def run_script(
+    script: str, *args, devices: int = 1, cwd=None, timeout: float | None = 300, check=False
+) -> subprocess.CompletedProcess:
+    """`python -c script ARGS` as run_process runs a command (a notebook's code, as a user
+    would run it in a fresh kernel)."""
+    return run_process(
+        [sys.executable, "-c", script, *map(str, args)], devices, cwd, timeout, check
+    )
+
+
+def script_json(script: str, *args, devices: int = 8, cwd=None, timeout: float = 300):
+    """What `script` (run by run_script) printed as JSON on its last line; a script that fails
+    fails the test with the end of its errors."""
+    completed = run_script(script, *args, devices=devices, cwd=cwd, timeout=timeout)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from bertjax import compile_ahead, rundir
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from tests.helpers.corpora import finetune_config as make_config
-from tests.helpers.corpora import write_topic_csv
+from tests.helpers.corpora import topic_task
 
 
 @pytest.mark.slow  # two short runs each: about 30 s
@@ -21,10 +21,7 @@ def test_compiling_ahead_trains_bit_identical_parameters(
 ):
     init_from, topics = pretrained_run
     fields = {
-        "task": "classification",
-        "data.train": str(write_topic_csv(tmp_path / "train.csv", topics, 64, seed=1)),
-        "data.validation": str(write_topic_csv(tmp_path / "dev.csv", topics, 24, seed=2)),
-        "data.test": str(write_topic_csv(tmp_path / "test.csv", topics, 8, seed=3)),
+        **topic_task(tmp_path, topics, train=64, validation=24, test=8),
         "num_epochs": 2,
         "length_bucket": 4,  # sentences of 4 to 7 words: a few widths
         "grad_accum_steps": accumulate,
@@ -76,12 +73,8 @@ def test_a_failed_background_compile_ends_the_run_with_its_error(
     config = make_config(
         init_from,
         compile_ahead=1,
-        task="classification",
         num_epochs=1,
-        **{
-            "data.train": str(write_topic_csv(tmp_path / "train.csv", topics, 32, seed=1)),
-            "data.validation": str(write_topic_csv(tmp_path / "dev.csv", topics, 8, seed=2)),
-        },
+        **topic_task(tmp_path, topics, train=32, validation=8),
     )
     with pytest.raises(compile_ahead.CompileAheadError, match="evaluate.*no room") as info:
         loop.finetune(FinetuneSettings.from_config(config), tmp_path / "run")

@@ -30,6 +30,7 @@ from tests.helpers.encoders import (
     _torch_loss,
 )
 from tests.helpers.finetune_hf_torch import TORCH_WARMUP_STEPS, torch_adamw
+from tests.helpers.finetuning import data_parallel_finetuning
 from tests.helpers.params import max_diff
 
 
@@ -71,7 +72,6 @@ def test_finetuning_classification_from_a_modernbert_directory(tmp_path):
 @pytest.mark.parametrize("case", list(CASES))
 def test_fine_tuning_steps_equal_transformers_step_for_step(case, tmp_path):
     from bertjax import optim
-    from bertjax.finetune.objective import build_finetuning
 
     torch, transformers = _torch()
     head, cls_suffix, pooling = CASES[case]
@@ -90,15 +90,7 @@ def test_fine_tuning_steps_equal_transformers_step_for_step(case, tmp_path):
     settings = optim.OptimizerSettings(
         learning_rate=PARITY_LR, warmup_steps=TORCH_WARMUP_STEPS, total_steps=PARITY_STEPS
     )
-    ft = build_finetuning(
-        config,
-        read_head,
-        settings,
-        mesh_shape=(-1, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=PARITY_BATCH,
-        max_seq_length=SEQ,
-    )
+    ft = data_parallel_finetuning(config, read_head, settings, batch=PARITY_BATCH, seq=SEQ)
     state = ft.state.init(jax.random.key(0))
     state = state.replace(params=jax.device_put(params, ft.state.shardings.params))
     for step, batch in enumerate(_parity_batches(head)):

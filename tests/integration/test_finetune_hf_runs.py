@@ -10,7 +10,6 @@ import transformers
 
 from bertjax import optim
 from bertjax.encoders.bert import transformers as bert_hf
-from bertjax.finetune.objective import build_finetuning
 from tests.helpers.finetune_hf import (
     CONFIG,
     HEADS,
@@ -27,6 +26,7 @@ from tests.helpers.finetune_hf_torch import (
     torch_adamw,
     torch_labels,
 )
+from tests.helpers.finetuning import data_parallel_finetuning
 
 
 @pytest.mark.parametrize(
@@ -54,15 +54,7 @@ def test_fine_tuning_steps_equal_transformers_step_for_step(tmp_path, name, pair
         learning_rate=PARITY_LR, warmup_steps=TORCH_WARMUP_STEPS, total_steps=PARITY_STEPS
     )
     assert (settings.weight_decay, settings.eps, settings.max_grad_norm) == (0.01, 1e-6, 1.0)
-    ft = build_finetuning(
-        config,
-        head,
-        settings,
-        mesh_shape=(-1, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=PARITY_BATCH,
-        max_seq_length=PARITY_SEQ,
-    )
+    ft = data_parallel_finetuning(config, head, settings, batch=PARITY_BATCH, seq=PARITY_SEQ)
     state = ft.state.init(jax.random.key(0))
     state = state.replace(params=jax.device_put(params, ft.state.shardings.params))
     for batch in parity_batches(head, pairs):

@@ -22,6 +22,7 @@ from bertjax.pretrain.data import ensure_sources
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
 from tests.helpers.corpora import write_random_corpus
+from tests.helpers.loader_batches import assert_same, take
 
 SEQ_LEN = 48
 BATCH = 8
@@ -152,18 +153,6 @@ def test_prepare_from_and_to_gcs_writes_the_local_bytes(gcs, corpus_dir, local_d
     assert read_manifest(out) == manifest
 
 
-def batches(loader, n):
-    return [next(loader) for _ in range(n)]
-
-
-def assert_same_batches(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for key in x:
-            np.testing.assert_array_equal(x[key], y[key], err_msg=key)
-
-
 def loaders(local_data, remote_data, **kwargs):
     kwargs = dict(batch_size=BATCH, seed=11, masking=MaskingSettings(), **kwargs)
     return make_loader(local_data, **kwargs), make_loader(remote_data, **kwargs)
@@ -173,17 +162,17 @@ def test_gcs_loader_streams_the_local_batches_and_resumes(local_data, remote_dat
     local, remote = loaders(local_data, remote_data)
     assert local.remote_tokens is None and remote.remote_tokens is not None
     steps = local.batches_per_epoch + 3  # across an epoch boundary
-    expected = batches(local, steps)
-    assert_same_batches(batches(remote, steps), expected)
+    expected = take(local, steps)
+    assert_same(take(remote, steps), expected)
 
     # Resume at step k: a fresh gs:// loader given the position continues exactly.
     k = 5
     local_again, _ = loaders(local_data, remote_data)
-    batches(local_again, k)
+    take(local_again, k)
     state = json.loads(json.dumps(local_again.get_state()))
     _, resumed = loaders(local_data, remote_data)
     resumed.set_state(state)
-    assert_same_batches(batches(resumed, steps - k), expected[k:])
+    assert_same(take(resumed, steps - k), expected[k:])
 
 
 def test_gcs_mixture_streams_the_local_batches(local_data, remote_data):
@@ -198,12 +187,12 @@ def test_gcs_mixture_streams_the_local_batches(local_data, remote_data):
 
     local, remote = mixture(local_data, local_data), mixture(remote_data, remote_data)
     assert local.remote_tokens is None and remote.remote_tokens is not None
-    expected = batches(local, 6)
-    assert_same_batches(batches(remote, 6), expected)
+    expected = take(local, 6)
+    assert_same(take(remote, 6), expected)
     assert remote.remote_tokens.bytes_read > 0  # by byte ranges, nothing downloaded whole
     # Source a from disk, source b from gs://: only b's rows are fetched.
     mixed = mixture(local_data, remote_data)
-    assert_same_batches(batches(mixed, 6), expected)
+    assert_same(take(mixed, 6), expected)
     assert 0 < mixed.remote_tokens.bytes_read < remote.remote_tokens.bytes_read
     assert len(mixed.remote_tokens.paths) == len(remote.remote_tokens.paths) // 2
 
@@ -237,7 +226,7 @@ def test_mixture_of_a_local_and_a_gcs_source_trains_from_both(gcs, corpus_dir, t
         process_count=1,
         log=print,
     )
-    batches(loader, 4)
+    take(loader, 4)
     assert loader.shares() == {"near": 0.5, "far": 0.5}
 
 
@@ -256,7 +245,7 @@ def test_gcs_loader_holds_a_bounded_number_of_bytes(local_data, remote_data, mon
     itemsize = np.dtype(manifest["token_dtype"]).itemsize
     # The most one batch reads: its instances, and the gaps between them it reads over.
     batch_bytes = BATCH * SEQ_LEN * itemsize + (BATCH - 1) * gap
-    batches(remote, 3)
+    take(remote, 3)
     tokens = remote.remote_tokens
     # Made so far: the 3 taken plus at most the prefetch buffer (2 per thread) and one per thread.
     made_at_most = 3 + 3 * REMOTE_READ_AHEAD
@@ -274,7 +263,7 @@ def test_gcs_eval_pass_reads_each_token_once(local_data, remote_data):
     local, remote = loaders(
         local_data, remote_data, split="eval", shuffle=False, num_epochs=1, worker_count=0
     )
-    assert_same_batches(list(remote), list(local))
+    assert_same(list(remote), list(local))
     manifest = read_manifest(local_data)
     used = local.batches_per_epoch * BATCH
     lengths = np.concatenate(

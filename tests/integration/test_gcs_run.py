@@ -36,7 +36,7 @@ from tests.helpers.gcs_run import (  # noqa: F401 (fixtures)
     settings_of,
     straight_reference,
 )
-from tests.helpers.xla_env import run_distributed, subprocess_env
+from tests.helpers.xla_env import run_distributed, run_process, subprocess_env
 
 
 def local_names(root: pathlib.Path) -> list[str]:
@@ -300,14 +300,7 @@ def test_resume_after_a_kill_during_a_save_on_gcs_is_bit_identical(
     if "checkpoints/20/commit_success.txt" in names:  # the save finished before the kill
         gcs.fs.rm(root + "/20", recursive=True)
 
-    completed = subprocess.run(
-        cli(values, killed, config_file),
-        env=subprocess_env(2),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
+    completed = run_process(cli(values, killed, config_file), cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "Resumed" in completed.stdout and "step 10" in completed.stdout
     assert leaf_hashes(bertjax.load(killed)[1]) == straight_reference["hashes"]
@@ -334,13 +327,7 @@ def test_two_processes_share_a_gcs_work_directory(gcs, synthetic_corpus, config_
     )
     del values["data.dir"]
     single = gcs.bucket() + "/run"
-    subprocess.run(
-        cli(values, single, config_file),
-        env=subprocess_env(4),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    run_process(cli(values, single, config_file), devices=4, check=True)
     multi = gcs.bucket() + "/run"
     run_distributed(cli(values, multi, config_file), cwd=tmp_path)
     names = objects(gcs, multi)

@@ -21,7 +21,6 @@ import transformers
 
 from bertjax import fs, hf
 from bertjax.encoders.bert import transformers as bert_hf
-from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
@@ -33,6 +32,7 @@ from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import squad as qa
 from bertjax.tokenizer import TokenizerSettings, train_tokenizer
+from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.gcs_use import WORDS, _files, _finetune_config, _objects, _write_rows
 from tests.helpers.tokenizer import training_sentences
 
@@ -56,14 +56,7 @@ def tiny(tmp_path_factory):
     tokenizer = train_tokenizer(
         sentences, TokenizerSettings(vocab_size=600, num_threads=1), root / "tokenizer.model"
     )
-    config = BertConfig(
-        vocab_size=tokenizer.vocab_size,
-        hidden_size=32,
-        num_layers=2,
-        num_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
+    config = dataclasses.replace(SMALL_BERT, vocab_size=tokenizer.vocab_size)
     boxed = pretraining_init(BertForPreTraining(config), 8, 2)(jax.random.key(0))
     params = jax.tree.map(np.asarray, nn.meta.unbox(boxed))
     return config, params, tokenizer

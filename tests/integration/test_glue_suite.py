@@ -20,14 +20,13 @@ from configs import glue as glue_recipe
 from configs import tiny
 from tests.helpers import glue_data
 from tests.helpers.corpora import ONE_LAYER
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.trainer import short_run_config
+from tests.helpers.xla_env import run_process
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 DOWNLOAD_TASKS = ("sst2", "mrpc", "stsb", "mnli")
 HUB_TASKS = ("cola", "qqp")
 DEV = 16  # dev examples per file
-# How conftest's synthetic_data was prepared (its SYNTHETIC_SEQ_LEN, SYNTHETIC_PREDICTIONS).
-PRETRAINING_SEQ_LEN, PRETRAINING_PREDICTIONS = 64, 10
 
 
 def suite_config(init_from, data_dir, **fields):
@@ -92,13 +91,7 @@ CLI_FIELDS = (
 
 def evaluate(*args: str) -> subprocess.CompletedProcess:
     """`python evaluate.py ARGS` as a user runs it."""
-    return subprocess.run(
-        [sys.executable, str(REPO / "evaluate.py"), *args],
-        env=subprocess_env(1),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_process([sys.executable, str(REPO / "evaluate.py"), *args], devices=1)
 
 
 @pytest.fixture(scope="module")
@@ -301,19 +294,11 @@ def test_evaluate_py_names_a_sweep_field_that_does_not_exist(tmp_path):
 @pytest.fixture(scope="module")
 def three_checkpoints(synthetic_data, tmp_path_factory):
     """A one-layer pretraining run that kept its checkpoints at steps 2, 4 and 6."""
-    config = tiny.get_config()
-    config.update_from_flattened_dict(ONE_LAYER)
-    config.data.dir = str(synthetic_data)
-    config.data.max_seq_length = PRETRAINING_SEQ_LEN
-    config.data.max_predictions_per_seq = PRETRAINING_PREDICTIONS
-    config.batch_size = 16
-    config.num_train_steps = 6
-    config.log_every_steps = 2
-    config.eval_every_steps = 1000
-    config.eval_batches = 1
+    config = short_run_config(
+        tiny, synthetic_data, steps=6, batch_size=16, warmup_steps=2, log_every=2, **ONE_LAYER
+    )
     config.checkpoint_every_steps = 2
     config.keep_checkpoints = 3
-    config.optimizer.warmup_steps = 2
     workdir = tmp_path_factory.mktemp("pretrained_steps") / "run"
     pretrain_loop.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
     return workdir

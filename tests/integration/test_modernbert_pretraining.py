@@ -5,8 +5,6 @@ process on one device and on a mesh, exported to transformers, and continued as 
 
 import json
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -18,43 +16,31 @@ import bertjax
 from bertjax import checkpoint as checkpoint_lib
 from bertjax import rundir
 from bertjax.encoders.modernbert.config import ModernBertConfig
-from bertjax.pretrain import loop as pretrain_loop
-from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.trainer import read_losses, short_run_config, train
+from tests.helpers.xla_env import script_json
 
 
 def modern_config(data_dir, **overrides):
     """configs/modernbert_tiny.py on conftest's packed synthetic data, short, with two of its
     four layers: the first global, the second local, as in the recipe's pattern."""
-    config = modernbert_tiny.get_config()
-    config.model.num_layers = 2
-    config.data.dir = str(data_dir)
-    config.data.max_seq_length = 64
-    config.data.max_predictions_per_seq = 20  # 30% of 64
-    config.model.local_attention = 16  # local layers see 8 tokens each side of 64
-    config.batch_size = 16
+    config = short_run_config(
+        modernbert_tiny,
+        data_dir,
+        steps=8,
+        batch_size=16,
+        warmup_steps=2,
+        predictions=20,  # 30% of 64
+        eval_every=4,
+        checkpoint_every=4,
+    )
+    config.model.update(num_layers=2, local_attention=16)  # local layers see 8 each side of 64
     config.batch_warmup_start = 8
     config.batch_warmup_steps = 4  # 8, 8, 16, 16, ... rows
-    config.num_train_steps = 8
-    config.log_every_steps = 1
-    config.eval_every_steps = 4
-    config.eval_batches = 1
-    config.checkpoint_every_steps = 4
-    config.optimizer.warmup_steps = 2
     config.optimizer.decay_steps = 0  # the rates do not depend on num_train_steps
     config.fill_mask_samples = 0
     config.update_from_flattened_dict(overrides)
     return config
-
-
-def train(config, workdir):
-    return pretrain_loop.train_and_evaluate(PretrainSettings.from_config(config), str(workdir))
-
-
-def read_losses(workdir) -> dict[int, float]:
-    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
-    return {r["step"]: r["train/loss"] for r in records if "train/loss" in r}
 
 
 @pytest.fixture(scope="module")
@@ -132,16 +118,7 @@ def transformers_top_tokens(export, text: str, k: int) -> list[tuple[int, float]
 def test_a_modernbert_run_opens_in_a_fresh_process_on_a_mesh_and_in_transformers(
     modern_runs, tmp_path
 ):
-    completed = subprocess.run(
-        [sys.executable, "-c", NOTEBOOK, str(modern_runs[0]), str(tmp_path / "export")],
-        env=subprocess_env(8),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    out = json.loads(completed.stdout.strip().splitlines()[-1])
+    out = script_json(NOTEBOOK, modern_runs[0], tmp_path / "export", cwd=tmp_path)
     assert out["model"].startswith("Model(ModernBERT L2/H128/A4"), out["model"]
     # The export, opened by transformers in this process (imported here already).
     out["hf"] = transformers_top_tokens(tmp_path / "export", "the [MASK] sees a cat.", 3)

@@ -1,8 +1,6 @@
 """The integration tests of test_packing.py (tests/unit/), with its helpers."""
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -12,7 +10,7 @@ from bertjax.pretrain.settings import PretrainSettings
 from tests.helpers.corpora import write_corpus
 from tests.helpers.packing import packed_config
 from tests.helpers.prepare_distributed import files_of, prepare_in_processes, single_process
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.xla_env import run_script
 
 
 @pytest.mark.slow
@@ -47,13 +45,6 @@ def test_mlm_only_run_on_packed_data_trains_and_loads(packed_data, tmp_path):
         "assert len(guesses) == 3, guesses\n"
         "print(sum(g['score'] for g in guesses))\n"
     )
-    completed = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(1),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        cwd=tmp_path,
-    )
+    completed = run_script(script, cwd=tmp_path, timeout=180)
     assert completed.returncode == 0, completed.stderr
     assert 0 < float(completed.stdout.split()[-1]) <= 1.0 + 1e-6

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -22,8 +20,8 @@ from bertjax.inference import InferenceError
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
-from tests.helpers.trainer import finetune_in_place
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.replaced_tokens import opened_in_a_fresh_process, scores
+from tests.helpers.trainer import finetune_in_place, read_losses, short_run_config
 
 TEXTS = ["the cat sat on the mat today", "dogs run fast in the park"]
 STEPS = 12
@@ -32,38 +30,25 @@ STEPS = 12
 def _config(data_dir: pathlib.Path):
     """configs/modernbert_tiny.py with objective rtd on conftest's packed data, two layers of
     64 and a generator half as wide (32, one head)."""
-    config = modernbert_tiny.get_config()
-    config.objective = "rtd"
-    config.generator_hidden_fraction = 0.5
+    config = short_run_config(
+        modernbert_tiny,
+        data_dir,
+        steps=STEPS,
+        batch_size=16,
+        warmup_steps=2,
+        predictions=20,  # 30% of 64
+        eval_every=STEPS,
+        eval_batches=2,
+        checkpoint_every=6,
+    )
+    config.update(objective="rtd", generator_hidden_fraction=0.5, fill_mask_samples=2)
     config.model.update(
         dict(num_layers=2, hidden_size=64, num_heads=2, intermediate_size=96, local_attention=16)
     )
-    config.data.dir = str(data_dir)
-    config.data.max_seq_length = 64
-    config.data.max_predictions_per_seq = 20  # 30% of 64
-    config.batch_size = 16
-    config.batch_warmup_start = 16
-    config.batch_warmup_steps = 0
-    config.grad_accum_steps = 2
+    config.update(batch_warmup_start=16, batch_warmup_steps=0, grad_accum_steps=2)
     config.mesh_shape = (4, 2, 1)
-    config.num_train_steps = STEPS
-    config.log_every_steps = 1
-    config.eval_every_steps = STEPS
-    config.eval_batches = 2
-    config.checkpoint_every_steps = 6
-    config.optimizer.warmup_steps = 2
     config.optimizer.decay_steps = 0
-    config.fill_mask_samples = 2
     return config
-
-
-def _losses(workdir: pathlib.Path) -> dict[int, float]:
-    out = {}
-    for line in (workdir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "train/loss" in record:
-            out[record["step"]] = record["train/loss"]
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +63,7 @@ def rtd_run(packed_data, tmp_path_factory):
 def test_a_modernbert_rtd_run_learns_reports_and_resumes_bit_exactly(rtd_run, tmp_path):
     workdir, summary, settings = rtd_run
     assert summary["steps"] == STEPS
-    losses = _losses(workdir)
+    losses = read_losses(workdir)
     assert np.mean([losses[s] for s in (STEPS - 1, STEPS)]) < np.mean([losses[s] for s in (1, 2)])
     metrics = summary["eval"]
     for name in (
@@ -100,31 +85,11 @@ def test_a_modernbert_rtd_run_learns_reports_and_resumes_bit_exactly(rtd_run, tm
     shutil.copytree(workdir, resumed)
     shutil.rmtree(resumed / "checkpoints" / str(STEPS))
     trainer.train_and_evaluate(settings, resumed)
-    again = _losses(resumed)
+    again = read_losses(resumed)
     assert [again[s] for s in range(1, STEPS + 1)] == [losses[s] for s in range(1, STEPS + 1)]
     _, resumed_params, _ = bertjax.load(resumed)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(resumed_params)):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-# The notebook's road in a fresh process: the discriminator's marks, the generator's guesses.
-NOTEBOOK = """
-import json, sys
-import bertjax
-from bertjax import sharding
-
-out = {}
-for name, mesh in (("alone", None), ("mesh", sharding.make_mesh((4, 2, 1)))):
-    m = bertjax.Model.load(sys.argv[1], mesh=mesh)
-    filled = m.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
-    out[name] = {
-        "model": repr(m),
-        "generator": m.networks["generator"].config.hidden_size,
-        "scores": [[t["score"] for t in text] for text in m.replaced(json.loads(sys.argv[2]))],
-        "filled": [[f["token"], f["score"]] for f in filled],
-    }
-print(json.dumps(out))
-"""
 
 
 @pytest.mark.slow
@@ -132,19 +97,10 @@ def test_a_modernbert_rtd_run_opens_in_a_fresh_process_and_exports_its_encoder(r
     transformers = pytest.importorskip("transformers")
     torch = pytest.importorskip("torch")
     workdir, _, _ = rtd_run
-    completed = subprocess.run(
-        [sys.executable, "-c", NOTEBOOK, str(workdir), json.dumps(TEXTS)],
-        env=subprocess_env(8),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    out = json.loads(completed.stdout.strip().splitlines()[-1])
+    out = opened_in_a_fresh_process(workdir, TEXTS, cwd=tmp_path)
     model = bertjax.Model.load(workdir)
-    scores = [[t["score"] for t in text] for text in model.replaced(TEXTS)]
-    assert [len(s) for s in scores] == [len(model.tokenizer.encode(t)) for t in TEXTS]
+    marks = scores(model, TEXTS)
+    assert [len(s) for s in marks] == [len(model.tokenizer.encode(t)) for t in TEXTS]
     filled = model.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
     assert len(filled) == 3
     for name in ("alone", "mesh"):  # one device, and the 8 devices' mesh
@@ -152,7 +108,7 @@ def test_a_modernbert_rtd_run_opens_in_a_fresh_process_and_exports_its_encoder(r
         assert opened["model"].startswith("Model(ModernBERT L2/H64/A2"), opened
         assert opened["generator"] == 32
         np.testing.assert_allclose(
-            np.concatenate(opened["scores"]), np.concatenate(scores), atol=1e-5
+            np.concatenate(opened["scores"]), np.concatenate(marks), atol=1e-5
         )
         assert [f["token"] for f in filled] == [t for t, _ in opened["filled"]]
         np.testing.assert_allclose(

@@ -5,12 +5,9 @@ mesh), written to transformers' format, and fine-tuned from (config.init_from)."
 
 from __future__ import annotations
 
-import json
 import logging
 import pathlib
 import shutil
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -23,41 +20,29 @@ from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objectives import rtd
 from bertjax.pretrain.settings import PretrainSettings
 from configs import electra_tiny
-from tests.helpers.trainer import finetune_in_place
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.replaced_tokens import opened_in_a_fresh_process, scores
+from tests.helpers.trainer import finetune_in_place, read_losses, short_run_config
 
 TEXTS = ["the cat sat on the mat today", "dogs run fast in the park", "one"]
 
 
 def _config(data_dir: pathlib.Path):
-    config = electra_tiny.get_config()
-    config.data.dir = str(data_dir)
-    config.data.max_seq_length = 64
-    config.data.max_predictions_per_seq = 10
+    config = short_run_config(
+        electra_tiny,
+        data_dir,
+        steps=8,
+        batch_size=16,
+        warmup_steps=2,
+        eval_every=8,
+        eval_batches=2,
+        checkpoint_every=4,
+    )
     config.model.update(
         dict(num_layers=1, hidden_size=64, num_heads=1, intermediate_size=128, embedding_size=32)
     )
-    config.generator_hidden_fraction = 0.5
-    config.batch_size = 16
-    config.grad_accum_steps = 2
-    config.mesh_shape = (4, 2, 1)
-    config.num_train_steps = 8
-    config.log_every_steps = 1
-    config.eval_every_steps = 8
-    config.eval_batches = 2
-    config.checkpoint_every_steps = 4
-    config.optimizer.warmup_steps = 2
+    config.update(generator_hidden_fraction=0.5, grad_accum_steps=2, mesh_shape=(4, 2, 1))
     config.fill_mask_samples = 2
     return config
-
-
-def _losses(workdir: pathlib.Path) -> dict[int, float]:
-    out = {}
-    for line in (workdir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
-        if "train/loss" in record:
-            out[record["step"]] = record["train/loss"]
-    return out
 
 
 @pytest.mark.slow
@@ -85,7 +70,7 @@ def test_rtd_trains_sharded_with_accumulation_and_resumes_bit_exactly(
     trainer.train_and_evaluate(settings, str(resumed_dir))
     shutil.rmtree(resumed_dir / "checkpoints" / "8")
     trainer.train_and_evaluate(settings, str(resumed_dir))
-    expected, resumed = _losses(tmp_path / "straight"), _losses(resumed_dir)
+    expected, resumed = read_losses(tmp_path / "straight"), read_losses(resumed_dir)
     assert sorted(expected) == list(range(1, 9))
     assert [resumed[s] for s in range(1, 9)] == [expected[s] for s in range(1, 9)]
     _, straight_params, _ = bertjax.load(tmp_path / "straight")
@@ -101,10 +86,6 @@ def rtd_run(synthetic_data, tmp_path_factory) -> pathlib.Path:
     workdir = tmp_path_factory.mktemp("rtd") / "run"
     trainer.train_and_evaluate(PretrainSettings.from_config(_config(synthetic_data)), workdir)
     return workdir
-
-
-def _scores(model) -> list[list[float]]:
-    return [[token["score"] for token in text] for text in model.replaced(TEXTS)]
 
 
 @pytest.mark.slow
@@ -130,16 +111,16 @@ def test_an_rtd_run_opens_as_discriminator_and_generator_alone_on_a_mesh_and_exp
     # Batches run unpadded by default (the encoder's packed_length): the padded path agrees.
     padded = bertjax.Model.load(rtd_run, unpad=False)
     np.testing.assert_allclose(
-        np.concatenate(_scores(padded)), np.concatenate(_scores(model)), atol=1e-5
+        np.concatenate(scores(padded, TEXTS)), np.concatenate(scores(model, TEXTS)), atol=1e-5
     )
     # Each text's marks alone are its marks among the others.
-    for text, marks in zip(TEXTS, _scores(model)):
+    for text, marks in zip(TEXTS, scores(model, TEXTS)):
         np.testing.assert_allclose([t["score"] for t in model.replaced(text)], marks, atol=1e-5)
 
     # On the 8-device mesh: the same answers.
     on_mesh = bertjax.Model.load(rtd_run, mesh=sharding.make_mesh((4, 2, 1)))
     np.testing.assert_allclose(
-        np.concatenate(_scores(on_mesh)), np.concatenate(_scores(model)), atol=1e-5
+        np.concatenate(scores(on_mesh, TEXTS)), np.concatenate(scores(model, TEXTS)), atol=1e-5
     )
     for ours, theirs in zip(
         filled, on_mesh.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
@@ -152,7 +133,7 @@ def test_an_rtd_run_opens_as_discriminator_and_generator_alone_on_a_mesh_and_exp
     model.save_hf(tmp_path / "export")
     exported = bertjax.Model.load(tmp_path / "export")
     np.testing.assert_allclose(
-        np.concatenate(_scores(exported)), np.concatenate(_scores(model)), atol=1e-6
+        np.concatenate(scores(exported, TEXTS)), np.concatenate(scores(model, TEXTS)), atol=1e-6
     )
     discriminator = transformers.ElectraForPreTraining.from_pretrained(
         tmp_path / "export", attn_implementation="eager"
@@ -164,7 +145,7 @@ def test_an_rtd_run_opens_as_discriminator_and_generator_alone_on_a_mesh_and_exp
             attention_mask=torch.from_numpy(encoded["input_mask"]).long(),
         ).logits.numpy()[0, 1:-1]
     probabilities = torch.sigmoid(torch.from_numpy(logits)).numpy()
-    np.testing.assert_allclose(probabilities, _scores(model)[0], atol=1e-5)
+    np.testing.assert_allclose(probabilities, scores(model, TEXTS)[0], atol=1e-5)
     masked_lm = transformers.ElectraForMaskedLM.from_pretrained(tmp_path / "export" / "generator")
     assert masked_lm.config.hidden_size == 32
 
@@ -181,43 +162,17 @@ def test_finetuning_from_an_rtd_run_starts_from_its_discriminator(rtd_run, tmp_p
     assert tuned.config.hidden_size == 64  # the discriminator's width, not the generator's
 
 
-# The notebook's road in a fresh process: the run opened alone and on a mesh of the 8 devices.
-NOTEBOOK = """
-import json, sys
-import bertjax
-from bertjax import sharding
-
-texts = json.loads(sys.argv[2])
-out = {}
-for name, mesh in (("alone", None), ("mesh", sharding.make_mesh((4, 2, 1)))):
-    m = bertjax.Model.load(sys.argv[1], mesh=mesh)
-    filled = m.networks["generator"].fill_mask("the [MASK] sat on the mat", top_k=3)
-    out[name] = {
-        "model": repr(m),
-        "scores": [[t["score"] for t in text] for text in m.replaced(texts)],
-        "filled": [[f["token"], f["score"]] for f in filled],
-    }
-print(json.dumps(out))
-"""
-
-
 @pytest.mark.slow
 def test_an_rtd_run_opens_in_a_fresh_process_alone_and_on_a_mesh(rtd_run, tmp_path):
-    completed = subprocess.run(
-        [sys.executable, "-c", NOTEBOOK, str(rtd_run), json.dumps(TEXTS)],
-        env=subprocess_env(8),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=tmp_path,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    out = json.loads(completed.stdout.strip().splitlines()[-1])
+    out = opened_in_a_fresh_process(rtd_run, TEXTS, cwd=tmp_path)
     assert out["alone"]["model"].startswith("Model(ELECTRA L1/H64/A1/E32"), out
+    assert out["alone"]["generator"] == out["mesh"]["generator"] == 32
     in_process = bertjax.Model.load(rtd_run)
     for name in ("alone", "mesh"):
         np.testing.assert_allclose(
-            np.concatenate(out[name]["scores"]), np.concatenate(_scores(in_process)), atol=1e-5
+            np.concatenate(out[name]["scores"]),
+            np.concatenate(scores(in_process, TEXTS)),
+            atol=1e-5,
         )
     assert [t for t, _ in out["mesh"]["filled"]] == [t for t, _ in out["alone"]["filled"]]
     np.testing.assert_allclose(

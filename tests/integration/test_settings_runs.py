@@ -1,13 +1,11 @@
 """The integration tests of test_settings.py (tests/unit/), with its helpers."""
 
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.helpers.settings import _train_cli
-from tests.helpers.xla_env import subprocess_env
+from tests.helpers.xla_env import run_script
 
 
 @pytest.mark.slow
@@ -46,14 +44,7 @@ def test_a_failed_command_ends_although_a_library_thread_still_runs(tmp_path):
         "cli._end_after_failure('error: the storage did not answer')\n"
     )
     started = time.monotonic()
-    completed = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(1),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    completed = run_script(script, cwd=tmp_path, timeout=120)
     assert time.monotonic() - started < 60
     assert completed.returncode == 1
     assert completed.stdout == "written before the failure\n"

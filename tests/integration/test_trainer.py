@@ -4,7 +4,6 @@ import json
 import pathlib
 import signal
 import subprocess
-import sys
 import time
 
 import jax
@@ -32,7 +31,7 @@ from tests.helpers.trainer import (
     read_losses,
     train,
 )
-from tests.helpers.xla_env import run_distributed, subprocess_env
+from tests.helpers.xla_env import run_distributed, run_process, run_script, subprocess_env
 
 # ----------------------------------------------------------------------------- learning
 
@@ -85,14 +84,7 @@ def test_tiny_model_learns_and_loads_in_a_notebook(data_dir, tmp_path, optimized
         "out = bertjax.BertForPreTraining(config).apply({'params': params}, ids)\n"
         "print(config.num_layers, tokenizer.vocab_size, float(np.abs(out.mlm_logits).sum()))\n"
     )
-    completed = subprocess.run(
-        [sys.executable, "-c", script],
-        env=subprocess_env(1),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=tmp_path,
-    )
+    completed = run_script(script, cwd=tmp_path, timeout=120)
     assert completed.returncode == 0, completed.stderr
     layers, vocab, logit_sum = completed.stdout.split()
     assert int(layers) == 2
@@ -154,13 +146,7 @@ def test_resume_after_kill_is_bit_identical(
     for later in (killed / "checkpoints").glob("20*"):
         subprocess.run(["rm", "-rf", str(later)], check=True)
 
-    completed = subprocess.run(
-        cli(values, str(killed), config_file),
-        env=subprocess_env(2),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    completed = run_process(cli(values, str(killed), config_file))
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "Resumed" in completed.stdout and "step 10" in completed.stdout
 
@@ -195,12 +181,8 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(synthetic_data, config_fil
     saved = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     assert len(saved) == 1 and 3 <= saved[0] < 400
 
-    completed = subprocess.run(
-        cli(dict(values, num_train_steps=saved[0] + 2), str(workdir), config_file),
-        env=subprocess_env(),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    completed = run_process(
+        cli(dict(values, num_train_steps=saved[0] + 2), str(workdir), config_file)
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert f"step {saved[0]}" in completed.stdout
@@ -218,13 +200,7 @@ def test_two_processes_log_the_same_losses_as_one(synthetic_data, config_file, t
         **{"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0},
     )
     single = tmp_path / "single"
-    subprocess.run(
-        cli(values, str(single), config_file),
-        env=subprocess_env(4),
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
+    run_process(cli(values, str(single), config_file), devices=4, check=True)
 
     multi = tmp_path / "multi"
     run_distributed(cli(values, str(multi), config_file))

@@ -24,6 +24,7 @@ from tests.helpers.finetune_hf import (
     random_params,
 )
 from tests.helpers.finetune_hf_torch import HF_CLASSES
+from tests.helpers.transformers_config import transformers_bert
 
 
 def torch_logits(model) -> np.ndarray:
@@ -63,15 +64,8 @@ def test_exported_heads_load_in_transformers_with_equal_logits(tmp_path, name):
 def test_transformers_heads_import_with_equal_logits(tmp_path, name):
     head = HEADS[name]
     cls = HF_CLASSES.get(head.task, transformers.BertForSequenceClassification)
-    hf_config = transformers.BertConfig(
-        vocab_size=99,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-        max_position_embeddings=40,
-        id2label=dict(enumerate(head.labels)),
-        attn_implementation="eager",
+    hf_config = transformers_bert(
+        CONFIG, id2label=dict(enumerate(head.labels)), attn_implementation="eager"
     )
     if head.task == label_heads.REGRESSION:
         hf_config.problem_type = None  # one label and no problem_type: transformers' regression

@@ -20,6 +20,7 @@ from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.finetune import loop as finetune_loop
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.finetune_hf import CONFIG as SMALL
 from tests.helpers.hf import (
     _abstract_params,
     _random_params,
@@ -28,23 +29,17 @@ from tests.helpers.hf import (
 )
 from tests.helpers.tokenizer import VARIED, write_wordpiece_vocab
 from tests.helpers.torch_params import randomize_torch
+from tests.helpers.transformers_config import transformers_bert
 
 ATOL = 1e-4
 
-# A small BERT in transformers' terms; every dimension distinct so a swapped axis shows.
-HF_SMALL = dict(
-    vocab_size=99,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=48,
-    max_position_embeddings=40,
-    type_vocab_size=2,
-)
-
 
 def _hf_config(**changes):
-    return transformers.BertConfig(**{**HF_SMALL, **changes}, attn_implementation="eager")
+    """finetune_hf's small BERT (every dimension distinct, so a swapped axis shows) in
+    transformers' terms."""
+    return transformers_bert(
+        SMALL, **{"type_vocab_size": 2, "attn_implementation": "eager", **changes}
+    )
 
 
 def _hf_pretraining_model(seed=0, **changes):
@@ -229,7 +224,7 @@ def test_fine_tuning_from_a_bert_model_directory_misses_no_head(tmp_path, caplog
     base = randomize_torch(transformers.BertModel(_hf_config()), seed=6).eval()
     base.save_pretrained(tmp_path)
     pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    pieces += [f"w{i}" for i in range(HF_SMALL["vocab_size"] - len(pieces))]
+    pieces += [f"w{i}" for i in range(SMALL.vocab_size - len(pieces))]
     (tmp_path / "vocab.txt").write_text("".join(p + "\n" for p in pieces))
     with caplog.at_level(logging.WARNING, logger="bertjax.hf"):
         source = finetune_loop.open_source(tmp_path)

@@ -19,6 +19,7 @@ from tests.helpers.question_answering import (
     qa_head,
     random_params,
 )
+from tests.helpers.transformers_config import transformers_bert
 
 
 def torch_logits(model):
@@ -47,15 +48,7 @@ def test_export_loads_in_transformers_with_equal_logits(tmp_path):
 
 
 def test_transformers_model_imports_with_equal_logits(tmp_path):
-    hf_config = transformers.BertConfig(
-        vocab_size=CONFIG.vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=48,
-        max_position_embeddings=64,
-        attn_implementation="eager",
-    )
+    hf_config = transformers_bert(CONFIG, attn_implementation="eager")
     torch.manual_seed(0)
     model = transformers.BertForQuestionAnswering(hf_config).eval()
     with torch.no_grad():  # every parameter random, so that a swapped bias or scale shows

@@ -15,15 +15,12 @@ from flax import linen as nn
 from bertjax import encoders
 from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra import rtd as rtd_model
-from bertjax.encoders.electra.config import ElectraConfig
+from tests.helpers.encoders import SMALL_CONFIGS
 
 ATOL = 1e-5
-CONFIG = ElectraConfig(
+CONFIG = dataclasses.replace(
+    SMALL_CONFIGS["electra"],
     vocab_size=60,
-    embedding_size=16,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
     intermediate_size=48,
     max_position_embeddings=24,
     hidden_dropout=0.0,

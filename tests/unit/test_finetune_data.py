@@ -51,12 +51,7 @@ def settings_for(tmp_path, **fields) -> FinetuneSettings:
     config.batch_size = 8
     config.eval_batch_size = 8
     config.data.max_seq_length = MAX_LEN
-    for key, value in fields.items():
-        target = config
-        *parents, leaf = key.split(".")
-        for parent in parents:
-            target = target[parent]
-        target[leaf] = value
+    config.update_from_flattened_dict(fields)
     return FinetuneSettings.from_config(config)
 
 

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from safetensors import numpy as safetensors_numpy
 
-from bertjax import hf, optim
+from bertjax import hf
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.finetune import loop
-from bertjax.finetune.objective import build_finetuning
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
 from tests.helpers.finetune_hf import CONFIG, HEADS, random_params
+from tests.helpers.finetuning import data_parallel_finetuning
 
 
 def test_a_save_and_load_round_trip_keeps_every_parameter(tmp_path):
@@ -51,15 +51,7 @@ def test_fine_tuning_from_a_transformers_classifier_keeps_its_head_for_the_same_
     assert source.kind == "hf" and source.head == head
 
     run_head = head if same_task else HeadSpec(label_heads.CLASSIFICATION, ("no", "yes"))
-    ft = build_finetuning(
-        CONFIG,
-        run_head,
-        optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=1),
-        mesh_shape=(-1, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=8,
-        max_seq_length=8,
-    )
+    ft = data_parallel_finetuning(CONFIG, run_head)
     fresh = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), ft.state.abstract.params)
     started, note, fresh_head = loop.initial_params(source, ft, fresh)
     assert fresh_head == (not same_task)

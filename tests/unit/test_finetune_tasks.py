@@ -11,13 +11,13 @@ from bertjax import capability, optim
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import task as task_lib
-from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.settings import ConfigError
 from bertjax.tasks import labels
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.labels.task import HeadTask
 from configs import finetune as finetune_config
+from tests.helpers.finetuning import data_parallel_finetuning
 
 
 class _Echo(HeadTask):
@@ -99,15 +99,7 @@ def test_build_finetuning_takes_the_objective_from_the_task():
         vocab_size=64, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64
     )
     head = HeadSpec(label_heads.MULTI_LABEL, ("a", "b", "c"))
-    ft = build_finetuning(
-        config,
-        head,
-        optim.OptimizerSettings(learning_rate=1e-3, warmup_steps=0, total_steps=1),
-        mesh_shape=(-1, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=8,
-        max_seq_length=8,
-    )
+    ft = data_parallel_finetuning(config, head)
     assert ft.objective.head == head and ft.objective.eval_outputs
     kernel = ft.state.abstract.params["classifier"]["kernel"]
     assert kernel.shape == (32, 3)

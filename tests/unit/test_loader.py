@@ -7,6 +7,7 @@ import pytest
 
 from bertjax.data import MaskingSettings, make_loader, prepare
 from tests.helpers.corpora import write_random_corpus
+from tests.helpers.loader_batches import assert_same, originals, take
 
 NUM_DOCUMENTS = 200
 
@@ -27,26 +28,6 @@ def data_dir(tmp_path_factory):
         verbose=False,
     )
     return root / "data"
-
-
-def originals(batch):
-    """The unmasked input ids of a batch: masked positions put back."""
-    ids = batch["input_ids"].copy()
-    rows, slots = np.nonzero(batch["masked_lm_weights"] > 0)
-    ids[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
-    return ids
-
-
-def take(loader, n):
-    return [next(loader) for _ in range(n)]
-
-
-def assert_same(batches_a, batches_b):
-    assert len(batches_a) == len(batches_b)
-    for a, b in zip(batches_a, batches_b):
-        assert a.keys() == b.keys()
-        for key in a:
-            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 def test_batch_features(data_dir):
@@ -147,32 +128,12 @@ def test_worker_threads_do_not_change_batches(data_dir):
 
 
 def test_eval_loader_is_identical_across_passes(data_dir):
-    loader = make_loader(
-        data_dir,
-        split="eval",
-        batch_size=8,
-        shuffle=False,
-        num_epochs=1,
-        process_count=1,
-        process_index=0,
-    )
+    one_pass = dict(split="eval", shuffle=False, num_epochs=1, process_count=1, process_index=0)
+    loader = make_loader(data_dir, batch_size=8, **one_pass)
     first, second = list(loader), list(loader)
     assert len(first) == loader.num_examples // 8 == len(loader) > 0
     assert_same(first, second)
-    assert_same(
-        first,
-        list(
-            make_loader(
-                data_dir,
-                split="eval",
-                batch_size=8,
-                shuffle=False,
-                num_epochs=1,
-                process_count=1,
-                process_index=0,
-            )
-        ),
-    )
+    assert_same(first, list(make_loader(data_dir, batch_size=8, **one_pass)))
 
 
 def test_whole_word_masking_through_the_loader(data_dir):

@@ -29,6 +29,7 @@ from bertjax.settings import ConfigError
 from bertjax.tokenizer import SENTENCEPIECE_FILE
 from configs import tiny
 from tests.helpers.corpora import write_random_corpus
+from tests.helpers.loader_batches import assert_same, originals, take
 
 WEIGHTS = {"web": 0.6, "books": 0.3, "wiki": 0.1}
 
@@ -74,24 +75,6 @@ def sources(tmp_path_factory):
 def loader_of(prepared, **kwargs):
     kwargs = {"batch_size": 32, "seed": 3, "process_index": 0, "process_count": 1, **kwargs}
     return make_mixture_loader(prepared, log=lambda line: None, **kwargs)
-
-
-def originals(batch):
-    ids = batch["input_ids"].copy()
-    rows, slots = np.nonzero(batch["masked_lm_weights"] > 0)
-    ids[rows, batch["masked_lm_positions"][rows, slots]] = batch["masked_lm_ids"][rows, slots]
-    return ids
-
-
-def take(loader, n):
-    return [next(loader) for _ in range(n)]
-
-
-def assert_same(batches_a, batches_b):
-    assert len(batches_a) == len(batches_b)
-    for a, b in zip(batches_a, batches_b):
-        for key in a:
-            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
 
 
 # ----------------------------------------------------------------------------- data.sources

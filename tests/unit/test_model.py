@@ -28,15 +28,10 @@ from bertjax.packing import (
     unpack_tokens,
 )
 from tests.helpers.batches import padded_batch, second_segment
+from tests.helpers.encoders import SMALL_BERT
 
-CFG = BertConfig(
-    vocab_size=99,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=32,
-    attention_impl="xla",
+CFG = dataclasses.replace(
+    SMALL_BERT, vocab_size=99, num_heads=4, max_position_embeddings=32, attention_impl="xla"
 )
 BATCH, SEQ, PREDS = 2, 16, 3
 

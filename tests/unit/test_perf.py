@@ -12,6 +12,7 @@ from jax.extend import core as jax_core
 from bertjax import perf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
+from tests.helpers.encoders import SMALL_BERT
 
 
 def test_bert_base_flops_match_hand_count():
@@ -75,12 +76,10 @@ def _dot_flops(jaxpr) -> int:
 def test_flops_equal_the_models_matmuls():
     # The formula must equal the dot products the model really traces: forward = 1/3 of
     # the training count, and forward + gradients = the training count.
-    config = BertConfig(
+    config = dataclasses.replace(
+        SMALL_BERT,
         vocab_size=50,
-        hidden_size=32,
-        num_layers=2,
         num_heads=4,
-        intermediate_size=64,
         max_position_embeddings=32,
         # The blocked CPU path runs the same products inside a loop over blocks, whose body
         # the jaxpr walker below would count once.

@@ -18,7 +18,6 @@ from hypothesis import strategies as st
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra import rtd as rtd_model
-from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.pretrain import objectives
 from bertjax.pretrain.objectives.rtd import objective as objective_lib
 from bertjax.pretrain.objectives.rtd.objective import (
@@ -33,18 +32,17 @@ from bertjax.pretrain.objectives.rtd.objective import (
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.settings import ConfigError
 from configs import electra_tiny
+from tests.helpers.encoders import SMALL_CONFIGS
+from tests.helpers.replaced_tokens import loss_gradients
 
 RTD = objectives.get("rtd")
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 SPECIALS = (PAD, 1, CLS, SEP, MASK)
 VOCAB = 50
-CONFIG = ElectraConfig(
+CONFIG = dataclasses.replace(
+    SMALL_CONFIGS["electra"],
     vocab_size=VOCAB,
-    embedding_size=16,
-    hidden_size=32,
     num_layers=1,
-    num_heads=2,
-    intermediate_size=64,
     max_position_embeddings=32,
     hidden_dropout=0.0,
     attention_dropout=0.0,
@@ -208,14 +206,7 @@ def test_the_sample_is_detached():
     sums = _sums()(params, rng)
     assert float(sums.replaced) > 0  # the test means something: some tokens were replaced
 
-    @jax.jit
-    def grads(p):
-        def part(name):
-            return lambda q: getattr(step.sums(q, batch, rng=rng, deterministic=True), name)
-
-        return jax.grad(part("discriminator_loss"))(p), jax.grad(part("generator_loss"))(p)
-
-    disc, gen = grads(params)
+    disc, gen = loss_gradients(step, params, batch, rng)
     for leaf in jax.tree.leaves(disc["generator"]):
         assert not np.any(np.asarray(leaf))
     assert any(np.any(np.asarray(leaf)) for leaf in jax.tree.leaves(disc["discriminator_head"]))

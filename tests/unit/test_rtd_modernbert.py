@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 from bertjax import encoders
-from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.encoders.modernbert import rtd
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import MaskedLM, init_masked_lm
 from bertjax.pretrain.objectives.rtd.objective import RtdStep
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
+from tests.helpers.encoders import SMALL_CONFIGS
+from tests.helpers.replaced_tokens import loss_gradients
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
 VOCAB = 50
@@ -44,12 +45,9 @@ CONFIG = ModernBertConfig(
 FAMILY = encoders.family_of(CONFIG)
 # ELECTRA's networks on the same rows, for what every family's replaced-token detection does
 # with packed documents.
-ELECTRA = ElectraConfig(
+ELECTRA = dataclasses.replace(
+    SMALL_CONFIGS["electra"],
     vocab_size=VOCAB,
-    embedding_size=16,
-    hidden_size=32,
-    num_layers=2,
-    num_heads=2,
     intermediate_size=48,
     max_position_embeddings=SEQ,
     initializer_range=0.2,
@@ -201,14 +199,7 @@ def test_the_loss_is_finite_and_its_gradient_reaches_both_networks():
     step = RtdStep(detector.model, 50.0)
     rng = jax.random.key(3)
 
-    @jax.jit
-    def grads(p):
-        def part(name):
-            return lambda q: getattr(step.sums(q, rows, rng=rng, deterministic=True), name)
-
-        return jax.grad(part("discriminator_loss"))(p), jax.grad(part("generator_loss"))(p)
-
-    disc, gen = grads(params)
+    disc, gen = loss_gradients(step, params, rows, rng)
 
     def moves(tree):
         return any(np.any(np.asarray(leaf) != 0) for leaf in jax.tree.leaves(tree))

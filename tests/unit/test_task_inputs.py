@@ -2,6 +2,7 @@
 methods: each fault is refused in one line naming the file and line (or record) and the
 field, or the argument, before a tokenizer or a compiled function sees it."""
 
+import dataclasses
 import json
 
 import jax
@@ -27,15 +28,15 @@ from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
 from bertjax.tasks.seq2seq import model as s2s
 from bertjax.tokenizer import WordPieceTokenizer
+from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.seq2seq_task import bert_config, make_config, source, write_data  # noqa: F401
 
 WORDS = [f"w{i}" for i in range(40)]
 TOKENIZER = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS])
-CONFIG = BertConfig(
+CONFIG = dataclasses.replace(
+    SMALL_BERT,
     vocab_size=len(WORDS) + 5,
-    hidden_size=32,
     num_layers=1,
-    num_heads=2,
     intermediate_size=48,
     max_position_embeddings=32,
 )
@@ -239,41 +240,33 @@ def test_retrieval_lines_end_at_newline_only(tmp_path):
 # ------------------------------------------------------------------------------ seq2seq files
 
 
-def test_a_source_without_tokens_names_file_line_and_field(source, tmp_path):  # noqa: F811
+def _seq2seq_read_error(source, tmp_path, file: str, index: int, line: str) -> str:
+    """The one-line error of reading the seq2seq data of `source` whose `file` holds `line` at
+    `index` (the header is line 1, so index k is line k + 1)."""
     write_data(tmp_path, 16, 8, 4)
-    lines = (tmp_path / "train.tsv").read_text().splitlines()
-    lines[12] = "\x01\x02\tw1 w2"  # line 13 of the file (the header is line 1)
-    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
+    lines = (tmp_path / file).read_text().splitlines()
+    lines[index] = line
+    (tmp_path / file).write_text("\n".join(lines) + "\n")
     settings = FinetuneSettings.from_config(make_config(source, tmp_path))
     tokenizer = WordPieceTokenizer.from_vocab(source / "vocab.txt")
     with pytest.raises(TaskDataError) as err:
         task_lib.get(s2s.TASK).read(settings.data, tokenizer)
-    message = one_line(err)
+    return one_line(err)
+
+
+def test_a_source_without_tokens_names_file_line_and_field(source, tmp_path):  # noqa: F811
+    message = _seq2seq_read_error(source, tmp_path, "train.tsv", 12, "\x01\x02\tw1 w2")
     assert "train.tsv line 13: field 'source'" in message and "has no tokens" in message
 
 
 def test_a_target_without_tokens_names_file_line_and_field(source, tmp_path):  # noqa: F811
-    write_data(tmp_path, 16, 8, 4)
-    lines = (tmp_path / "dev.tsv").read_text().splitlines()
-    lines[3] = "w1 w2\t\x01"
-    (tmp_path / "dev.tsv").write_text("\n".join(lines) + "\n")
-    settings = FinetuneSettings.from_config(make_config(source, tmp_path))
-    tokenizer = WordPieceTokenizer.from_vocab(source / "vocab.txt")
-    with pytest.raises(TaskDataError) as err:
-        task_lib.get(s2s.TASK).read(settings.data, tokenizer)
-    assert "dev.tsv line 4: field 'target' ('\\x01') has no tokens" in one_line(err)
+    message = _seq2seq_read_error(source, tmp_path, "dev.tsv", 3, "w1 w2\t\x01")
+    assert "dev.tsv line 4: field 'target' ('\\x01') has no tokens" in message
 
 
 def test_an_empty_target_names_file_line_and_field(source, tmp_path):  # noqa: F811
-    write_data(tmp_path, 16, 8, 4)
-    lines = (tmp_path / "train.tsv").read_text().splitlines()
-    lines[2] = "w1 w2\t "
-    (tmp_path / "train.tsv").write_text("\n".join(lines) + "\n")
-    settings = FinetuneSettings.from_config(make_config(source, tmp_path))
-    tokenizer = WordPieceTokenizer.from_vocab(source / "vocab.txt")
-    with pytest.raises(TaskDataError) as err:
-        task_lib.get(s2s.TASK).read(settings.data, tokenizer)
-    assert "train.tsv line 3: field 'target' is empty" in one_line(err)
+    message = _seq2seq_read_error(source, tmp_path, "train.tsv", 2, "w1 w2\t ")
+    assert "train.tsv line 3: field 'target' is empty" in message
 
 
 def test_a_classification_text_without_tokens_names_file_and_line(tmp_path):
