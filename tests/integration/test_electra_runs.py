@@ -19,13 +19,13 @@ from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.finetune import loop
-from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch
 from tests.helpers.corpora import finetune_config
 from tests.helpers.finetune_hf_torch import TORCH_WARMUP_STEPS, torch_adamw
+from tests.helpers.finetuning import data_parallel_finetuning
 
 ATOL = 1e-5
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -217,15 +217,7 @@ def test_classification_steps_equal_transformers_step_for_step(tmp_path):
     settings = optim.OptimizerSettings(
         learning_rate=PARITY_LR, warmup_steps=TORCH_WARMUP_STEPS, total_steps=PARITY_STEPS
     )
-    ft = build_finetuning(
-        config,
-        read_head,
-        settings,
-        mesh_shape=(-1, 1, 1),
-        grad_accum_steps=1,
-        micro_batch_size=PARITY_BATCH,
-        max_seq_length=SEQ,
-    )
+    ft = data_parallel_finetuning(config, read_head, settings, batch=PARITY_BATCH, seq=SEQ)
     state = ft.state.init(jax.random.key(0))
     state = state.replace(params=jax.device_put(params, ft.state.shardings.params))
     rng = np.random.default_rng(0)
