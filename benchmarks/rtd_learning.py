@@ -18,7 +18,7 @@ a user runs it, for the same wall time:
   modernbert_rtd   the same model and recipe pretrained by replaced-token detection at
                    ELECTRA's 15% masking.
 Two more rows start fine-tuning from each family's initial weights (one step at learning rate
-0), to show what the pretraining adds at all.
+1e-12: the settings refuse 0), to show what the pretraining adds at all.
 
 Equal wall time as benchmarks/learning.py sets it: a short calibration run of each setup
 measures its steady speed (compilation excluded) and each measured run gets the steps that
@@ -71,7 +71,9 @@ SETUPS = {
         {"objective": "rtd", "data.masked_lm_prob": 0.15},
     ),
 }
-# The rows fine-tuned from a family's initial weights: a run of one step at learning rate 0.
+# The rows fine-tuned from a family's initial weights: a run of one step at a learning rate
+# too small to move them (the settings refuse 0).
+UNTRAINED_LEARNING_RATE = 1e-12
 UNTRAINED = {"bert_untrained": "bert_mlm", "modernbert_untrained": "modernbert_mlm"}
 FINETUNE = {
     "data.glue_task": "stsb",
@@ -174,7 +176,7 @@ def main() -> None:
             shutil.rmtree(workdir, ignore_errors=True)
             overrides = {**scaled(setup, steps), "seed": seed}
             if fixed_steps is not None:
-                overrides["optimizer.learning_rate"] = 0.0
+                overrides["optimizer.learning_rate"] = UNTRAINED_LEARNING_RATE
             pretrain_wall = train(setup, data[setup.layout], workdir, overrides)
             ft_dir = runs / f"{name}-seed{seed}-{budget}-stsb"
             shutil.rmtree(ft_dir, ignore_errors=True)
