@@ -17,7 +17,7 @@ a user runs it, for the same wall time:
                    documents, ModernBERT's recipe;
   modernbert_rtd   the same model and recipe pretrained by replaced-token detection at
                    ELECTRA's 15% masking.
-Two more rows start fine-tuning from each family's initial weights (one step at learning rate
+Two more rows start fine-tuning from each family's initial weights (two steps at learning rate
 1e-12: the settings refuse 0), to show what the pretraining adds at all.
 
 Equal wall time as benchmarks/learning.py sets it: a short calibration run of each setup
@@ -71,8 +71,10 @@ SETUPS = {
         {"objective": "rtd", "data.masked_lm_prob": 0.15},
     ),
 }
-# The rows fine-tuned from a family's initial weights: a run of one step at a learning rate
-# too small to move them (the settings refuse 0).
+# The rows fine-tuned from a family's initial weights: a run of two steps (one of warmup and
+# one of decay, which every schedule accepts) at a learning rate too small to move them (the
+# settings refuse 0).
+UNTRAINED_STEPS = 2
 UNTRAINED_LEARNING_RATE = 1e-12
 UNTRAINED = {"bert_untrained": "bert_mlm", "modernbert_untrained": "modernbert_mlm"}
 FINETUNE = {
@@ -167,7 +169,7 @@ def main() -> None:
             steps = int(args.seconds * speed / setup.config_module.get_config().batch_size)
             budget = f"{int(args.seconds)}s"
         else:
-            steps, budget = 1, "untrained"
+            steps, budget = UNTRAINED_STEPS, "untrained"
         for seed in args.seeds:
             key = f"{name}/seed{seed}/{budget}"
             if key in results:
