@@ -822,7 +822,6 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
             f"{len(task.train)} examples, fewer than one batch"
         )
     capacity = settings.run.token_capacity
-    chosen_from_data = False
     if settings.run.micro_batches_by_length:
         capacity = 1.0  # micro-batches of similar length have little padding to skip
     elif capacity == 0.0:
@@ -835,7 +834,6 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
             settings.run.grad_accum_steps,
             sharding.shards(sharding.BATCH, mesh),
         )
-        chosen_from_data = True
         print(
             f"token packing: the encoder keeps {100 * capacity:.1f} % of each batch shard's "
             "slots, enough for the fullest of this run"
@@ -849,7 +847,8 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
         micro_batch_size=settings.run.micro_batch_size,
         max_seq_length=settings.data.max_seq_length,
         token_capacity=capacity,
-        every_batch_fits=chosen_from_data,
+        # A capacity chosen from the data (0) fits every batch of the run by construction.
+        every_batch_fits=settings.run.token_capacity == 0.0,
         devices=devices,
     )
     check_mesh_fits(model_config, ft.mesh)

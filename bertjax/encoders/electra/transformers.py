@@ -155,14 +155,6 @@ def _spec(hf_name, path, hf_shape, shape=None, transpose=False, group=CORE) -> T
     )
 
 
-def _dense(hf_name, path, n_in, n_out, group) -> list[TensorSpec]:
-    """A torch Linear [out, in] and our Dense [in, out]."""
-    return [
-        _spec(f"{hf_name}.weight", (*path, "kernel"), (n_out, n_in), (n_in, n_out), True, group),
-        _spec(f"{hf_name}.bias", (*path, "bias"), (n_out,), group=group),
-    ]
-
-
 def _renamed(specs: list[TensorSpec], start: str) -> list[TensorSpec]:
     """bertjax.hf's BERT specs under `start`, named as ElectraModel's."""
     return [
@@ -177,7 +169,7 @@ def encoder_specs(config: ElectraConfig) -> list[TensorSpec]:
     specs = _renamed(bert_hf.tensor_specs(config.embedding), "bert.embeddings.")
     e, h = config.embedding_size, config.hidden_size
     if e != h:
-        specs += _dense(
+        specs += family_lib.dense_tensors(
             HF_PREFIX + "embeddings_project", (ENCODER, "embeddings_project"), e, h, CORE
         )
     return specs + _renamed(bert_hf.tensor_specs(config.bert), "bert.encoder.")
@@ -191,8 +183,10 @@ def pretraining_specs(config: ElectraConfig) -> list[TensorSpec]:
     disc = (DISCRIMINATOR_HEAD,)
     return [
         *encoder_specs(config),
-        *_dense("classifier.dense", (ENCODER, POOLER), h, h, POOLER),
-        *_dense("generator_predictions.dense", (*mlm, "transform"), h, e, MLM_HEAD),
+        *family_lib.dense_tensors("classifier.dense", (ENCODER, POOLER), h, h, POOLER),
+        *family_lib.dense_tensors(
+            "generator_predictions.dense", (*mlm, "transform"), h, e, MLM_HEAD
+        ),
         _spec(
             "generator_predictions.LayerNorm.weight",
             (*mlm, "layer_norm", "scale"),
@@ -206,8 +200,10 @@ def pretraining_specs(config: ElectraConfig) -> list[TensorSpec]:
             group=MLM_HEAD,
         ),
         _spec("generator_lm_head.bias", (*mlm, "output_bias"), (v,), group=MLM_HEAD),
-        *_dense("discriminator_predictions.dense", (*disc, "dense"), h, h, DISCRIMINATOR_HEAD),
-        *_dense(
+        *family_lib.dense_tensors(
+            "discriminator_predictions.dense", (*disc, "dense"), h, h, DISCRIMINATOR_HEAD
+        ),
+        *family_lib.dense_tensors(
             "discriminator_predictions.dense_prediction",
             (*disc, "dense_prediction"),
             h,
@@ -241,7 +237,7 @@ def head_specs(config: ElectraConfig, head: TransformersHead) -> list[TensorSpec
     layers = head_tensors(config, head.param, head.outputs, head.reads)
     pooler = []
     if all(spec.group != POOLER for spec in layers):
-        pooler = _dense(f"{head.param}.dense", (ENCODER, POOLER), h, h, POOLER)
+        pooler = family_lib.dense_tensors(f"{head.param}.dense", (ENCODER, POOLER), h, h, POOLER)
     return [*encoder_specs(config), *pooler, *layers]
 
 
