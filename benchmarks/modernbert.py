@@ -34,7 +34,13 @@
    ModernBERT's einsum path (global: whole rows; local: chunks against their band) against
    bertjax.attention's blocked path, the rounds interleaved.
 
-6. --notebook N: N notebook calls (bertjax.Model's batching path, Model.batched with the
+6. --backward: the gradient of a sequence classifier's loss on --batch rows of 128 tokens,
+   with the encoder's gradient materialised at each layer (mb_model.materialized_gradient,
+   the default) and without it (the identity in its place), the rounds interleaved, beside
+   the forward pass and transformers' ModernBertForSequenceClassification forward and
+   backward; the two bertjax gradients are checked to be identical first.
+
+7. --notebook N: N notebook calls (bertjax.Model's batching path, Model.batched with the
    mean embedding `Model.embed` runs), each of 8 texts of review lengths, unpadded (the
    default: a batch whose real tokens fill at most 0.7 of its slots runs packed) against
    padded (`unpad=False`), for ModernBERT and a BERT of the same size (random weights), the
@@ -655,6 +661,93 @@ def attention_paths(args) -> None:
             )
 
 
+# ---------------------------------------------------------------------------------------------
+# 6. The backward pass.
+
+BACKWARD_SEQ = 128
+
+
+def backward_pass(args) -> None:
+    import torch
+    import transformers
+
+    config = mb_config.ModernBertConfig(
+        vocab_size=VOCAB,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        local_attention=128,
+        pad_token_id=PAD,
+        cls_token_id=CLS,
+        sep_token_id=SEP,
+        dtype="float32",
+    )
+    rng = np.random.default_rng(5)
+    ids = jnp.asarray(rng.integers(SEP + 1, VOCAB, (args.batch, BACKWARD_SEQ)), jnp.int32)
+    mask = jnp.ones_like(ids)
+    model = label_model.SequenceClassifier(config, 2)
+    params = model.init({"params": jax.random.key(0)}, ids[:1, :8])["params"]
+
+    def loss(params):
+        return jnp.sum(model.apply({"params": params}, ids, None, mask))
+
+    forward = jax.jit(loss)
+    materialized = jax.jit(jax.grad(loss))
+    boundary = mb_model.materialized_gradient
+    mb_model.materialized_gradient = lambda x: x  # read by EncoderLayer when traced
+    try:
+        fused = jax.jit(jax.grad(loss)).lower(params).compile()
+    finally:
+        mb_model.materialized_gradient = boundary
+    same = jax.tree.map(
+        lambda a, b: bool(jnp.array_equal(a, b)), materialized(params), fused(params)
+    )
+    assert all(jax.tree.leaves(same)), "the two gradients differ"
+
+    torch.manual_seed(0)
+    hf_config = transformers.ModernBertConfig(
+        **{**config.to_hf_dict(), "num_labels": 2}, attn_implementation="sdpa"
+    )
+    theirs = transformers.ModernBertForSequenceClassification(hf_config).train()
+    torch_ids = torch.from_numpy(np.asarray(ids)).long()
+
+    def torch_backward():
+        theirs.zero_grad()
+        theirs(input_ids=torch_ids).logits.sum().backward()
+
+    sides = {
+        "bertjax forward": lambda: jax.block_until_ready(forward(params)),
+        "bertjax gradient, materialised per layer": lambda: jax.block_until_ready(
+            materialized(params)
+        ),
+        "bertjax gradient, fused (before)": lambda: jax.block_until_ready(fused(params)),
+        "transformers forward + backward": torch_backward,
+    }
+    times = {name: [] for name in sides}
+    for run in sides.values():
+        run()
+    for _ in range(args.rounds):
+        for name, run in sides.items():
+            start = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - start)
+    print(
+        f"\nbackward pass: {args.batch} rows of {BACKWARD_SEQ} tokens, L{args.layers}/"
+        f"H{args.hidden}/A{args.heads}, float32, medians of {args.rounds} rounds "
+        "(the two bertjax gradients identical)\n"
+    )
+    for name, values in times.items():
+        print(f"{name:<45}{statistics.median(values) * 1000:>10.1f} ms")
+    fused_s = statistics.median(times["bertjax gradient, fused (before)"])
+    ours_s = statistics.median(times["bertjax gradient, materialised per layer"])
+    torch_s = statistics.median(times["transformers forward + backward"])
+    print(
+        f"materialised / fused: {fused_s / ours_s:.2f}x; "
+        f"transformers / materialised: {torch_s / ours_s:.2f}x"
+    )
+
+
 def notebook_calls(args) -> None:
     """Model.batched's mean embeddings over calls of 8 review-length texts: unpadded against
     padded, ModernBERT and BERT of the benchmark's size."""
@@ -747,6 +840,7 @@ def main() -> None:
     parser.add_argument("--ft_batch", type=int, default=32)
     parser.add_argument("--packing_sweep", type=float, nargs="*", default=[])
     parser.add_argument("--attention", action="store_true")
+    parser.add_argument("--backward", action="store_true")
     parser.add_argument("--notebook", type=int, default=0, help="notebook calls to time")
     args = parser.parse_args()
     import torch
@@ -764,6 +858,8 @@ def main() -> None:
         packing_sweep(args)
     if args.attention:
         attention_paths(args)
+    if args.backward:
+        backward_pass(args)
     if args.notebook:
         notebook_calls(args)
     print(f"\nthe whole command: {time.perf_counter() - STARTED:.1f} s")

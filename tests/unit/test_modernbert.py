@@ -52,6 +52,33 @@ def test_scanned_stack_traces_the_same_program_for_any_depth():
     assert sizes[0] == sizes[1]
 
 
+def test_each_layer_materialises_its_gradient_and_changes_no_value(monkeypatch):
+    """The encoder's backward pass computes the residual stream's gradient into memory at
+    each layer (materialized_gradient: one conditional per layer in the CPU program) and
+    gets the values of the fused program without it (to float rounding: the fusions differ,
+    and with them where XLA contracts a multiply and an add)."""
+    config = dataclasses.replace(SMALL, num_layers=5)
+    ids, mask = _batch(config)
+    model = ModernBertModel(config)
+    params = model.init(jax.random.key(0), ids, mask)["params"]
+
+    def gradient_and_conditionals():
+        def loss(params):
+            return jnp.sum(_apply(model, params, ids, mask) ** 2)
+
+        jax.clear_caches()  # traces of the layers are reused otherwise, with what they called
+        grad = jax.jit(jax.grad(loss))
+        program = grad.lower(params).compile().as_text()
+        return grad(params), program.count(" conditional(")
+
+    ours, ours_conditionals = gradient_and_conditionals()
+    monkeypatch.setattr(mb_model, "materialized_gradient", lambda x: x)
+    fused, fused_conditionals = gradient_and_conditionals()
+    assert ours_conditionals - fused_conditionals == config.num_layers
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10), ours, fused)
+    assert all(np.abs(np.asarray(leaf)).max() > 0 for leaf in jax.tree.leaves(ours))
+
+
 # ---------------------------------------------------------------------------------------------
 # Packed documents.
 

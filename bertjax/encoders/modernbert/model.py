@@ -271,6 +271,38 @@ class GegluMlp(nn.Module):
         )(y)  # [b, s, h]
 
 
+@jax.custom_vjp
+def materialized_gradient(x: jax.Array) -> jax.Array:
+    """The identity, whose gradient XLA's CPU compiler must compute into memory of its own.
+
+    In a pre-LayerNorm stack the residual stream's gradient is a chain of additions, one per
+    sublayer. XLA's CPU fusion copies that whole chain into every fusion that reads it (the
+    transposes feeding each layer's weight gradients), so a backward pass recomputed it once
+    per layer: 40% of a 6-layer ModernBERT's backward on CPU (`benchmarks/modernbert.py
+    --backward`). A conditional is a fusion boundary XLA cannot remove here (an
+    optimization_barrier is dropped before fusion on CPU), so the chain ends at each layer.
+    Values are unchanged, forward and backward; other platforms fuse without copying and
+    skip it.
+    """
+    return x
+
+
+def _materialized_forward(x):
+    return x, None
+
+
+def _materialized_backward(_, grad):
+    if jax.default_backend() != "cpu":
+        return (grad,)
+    first = grad[(0,) * grad.ndim]
+    # The predicate is true unless the gradient is NaN, and both branches return `grad`:
+    # XLA cannot fold it, so the conditional's result is computed before any consumer.
+    return (jax.lax.cond(first == first, lambda g: g, lambda g: g * 1, grad),)
+
+
+materialized_gradient.defvjp(_materialized_forward, _materialized_backward)
+
+
 class EncoderLayer(nn.Module):
     """One pre-LayerNorm block; ``first`` (layer 0) has no attention norm."""
 
@@ -282,6 +314,7 @@ class EncoderLayer(nn.Module):
     def __call__(self, x, masks, rotary, index, deterministic: bool):
         cfg = self.config
         kind = 0 if self.is_global else 1
+        x = materialized_gradient(x)
         y = x if self.first else _layer_norm(cfg, "attn_norm")(x)
         window = None if self.is_global else cfg.window
         attention = Attention(cfg, local_window=window, name="attn")
