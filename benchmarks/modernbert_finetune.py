@@ -3,7 +3,7 @@ torch user's script.
 
     python benchmarks/modernbert_finetune.py [--examples 600 --dev 200 --epochs 3 --batch 32]
         [--hidden 256 --layers 6 --heads 4 --intermediate 384]
-        [--variant "grouped=--config.grad_accum_steps=4"] [--skip_torch]
+        [--variant "grouped=--config.grad_accum_steps=4"] [--skip_torch] [--directory DIR]
 
 The task: texts of review lengths (tokens p10/p50/p90/max about 32/106/170/461, [CLS] and
 [SEP] included, as drug reviews under a byte-level BPE) made of real English sentences (the
@@ -223,6 +223,8 @@ def main(args) -> None:
         name, _, extra = variant.partition("=")
         variants.append((name, shlex.split(extra)))
     with tempfile.TemporaryDirectory(prefix="bertjax-modernbert-ft-") as directory:
+        directory = args.directory or directory
+        os.makedirs(directory, exist_ok=True)
         inputs = write_inputs(args, directory)
         results = {}
         if not args.skip_torch:
@@ -312,6 +314,7 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", action="append", default=[], help="NAME=ARGS for finetune")
     parser.add_argument("--skip_torch", action="store_true")
+    parser.add_argument("--directory", default="", help="keep the files and runs here")
     parser.add_argument("--torch_command", default="", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
