@@ -436,6 +436,22 @@ def torch_batches(rows, labels, batch_size, epochs, rng):
     return out
 
 
+def classifier_config(args) -> mb_config.ModernBertConfig:
+    """The benchmark's ModernBERT at the given size, float32, windows of 128."""
+    return mb_config.ModernBertConfig(
+        vocab_size=VOCAB,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        local_attention=128,
+        pad_token_id=PAD,
+        cls_token_id=CLS,
+        sep_token_id=SEP,
+        dtype="float32",
+    )
+
+
 def ours_classifier_step(config, num_labels: int):
     model = label_model.SequenceClassifier(config, num_labels)
     optimizer = optax.adamw(2e-5)
@@ -498,18 +514,7 @@ def finetune(args, kind: str) -> None:
     widths = sorted({b["input_ids"].shape[1] for b in ours_batches})
     capacity = max(packed_length(b["attention_mask"]) for b in ours_batches)
 
-    config = mb_config.ModernBertConfig(
-        vocab_size=VOCAB,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        local_attention=128,
-        pad_token_id=PAD,
-        cls_token_id=CLS,
-        sep_token_id=SEP,
-        dtype="float32",
-    )
+    config = classifier_config(args)
     results = {}
     for name, length in (("bertjax padded", None), ("bertjax unpadded", capacity)):
         step, params, opt_state = ours_classifier_step(config, 2)
@@ -671,18 +676,7 @@ def backward_pass(args) -> None:
     import torch
     import transformers
 
-    config = mb_config.ModernBertConfig(
-        vocab_size=VOCAB,
-        hidden_size=args.hidden,
-        intermediate_size=args.intermediate,
-        num_layers=args.layers,
-        num_heads=args.heads,
-        local_attention=128,
-        pad_token_id=PAD,
-        cls_token_id=CLS,
-        sep_token_id=SEP,
-        dtype="float32",
-    )
+    config = classifier_config(args)
     rng = np.random.default_rng(5)
     ids = jnp.asarray(rng.integers(SEP + 1, VOCAB, (args.batch, BACKWARD_SEQ)), jnp.int32)
     mask = jnp.ones_like(ids)
