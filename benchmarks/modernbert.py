@@ -38,7 +38,7 @@
    with the encoder's gradient materialised at each layer (mb_model.materialized_gradient,
    the default) and without it (the identity in its place), the rounds interleaved, beside
    the forward pass and transformers' ModernBertForSequenceClassification forward and
-   backward; the two bertjax gradients are checked to be identical first.
+   backward; the two bertjax gradients are checked to agree (float rounding) first.
 
 7. --notebook N: N notebook calls (bertjax.Model's batching path, Model.batched with the
    mean embedding `Model.embed` runs), each of 8 texts of review lengths, unpadded (the
@@ -694,10 +694,11 @@ def backward_pass(args) -> None:
         fused = jax.jit(jax.grad(loss)).lower(params).compile()
     finally:
         mb_model.materialized_gradient = boundary
-    same = jax.tree.map(
-        lambda a, b: bool(jnp.array_equal(a, b)), materialized(params), fused(params)
+    jax.tree.map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-10),
+        materialized(params),
+        fused(params),
     )
-    assert all(jax.tree.leaves(same)), "the two gradients differ"
 
     torch.manual_seed(0)
     hf_config = transformers.ModernBertConfig(
@@ -729,7 +730,7 @@ def backward_pass(args) -> None:
     print(
         f"\nbackward pass: {args.batch} rows of {BACKWARD_SEQ} tokens, L{args.layers}/"
         f"H{args.hidden}/A{args.heads}, float32, medians of {args.rounds} rounds "
-        "(the two bertjax gradients identical)\n"
+        "(the two bertjax gradients agree)\n"
     )
     for name, values in times.items():
         print(f"{name:<45}{statistics.median(values) * 1000:>10.1f} ms")
