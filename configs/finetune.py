@@ -148,6 +148,13 @@ def get_config() -> ml_collections.ConfigDict:
     # (gradients summed exactly), and short examples stop paying for the batch's longest. On
     # long, uneven inputs (SQuAD's windows) this is the fast path: see benchmarks/qa.py.
     config.group_by_length = True
+    # "shuffled": each batch a random draw from the epoch (google's run_classifier).
+    # "by_length": batches of examples of similar length, as Hugging Face's group_by_length
+    # sampler makes them (each window of 50 batches of the random order sorted by length, the
+    # batches' order shuffled), so a batch pays little padding: on texts of uneven length the
+    # fast setting (docs/finetuning.md). The batches hold other examples together than
+    # shuffled's, so the run differs from it; a run resumes only with the order it began.
+    config.batch_order = "shuffled"
     # A fresh regression head's bias starts at the mean of the training targets ("mean"), so the
     # encoder need not learn the targets' offset: Adam moves the bias by about the learning rate
     # per step, too little to reach targets like STS-B's 0-5 in a few hundred steps at 2e-5.

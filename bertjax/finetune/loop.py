@@ -20,8 +20,9 @@ apart. The task itself (reading, objective, scores, predictions) comes from the 
 With several seeds (config.seeds) each seed runs in <workdir>/seed_<n>/ and
 <workdir>/seeds.json holds every seed's best value and their median.
 
-The data order of epoch e is a permutation drawn from (seed, e) and dropout keys are folded
-from the seed and the step, so a resumed run takes the same steps as an uninterrupted one.
+The data order of epoch e is drawn from (seed, e) (epoch_order: shuffled, or batches by
+length) and dropout keys are folded from the seed and the step, so a resumed run takes the
+same steps as an uninterrupted one.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from bertjax.capability import HeadSpec
 from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.objective import Finetuning, build_finetuning
-from bertjax.finetune.settings import FinetuneSettings
+from bertjax.finetune.settings import BATCH_ORDERS, FinetuneSettings
 from bertjax.finetune.task import Examples, TaskData
 from bertjax.settings import ConfigError, check_mesh_fits
 from bertjax.tokenizer import Tokenizer
@@ -211,14 +212,15 @@ def training_widths(
     micro_batches: int,
     length_bucket: int,
     overhead: float = TRAIN_WIDTH_OVERHEAD,
+    batch_order: str = "shuffled",
 ) -> tuple[int, ...] | None:
     """The widths, multiples of `length_bucket`, that the run's training batches are cut to
     (None: every batch at max_seq_length, without a length bucket).
 
-    The run's batches are known before it starts (each epoch's order comes from the seed),
-    so the width each batch needs is too: with `micro_batches` > 1 each micro-batch's as
-    `train_micro_batches` groups them, else each batch's. Of those, the fewest widths within
-    `overhead` more positions (features.fewest_widths).
+    The run's batches are known before it starts (each epoch's order comes from the seed and
+    `batch_order`), so the width each batch needs is too: with `micro_batches` > 1 each
+    micro-batch's as `train_micro_batches` groups them, else each batch's. Of those, the
+    fewest widths within `overhead` more positions (features.fewest_widths).
     """
     if length_bucket == 0:
         return None
@@ -228,7 +230,8 @@ def training_widths(
     longest = []
     for seed in seeds:
         for epoch in range(num_epochs):
-            order = epoch_order(seed, epoch, len(examples))[: steps_per_epoch * batch_size]
+            order = training_order(examples, seed, epoch, batch_size, batch_order)
+            order = order[: steps_per_epoch * batch_size]
             per_batch = np.sort(lengths[order].reshape(steps_per_epoch, batch_size), axis=1)
             # [step, micro-batch, row]: sorted, so each micro-batch's longest is its last.
             grouped = per_batch.reshape(steps_per_epoch, micro_batches, -1)
@@ -258,12 +261,13 @@ def fitting_capacity(
     batch_size: int,
     grad_accum_steps: int,
     shards: int,
+    batch_order: str = "shuffled",
 ) -> float:
     """The token_capacity at which every micro-batch shard of the run fits its packed slots.
 
-    The run's batches are known before it starts (each epoch's order comes from the seed), so
-    the fullest shard of any of them sets the capacity. Shards are laid out as the train step
-    sees them: contiguous rows per batch shard, micro-batch k taking every
+    The run's batches are known before it starts (each epoch's order comes from the seed and
+    `batch_order`), so the fullest shard of any of them sets the capacity. Shards are laid out
+    as the train step sees them: contiguous rows per batch shard, micro-batch k taking every
     grad_accum_steps-th row from k (steps.split_micro_batches).
     """
     mask = examples.features["input_mask"]
@@ -273,7 +277,8 @@ def fitting_capacity(
     fullest = 0
     for seed in seeds:
         for epoch in range(num_epochs):
-            order = epoch_order(seed, epoch, len(examples))[: steps_per_epoch * batch_size]
+            order = training_order(examples, seed, epoch, batch_size, batch_order)
+            order = order[: steps_per_epoch * batch_size]
             # [step, shard, row within the micro-batch's shard, micro-batch]
             per_row = lengths[order].reshape(
                 steps_per_epoch, shards, rows_per_shard, grad_accum_steps
@@ -282,9 +287,53 @@ def fitting_capacity(
     return fullest / (rows_per_shard * mask.shape[1])
 
 
-def epoch_order(seed: int, epoch: int, count: int) -> np.ndarray:
-    """The training examples' order in an epoch: a permutation drawn from (seed, epoch)."""
-    return np.random.default_rng([seed, epoch]).permutation(count)
+# By length, each window of this many batches of the epoch's random order is sorted by length
+# before it is cut into batches (Hugging Face's group_by_length sampler takes 50): batches
+# still hold a random selection of the data, only of similar lengths.
+LENGTH_WINDOW_BATCHES = 50
+
+
+def epoch_order(
+    seed: int,
+    epoch: int,
+    count: int,
+    lengths: np.ndarray | None = None,
+    batch_size: int = 0,
+) -> np.ndarray:
+    """The training examples' order in an epoch: a permutation drawn from (seed, epoch).
+
+    With `lengths` (each example's, config.batch_order="by_length"), consecutive batches of
+    `batch_size` hold examples of similar length: the permutation's whole batches are cut
+    into windows of LENGTH_WINDOW_BATCHES batches, each window is sorted by length and cut
+    into batches, and the batches' order is shuffled (from the same seed), so that a run does
+    not go from its long batches to its short ones. The examples past the last whole batch
+    are dropped, as a shuffled epoch drops them; equal lengths keep their random order.
+    """
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(count)
+    if lengths is None:
+        return order
+    if len(lengths) != count or batch_size < 1:
+        raise ValueError(f"{len(lengths)} lengths for {count} examples, batch size {batch_size}")
+    order = order[: count // batch_size * batch_size]
+    window = LENGTH_WINDOW_BATCHES * batch_size
+    for start in range(0, len(order), window):
+        part = order[start : start + window]
+        order[start : start + window] = part[np.argsort(-lengths[part], kind="stable")]
+    batches = order.reshape(-1, batch_size)  # [batch, row]
+    return batches[rng.permutation(len(batches))].reshape(-1)
+
+
+def training_order(
+    examples: Examples, seed: int, epoch: int, batch_size: int, batch_order: str
+) -> np.ndarray:
+    """`examples`' order in an epoch of the run (epoch_order), as config.batch_order says."""
+    if batch_order not in BATCH_ORDERS:
+        raise ValueError(f"batch_order {batch_order!r}: must be one of {BATCH_ORDERS}")
+    lengths = None
+    if batch_order == "by_length":
+        lengths = examples.features["input_mask"].sum(axis=1)  # [example]
+    return epoch_order(seed, epoch, len(examples), lengths, batch_size)
 
 
 def eval_batches(
@@ -505,6 +554,7 @@ def _meta(run: _Run, seed: int, best: dict | None) -> dict:
         "seed": seed,
         "train_examples": len(run.task.train),
         "steps_per_epoch": run.steps_per_epoch,
+        "batch_order": run.settings.run.batch_order,
         "max_seq_length": run.settings.data.max_seq_length,
         "best": best,
     }
@@ -536,13 +586,16 @@ def _check_resumable(meta: dict, run: _Run, directory) -> None:
     rundir.check_compatible(
         meta, run.tokenizer, run.ft.model_config, f"the checkpoint in {directory}"
     )
+    saved = {"batch_order": "shuffled", **meta}  # checkpoints from before batch_order
     for key, value in (
         ("train_examples", len(run.task.train)),
         ("steps_per_epoch", run.steps_per_epoch),
+        # Another order would take other batches than the interrupted run's.
+        ("batch_order", run.settings.run.batch_order),
     ):
-        if meta.get(key) != value:
+        if saved.get(key) != value:
             raise ConfigError(
-                f"the checkpoint in {directory} has {key}={meta.get(key)!r}, this run "
+                f"the checkpoint in {directory} has {key}={saved.get(key)!r}, this run "
                 f"{value!r}: it was trained on other data or settings; use another --workdir"
             )
 
@@ -601,8 +654,10 @@ class _SeedHooks:
     def batch(self, step: int) -> dict[str, np.ndarray]:
         run = self.run
         epoch, index = divmod(step, run.steps_per_epoch)
-        order = epoch_order(self.seed, epoch, len(run.task.train))
         settings = run.settings.run
+        order = training_order(
+            run.task.train, self.seed, epoch, settings.batch_size, settings.batch_order
+        )
         if settings.micro_batches_by_length:
             return train_micro_batches(
                 run.task.train,
@@ -833,6 +888,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
             batch_size,
             settings.run.grad_accum_steps,
             sharding.shards(sharding.BATCH, mesh),
+            settings.run.batch_order,
         )
         print(
             f"token packing: the encoder keeps {100 * capacity:.1f} % of each batch shard's "
@@ -860,6 +916,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
         batch_size,
         run.grad_accum_steps if run.micro_batches_by_length else 1,
         run.length_bucket,
+        batch_order=run.batch_order,
     )
     eval_widths = evaluation_widths([*task.validation, *task.test], run.length_bucket)
     if train_widths is not None and eval_widths is not None:
@@ -892,7 +949,7 @@ def compiled_ahead(run: _Run, compiler: compile_ahead.Compiler) -> _Run:
     abstract = built.state.abstract
     rng = jax.eval_shape(lambda: jax.random.key(0))  # the dropout key's shape and dtype
     train = run.task.train
-    order = epoch_order(settings.seeds[0], 0, len(train))
+    order = training_order(train, settings.seeds[0], 0, settings.batch_size, settings.batch_order)
     per_position = _per_position(train)
 
     def shapes(local: dict[str, np.ndarray], width: int | None = None) -> dict:
@@ -970,7 +1027,7 @@ def _training_widths_in_use_order(run: _Run) -> list[int | None]:
     met: list[int | None] = []
     for seed in settings.seeds:
         for epoch in range(settings.num_epochs):
-            order = epoch_order(seed, epoch, len(train))
+            order = training_order(train, seed, epoch, size, settings.batch_order)
             for index in range(run.steps_per_epoch):
                 rows = order[index * size : (index + 1) * size]
                 # [micro-batch, row], sorted as train_micro_batches groups them

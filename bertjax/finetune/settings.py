@@ -61,6 +61,10 @@ class FinetuneDataSettings:
 
 
 REGRESSION_BIAS_INITS = ("mean", "zero")
+# config.batch_order: "shuffled" draws each batch from the whole epoch at random (google's
+# run_classifier); "by_length" makes batches of examples of similar length
+# (finetune.loop.epoch_order).
+BATCH_ORDERS = ("shuffled", "by_length")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +94,9 @@ class FinetuneRunSettings:
     # Threads that compile the run's programs ahead, while it trains (bertjax.compile_ahead;
     # 0: each program is compiled when a step first meets its shape).
     compile_ahead: int = 0
+    # "shuffled": each batch a random draw from the epoch; "by_length": batches of examples of
+    # similar length (finetune.loop.epoch_order), so they carry little padding.
+    batch_order: str = "shuffled"
 
     @property
     def micro_batch_size(self) -> int:
@@ -242,6 +249,12 @@ def _read_finetune(
         "group_by_length",
         "must be True or False",
     )
+    batch_order = config.get("batch_order", "shuffled")
+    require_(
+        batch_order in BATCH_ORDERS,
+        "batch_order",
+        f"must be one of {BATCH_ORDERS} (by_length: batches of examples of similar length)",
+    )
     compile_threads = config.get("compile_ahead", 0)
     require_(
         isinstance(compile_threads, int)
@@ -270,6 +283,7 @@ def _read_finetune(
         checkpoint_every_steps=config.checkpoint_every_steps,
         regression_bias_init=config.regression_bias_init,
         compile_ahead=compile_threads,
+        batch_order=batch_order,
     )
     mesh = check_mesh(config, run, devices, process_count)
     data_parallel = sharding.data_parallel_size(mesh)

@@ -133,6 +133,32 @@ def test_rerunning_with_another_task_is_refused_and_keeps_the_checkpoint(
 
 
 @pytest.mark.slow
+def test_batches_by_length_learn_and_resume_only_in_the_order_they_began(
+    finetuned_run, pretrained_run, tmp_path
+):
+    root, seeds, _, _ = finetuned_run
+    init_from, _ = pretrained_run
+    fields = {
+        "task": "classification",
+        "data.train": str(root / "train.csv"),
+        "data.validation": str(root / "dev.csv"),
+        "num_epochs": 4,
+        "optimizer.learning_rate": 1e-3,
+    }
+    by_length = finetune(make_config(init_from, batch_order="by_length", **fields), tmp_path)
+    best = by_length["seeds"][0]["best"]
+    assert best["value"] >= 0.9, best  # as the shuffled seeds (chance: about 0.5)
+    assert by_length["seeds"][0]["steps"] == seeds["seeds"][0]["steps"]
+    # A shuffled run's checkpoint resumes only shuffled: it keeps its files.
+    before = sorted(p.name for p in (root / "alone" / "checkpoints").iterdir())
+    with pytest.raises(ConfigError, match="batch_order='shuffled', this run 'by_length'"):
+        finetune(make_config(init_from, batch_order="by_length", **fields), root / "alone")
+    assert sorted(p.name for p in (root / "alone" / "checkpoints").iterdir()) == before
+    with pytest.raises(ConfigError, match="batch_order"):
+        FinetuneSettings.from_config(make_config(init_from, batch_order="sorted", **fields))
+
+
+@pytest.mark.slow
 def test_a_pretraining_workdir_is_neither_overwritten_nor_a_bad_source_taken(
     pretrained_run, tmp_path
 ):

@@ -4,6 +4,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bertjax import optim, packing, perf, steps
 from bertjax.capability import HeadSpec
@@ -176,8 +178,65 @@ def test_length_buckets_cut_only_padding_and_train_the_same(task):
     assert full_choosing == cut_unpacked + 1 == full_packed + 1
 
 
-@pytest.mark.parametrize("shards, accumulate", [(1, 1), (4, 2)])
-def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(shards, accumulate):
+@settings(max_examples=40, deadline=None)
+@given(
+    count=st.integers(1, 300),
+    batch_size=st.integers(1, 12),
+    seed=st.integers(0, 2**16),
+    epoch=st.integers(0, 3),
+    longest=st.integers(1, 40),
+)
+def test_batches_by_length_hold_the_shuffled_epochs_examples_with_less_padding(
+    count, batch_size, seed, epoch, longest
+):
+    steps_per_epoch = count // batch_size
+    lengths = np.random.default_rng(seed).integers(1, longest + 1, size=count)
+    shuffled = loop.epoch_order(seed, epoch, count)
+    assert sorted(shuffled) == list(range(count))  # the shuffled order, as ever: a permutation
+    order = loop.epoch_order(seed, epoch, count, lengths, batch_size)
+    np.testing.assert_array_equal(order, loop.epoch_order(seed, epoch, count, lengths, batch_size))
+    kept = shuffled[: steps_per_epoch * batch_size]
+    # The examples of the shuffled epoch's whole batches, each once: the same ones dropped.
+    assert sorted(order) == sorted(kept)
+    if steps_per_epoch == 0:
+        return
+    window = {int(e): i // (loop.LENGTH_WINDOW_BATCHES * batch_size) for i, e in enumerate(kept)}
+    batches = order.reshape(steps_per_epoch, batch_size)
+    ranges: dict[int, list[tuple[int, int]]] = {}
+    for batch in batches:
+        windows = {window[int(e)] for e in batch}
+        assert len(windows) == 1  # a batch is cut from one window of the random order
+        ranges.setdefault(windows.pop(), []).append((lengths[batch].min(), lengths[batch].max()))
+    for spans in ranges.values():  # within a window, batches of adjacent lengths
+        spans.sort()
+        assert all(high <= low for (_, high), (low, _) in zip(spans, spans[1:]))
+    # Each batch padded to its longest: never more positions than the shuffled batches.
+    padded = lengths[batches].max(axis=1).sum()
+    assert padded <= lengths[kept.reshape(steps_per_epoch, batch_size)].max(axis=1).sum()
+
+
+def test_batches_by_length_come_in_a_shuffled_order_that_changes_each_epoch():
+    count, batch_size = 640, 16  # 40 batches, one window
+    lengths = np.random.default_rng(0).integers(1, 200, size=count)
+    longest = [
+        lengths[loop.epoch_order(0, epoch, count, lengths, batch_size)]
+        .reshape(-1, batch_size)
+        .max(axis=1)
+        for epoch in range(2)
+    ]
+    for per_batch in longest:  # not from long to short (nor back)
+        assert not np.all(np.diff(per_batch) <= 0) and not np.all(np.diff(per_batch) >= 0)
+    assert not np.array_equal(*longest)
+    with pytest.raises(ValueError, match="639 lengths for 640 examples"):
+        loop.epoch_order(0, 0, count, lengths[1:], batch_size)
+
+
+@pytest.mark.parametrize(
+    "shards, accumulate, batch_order", [(1, 1, "shuffled"), (4, 2, "shuffled"), (4, 2, "by_length")]
+)
+def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(
+    shards, accumulate, batch_order
+):
     rng = np.random.default_rng(3)
     count, seq, batch_size = 100, 24, 16
     lengths = rng.integers(3, seq + 1, size=count)
@@ -185,20 +244,23 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(shards, accu
     features = {"input_mask": mask, "labels": np.zeros(count, np.int32)}
     examples = Examples("train", "synthetic", features, [""] * count, True)
     seeds, epochs = (1, 2), 3
-    capacity = loop.fitting_capacity(examples, seeds, epochs, batch_size, accumulate, shards)
+    capacity = loop.fitting_capacity(
+        examples, seeds, epochs, batch_size, accumulate, shards, batch_order
+    )
     slots = batch_size // accumulate // shards * seq
     # What the train step counts: real tokens per batch shard of every micro-batch.
     fullest = 0
     for seed in seeds:
         for epoch in range(epochs):
-            order = loop.epoch_order(seed, epoch, count)
+            order = loop.training_order(examples, seed, epoch, batch_size, batch_order)
             for index in range(count // batch_size):
                 rows = order[index * batch_size : (index + 1) * batch_size]
                 for micro in steps.split_micro_batches(mask[rows], accumulate):
                     per_shard = packing.tokens_per_group(jnp.asarray(micro), shards)
                     fullest = max(fullest, int(per_shard.max()))
     assert fullest == round(capacity * slots)
-    assert 0 < capacity < 1
+    # By length, the longest batch's rows are the data's longest: they may fill every slot.
+    assert 0 < capacity < 1 if batch_order == "shuffled" else 0 < capacity <= 1
 
 
 @pytest.mark.parametrize(
