@@ -230,6 +230,7 @@ def fewest_widths(
     limit: int,
     overhead: float,
     counts: np.ndarray | None = None,
+    program_positions: float = 0.0,
 ) -> tuple[int, ...]:
     """The fewest widths that hold items of `lengths` tokens with little padding: each
     width a multiple of `multiple` (or `limit`), each item cut to the smallest width that
@@ -237,6 +238,9 @@ def fewest_widths(
     cutting each item to its own multiple would. `counts`: how many rows each item stands
     for (default one each). One width is one compiled program, so a run that cuts its
     batches to these widths compiles few programs and pays little padding for it.
+    `program_positions`: what compiling one program costs, in positions computed; widths
+    are added only while each saves at least that many (so over `overhead` where programs
+    cost more than the padding they save).
 
     Exact, by dynamic programming over the multiples the items need (an optimal set of
     widths uses only those: a width between two of them could drop to the lower one).
@@ -267,6 +271,8 @@ def fewest_widths(
             i = int(np.argmin(split))
             if split[i] < extended[j]:
                 extended[j], parent[j] = split[i], i
+        if cost[-1] - extended[-1] < program_positions:
+            break  # one more program would cost more than the positions it saves
         cost = extended
         parents.append(parent)
     widths, j = [], m - 1

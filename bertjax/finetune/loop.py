@@ -202,6 +202,12 @@ def _fitting(widths: tuple[int, ...], longest: int, seq: int) -> int:
 # programs -> 11 for +5 %. Training's steps are most of a run's time, so its share is smaller.
 TRAIN_WIDTH_OVERHEAD = 0.02
 EVAL_WIDTH_OVERHEAD = 0.05
+# What compiling one evaluation program costs, in positions evaluated. On a 2-core CPU, a
+# ModernBERT L6/H256 classifier (benchmarks/modernbert_finetune.py): each evaluation program
+# about 2.5 s to trace and compile (12 fewer programs: 24.6 s less compiling), its forward
+# pass about 9,000 real positions a second. Accelerators compile slower and evaluate faster,
+# so there a program is worth more positions still: this is a lower bound everywhere.
+EVAL_PROGRAM_POSITIONS = 20_000
 
 
 def training_widths(
@@ -242,16 +248,30 @@ def training_widths(
 
 
 def evaluation_widths(
-    splits: list[Examples], length_bucket: int, overhead: float = EVAL_WIDTH_OVERHEAD
+    splits: list[Examples],
+    length_bucket: int,
+    overhead: float = EVAL_WIDTH_OVERHEAD,
+    passes: list[int] | None = None,
+    program_positions: float = 0.0,
 ) -> tuple[int, ...] | None:
     """The widths, multiples of `eval_length_bucket(length_bucket)`, that evaluation and
     prediction cut every split's batches to: chosen from all their examples at once, so
-    that every split runs the same few programs (None without a length bucket)."""
+    that every split runs the same few programs (None without a length bucket).
+
+    `passes`: how often the run evaluates each split (default once); `program_positions`:
+    what one more program costs, in positions (features.fewest_widths), so that a small
+    development set evaluated a few times runs few programs.
+    """
     if length_bucket == 0 or not splits:
         return None
     lengths = np.concatenate([s.features["input_mask"].sum(axis=1) for s in splits])
+    counts = np.concatenate(
+        [np.full(len(s), n) for s, n in zip(splits, passes or [1] * len(splits), strict=True)]
+    )
     seq = max(s.features["input_mask"].shape[1] for s in splits)
-    return features_lib.fewest_widths(lengths, eval_length_bucket(length_bucket), seq, overhead)
+    return features_lib.fewest_widths(
+        lengths, eval_length_bucket(length_bucket), seq, overhead, counts, program_positions
+    )
 
 
 def fitting_capacity(
@@ -918,7 +938,18 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
         run.length_bucket,
         batch_order=run.batch_order,
     )
-    eval_widths = evaluation_widths([*task.validation, *task.test], run.length_bucket)
+    # Validation splits are evaluated after every epoch (and predicted once more where the
+    # task writes their predictions), test splits predicted once, for every seed.
+    validation_passes = run.num_epochs + int(task_lib.get(settings.task).predicts_validation)
+    eval_widths = evaluation_widths(
+        [*task.validation, *task.test],
+        run.length_bucket,
+        passes=[
+            len(run.seeds) * n
+            for n in [validation_passes] * len(task.validation) + [1] * len(task.test)
+        ],
+        program_positions=EVAL_PROGRAM_POSITIONS,
+    )
     if train_widths is not None and eval_widths is not None:
         print(
             f"widths: training {', '.join(map(str, train_widths))}; evaluation "

@@ -122,6 +122,35 @@ def test_the_fewest_widths_hold_every_item_within_the_overhead(lengths, multiple
             assert _positions(needed, (*fewer, candidates[-1])) > finest * (1 + overhead)
 
 
+def _fewest_positions(needed: np.ndarray, count: int) -> int:
+    """The fewest positions any `count` widths (of the items' own multiples) give."""
+    candidates = sorted(set(needed.tolist()))
+    return min(
+        _positions(needed, (*fewer, candidates[-1]))
+        for fewer in itertools.combinations(candidates[:-1], count - 1)
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 64), min_size=1, max_size=24),
+    overhead=st.sampled_from([0.0, 0.1]),
+    program_positions=st.sampled_from([0, 8, 40, 200]),
+)
+def test_a_width_is_added_only_while_it_saves_a_programs_cost(lengths, overhead, program_positions):
+    lengths = np.asarray(lengths)
+    needed = np.minimum(60, -(-lengths // 8) * 8)
+    free = features.fewest_widths(lengths, 8, 60, overhead)
+    widths = features.fewest_widths(lengths, 8, 60, overhead, program_positions=program_positions)
+    assert program_positions or widths == free
+    assert len(widths) <= len(free) and set(widths) <= set(needed)
+    # The fewest positions for that many widths, and one more width would save too little.
+    assert _positions(needed, widths) == _fewest_positions(needed, len(widths))
+    if len(widths) < len(free):
+        saving = _positions(needed, widths) - _fewest_positions(needed, len(widths) + 1)
+        assert saving < program_positions
+
+
 def test_fewest_widths_weigh_items_by_their_rows():
     lengths = np.array([8, 16, 24, 32])
     assert features.fewest_widths(lengths, 8, 32, 0.0) == (8, 16, 24, 32)

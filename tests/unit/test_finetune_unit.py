@@ -215,6 +215,24 @@ def test_batches_by_length_hold_the_shuffled_epochs_examples_with_less_padding(
     assert padded <= lengths[kept.reshape(steps_per_epoch, batch_size)].max(axis=1).sum()
 
 
+def test_evaluation_takes_fewer_widths_where_a_program_costs_more_than_it_saves():
+    examples = _uneven_examples(label_heads.CLASSIFICATION, 60, 128, longest=128, seed=4)
+    dev, test = examples, Examples("test", "synthetic", examples.features, examples.indices, False)
+    free = loop.evaluation_widths([dev, test], 32)
+    assert len(free) > 2
+    counts = []
+    for cost in (0, 100, 1_000, 10**9):
+        widths = loop.evaluation_widths([dev, test], 32, passes=[3, 1], program_positions=cost)
+        assert set(widths) <= set(free) and max(widths) == max(free)
+        counts.append(len(widths))
+    assert counts[0] == len(free) and counts == sorted(counts, reverse=True) and counts[-1] == 1
+    # Passes weigh the positions a width saves: three passes of a split save three times.
+    for cost in (100, 1_000):
+        assert loop.evaluation_widths(
+            [dev], 32, passes=[3], program_positions=cost
+        ) == loop.evaluation_widths([dev], 32, program_positions=cost / 3)
+
+
 def test_batches_by_length_come_in_a_shuffled_order_that_changes_each_epoch():
     count, batch_size = 640, 16  # 40 batches, one window
     lengths = np.random.default_rng(0).integers(1, 200, size=count)
