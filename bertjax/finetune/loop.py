@@ -204,7 +204,7 @@ TRAIN_WIDTH_OVERHEAD = 0.02
 EVAL_WIDTH_OVERHEAD = 0.05
 # What compiling one evaluation program costs, in positions evaluated. On a 2-core CPU, a
 # ModernBERT L6/H256 classifier (benchmarks/modernbert_finetune.py): each evaluation program
-# about 2.5 s to trace and compile (12 fewer programs: 24.6 s less compiling), its forward
+# about 2.5 s to trace and compile (14 widths -> 2 took 24.6 s off compiling), its forward
 # pass about 9,000 real positions a second. Accelerators compile slower and evaluate faster,
 # so there a program is worth more positions still: this is a lower bound everywhere.
 EVAL_PROGRAM_POSITIONS = 20_000
