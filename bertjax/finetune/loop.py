@@ -652,6 +652,9 @@ class _SeedHooks:
     best_checkpointer: checkpoint_lib.Checkpointer
     checkpoint_dir: fs.AnyPath
     best: dict | None = None
+    # (epoch, its training order): drawn once per epoch, not at every step (by length, the
+    # order sorts the whole training set).
+    current_order: tuple[int, np.ndarray] | None = None
 
     def dropout_rng(self) -> jax.Array:
         return jax.random.fold_in(jax.random.key(self.seed), 1)
@@ -675,9 +678,12 @@ class _SeedHooks:
         run = self.run
         epoch, index = divmod(step, run.steps_per_epoch)
         settings = run.settings.run
-        order = training_order(
-            run.task.train, self.seed, epoch, settings.batch_size, settings.batch_order
-        )
+        if self.current_order is None or self.current_order[0] != epoch:
+            order = training_order(
+                run.task.train, self.seed, epoch, settings.batch_size, settings.batch_order
+            )
+            self.current_order = (epoch, order)
+        order = self.current_order[1]
         if settings.micro_batches_by_length:
             return train_micro_batches(
                 run.task.train,
