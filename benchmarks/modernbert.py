@@ -38,7 +38,9 @@
    with the encoder's gradient materialised at each layer (mb_model.materialized_gradient,
    the default) and without it (the identity in its place), the rounds interleaved, beside
    the forward pass and transformers' ModernBertForSequenceClassification forward and
-   backward; the two bertjax gradients are checked to agree (float rounding) first.
+   backward; the two bertjax gradients are checked to agree (float rounding) first. Then how
+   far each side is from the machine: XLA's count of the gradient's operations against the
+   best rate of one matmul of the layer's widest shape, in jax and in torch.
 
 7. --notebook N: N notebook calls (bertjax.Model's batching path, Model.batched with the
    mean embedding `Model.embed` runs), each of 8 texts of review lengths, unpadded (the
@@ -743,6 +745,43 @@ def backward_pass(args) -> None:
         f"materialised / fused: {fused_s / ours_s:.2f}x; "
         f"transformers / materialised: {torch_s / ours_s:.2f}x"
     )
+    # How far either side is from what the machine can do: XLA's count of the gradient's
+    # floating-point operations against the best rate of one dense matmul of the layer's
+    # widest shape (tokens x hidden by hidden x 3 x hidden), on each side.
+    cost = materialized.lower(params).compile().cost_analysis()
+    flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
+    peak_jax, peak_torch = matmul_rates(args.batch * BACKWARD_SEQ, args.hidden, 3 * args.hidden)
+    print(
+        f"the gradient: {flops / 1e9:.1f} GFLOP (XLA's count); one matmul of its widest shape "
+        f"runs at {peak_jax / 1e9:.0f} GFLOP/s in jax, {peak_torch / 1e9:.0f} in torch: "
+        f"bertjax's gradient at {flops / ours_s / peak_jax:.0%} of that rate, transformers' at "
+        f"{flops / torch_s / peak_torch:.0%}; at the whole rate the gradient would take "
+        f"{1e3 * flops / peak_jax:.0f} ms, {torch_s / (flops / peak_jax):.2f}x transformers"
+    )
+
+
+def matmul_rates(rows: int, inner: int, columns: int, rounds: int = 20) -> tuple[float, float]:
+    """Floating-point operations per second of one [rows, inner] x [inner, columns] float32
+    matmul: jax (jit), then torch; the best of `rounds`."""
+    import torch
+
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(shape, np.float32) for shape in ((rows, inner), (inner, columns)))
+    matmul = jax.jit(jnp.matmul)
+    ja, jb, ta, tb = jnp.asarray(a), jnp.asarray(b), torch.from_numpy(a), torch.from_numpy(b)
+    sides = (lambda: matmul(ja, jb).block_until_ready(), lambda: torch.matmul(ta, tb))
+    rates = []
+    for run in sides:
+        run()
+        best = min(_seconds(run) for _ in range(rounds))
+        rates.append(2.0 * rows * inner * columns / best)
+    return rates[0], rates[1]
+
+
+def _seconds(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
 
 
 def notebook_calls(args) -> None:
