@@ -40,7 +40,7 @@
    the forward pass and transformers' ModernBertForSequenceClassification forward and
    backward; the two bertjax gradients are checked to agree (float rounding) first. Then how
    far each side is from the machine: XLA's count of the gradient's operations against the
-   best rate of one matmul of the layer's widest shape, in jax and in torch.
+   rate of one matmul of the layer's widest shape (median of 20), in jax and in torch.
 
 7. --notebook N: N notebook calls (bertjax.Model's batching path, Model.batched with the
    mean embedding `Model.embed` runs), each of 8 texts of review lengths, unpadded (the
@@ -746,7 +746,7 @@ def backward_pass(args) -> None:
         f"transformers / materialised: {torch_s / ours_s:.2f}x"
     )
     # How far either side is from what the machine can do: XLA's count of the gradient's
-    # floating-point operations against the best rate of one dense matmul of the layer's
+    # floating-point operations against the rate of one dense matmul of the layer's
     # widest shape (tokens x hidden by hidden x 3 x hidden), on each side.
     cost = materialized.lower(params).compile().cost_analysis()
     flops = (cost[0] if isinstance(cost, list) else cost)["flops"]
@@ -762,26 +762,17 @@ def backward_pass(args) -> None:
 
 def matmul_rates(rows: int, inner: int, columns: int, rounds: int = 20) -> tuple[float, float]:
     """Floating-point operations per second of one [rows, inner] x [inner, columns] float32
-    matmul: jax (jit), then torch; the best of `rounds`."""
+    matmul: jax (jit), then torch; the median of `rounds`."""
     import torch
 
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(shape, np.float32) for shape in ((rows, inner), (inner, columns)))
     matmul = jax.jit(jnp.matmul)
     ja, jb, ta, tb = jnp.asarray(a), jnp.asarray(b), torch.from_numpy(a), torch.from_numpy(b)
-    sides = (lambda: matmul(ja, jb).block_until_ready(), lambda: torch.matmul(ta, tb))
-    rates = []
-    for run in sides:
-        run()
-        best = min(_seconds(run) for _ in range(rounds))
-        rates.append(2.0 * rows * inner * columns / best)
-    return rates[0], rates[1]
-
-
-def _seconds(run) -> float:
-    start = time.perf_counter()
-    run()
-    return time.perf_counter() - start
+    operations = 2.0 * rows * inner * columns
+    jax_s = median_time(lambda: matmul(ja, jb).block_until_ready(), rounds)
+    torch_s = median_time(lambda: torch.matmul(ta, tb), rounds)
+    return operations / jax_s, operations / torch_s
 
 
 def notebook_calls(args) -> None:
