@@ -48,6 +48,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -449,81 +450,201 @@ def _blocked_attention(query, key, value, attention_mask, keep_prob=1.0, dropout
 # ---------------------------------------------------------------------------------------------
 # Blocked attention with documents and windows (ModernBERT's layers on CPU): each query sees
 # the keys of its own document (ids; padding is a document of its own) and, with a window,
-# only keys within |i - j| <= window. As `_blocked`, a block of (example, head) pairs keeps
-# its scores in cache and the backward pass recomputes the weights from the saved
-# log-sum-exp. With a window on rows longer than three windows, the rows are cut into
-# chunks of `window` queries, each against the band of its own and its two neighbours'
-# keys, so scores are seq x 3 window, never seq x seq.
+# only keys within |i - j| <= window. Arrays stay [rows, seq, heads, dim] (no transposes of
+# the whole batch); a block is a few whole rows, all heads, or with a window on rows longer
+# than three windows one chunk of `window` queries against the band of its own and its two
+# neighbours' keys, so scores are seq x 3 window, never seq x seq. As `_blocked`, a block's
+# scores stay in cache and the backward pass recomputes the weights from the saved
+# log-sum-exp. Padding never reaches a real token, so each block computes only up to its
+# last real query (a block of padding computes nothing): a row padded to four times its
+# length pays about a sixteenth of its attention. What padded queries get is zeros.
 
 
-def _masked_block_logits(q, k, ids, window, scale):
-    """[g, s, t] float32 logits of one block, masked by document and window."""
+class _Plan(NamedTuple):
+    """How `_masked_blocked` cuts its rows: `rows` rows per block, whole, or (band) in
+    chunks of `band` queries against their 3 x `band` keys; `spans` the query extents a
+    block may be cut to, narrowest first (multiples of `band`)."""
+
+    rows: int
+    band: int | None
+    spans: tuple[int, ...]
+
+
+# Rows shorter than this are not cut below their width: it saves too little to pay for the
+# extra programs (one per extent).
+_SPLIT_MIN_SEQ = 256
+
+
+def _spans(seq_len: int, unit: int) -> tuple[int, ...]:
+    """Nothing, or a quarter, half, three quarters or all of a row (in multiples of unit)."""
+    if seq_len < _SPLIT_MIN_SEQ:
+        return (0, seq_len)
+    units = seq_len // unit
+    return (0,) + tuple(sorted({-(-units * k // 4) * unit for k in (1, 2, 3, 4)}))
+
+
+def _span_index(q_ids, spans):
+    """Index into `spans` of the narrowest extent holding every real query (id > 0) of a
+    block's query ids [r, s]."""
+    positions = jnp.arange(1, q_ids.shape[1] + 1, dtype=jnp.int32)
+    extent = jnp.max(jnp.where(q_ids > 0, positions[None, :], 0))  # last real query + 1
+    return jnp.minimum(jnp.sum(jnp.asarray(spans, jnp.int32) < extent), len(spans) - 1)
+
+
+def _on_spans(plan, q_ids, fn, queries, keys, full_shapes):
+    """fn(queries, keys) on the block's narrowest span (queries cut along axis 1 to the span,
+    keys to the span and, banded, a chunk each side), each result padded back with zeros
+    to its full shape (`full_shapes`: (shape, dtype) each)."""
+
+    def run(width, queries, keys):
+        if width == 0:
+            return tuple(jnp.zeros(shape, dtype) for shape, dtype in full_shapes)
+        key_width = width if plan.band is None else width + 2 * plan.band
+        cut = fn(
+            jax.tree.map(lambda x: x[:, :width], queries),
+            jax.tree.map(lambda x: x[:, :key_width], keys),
+        )
+        return tuple(
+            jnp.pad(x, [(0, 0), (0, shape[1] - x.shape[1])] + [(0, 0)] * (x.ndim - 2))
+            for x, (shape, _) in zip(cut, full_shapes)
+        )
+
+    branches = [functools.partial(run, width) for width in plan.spans]
+    return jax.lax.switch(_span_index(q_ids, plan.spans), branches, queries, keys)
+
+
+def _chunked(queries, keys, band):
+    """Rows [r, c w, ...] of queries and [r, (c + 2) w, ...] of keys (a chunk of padding
+    each side) -> [r c, w, ...] chunks of queries and [r c, 3 w, ...] their bands of keys."""
+
+    def chunks(x):
+        return x.reshape((-1, band) + x.shape[2:])
+
+    def bands(x):
+        rows, chunks = x.shape[0], x.shape[1] // band
+        parts = x.reshape((rows, chunks, band) + x.shape[2:])  # [r, c + 2, w, ...]
+        three = jnp.concatenate([parts[:, :-2], parts[:, 1:-1], parts[:, 2:]], axis=2)
+        return three.reshape((-1, 3 * band) + x.shape[2:])  # [r c, 3 w, ...]
+
+    return jax.tree.map(chunks, queries), jax.tree.map(bands, keys)
+
+
+def _unchunked(x, rows):
+    """[r c, w, ...] -> [r, c w, ...]."""
+    return x.reshape((rows, -1) + x.shape[2:])
+
+
+def _folded_bands(x, rows, band):
+    """[r c, 3 w, ...] gradients of each chunk's band -> [r, (c + 2) w, ...]: each key's sum
+    over the bands it belongs to (its own chunk's and both neighbours')."""
+    per_chunk = x.reshape((rows, -1, 3, band) + x.shape[2:])  # [r, c, 3, w, ...]
+    rest = [(0, 0)] * (per_chunk.ndim - 4)
+    total = sum(
+        jnp.pad(per_chunk[:, :, part], [(0, 0), (part, 2 - part), (0, 0)] + rest)
+        for part in range(3)
+    )  # [r, c + 2, w, ...]
+    return total.reshape((rows, -1) + x.shape[2:])
+
+
+def _masked_logits(q, k, ids, window, scale):
+    """[r, s, t] float32 logits of a block (q [r, s, d], k [r, t, d]), masked by document
+    and window."""
     q_ids, k_ids, q_pos, k_pos = ids
-    logits = jnp.einsum("gsd,gtd->gst", q, k, preferred_element_type=jnp.float32) * scale
-    keep = q_ids[:, :, None] == k_ids[:, None, :]  # [g, s, t]
+    logits = jnp.einsum("rsd,rtd->rst", q, k, preferred_element_type=jnp.float32) * scale
+    keep = q_ids[:, :, None] == k_ids[:, None, :]  # [r, s, t]
     if window is not None:
         keep = keep & (jnp.abs(q_pos[:, :, None] - k_pos[:, None, :]) <= window)
     return jnp.where(keep, logits, _MASK_VALUE)
 
 
+def _row_blocks(x, rows):
+    """[b, ...] -> [b / rows, rows, ...]."""
+    return x.reshape((x.shape[0] // rows, rows) + x.shape[1:])
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
-def _masked_blocked(q, k, v, ids, window, rows):
-    return _masked_blocked_forward(q, k, v, ids, window, rows)[0]
+def _masked_blocked(q, k, v, ids, window, plan):
+    return _masked_blocked_forward(q, k, v, ids, window, plan)[0]
 
 
-def _masked_blocked_forward(q, k, v, ids, window, rows):
+def _masked_blocked_forward(q, k, v, ids, window, plan):
     scale = 1.0 / math.sqrt(q.shape[-1])
+    q_ids, k_ids, q_pos, k_pos = ids
 
-    def block(args):
-        q, k, v, ids = args
-        logits = _masked_block_logits(q, k, ids, window, scale)  # [g, s, t]
-        top = jnp.max(logits, axis=-1, keepdims=True)  # [g, s, 1]
+    def attend(queries, keys):
+        rows = queries[0].shape[0]
+        if plan.band is not None:
+            queries, keys = _chunked(queries, keys, plan.band)
+        (q, q_ids, q_pos), (k, v, k_ids, k_pos) = queries, keys
+        logits = _masked_logits(q, k, (q_ids, k_ids, q_pos, k_pos), window, scale)
+        top = jnp.max(logits, axis=-1, keepdims=True)  # [r, s, 1]
         exp = jnp.exp(logits - top)
-        total = jnp.sum(exp, axis=-1, keepdims=True)  # [g, s, 1]
-        out = jnp.einsum("gst,gtd->gsd", (exp / total).astype(v.dtype), v)  # [g, s, d]
-        return out, top + jnp.log(total)
-
-    blocked = jax.tree.map(lambda x: _blocks(x, rows), (q, k, v, ids))
-    out, lse = jax.lax.map(block, blocked)
-    out, lse = out.reshape(q.shape), lse.reshape(q.shape[:2] + (1,))
-    return out, (q, k, v, ids, out, lse)
-
-
-def _masked_blocked_backward(window, rows, residuals, grad):
-    q, k, v, ids, out, lse = residuals
-    scale = 1.0 / math.sqrt(q.shape[-1])
+        total = jnp.sum(exp, axis=-1, keepdims=True)
+        out = jnp.einsum("rst,rtd->rsd", (exp / total).astype(v.dtype), v)  # [r, s, d]
+        lse = (top + jnp.log(total))[..., 0]  # [r, s]
+        return _unchunked(out, rows), _unchunked(lse, rows)
 
     def block(args):
-        q, k, v, ids, out, lse, grad = args
-        weights = jnp.exp(_masked_block_logits(q, k, ids, window, scale) - lse)  # [g, s, t]
-        dv = jnp.einsum("gst,gsd->gtd", weights.astype(grad.dtype), grad)  # [g, t, d]
-        dweights = jnp.einsum("gsd,gtd->gst", grad, v, preferred_element_type=jnp.float32)
+        index, q, q_ids, q_pos = args
+        keys = tuple(
+            jax.lax.dynamic_slice_in_dim(x, index * plan.rows, plan.rows)
+            for x in (k, v, k_ids, k_pos)
+        )
+        shapes = ((q.shape, v.dtype), (q.shape[:2], jnp.float32))
+        return _on_spans(plan, q_ids, attend, (q, q_ids, q_pos), keys, shapes)
+
+    blocked = tuple(_row_blocks(x, plan.rows) for x in (q, q_ids, q_pos))
+    out, lse = jax.lax.map(block, (jnp.arange(blocked[0].shape[0]), *blocked))
+    return out.reshape(q.shape), (q, k, v, ids, out, lse)
+
+
+def _masked_blocked_backward(window, plan, residuals, grad):
+    q, k, v, ids, out, lse = residuals  # out and lse in blocks
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    q_ids, k_ids, q_pos, k_pos = ids
+
+    def gradients(queries, keys):
+        rows = queries[0].shape[0]
+        if plan.band is not None:
+            queries, keys = _chunked(queries, keys, plan.band)
+        (q, q_ids, q_pos, out, lse, grad), (k, v, k_ids, k_pos) = queries, keys
+        logits = _masked_logits(q, k, (q_ids, k_ids, q_pos, k_pos), window, scale)
+        weights = jnp.exp(logits - lse[..., None])  # [r, s, t]: the forward's softmax
+        dv = jnp.einsum("rst,rsd->rtd", weights.astype(grad.dtype), grad)
+        dweights = jnp.einsum("rsd,rtd->rst", grad, v, preferred_element_type=jnp.float32)
         # The softmax's backward, with sum(w * dw) = sum(out * grad) over the head size
         # (flash attention's D), which needs no pass over the [s, t] block.
         delta = jnp.sum(out.astype(jnp.float32) * grad.astype(jnp.float32), -1, keepdims=True)
-        dlogits = (weights * (dweights - delta) * scale).astype(q.dtype)  # [g, s, t]
-        dq = jnp.einsum("gst,gtd->gsd", dlogits, k)
-        dk = jnp.einsum("gst,gsd->gtd", dlogits, q)
-        return dq, dk, dv
+        dlogits = (weights * (dweights - delta) * scale).astype(q.dtype)  # [r, s, t]
+        dq = jnp.einsum("rst,rtd->rsd", dlogits, k)
+        dk = jnp.einsum("rst,rsd->rtd", dlogits, q)
+        if plan.band is None:
+            return dq, dk, dv
+        return (
+            _unchunked(dq, rows),
+            _folded_bands(dk, rows, plan.band),
+            _folded_bands(dv, rows, plan.band),
+        )
 
-    blocked = jax.tree.map(lambda x: _blocks(x, rows), (q, k, v, ids, out, lse, grad))
-    dq, dk, dv = jax.lax.map(block, blocked)
+    def block(args):
+        index, q, q_ids, q_pos, out, lse, grad = args
+        keys = tuple(
+            jax.lax.dynamic_slice_in_dim(x, index * plan.rows, plan.rows)
+            for x in (k, v, k_ids, k_pos)
+        )
+        shapes = ((q.shape, q.dtype), (keys[0].shape, k.dtype), (keys[1].shape, v.dtype))
+        queries = (q, q_ids, q_pos, out, lse, grad)
+        return _on_spans(plan, q_ids, gradients, queries, keys, shapes)
+
+    blocked = tuple(_row_blocks(x, plan.rows) for x in (q, q_ids, q_pos, grad))
+    dq, dk, dv = jax.lax.map(
+        block, (jnp.arange(blocked[0].shape[0]), *blocked[:3], out, lse, blocked[3])
+    )
     no_ids = jax.tree.map(lambda _: None, ids)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), no_ids
 
 
 _masked_blocked.defvjp(_masked_blocked_forward, _masked_blocked_backward)
-
-
-def _chunk_band(x: jax.Array, window: int, fill) -> jax.Array:
-    """[b, s, ...] -> [b, chunks, 3 * window, ...]: each chunk's band of keys (the chunk
-    before, itself, the chunk after), `fill` beyond the row."""
-    batch, seq = x.shape[:2]
-    chunks = -(-seq // window)
-    pad = [(0, 0), (window, (chunks + 1) * window - seq)] + [(0, 0)] * (x.ndim - 2)
-    padded = jnp.pad(x, pad, constant_values=fill)
-    blocks = padded.reshape(batch, chunks + 2, window, *x.shape[2:])  # [b, c + 2, w, ...]
-    return jnp.concatenate([blocks[:, :-2], blocks[:, 1:-1], blocks[:, 2:]], axis=2)
 
 
 def _masked_blocked_attention(query, key, value, document_ids, local_window=None):
@@ -534,52 +655,49 @@ def _masked_blocked_attention(query, key, value, document_ids, local_window=None
     `local_window` queries against their band of keys (see the section's comment).
     """
     batch, seq, heads, dim = query.shape
-    positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))  # [b, s]
-    document_ids = document_ids.astype(jnp.int32)
+
+    def rows_of(x):  # [b, s, n, d] -> [b n, s, d]: a row per (example, head)
+        return x.transpose(0, 2, 1, 3).reshape(batch * heads, seq, dim)
+
+    def per_head(x):  # [b, s] -> [b n, s]
+        return jnp.broadcast_to(x[:, None], (batch, heads, seq)).reshape(batch * heads, seq)
+
+    query, key, value = rows_of(query), rows_of(key), rows_of(value)
+    document_ids = per_head(document_ids.astype(jnp.int32))
+    positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), document_ids.shape)
     if local_window is not None and 0 < local_window and seq > 3 * local_window:
         w = local_window
         chunks = -(-seq // w)
-        pad = ((0, 0), (0, chunks * w - seq), (0, 0), (0, 0))
-        query = jnp.pad(query, pad).reshape(batch * chunks, w, heads, dim)  # [b c, w, n, d]
-        key, value = (
-            _chunk_band(x, w, 0).reshape(batch * chunks, 3 * w, heads, dim)  # [b c, 3w, n, d]
-            for x in (key, value)
-        )
+
+        def padded(x, before, fill):  # [r, s, ...] -> [r, before + chunks w + ..., ...]
+            after = chunks * w - seq + (w if before else 0)
+            pad = [(0, 0), (before, after)] + [(0, 0)] * (x.ndim - 2)
+            return jnp.pad(x, pad, constant_values=fill)
+
         # Queries past the row's end are a document (-2) no key belongs to; keys outside
-        # the row are one (-1) no query belongs to.
-        q_ids = jnp.pad(document_ids, ((0, 0), (0, chunks * w - seq)), constant_values=-2)
-        q_pos = jnp.pad(positions, ((0, 0), (0, chunks * w - seq)))
-        k_ids = _chunk_band(document_ids, w, -1).reshape(batch * chunks, 3 * w)
-        k_pos = _chunk_band(positions, w, 0).reshape(batch * chunks, 3 * w)
-        out = _masked_blocked_rows(
-            query,
-            key,
-            value,
-            (q_ids.reshape(batch * chunks, w), k_ids, q_pos.reshape(batch * chunks, w), k_pos),
-            w,
-        )  # [b c, w, n, d]
-        return out.reshape(batch, chunks * w, heads, dim)[:, :seq]
-    ids = (document_ids, document_ids, positions, positions)
-    return _masked_blocked_rows(query, key, value, ids, local_window)
+        # the row (a chunk's worth each side) are one (-1) no query belongs to.
+        ids = (
+            padded(document_ids, 0, -2),
+            padded(document_ids, w, -1),
+            padded(positions, 0, 0),
+            padded(positions, w, 0),
+        )
+        rows = _rows_per_block(batch * heads, chunks * w * 3 * w)
+        plan = _Plan(rows=rows, band=w, spans=_spans(chunks * w, w))
+        out = _masked_blocked(
+            padded(query, 0, 0), padded(key, w, 0), padded(value, w, 0), ids, w, plan
+        )[:, :seq]
+    else:
+        plan = _Plan(_rows_per_block(batch * heads, seq * seq), band=None, spans=_spans(seq, 8))
+        ids = (document_ids, document_ids, positions, positions)
+        out = _masked_blocked(query, key, value, ids, local_window, plan)  # [b n, s, d]
+    return out.reshape(batch, heads, seq, dim).transpose(0, 2, 1, 3)
 
 
-def _masked_blocked_rows(query, key, value, ids, window):
-    """[r, s, n, d] queries, [r, t, n, d] keys and values, ids (query ids, key ids, query
-    positions, key positions: [r, s] or [r, t] each) -> [r, s, n, d]."""
-    rows, seq_len, heads, head_dim = query.shape
-    kv_len = key.shape[1]
-
-    def rows_of(x):  # [r, s, n, d] -> [r * n, s, d]
-        return x.transpose(0, 2, 1, 3).reshape(rows * heads, x.shape[1], head_dim)
-
-    def per_head(x):  # [r, s] -> [r * n, s]
-        return jnp.broadcast_to(x[:, None], (rows, heads, x.shape[1])).reshape(-1, x.shape[1])
-
-    block = _block_rows(rows * heads, seq_len, kv_len)
-    out = _masked_blocked(
-        rows_of(query), rows_of(key), rows_of(value), tuple(map(per_head, ids)), window, block
-    )  # [r * n, s, d]
-    return out.reshape(rows, heads, seq_len, head_dim).transpose(0, 2, 1, 3)
+def _rows_per_block(batch: int, scores_per_row: int) -> int:
+    """The most rows (a divisor of the batch) whose scores fit a block's budget, at least 1."""
+    budget = max(1, _BLOCK_ELEMENTS // scores_per_row)
+    return max(d for d in range(1, min(batch, budget) + 1) if batch % d == 0)
 
 
 def _xla_attention(

@@ -7,6 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from bertjax import attention, sharding
 
@@ -377,6 +379,68 @@ def test_blocked_documents_and_windows_equal_the_reference_forward_and_backward(
     for g, r in zip(grads, expected):
         assert np.isfinite(np.asarray(g)).all()
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
+
+
+# Rows long enough (>= attention._SPLIT_MIN_SEQ) that each block is cut to its last real query.
+CUT_SEQ, CUT_ROWS = 320, 4
+
+
+@functools.cache
+def _cut_paths(window):
+    """Jitted outputs and gradients of the blocked path and the reference on [4, 320] rows."""
+
+    def blocked(q, k, v, ids):
+        return attention.dot_product_attention(
+            q, k, v, implementation="blocked", document_ids=ids, local_window=window
+        )
+
+    def reference(q, k, v, ids):
+        return attention.reference_attention(q, k, v, document_ids=ids, local_window=window)
+
+    def with_grads(fn):
+        def loss(q, k, v, ids, weights):
+            return jnp.sum(fn(q, k, v, ids) * weights)
+
+        return jax.jit(lambda *a: (fn(*a[:4]), jax.grad(loss, argnums=(0, 1, 2))(*a)))
+
+    return with_grads(blocked), with_grads(reference)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    lengths=st.lists(st.integers(0, CUT_SEQ), min_size=CUT_ROWS, max_size=CUT_ROWS),
+    cuts=st.lists(st.integers(1, CUT_SEQ - 1), max_size=3),
+    window=st.sampled_from([None, 16, 100]),
+)
+@example(lengths=[80, 1, 0, 33], cuts=[2, 3], window=None)
+@example(lengths=[80, 1, 0, 33], cuts=[2, 3], window=16)
+@example(lengths=[0, 80, 1, 17], cuts=[], window=100)
+@example(lengths=[CUT_SEQ, 0, 1, 250], cuts=[100, 101, 260], window=16)
+def test_blocked_rows_cut_at_their_last_real_query_equal_the_reference(lengths, cuts, window):
+    """Long rows padded anywhere from nothing to everything (one-token and empty rows too),
+    row 0 holding documents: the blocked path, which computes each block only up to its
+    last real query (on whole rows, or chunk by chunk in a window's band: 16 and 100 are
+    banded, 320 > 3 windows), equals the float32 reference on real tokens, outputs and
+    gradients; padded queries past a block's last real one get zeros."""
+    rng = np.random.default_rng(sum(lengths))
+    q, k, v = (
+        jnp.asarray(rng.standard_normal((CUT_ROWS, CUT_SEQ, N, D)), jnp.float32) for _ in range(3)
+    )
+    real = np.arange(CUT_SEQ)[None, :] < np.asarray(lengths)[:, None]  # [b, s]
+    ids = real.astype(np.int32)
+    for cut in cuts:  # documents 1, 2, ... in row 0, padding stays 0
+        ids[0, cut:] += ids[0, cut:] > 0
+    weights = rng.standard_normal(q.shape) * real[:, :, None, None]
+    blocked, reference = _cut_paths(window)
+    out, grads = blocked(q, k, v, jnp.asarray(ids), weights)
+    expected, expected_grads = reference(q, k, v, jnp.asarray(ids), weights)
+    np.testing.assert_allclose(np.asarray(out)[real], np.asarray(expected)[real], atol=1e-5)
+    for g, r in zip(grads, expected_grads):
+        assert np.isfinite(np.asarray(g)).all()
+        np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
+    assert np.isfinite(np.asarray(out)).all()
+    if max(lengths) <= CUT_SEQ // 4:  # every block is cut to a quarter (or a 100-wide chunk)
+        assert not np.asarray(out)[:, 100:].any()
 
 
 def test_local_window_splash_under_mesh_matches():
