@@ -18,7 +18,9 @@ Choosing an implementation (``resolve_implementation``):
            windows (ModernBERT's layers) run a blocked path of their own, without dropout:
            the mask is made inside each block from the ids and positions, and a window's
            rows attend by chunks against their band of keys, so neither the [seq, seq]
-           probabilities nor a [seq, seq] mask ever exist whole.
+           probabilities nor a [seq, seq] mask ever exist whole; a block whose real queries
+           all lie in the first half of its rows computes that half only (padded queries
+           past it get zeros).
   "cudnn"  the fused cuDNN flash-attention kernel. Padding is passed as key/value sequence
            lengths (the count of ones in the mask), so the mask must be a prefix of ones, as
            BERT's input_mask always is.
@@ -450,37 +452,42 @@ def _blocked_attention(query, key, value, attention_mask, keep_prob=1.0, dropout
 # ---------------------------------------------------------------------------------------------
 # Blocked attention with documents and windows (ModernBERT's layers on CPU): each query sees
 # the keys of its own document (ids; padding is a document of its own) and, with a window,
-# only keys within |i - j| <= window. Arrays stay [rows, seq, heads, dim] (no transposes of
-# the whole batch); a block is a few whole rows, all heads, or with a window on rows longer
-# than three windows one chunk of `window` queries against the band of its own and its two
-# neighbours' keys, so scores are seq x 3 window, never seq x seq. As `_blocked`, a block's
+# only keys within |i - j| <= window. A row is one (example, head) pair; a block is a few
+# rows, whole, or with a window on rows longer than three windows, cut into chunks of
+# `window` queries, each against the band of its own and its two neighbours' keys (built
+# inside the block), so scores are seq x 3 window, never seq x seq. As `_blocked`, a block's
 # scores stay in cache and the backward pass recomputes the weights from the saved
-# log-sum-exp. Padding never reaches a real token, so each block computes only up to its
-# last real query (a block of padding computes nothing): a row padded to four times its
-# length pays about a sixteenth of its attention. What padded queries get is zeros.
+# log-sum-exp. Padding never reaches a real token, so a block computes only as far as its
+# last real query needs: the first half of its rows when that holds every real query
+# (a quarter of the work; for a band, half of the chunks), nothing when none is real.
+# What padded queries past that point get is zeros.
 
 
 class _Plan(NamedTuple):
     """How `_masked_blocked` cuts its rows: `rows` rows per block, whole, or (band) in
     chunks of `band` queries against their 3 x `band` keys; `spans` the query extents a
-    block may be cut to, narrowest first (multiples of `band`)."""
+    block may be cut to, narrowest first (for a band, multiples of `band`)."""
 
     rows: int
     band: int | None
     spans: tuple[int, ...]
 
 
-# Rows shorter than this are not cut below their width: it saves too little to pay for the
-# extra programs (one per extent).
+# Rows shorter than this are not cut: it saves too little to pay for the extra programs.
 _SPLIT_MIN_SEQ = 256
 
 
 def _spans(seq_len: int, unit: int) -> tuple[int, ...]:
-    """Nothing, or a quarter, half, three quarters or all of a row (in multiples of unit)."""
+    """Nothing, the first half (rounded up to a multiple of unit) or all of a row.
+
+    Each extent is one more program per attention layer to compile: finer cuts (quarters)
+    saved a little more per step but cost more compiling than a fine-tuning run won back
+    (benchmarks/modernbert.py --finetune reviews).
+    """
     if seq_len < _SPLIT_MIN_SEQ:
         return (0, seq_len)
-    units = seq_len // unit
-    return (0,) + tuple(sorted({-(-units * k // 4) * unit for k in (1, 2, 3, 4)}))
+    half = -(-seq_len // (2 * unit)) * unit
+    return (0, half, seq_len) if half < seq_len else (0, seq_len)
 
 
 def _span_index(q_ids, spans):
