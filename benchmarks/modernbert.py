@@ -238,7 +238,9 @@ def ours_train_step(config, params, packed_length: int | None = None):
             batch["positions_mlm"],
             document_ids=batch.get("document_ids"),
             positions=batch.get("positions"),
+            deterministic=False,  # training, as train.py runs it
             packed_length=packed_length,
+            rngs={"dropout": jax.random.key(1)},
         ).mlm_logits
         log_probs = jax.nn.log_softmax(logits)
         picked = jnp.take_along_axis(log_probs, batch["targets"][..., None], axis=-1)[..., 0]
@@ -465,7 +467,9 @@ def ours_classifier_step(config, num_labels: int):
             batch["input_ids"],
             None,
             batch["attention_mask"],
+            deterministic=False,  # training, as finetune.py runs it (kernels are chosen so)
             packed_length=packed_length,
+            rngs={"dropout": jax.random.key(1)},
         )  # [b, labels]
         log_probs = jax.nn.log_softmax(logits)
         return -jnp.mean(jnp.take_along_axis(log_probs, batch["labels"][:, None], axis=1))

@@ -493,15 +493,14 @@ def test_layer_masks_send_each_kind_of_layer_to_the_kernel_that_serves_it(monkey
     for got, want in zip(masks, expected):
         np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
     # CPU, "auto" or "blocked": both kinds of layer on the blocked path (documents and
-    # windows); with attention dropout in training, the einsum path. "auto" keeps local
-    # layers on the einsum path in training (its backward measured faster there).
+    # windows), in training too; with attention dropout in training, the einsum path.
     for impl in ("auto", "blocked"):
         cpu = dataclasses.replace(config, attention_impl=impl)
         global_mask, local_mask = mb_attention.layer_masks(cpu, mask, segments, deterministic=True)
         assert isinstance(global_mask, mb_attention.KernelMasks) and local_mask is global_mask
         global_mask, local_mask = mb_attention.layer_masks(cpu, mask, segments, deterministic=False)
         assert isinstance(global_mask, mb_attention.KernelMasks)
-        assert isinstance(local_mask, mb_attention.KernelMasks) == (impl == "blocked")
+        assert isinstance(local_mask, mb_attention.KernelMasks) and local_mask is global_mask
         dropping = dataclasses.replace(cpu, attention_dropout=0.1)
         masks = mb_attention.layer_masks(dropping, mask, segments, deterministic=False)
         assert not any(isinstance(m, mb_attention.KernelMasks) for m in masks)

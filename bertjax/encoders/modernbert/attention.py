@@ -10,8 +10,7 @@ bertjax.attention.resolve_implementation, once per forward. Where it picks a ker
 those layers call bertjax.attention.dot_product_attention with the padding mask, the segment
 ids as document ids and, on local layers, the window, instead of building boolean masks:
 blocked on one CPU device (both kinds of layer, documents and windows; "auto"'s choice
-there for global layers, and for local layers outside training: see `attention_kernel`),
-splash on TPUs (both kinds of layer: a LocalMask band
+there), splash on TPUs (both kinds of layer: a LocalMask band
 per head, documents as segment ids; sequences a multiple of 128), cuDNN on NVIDIA GPUs in
 bf16/fp16 (global layers of rows without documents only: jax's cuDNN attention takes
 neither a two-sided window nor documents; those layers keep the einsum path, the reason
@@ -103,13 +102,7 @@ def attention_kernel(
 ) -> str | None:
     """The kernel ("blocked", "cudnn" or "splash") one kind of layer runs on, or None for
     ModernBERT's own einsum path: bertjax.attention.resolve_implementation's choice for
-    config.attention_impl (which logs, once, why a requested kernel cannot serve).
-
-    "auto" keeps local layers on the einsum path in training: their chunked einsum
-    attention's backward measured faster on CPU than the blocked one's (0.76x-1.02x for
-    blocked, forward + backward; `benchmarks/modernbert.py --attention`), while the blocked
-    forward is faster (1.25x) and global layers gain both ways (1.6x forward, 1.1x with the
-    backward)."""
+    config.attention_impl (which logs, once, why a requested kernel cannot serve)."""
     impl = attention_lib.resolve_implementation(
         config.attention_impl,
         dtype=jnp.dtype(config.dtype),
@@ -121,8 +114,6 @@ def attention_kernel(
         document_mask=documents,
         local_window=local_window,
     )
-    if impl == "blocked" and config.attention_impl == "auto" and local_window is not None:
-        return None if not deterministic else impl
     return impl if impl in KERNELS else None
 
 
