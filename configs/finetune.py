@@ -104,8 +104,11 @@ def get_config() -> ml_collections.ConfigDict:
             dtype="float32",  # compute dtype; bfloat16 on TPU/GPU
             attention_impl="auto",
             remat_policy="none",
-            hidden_dropout=0.1,
-            attention_dropout=0.1,
+            # Unset: the encoder family's fine-tuning dropout: BERT's and ELECTRA's 0.1
+            # (google's), ModernBERT's the checkpoint's own (0.0 in AnswerDotAI's), as
+            # transformers' ModernBertFor* classes train it.
+            hidden_dropout=placeholder(float),
+            attention_dropout=placeholder(float),
         )
     )
     # AdamW with BERT's weight-decay mask; linear warmup over warmup_fraction of the steps,

@@ -51,6 +51,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, Protocol
 
 import flax.linen as nn
@@ -209,6 +210,9 @@ class EncoderFamily:
       phase_fields      architecture fields a new training phase (config.init_from) may change
                         without changing the weights' shapes, e.g. a longer context's rotary
                         theta
+      finetune_dropout  fine-tuning's dropout where the run's config.model leaves it unset
+                        (settings' names: hidden_dropout, attention_dropout); a field not
+                        named keeps the checkpoint's own
     """
 
     name: str = ""
@@ -218,6 +222,7 @@ class EncoderFamily:
     feed_forward_matrices: int = 2
     architecture_fields: tuple[str, ...] = ()
     phase_fields: tuple[str, ...] = ()
+    finetune_dropout: Mapping[str, float] = MappingProxyType({})
     # The pretraining tree's group that scores each token as replaced (`replaced_logits`;
     # ELECTRA's discriminator head), or None where the family has none.
     replaced_token_head: str | None = None

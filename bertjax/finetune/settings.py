@@ -149,8 +149,9 @@ class FinetuneSettings:
         """The checkpoint's architecture with this run's numerics and dropout (in the terms
         of the checkpoint's encoder family)."""
         family = encoders.family_of(checkpoint_config)
+        overrides = {**family.finetune_dropout, **self.model_overrides}
         try:
-            model = family.with_overrides(checkpoint_config, self.model_overrides)
+            model = family.with_overrides(checkpoint_config, overrides)
         except (ValueError, TypeError) as e:
             raise ConfigError(f"config.model: {e}") from e
         if self.data.max_seq_length > model.max_position_embeddings:
@@ -294,7 +295,9 @@ def _read_finetune(
         f"{tuple(mesh.shape.values())})",
     )
 
-    model_overrides = dict(config.model)
+    # Unset dropouts are the family's (EncoderFamily.finetune_dropout), resolved once
+    # init_from's family is known (model_config).
+    model_overrides = {k: v for k, v in dict(config.model).items() if v is not None}
     unknown = sorted(set(model_overrides) - set(FINETUNE_MODEL_FIELDS))
     require_(not unknown, "model", f"fields {unknown} cannot change: valid {FINETUNE_MODEL_FIELDS}")
     # Their values are checked by the checkpoint's family, once init_from is open

@@ -13,6 +13,7 @@ from bertjax import Model
 from bertjax import capability as capability_lib
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.finetune import data as task_data
 from bertjax.finetune import layouts
 from bertjax.finetune import task as task_lib
@@ -287,6 +288,31 @@ def test_max_source_length_is_named_in_its_own_messages(source, tmp_path):  # no
     with pytest.raises(ConfigError) as err:
         settings.model_config(bert_config())
     assert one_line(err).startswith("config.data.max_source_length=300: exceeds")
+
+
+def test_unset_dropout_is_the_familys_and_a_set_one_applies_to_every_family(source, tmp_path):  # noqa: F811
+    """config.model's dropouts unset: BERT fine-tunes at google's 0.1 whatever it was
+    pretrained with; ModernBERT keeps its checkpoint's own, as transformers trains it. Set,
+    they apply to either family (ModernBERT reads hidden_dropout as its embeddings' and
+    feed-forward's)."""
+    write_data(tmp_path, 16, 8, 4)
+    modern = ModernBertConfig(embedding_dropout=0.0, mlp_dropout=0.05, attention_dropout=0.0)
+    unset = FinetuneSettings.from_config(make_config(source, tmp_path))
+    bert = unset.model_config(bert_config(hidden_dropout=0.0, attention_dropout=0.0))
+    assert (bert.hidden_dropout, bert.attention_dropout) == (0.1, 0.1)
+    kept = unset.model_config(modern)
+    assert (kept.embedding_dropout, kept.mlp_dropout, kept.attention_dropout) == (0.0, 0.05, 0.0)
+
+    fields = {"model.hidden_dropout": 0.2, "model.attention_dropout": 0.3}
+    given = FinetuneSettings.from_config(make_config(source, tmp_path, **fields))
+    bert = given.model_config(bert_config())
+    assert (bert.hidden_dropout, bert.attention_dropout) == (0.2, 0.3)
+    changed = given.model_config(modern)
+    assert (changed.embedding_dropout, changed.mlp_dropout, changed.attention_dropout) == (
+        0.2,
+        0.2,
+        0.3,
+    )
 
 
 # ------------------------------------------------------------------------------ notebook methods

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import flax.linen as nn
@@ -43,6 +44,9 @@ class BertEncoder(BertModel):
 
 class Bert(family.EncoderFamily):
     name = "bert"
+    # google-research/bert fine-tunes at its configs' 0.1 (bert_config.json), whatever a
+    # small model here was pretrained with.
+    finetune_dropout = MappingProxyType({"hidden_dropout": 0.1, "attention_dropout": 0.1})
     config_class = BertConfig
     model_type = "bert"
     architecture_fields = ARCHITECTURE_FIELDS

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import flax.linen as nn
@@ -27,6 +28,9 @@ from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, ElectraConfig
 
 class Electra(family.EncoderFamily):
     name = "electra"
+    # google-research/electra fine-tunes at its model config's 0.1 (BertConfig's defaults,
+    # which configure_finetuning does not override).
+    finetune_dropout = MappingProxyType({"hidden_dropout": 0.1, "attention_dropout": 0.1})
     config_class = ElectraConfig
     model_type = electra_hf.MODEL_TYPE
     sentence_pair_head = False
