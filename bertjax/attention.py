@@ -564,9 +564,9 @@ def _masked_logits(q, k, ids, window, scale):
     return jnp.where(keep, logits, _MASK_VALUE)
 
 
-def _row_blocks(x, rows):
-    """[b, ...] -> [b / rows, rows, ...]."""
-    return x.reshape((x.shape[0] // rows, rows) + x.shape[1:])
+def _key_rows(index, plan, arrays):
+    """The rows of `arrays` (keys, values and their ids) that block `index` attends to."""
+    return tuple(jax.lax.dynamic_slice_in_dim(x, index * plan.rows, plan.rows) for x in arrays)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
@@ -593,14 +593,11 @@ def _masked_blocked_forward(q, k, v, ids, window, plan):
 
     def block(args):
         index, q, q_ids, q_pos = args
-        keys = tuple(
-            jax.lax.dynamic_slice_in_dim(x, index * plan.rows, plan.rows)
-            for x in (k, v, k_ids, k_pos)
-        )
+        keys = _key_rows(index, plan, (k, v, k_ids, k_pos))
         shapes = ((q.shape, v.dtype), (q.shape[:2], jnp.float32))
         return _on_spans(plan, q_ids, attend, (q, q_ids, q_pos), keys, shapes)
 
-    blocked = tuple(_row_blocks(x, plan.rows) for x in (q, q_ids, q_pos))
+    blocked = tuple(_blocks(x, plan.rows) for x in (q, q_ids, q_pos))
     out, lse = jax.lax.map(block, (jnp.arange(blocked[0].shape[0]), *blocked))
     return out.reshape(q.shape), (q, k, v, ids, out, lse)
 
@@ -635,17 +632,17 @@ def _masked_blocked_backward(window, plan, residuals, grad):
 
     def block(args):
         index, q, q_ids, q_pos, out, lse, grad = args
-        keys = tuple(
-            jax.lax.dynamic_slice_in_dim(x, index * plan.rows, plan.rows)
-            for x in (k, v, k_ids, k_pos)
-        )
+        keys = _key_rows(index, plan, (k, v, k_ids, k_pos))
         shapes = ((q.shape, q.dtype), (keys[0].shape, k.dtype), (keys[1].shape, v.dtype))
         queries = (q, q_ids, q_pos, out, lse, grad)
         return _on_spans(plan, q_ids, gradients, queries, keys, shapes)
 
-    blocked = tuple(_row_blocks(x, plan.rows) for x in (q, q_ids, q_pos, grad))
+    q_blocks, q_ids_blocks, q_pos_blocks, grad_blocks = (
+        _blocks(x, plan.rows) for x in (q, q_ids, q_pos, grad)
+    )
+    indices = jnp.arange(q_blocks.shape[0])
     dq, dk, dv = jax.lax.map(
-        block, (jnp.arange(blocked[0].shape[0]), *blocked[:3], out, lse, blocked[3])
+        block, (indices, q_blocks, q_ids_blocks, q_pos_blocks, out, lse, grad_blocks)
     )
     no_ids = jax.tree.map(lambda _: None, ids)
     return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), no_ids
@@ -689,22 +686,16 @@ def _masked_blocked_attention(query, key, value, document_ids, local_window=None
             padded(positions, 0, 0),
             padded(positions, w, 0),
         )
-        rows = _rows_per_block(batch * heads, chunks * w * 3 * w)
+        rows = _block_rows(batch * heads, chunks * w, 3 * w)  # a block holds whole rows
         plan = _Plan(rows=rows, band=w, spans=_spans(chunks * w, w))
         out = _masked_blocked(
             padded(query, 0, 0), padded(key, w, 0), padded(value, w, 0), ids, w, plan
         )[:, :seq]
     else:
-        plan = _Plan(_rows_per_block(batch * heads, seq * seq), band=None, spans=_spans(seq, 8))
+        plan = _Plan(_block_rows(batch * heads, seq, seq), band=None, spans=_spans(seq, 8))
         ids = (document_ids, document_ids, positions, positions)
         out = _masked_blocked(query, key, value, ids, local_window, plan)  # [b n, s, d]
     return out.reshape(batch, heads, seq, dim).transpose(0, 2, 1, 3)
-
-
-def _rows_per_block(batch: int, scores_per_row: int) -> int:
-    """The most rows (a divisor of the batch) whose scores fit a block's budget, at least 1."""
-    budget = max(1, _BLOCK_ELEMENTS // scores_per_row)
-    return max(d for d in range(1, min(batch, budget) + 1) if batch % d == 0)
 
 
 def _xla_attention(
