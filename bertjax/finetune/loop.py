@@ -532,18 +532,20 @@ def validation_scores(
     batch_size: int,
     length_bucket: int = 32,
     widths: tuple[int, ...] | None = None,
-) -> dict[str, float]:
-    """Loss and the task's metrics on every validation split, namespaced by split (`widths`:
-    as run_eval's)."""
+) -> tuple[dict[str, float], dict[str, dict[str, np.ndarray]]]:
+    """Loss and the task's metrics on every validation split, namespaced by split, and each
+    split's outputs (run_eval's) by its name (`widths`: as run_eval's)."""
     scorer = task_lib.get(ft.head.task)
-    out: dict[str, float] = {}
+    scores: dict[str, float] = {}
+    outputs_by_split = {}
     for examples in task.validation:
         sums, outputs = run_eval(ft, params, examples, batch_size, length_bucket, widths)
         prefix = _prefix(examples.name)
-        out.update({k: float(v) for k, v in ft.objective.metrics(sums, prefix).items()})
+        scores.update({k: float(v) for k, v in ft.objective.metrics(sums, prefix).items()})
         for name, value in scorer.scores(ft.head, examples, outputs).items():
-            out[f"{prefix}/{name}"] = value
-    return out
+            scores[f"{prefix}/{name}"] = value
+        outputs_by_split[examples.name] = outputs
+    return scores, outputs_by_split
 
 
 @dataclasses.dataclass(frozen=True)
@@ -652,6 +654,9 @@ class _SeedHooks:
     best_checkpointer: checkpoint_lib.Checkpointer
     checkpoint_dir: fs.AnyPath
     best: dict | None = None
+    # The best evaluation's outputs by validation split, kept where the task writes the
+    # validation split's predictions (None before it, or when resumed after it).
+    best_validation_outputs: dict[str, dict[str, np.ndarray]] | None = None
     # (epoch, its training order): drawn once per epoch, not at every step (by length, the
     # order sorts the whole training set).
     current_order: tuple[int, np.ndarray] | None = None
@@ -705,7 +710,7 @@ class _SeedHooks:
 
     def eval_metrics(self, state: steps.TrainState, step: int) -> dict[str, float]:
         run, metric = self.run, self.run.settings.run.metric
-        scores = validation_scores(
+        scores, outputs = validation_scores(
             run.ft,
             state.params,
             run.task,
@@ -725,6 +730,10 @@ class _SeedHooks:
                 "epoch": scores["epoch"],
                 "scores": scores,
             }
+            if task_lib.get(run.settings.task).predicts_validation:
+                # The best parameters' validation predictions, written when the run ends
+                # without evaluating the split again.
+                self.best_validation_outputs = outputs
             self.best_checkpointer.save(
                 step,
                 params=state.params,
@@ -793,38 +802,49 @@ def _run_seed(run: _Run, seed: int, workdir: fs.AnyPath) -> dict[str, Any]:
     }
     if outcome.preempted:
         return result
-    result["predictions"] = _predict_tests(run, workdir)
+    result["predictions"] = _predict_tests(run, workdir, hooks.best_validation_outputs)
     if is_main:
         rundir.write_text(workdir / rundir.RESULT_FILE, json.dumps(result, indent=2) + "\n")
     return result
 
 
-def _predict_tests(run: _Run, workdir: fs.AnyPath) -> list[str]:
+def _predict_tests(
+    run: _Run,
+    workdir: fs.AnyPath,
+    validation_outputs: dict[str, dict[str, np.ndarray]] | None = None,
+) -> list[str]:
     """Writes each test split's predictions by the best parameters; their paths.
 
     A task with `predicts_validation` (question answering's official files) writes the
-    validation splits' too; a task's write_predictions may return where it wrote.
+    validation splits' too, from `validation_outputs` (the best evaluation's, by split) where
+    this process kept them; a task's write_predictions may return where it wrote.
     """
     kind = task_lib.get(run.ft.head.task)
-    splits = list(run.task.test)
+    kept = validation_outputs or {}
+    # (split, its outputs where already computed)
+    splits = [(examples, None) for examples in run.task.test]
     if kind.predicts_validation:
-        splits = list(run.task.validation) + splits
+        splits = [(e, kept.get(e.name)) for e in run.task.validation] + splits
     if not splits:
         return []
     with jax.set_mesh(run.ft.mesh):
-        _, params, _ = checkpoint_lib.restore_params(
-            workdir / rundir.BEST_CHECKPOINT_DIR, abstract_params=run.ft.state.abstract.params
-        )
+        params = None
         written = []
-        for examples in splits:
-            _, outputs = run_eval(
-                run.ft,
-                params,
-                examples,
-                run.settings.run.eval_batch_size,
-                run.settings.run.length_bucket,
-                run.eval_widths,
-            )
+        for examples, outputs in splits:
+            if outputs is None:
+                if params is None:
+                    _, params, _ = checkpoint_lib.restore_params(
+                        workdir / rundir.BEST_CHECKPOINT_DIR,
+                        abstract_params=run.ft.state.abstract.params,
+                    )
+                _, outputs = run_eval(
+                    run.ft,
+                    params,
+                    examples,
+                    run.settings.run.eval_batch_size,
+                    run.settings.run.length_bucket,
+                    run.eval_widths,
+                )
             path = workdir / rundir.PREDICTIONS_FILE.format(examples.name)
             if jax.process_index() == 0:
                 path = kind.write_predictions(path, run.ft.head, examples, outputs) or path
@@ -944,9 +964,9 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
         run.length_bucket,
         batch_order=run.batch_order,
     )
-    # Validation splits are evaluated after every epoch (and predicted once more where the
-    # task writes their predictions), test splits predicted once, for every seed.
-    validation_passes = run.num_epochs + int(task_lib.get(settings.task).predicts_validation)
+    # Validation splits are evaluated after every epoch (their predictions, where the task
+    # writes them, are the best evaluation's outputs), test splits predicted once, per seed.
+    validation_passes = run.num_epochs
     eval_widths = evaluation_widths(
         [*task.validation, *task.test],
         run.length_bucket,

@@ -73,3 +73,49 @@ def test_finetune_run_learns_synthetic_squad_v2(tmp_path, optimized):
     # Resuming a finished run takes no step and keeps the best.
     again = loop.finetune(settings, run, devices=jax.devices()[:1])
     assert again["seeds"][0]["best"]["value"] == best["value"]
+
+
+@pytest.mark.slow
+def test_validation_predictions_are_the_best_evaluations_without_another_pass(
+    tmp_path, monkeypatch
+):
+    """The validation split's official files come from the best epoch's evaluation, kept
+    rather than computed again: the run evaluates once per epoch and no more, and the files
+    equal those a resumed finished run (which kept nothing) writes from the best checkpoint."""
+    rng = np.random.default_rng(1)
+    train = write_jsonl(tmp_path / "train.jsonl", synthetic_examples(rng, 64))
+    dev = write_jsonl(tmp_path / "dev.jsonl", synthetic_examples(rng, 24))
+    config = qa_config(
+        random_export(tmp_path / "init"),
+        train,
+        dev,
+        num_epochs=3,
+        batch_size=16,
+        eval_batch_size=8,
+        log_every_steps=1000,
+        # Large enough that a later epoch may score below an earlier one.
+        **{
+            "optimizer.learning_rate": 3e-2,
+            "data.max_seq_length": 24,
+            "qa.doc_stride": 8,
+            "qa.max_query_length": 4,
+        },
+    )
+    devices = jax.devices()[:1]
+    settings = FinetuneSettings.from_config(config, devices=devices)
+    passes = []
+    run_eval = loop.run_eval
+    monkeypatch.setattr(loop, "run_eval", lambda *a, **k: passes.append(1) or run_eval(*a, **k))
+    run = tmp_path / "run"
+    summary = loop.finetune(settings, run, devices=devices)
+    assert len(passes) == 3  # one per epoch, none after the last
+    print(f"best epoch {summary['seeds'][0]['best']['epoch']} of 3")
+    directory = run / "predictions_validation"
+    names = (qa_decode.PREDICTIONS_FILE, qa_decode.NBEST_FILE)
+    kept = {name: (directory / name).read_text() for name in names}
+
+    passes.clear()
+    again = loop.finetune(settings, run, devices=devices)
+    assert len(passes) == 1  # resumed finished: no step, the best checkpoint predicts
+    assert again["seeds"][0]["best"] == summary["seeds"][0]["best"]
+    assert {name: (directory / name).read_text() for name in names} == kept
