@@ -29,7 +29,7 @@ import numpy as np
 from flax import linen as nn
 
 from bertjax import attention as attention_lib
-from bertjax import sharding
+from bertjax import products, sharding
 from bertjax.encoders.bert.config import STACKED_LAYERS, BertConfig
 from bertjax.packing import first_tokens, pack_tokens, packing_index, unpack_tokens
 from bertjax.sharding import (
@@ -83,6 +83,7 @@ def _dense(config: BertConfig, features: int, names, name: str, dtype=None, init
         param_dtype=jnp.dtype(config.param_dtype),
         kernel_init=nn.with_logical_partitioning(init or _init(config), names),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (names[-1],)),
+        dot_general=products.dot_general,
         name=name,
     )
 
@@ -207,7 +208,7 @@ class HeadsProjection(nn.Module):
         )
         bias = _param(self, "bias", nn.initializers.zeros_init(), (n, d), (HEADS, KV), cfg)
         dtype = jnp.dtype(cfg.dtype)
-        y = jnp.einsum("bsh,hnd->bsnd", x.astype(dtype), kernel.astype(dtype))  # [b, s, n, d]
+        y = products.einsum("bsh,hnd->bsnd", x.astype(dtype), kernel.astype(dtype))  # [b,s,n,d]
         return y + bias.astype(dtype)
 
 
@@ -227,7 +228,7 @@ class OutputProjection(nn.Module):
             self, "bias", nn.initializers.zeros_init(), (cfg.hidden_size,), (HIDDEN,), cfg
         )
         dtype = jnp.dtype(cfg.dtype)
-        y = jnp.einsum("bsnd,ndh->bsh", x.astype(dtype), kernel.astype(dtype))  # [b, s, h]
+        y = products.einsum("bsnd,ndh->bsh", x.astype(dtype), kernel.astype(dtype))  # [b, s, h]
         return y + bias.astype(dtype)
 
 
@@ -482,11 +483,8 @@ class MlmHead(nn.Module):
             self, "output_bias", nn.initializers.zeros_init(), (cfg.vocab_size,), (VOCAB,), cfg
         )
         dtype = jnp.dtype(cfg.dtype)
-        logits = jnp.einsum(
-            "bph,vh->bpv",
-            x.astype(dtype),
-            word_table.astype(dtype),
-            preferred_element_type=jnp.float32,
+        logits = products.einsum(
+            "bph,vh->bpv", x.astype(dtype), word_table.astype(dtype), out_dtype=jnp.float32
         )  # [b, p, v]
         logits = logits + bias.astype(jnp.float32)
         return sharding.constrain(logits, (BATCH, LENGTH, VOCAB))

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import attention as attention_lib
+from bertjax import products
 from bertjax.encoders.modernbert.config import KERNELS, ModernBertConfig
 
 # Large negative logit for masked keys: finite, so a query with no visible key softmaxes to
@@ -206,10 +207,8 @@ def _banded_attention(q, k, v, mask, window: int, dropout) -> jax.Array:
     q = jnp.pad(q, ((0, 0), (0, chunks * window - seq), (0, 0), (0, 0)))
     q = q.reshape(batch, chunks, window, heads, dim)  # [b, c, w, n, d]
     k, v = _band(k, window), _band(v, window)  # [b, c, 3w, n, d]
-    logits = jnp.einsum(
-        "bcqnd,bctnd->bcnqt", q, k, preferred_element_type=jnp.float32
-    )  # [b, c, n, w, 3w]
+    logits = products.einsum("bcqnd,bctnd->bcnqt", q, k, jnp.float32)  # [b, c, n, w, 3w]
     logits = jnp.where(mask[:, :, None], logits * np.float32(dim**-0.5), _MASK_VALUE)
     weights = dropout(jax.nn.softmax(logits, axis=-1).astype(v.dtype))  # [b, c, n, w, 3w]
-    context = jnp.einsum("bcnqt,bctnd->bcqnd", weights, v)  # [b, c, w, n, d]
+    context = products.einsum("bcnqt,bctnd->bcqnd", weights, v)  # [b, c, w, n, d]
     return context.reshape(batch, chunks * window, heads, dim)[:, :seq]

@@ -44,7 +44,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax import attention as attention_lib
-from bertjax import packing, pooling, sharding
+from bertjax import packing, pooling, products, sharding
 from bertjax.encoders.family import PretrainingOutput
 from bertjax.encoders.modernbert.attention import (
     _MASK_VALUE,
@@ -114,7 +114,7 @@ class Projection(nn.Module):
         kernel = _param(
             self, "kernel", _init(cfg, self.std), self.kernel_shape, self.kernel_axes, cfg
         )
-        y = jnp.einsum(self.equation, x.astype(dtype), kernel.astype(dtype))
+        y = products.einsum(self.equation, x.astype(dtype), kernel.astype(dtype))
         if self.use_bias:
             bias_shape = self.kernel_shape[-len(self.bias_axes) :]
             bias = _param(
@@ -211,13 +211,11 @@ class Attention(nn.Module):
                 q, k, v, mask, cfg.window, lambda w: weights_dropout(w, deterministic)
             )
         else:
-            logits = jnp.einsum(
-                "bsnd,btnd->bnst", q, k, preferred_element_type=jnp.float32
-            )  # [b, n, s, t]
+            logits = products.einsum("bsnd,btnd->bnst", q, k, jnp.float32)  # [b, n, s, t]
             logits = jnp.where(mask[:, None], logits * np.float32(d**-0.5), _MASK_VALUE)
             weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [b, n, s, t]
             weights = weights_dropout(weights, deterministic=deterministic)
-            context = jnp.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
+            context = products.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
         context = sharding.constrain(context, qkv_names)
         if index is not None:
             context = packing.pack_tokens(context, index)  # [g, c, n, d]
@@ -562,8 +560,8 @@ def masked_lm_logits(cfg, x, masked_lm_positions, head, table, bias) -> jax.Arra
         )  # [b, p, h]
     x = head(x)  # [b, p, h]
     dtype = jnp.dtype(cfg.dtype)
-    logits = jnp.einsum(
-        "bph,vh->bpv", x.astype(dtype), table.astype(dtype), preferred_element_type=jnp.float32
+    logits = products.einsum(
+        "bph,vh->bpv", x.astype(dtype), table.astype(dtype), out_dtype=jnp.float32
     )  # [b, p, v]
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)

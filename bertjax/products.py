@@ -1,0 +1,136 @@
+"""The encoders' products: low-precision operands, products summed in float32, both ways.
+
+A bfloat16 (or float16) product given to XLA as such, `einsum(x, w)` with a bfloat16
+result, is summed in that precision on CPU, at float32's speed or below (a 2048 x 384 x 1536
+product on a 2-core host with AVX512-BF16: 189 GFLOP/s, float32 204); asked for a float32
+result of the same operands it runs the host's bfloat16 dot instructions, 396 GFLOP/s, and
+is more exact. Accelerators sum bfloat16 products in float32 anyway. jax's own gradient of
+such a product multiplies the float32 cotangent by a bfloat16 operand, which XLA's CPU
+compiler runs as a float32 product; `einsum` here computes both backward products as the
+forward one (operands in the low precision, sums in float32), so training runs at that rate
+too. float32 operands take jnp.einsum unchanged, bit for bit.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import string
+
+import jax
+import jax.numpy as jnp
+
+# Operand dtypes whose products are summed in float32.
+_LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+
+
+def einsum(spec: str, x: jax.Array, y: jax.Array, out_dtype=None) -> jax.Array:
+    """jnp.einsum of two operands, the result in `out_dtype` (default: x's dtype).
+
+    Operands of one low-precision dtype: the products are summed in float32, and the
+    gradient's two products are computed the same way from the cotangent cast to that dtype.
+    `spec` is explicit ("bsh,hnd->bsnd"), every index of an operand in the other or in the
+    result (a contraction, as dense layers and attention are).
+    """
+    out_dtype = jnp.dtype(out_dtype or x.dtype)
+    if x.dtype != y.dtype or x.dtype not in _LOW_PRECISION:
+        return jnp.einsum(spec, x, y).astype(out_dtype)
+    return _summed_in_float32(spec.replace(" ", ""), out_dtype, x, y)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _summed_in_float32(spec: str, out_dtype, x: jax.Array, y: jax.Array) -> jax.Array:
+    return _float32_sums(spec, x, y).astype(out_dtype)
+
+
+def _forward(spec, out_dtype, x, y):
+    return _summed_in_float32(spec, out_dtype, x, y), (x, y)
+
+
+def _backward(spec, out_dtype, residuals, grad):
+    x, y = residuals
+    (x_axes, y_axes), out_axes = spec.split("->")[0].split(","), spec.split("->")[1]
+    grad = grad.astype(x.dtype)
+    dx = _float32_sums(f"{out_axes},{y_axes}->{x_axes}", grad, y)
+    dy = _float32_sums(f"{x_axes},{out_axes}->{y_axes}", x, grad)
+    return dx.astype(x.dtype), dy.astype(y.dtype)
+
+
+def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
+    """The float32 result of `spec` on two low-precision operands, summed in float32."""
+    if jax.default_backend() != "cpu":
+        return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
+    (x_axes, y_axes), out_axes = spec.split("->")[0].split(","), spec.split("->")[1]
+    sizes = dict(zip(x_axes, x.shape)) | dict(zip(y_axes, y.shape))
+    batch = [a for a in x_axes if a in y_axes and a in out_axes]
+    summed = [a for a in x_axes if a in y_axes and a not in out_axes]
+    x_kept = [a for a in x_axes if a not in y_axes]
+    y_kept = [a for a in y_axes if a not in x_axes]
+    m, k, n = (math.prod(sizes[a] for a in group) for group in (x_kept, summed, y_kept))
+    # XLA's CPU compiler runs a bfloat16 x bfloat16 = float32 product with XNNPACK only on a
+    # host with AVX512-BF16, for a row-major [g, m, k] x [g, k, n] with k at most about 5m
+    # and 5n; any other such product goes to its default runtime, which has no bfloat16 and
+    # fails when run ("Unsupported element type for DotThunk"). Those are float32 products.
+    if not _bfloat16_dots() or x.dtype != jnp.bfloat16 or k >= 6 * m or k >= 6 * n:
+        return jnp.einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32))
+
+    def merged(operand, axes, groups):
+        order = [axes.index(a) for group in groups for a in group]
+        shape = [math.prod(sizes[a] for a in group) for group in groups]
+        return jnp.transpose(operand, order).reshape(shape)
+
+    # The barrier keeps XLA from folding the transpose into the product (a transposed
+    # left-hand side is not XNNPACK's).
+    lhs = jax.lax.optimization_barrier(merged(x, x_axes, (batch, x_kept, summed)))
+    product = jax.lax.dot_general(
+        lhs,
+        merged(y, y_axes, (batch, summed, y_kept)),
+        (((2,), (1,)), ((0,), (0,))),
+        preferred_element_type=jnp.float32,
+    )  # [g, m, n]
+    axes = batch + x_kept + y_kept
+    product = product.reshape([sizes[a] for a in axes])
+    return jnp.transpose(product, [axes.index(a) for a in out_axes])
+
+
+@functools.cache
+def _bfloat16_dots() -> bool:
+    """Whether this host's CPU has AVX512-BF16's dot instructions (Linux's cpuinfo says)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
+    except OSError:
+        return False
+
+
+_summed_in_float32.defvjp(_forward, _backward)
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+    """lax.dot_general's signature (flax's `nn.Dense(dot_general=...)`) through `einsum`:
+    low-precision operands summed in float32 both ways, anything else lax.dot_general."""
+    if lhs.dtype != rhs.dtype or lhs.dtype not in _LOW_PRECISION:
+        return jax.lax.dot_general(
+            lhs,
+            rhs,
+            dimension_numbers,
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+        )
+    return einsum(_spec(dimension_numbers, lhs.ndim, rhs.ndim), lhs, rhs, preferred_element_type)
+
+
+def _spec(dimension_numbers, lhs_ndim: int, rhs_ndim: int) -> str:
+    """The einsum spec of a dot_general: batch axes, then lhs's free axes, then rhs's."""
+    (lhs_contract, rhs_contract), (lhs_batch, rhs_batch) = dimension_numbers
+    letters = iter(string.ascii_letters)
+    lhs = [next(letters) for _ in range(lhs_ndim)]
+    rhs = [next(letters) for _ in range(rhs_ndim)]
+    for i, j in zip(lhs_contract, rhs_contract):
+        rhs[j] = lhs[i]
+    for i, j in zip(lhs_batch, rhs_batch):
+        rhs[j] = lhs[i]
+    batch = [lhs[i] for i in lhs_batch]
+    free_lhs = [a for i, a in enumerate(lhs) if i not in lhs_contract and i not in lhs_batch]
+    free_rhs = [a for j, a in enumerate(rhs) if j not in rhs_contract and j not in rhs_batch]
+    return f"{''.join(lhs)},{''.join(rhs)}->{''.join(batch + free_lhs + free_rhs)}"

@@ -1,0 +1,84 @@
+"""bertjax.products: low-precision products summed in float32, forward and backward."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bertjax import products
+
+# Sums of hundreds of products, where one kept in bfloat16 would round on the way.
+SPECS = [
+    ("bsh,hnd->bsnd", (2, 64, 256), (256, 4, 32)),
+    ("bsnd,ndh->bsh", (2, 64, 4, 32), (4, 32, 256)),
+    ("bsnd,btnd->bnst", (2, 64, 4, 128), (2, 96, 4, 128)),
+    ("bph,vh->bpv", (2, 48, 256), (300, 256)),
+    # Two batch axes, and a gradient ("bcqnd,bcnqt->bctnd") summing over a left-hand axis
+    # that is not its last: XLA's CPU runtime fails on such a bfloat16 product unless it is
+    # laid out as [g, m, k] x [g, k, n] first.
+    ("bcqnd,bctnd->bcnqt", (2, 3, 16, 2, 128), (2, 3, 48, 2, 128)),
+]
+
+
+def _operands(x_shape, y_shape, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.normal(size=x_shape).astype(np.float32), rng.normal(size=y_shape).astype(np.float32)
+
+
+@pytest.mark.parametrize("spec, x_shape, y_shape", SPECS)
+def test_float32_operands_take_jnp_einsum_bit_for_bit(spec, x_shape, y_shape):
+    x, y = _operands(x_shape, y_shape)
+    np.testing.assert_array_equal(products.einsum(spec, x, y), jnp.einsum(spec, x, y))
+    got = jax.grad(lambda x, y: jnp.sum(products.einsum(spec, x, y) ** 2), (0, 1))(x, y)
+    want = jax.grad(lambda x, y: jnp.sum(jnp.einsum(spec, x, y) ** 2), (0, 1))(x, y)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+
+
+def _within_one_step(got, want):
+    want = np.asarray(jnp.asarray(want, jnp.bfloat16).astype(jnp.float32))
+    np.testing.assert_allclose(np.asarray(got.astype(jnp.float32)), want, rtol=2**-7, atol=1e-3)
+
+
+@pytest.mark.parametrize("spec, x_shape, y_shape", SPECS)
+def test_bfloat16_products_are_summed_in_float32_both_ways(spec, x_shape, y_shape):
+    """Forward and gradients are float32's sums of the same bfloat16-rounded operands (the
+    cotangent rounded as it enters), rounded once to bfloat16: within one bfloat16 step (the
+    host's bfloat16 dot instructions sum in another order, so a sum on a rounding boundary may
+    round the other way)."""
+    x, y = _operands(x_shape, y_shape, seed=1)
+    x16, y16 = jnp.asarray(x, jnp.bfloat16), jnp.asarray(y, jnp.bfloat16)
+    x32, y32 = x16.astype(jnp.float32), y16.astype(jnp.float32)
+    out = products.einsum(spec, x16, y16)
+    assert out.dtype == jnp.bfloat16
+    want = jnp.einsum(spec, x32, y32, precision="highest").astype(jnp.bfloat16)
+    _within_one_step(out, want)
+    assert products.einsum(spec, x16, y16, jnp.float32).dtype == jnp.float32
+
+    cotangent = jnp.asarray(np.random.default_rng(2).normal(size=out.shape), jnp.bfloat16)
+    _, pullback = jax.vjp(lambda a, b: products.einsum(spec, a, b), x16, y16)
+    dx, dy = pullback(cotangent)
+    _, reference = jax.vjp(lambda a, b: jnp.einsum(spec, a, b, precision="highest"), x32, y32)
+    want_dx, want_dy = reference(cotangent.astype(jnp.float32))
+    assert dx.dtype == dy.dtype == jnp.bfloat16
+    _within_one_step(dx, want_dx)
+    _within_one_step(dy, want_dy)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_dense_through_products_equals_flax_dense(dtype):
+    """nn.Dense(dot_general=products.dot_general): float32 as flax's own, bit for bit;
+    bfloat16 as flax's in float32 from the same rounded operands, rounded once."""
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 5, 8)), jnp.float32)
+    plain = nn.Dense(6, dtype=dtype)
+    params = plain.init(jax.random.key(0), x)
+    got = nn.Dense(6, dtype=dtype, dot_general=products.dot_general).apply(params, x)
+    if dtype == jnp.float32:
+        np.testing.assert_array_equal(got, plain.apply(params, x))
+        return
+    rounded = jax.tree.map(lambda a: a.astype(jnp.bfloat16).astype(jnp.float32), params)
+    want = nn.Dense(6, precision="highest").apply(
+        rounded, x.astype(jnp.bfloat16).astype(jnp.float32)
+    )
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-2, atol=1e-2)
