@@ -22,6 +22,9 @@ import jax.numpy as jnp
 
 # Operand dtypes whose products are summed in float32.
 _LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# A product narrower than this (m or n) multiplies in float32 on CPU: cut into chunks that
+# XNNPACK takes, its sums would be short calls (of at most 5 x its width each).
+_NARROWEST = 64
 
 
 def einsum(spec: str, x: jax.Array, y: jax.Array, out_dtype=None) -> jax.Array:
@@ -68,26 +71,36 @@ def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     y_kept = [a for a in y_axes if a not in x_axes]
     m, k, n = (math.prod(sizes[a] for a in group) for group in (x_kept, summed, y_kept))
     # XLA's CPU compiler runs a bfloat16 x bfloat16 = float32 product with XNNPACK only on a
-    # host with AVX512-BF16, for a row-major [g, m, k] x [g, k, n] with k at most about 5m
-    # and 5n; any other such product goes to its default runtime, which has no bfloat16 and
-    # fails when run ("Unsupported element type for DotThunk"). Those are float32 products.
-    if not _bfloat16_dots() or x.dtype != jnp.bfloat16 or k >= 6 * m or k >= 6 * n:
+    # host with AVX512-BF16, for a row-major [g, m, k] x [g, k, n] with k below 6m and 6n;
+    # any other such product goes to its default runtime, which has no bfloat16 and fails
+    # when run ("Unsupported element type for DotThunk"). A longer sum (a weight's gradient
+    # sums over every token) is cut into chunks that XNNPACK takes, their products added in
+    # float32; a narrow product (m or n under 64) and any other host multiply in float32.
+    if not _bfloat16_dots() or x.dtype != jnp.bfloat16 or min(m, n) < _NARROWEST:
         return jnp.einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32))
+    chunks = -(-k // (5 * min(m, n)))  # ceil
 
     def merged(operand, axes, groups):
         order = [axes.index(a) for group in groups for a in group]
         shape = [math.prod(sizes[a] for a in group) for group in groups]
         return jnp.transpose(operand, order).reshape(shape)
 
-    # The barrier keeps XLA from folding the transpose into the product (a transposed
+    lhs = merged(x, x_axes, (batch, x_kept, summed))  # [g, m, k]
+    rhs = merged(y, y_axes, (batch, summed, y_kept))  # [g, k, n]
+    if chunks > 1:  # [g * chunks, m, k / chunks] x [g * chunks, k / chunks, n]
+        pad = chunks * -(-k // chunks) - k  # zeros add nothing to a sum
+        lhs = jnp.pad(lhs, ((0, 0), (0, 0), (0, pad))).reshape(-1, m, chunks, (k + pad) // chunks)
+        lhs = jnp.transpose(lhs, (0, 2, 1, 3)).reshape(-1, m, (k + pad) // chunks)
+        rhs = jnp.pad(rhs, ((0, 0), (0, pad), (0, 0))).reshape(-1, (k + pad) // chunks, n)
+    # The barrier keeps XLA from folding a transpose into the product (a transposed
     # left-hand side is not XNNPACK's).
-    lhs = jax.lax.optimization_barrier(merged(x, x_axes, (batch, x_kept, summed)))
     product = jax.lax.dot_general(
-        lhs,
-        merged(y, y_axes, (batch, summed, y_kept)),
+        jax.lax.optimization_barrier(lhs),
+        rhs,
         (((2,), (1,)), ((0,), (0,))),
         preferred_element_type=jnp.float32,
-    )  # [g, m, n]
+    )  # [g * chunks, m, n]
+    product = product.reshape(-1, chunks, m, n).sum(axis=1)  # [g, m, n]
     axes = batch + x_kept + y_kept
     product = product.reshape([sizes[a] for a in axes])
     return jnp.transpose(product, [axes.index(a) for a in out_axes])

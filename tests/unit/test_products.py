@@ -18,6 +18,8 @@ SPECS = [
     # that is not its last: XLA's CPU runtime fails on such a bfloat16 product unless it is
     # laid out as [g, m, k] x [g, k, n] first.
     ("bcqnd,bctnd->bcnqt", (2, 3, 16, 2, 128), (2, 3, 48, 2, 128)),
+    # A weight's gradient: a sum over 1,201 tokens, cut into chunks (the last padded).
+    ("bsh,bsf->hf", (1, 1201, 64), (1, 1201, 96)),
 ]
 
 
