@@ -4,10 +4,11 @@ A bfloat16 product given to XLA's CPU compiler as such, `einsum(x, w)` with a bf
 result, runs as a float32 product of the widened operands, at float32's speed or below (a
 2048 x 384 x 1536 product on a 2-core host with AVX512-BF16: 189 GFLOP/s, float32 204);
 asked for a float32 result of the same operands it runs the host's bfloat16 dot
-instructions, 396 GFLOP/s. Accelerators sum bfloat16 products in float32 anyway. jax's own gradient of
-such a product multiplies the float32 cotangent by a bfloat16 operand, which XLA's CPU
-compiler runs as a float32 product; `einsum` here computes both backward products as the
-forward one (operands in the low precision, sums in float32), so training runs at that rate
+instructions, 396 GFLOP/s. Accelerators sum bfloat16 products in float32 anyway. jax's
+own gradient of such a product multiplies the float32 cotangent by a bfloat16 operand,
+which XLA's CPU compiler runs as a float32 product; `einsum` here computes both backward
+products as the forward one (operands in the low precision, sums in float32), so training
+runs at that rate
 too. float32 operands take jnp.einsum unchanged, bit for bit.
 """
 
