@@ -8,8 +8,7 @@ instructions, 396 GFLOP/s. Accelerators sum bfloat16 products in float32 anyway.
 own gradient of such a product multiplies the float32 cotangent by a bfloat16 operand,
 which XLA's CPU compiler runs as a float32 product; `einsum` here computes both backward
 products as the forward one (operands in the low precision, sums in float32), so training
-runs at that rate
-too. float32 operands take jnp.einsum unchanged, bit for bit.
+runs at that rate too. float32 operands take jnp.einsum unchanged, bit for bit.
 """
 
 from __future__ import annotations
