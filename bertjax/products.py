@@ -52,18 +52,28 @@ def _forward(spec, out_dtype, x, y):
 
 def _backward(spec, out_dtype, residuals, grad):
     x, y = residuals
-    (x_axes, y_axes), out_axes = spec.split("->")[0].split(","), spec.split("->")[1]
+    x_axes, y_axes, out_axes = _axes(spec)
     grad = grad.astype(x.dtype)
     dx = _float32_sums(f"{out_axes},{y_axes}->{x_axes}", grad, y)
     dy = _float32_sums(f"{x_axes},{out_axes}->{y_axes}", x, grad)
     return dx.astype(x.dtype), dy.astype(y.dtype)
 
 
+_summed_in_float32.defvjp(_forward, _backward)
+
+
+def _axes(spec: str) -> tuple[str, str, str]:
+    """The axes of an explicit two-operand spec: (x's, y's, the result's)."""
+    operands, out_axes = spec.split("->")
+    x_axes, y_axes = operands.split(",")
+    return x_axes, y_axes, out_axes
+
+
 def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     """The float32 result of `spec` on two low-precision operands, summed in float32."""
     if jax.default_backend() != "cpu":
         return jnp.einsum(spec, x, y, preferred_element_type=jnp.float32)
-    (x_axes, y_axes), out_axes = spec.split("->")[0].split(","), spec.split("->")[1]
+    x_axes, y_axes, out_axes = _axes(spec)
     sizes = dict(zip(x_axes, x.shape)) | dict(zip(y_axes, y.shape))
     batch = [a for a in x_axes if a in y_axes and a in out_axes]
     summed = [a for a in x_axes if a in y_axes and a not in out_axes]
@@ -87,11 +97,12 @@ def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
 
     lhs = merged(x, x_axes, (batch, x_kept, summed))  # [g, m, k]
     rhs = merged(y, y_axes, (batch, summed, y_kept))  # [g, k, n]
-    if chunks > 1:  # [g * chunks, m, k / chunks] x [g * chunks, k / chunks, n]
-        pad = chunks * -(-k // chunks) - k  # zeros add nothing to a sum
-        lhs = jnp.pad(lhs, ((0, 0), (0, 0), (0, pad))).reshape(-1, m, chunks, (k + pad) // chunks)
-        lhs = jnp.transpose(lhs, (0, 2, 1, 3)).reshape(-1, m, (k + pad) // chunks)
-        rhs = jnp.pad(rhs, ((0, 0), (0, pad), (0, 0))).reshape(-1, (k + pad) // chunks, n)
+    if chunks > 1:  # [g * chunks, m, width] x [g * chunks, width, n]
+        width = -(-k // chunks)
+        pad = chunks * width - k  # zeros add nothing to a sum
+        lhs = jnp.pad(lhs, ((0, 0), (0, 0), (0, pad))).reshape(-1, m, chunks, width)
+        lhs = jnp.transpose(lhs, (0, 2, 1, 3)).reshape(-1, m, width)
+        rhs = jnp.pad(rhs, ((0, 0), (0, pad), (0, 0))).reshape(-1, width, n)
     # The barrier keeps XLA from folding a transpose into the product (a transposed
     # left-hand side is not XNNPACK's).
     product = jax.lax.dot_general(
@@ -114,9 +125,6 @@ def _bfloat16_dots() -> bool:
             return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
     except OSError:
         return False
-
-
-_summed_in_float32.defvjp(_forward, _backward)
 
 
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):

@@ -966,13 +966,12 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
     )
     # Validation splits are evaluated after every epoch (their predictions, where the task
     # writes them, are the best evaluation's outputs), test splits predicted once, per seed.
-    validation_passes = run.num_epochs
     eval_widths = evaluation_widths(
         [*task.validation, *task.test],
         run.length_bucket,
         passes=[
             len(run.seeds) * n
-            for n in [validation_passes] * len(task.validation) + [1] * len(task.test)
+            for n in [run.num_epochs] * len(task.validation) + [1] * len(task.test)
         ],
         program_positions=EVAL_PROGRAM_POSITIONS,
     )
