@@ -92,7 +92,8 @@ class Model:
     Build one with `Model.load(path)` or from pieces in memory: `Model(config, params,
     tokenizer)`, where params is BertForPreTraining's tree (plain or boxed, on the host or on
     devices). `dtype` overrides the compute dtype (e.g. "float32" for a model trained in
-    bfloat16). `mesh` spreads batches and parameters over devices. A fine-tuned model has a
+    bfloat16), `matmul_dtype` the products' operand dtype (e.g. "bfloat16" with a float32
+    dtype: bfloat16's speed on a CPU with AVX512-BF16, activations in float32). `mesh` spreads batches and parameters over devices. A fine-tuned model has a
     `head` (bertjax.capability.HeadSpec) and its capability's parameter tree; the capability
     (bertjax.tasks) serves the methods that fit it: predict, answer, generate, embed.
 
@@ -110,6 +111,7 @@ class Model:
         mesh: jax.sharding.Mesh | None = None,
         batch_size: int = 32,
         dtype: str | None = None,
+        matmul_dtype: str | None = None,
         progress: bool | None = None,
         source: str = "memory",
         fresh_heads: Sequence[str] = (),
@@ -138,10 +140,14 @@ class Model:
         self.capability = None if head is None else capability_lib.of(head)
         if head is not None:
             self.fresh_heads = tuple(sorted({*self.fresh_heads, hf.MLM_HEAD, hf.NSP_HEAD}))
-        # Inference never needs rematerialisation; the compute dtype may be overridden.
-        self.run_config = dataclasses.replace(
-            config, dtype=dtype or config.dtype, remat_policy="none"
-        )
+        # Inference never needs rematerialisation; the compute dtypes may be overridden.
+        numerics = {"dtype": dtype or config.dtype}
+        if matmul_dtype is not None:
+            numerics["matmul_dtype"] = matmul_dtype
+        try:
+            self.run_config = dataclasses.replace(config, remat_policy="none", **numerics)
+        except (ValueError, TypeError) as err:
+            raise InferenceError(str(err)) from None
         self._rows_multiple = 1 if mesh is None else sharding_lib.data_parallel_size(mesh)
         # The batch shards the encoder packs each of (sharding.shards(BATCH) inside the mesh).
         self._shards = 1 if mesh is None else sharding_lib.shards(sharding_lib.BATCH, mesh)
@@ -167,6 +173,7 @@ class Model:
         mesh: jax.sharding.Mesh | None = None,
         batch_size: int = 32,
         dtype: str | None = None,
+        matmul_dtype: str | None = None,
         progress: bool | None = None,
         unpad: bool = True,
     ) -> Model:
@@ -205,6 +212,7 @@ class Model:
                 mesh=mesh,
                 batch_size=batch_size,
                 dtype=dtype,
+                matmul_dtype=matmul_dtype,
                 progress=progress,
                 source=str(path),
                 head=opened.head,
@@ -234,6 +242,7 @@ class Model:
                 mesh=mesh,
                 batch_size=batch_size,
                 dtype=dtype,
+                matmul_dtype=matmul_dtype,
                 progress=progress,
                 source=source,
                 fresh_heads=network.fresh,

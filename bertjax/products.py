@@ -9,6 +9,11 @@ own gradient of such a product multiplies the float32 cotangent by a bfloat16 op
 which XLA's CPU compiler runs as a float32 product; `einsum` here computes both backward
 products as the forward one (operands in the low precision, sums in float32), so training
 runs at that rate too. float32 operands take jnp.einsum unchanged, bit for bit.
+
+A model's `matmul_dtype` (BertConfig, ModernBertConfig, ElectraConfig) rounds the operands of
+its products to that dtype (`operand_dtype` here) while everything else stays in its `dtype`:
+a float32 model whose products run at the host's bfloat16 rate, its activations, norms,
+softmax and residuals in float32.
 """
 
 from __future__ import annotations
@@ -27,15 +32,20 @@ _LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _NARROWEST = 64
 
 
-def einsum(spec: str, x: jax.Array, y: jax.Array, out_dtype=None) -> jax.Array:
+def einsum(
+    spec: str, x: jax.Array, y: jax.Array, out_dtype=None, operand_dtype=None
+) -> jax.Array:
     """jnp.einsum of two operands, the result in `out_dtype` (default: x's dtype).
 
     Operands of one low-precision dtype: the products are summed in float32, and the
     gradient's two products are computed the same way from the cotangent cast to that dtype.
-    `spec` is explicit ("bsh,hnd->bsnd"), every index of an operand in the other or in the
-    result (a contraction, as dense layers and attention are).
+    `operand_dtype` (a model's matmul_dtype; None: as given) rounds both operands to it
+    first; their gradients come back in the operands' own dtypes. `spec` is explicit
+    ("bsh,hnd->bsnd"), every index of an operand in the other or in the result (a
+    contraction, as dense layers and attention are).
     """
     out_dtype = jnp.dtype(out_dtype or x.dtype)
+    x, y = rounded(operand_dtype, x, y)
     if x.dtype != y.dtype or x.dtype not in _LOW_PRECISION:
         return jnp.einsum(spec, x, y).astype(out_dtype)
     return _summed_in_float32(spec.replace(" ", ""), out_dtype, x, y)
@@ -60,6 +70,13 @@ def _backward(spec, out_dtype, residuals, grad):
 
 
 _summed_in_float32.defvjp(_forward, _backward)
+
+
+def rounded(operand_dtype, *arrays: jax.Array) -> tuple[jax.Array, ...]:
+    """`arrays` cast to `operand_dtype` (a model's matmul_dtype), or as given when it is None."""
+    if operand_dtype is None:
+        return arrays
+    return tuple(a.astype(operand_dtype) for a in arrays)
 
 
 def _axes(spec: str) -> tuple[str, str, str]:
@@ -127,9 +144,23 @@ def _bfloat16_dots() -> bool:
         return False
 
 
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
+def dot_general(
+    lhs,
+    rhs,
+    dimension_numbers,
+    precision=None,
+    preferred_element_type=None,
+    operand_dtype=None,
+):
     """lax.dot_general's signature (flax's `nn.Dense(dot_general=...)`) through `einsum`:
-    low-precision operands summed in float32 both ways, anything else lax.dot_general."""
+    low-precision operands summed in float32 both ways, anything else lax.dot_general.
+    `operand_dtype` as `einsum`'s (bind it with functools.partial); the result keeps lhs's
+    dtype unless preferred_element_type says otherwise."""
+    if operand_dtype is not None:
+        out_dtype = preferred_element_type or lhs.dtype
+        return einsum(
+            _spec(dimension_numbers, lhs.ndim, rhs.ndim), lhs, rhs, out_dtype, operand_dtype
+        )
     if lhs.dtype != rhs.dtype or lhs.dtype not in _LOW_PRECISION:
         return jax.lax.dot_general(
             lhs,

@@ -32,6 +32,7 @@ from bertjax.settings import (
 # with_overrides reads in its own terms); the rest come from the checkpoint.
 FINETUNE_MODEL_FIELDS = (
     "dtype",
+    "matmul_dtype",
     "attention_impl",
     "remat_policy",
     "hidden_dropout",

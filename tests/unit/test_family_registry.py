@@ -68,15 +68,25 @@ def _settings(tmp_path, **model) -> FinetuneSettings:
 
 @pytest.mark.parametrize(
     "checkpoint",
-    [BertConfig(**TINY), ModernBertConfig.preset("tiny", pad_token_id=0, cls_token_id=0)],
-    ids=["bert", "modernbert"],
+    [
+        BertConfig(**TINY),
+        ModernBertConfig.preset("tiny", pad_token_id=0, cls_token_id=0, dtype="float32"),
+        ElectraConfig.preset("tiny"),
+    ],
+    ids=["bert", "modernbert", "electra"],
 )
 def test_finetune_model_fields_are_checked_by_the_checkpoints_family(tmp_path, checkpoint):
     (tmp_path / "train.csv").write_text("sentence,label\na,0\n")
-    good = _settings(tmp_path, hidden_dropout=0.2).model_config(checkpoint)
+    good = _settings(tmp_path, hidden_dropout=0.2, matmul_dtype="bfloat16")
+    good = good.model_config(checkpoint)
     assert encoders.family_of(good) is encoders.family_of(checkpoint)
+    assert good.matmul_dtype == "bfloat16" and good.dtype == "float32"
+    assert _settings(tmp_path).model_config(checkpoint).matmul_dtype is None
     bad = _settings(tmp_path, hidden_dropout=1.5)  # read without a family: accepted here
     with pytest.raises(ConfigError, match=r"^config\.model: .*1\.5"):
+        bad.model_config(checkpoint)
+    bad = _settings(tmp_path, matmul_dtype="int8")
+    with pytest.raises(ConfigError, match=r"^config\.model: .*matmul_dtype='int8'"):
         bad.model_config(checkpoint)
 
 

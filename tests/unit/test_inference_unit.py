@@ -52,6 +52,21 @@ def test_export_round_trips_back_into_bertjax(trained, held_out, tmp_path):
     np.testing.assert_allclose(again.embed(texts), model.embed(texts), atol=1e-6, rtol=0)
 
 
+def test_load_with_bfloat16_matmuls(workdir, trained, held_out):
+    """Model.load(matmul_dtype=...): the products' operands rounded, the rest float32 (the
+    embeddings move off float32's by bfloat16's resolution, not more); a dtype it does not
+    know is said by name."""
+    mixed = Model.load(workdir, matmul_dtype="bfloat16")
+    assert mixed.run_config.matmul_dtype == "bfloat16" and mixed.run_config.dtype == "float32"
+    assert mixed.config == trained.config  # what the checkpoint says is unchanged
+    got, want = mixed.embed(held_out), trained.embed(held_out)
+    assert got.dtype == np.float32
+    error = np.abs(got - want).max()
+    assert 0 < error < 0.02 * np.abs(want).max()
+    with pytest.raises(InferenceError, match="matmul_dtype='int4'"):
+        Model.load(workdir, matmul_dtype="int4")
+
+
 def test_each_bucket_compiles_once(trained, held_out):
     model = Model(trained.config, trained.params, trained.tokenizer, batch_size=4)
     rng = np.random.default_rng(0)

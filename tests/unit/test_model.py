@@ -2,6 +2,7 @@
 
 import contextlib
 import dataclasses
+import functools
 import json
 
 import jax
@@ -175,6 +176,7 @@ def test_presets_have_documented_sizes():
         (dict(position_embedding_type="rotary"), "position_embedding_type='rotary'.*sinusoidal"),
         (dict(dtype="float64"), "dtype='float64'.*bfloat16"),
         (dict(param_dtype="int8"), "param_dtype='int8'"),
+        (dict(matmul_dtype="float64"), "matmul_dtype='float64'.*None"),
         (dict(attention_impl="flash"), "attention_impl='flash'.*splash"),
         (dict(remat_policy="some"), "remat_policy='some'.*dots"),
         (dict(scan_layers="yes"), "scan_layers='yes'"),
@@ -246,6 +248,33 @@ def test_bfloat16_compute_float32_params_and_logits(params):
     assert out.sequence_output.dtype == jnp.bfloat16
     assert out.mlm_logits.dtype == out.nsp_logits.dtype == jnp.float32
     assert np.abs(np.asarray(out.mlm_logits) - np.asarray(ref.mlm_logits)).max() < 0.1
+
+
+def test_bfloat16_matmuls_keep_float32_activations_and_gradients(params):
+    """matmul_dtype bfloat16 on a float32 model: every product's operands are rounded (the
+    outputs move off float32's), nothing else is (activations, logits and gradients stay
+    float32, closer to float32's than a bfloat16 model's)."""
+    ids, types, mask, positions = _batch()
+    mixed = dataclasses.replace(CFG, matmul_dtype="bfloat16")
+    bf16 = dataclasses.replace(CFG, dtype="bfloat16")
+    out = _jit_apply(mixed, params, ids, types, mask, positions)
+    ref = _jit_apply(CFG, params, ids, types, mask, positions)
+    low = _jit_apply(bf16, params, ids, types, mask, positions)
+    assert out.sequence_output.dtype == jnp.float32
+    error = np.abs(np.asarray(out.mlm_logits) - np.asarray(ref.mlm_logits)).max()
+    bf16_error = np.abs(np.asarray(low.mlm_logits) - np.asarray(ref.mlm_logits)).max()
+    assert 0 < error < 0.05 and error < bf16_error
+
+    def loss(config, p):
+        out = _apply(config, p, ids, types, mask, positions)
+        return jnp.sum(out.mlm_logits**2) * 1e-3 + jnp.sum(out.nsp_logits)
+
+    got = jax.jit(jax.grad(functools.partial(loss, mixed)))(params)
+    want = jax.jit(jax.grad(functools.partial(loss, CFG)))(params)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == jnp.float32
+        scale = np.abs(np.asarray(w)).max() + 1e-6
+        assert np.abs(np.asarray(g) - np.asarray(w)).max() < 0.05 * scale
 
 
 def test_initialisation_follows_bert(params):

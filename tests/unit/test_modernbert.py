@@ -276,6 +276,36 @@ def test_bfloat16_compute_stays_close_to_float32():
     assert hidden.dtype == jnp.bfloat16
 
 
+def test_bfloat16_matmuls_keep_float32_activations_padded_and_unpadded():
+    """matmul_dtype bfloat16 on a float32 ModernBERT, its global and local layers, padded and
+    with its real tokens packed: the products' operands are rounded (the logits move off
+    float32's, less than a bfloat16 model's), the hidden states and gradients stay float32,
+    and the packed path equals the padded one on real tokens."""
+    ids, mask = _batch()
+    model32 = ModernBertForMaskedLM(SMALL)
+    params = nn.meta.unbox(jax.jit(model32.init)(jax.random.key(2), ids, mask)["params"])
+    ref = np.asarray(_apply(model32, params, ids, mask))
+    mixed = ModernBertForMaskedLM(dataclasses.replace(SMALL, matmul_dtype="bfloat16"))
+    low = ModernBertForMaskedLM(dataclasses.replace(SMALL, dtype="bfloat16"))
+    out = np.asarray(_apply(mixed, params, ids, mask))
+    real = mask.astype(bool)
+    assert 0 < max_diff(out, ref, real) < max_diff(_apply(low, params, ids, mask), ref, real)
+    encoder = ModernBertModel(dataclasses.replace(SMALL, matmul_dtype="bfloat16"))
+    hidden = _apply(encoder, params["model"], ids, mask)
+    assert hidden.dtype == jnp.float32
+    packed = encoder.apply({"params": params["model"]}, ids, mask, packed_length=int(mask.sum()))
+    assert max_diff(packed, hidden, real) < 1e-5
+
+    def loss(model, p):
+        return jnp.sum(jnp.where(real[..., None], model.apply({"params": p}, ids, mask), 0) ** 2)
+
+    got = jax.jit(jax.grad(functools.partial(loss, mixed)))(params)
+    want = jax.jit(jax.grad(functools.partial(loss, model32)))(params)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        assert g.dtype == jnp.float32
+        assert np.abs(np.asarray(g) - np.asarray(w)).max() < 0.05 * (np.abs(np.asarray(w)).max())
+
+
 def test_remat_and_dropout():
     ids, mask = _batch()
     config = dataclasses.replace(

@@ -1,5 +1,7 @@
 """bertjax.products: low-precision products summed in float32, forward and backward."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -84,3 +86,41 @@ def test_dense_through_products_equals_flax_dense(dtype):
         rounded, x.astype(jnp.bfloat16).astype(jnp.float32)
     )
     np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("spec, x_shape, y_shape", SPECS[:2] + SPECS[-1:])
+def test_operand_dtype_rounds_float32_operands_and_keeps_float32_around_them(
+    spec, x_shape, y_shape
+):
+    """A float32 model's products in bfloat16 (matmul_dtype): the result is float32's sum of
+    the rounded operands, not rounded again; the gradients come back in float32, each the
+    float32 sum of the rounded cotangent and the other rounded operand."""
+    x, y = _operands(x_shape, y_shape, seed=4)
+    x16, y16 = jnp.asarray(x, jnp.bfloat16), jnp.asarray(y, jnp.bfloat16)
+    out = products.einsum(spec, x, y, operand_dtype=jnp.bfloat16)
+    assert out.dtype == jnp.float32
+    np.testing.assert_array_equal(out, products.einsum(spec, x16, y16, jnp.float32))
+    assert not np.array_equal(out, jnp.einsum(spec, x, y))  # the operands were rounded
+    cotangent = jnp.asarray(np.random.default_rng(5).normal(size=out.shape), jnp.float32)
+    _, pullback = jax.vjp(lambda a, b: products.einsum(spec, a, b, None, jnp.bfloat16), x, y)
+    dx, dy = pullback(cotangent)
+    _, rounded_pullback = jax.vjp(lambda a, b: products.einsum(spec, a, b, jnp.float32), x16, y16)
+    want_dx, want_dy = rounded_pullback(cotangent)
+    assert dx.dtype == dy.dtype == jnp.float32
+    np.testing.assert_array_equal(dx, want_dx.astype(jnp.float32))
+    np.testing.assert_array_equal(dy, want_dy.astype(jnp.float32))
+
+
+def test_dense_with_an_operand_dtype_rounds_its_operands_only():
+    x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 5, 96)), jnp.float32)
+    plain = nn.Dense(80)
+    params = plain.init(jax.random.key(0), x)
+    dot = functools.partial(products.dot_general, operand_dtype=jnp.bfloat16)
+    got = nn.Dense(80, dot_general=dot).apply(params, x)
+    assert got.dtype == jnp.float32
+    rounded = jax.tree.map(lambda a: a.astype(jnp.bfloat16).astype(jnp.float32), params)
+    rounded["params"]["bias"] = params["params"]["bias"]  # the bias is added, not multiplied
+    want = nn.Dense(80, precision="highest").apply(
+        rounded, x.astype(jnp.bfloat16).astype(jnp.float32)
+    )
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -75,6 +75,10 @@ class BertConfig:
     position_embedding_type: str = "learned"  # "learned" | "sinusoidal"
     dtype: str = "float32"  # compute dtype name, e.g. "bfloat16"
     param_dtype: str = "float32"
+    # The dtype the encoder's matrix products take their operands in, their sums in float32
+    # (bertjax.products); None: dtype. "bfloat16" with dtype float32: the products at the
+    # host's bfloat16 rate, activations, norms and residuals in float32.
+    matmul_dtype: str | None = None
     attention_impl: str = "auto"  # "auto" | "xla" | "cudnn" | "splash"
     remat_policy: str = "none"  # "none" | "full" | "dots" (save matmul outputs)
     scan_layers: bool = False
@@ -113,6 +117,7 @@ class BertConfig:
             ("position_embedding_type", POSITION_EMBEDDING_TYPES),
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
+            ("matmul_dtype", (None, *DTYPES)),
             ("attention_impl", attention_lib.IMPLEMENTATIONS),
             ("remat_policy", REMAT_POLICIES),
         ):

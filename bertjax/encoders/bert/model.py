@@ -83,7 +83,7 @@ def _dense(config: BertConfig, features: int, names, name: str, dtype=None, init
         param_dtype=jnp.dtype(config.param_dtype),
         kernel_init=nn.with_logical_partitioning(init or _init(config), names),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (names[-1],)),
-        dot_general=products.dot_general,
+        dot_general=functools.partial(products.dot_general, operand_dtype=config.matmul_dtype),
         name=name,
     )
 
@@ -208,7 +208,9 @@ class HeadsProjection(nn.Module):
         )
         bias = _param(self, "bias", nn.initializers.zeros_init(), (n, d), (HEADS, KV), cfg)
         dtype = jnp.dtype(cfg.dtype)
-        y = products.einsum("bsh,hnd->bsnd", x.astype(dtype), kernel.astype(dtype))  # [b,s,n,d]
+        y = products.einsum(
+            "bsh,hnd->bsnd", x.astype(dtype), kernel.astype(dtype), operand_dtype=cfg.matmul_dtype
+        )  # [b, s, n, d]
         return y + bias.astype(dtype)
 
 
@@ -228,7 +230,9 @@ class OutputProjection(nn.Module):
             self, "bias", nn.initializers.zeros_init(), (cfg.hidden_size,), (HIDDEN,), cfg
         )
         dtype = jnp.dtype(cfg.dtype)
-        y = products.einsum("bsnd,ndh->bsh", x.astype(dtype), kernel.astype(dtype))  # [b, s, h]
+        y = products.einsum(
+            "bsnd,ndh->bsh", x.astype(dtype), kernel.astype(dtype), operand_dtype=cfg.matmul_dtype
+        )  # [b, s, h]
         return y + bias.astype(dtype)
 
 
@@ -269,9 +273,7 @@ class SelfAttention(nn.Module):
                 q = unpack(q)
         dropout_active = not deterministic and cfg.attention_dropout > 0
         context = attention_lib.dot_product_attention(
-            q,
-            k,
-            v,
+            *products.rounded(cfg.matmul_dtype, q, k, v),
             attention_mask,
             # The fused kernels expect as many queries as keys; a few queries are a cheap
             # matrix-vector product for xla.
@@ -283,7 +285,7 @@ class SelfAttention(nn.Module):
             query_document_ids=(
                 None if document_ids is None or queries is None else document_ids[:, :1]
             ),
-        )  # [b, s, n, d]
+        ).astype(cfg.dtype)  # [b, s, n, d]
         context = sharding.constrain(context, qkv_names)
         if token_index is not None and queries is None:
             context = sharding.constrain(pack_tokens(context, token_index), qkv_names)
@@ -484,7 +486,11 @@ class MlmHead(nn.Module):
         )
         dtype = jnp.dtype(cfg.dtype)
         logits = products.einsum(
-            "bph,vh->bpv", x.astype(dtype), word_table.astype(dtype), out_dtype=jnp.float32
+            "bph,vh->bpv",
+            x.astype(dtype),
+            word_table.astype(dtype),
+            out_dtype=jnp.float32,
+            operand_dtype=cfg.matmul_dtype,
         )  # [b, p, v]
         logits = logits + bias.astype(jnp.float32)
         return sharding.constrain(logits, (BATCH, LENGTH, VOCAB))

@@ -76,6 +76,7 @@ _SHARED = (
     "hidden_act",
     "dtype",
     "param_dtype",
+    "matmul_dtype",
     "attention_impl",
     "remat_policy",
     "scan_layers",
@@ -110,6 +111,7 @@ class ElectraConfig:
     hidden_act: str = "gelu"  # "gelu" (exact erf) | "gelu_tanh"
     dtype: str = "float32"
     param_dtype: str = "float32"
+    matmul_dtype: str | None = None  # as BertConfig's
     attention_impl: str = "auto"
     remat_policy: str = "none"
     scan_layers: bool = False

@@ -97,6 +97,10 @@ class ModernBertConfig:
     sep_token_id: int = SEP_ID
     dtype: str = "bfloat16"  # compute dtype
     param_dtype: str = "float32"
+    # The dtype the encoder's matrix products take their operands in, their sums in float32
+    # (bertjax.products); None: dtype. "bfloat16" with dtype float32: the products at the
+    # host's bfloat16 rate, activations, norms and residuals in float32.
+    matmul_dtype: str | None = None
     remat_policy: str = "none"  # "none" | "full" | "dots" (save matmul outputs)
     scan_layers: bool = False
     # "auto" | "xla" | "cudnn" | "splash" (bertjax.attention); not a transformers field.
@@ -175,6 +179,7 @@ class ModernBertConfig:
             ("classifier_pooling", CLASSIFIER_POOLINGS),
             ("dtype", DTYPES),
             ("param_dtype", DTYPES),
+            ("matmul_dtype", (None, *DTYPES)),
             ("remat_policy", REMAT_POLICIES),
             ("attention_impl", ATTENTION_IMPLEMENTATIONS),
         ):
@@ -217,8 +222,8 @@ class ModernBertConfig:
 
         Reads both the current form (layer_types, rope_parameters) and the older one
         (global_attn_every_n_layers, global_rope_theta, local_rope_theta). ``overrides`` set
-        fields transformers does not have (dtype, param_dtype, remat_policy, scan_layers,
-        attention_impl).
+        fields transformers does not have (dtype, param_dtype, matmul_dtype, remat_policy,
+        scan_layers, attention_impl).
         """
         model_type = hf.get("model_type", "modernbert")
         if model_type != "modernbert":

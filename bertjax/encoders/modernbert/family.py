@@ -27,7 +27,8 @@ class ModernBert(family.EncoderFamily):
     architecture_fields = tuple(
         f.name
         for f in dataclasses.fields(ModernBertConfig)
-        if f.name not in ("dtype", "param_dtype", "remat_policy", "scan_layers", "attention_impl")
+        if f.name
+        not in ("dtype", "param_dtype", "matmul_dtype", "remat_policy", "scan_layers", "attention_impl")
         and not f.name.endswith("dropout")
         and not f.name.startswith("initializer_")
     )

@@ -114,7 +114,9 @@ class Projection(nn.Module):
         kernel = _param(
             self, "kernel", _init(cfg, self.std), self.kernel_shape, self.kernel_axes, cfg
         )
-        y = products.einsum(self.equation, x.astype(dtype), kernel.astype(dtype))
+        y = products.einsum(
+            self.equation, x.astype(dtype), kernel.astype(dtype), operand_dtype=cfg.matmul_dtype
+        )
         if self.use_bias:
             bias_shape = self.kernel_shape[-len(self.bias_axes) :]
             bias = _param(
@@ -193,6 +195,8 @@ class Attention(nn.Module):
             qkv = packing.unpack_tokens(qkv, index, *cos.shape[:2])  # [b, s, 3, n, d]
         q, k, v = (sharding.constrain(qkv[:, :, i], qkv_names) for i in range(3))  # [b, s, n, d]
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        # Attention's products take matmul_dtype operands; its output returns to qkv's dtype.
+        q, k, v = products.rounded(cfg.matmul_dtype, q, k, v)
         weights_dropout = nn.Dropout(cfg.attention_dropout)
         if isinstance(mask, KernelMasks):
             # layer_masks chose a kernel only with attention dropout inactive; the same
@@ -216,7 +220,7 @@ class Attention(nn.Module):
             weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [b, n, s, t]
             weights = weights_dropout(weights, deterministic=deterministic)
             context = products.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
-        context = sharding.constrain(context, qkv_names)
+        context = sharding.constrain(context.astype(qkv.dtype), qkv_names)
         if index is not None:
             context = packing.pack_tokens(context, index)  # [g, c, n, d]
         y = Projection(
@@ -561,7 +565,11 @@ def masked_lm_logits(cfg, x, masked_lm_positions, head, table, bias) -> jax.Arra
     x = head(x)  # [b, p, h]
     dtype = jnp.dtype(cfg.dtype)
     logits = products.einsum(
-        "bph,vh->bpv", x.astype(dtype), table.astype(dtype), out_dtype=jnp.float32
+        "bph,vh->bpv",
+        x.astype(dtype),
+        table.astype(dtype),
+        out_dtype=jnp.float32,
+        operand_dtype=cfg.matmul_dtype,
     )  # [b, p, v]
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
