@@ -93,8 +93,9 @@ class Model:
     tokenizer)`, where params is BertForPreTraining's tree (plain or boxed, on the host or on
     devices). `dtype` overrides the compute dtype (e.g. "float32" for a model trained in
     bfloat16), `matmul_dtype` the products' operand dtype (e.g. "bfloat16" with a float32
-    dtype: bfloat16's speed on a CPU with AVX512-BF16, activations in float32). `mesh` spreads batches and parameters over devices. A fine-tuned model has a
-    `head` (bertjax.capability.HeadSpec) and its capability's parameter tree; the capability
+    dtype: bfloat16's speed on a CPU with AVX512-BF16, activations in float32). `mesh`
+    spreads batches and parameters over devices. A fine-tuned model has a `head`
+    (bertjax.capability.HeadSpec) and its capability's parameter tree; the capability
     (bertjax.tasks) serves the methods that fit it: predict, answer, generate, embed.
 
     The batching path the methods share: `examples` / `token_ids` (text to inputs),

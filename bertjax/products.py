@@ -32,9 +32,7 @@ _LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 _NARROWEST = 64
 
 
-def einsum(
-    spec: str, x: jax.Array, y: jax.Array, out_dtype=None, operand_dtype=None
-) -> jax.Array:
+def einsum(spec: str, x: jax.Array, y: jax.Array, out_dtype=None, operand_dtype=None) -> jax.Array:
     """jnp.einsum of two operands, the result in `out_dtype` (default: x's dtype).
 
     Operands of one low-precision dtype: the products are summed in float32, and the

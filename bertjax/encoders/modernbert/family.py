@@ -15,6 +15,16 @@ from bertjax.encoders.modernbert import transformers as modernbert_hf
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import Encoder, MaskedLM, _init, _stds, init_masked_lm
 
+# The config fields that say how to compute, not what the weights mean.
+_NUMERICS = (
+    "dtype",
+    "param_dtype",
+    "matmul_dtype",
+    "remat_policy",
+    "scan_layers",
+    "attention_impl",
+)
+
 
 class ModernBert(family.EncoderFamily):
     name = "modernbert"
@@ -27,8 +37,7 @@ class ModernBert(family.EncoderFamily):
     architecture_fields = tuple(
         f.name
         for f in dataclasses.fields(ModernBertConfig)
-        if f.name
-        not in ("dtype", "param_dtype", "matmul_dtype", "remat_policy", "scan_layers", "attention_impl")
+        if f.name not in _NUMERICS
         and not f.name.endswith("dropout")
         and not f.name.startswith("initializer_")
     )
