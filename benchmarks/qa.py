@@ -107,6 +107,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--question_lengths", default="6,20")
     parser.add_argument("--context_lengths", default="100,250")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument(
+        "--matmul_dtype",
+        default=None,
+        choices=("float32", "bfloat16"),
+        help="bertjax's products' operand dtype (model.matmul_dtype; default: --dtype)",
+    )
     parser.add_argument("--vocab_size", type=int, default=30522)
     parser.add_argument("--rounds", type=int, default=2, help="timed passes per side")
     parser.add_argument("--no_reference", action="store_true", help="skip transformers")
@@ -208,8 +214,10 @@ def real_windows(args: argparse.Namespace, tokenizer) -> Examples:
 
 def model_config(args: argparse.Namespace, source) -> BertConfig:
     if source is not None:
-        return dataclasses.replace(source.config, dtype=args.dtype)
-    return BertConfig.preset(args.preset, vocab_size=args.vocab_size, dtype=args.dtype)
+        return dataclasses.replace(source.config, dtype=args.dtype, matmul_dtype=args.matmul_dtype)
+    return BertConfig.preset(
+        args.preset, vocab_size=args.vocab_size, dtype=args.dtype, matmul_dtype=args.matmul_dtype
+    )
 
 
 class Bertjax:
@@ -556,6 +564,7 @@ def _finetune_command(args, directory: str, name: str, cache: str, inputs) -> li
         f"--config.grad_accum_steps={args.micro_batches}",
         f"--config.data.max_seq_length={args.max_seq_length}",
         f"--config.model.dtype={args.dtype}",
+        *([f"--config.model.matmul_dtype={args.matmul_dtype}"] if args.matmul_dtype else []),
     ]
 
 
@@ -763,7 +772,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     fill = float(windows.features["input_mask"].mean())
     print(
         f"model: {name} (L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}, "
-        f"V{config.vocab_size}) + qa_outputs, {args.dtype} compute; {len(windows)} windows, "
+        f"V{config.vocab_size}) + qa_outputs, {args.dtype} compute"
+        + (f" ({args.matmul_dtype} products)" if args.matmul_dtype else "")
+        + f"; {len(windows)} windows, "
         f"batch {args.batch_size} x {args.max_seq_length}, {100 * fill:.1f} % of positions "
         f"real, token_capacity {capacity:.3f} when packing, {args.micro_batches} micro-batches "
         "when grouped by length"
