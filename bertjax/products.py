@@ -129,7 +129,12 @@ def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     product = product.reshape(-1, chunks, m, n).sum(axis=1)  # [g, m, n]
     axes = batch + x_kept + y_kept
     product = product.reshape([sizes[a] for a in axes])
-    return jnp.transpose(product, [axes.index(a) for a in out_axes])
+    order = [axes.index(a) for a in out_axes]
+    if order != sorted(order):
+        # Nor a transposed result: XLA would fold it in by swapping the operands, the new
+        # left-hand side transposed (an embedding table's gradient in a train step did).
+        product = jax.lax.optimization_barrier(product)
+    return jnp.transpose(product, order)
 
 
 @functools.cache

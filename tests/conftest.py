@@ -142,7 +142,8 @@ ORBAX_ARRAY_HANDLER = ocp.type_handlers.get_type_handler(jax.Array)  # before an
 
 @pytest.fixture
 def optimized():
-    """For a test that runs hundreds of steps: its programs compile optimised (xla_env.py)."""
+    """For a test that runs hundreds of steps, or checks what XLA's optimising rewrites make of
+    a program: its programs compile optimised (xla_env.py)."""
     with optimized_compiles():
         yield
 

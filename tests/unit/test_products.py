@@ -46,11 +46,12 @@ def _within_one_step(got, want):
 
 
 @pytest.mark.parametrize("spec, x_shape, y_shape", SPECS)
-def test_bfloat16_products_are_summed_in_float32_both_ways(spec, x_shape, y_shape):
+def test_bfloat16_products_are_summed_in_float32_both_ways(spec, x_shape, y_shape, optimized):
     """Forward and gradients are float32's sums of the same bfloat16-rounded operands (the
     cotangent rounded as it enters), rounded once to bfloat16: within one bfloat16 step (the
     host's bfloat16 dot instructions sum in another order, so a sum on a rounding boundary may
-    round the other way)."""
+    round the other way). Compiled as a user's programs are (`optimized`): XLA's rewrites
+    decide which layouts its CPU runtime is handed."""
     x, y = _operands(x_shape, y_shape, seed=1)
     x16, y16 = jnp.asarray(x, jnp.bfloat16), jnp.asarray(y, jnp.bfloat16)
     x32, y32 = x16.astype(jnp.float32), y16.astype(jnp.float32)
@@ -90,7 +91,7 @@ def test_dense_through_products_equals_flax_dense(dtype):
 
 @pytest.mark.parametrize("spec, x_shape, y_shape", SPECS[:2] + SPECS[-1:])
 def test_operand_dtype_rounds_float32_operands_and_keeps_float32_around_them(
-    spec, x_shape, y_shape
+    spec, x_shape, y_shape, optimized
 ):
     """A float32 model's products in bfloat16 (matmul_dtype): the result is float32's sum of
     the rounded operands, not rounded again; the gradients come back in float32, each the
