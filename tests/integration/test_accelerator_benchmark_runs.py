@@ -25,9 +25,13 @@ def test_tiny_run_times_both_backends_and_checks_them(model, layouts, quantities
     out = capsys.readouterr().out
     rows = table_lines(out, accelerator.COLUMNS)
     assert [(r[2], r[4]) for r in rows] == [(lay, i) for lay in layouts for i in ("xla", "splash")]
-    for row in rows:
+    for i, row in enumerate(rows):
         assert len(row) == len(accelerator.COLUMNS) - 1  # every figure, no note
-        assert float(row[6]) > 0 and float(row[8]) > 0 and row[10].endswith("%")
+        figures = dict(zip(accelerator.COLUMNS, row))
+        assert float(figures["step ms"]) > 0 and float(figures["tokens/s"]) > 0
+        assert figures["MFU"].endswith("%")
+        # The initial state is built once per layout and shared by the second backend.
+        assert (float(figures["init s"]) > 0) if i % 2 == 0 else figures["init s"] == "-"
     checks = table_lines(out, accelerator.CHECK_COLUMNS)
     per_layout = len(quantities) + 2
     assert [r[2] for r in checks] == [lay for lay in layouts for _ in range(per_layout)]
@@ -40,6 +44,7 @@ def test_tiny_run_times_both_backends_and_checks_them(model, layouts, quantities
     result = json.loads(out_json.read_text())
     assert result["fused"] == "splash" and result["check_passed"] is True
     assert [c["layout"] for c in result["cells"]] == [lay for lay in layouts for _ in range(2)]
+    assert [c["init_s"] is None for c in result["cells"]] == [False, True] * len(layouts)
     for cell in result["cells"]:
         assert cell["step_s"] > 0 and cell["tokens_per_sec"] == pytest.approx(
             cell["sequences_per_sec"] * 128
@@ -62,6 +67,8 @@ def test_cpu_run_without_a_fused_backend_says_so(capsys):
         ("modernbert_tiny", "padded", "xla"),
         ("modernbert_tiny", "packed", "xla"),
     ]
-    assert all(float(r[6]) > 0 and r[10] == "n/a" for r in rows)
+    figures = [dict(zip(accelerator.COLUMNS, r)) for r in rows]
+    assert all(float(f["init s"]) > 0 and float(f["step ms"]) > 0 for f in figures)
+    assert all(f["MFU"] == "n/a" for f in figures)
     assert "note: backend comparison: not run, no fused backend" in out
     assert result["fused"] is None and result["checks"] == []
