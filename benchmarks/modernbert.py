@@ -4,7 +4,7 @@
         [--batch 8 --seq 512] [--lengths 512 1024 2048 4096] [--rounds 3]
         [--finetune reviews squad] [--ft_examples 256 --ft_epochs 1 --ft_batch 32]
         [--packing_sweep 0.5 0.7 0.85 1.0] [--attention] [--skip_sweep] [--skip_mlm]
-        [--notebook 40]
+        [--notebook 40] [--matmul_dtype bfloat16]
 
 1. The forward pass (ModernBertModel's hidden states) and a masked-LM training step (30% of
    the tokens predicted, AdamW) on a batch of --batch texts of random lengths from a quarter of
@@ -13,6 +13,8 @@
    (the same padded batch, its real tokens packed inside the encoder: ``packed_length``),
    and bertjax packed (the same texts as documents packed into fewer rows, each attending to
    itself, positions restarting per document). Tokens per second count real tokens only.
+   --matmul_dtype bfloat16: bertjax's train steps round their products' operands to it
+   (model.matmul_dtype; transformers stays float32), after the float32 check.
 2. The forward pass of one text against its length: local + global layers (a global layer
    every third, the rest windows of 128) against all layers global, on both sides; where the
    window pays is where local + global gets ahead of all-global.
@@ -311,6 +313,9 @@ def compare_and_time(args) -> None:
     model.train()
     torch_optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     pad_masked = masked(pad, rng)
+    # Checked against transformers in float32 above; the train steps take the products'
+    # operand dtype asked for (the model.matmul_dtype a run sets).
+    config = dataclasses.replace(config, matmul_dtype=args.matmul_dtype)
 
     def torch_step():
         inputs = torch_inputs(pad_masked)
@@ -348,7 +353,9 @@ def compare_and_time(args) -> None:
     print(
         f"\n{args.batch} texts of {args.seq // 4}..{args.seq} tokens ({real_tokens} real tokens; "
         f"{len(pack['input_ids'])} packed rows of {args.seq}), "
-        f"L{args.layers}/H{args.hidden}/A{args.heads}, float32\n"
+        f"L{args.layers}/H{args.hidden}/A{args.heads}, float32"
+        + (f" (bertjax's train steps: {args.matmul_dtype} products)" if args.matmul_dtype else "")
+        + "\n"
     )
     print(f"{'':<34}{'seconds':>10}{'tokens/s':>12}{'x transformers':>16}")
     for name, seconds in results.items():
@@ -553,7 +560,9 @@ def finetune(args, kind: str) -> None:
         f"\nfine-tuning, {kind}: {len(rows)} texts (tokens p10/p50/p90/max {p10}/{p50}/{p90}/"
         f"{top}), {len(ours_batches)} steps of {args.ft_batch}; bertjax widths {widths}, "
         f"{100 * real / slots:.0f}% real tokens, unpadded into {capacity} slots; "
-        f"L{args.layers}/H{args.hidden}/A{args.heads}, float32\n"
+        f"L{args.layers}/H{args.hidden}/A{args.heads}, float32"
+        + (f" (bertjax's train steps: {args.matmul_dtype} products)" if args.matmul_dtype else "")
+        + "\n"
     )
     base_total, base_steady = results["transformers length-sorted"]
     print(f"{'':<30}{'clock s':>10}{'steady s':>10}{'x torch clock':>15}{'x torch steady':>16}")
@@ -873,6 +882,11 @@ def main() -> None:
     parser.add_argument("--attention", action="store_true")
     parser.add_argument("--backward", action="store_true")
     parser.add_argument("--notebook", type=int, default=0, help="notebook calls to time")
+    parser.add_argument(
+        "--matmul_dtype",
+        default=None,
+        help="bertjax's masked-LM train steps with model.matmul_dtype (e.g. bfloat16)",
+    )
     args = parser.parse_args()
     import torch
 
