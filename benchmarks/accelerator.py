@@ -4,6 +4,7 @@
     python benchmarks/accelerator.py --models modernbert_base   # ModernBERT alone
     python benchmarks/accelerator.py --json accel.json    # also write the figures as JSON
     python benchmarks/accelerator.py --tiny               # CPU: tiny models (automatic on CPU)
+    python benchmarks/accelerator.py --profile prof       # also each step's HLO and a trace
 
 For BERT-base and BERT-large (configs/base.py, configs/large.py: AdamW, bf16 compute, large
 with scanned layers and "dots" rematerialisation) at sequence 128 and 512, and ModernBERT-base
@@ -128,6 +129,8 @@ NOISE_FACTOR = 3.0
 ZERO_GRADIENT_RMS = 1e-3
 # Tokens per batch of the default batch sizes: 256 x 128 = 64 x 512.
 TOKENS_PER_BATCH = 32768
+# Steps traced per cell by --profile, after the timed ones.
+PROFILED_STEPS = 2
 TINY_OVERRIDES = dict(hidden_size=64, num_heads=2, intermediate_size=256)
 TINY_VOCAB = 512
 
@@ -335,6 +338,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="peak bf16 FLOP/s of one device for MFU (default: bertjax.perf's data-sheet table)",
     )
     parser.add_argument("--json", default="", help="also write the results to this JSON file")
+    parser.add_argument(
+        "--profile",
+        default="",
+        help="directory: per cell, the train step's optimised HLO and a jax.profiler trace "
+        f"of {PROFILED_STEPS} more steps (untimed), in a folder named after the cell",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     for name in ("steps", "check_batch"):
@@ -629,9 +638,11 @@ def time_cell(
     batches: list[dict[str, np.ndarray]],
     warmup: int,
     num_steps: int,
+    profile_dir: str = "",
 ) -> tuple[float, float]:
     """(compile + first step seconds, seconds per timed step) of the real train step from
-    `state` (a copy: the step donates its state)."""
+    `state` (a copy: the step donates its state). With `profile_dir`, then writes the step's
+    optimised HLO there and traces PROFILED_STEPS more steps into it."""
     device_batches = [steps.global_batch(b, setup.batch_sharding, 1) for b in batches]
     rng = jax.random.key(seed + 1)
     with jax.set_mesh(setup.mesh):
@@ -655,6 +666,13 @@ def time_cell(
         start = time.perf_counter()
         run(num_steps, 1 + warmup)
         step_s = (time.perf_counter() - start) / num_steps
+        if profile_dir:
+            os.makedirs(profile_dir, exist_ok=True)
+            compiled = setup.train_step.lower(state, device_batches[0], rng).compile()
+            with open(os.path.join(profile_dir, "train_step.hlo.txt"), "w") as f:
+                f.write(compiled.as_text())
+            with jax.profiler.trace(profile_dir):
+                run(PROFILED_STEPS, 0)
     return compile_s, step_s
 
 
@@ -957,7 +975,14 @@ def run_cells(
             init_s = None
             if state is None:
                 state, init_s = initial_state(setup, args.seed)
-            compile_s, step_s = time_cell(setup, state, args.seed, batches, args.warmup, args.steps)
+            profile_dir = (
+                os.path.join(args.profile, f"{model_name}-{seq_len}-{layout}-{impl}")
+                if args.profile
+                else ""
+            )
+            compile_s, step_s = time_cell(
+                setup, state, args.seed, batches, args.warmup, args.steps, profile_dir
+            )
             cell = dataclasses.replace(
                 base,
                 init_s=init_s,

@@ -57,8 +57,8 @@ def test_tiny_run_times_both_backends_and_checks_them(model, layouts, quantities
 
 
 @pytest.mark.slow
-def test_cpu_run_without_a_fused_backend_says_so(capsys):
-    result = accelerator.main(["--steps", "1", "--warmup", "0"])
+def test_cpu_run_without_a_fused_backend_says_so(capsys, tmp_path):
+    result = accelerator.main(["--steps", "1", "--warmup", "0", "--profile", str(tmp_path)])
     out = capsys.readouterr().out
     assert "fused attention: none available on cpu" in out
     rows = table_lines(out, accelerator.COLUMNS)
@@ -72,3 +72,13 @@ def test_cpu_run_without_a_fused_backend_says_so(capsys):
     assert all(f["MFU"] == "n/a" for f in figures)
     assert "note: backend comparison: not run, no fused backend" in out
     assert result["fused"] is None and result["checks"] == []
+    # --profile: each cell's optimised train step and a trace of the steps after the timed ones.
+    cells = [
+        "tiny-128-padded-xla",
+        "modernbert_tiny-128-padded-xla",
+        "modernbert_tiny-128-packed-xla",
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(cells)
+    for cell in cells:
+        assert (tmp_path / cell / "train_step.hlo.txt").read_text().startswith("HloModule")
+        assert list((tmp_path / cell).glob("plugins/profile/*/*.xplane.pb"))
