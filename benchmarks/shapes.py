@@ -13,7 +13,8 @@ they hold is one compiled program. Two policies side by side:
 - "fewest widths +X %": the run's widths chosen from its lengths (finetune.loop
   .training_widths / evaluation_widths) within X % more positions than each bucket, the
   micro-batch's index traced (one program per width); finetune.py's default takes +2 % for
-  training and +5 % for evaluation.
+  training, a width added only while it saves more positions than a program costs
+  (finetune.loop.TRAIN_PROGRAM_POSITIONS), and +5 % for evaluation.
 
 Lengths (tokens with [CLS] and [SEP]), drawn from quantiles of public data:
 - squad: SQuAD v1.1-shaped windows at max_seq_length 384, doc stride 128 (questions about 6
@@ -168,6 +169,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         micro,
                         args.length_bucket,
                         overhead,
+                        program_positions=0,  # the overhead alone, whatever programs cost
                     ),
                     loop.evaluation_widths([split], args.length_bucket, overhead),
                 )

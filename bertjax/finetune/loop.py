@@ -208,6 +208,14 @@ EVAL_WIDTH_OVERHEAD = 0.05
 # pass about 9,000 real positions a second. Accelerators compile slower and evaluate faster,
 # so there a program is worth more positions still: this is a lower bound everywhere.
 EVAL_PROGRAM_POSITIONS = 20_000
+# The same for one training program, in positions trained (forward and backward). On the
+# same host the review command of benchmarks/modernbert_finetune.py (ModernBERT L6/H256)
+# compiled its 27 programs in about 60 s, the training ones the largest, and trained about
+# 6,000 positions a second: 10,000 positions are under 2 s of training there, a lower bound
+# as above. It cut that command's training widths from 7 to 5, and SQuAD's (benchmarks/qa.py,
+# MiniLM) from 7 to 5 (docs/compiling.md). A second run loads each program from the
+# compilation cache, which still costs its tracing, so it gains less or loses a little.
+TRAIN_PROGRAM_POSITIONS = 10_000
 
 
 def training_widths(
@@ -219,6 +227,7 @@ def training_widths(
     length_bucket: int,
     overhead: float = TRAIN_WIDTH_OVERHEAD,
     batch_order: str = "shuffled",
+    program_positions: float = TRAIN_PROGRAM_POSITIONS,
 ) -> tuple[int, ...] | None:
     """The widths, multiples of `length_bucket`, that the run's training batches are cut to
     (None: every batch at max_seq_length, without a length bucket).
@@ -226,7 +235,8 @@ def training_widths(
     The run's batches are known before it starts (each epoch's order comes from the seed and
     `batch_order`), so the width each batch needs is too: with `micro_batches` > 1 each
     micro-batch's as `train_micro_batches` groups them, else each batch's. Of those, the
-    fewest widths within `overhead` more positions (features.fewest_widths).
+    fewest widths within `overhead` more positions, a width added only while it saves more
+    than `program_positions` (features.fewest_widths).
     """
     if length_bucket == 0:
         return None
@@ -242,8 +252,10 @@ def training_widths(
             # [step, micro-batch, row]: sorted, so each micro-batch's longest is its last.
             grouped = per_batch.reshape(steps_per_epoch, micro_batches, -1)
             longest.append(grouped[:, :, -1].reshape(-1))
+    longest = np.concatenate(longest)
+    rows = np.full(len(longest), batch_size // micro_batches)  # rows cut to each width
     return features_lib.fewest_widths(
-        np.concatenate(longest), length_bucket, mask.shape[1], overhead
+        longest, length_bucket, mask.shape[1], overhead, rows, program_positions
     )
 
 

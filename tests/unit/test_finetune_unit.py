@@ -336,7 +336,9 @@ def test_the_runs_training_widths_are_few_and_hold_every_micro_batch():
     count, seq, batch_size, groups = 96, 64, 16, 4
     examples = _uneven_examples(label_heads.CLASSIFICATION, count, seq, longest=seq, seed=2)
     seeds, epochs = (1, 2), 2
-    widths = loop.training_widths(examples, seeds, epochs, batch_size, groups, 8, overhead=0.1)
+    widths = loop.training_widths(
+        examples, seeds, epochs, batch_size, groups, 8, overhead=0.1, program_positions=0
+    )
     assert loop.training_widths(examples, seeds, epochs, batch_size, groups, 0) is None
     assert all(w % 8 == 0 for w in widths)
     buckets, positions, bucket_positions = set(), 0, 0
@@ -361,6 +363,41 @@ def test_the_runs_training_widths_are_few_and_hold_every_micro_batch():
                     bucket_positions += a["input_ids"].size
     assert len(widths) < len(buckets)
     assert bucket_positions <= positions <= 1.1 * bucket_positions
+
+
+def test_training_widths_weigh_what_a_program_costs_in_positions():
+    count, seq, batch_size, groups = 96, 64, 16, 4
+    examples = _uneven_examples(label_heads.CLASSIFICATION, count, seq, longest=seq, seed=2)
+    seeds, epochs = (1, 2), 2
+
+    def widths(program_positions):
+        return loop.training_widths(
+            examples, seeds, epochs, batch_size, groups, 8, 0.0, "shuffled", program_positions
+        )
+
+    def positions(run_widths):  # trained over the run, every row of every micro-batch
+        total = 0
+        for seed in seeds:
+            for epoch in range(epochs):
+                order = loop.epoch_order(seed, epoch, count)
+                for index in range(count // batch_size):
+                    total += sum(
+                        b["input_ids"].size
+                        for b in loop.train_micro_batches(
+                            examples, order, index, batch_size, groups, 8, run_widths
+                        )
+                    )
+        return total
+
+    finest = widths(0)  # every width that saves a position
+    saved = positions((seq,)) - positions(finest)
+    assert len(finest) > 2 and saved > 0
+    assert widths(saved + 1) == (seq,)  # no width saves what a program costs
+    # A program worth half of what all the widths save: some width saves more (positions
+    # count every row of a micro-batch, not one per micro-batch), not every one does.
+    halfway = widths(saved / 2)
+    assert 1 < len(halfway) < len(finest)
+    assert positions(halfway) < positions((seq,)) - saved / 2
 
 
 def _evaluation_setup(task: str, seq: int, devices):
