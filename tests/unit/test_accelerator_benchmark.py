@@ -143,6 +143,7 @@ def test_a_failing_kernel_is_reported_not_raised(monkeypatch, capsys):
     def no_kernel(*args, **kwargs):
         raise RuntimeError("cuDNN is not detected.\nmore detail")
 
+    monkeypatch.setattr(accelerator, "initial_state", lambda setup, seed: (None, 0.0))
     monkeypatch.setattr(accelerator, "time_cell", no_kernel)
     monkeypatch.setattr(accelerator, "check_backends", no_kernel)
     result = accelerator.main(["--fused", "splash"])
