@@ -341,8 +341,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--profile",
         default="",
-        help="directory: per cell, the train step's optimised HLO and a jax.profiler trace "
-        f"of {PROFILED_STEPS} more steps (untimed), in a folder named after the cell",
+        help="directory: per cell, the train step's optimised HLO (compiled once more to get "
+        f"it) and a jax.profiler trace of {PROFILED_STEPS} more steps (untimed), in a folder "
+        "named after the cell",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
