@@ -13,8 +13,9 @@
    (the same padded batch, its real tokens packed inside the encoder: ``packed_length``),
    and bertjax packed (the same texts as documents packed into fewer rows, each attending to
    itself, positions restarting per document). Tokens per second count real tokens only.
-   --matmul_dtype bfloat16: bertjax's train steps round their products' operands to it
-   (model.matmul_dtype; transformers stays float32), after the float32 check.
+   --matmul_dtype bfloat16: bertjax's train steps (here and in --finetune) round their
+   products' operands to it (model.matmul_dtype; transformers stays float32), after the
+   float32 check.
 2. The forward pass of one text against its length: local + global layers (a global layer
    every third, the rest windows of 128) against all layers global, on both sides; where the
    window pays is where local + global gets ahead of all-global.
@@ -126,6 +127,11 @@ def hf_model(args, every: int):
         model.save_pretrained(directory)
         ours, params, _, _ = encoders.read_transformers(directory, dtype="float32")
     return model, ours, jax.device_put(params)
+
+
+def products_note(args) -> str:
+    """What a table's header adds when bertjax's train steps take --matmul_dtype."""
+    return f" (bertjax's train steps: {args.matmul_dtype} products)" if args.matmul_dtype else ""
 
 
 def texts(args, rng) -> list[np.ndarray]:
@@ -353,9 +359,7 @@ def compare_and_time(args) -> None:
     print(
         f"\n{args.batch} texts of {args.seq // 4}..{args.seq} tokens ({real_tokens} real tokens; "
         f"{len(pack['input_ids'])} packed rows of {args.seq}), "
-        f"L{args.layers}/H{args.hidden}/A{args.heads}, float32"
-        + (f" (bertjax's train steps: {args.matmul_dtype} products)" if args.matmul_dtype else "")
-        + "\n"
+        f"L{args.layers}/H{args.hidden}/A{args.heads}, float32" + products_note(args) + "\n"
     )
     print(f"{'':<34}{'seconds':>10}{'tokens/s':>12}{'x transformers':>16}")
     for name, seconds in results.items():
@@ -527,7 +531,7 @@ def finetune(args, kind: str) -> None:
     widths = sorted({b["input_ids"].shape[1] for b in ours_batches})
     capacity = max(packed_length(b["attention_mask"]) for b in ours_batches)
 
-    config = classifier_config(args)
+    config = dataclasses.replace(classifier_config(args), matmul_dtype=args.matmul_dtype)
     results = {}
     for name, length in (("bertjax padded", None), ("bertjax unpadded", capacity)):
         step, params, opt_state = ours_classifier_step(config, 2)
@@ -560,9 +564,7 @@ def finetune(args, kind: str) -> None:
         f"\nfine-tuning, {kind}: {len(rows)} texts (tokens p10/p50/p90/max {p10}/{p50}/{p90}/"
         f"{top}), {len(ours_batches)} steps of {args.ft_batch}; bertjax widths {widths}, "
         f"{100 * real / slots:.0f}% real tokens, unpadded into {capacity} slots; "
-        f"L{args.layers}/H{args.hidden}/A{args.heads}, float32"
-        + (f" (bertjax's train steps: {args.matmul_dtype} products)" if args.matmul_dtype else "")
-        + "\n"
+        f"L{args.layers}/H{args.hidden}/A{args.heads}, float32" + products_note(args) + "\n"
     )
     base_total, base_steady = results["transformers length-sorted"]
     print(f"{'':<30}{'clock s':>10}{'steady s':>10}{'x torch clock':>15}{'x torch steady':>16}")
@@ -885,7 +887,7 @@ def main() -> None:
     parser.add_argument(
         "--matmul_dtype",
         default=None,
-        help="bertjax's masked-LM train steps with model.matmul_dtype (e.g. bfloat16)",
+        help="bertjax's masked-LM and --finetune train steps with model.matmul_dtype (bfloat16)",
     )
     args = parser.parse_args()
     import torch
