@@ -1,22 +1,8 @@
 """benchmarks/accelerator.py loaded as a module, and the rows of the tables it prints."""
 
-import importlib.util
-import pathlib
-import sys
+from tests.helpers import benchmark_module
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "accelerator.py"
-
-
-_SPEC = importlib.util.spec_from_file_location("accelerator_benchmark", _PATH)
-
-
-accelerator = importlib.util.module_from_spec(_SPEC)
-
-
-sys.modules[_SPEC.name] = accelerator  # dataclasses look their module up while being built
-
-
-_SPEC.loader.exec_module(accelerator)
+accelerator = benchmark_module.load("accelerator")
 
 
 def table_lines(out: str, columns: tuple[str, ...]) -> list[list[str]]:

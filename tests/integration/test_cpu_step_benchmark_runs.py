@@ -4,7 +4,9 @@ import pathlib
 
 import pytest
 
-from tests.helpers.cpu_step_benchmark import cpu_step
+from tests.helpers import benchmark_module
+
+cpu_step = benchmark_module.load("cpu_step")
 
 
 @pytest.mark.slow

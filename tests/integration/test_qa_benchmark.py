@@ -1,20 +1,13 @@
 """benchmarks/qa.py's whole command: the inputs it writes for finetune.py, and the summary
 line it reads back from finetune.py's output."""
 
-import importlib.util
-import pathlib
-import sys
-
 import pytest
 
 from bertjax.finetune import loop
 from bertjax.tasks.qa import squad
+from tests.helpers import benchmark_module
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "qa.py"
-_SPEC = importlib.util.spec_from_file_location("qa_benchmark", _PATH)
-qa = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = qa  # dataclasses look their module up while being built
-_SPEC.loader.exec_module(qa)
+qa = benchmark_module.load("qa")
 
 
 @pytest.mark.slow

@@ -1,6 +1,8 @@
 """benchmarks/cpu_step.py: how it sums a profile's operations by kind."""
 
-from tests.helpers.cpu_step_benchmark import cpu_step
+from tests.helpers import benchmark_module
+
+cpu_step = benchmark_module.load("cpu_step")
 
 
 def _thread(tid: int, name: str) -> dict:

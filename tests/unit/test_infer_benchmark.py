@@ -1,18 +1,14 @@
 """benchmarks/infer.py's own parts that need no model: the transformers side's batching and
 its question-answering span decoding (the pipeline's formula), and the --methods flag."""
 
-import importlib.util
-import pathlib
 import sys
 
 import numpy as np
 import pytest
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "infer.py"
-_SPEC = importlib.util.spec_from_file_location("infer_benchmark", _PATH)
-infer = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = infer  # dataclasses look their module up while being built
-_SPEC.loader.exec_module(infer)
+from tests.helpers import benchmark_module
+
+infer = benchmark_module.load("infer")
 
 
 def test_batches_keep_input_order_or_go_shortest_first():

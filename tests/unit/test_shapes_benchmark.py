@@ -1,16 +1,10 @@
 """benchmarks/shapes.py: its length distributions and the programs-against-padding table."""
 
-import importlib.util
-import pathlib
-import sys
-
 import numpy as np
 
-_PATH = pathlib.Path(__file__).resolve().parents[2] / "benchmarks" / "shapes.py"
-_SPEC = importlib.util.spec_from_file_location("shapes_benchmark", _PATH)
-shapes = importlib.util.module_from_spec(_SPEC)
-sys.modules[_SPEC.name] = shapes
-_SPEC.loader.exec_module(shapes)
+from tests.helpers import benchmark_module
+
+shapes = benchmark_module.load("shapes")
 
 
 def test_squad_windows_are_cut_as_run_squad_cuts_them():
