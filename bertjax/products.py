@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import string
 
 import jax
 import jax.numpy as jnp
+import jaxlib
 
 # Operand dtypes whose products are summed in float32.
 _LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
-# A product narrower than this (m or n) multiplies in float32 on CPU: cut into chunks that
-# XNNPACK takes, its sums would be short calls (of at most 5 x its width each).
+# Before jaxlib 0.10, a product narrower than this (m or n) multiplies in float32 on CPU: cut
+# into chunks that XNNPACK takes, its sums would be short calls (of at most 5 x its width each).
 _NARROWEST = 64
 
 
@@ -95,15 +97,22 @@ def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     x_kept = [a for a in x_axes if a not in y_axes]
     y_kept = [a for a in y_axes if a not in x_axes]
     m, k, n = (math.prod(sizes[a] for a in group) for group in (x_kept, summed, y_kept))
-    # XLA's CPU compiler runs a bfloat16 x bfloat16 = float32 product with XNNPACK only on a
-    # host with AVX512-BF16, for a row-major [g, m, k] x [g, k, n] with k below 6m and 6n;
-    # any other such product goes to its default runtime, which has no bfloat16 and fails
-    # when run ("Unsupported element type for DotThunk"). A longer sum (a weight's gradient
-    # sums over every token) is cut into chunks that XNNPACK takes, their products added in
-    # float32; a narrow product (m or n under 64) and any other host multiply in float32.
-    if not _bfloat16_dots() or x.dtype != jnp.bfloat16 or min(m, n) < _NARROWEST:
+    # jaxlib 0.10's CPU runtime takes any row-major [g, m, k] x [g, k, n] bfloat16 product
+    # with a float32 result (YNNPACK's bfloat16 dots on a host with AVX512-BF16; without that
+    # library it widens them to float32): narrow ones (attention's head_dim 32) ran 1.1-2.3x
+    # float32's speed, long sums (a weight's gradient over 8,192 tokens) 1.8x. Earlier
+    # runtimes ran one with XNNPACK only for k below 6m and 6n and failed on any other
+    # ("Unsupported element type for DotThunk"): for them a longer sum is cut into chunks
+    # that XNNPACK takes, their products added in float32, and a narrow product (m or n
+    # under 64) multiplies in float32. Any host without AVX512-BF16 multiplies in float32.
+    if not _bfloat16_dots() or x.dtype != jnp.bfloat16:
         return jnp.einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32))
-    chunks = -(-k // (5 * min(m, n)))  # ceil
+    if _any_bfloat16_dot():
+        chunks = 1
+    elif min(m, n) < _NARROWEST:
+        return jnp.einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32))
+    else:
+        chunks = -(-k // (5 * min(m, n)))  # ceil
 
     def merged(operand, axes, groups):
         order = [axes.index(a) for group in groups for a in group]
@@ -135,6 +144,14 @@ def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
         # left-hand side transposed (an embedding table's gradient in a train step did).
         product = jax.lax.optimization_barrier(product)
     return jnp.transpose(product, order)
+
+
+@functools.cache
+def _any_bfloat16_dot() -> bool:
+    """Whether XLA's CPU runtime takes every bfloat16 product with a float32 result (jaxlib
+    0.10 on, where it was measured; see `_float32_sums`)."""
+    version = tuple(int(part) for part in re.findall(r"\d+", jaxlib.__version__)[:2])
+    return version >= (0, 10)
 
 
 @functools.cache

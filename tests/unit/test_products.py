@@ -20,9 +20,21 @@ SPECS = [
     # that is not its last: XLA's CPU runtime fails on such a bfloat16 product unless it is
     # laid out as [g, m, k] x [g, k, n] first.
     ("bcqnd,bctnd->bcnqt", (2, 3, 16, 2, 128), (2, 3, 48, 2, 128)),
-    # A weight's gradient: a sum over 1,201 tokens, cut into chunks (the last padded).
+    # A weight's gradient: a sum over 1,201 tokens (before jaxlib 0.10, cut into chunks, the
+    # last padded).
     ("bsh,bsf->hf", (1, 1201, 64), (1, 1201, 96)),
+    # Narrow products: attention's weighted sum at head_dim 32, a two-class head.
+    ("gst,gtd->gsd", (8, 96, 96), (8, 96, 32)),
+    ("bsh,hc->bsc", (2, 40, 64), (64, 2)),
 ]
+
+
+@pytest.fixture(params=["any bfloat16 dot", "dots XNNPACK takes"])
+def runtime(request, monkeypatch):
+    """Both of `products`' rules: jaxlib 0.10's runtime, which takes every bfloat16 product,
+    and the earlier one's chunks and float32 narrow products (which this runtime runs too)."""
+    monkeypatch.setattr(products, "_any_bfloat16_dot", lambda: request.param == "any bfloat16 dot")
+    return request.param
 
 
 def _operands(x_shape, y_shape, seed=0):
@@ -46,7 +58,9 @@ def _within_one_step(got, want):
 
 
 @pytest.mark.parametrize("spec, x_shape, y_shape", SPECS)
-def test_bfloat16_products_are_summed_in_float32_both_ways(spec, x_shape, y_shape, optimized):
+def test_bfloat16_products_are_summed_in_float32_both_ways(
+    spec, x_shape, y_shape, optimized, runtime
+):
     """Forward and gradients are float32's sums of the same bfloat16-rounded operands (the
     cotangent rounded as it enters), rounded once to bfloat16: within one bfloat16 step (the
     host's bfloat16 dot instructions sum in another order, so a sum on a rounding boundary may
@@ -125,3 +139,18 @@ def test_dense_with_an_operand_dtype_rounds_its_operands_only():
         rounded, x.astype(jnp.bfloat16).astype(jnp.float32)
     )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("spec, x_shape, y_shape", SPECS[-3:])
+def test_products_run_in_bfloat16_whole_where_the_runtime_takes_them(spec, x_shape, y_shape):
+    """On jaxlib 0.10 with the host's bfloat16 dot instructions, a narrow product and a long
+    sum are one bfloat16 product each, neither widened to float32 nor cut into chunks."""
+    x16, y16 = (jnp.asarray(a, jnp.bfloat16) for a in _operands(x_shape, y_shape))
+    hlo = jax.jit(lambda a, b: products.einsum(spec, a, b)).lower(x16, y16).as_text()
+    dots = [line for line in hlo.splitlines() if "stablehlo.dot_general" in line]
+    assert len(dots) == 1, dots
+    takes_bfloat16 = products._any_bfloat16_dot() and products._bfloat16_dots()
+    operands = dots[0].split(" : (")[1].split(") -> ")[0]  # "tensor<...>, tensor<...>"
+    assert operands.count("xbf16>") == (2 if takes_bfloat16 else 0), dots[0]
+    if takes_bfloat16:
+        assert "stablehlo.pad" not in hlo  # not cut into chunks
