@@ -48,6 +48,21 @@ class StateFactory:
     abstract: TrainState
     shardings: TrainState
     init: Callable[[jax.Array], TrainState]
+    # The state before its arrays are placed (boxed with their logical axis names).
+    boxed_state: Callable[[jax.Array], TrainState]
+
+    def init_taking(self, rng: jax.Array, given: Any, take: Callable[[Any, Any], Any]):
+        """`init(rng)` with the parameters `take(given, fresh)` in place of the fresh ones
+        (`given`: arrays, e.g. an init_from's parameters): one program, in which XLA drops
+        the initialisation of whatever `take` replaces, so that a fine-tuning run does not
+        compile (nor compute) a random encoder only to overwrite it. The optimizer state is
+        `init`'s, as it would be for the fresh parameters."""
+
+        def state(rng, given):
+            fresh = nn.meta.unbox(self.boxed_state(rng))
+            return fresh.replace(params=take(given, fresh.params))
+
+        return jax.jit(state, out_shardings=self.shardings)(rng, given)
 
 
 def make_state(
@@ -76,7 +91,7 @@ def make_state(
         shardings,
     )
     init = jax.jit(lambda rng: nn.meta.unbox(boxed_state(rng)), out_shardings=shardings)
-    return StateFactory(abstract=abstract, shardings=shardings, init=init)
+    return StateFactory(abstract=abstract, shardings=shardings, init=init, boxed_state=boxed_state)
 
 
 # ----------------------------------------------------------------------------- batches

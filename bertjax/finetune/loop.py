@@ -97,6 +97,33 @@ def initial_params(source: rundir.Run, ft: Finetuning, fresh: Any) -> tuple[Any,
     return jax.device_put(params, ft.state.shardings.params), note, fresh_head
 
 
+def first_state(
+    source: rundir.Run, ft: Finetuning, rng: jax.Array
+) -> tuple[steps.TrainState, str, bool]:
+    """A new run's first train state: `initial_params` over `ft.state.init(rng)`, the same
+    arrays, with the parameters' line and whether the head starts fresh. Where the head's
+    capability takes the source's subtrees as they are (Capability.warm_start), one program
+    computes only what the source does not give (a fresh head, the optimizer state): a
+    random encoder is neither compiled nor computed only to be overwritten."""
+    head = capability.of(ft.head)
+    if type(head).warm_start is not capability.Capability.warm_start:
+        # A warm start of its own (seq2seq's rearranges weights on the host) takes the
+        # whole fresh initialisation.
+        state = ft.state.init(rng)
+        params, note, fresh_head = initial_params(source, ft, state.params)
+        return state.replace(params=params), note, fresh_head
+    _, given = rundir.read_params(source, ft.mesh)
+
+    def take(given, fresh):
+        return head.warm_start(ft.model_config, ft.head, source, given, fresh)[0]
+
+    # The line and whether the head starts fresh depend on the trees' structure only.
+    _, note, fresh_head = head.warm_start(
+        ft.model_config, ft.head, source, given, ft.state.abstract.params
+    )
+    return ft.state.init_taking(rng, given, take), note, fresh_head
+
+
 # ----------------------------------------------------------------------------- batches
 
 
@@ -677,8 +704,10 @@ class _SeedHooks:
         return jax.random.fold_in(jax.random.key(self.seed), 1)
 
     def fresh(self) -> tuple[steps.TrainState, jax.Array]:
-        state = self.run.ft.state.init(jax.random.key(self.seed))
-        params, note, fresh_head = initial_params(self.run.source, self.run.ft, state.params)
+        state, note, fresh_head = first_state(
+            self.run.source, self.run.ft, jax.random.key(self.seed)
+        )
+        params = state.params
         if fresh_head:
             task = task_lib.get(self.run.settings.task)
             params, head_note = task.start_head(params, self.run.task, self.run.settings.run)

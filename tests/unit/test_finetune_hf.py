@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from safetensors import numpy as safetensors_numpy
 
-from bertjax import hf
+from bertjax import hf, rundir
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.finetune import loop
@@ -63,3 +63,46 @@ def test_fine_tuning_from_a_transformers_classifier_keeps_its_head_for_the_same_
     else:
         assert not classifier["kernel"].any()  # the run's own fresh head
         assert "is not this task's" in note
+
+
+@pytest.mark.parametrize("same_task", [True, False])
+def test_a_runs_first_state_is_the_source_over_its_own_initialisation(tmp_path, same_task):
+    """first_state: the arrays initial_params gives over state.init(rng) (the source's
+    encoder, its head or a fresh one, the fresh optimizer state), bit for bit, from a program
+    without the encoder's random initialisation (fewer random bits drawn than init's)."""
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "w"]) + "\n")
+    head = HEADS["classification"]
+    bert_hf.save(
+        CONFIG,
+        random_params(head, seed=6),
+        tmp_path / "export",
+        WordPieceTokenizer.from_vocab(vocab),
+        head=head,
+    )
+    source = loop.open_source(tmp_path / "export")
+    run_head = head if same_task else HeadSpec(label_heads.CLASSIFICATION, ("no", "yes"))
+    ft = data_parallel_finetuning(CONFIG, run_head)
+    rng = jax.random.key(7)
+    with jax.set_mesh(ft.mesh):
+        state, note, fresh_head = loop.first_state(source, ft, rng)
+        want = ft.state.init(rng)
+        params, want_note, want_fresh_head = loop.initial_params(source, ft, want.params)
+    assert (note, fresh_head) == (want_note, want_fresh_head)
+    want = want.replace(params=params)
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), jax.device_get(want))
+
+    def random_bits(text):
+        return text.count("rng_bit_generator") + text.count("threefry")
+
+    init_hlo = jax.jit(ft.state.init).lower(rng).compile().as_text()
+    assert random_bits(init_hlo) > 0
+    _, given = rundir.read_params(source, ft.mesh)
+    take = lambda given, fresh: {**fresh, "bert": given["bert"]}  # noqa: E731
+    taking_hlo = (
+        jax.jit(lambda rng, given: ft.state.init_taking(rng, given, take))
+        .lower(rng, given)
+        .compile()
+        .as_text()
+    )
+    assert random_bits(taking_hlo) < random_bits(init_hlo)
