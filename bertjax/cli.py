@@ -23,7 +23,7 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import compilation_cache, fs
+from bertjax import compilation_cache, fs, host_memory
 from bertjax import settings as settings_lib
 
 FLAGS = flags.FLAGS
@@ -101,6 +101,9 @@ def run(
     def parse_flags(argv: list[str]) -> list[str]:
         return _reporting_bad_overrides(lambda: FLAGS(argv), argv, default_config)
 
+    # Before XLA starts its threads (bertjax.host_memory): a CPU step's buffers then reuse
+    # the pages the step before it wrote instead of faulting in fresh ones.
+    host_memory.keep_freed_memory()
     app.run(main, flags_parser=parse_flags)
 
 
