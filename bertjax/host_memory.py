@@ -9,15 +9,18 @@ writes them. On the 2-core host of docs/benchmarks.md a ModernBERT fine-tuning c
 spent a fifth of its CPU time doing that in the kernel (21 s of 109 s, 10 million page
 faults: each of its 54 steps faulted in its 0.2-1.7 GB afresh).
 
-`keep_freed_memory()` tells glibc to keep such blocks: one malloc arena for every thread
-(a worker thread's own arena cannot hold a block that large and would map it afresh), no
-mmap for large blocks, and no returning of freed memory at the top of the heap. A step then
-writes into pages the previous step already mapped. The cost is that the process keeps its
-peak memory (a ModernBERT L6/H256 review command: 2.8 GB -> 4.4 GB resident at most).
+`keep_freed_memory()` has such blocks kept: the CPU runs each single-device program on the
+thread that called it (jax_cpu_enable_async_dispatch off), whose memory comes from glibc's
+main heap (a worker thread's own arena holds at most 64 MB and would map the block afresh),
+and glibc serves large blocks from that heap instead of mmap and never trims it. A step then
+writes into pages the previous step already mapped. The process keeps its peak memory (a
+ModernBERT L6/H256 review command: 2.9 GB -> 3.2 GB resident at most). XLA's compiler
+threads keep their own arenas: sharing one arena among all threads (MALLOC_ARENA_MAX=1)
+kept the pages too but made compiling about a fifth slower.
 
-glibc fixes a thread's arena at the thread's first allocation, so this must run before
-XLA starts its thread pools (before anything touches a jax device); the commands call it
-first thing. It changes only where memory comes from, never a result.
+It must run before jax creates its CPU client (before anything touches a jax device): the
+commands call it first thing. It changes only where memory comes from and which thread
+runs a program, never a result.
 """
 
 from __future__ import annotations
@@ -30,10 +33,11 @@ import pkgutil
 import platform
 import sys
 
+import jax
+
 # mallopt's parameters (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
-_M_ARENA_MAX = -8
 
 # Setting this to 0 leaves glibc's defaults.
 SWITCH_VARIABLE = "BERTJAX_KEEP_FREED_MEMORY"
@@ -66,8 +70,8 @@ def accelerator_installed(environ=None) -> bool:
 
 
 def keep_freed_memory(environ=None) -> bool:
-    """Has glibc keep the memory XLA's CPU steps free for the next step (the module's
-    docstring); True when it did. Does nothing (False) off Linux's glibc, where jax runs on
+    """Has the memory XLA's CPU steps free kept for the next step (the module's docstring);
+    True when it was. Does nothing (False) off Linux's glibc, where jax runs on
     an accelerator, where the user tunes malloc through the environment, or where
     BERTJAX_KEEP_FREED_MEMORY=0."""
     environ = os.environ if environ is None else environ
@@ -79,12 +83,10 @@ def keep_freed_memory(environ=None) -> bool:
         return False
     if accelerator_installed(environ):
         return False
+    # Read when jax creates its CPU client: a program then runs on the calling thread.
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
     libc = ctypes.CDLL(None)
     return all(
         libc.mallopt(parameter, value) == 1  # mallopt returns 1 on success
-        for parameter, value in (
-            (_M_ARENA_MAX, 1),
-            (_M_MMAP_MAX, 0),
-            (_M_TRIM_THRESHOLD, -1),  # -1: never trim
-        )
+        for parameter, value in ((_M_MMAP_MAX, 0), (_M_TRIM_THRESHOLD, -1))  # -1: never trim
     )
