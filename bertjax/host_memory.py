@@ -14,7 +14,7 @@ thread that called it (jax_cpu_enable_async_dispatch off), whose memory comes fr
 main heap (a worker thread's own arena holds at most 64 MB and would map the block afresh),
 and glibc serves large blocks from that heap instead of mmap and never trims it. A step then
 writes into pages the previous step already mapped. The process keeps its peak memory (a
-ModernBERT L6/H256 review command: 2.9 GB -> 3.2 GB resident at most). XLA's compiler
+ModernBERT L6/H256 review command: 2.9-3.0 GB -> 3.1-4.4 GB resident at most). XLA's compiler
 threads keep their own arenas: sharing one arena among all threads (MALLOC_ARENA_MAX=1)
 kept the pages too but made compiling about a fifth slower.
 
