@@ -101,8 +101,8 @@ def run(
     def parse_flags(argv: list[str]) -> list[str]:
         return _reporting_bad_overrides(lambda: FLAGS(argv), argv, default_config)
 
-    # Before XLA starts its threads (bertjax.host_memory): a CPU step's buffers then reuse
-    # the pages the step before it wrote instead of faulting in fresh ones.
+    # Before jax creates its CPU client (bertjax.host_memory): a CPU step's buffers then
+    # reuse the pages the step before it wrote instead of faulting in fresh ones.
     host_memory.keep_freed_memory()
     app.run(main, flags_parser=parse_flags)
 

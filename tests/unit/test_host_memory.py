@@ -1,7 +1,7 @@
 """bertjax.host_memory: a CPU step writes into pages the step before it already mapped.
 
-Each case runs in a fresh process: glibc fixes a thread's malloc arena at the thread's first
-allocation, so only a process that asks before jax starts its threads shows the effect.
+Each case runs in a fresh process: jax reads where a program runs when it creates its CPU
+client, so only a process that asks before that shows the effect.
 """
 
 import os
@@ -65,7 +65,7 @@ def test_a_step_after_the_first_faults_in_no_fresh_pages():
     # glibc's default maps the 64 MB afresh at every execution (16,384 pages of 4 KB each,
     # or 32 huge ones where the kernel backs them so). Kept, an execution reuses the memory
     # the one before it freed; now and then the heap grows once more where small blocks
-    # took part of that memory (0 to 4 of the 20 in ten runs of this program).
+    # took part of that memory (0 to 1 of the 20 in six runs of this program).
     assert faults_default > 0
     assert faults_kept * 3 < faults_default, (faults_kept, faults_default)
 
