@@ -42,7 +42,7 @@ _M_MMAP_MAX = -4
 # Setting this to 0 leaves glibc's defaults.
 SWITCH_VARIABLE = "BERTJAX_KEEP_FREED_MEMORY"
 # A user who tunes glibc's malloc through the environment keeps their own settings.
-_GLIBC_VARIABLES = (
+GLIBC_VARIABLES = (
     "GLIBC_TUNABLES",
     "MALLOC_ARENA_MAX",
     "MALLOC_MMAP_MAX_",
@@ -69,6 +69,11 @@ def accelerator_installed(environ=None) -> bool:
     return bool(paths) and any(True for _ in pkgutil.iter_modules(list(paths)))
 
 
+def glibc() -> bool:
+    """Whether this process's malloc is Linux's glibc, the one this module tunes."""
+    return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+
+
 def keep_freed_memory(environ=None) -> bool:
     """Has the memory XLA's CPU steps free kept for the next step (the module's docstring);
     True when it was. Does nothing (False) off Linux's glibc, where jax runs on
@@ -77,9 +82,9 @@ def keep_freed_memory(environ=None) -> bool:
     environ = os.environ if environ is None else environ
     if environ.get(SWITCH_VARIABLE, "1") == "0":
         return False
-    if any(name in environ for name in _GLIBC_VARIABLES):
+    if any(name in environ for name in GLIBC_VARIABLES):
         return False
-    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+    if not glibc():
         return False
     if accelerator_installed(environ):
         return False

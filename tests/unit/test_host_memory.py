@@ -5,7 +5,6 @@ client, so only a process that asks before that shows the effect.
 """
 
 import os
-import platform
 import subprocess
 import sys
 import textwrap
@@ -44,7 +43,7 @@ STEPS = textwrap.dedent(
 
 
 def _steps(switch: str) -> tuple[bool, int]:
-    env = {k: v for k, v in os.environ.items() if k not in host_memory._GLIBC_VARIABLES}
+    env = {k: v for k, v in os.environ.items() if k not in host_memory.GLIBC_VARIABLES}
     env.update({host_memory.SWITCH_VARIABLE: switch, "JAX_PLATFORMS": "cpu"})
     done = subprocess.run(
         [sys.executable, "-c", STEPS], env=env, cwd=REPO, capture_output=True, text=True
@@ -54,10 +53,7 @@ def _steps(switch: str) -> tuple[bool, int]:
     return kept == "True", int(faults)
 
 
-@pytest.mark.skipif(
-    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
-    reason="the setting is glibc's malloc's",
-)
+@pytest.mark.skipif(not host_memory.glibc(), reason="the setting is glibc's malloc's")
 def test_a_step_after_the_first_faults_in_no_fresh_pages():
     kept, faults_kept = _steps("1")
     default, faults_default = _steps("0")
