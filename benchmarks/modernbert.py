@@ -52,6 +52,8 @@
    rounds interleaved; the outputs are checked to agree within 1e-4 first.
 
 The whole command's clock (start-up, imports, every compile, every section) is printed last.
+Like the commands, the process keeps the host memory a CPU step frees for the next
+(bertjax.host_memory; BERTJAX_KEEP_FREED_MEMORY=0 leaves glibc's defaults), both sides alike.
 
 The model is a ModernBERT of random weights at the given size (transformers' initialisation,
 written by save_pretrained and read by bertjax.encoders.read_transformers); both sides'
@@ -85,7 +87,7 @@ import optax  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax import attention as attention_lib  # noqa: E402
-from bertjax import encoders, inference  # noqa: E402
+from bertjax import encoders, host_memory, inference  # noqa: E402
 from bertjax.capability import ENCODER  # noqa: E402
 from bertjax.data.packing import best_fit  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
@@ -890,11 +892,15 @@ def main() -> None:
         help="bertjax's masked-LM and --finetune train steps with model.matmul_dtype (bfloat16)",
     )
     args = parser.parse_args()
+    # As the commands do (bertjax.cli), before jax creates its CPU client; it holds for the
+    # whole process, transformers' side included.
+    kept = host_memory.keep_freed_memory()
     import torch
 
     torch.set_num_threads(os.cpu_count() or 1)
     device = jax.devices()[0].device_kind
     print(f"jax {jax.__version__} on {device}, torch {torch.__version__}, {os.cpu_count()} cores")
+    print(f"freed host memory kept for the next step (bertjax.host_memory): {kept}")
     if not args.skip_mlm:
         compare_and_time(args)
     if not args.skip_sweep:
