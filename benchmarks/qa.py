@@ -30,7 +30,8 @@ checkpoints), twice: with an empty compilation cache, then with the cache the fi
 filled (bertjax.compilation_cache). Beside it the same as a torch user's script does it:
 transformers' tokenizer windows the file (as run_qa.py), BertForQuestionAnswering trains one
 epoch by the grouped loop below and predicts every evaluation window's logits, timed from
-the script's start to its exit (no decoding, no checkpoint: in torch's favour).
+the script's start to its exit, its dev F1 decoded as run_qa.py's post-processing does (no
+checkpoint: in torch's favour).
 
 `--compile_ahead_rounds N` times only the whole command, with an empty compilation cache each
 time, with `config.compile_ahead=0` and `=1` alternately for N rounds, and prints each round's
@@ -67,6 +68,7 @@ from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
+from bertjax.tasks.qa import metrics as qa_metrics  # noqa: E402
 from bertjax.tasks.qa import model as qa_model  # noqa: E402
 from bertjax.tasks.qa import squad  # noqa: E402
 from bertjax.tasks.qa import task as qa_task  # noqa: E402
@@ -417,10 +419,12 @@ class Transformers:
         self.epoch += 1
         return float(loss.detach())
 
-    def predict(self) -> np.ndarray:
-        """No-grad forward passes; grouped: the windows sorted by length first."""
+    def predict(self) -> tuple[np.ndarray, np.ndarray]:
+        """No-grad forward passes; grouped: the windows sorted by length first. The start and
+        end logits [windows, max_seq_length] in the windows' order (-inf past a batch's width)."""
         self.model.eval()
-        out = []
+        shape = self.windows.features["input_ids"].shape
+        starts, ends = np.full(shape, -np.inf, np.float32), np.full(shape, -np.inf, np.float32)
         order = np.arange(len(self.windows))
         if self.mode == "grouped":
             lengths = self.windows.features["input_mask"].sum(axis=1)
@@ -431,9 +435,11 @@ class Transformers:
                 with torch.autocast(
                     self.device.type, dtype=self.autocast, enabled=bool(self.autocast)
                 ):
-                    logits = self.model(**self._batch(rows, self.mode != "padded")).start_logits
-                out.append(logits.float().cpu().numpy())
-        return out
+                    out = self.model(**self._batch(rows, self.mode != "padded"))
+                width = out.start_logits.shape[1]
+                starts[rows, :width] = out.start_logits.float().cpu().numpy()
+                ends[rows, :width] = out.end_logits.float().cpu().numpy()
+        return starts, ends
 
 
 # ----------------------------------------------------------------------------- the whole command
@@ -625,6 +631,8 @@ def whole_command(args) -> dict[str, float]:
                 + ")"
             )
             result[f"command bertjax {name}"] = seconds
+            if f1:
+                result["dev F1 bertjax"] = float(f1[-1])
         if not args.no_reference and torch is not None:
             torch_args = [
                 sys.executable,
@@ -642,18 +650,21 @@ def whole_command(args) -> dict[str, float]:
             seconds, out = _run(torch_args, env)
             print(f"  transformers grouped torch loop: {seconds:.1f} s ({out.strip()})")
             result["command transformers grouped"] = seconds
+            torch_f1 = re.findall(r"dev F1 ([\d.]+)", out)
+            if torch_f1 and "dev F1 bertjax" in result:
+                result["dev F1 transformers"] = float(torch_f1[-1])
+                difference = result["dev F1 bertjax"] - result["dev F1 transformers"]
+                print(f"  dev F1, bertjax - transformers: {difference:+.4f} (F1 in 0-100)")
             for name in ("empty compilation cache", "second run, cache warm"):
                 ratio = seconds / result[f"command bertjax {name}"]
                 print(f"  bertjax ({name}) / transformers: {ratio:.2f}x")
     return result
 
 
-def _hf_windows(tokenizer, path: str, max_seq_length: int, training: bool) -> Examples:
-    """A SQuAD file's windows as transformers' question-answering example (run_qa.py) cuts
-    them (the context truncated into windows overlapping by 128 tokens, answers mapped by
-    their offsets)."""
-    questions = _real_questions(path, 10**9)
-    encoded = tokenizer(
+def _hf_encode(tokenizer, questions: list[tuple], max_seq_length: int):
+    """The (id, question, context, answer text, answer start) rows' windows, as transformers'
+    tokenizer cuts them for run_qa.py (offsets and the source question of each window kept)."""
+    return tokenizer(
         [q for _, q, _, _, _ in questions],
         [c for _, _, c, _, _ in questions],
         truncation="only_second",
@@ -664,6 +675,40 @@ def _hf_windows(tokenizer, path: str, max_seq_length: int, training: bool) -> Ex
         return_offsets_mapping=True,
         padding="max_length",
     )
+
+
+def _hf_f1(tokenizer, path: str, max_seq_length: int, starts, ends) -> float:
+    """SQuAD v1.1 F1 (0-100) of the windows' logits, decoded as run_qa.py's post-processing
+    does: for each question, over all of its windows, the best start + end score among the 20
+    best starts and ends that lie in the context, end not before start, at most 30 tokens;
+    scored by bertjax.tasks.qa.metrics, the official script's rules."""
+    questions = _real_questions(path, 10**9)
+    encoded = _hf_encode(tokenizer, questions, max_seq_length)
+    best: dict[int, tuple[float, str]] = {}
+    for k, offsets in enumerate(encoded["offset_mapping"]):
+        source = encoded["overflow_to_sample_mapping"][k]
+        context_text = questions[source][2]
+        in_context = [s == 1 for s in encoded.sequence_ids(k)]
+        for s in np.argsort(starts[k])[::-1][:20]:
+            for e in np.argsort(ends[k])[::-1][:20]:
+                if not (in_context[s] and in_context[e]) or e < s or e - s + 1 > 30:
+                    continue
+                score = float(starts[k][s] + ends[k][e])
+                if source not in best or score > best[source][0]:
+                    best[source] = (score, context_text[offsets[s][0] : offsets[e][1]])
+    scores = [
+        qa_metrics.f1_score(best.get(i, (0.0, ""))[1], gold)
+        for i, (_, _, _, gold, _) in enumerate(questions)
+    ]
+    return 100.0 * float(np.mean(scores))
+
+
+def _hf_windows(tokenizer, path: str, max_seq_length: int, training: bool) -> Examples:
+    """A SQuAD file's windows as transformers' question-answering example (run_qa.py) cuts
+    them (the context truncated into windows overlapping by 128 tokens, answers mapped by
+    their offsets)."""
+    questions = _real_questions(path, 10**9)
+    encoded = _hf_encode(tokenizer, questions, max_seq_length)
     starts, ends = [], []
     for k, offsets in enumerate(encoded["offset_mapping"]):
         _, _, _, text, answer_start = questions[encoded["overflow_to_sample_mapping"][k]]
@@ -708,10 +753,13 @@ def torch_command(args) -> None:
     side = Transformers(args, windows, optimizer, "grouped")
     train_seconds = _timed(side.run_epoch)
     side.windows = held_out
-    predict_seconds = _timed(side.predict)
+    start = time.perf_counter()
+    starts, ends = side.predict()
+    predict_seconds = time.perf_counter() - start
+    f1 = _hf_f1(tokenizer, os.path.join(directory, "dev.json"), args.max_seq_length, starts, ends)
     print(
         f"{len(windows)} training windows in {train_seconds:.1f} s, {len(held_out)} evaluation "
-        f"windows in {predict_seconds:.1f} s"
+        f"windows in {predict_seconds:.1f} s; dev F1 {f1:.4f}"
     )
 
 

@@ -43,3 +43,28 @@ def test_the_summary_line_is_read_back(capsys):
     loop._print_summary(summary)
     found = qa.SUMMARY.search(capsys.readouterr().out)
     assert found.groups() == ("95.4", "85.1", "29", "2")
+
+
+@pytest.mark.slow
+def test_the_torch_script_s_f1_decodes_context_spans_only(tmp_path):
+    import transformers
+
+    words = ["who", "came", "went", "alpha", "beta", "gamma", "delta"]
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(vocab))
+    context = "alpha beta gamma delta"
+    questions = [
+        ("q0", "who came", context, "gamma", 11),
+        ("q1", "who went", context, "delta", 17),
+    ]
+    path = tmp_path / "dev.json"
+    qa._squad_file(str(path), questions)
+    # [CLS] who came [SEP] alpha beta gamma delta [SEP]: the context is tokens 4 to 7.
+    starts, ends = qa.np.zeros((2, 16)), qa.np.zeros((2, 16))
+    starts[0, 6] = ends[0, 6] = 10.0  # "gamma": right
+    starts[1, 4] = ends[1, 5] = 10.0  # "alpha beta": wrong
+    starts[1, 1] = ends[1, 1] = 100.0  # the question's "who": never an answer
+    assert qa._hf_f1(tokenizer, str(path), 16, starts, ends) == pytest.approx(50.0)
+    ends[1, 7] = 20.0  # "alpha beta gamma delta": one token of four right, F1 0.4
+    assert qa._hf_f1(tokenizer, str(path), 16, starts, ends) == pytest.approx(70.0)
