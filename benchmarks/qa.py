@@ -655,6 +655,9 @@ def whole_command(args) -> dict[str, float]:
                 result["dev F1 transformers"] = float(torch_f1[-1])
                 difference = result["dev F1 bertjax"] - result["dev F1 transformers"]
                 print(f"  dev F1, bertjax - transformers: {difference:+.4f} (F1 in 0-100)")
+            torch_loss = re.findall(r"dev loss ([\d.]+)", out)
+            if torch_loss:
+                print(f"  transformers dev loss (over real positions): {torch_loss[-1]}")
             for name in ("empty compilation cache", "second run, cache warm"):
                 ratio = seconds / result[f"command bertjax {name}"]
                 print(f"  bertjax ({name}) / transformers: {ratio:.2f}x")
@@ -757,10 +760,30 @@ def torch_command(args) -> None:
     starts, ends = side.predict()
     predict_seconds = time.perf_counter() - start
     f1 = _hf_f1(tokenizer, os.path.join(directory, "dev.json"), args.max_seq_length, starts, ends)
+    loss = _span_loss(held_out.features, starts, ends)
     print(
         f"{len(windows)} training windows in {train_seconds:.1f} s, {len(held_out)} evaluation "
-        f"windows in {predict_seconds:.1f} s; dev F1 {f1:.4f}"
+        f"windows in {predict_seconds:.1f} s; dev F1 {f1:.4f}, dev loss {loss:.4f}"
     )
+
+
+def _span_loss(features: dict[str, np.ndarray], starts: np.ndarray, ends: np.ndarray) -> float:
+    """The windows' mean of the start and end cross-entropies over their real positions, as
+    finetune.py's eval/loss counts it (bertjax.tasks.qa.model.qa_sums)."""
+    real = features["input_mask"] > 0
+    rows = np.arange(len(real))
+
+    def cross_entropy(logits, positions):
+        logits = np.where(real, logits, -np.inf).astype(np.float64)
+        top = logits.max(axis=1, keepdims=True)
+        log_norm = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
+        return log_norm - logits[rows, positions]
+
+    loss = 0.5 * (
+        cross_entropy(starts, features["start_positions"])
+        + cross_entropy(ends, features["end_positions"])
+    )
+    return float(loss.mean())
 
 
 def _timed(function) -> float:

@@ -68,3 +68,29 @@ def test_the_torch_script_s_f1_decodes_context_spans_only(tmp_path):
     assert qa._hf_f1(tokenizer, str(path), 16, starts, ends) == pytest.approx(50.0)
     ends[1, 7] = 20.0  # "alpha beta gamma delta": one token of four right, F1 0.4
     assert qa._hf_f1(tokenizer, str(path), 16, starts, ends) == pytest.approx(70.0)
+
+
+@pytest.mark.slow
+def test_the_torch_script_s_dev_loss_is_finetune_py_s_eval_loss():
+    import jax.numpy as jnp
+
+    from bertjax.tasks.qa.model import qa_sums
+
+    rng = qa.np.random.default_rng(0)
+    mask = qa.np.ones((3, 8), qa.np.int32)
+    mask[1, 5:] = mask[2, 3:] = 0
+    starts = rng.normal(size=(3, 8)).astype(qa.np.float32)
+    ends = rng.normal(size=(3, 8)).astype(qa.np.float32)
+    positions = {"start_positions": qa.np.array([1, 4, 0]), "end_positions": qa.np.array([2, 4, 2])}
+    ours = qa._span_loss({"input_mask": mask, **positions}, starts, ends)
+    starts[1, 6] = -qa.np.inf  # past a batch's width: the script's fill, outside the real tokens
+    assert qa._span_loss({"input_mask": mask, **positions}, starts, ends) == ours
+    sums = qa_sums(
+        jnp.asarray(qa.np.where(qa.np.isfinite(starts), starts, 0.0)),
+        jnp.asarray(ends),
+        jnp.asarray(positions["start_positions"]),
+        jnp.asarray(positions["end_positions"]),
+        jnp.ones(3),
+        jnp.asarray(mask),
+    )
+    assert ours == pytest.approx(float(sums.loss / sums.count), rel=1e-6)
