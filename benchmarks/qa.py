@@ -160,6 +160,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=argparse.SUPPRESS,  # internal: the torch user's script, run in its own process
     )
     parser.add_argument(
+        "--torch_head_init",
+        default="transformers",
+        choices=("transformers", "google"),
+        help="the torch side's fresh QA head: transformers' normal of 0.02, or google's (and "
+        "bertjax's) normal of 0.02 truncated at two deviations",
+    )
+    parser.add_argument(
         "--grouped_only",
         action="store_true",
         help="only the length-grouped sides (bertjax and transformers): one bertjax side's "
@@ -356,6 +363,10 @@ class Transformers:
                 max_position_embeddings=max(512, args.max_seq_length),
             )
             model = transformers.BertForQuestionAnswering(hf_config)
+        if args.torch_head_init == "google":  # as bertjax starts a fresh head
+            with torch.no_grad():
+                torch.nn.init.trunc_normal_(model.qa_outputs.weight, std=0.02, a=-0.04, b=0.04)
+                model.qa_outputs.bias.zero_()
         self.model = model.to(self.device)
         self.mode, self.micro_batches = mode, args.micro_batches
         decay = [p for n, p in self.model.named_parameters() if not _no_decay(n)]
@@ -644,6 +655,7 @@ def whole_command(args) -> dict[str, float]:
                 f"--micro_batches={args.micro_batches}",
                 f"--dtype={args.dtype}",
                 f"--seed={args.seed}",
+                f"--torch_head_init={args.torch_head_init}",
                 "--question_lengths={},{}".format(*args.question_lengths),
                 "--context_lengths={},{}".format(*args.context_lengths),
             ]

@@ -94,3 +94,20 @@ def test_the_torch_script_s_dev_loss_is_finetune_py_s_eval_loss():
         jnp.asarray(mask),
     )
     assert ours == pytest.approx(float(sums.loss / sums.count), rel=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head_init", ["transformers", "google"])
+def test_the_torch_side_starts_its_head_as_asked(head_init):
+    args = qa.parse_args(
+        ["--preset=tiny", "--vocab_size=300", "--windows=40", "--batch_size=8"]
+        + ["--max_seq_length=64", "--question_lengths=3,6", "--context_lengths=10,40"]
+        + [f"--torch_head_init={head_init}"]
+    )
+    optimizer = qa.optim.OptimizerSettings(learning_rate=3e-5, warmup_steps=1, total_steps=5)
+    side = qa.Transformers(args, qa.synthetic_windows(args), optimizer, "grouped")
+    weight = side.model.qa_outputs.weight.detach().numpy()  # [2, 128]
+    # google's truncated normal keeps every weight within two deviations (0.04); of 256
+    # draws of a plain normal of 0.02, about 12 fall outside.
+    assert (abs(weight).max() <= 0.04) == (head_init == "google")
+    assert abs(weight.std() - 0.02) < 0.004 if head_init == "transformers" else weight.std() < 0.02
