@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any
 
 import jax
 import numpy as np
@@ -676,10 +677,12 @@ def whole_command(args) -> dict[str, float]:
     return result
 
 
-def _hf_encode(tokenizer, questions: list[tuple], max_seq_length: int):
-    """The (id, question, context, answer text, answer start) rows' windows, as transformers'
-    tokenizer cuts them for run_qa.py (offsets and the source question of each window kept)."""
-    return tokenizer(
+def _hf_read(tokenizer, path: str, max_seq_length: int) -> tuple[list[tuple], Any]:
+    """A SQuAD file's (id, question, context, answer text, answer start) rows and their
+    windows as transformers' tokenizer cuts them for run_qa.py (the context truncated into
+    windows overlapping by 128 tokens; offsets and each window's source question kept)."""
+    questions = _real_questions(path, 10**9)
+    encoded = tokenizer(
         [q for _, q, _, _, _ in questions],
         [c for _, _, c, _, _ in questions],
         truncation="only_second",
@@ -690,22 +693,23 @@ def _hf_encode(tokenizer, questions: list[tuple], max_seq_length: int):
         return_offsets_mapping=True,
         padding="max_length",
     )
+    return questions, encoded
 
 
-def _hf_f1(tokenizer, path: str, max_seq_length: int, starts, ends) -> float:
-    """SQuAD v1.1 F1 (0-100) of the windows' logits, decoded as run_qa.py's post-processing
-    does: for each question, over all of its windows, the best start + end score among the 20
-    best starts and ends that lie in the context, end not before start, at most 30 tokens;
-    scored by bertjax.tasks.qa.metrics, the official script's rules."""
-    questions = _real_questions(path, 10**9)
-    encoded = _hf_encode(tokenizer, questions, max_seq_length)
+def _hf_f1(questions: list[tuple], encoded, starts, ends) -> float:
+    """SQuAD v1.1 F1 (0-100) of the windows' logits (`_hf_read`'s questions and windows),
+    decoded as run_qa.py's post-processing does: for each question, over all of its windows,
+    the best start + end score among the 20 best starts and ends that lie in the context, end
+    not before start, at most 30 tokens; scored by bertjax.tasks.qa.metrics, the official
+    script's rules."""
     best: dict[int, tuple[float, str]] = {}
     for k, offsets in enumerate(encoded["offset_mapping"]):
         source = encoded["overflow_to_sample_mapping"][k]
         context_text = questions[source][2]
         in_context = [s == 1 for s in encoded.sequence_ids(k)]
+        best_ends = np.argsort(ends[k])[::-1][:20]
         for s in np.argsort(starts[k])[::-1][:20]:
-            for e in np.argsort(ends[k])[::-1][:20]:
+            for e in best_ends:
                 if not (in_context[s] and in_context[e]) or e < s or e - s + 1 > 30:
                     continue
                 score = float(starts[k][s] + ends[k][e])
@@ -718,12 +722,9 @@ def _hf_f1(tokenizer, path: str, max_seq_length: int, starts, ends) -> float:
     return 100.0 * float(np.mean(scores))
 
 
-def _hf_windows(tokenizer, path: str, max_seq_length: int, training: bool) -> Examples:
-    """A SQuAD file's windows as transformers' question-answering example (run_qa.py) cuts
-    them (the context truncated into windows overlapping by 128 tokens, answers mapped by
-    their offsets)."""
-    questions = _real_questions(path, 10**9)
-    encoded = _hf_encode(tokenizer, questions, max_seq_length)
+def _hf_windows(path: str, questions: list[tuple], encoded, training: bool) -> Examples:
+    """`_hf_read`'s windows of the file at `path`, with their answers mapped by their offsets
+    (run_qa.py's training features)."""
     starts, ends = [], []
     for k, offsets in enumerate(encoded["offset_mapping"]):
         _, _, _, text, answer_start = questions[encoded["overflow_to_sample_mapping"][k]]
@@ -753,13 +754,10 @@ def _hf_windows(tokenizer, path: str, max_seq_length: int, training: bool) -> Ex
 def torch_command(args) -> None:
     """The torch user's script of the whole command (run in a process of its own)."""
     tokenizer = transformers.AutoTokenizer.from_pretrained(args.init_from)
-    directory = args.torch_command
-    windows = _hf_windows(
-        tokenizer, os.path.join(directory, "train.json"), args.max_seq_length, True
-    )
-    held_out = _hf_windows(
-        tokenizer, os.path.join(directory, "dev.json"), args.max_seq_length, False
-    )
+    train, dev = (os.path.join(args.torch_command, name) for name in ("train.json", "dev.json"))
+    windows = _hf_windows(train, *_hf_read(tokenizer, train, args.max_seq_length), True)
+    dev_questions, dev_encoded = _hf_read(tokenizer, dev, args.max_seq_length)
+    held_out = _hf_windows(dev, dev_questions, dev_encoded, False)
     args.windows, args.rounds = len(windows), 1
     total = len(windows) // args.batch_size
     optimizer = optim.OptimizerSettings(
@@ -771,7 +769,7 @@ def torch_command(args) -> None:
     start = time.perf_counter()
     starts, ends = side.predict()
     predict_seconds = time.perf_counter() - start
-    f1 = _hf_f1(tokenizer, os.path.join(directory, "dev.json"), args.max_seq_length, starts, ends)
+    f1 = _hf_f1(dev_questions, dev_encoded, starts, ends)
     loss = _span_loss(held_out.features, starts, ends)
     print(
         f"{len(windows)} training windows in {train_seconds:.1f} s, {len(held_out)} evaluation "

@@ -65,9 +65,9 @@ def test_the_torch_script_s_f1_decodes_context_spans_only(tmp_path):
     starts[0, 6] = ends[0, 6] = 10.0  # "gamma": right
     starts[1, 4] = ends[1, 5] = 10.0  # "alpha beta": wrong
     starts[1, 1] = ends[1, 1] = 100.0  # the question's "who": never an answer
-    assert qa._hf_f1(tokenizer, str(path), 16, starts, ends) == pytest.approx(50.0)
+    assert qa._hf_f1(*qa._hf_read(tokenizer, str(path), 16), starts, ends) == pytest.approx(50.0)
     ends[1, 7] = 20.0  # "alpha beta gamma delta": one token of four right, F1 0.4
-    assert qa._hf_f1(tokenizer, str(path), 16, starts, ends) == pytest.approx(70.0)
+    assert qa._hf_f1(*qa._hf_read(tokenizer, str(path), 16), starts, ends) == pytest.approx(70.0)
 
 
 @pytest.mark.slow
