@@ -15,9 +15,12 @@ and trains, so that XLA's compiling overlaps the training where cores allow::
 
 A call at a shape compiled ahead runs that program (jax's `Compiled` of the same jitted
 function at the same shapes), so the results are the jitted function's. A call at a shape
-whose compile has not started yet takes it back from the queue and runs the jitted function
-(compiling on the caller's thread, as without compiling ahead); one being compiled is waited
-for. A compile that failed raises its error where its program is called, or at `close()` if
+whose compile has not started yet takes it back from the queue and compiles it on the
+caller's thread, from the shapes it was asked for, as a worker would have: the program, and
+so its key in the persistent compilation cache, does not depend on which thread compiled it
+(a traced call can lower to a program that differs from one lowered from shapes in the
+naming of its inner functions, so a later run would not find it). One being compiled is
+waited for. A compile that failed raises its error where its program is called, or at `close()` if
 it never was (CompileAheadError, naming the function and the shapes).
 """
 
@@ -82,6 +85,10 @@ class Compiler:
             self._programs.append((future, what))
         return future
 
+    def compile_now(self, function: Callable, args: tuple):
+        """`function`'s program at `args`, compiled on the calling thread as a worker would."""
+        return self._compile(function, args)
+
     def _compile(self, function: Callable, args: tuple):
         if self._mesh is None:
             return function.lower(*args).compile()
@@ -120,8 +127,9 @@ class Ahead:
         self.function = function
         self._compiler = compiler
         self._programs: dict[Hashable, concurrent.futures.Future] = {}
+        self._shapes: dict[Hashable, tuple] = {}  # the arguments each was asked for
         self._name = getattr(function, "__name__", "a step")
-        self.served = 0  # calls that ran a program compiled ahead
+        self.served = 0  # calls that ran a program compiled from the shapes asked for
 
     def prepare(self, *args: Any) -> None:
         """Compiles the program for `args` (shapes: jax.ShapeDtypeStruct with their sharding,
@@ -130,16 +138,21 @@ class Ahead:
         if key not in self._programs:
             what = f"{self._name} for {describe(args)}"
             self._programs[key] = self._compiler.submit(self.function, args, what)
+            self._shapes[key] = args
 
     def prepared(self) -> int:
         """How many programs were asked for."""
         return len(self._programs)
 
     def __call__(self, *args: Any):
-        future = self._programs.get(signature(args))
-        # Not asked for, or still queued: compiling here is no slower than waiting.
-        if future is None or future.cancel():
+        key = signature(args)
+        future = self._programs.get(key)
+        if future is None:  # not asked for
             return self.function(*args)
+        if future.cancel():  # still queued: compiling here is no slower than waiting
+            future = concurrent.futures.Future()
+            future.set_result(self._compiler.compile_now(self.function, self._shapes[key]))
+            self._programs[key] = future
         try:
             program = future.result()
         except Exception as error:

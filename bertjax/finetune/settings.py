@@ -94,7 +94,7 @@ class FinetuneRunSettings:
     regression_bias_init: str = "mean"
     # Threads that compile the run's programs ahead, while it trains (bertjax.compile_ahead;
     # 0: each program is compiled when a step first meets its shape).
-    compile_ahead: int = 0
+    compile_ahead: int = 1
     # "shuffled": each batch a random draw from the epoch; "by_length": batches of examples of
     # similar length (finetune.loop.epoch_order), so they carry little padding.
     batch_order: str = "shuffled"
@@ -257,7 +257,7 @@ def _read_finetune(
         "batch_order",
         f"must be one of {BATCH_ORDERS} (by_length: batches of examples of similar length)",
     )
-    compile_threads = config.get("compile_ahead", 0)
+    compile_threads = config.get("compile_ahead", 1)
     require_(
         isinstance(compile_threads, int)
         and not isinstance(compile_threads, bool)

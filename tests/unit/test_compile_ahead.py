@@ -59,7 +59,26 @@ def test_calls_run_the_programs_compiled_ahead_with_the_jitted_results():
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_shape_still_queued_is_compiled_by_its_caller():
+class _Recording:
+    """A jitted function that records how its programs were made: lowered from shapes, or
+    traced by a call with arrays."""
+
+    def __init__(self, jitted):
+        self.jitted = jitted
+        self.__name__ = "step"
+        self.lowered_on: list[str] = []  # the thread of each lowering
+        self.called = 0
+
+    def lower(self, *args):
+        self.lowered_on.append(threading.current_thread().name)
+        return self.jitted.lower(*args)
+
+    def __call__(self, *args):
+        self.called += 1
+        return self.jitted(*args)
+
+
+def test_a_shape_still_queued_is_compiled_by_its_caller_from_its_shapes():
     release = threading.Event()
 
     def wait_on_the_first(x):
@@ -67,14 +86,22 @@ def test_a_shape_still_queued_is_compiled_by_its_caller():
             release.wait(timeout=60)
 
     compiler = compile_ahead.Compiler(threads=1)
-    step = compiler.ahead(_jitted(wait_on_the_first))
+    function = _Recording(_jitted(wait_on_the_first))
+    step = compiler.ahead(function)
     step.prepare(_shape(16), _shape(4), 0)
     step.prepare(_shape(16), _shape(8), 0)
-    # The second waits behind the first: the call compiles it here instead of waiting.
+    # The second waits behind the first: the call compiles it here instead of waiting, from
+    # the shapes it was asked for, as the worker would have (the same program, so the same
+    # key in the persistent compilation cache), not by tracing the call.
     w, loss = step(jnp.eye(16), jnp.ones((8, 16)), 0)
     assert np.isfinite(loss)
+    assert function.called == 0
+    assert function.lowered_on[-1] == threading.current_thread().name
+    w, loss = step(w, jnp.ones((8, 16)), 1)  # compiled once
+    assert function.lowered_on.count(threading.current_thread().name) == 1
     release.set()
     compiler.close()
+    assert function.called == 0 and step.served == 2
 
 
 def test_a_failed_compile_is_raised_where_its_program_is_called():

@@ -152,8 +152,9 @@ def test_an_unknown_regression_bias_init_is_named(tmp_path):
 
 
 def test_compile_ahead_is_a_count_of_threads(tmp_path):
-    assert _settings(tmp_path, task="classification").run.compile_ahead == 0
+    assert _settings(tmp_path, task="classification").run.compile_ahead == 1  # one thread
     assert _settings(tmp_path, task="classification", compile_ahead=2).run.compile_ahead == 2
+    assert _settings(tmp_path, task="classification", compile_ahead=0).run.compile_ahead == 0
     for bad in (-1, -3):
         with pytest.raises(ConfigError, match=r"config.compile_ahead=.* integer >= 0"):
             _settings(tmp_path, task="classification", compile_ahead=bad)
