@@ -20,8 +20,8 @@ caller's thread, from the shapes it was asked for, as a worker would have: the p
 so its key in the persistent compilation cache, does not depend on which thread compiled it
 (a traced call can lower to a program that differs from one lowered from shapes in the
 naming of its inner functions, so a later run would not find it). One being compiled is
-waited for. A compile that failed raises its error where its program is called, or at `close()` if
-it never was (CompileAheadError, naming the function and the shapes).
+waited for. A compile that failed raises its error where its program is called, or at
+`close()` if it never was (CompileAheadError, naming the function and the shapes).
 """
 
 from __future__ import annotations
