@@ -54,6 +54,7 @@ import time
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -778,22 +779,18 @@ def torch_command(args) -> None:
 
 
 def _span_loss(features: dict[str, np.ndarray], starts: np.ndarray, ends: np.ndarray) -> float:
-    """The windows' mean of the start and end cross-entropies over their real positions, as
-    finetune.py's eval/loss counts it (bertjax.tasks.qa.model.qa_sums)."""
-    real = features["input_mask"] > 0
-    rows = np.arange(len(real))
-
-    def cross_entropy(logits, positions):
-        logits = np.where(real, logits, -np.inf).astype(np.float64)
-        top = logits.max(axis=1, keepdims=True)
-        log_norm = top[:, 0] + np.log(np.exp(logits - top).sum(axis=1))
-        return log_norm - logits[rows, positions]
-
-    loss = 0.5 * (
-        cross_entropy(starts, features["start_positions"])
-        + cross_entropy(ends, features["end_positions"])
+    """The windows' mean of the start and end cross-entropies over their real positions:
+    finetune.py's eval/loss (bertjax.tasks.qa.model.qa_sums, which leaves out the positions
+    past a batch's width, -inf here, with the rest of the padding)."""
+    sums = qa_model.qa_sums(
+        jnp.asarray(starts),
+        jnp.asarray(ends),
+        jnp.asarray(features["start_positions"]),
+        jnp.asarray(features["end_positions"]),
+        jnp.ones(len(starts)),
+        jnp.asarray(features["input_mask"]),
     )
-    return float(loss.mean())
+    return float(sums.loss / sums.count)
 
 
 def _timed(function) -> float:
