@@ -19,6 +19,7 @@ softmax and residuals in float32.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import re
 import string
@@ -26,6 +27,8 @@ import string
 import jax
 import jax.numpy as jnp
 import jaxlib
+
+logger = logging.getLogger(__name__)
 
 # Operand dtypes whose products are summed in float32.
 _LOW_PRECISION = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -105,6 +108,8 @@ def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     # ("Unsupported element type for DotThunk"): for them a longer sum is cut into chunks
     # that XNNPACK takes, their products added in float32, and a narrow product (m or n
     # under 64) multiplies in float32. Any host without AVX512-BF16 multiplies in float32.
+    if x.dtype == jnp.bfloat16 and not _bfloat16_dots():
+        _note_float32_products()
     if not _bfloat16_dots() or x.dtype != jnp.bfloat16:
         return jnp.einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32))
     if _any_bfloat16_dot():
@@ -162,6 +167,17 @@ def _bfloat16_dots() -> bool:
             return any(line.startswith("flags") and " avx512_bf16" in line for line in f)
     except OSError:
         return False
+
+
+@functools.cache
+def _note_float32_products() -> None:
+    """Says once that bfloat16 operands buy no speed on this host: a user who set
+    matmul_dtype (or dtype) to bfloat16 for speed keeps its rounding and not its rate."""
+    logger.warning(
+        "this CPU has no AVX512-BF16 dot instructions: bfloat16 products multiply as float32 "
+        "(their operands still rounded to bfloat16), at float32's speed: here a bfloat16 "
+        "matmul_dtype (or dtype) changes the numbers but not the time"
+    )
 
 
 def dot_general(

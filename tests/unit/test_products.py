@@ -154,3 +154,24 @@ def test_products_run_in_bfloat16_whole_where_the_runtime_takes_them(spec, x_sha
     assert operands.count("xbf16>") == (2 if takes_bfloat16 else 0), dots[0]
     if takes_bfloat16:
         assert "stablehlo.pad" not in hlo  # not cut into chunks
+
+
+def test_a_host_without_bfloat16_dots_multiplies_in_float32_and_says_so_once(monkeypatch, caplog):
+    """Without AVX512-BF16, bfloat16 operands are widened to float32 (their rounding kept),
+    and the log says once that the setting changes the numbers but not the speed."""
+    monkeypatch.setattr(products, "_bfloat16_dots", lambda: False)
+    products._note_float32_products.cache_clear()
+    x, y = _operands((2, 40, 64), (64, 32))
+    x16, y16 = jnp.asarray(x, jnp.bfloat16), jnp.asarray(y, jnp.bfloat16)
+    with caplog.at_level("WARNING", logger=products.__name__):
+        for _ in range(2):
+            hlo = jax.jit(lambda a, b: products.einsum("bsh,hc->bsc", a, b)).lower(x16, y16)
+            got = products.einsum("bsh,hc->bsc", x16, y16, jnp.float32)
+    assert "xbf16>" not in next(
+        line for line in hlo.as_text().splitlines() if "stablehlo.dot_general" in line
+    )
+    want = np.einsum("bsh,hc->bsc", np.asarray(x16, np.float32), np.asarray(y16, np.float32))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    notes = [r for r in caplog.records if "AVX512-BF16" in r.getMessage()]
+    assert len(notes) == 1, notes
+    products._note_float32_products.cache_clear()
