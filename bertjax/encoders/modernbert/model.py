@@ -193,7 +193,10 @@ class Attention(nn.Module):
         )(x)  # [b, s, 3, n, d], or packed [g, c, 3, n, d]
         if index is not None:  # packed tokens: attention runs on the rows (see ModernBertModel)
             qkv = packing.unpack_tokens(qkv, index, *cos.shape[:2])  # [b, s, 3, n, d]
-        q, k, v = (sharding.constrain(qkv[:, :, i], qkv_names) for i in range(3))  # [b, s, n, d]
+        # Unstacked, not indexed: the gradient then joins the three parts in one concatenate
+        # instead of padding each to qkv's size and adding them (about 4 % of a CPU step).
+        parts = jnp.unstack(qkv, axis=2)  # [b, s, n, d] each
+        q, k, v = (sharding.constrain(part, qkv_names) for part in parts)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         # Attention's products take matmul_dtype operands; its output returns to qkv's dtype.
         q, k, v = products.rounded(cfg.matmul_dtype, q, k, v)
@@ -258,7 +261,8 @@ class GegluMlp(nn.Module):
             cfg.mlp_bias,
             name="wi",
         )(x)  # [b, s, 2, f]
-        y = gelu(y[:, :, 0]) * y[:, :, 1]  # [b, s, f]
+        inputs, gate = jnp.unstack(y, axis=2)  # [b, s, f] each (unstacked: as wqkv's above)
+        y = gelu(inputs) * gate  # [b, s, f]
         y = sharding.constrain(y, (BATCH, LENGTH, MLP))
         y = nn.Dropout(cfg.mlp_dropout)(y, deterministic=deterministic)
         return Projection(
