@@ -108,9 +108,9 @@ def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     # ("Unsupported element type for DotThunk"): for them a longer sum is cut into chunks
     # that XNNPACK takes, their products added in float32, and a narrow product (m or n
     # under 64) multiplies in float32. Any host without AVX512-BF16 multiplies in float32.
-    if x.dtype == jnp.bfloat16 and not _bfloat16_dots():
-        _note_float32_products()
     if not _bfloat16_dots() or x.dtype != jnp.bfloat16:
+        if x.dtype == jnp.bfloat16:  # the host, not the dtype, sends it here
+            _note_float32_products()
         return jnp.einsum(spec, x.astype(jnp.float32), y.astype(jnp.float32))
     if _any_bfloat16_dot():
         chunks = 1
