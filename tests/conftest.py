@@ -44,6 +44,7 @@ import json  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
 import filelock  # noqa: E402
+import hypothesis  # noqa: E402
 import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
@@ -67,6 +68,16 @@ from tests.helpers.corpora import (  # noqa: E402
 )
 from tests.helpers.trainer import short_run_config  # noqa: E402
 from tests.helpers.xdist_schedule import CrashTolerantFileScheduling  # noqa: E402
+
+# Property tests draw the same examples on every run by default ("ci"), so that a failure
+# reproduces on the next run and on another machine; the failing example is printed with the
+# blob that replays it (@reproduce_failure). HYPOTHESIS_PROFILE=explore draws new examples
+# each run and keeps what fails in .hypothesis/ to try first next time.
+hypothesis.settings.register_profile(
+    "ci", derandomize=True, print_blob=True, deadline=None, database=None
+)
+hypothesis.settings.register_profile("explore", print_blob=True, deadline=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 @pytest.hookimpl(tryfirst=True)
