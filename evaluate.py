@@ -26,7 +26,7 @@ DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "confi
 def evaluate(config, workdir: str) -> None:
     """Runs the suite. Its runs of the same shapes (a configuration's seeds, a curve's steps,
     the next task) load their programs from the compilation cache that every command keeps
-    (bertjax.compilation_cache, turned on by bertjax.cli)."""
+    (bertjax.engine.compilation_cache, turned on by bertjax.cli)."""
     suite.run_suite(SuiteSettings.from_config(config), workdir)
 
 

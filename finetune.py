@@ -15,14 +15,15 @@ import os
 
 import jax
 
-from bertjax import cli, fs
-from bertjax.checkpoint import CheckpointRestoreError, CheckpointSaveError
+from bertjax import cli
+from bertjax.engine.checkpoint import CheckpointRestoreError, CheckpointSaveError
+from bertjax.engine.loop import NonFiniteError
+from bertjax.engine.rundir import WorkdirLockedError
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import data, loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import InferenceError
-from bertjax.loop import NonFiniteError
-from bertjax.rundir import WorkdirLockedError
-from bertjax.settings import ConfigError
+from bertjax.storage import fs
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "finetune.py")
 

@@ -13,10 +13,11 @@ import os
 
 import jax
 
-from bertjax import checkpoint, cli, loop, rundir
+from bertjax import cli
+from bertjax.engine import checkpoint, loop, rundir
+from bertjax.engine.settings import ConfigError
 from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import ConfigError
 
 DEFAULT_CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs", "tiny.py")
 

@@ -10,12 +10,12 @@ For BERT-base and BERT-large (configs/base.py, configs/large.py: AdamW, bf16 com
 with scanned layers and "dots" rematerialisation) at sequence 128 and 512, and ModernBERT-base
 (configs/modernbert_base.py: 22 layers, a global layer every third and sliding windows of
 +-64 between, StableAdamW, scanned layer groups, "dots" rematerialisation) at 1,024, times
-bertjax's real pretraining train step (bertjax.steps: forward, backward and optimizer update;
+bertjax's real pretraining train step (bertjax.engine.steps: forward, backward and optimizer update;
 BERT's MLM + NSP, ModernBERT's masked LM alone) with each attention backend: "xla" and the
 device's fused kernel ("cudnn" flash attention on an NVIDIA GPU, "splash" on a TPU). It
 prints the train state's initialisation time ("init s": compiled once per model, length and
 layout and shared by its backends, "-" on the second), the train step's compile time, step
-time, sequences/s, tokens/s, model FLOP/s and MFU (bertjax.perf's
+time, sequences/s, tokens/s, model FLOP/s and MFU (bertjax.engine.perf's
 model-FLOP count against the data-sheet peak of the device; "n/a" for a device not in the
 table unless --peak_flops is given).
 
@@ -38,7 +38,7 @@ passes when the fused-vs-xla error is within max(floor, 3 x that bf16 error), th
 2e-2 for outputs and 5e-2 for gradients.
 
 Attention dropout is set to 0 for every backend: the fused kernels cannot drop attention
-weights (bertjax.attention runs xla whenever it is active), and the backends must compute the
+weights (bertjax.nn.attention runs xla whenever it is active), and the backends must compute the
 same function to be compared. Hidden dropout stays at the configs' (BERT's 0.1, ModernBERT's
 0). Token packing is off (token_capacity 1), so MFU counts every padded slot as work. Batches
 are synthetic: random token ids; padded batches have 90% of sequences full length and the rest
@@ -91,11 +91,21 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bertjax import attention, encoders, fs, losses, perf, sharding, steps  # noqa: E402
+from bertjax import encoders  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init  # noqa: E402
 from bertjax.encoders.modernbert.config import ModernBertConfig  # noqa: E402
-from bertjax.pretrain.objective import PretrainingObjective, build_pretraining  # noqa: E402
+from bertjax.engine import (  # noqa: E402
+    perf,  # noqa: E402
+    steps,  # noqa: E402
+)
+from bertjax.nn import (  # noqa: E402
+    attention,  # noqa: E402
+    losses,  # noqa: E402
+    sharding,  # noqa: E402
+)
+from bertjax.pretrain.objective import MaskedLmLoss, build_pretraining  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
+from bertjax.storage import fs  # noqa: E402
 
 FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK] in bertjax tokenizers
 DTYPE = "bfloat16"
@@ -335,7 +345,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--peak_flops",
         type=float,
         default=0.0,
-        help="peak bf16 FLOP/s of one device for MFU (default: bertjax.perf's data-sheet table)",
+        help="peak bf16 FLOP/s of one device for MFU (default: bertjax.engine.perf's data-sheet table)",  # noqa: E501
     )
     parser.add_argument("--json", default="", help="also write the results to this JSON file")
     parser.add_argument(
@@ -478,7 +488,7 @@ def fused_backend(requested: str) -> tuple[str | None, str]:
 
 @contextlib.contextmanager
 def attention_messages() -> Iterator[list[str]]:
-    """Collects what bertjax.attention logs (why a requested kernel falls back to xla)."""
+    """Collects what bertjax.nn.attention logs (why a requested kernel falls back to xla)."""
     messages: list[str] = []
 
     class Collect(logging.Handler):
@@ -500,7 +510,7 @@ def attention_messages() -> Iterator[list[str]]:
 def attention_by_layer_kind(
     model: Any, batch: int, seq_len: int, mesh, documents: bool = False
 ) -> tuple[dict[str, str], str]:
-    """({kind of layer: the backend bertjax.attention will run for it}, what it logged about
+    """({kind of layer: the backend bertjax.nn.attention will run for it}, what it logged about
     why). BERT's layers are all of one kind; ModernBERT's global and local (sliding-window)
     layers resolve apart, as its encoder asks
     (bertjax.encoders.modernbert.attention.layer_masks), and `documents` (packed rows) is a
@@ -528,7 +538,7 @@ def attention_by_layer_kind(
 def resolved_attention(
     model: Any, batch: int, seq_len: int, mesh, documents: bool = False
 ) -> tuple[str, str]:
-    """(the backend bertjax.attention will run for these shapes, why if not the requested):
+    """(the backend bertjax.nn.attention will run for these shapes, why if not the requested):
     the requested one when any kind of layer runs it (see attention_by_layer_kind)."""
     by_kind, why = attention_by_layer_kind(model, batch, seq_len, mesh, documents)
     impls = list(by_kind.values())
@@ -704,7 +714,7 @@ def _outputs_and_grads(model, params, batch, mesh) -> dict[str, Any]:
     the encoder's) or ModernBERT's (the masked LM alone; its encoder output is read by a
     second call of its encoder)."""
     family = encoders.family_of(model.config)
-    objective = PretrainingObjective(model, sentence_pair=family.sentence_pair_head)
+    objective = MaskedLmLoss(model, sentence_pair=family.sentence_pair_head)
     # Rows of packed documents (ModernBERT's packed layout); absent from padded batches.
     packed = {name: batch[name] for name in ("document_ids", "positions") if name in batch}
 

@@ -7,7 +7,7 @@
 The state is BertForPreTraining's parameters at the preset's shapes plus AdamW's moments,
 every float holding random values (a mid-training state: nothing compresses away). Each round
 times, in turn:
-  check         bertjax.checkpoint.summarise over params and optimizer state: the fingerprints
+  check         bertjax.engine.checkpoint.summarise over params and optimizer state: the fingerprints
                 and NaN/inf flags every save records (compiled before the first round)
   old check     what a save checked before: NaN/inf flags of the parameters only
   orbax save    the same three items saved by a plain Orbax CheckpointManager: the time until
@@ -17,7 +17,7 @@ times, in turn:
   restore       Checkpointer.restore, which reads the step and verifies it (`verify`)
   verify        the verification alone, on the restored trees
 Medians over the rounds are printed, and the check as a share of the plain save.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -63,9 +63,9 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 # The script runs from a checkout: make `bertjax` importable from the root.
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bertjax import checkpoint  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
+from bertjax.engine import checkpoint  # noqa: E402
 
 
 def random_state(config: BertConfig, devices: int):

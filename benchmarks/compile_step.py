@@ -26,10 +26,13 @@ sys.path.insert(0, str(REPO))
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from bertjax import optim, steps  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.modernbert.config import ModernBertConfig  # noqa: E402
+from bertjax.engine import (  # noqa: E402
+    optim,  # noqa: E402
+    steps,  # noqa: E402
+)
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 
 MODELS = {

@@ -45,8 +45,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from compile_step import MODELS  # noqa: E402
 
-from bertjax import optim  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
+from bertjax.engine import optim  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 
 MODEL_NAMES = {"bert": "BERT L6/H384", "modernbert": "ModernBERT L6/H256"}

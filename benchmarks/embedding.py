@@ -39,15 +39,16 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bertjax import Model, optim  # noqa: E402
+from bertjax import Model  # noqa: E402
 from bertjax.capability import ENCODER  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
+from bertjax.engine import optim  # noqa: E402
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed.model import EmbeddingSpec  # noqa: E402
 from bertjax.tasks.embed.task import head_for  # noqa: E402
-from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
+from bertjax.text.tokenizer import WordPieceTokenizer  # noqa: E402
 
 TOLERANCE = 1e-4
 VOCAB = 2000

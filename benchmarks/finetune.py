@@ -69,9 +69,9 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bertjax import optim  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.encoders.bert.config import PRESETS, BertConfig  # noqa: E402
+from bertjax.engine import optim  # noqa: E402
 from bertjax.finetune import data as task_data  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402

@@ -6,7 +6,7 @@
 Sentence pairs of random words from a word-level vocabulary; the target is 5 x the share of
 "marker" words among the pair's words, plus Gaussian noise of --noise (so no model can reach a
 dev MSE below noise**2, and a perfect model's Spearman is known from the data). Both sides
-start from the same weights (a random BERT exported with bertjax.hf.save, or --init_from) and
+start from the same weights (a random BERT exported with bertjax.storage.hf.save, or --init_from) and
 train with google's recipe (AdamW with BERT's decay mask, eps 1e-6, weight decay 0.01,
 clipping at 1.0, 10% warmup then linear decay, dropout 0.1, batch 32, max_seq_length 128):
 bertjax through finetune.py's own loop (length buckets, packing, the [CLS]-only last layer,
@@ -17,7 +17,7 @@ data order (bertjax's permutation of each epoch, used by the torch loop too); on
 draws differ, so the first two columns should show the same distribution of outcomes. The
 third column starts bertjax from the same head with its bias at the training targets' mean,
 which is what finetune.py gives a fresh regression head (config.regression_bias_init).
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 
@@ -39,7 +39,6 @@ if _REPO not in sys.path:
 
 import flax.linen as nn  # noqa: E402
 
-from bertjax import hf  # noqa: E402
 from bertjax.capability import ENCODER, HeadSpec  # noqa: E402
 from bertjax.encoders.bert import transformers as bert_hf  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
@@ -48,7 +47,10 @@ from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.metrics import spearman  # noqa: E402
 from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
 from bertjax.tasks.labels import model as label_heads  # noqa: E402
-from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
+from bertjax.text.tokenizer import (  # noqa: E402
+    WordPieceTokenizer,  # noqa: E402
+    load_tokenizer,  # noqa: E402
+)
 from configs import finetune as finetune_config  # noqa: E402
 
 BATCH_SIZE, MAX_SEQ_LENGTH, WARMUP_FRACTION = 32, 128, 0.1
@@ -137,7 +139,7 @@ def seeded_start(start: str, seed: int, directory: str, bias: float = 0.0) -> st
         "classifier": {"kernel": kernel.astype(np.float32), "bias": np.full(1, bias, np.float32)},
     }
     os.makedirs(directory, exist_ok=True)
-    bert_hf.save(config, params, directory, hf.load_tokenizer(start), head=REGRESSION_HEAD)
+    bert_hf.save(config, params, directory, load_tokenizer(start), head=REGRESSION_HEAD)
     return directory
 
 
@@ -230,7 +232,7 @@ def main(argv=None) -> None:
         start = os.path.join(work, "start")
         os.makedirs(start, exist_ok=True)
         random_start(start)
-    words = [w for w in hf.load_tokenizer(start).hf_tokenizer().get_vocab() if w.isalnum()]
+    words = [w for w in load_tokenizer(start).hf_tokenizer().get_vocab() if w.isalnum()]
     words = sorted(words)[: max(200, len(words) // 10)]
     rng = np.random.default_rng(0)
     train = synthetic_pairs(words, args.train, args.noise, rng)

@@ -6,14 +6,14 @@
 Runs `evaluate.py`'s suite (bertjax.glue.suite.run_suite) with configs/glue.py and one
 learning rate and one seed per task (--learning_rates, --seeds widen it) in a fresh work
 directory, and prints per task and in total: the wall time of its runs, the part spent
-tracing and compiling (bertjax.perf.CompileTime, which each run's summary reports), the part
+tracing and compiling (bertjax.engine.perf.CompileTime, which each run's summary reports), the part
 spent evaluating (every pass of bertjax.finetune.loop.run_eval: each epoch's dev scores and
 the dev predictions, less the compiling inside them), and the rest (training steps, reading
 and encoding the data, checkpoints). Without --data_dir the tasks' files are synthetic:
 GLUE's download layout with --examples training and --examples / 4 dev rows of random
 words, the labels a function of the words (so the numbers measure time, not learning).
 
-evaluate.py keeps jax's persistent compilation cache (bertjax.compilation_cache); set
+evaluate.py keeps jax's persistent compilation cache (bertjax.engine.compilation_cache); set
 JAX_COMPILATION_CACHE_DIR (and JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0, as the
 commands do) to measure with it here. The
 host is often shared: rerun and compare within one run rather than across runs.
@@ -34,7 +34,7 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bertjax import perf  # noqa: E402
+from bertjax.engine import perf  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.glue import suite  # noqa: E402
 from bertjax.glue.settings import SuiteSettings  # noqa: E402

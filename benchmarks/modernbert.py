@@ -35,7 +35,7 @@
 5. --attention: one layer's attention on --batch rows of --seq (random lengths from a quarter
    of --seq, --heads heads of --hidden / --heads), forward and forward + backward:
    ModernBERT's einsum path (global: whole rows; local: chunks against their band) against
-   bertjax.attention's blocked path, the rounds interleaved.
+   bertjax.nn.attention's blocked path, the rounds interleaved.
 
 6. --backward: the gradient of a sequence classifier's loss on --batch rows of 128 tokens,
    with the encoder's gradient materialised at each layer (mb_model.materialized_gradient,
@@ -53,7 +53,7 @@
 
 The whole command's clock (start-up, imports, every compile, every section) is printed last.
 Like the commands, the process keeps the host memory a CPU step frees for the next
-(bertjax.host_memory; BERTJAX_KEEP_FREED_MEMORY=0 leaves glibc's defaults), both sides alike.
+(bertjax.engine.host_memory; BERTJAX_KEEP_FREED_MEMORY=0 leaves glibc's defaults), both sides alike.
 
 The model is a ModernBERT of random weights at the given size (transformers' initialisation,
 written by save_pretrained and read by bertjax.encoders.read_transformers); both sides'
@@ -86,16 +86,17 @@ import optax  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-from bertjax import attention as attention_lib  # noqa: E402
-from bertjax import encoders, host_memory, inference  # noqa: E402
+from bertjax import encoders, inference  # noqa: E402
 from bertjax.capability import ENCODER  # noqa: E402
 from bertjax.data.packing import best_fit  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.modernbert import attention as mb_attention  # noqa: E402
 from bertjax.encoders.modernbert import config as mb_config  # noqa: E402
 from bertjax.encoders.modernbert import model as mb_model  # noqa: E402
+from bertjax.engine import host_memory  # noqa: E402
+from bertjax.nn import attention as attention_lib  # noqa: E402
 from bertjax.tasks.labels import model as label_model  # noqa: E402
-from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
+from bertjax.text.tokenizer import WordPieceTokenizer  # noqa: E402
 
 TOLERANCE = 1e-3
 PAD, CLS, SEP, VOCAB = 0, 1, 2, 1000
@@ -844,18 +845,18 @@ def _time_notebook_calls(model, calls, rounds: int) -> tuple[float, float, float
             out.append(vectors)
         return out
 
-    choose, chosen = inference.packed_length, []
+    choose, chosen = inference.fitted_packed_length, []
 
     def counting(mask, shards=1):
         chosen.append(choose(mask, shards))
         return chosen[-1]
 
-    inference.packed_length = counting
+    inference.fitted_packed_length = counting
     try:
         for a, b in zip(run(True), run(False)):  # also the warm-up: every bucket compiles
             np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
     finally:
-        inference.packed_length = choose
+        inference.fitted_packed_length = choose
     share = sum(length is not None for length in chosen) / max(len(chosen), 1)
     times: dict[bool, list[float]] = {True: [], False: []}
     for _ in range(rounds):
@@ -900,7 +901,7 @@ def main() -> None:
     torch.set_num_threads(os.cpu_count() or 1)
     device = jax.devices()[0].device_kind
     print(f"jax {jax.__version__} on {device}, torch {torch.__version__}, {os.cpu_count()} cores")
-    print(f"freed host memory kept for the next step (bertjax.host_memory): {kept}")
+    print(f"freed host memory kept for the next step (bertjax.engine.host_memory): {kept}")
     if not args.skip_mlm:
         compare_and_time(args)
     if not args.skip_sweep:

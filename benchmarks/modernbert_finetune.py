@@ -16,7 +16,7 @@ written with save_pretrained: the directory a user downloads.
 bertjax: `python finetune.py --config.task=classification` on CSV files (--epochs, --batch,
 its defaults otherwise: AdamW 2e-5 with a linear schedule, evaluation after each epoch,
 checkpoints), timed from process start to exit, twice: with an empty compilation cache and
-with the cache the first run filled (bertjax.compilation_cache). Each --variant NAME=ARGS runs
+with the cache the first run filled (bertjax.engine.compilation_cache). Each --variant NAME=ARGS runs
 the same command with ARGS added (both runs).
 transformers: a torch user's script (this file with --torch_command, its own process, timed
 start to exit): AutoTokenizer, ModernBertForSequenceClassification.from_pretrained, the
@@ -24,7 +24,7 @@ training texts sorted by length and cut into batches of --batch (each padded to 
 the batches' order shuffled each epoch, torch's AdamW and get_linear_schedule_with_warmup
 (warmup 10%), evaluation of the development texts after each epoch in length-sorted batches
 under torch.no_grad. No checkpoints: in torch's favour.
-"""
+"""  # noqa: E501
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ file: the --squad file's first --windows questions, or synthetic paragraphs of t
 lengths, and a quarter as many questions to evaluate), timed from its start to its exit
 (start-up, reading, compiling, training, evaluation with decoding and F1, predictions and
 checkpoints), twice: with an empty compilation cache, then with the cache the first run
-filled (bertjax.compilation_cache). Beside it the same as a torch user's script does it:
+filled (bertjax.engine.compilation_cache). Beside it the same as a torch user's script does it:
 transformers' tokenizer windows the file (as run_qa.py), BertForQuestionAnswering trains one
 epoch by the grouped loop below and predicts every evaluation window's logits, timed from
 the script's start to its exit, its dev F1 decoded as run_qa.py's post-processing does (no
@@ -35,7 +35,7 @@ checkpoint: in torch's favour).
 
 `--compile_ahead_rounds N` times only the whole command, with an empty compilation cache each
 time, with `config.compile_ahead=0` and `=1` alternately for N rounds, and prints each round's
-ratio (bertjax.compile_ahead: the run's programs compiled in a background thread).
+ratio (bertjax.engine.compile_ahead: the run's programs compiled in a background thread).
 """
 
 from __future__ import annotations
@@ -62,11 +62,15 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from benchmarks.finetune import _no_decay, versions  # noqa: E402
-from bertjax import optim, perf, steps  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.encoders.bert import transformers as bert_hf  # noqa: E402
 from bertjax.encoders.bert.config import PRESETS, BertConfig  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
+from bertjax.engine import (  # noqa: E402
+    optim,  # noqa: E402
+    perf,  # noqa: E402
+    steps,  # noqa: E402
+)
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
@@ -74,7 +78,7 @@ from bertjax.tasks.qa import metrics as qa_metrics  # noqa: E402
 from bertjax.tasks.qa import model as qa_model  # noqa: E402
 from bertjax.tasks.qa import squad  # noqa: E402
 from bertjax.tasks.qa import task as qa_task  # noqa: E402
-from bertjax.tokenizer import WordPieceTokenizer  # noqa: E402
+from bertjax.text.tokenizer import WordPieceTokenizer  # noqa: E402
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
     import torch

@@ -47,7 +47,7 @@ from bertjax.encoders.electra import rtd as rtd_model  # noqa: E402
 from bertjax.encoders.electra.config import ElectraConfig  # noqa: E402
 from bertjax.pretrain import objectives  # noqa: E402
 from bertjax.pretrain.objectives.rtd.objective import (  # noqa: E402
-    RtdStep,
+    RtdLoss,
     gumbel_sample,
     originals,
 )
@@ -92,7 +92,7 @@ def sampler(name: str, vocab_size: int, table: jax.Array):
     ]
 
 
-class ReplacedBy(RtdStep):
+class ReplacedBy(RtdLoss):
     """RTD's step with the replacements drawn by `sampler` (which may read the batch)."""
 
     def __init__(self, model, weight, draw):

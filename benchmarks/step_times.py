@@ -33,7 +33,7 @@ def run_timed(finetune_flags: list[str]) -> tuple[list[dict], float]:
     """finetune.py's command with each step timed: (one record per step, wall seconds)."""
     import jax  # noqa: PLC0415
 
-    from bertjax import steps  # noqa: PLC0415
+    from bertjax.engine import steps  # noqa: PLC0415
 
     records = []
     take_step = steps.Steps.take_step

@@ -38,10 +38,10 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
-from bertjax import fs  # noqa: E402
 from bertjax.data import MaskingSettings, make_loader, prepare  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
+from bertjax.storage import fs  # noqa: E402
 
 SEQ_LEN = 128
 BATCH = 256

@@ -6,11 +6,11 @@
         --attention_dropout 0 --no_reference     # GPU/TPU: lets the fused kernels run
 
 Prints step time, sequences/s, tokens/s, achieved model FLOP/s and MFU (against the
-device's data-sheet peak when bertjax.perf knows it, and against the matmul rate this run
+device's data-sheet peak when bertjax.engine.perf knows it, and against the matmul rate this run
 measures on the same machine), for bertjax's jitted train step on the present backend and,
 when torch and transformers are installed, for `transformers.BertForPreTraining` trained
 with AdamW on the same sizes and batches. Both sides use the same model-FLOP count
-(bertjax.perf.training_flops_per_sequence, MLM head on the predicted positions only), so
+(bertjax.engine.perf.training_flops_per_sequence, MLM head on the predicted positions only), so
 transformers' extra work -- it runs the vocabulary projection on every position -- is not
 credited to it. bertjax skips padding (config.token_capacity, set just above the synthetic
 batches' fill; --token_capacity 1 turns it off), while the FLOP count stays per padded
@@ -46,7 +46,10 @@ _REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from bertjax import perf, steps  # noqa: E402
+from bertjax.engine import (  # noqa: E402
+    perf,  # noqa: E402
+    steps,  # noqa: E402
+)
 from bertjax.pretrain.objective import build_pretraining  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 

@@ -1,7 +1,7 @@
 """What train.py and finetune.py share: the flags, the multi-host start, one-line failures.
 
 A job is `job(config, workdir)`; `run(job, ...)` parses the flags, turns jax's persistent
-compilation cache on (bertjax.compilation_cache: a second run loads the programs the first
+compilation cache on (bertjax.engine.compilation_cache: a second run loads the programs the first
 compiled), starts the distributed runtime when asked, runs the job, and turns a failure into
 one line and a non-zero exit (`--verbose` shows the traceback). A bad `--config.FIELD=VALUE`
 override is reported in one line too, with the closest existing field when the name is
@@ -23,8 +23,9 @@ import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bertjax import compilation_cache, fs, host_memory
-from bertjax import settings as settings_lib
+from bertjax.engine import compilation_cache, host_memory
+from bertjax.engine import settings as settings_lib
+from bertjax.storage import fs
 
 FLAGS = flags.FLAGS
 
@@ -101,7 +102,7 @@ def run(
     def parse_flags(argv: list[str]) -> list[str]:
         return _reporting_bad_overrides(lambda: FLAGS(argv), argv, default_config)
 
-    # Before jax creates its CPU client (bertjax.host_memory): a CPU step's buffers then
+    # Before jax creates its CPU client (bertjax.engine.host_memory): a CPU step's buffers then
     # reuse the pages the step before it wrote instead of faulting in fresh ones.
     host_memory.keep_freed_memory()
     app.run(main, flags_parser=parse_flags)

@@ -78,7 +78,7 @@ def get_config() -> ml_collections.ConfigDict:
     config.generator_hidden_fraction = 0.25
     config.rtd_weight = 50.0
 
-    # Optimizer and schedule: the fields of bertjax.optim.OptimizerSettings.
+    # Optimizer and schedule: the fields of bertjax.engine.optim.OptimizerSettings.
     config.optimizer = ml_collections.ConfigDict(
         dict(
             name="adamw",  # adamw | lamb | stable_adamw
@@ -123,7 +123,7 @@ def get_config() -> ml_collections.ConfigDict:
     # A workdir or checkpoint dir whose params start the run (with a fresh optimizer);
     # a recipe that needs one sets it to None, which validation reports as missing.
     config.init_from = ""
-    config.peak_flops_per_device = 0.0  # 0: look up the device in bertjax.perf's table
+    config.peak_flops_per_device = 0.0  # 0: look up the device in bertjax.engine.perf's table
     # At the end, show what the model guesses for a word hidden in this many held-out sentences.
     config.fill_mask_samples = 4
     return config

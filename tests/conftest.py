@@ -49,14 +49,14 @@ import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
 
-from bertjax import compilation_cache  # noqa: E402
 from bertjax import data as data_lib  # noqa: E402
-from bertjax import loop as engine_loop  # noqa: E402
+from bertjax.engine import compilation_cache  # noqa: E402
+from bertjax.engine import loop as engine_loop  # noqa: E402
+from bertjax.engine.rundir import CORPUS_DIR  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
 from bertjax.pretrain import loop as pretrain_loop  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
-from bertjax.rundir import CORPUS_DIR  # noqa: E402
 from configs import tiny  # noqa: E402
 from tests.helpers import gcs_emulator  # noqa: E402
 from tests.helpers.corpora import (  # noqa: E402

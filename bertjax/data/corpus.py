@@ -33,11 +33,11 @@ import re
 import zlib
 from collections.abc import Iterator, Sequence
 
-from bertjax import fs
 from bertjax.data import formats
 from bertjax.data.formats import JSON_SUFFIXES, open_binary
 from bertjax.data.sentences import split_sentences
-from bertjax.textfile import BYTE_COUNT_CODEC, UTF8_BOM, sniff
+from bertjax.storage import fs
+from bertjax.storage.textfile import BYTE_COUNT_CODEC, UTF8_BOM, sniff
 
 DEFAULT_MAX_LINE_CHARS = 2000
 DEFAULT_MAX_DOCUMENT_SENTENCES = 10_000

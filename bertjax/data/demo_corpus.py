@@ -20,8 +20,8 @@ import sysconfig
 import warnings
 from collections.abc import Iterator
 
-from bertjax import fs
 from bertjax.data.sentences import split_sentences
+from bertjax.storage import fs
 
 # Bump when the extraction below changes, so that old caches are not reused.
 FORMAT_VERSION = 2

@@ -18,10 +18,10 @@ from collections.abc import Iterable
 
 import zstandard
 
-from bertjax import fs
 from bertjax.data import formats
 from bertjax.data.corpus import InputReport, read_documents
 from bertjax.data.demo_corpus import demo_corpus_path
+from bertjax.storage import fs
 
 # (name, file, weight, text field): a source of each format.
 DEMO_SOURCES = (

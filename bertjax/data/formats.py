@@ -21,9 +21,9 @@ from types import ModuleType
 
 import zstandard
 
-from bertjax import fs
-from bertjax.textfile import REMOTE_BUFFER_BYTES
-from bertjax.textfile import open_binary as _open_gzip_or_plain
+from bertjax.storage import fs
+from bertjax.storage.textfile import REMOTE_BUFFER_BYTES
+from bertjax.storage.textfile import open_binary as _open_gzip_or_plain
 
 FORMATS = ("auto", "text", "jsonl", "parquet")
 GZIP_SUFFIXES = (".gz",)

@@ -34,7 +34,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer
 
 TASKS = ("nsp", "sop")
 

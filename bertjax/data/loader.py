@@ -24,11 +24,11 @@ import grain
 import jax
 import numpy as np
 
-from bertjax import fs
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.data.packing import document_features
 from bertjax.data.storage import RemoteTokens, SplitReader, read_manifest
-from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
+from bertjax.storage import fs
+from bertjax.text.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
 STATE_VERSION = 1
 # Prefetch threads a loader of gs:// data uses at least: each batch is a round trip to the store.

@@ -36,7 +36,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from bertjax import fs
 from bertjax.data.corpus import ReadSettings
 from bertjax.data.loader import (
     REMOTE_READ_AHEAD,
@@ -47,7 +46,8 @@ from bertjax.data.loader import (
 )
 from bertjax.data.masking import MaskingSettings, RowRandom
 from bertjax.data.storage import SplitReader
-from bertjax.tokenizer import Tokenizer
+from bertjax.storage import fs
+from bertjax.text.tokenizer import Tokenizer
 
 # Examples per block of the schedule: the unit whose shares are exact (to one example).
 BLOCK_EXAMPLES = 1000

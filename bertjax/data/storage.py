@@ -26,8 +26,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bertjax import fs
 from bertjax.data.instances import Instances
+from bertjax.storage import fs
 
 FORMAT_VERSION = 1
 MANIFEST_FILE = "manifest.json"

@@ -58,8 +58,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import fs, hf
-from bertjax.sharding import EMBED, LABELS
+from bertjax.nn.sharding import EMBED, LABELS
+from bertjax.storage import fs, hf
 
 # The key of the family's name in a checkpoint's model_config.
 FAMILY_KEY = "family"
@@ -244,7 +244,7 @@ class EncoderFamily:
         raise NotImplementedError
 
     def with_vocabulary(self, config: Any, tokenizer: Any) -> Any:
-        """`config` for a tokenizer (bertjax.tokenizer's): its vocabulary size, and its
+        """`config` for a tokenizer (bertjax.text.tokenizer's): its vocabulary size, and its
         special ids where the config records them."""
         raise NotImplementedError
 

@@ -23,9 +23,9 @@ import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from bertjax import features as features_lib
-from bertjax import fs, textfile
 from bertjax.finetune.layouts import CONLL, JSONL, TSV, Layout
+from bertjax.storage import fs, textfile
+from bertjax.text import features as features_lib
 
 # The CoNLL-2003 files start documents with this line; it is not a sentence.
 _DOCSTART = "-DOCSTART-"

@@ -1,10 +1,10 @@
 """The fine-tuning run: train, evaluate after each epoch, keep the best, predict, per seed.
 
 `finetune(settings, workdir)` is the whole job behind `python finetune.py`. Each seed runs the
-shared loop (bertjax.loop) with what fine-tuning adds: the epoch's data order, evaluation of
+shared loop (bertjax.engine.loop) with what fine-tuning adds: the epoch's data order, evaluation of
 every validation split at each epoch's end by the task's metric, and the best parameters kept
 apart. The task itself (reading, objective, scores, predictions) comes from the registry
-(bertjax.finetune.task). A run's work directory (names in bertjax.rundir) holds:
+(bertjax.finetune.task). A run's work directory (names in bertjax.engine.rundir) holds:
 
     checkpoints/          the latest state (parameters, optimizer state, step), saved after
                           every epoch and every checkpoint_every_steps; rerunning resumes it
@@ -42,29 +42,21 @@ import numpy as np
 import tqdm
 from jax.experimental import multihost_utils
 
-from bertjax import (
-    capability,
-    compile_ahead,
-    encoders,
-    fs,
-    heads,
-    metrics_writer,
-    perf,
-    rundir,
-    sharding,
-    steps,
-)
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import features as features_lib
-from bertjax import loop as loop_lib
+from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import compile_ahead, metrics_writer, perf, rundir, steps
+from bertjax.engine import loop as loop_lib
+from bertjax.engine.settings import ConfigError, check_mesh_fits
 from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.objective import Finetuning, build_finetuning
 from bertjax.finetune.settings import BATCH_ORDERS, FinetuneSettings
 from bertjax.finetune.task import Examples, TaskData
-from bertjax.settings import ConfigError, check_mesh_fits
-from bertjax.tokenizer import Tokenizer
+from bertjax.nn import heads, sharding
+from bertjax.storage import fs
+from bertjax.text import features as features_lib
+from bertjax.text.tokenizer import Tokenizer
 
 
 class HeadMismatchError(ConfigError):
@@ -1037,7 +1029,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> _Run:
 
 
 def compiled_ahead(run: _Run, compiler: compile_ahead.Compiler) -> _Run:
-    """`run` with its steps' programs compiled ahead by `compiler` (bertjax.compile_ahead):
+    """`run` with its steps' programs compiled ahead by `compiler` (bertjax.engine.compile_ahead):
     every training shape, in the order the run first meets it, then every evaluation and
     prediction shape (the batches run_eval will take). A step then runs the program compiled
     for its shape: the same jitted function's, so the run's results do not change."""

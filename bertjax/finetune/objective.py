@@ -1,7 +1,7 @@
 """The jitted steps and state layout of a fine-tuning run.
 
 `build_finetuning` asks the run's task (bertjax.finetune.task) for its objective (what a step
-minimises) and gives it to the engine (bertjax.steps.build).
+minimises) and gives it to the engine (bertjax.engine.steps.build).
 """
 
 from __future__ import annotations
@@ -11,10 +11,11 @@ from collections.abc import Callable
 
 import jax
 
-from bertjax import optim, sharding, steps
 from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
+from bertjax.engine import optim, steps
 from bertjax.finetune import task as task_lib
+from bertjax.nn import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +74,9 @@ def build_finetuning(
         optimizer,
         mesh,
         grad_accum_steps=grad_accum_steps,
-        packed_length=steps.packed_length(micro_batch_size, max_seq_length, token_capacity, mesh),
+        packed_length=steps.packed_length_for_capacity(
+            micro_batch_size, max_seq_length, token_capacity, mesh
+        ),
         every_batch_fits=every_batch_fits,
     )
     return Finetuning(model_config, head, objective, built)

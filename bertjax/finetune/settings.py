@@ -16,10 +16,9 @@ from typing import Any
 import jax
 import ml_collections
 
-from bertjax import encoders, fs, optim, sharding
-from bertjax.finetune import layouts
-from bertjax.finetune import task as task_lib
-from bertjax.settings import (
+from bertjax import encoders
+from bertjax.engine import optim
+from bertjax.engine.settings import (
     ConfigError,
     check_mesh,
     positive_int,
@@ -27,6 +26,10 @@ from bertjax.settings import (
     require,
     token_capacity,
 )
+from bertjax.finetune import layouts
+from bertjax.finetune import task as task_lib
+from bertjax.nn import sharding
+from bertjax.storage import fs
 
 # Encoder config fields a fine-tuning run may change (BERT's names, which every family's
 # with_overrides reads in its own terms); the rest come from the checkpoint.
@@ -92,7 +95,7 @@ class FinetuneRunSettings:
     checkpoint_every_steps: int
     # A fresh regression head's bias: "mean" of the training targets, or "zero" (google's).
     regression_bias_init: str = "mean"
-    # Threads that compile the run's programs ahead, while it trains (bertjax.compile_ahead;
+    # Threads that compile the run's programs ahead, while it trains (bertjax.engine.compile_ahead;
     # 0: each program is compiled when a step first meets its shape).
     compile_ahead: int = 1
     # "shuffled": each batch a random draw from the epoch; "by_length": batches of examples of

@@ -3,8 +3,8 @@
 A task is everything the fine-tuning run (bertjax.finetune.loop) does not know by itself: how
 its files are read and encoded, which model and objective it trains, what its evaluation
 outputs mean, which metric picks the best epoch, and how predictions are written. The loop,
-the settings reader and the engine below them (bertjax.steps, bertjax.loop) only call the
-methods of `Task`; none of them names a task.
+the settings reader and the engine below them (bertjax.engine.steps, bertjax.engine.loop) only
+call the methods of `Task`; none of them names a task.
 
 A task is defined in its capability's package (bertjax/tasks/<name>/task.py) and listed in
 that capability's `fine_tuning`; `config.task` names it:
@@ -29,11 +29,11 @@ The contract, per method:
   and the train, validation and test splits as `Examples`: numpy `features` with one row
   per example (input_ids, input_mask, segment_ids [n, seq]; labels; any other per-example
   array the objective reads), the examples' ids, and notes for the user. Text becomes
-  ids with `bertjax.features`. Bad input raises `TaskDataError` naming the file and line.
+  ids with `bertjax.text.features`. Bad input raises `TaskDataError` naming the file and line.
 - `check(data: TaskData, metric: str)`: a last check of the data against the chosen metric
   (e.g. F1 needs two labels); raise `ConfigError`.
 - `objective(model_config: EncoderConfig, head: HeadSpec) -> TaskObjective`: the model and what
-  a step minimises. A `TaskObjective` is a `steps.Objective` (sums over examples) with
+  a step minimises. A `TaskObjective` is a `steps.Loss` (sums over examples) with
   `init_params(rng)` (boxed parameters; the encoder under "bert", so a pretrained one drops
   in, the task's own layers under "classifier") and `evaluate(params, batch)` returning
   (sums, outputs): outputs are per-example arrays, batch-major, gathered over the eval set.
@@ -69,9 +69,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax import capability, fs, steps
+from bertjax import capability
 from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
+from bertjax.engine import steps
+from bertjax.storage import fs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,8 +107,8 @@ class TaskData:
     notes: list[str]  # what the user should know: skipped rows, cut inputs
 
 
-class TaskObjective(steps.Objective):
-    """A task's model and loss: a steps.Objective that also initialises and evaluates."""
+class TaskObjective(steps.Loss):
+    """A task's model and loss: a steps.Loss that also initialises and evaluates."""
 
     def init_params(self, rng: jax.Array) -> Any:
         """Boxed parameters (with logical axis names) of the task's whole model."""

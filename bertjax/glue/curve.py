@@ -12,8 +12,8 @@ from __future__ import annotations
 import io
 import json
 
-from bertjax import fs
 from bertjax.glue import tasks as tasks_lib
+from bertjax.storage import fs
 
 CURVE_PNG = "curve.png"
 CURVE_MD = "curve.md"

@@ -22,11 +22,11 @@ import dataclasses
 import json
 import re
 
-from bertjax import fs
 from bertjax.finetune import layouts
 from bertjax.finetune.data import NUMBER_LABEL, TEXT_LABEL, TaskDataError, read_split
 from bertjax.glue import tasks as tasks_lib
 from bertjax.glue.tasks import BenchmarkTask
+from bertjax.storage import fs
 
 SOURCE_RECORD = "source.json"
 HUB_LABEL = "label"

@@ -18,11 +18,11 @@ from typing import Any
 import jax
 import ml_collections
 
-from bertjax import fs
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import layouts
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.glue import tasks as tasks_lib
-from bertjax.settings import ConfigError
+from bertjax.storage import fs
 
 # config.steps: every checkpoint a pretraining run kept.
 ALL_STEPS = "all"

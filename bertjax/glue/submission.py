@@ -17,15 +17,16 @@ import io
 import warnings
 import zipfile
 
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import fs, rundir
-from bertjax.features import TruncationWarning
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import rundir
 from bertjax.finetune import layouts
 from bertjax.finetune.data import read_split
 from bertjax.glue import files as files_lib
 from bertjax.glue import results as results_lib
 from bertjax.glue import tasks as tasks_lib
 from bertjax.inference import Model
+from bertjax.storage import fs
+from bertjax.text.features import TruncationWarning
 
 SUBMISSION_DIR = "submission"
 SUBMISSION_ZIP = "submission.zip"

@@ -35,7 +35,8 @@ from typing import Any
 import jax
 import tqdm
 
-from bertjax import fs, rundir
+from bertjax.engine import rundir
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import loop
 from bertjax.glue import curve as curve_lib
 from bertjax.glue import files as files_lib
@@ -43,7 +44,7 @@ from bertjax.glue import results as results_lib
 from bertjax.glue import submission as submission_lib
 from bertjax.glue import tasks as tasks_lib
 from bertjax.glue.settings import ALL_STEPS, SuiteSettings, run_config, run_settings
-from bertjax.settings import ConfigError
+from bertjax.storage import fs
 
 DATA_DIR = "data"
 LOG_FILE = "log.txt"

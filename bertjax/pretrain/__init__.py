@@ -1,6 +1,6 @@
 """Pretraining (masked LM with or without next-sentence or sentence-order prediction, or
-replaced-token detection), a peer of the fine-tuning package over the engine (bertjax.steps,
-bertjax.loop).
+replaced-token detection), a peer of the fine-tuning package over the engine (bertjax.engine.steps,
+bertjax.engine.loop).
 
     settings.py  the run's settings, read once from the config (configs/default.py)
     data.py      the run's prepared data: prepared on first use, checked against the settings

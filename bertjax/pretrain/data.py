@@ -26,13 +26,13 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from bertjax import data as data_lib
-from bertjax import fs
 from bertjax.data.corpus import ReadSettings, expand_paths
 from bertjax.data.mixture import Source
+from bertjax.engine.rundir import CORPUS_DIR, DATA_DIR
+from bertjax.engine.settings import ConfigError
 from bertjax.pretrain.settings import DataSettings
-from bertjax.rundir import CORPUS_DIR, DATA_DIR
-from bertjax.settings import ConfigError
-from bertjax.tokenizer import SENTENCEPIECE_FILE, Tokenizer
+from bertjax.storage import fs
+from bertjax.text.tokenizer import SENTENCEPIECE_FILE, Tokenizer
 
 SOURCES_DIR = "sources"
 

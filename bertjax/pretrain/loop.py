@@ -1,7 +1,7 @@
 """The pretraining run: `train_and_evaluate(settings, workdir)` is the job behind train.py.
 
 It prepares (or finds) the data, builds the steps (bertjax.pretrain.objective) and hands
-them to the shared loop (bertjax.loop) with what only pretraining knows: the loader's
+them to the shared loop (bertjax.engine.loop) with what only pretraining knows: the loader's
 position and the dropout key saved in each checkpoint, eval batches from the held-out split,
 throughput figures, and at the end the baselines and fill-mask samples of the summary.
 """
@@ -18,16 +18,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import data, encoders, fs, metrics_writer, perf, rundir, steps
-from bertjax import loop as loop_lib
+from bertjax import data, encoders
 from bertjax.data.mixture import MixtureLoader, make_mixture_loader
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import loop as loop_lib
+from bertjax.engine import metrics_writer, perf, rundir, steps
+from bertjax.engine.settings import check_mesh_fits
 from bertjax.pretrain import objectives
 from bertjax.pretrain.data import PreparedSource, ensure_data, ensure_sources
 from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import check_mesh_fits
-from bertjax.tokenizer import Tokenizer
+from bertjax.storage import fs
+from bertjax.text.tokenizer import Tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ def held_out_metrics(
     metrics_of: Callable[[Any, str], dict[str, jax.Array]],
 ) -> dict[str, float]:
     """Eval metrics summed over the held-out split (or its first max_batches batches), named
-    by the run's objective (`metrics_of(sums, prefix)`, its steps.Objective.metrics)."""
+    by the run's objective (`metrics_of(sums, prefix)`, its steps.Loss.metrics)."""
     totals = None
     for index, local_batch in enumerate(make_batches()):
         if max_batches and index >= max_batches:
@@ -56,7 +58,7 @@ def held_out_metrics(
 
 @dataclasses.dataclass
 class _Hooks:
-    """What the shared loop asks of a pretraining run (bertjax.loop.LoopHooks)."""
+    """What the shared loop asks of a pretraining run (bertjax.engine.loop.LoopHooks)."""
 
     settings: PretrainSettings
     model_config: Any  # the encoder family's config

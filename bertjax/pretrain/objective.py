@@ -1,16 +1,18 @@
-"""A pretraining run's steps: `build_pretraining` gives the engine (bertjax.steps.build) what
+"""A pretraining run's steps: `build_pretraining` gives the engine (bertjax.engine.steps.build) what
 the run's objective (bertjax.pretrain.objectives, config.objective) trains and minimises."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bertjax import encoders, sharding, steps
+from bertjax import encoders
+from bertjax.engine import steps
+from bertjax.nn import sharding
 from bertjax.pretrain import objectives
-from bertjax.pretrain.objectives.masked_lm import PretrainingObjective
+from bertjax.pretrain.objectives.masked_lm import MaskedLmLoss
 from bertjax.pretrain.settings import PretrainSettings
 
-__all__ = ["PretrainingObjective", "build_pretraining"]
+__all__ = ["MaskedLmLoss", "build_pretraining"]
 
 
 def build_pretraining(settings: PretrainSettings, model_config: Any, devices=None) -> steps.Steps:
@@ -25,7 +27,7 @@ def build_pretraining(settings: PretrainSettings, model_config: Any, devices=Non
         settings.optimizer,
         mesh,
         grad_accum_steps=run.grad_accum_steps,
-        packed_length=steps.packed_length(
+        packed_length=steps.packed_length_for_capacity(
             run.micro_batch_size, data.max_seq_length, run.token_capacity, mesh
         ),
     )

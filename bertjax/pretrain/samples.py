@@ -17,7 +17,7 @@ from bertjax.data import storage
 from bertjax.data.sentences import split_sentences
 from bertjax.encoders.family import EncoderConfig
 from bertjax.inference import Model
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer
 
 
 def held_out_texts(data_dir: str | os.PathLike, tokenizer: Tokenizer, count: int = 4) -> list[str]:

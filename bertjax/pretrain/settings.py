@@ -4,7 +4,7 @@
 where they enter: the tokenizer's vocabulary when the data is ready
 (`PretrainSettings.model_config`), the prepared data's sequence length and eval split in
 `bertjax.pretrain.data.ensure_data`, an existing checkpoint's architecture in
-`bertjax.rundir.check_compatible`.
+`bertjax.engine.rundir.check_compatible`.
 """
 
 from __future__ import annotations
@@ -18,14 +18,13 @@ from typing import Any
 import jax
 import ml_collections
 
-from bertjax import encoders, fs, optim, sharding
+from bertjax import encoders
 from bertjax.data import instances, mixture, packing
 from bertjax.data.corpus import expand_paths
 from bertjax.data.masking import MaskingSettings
 from bertjax.data.storage import MANIFEST_FILE
-from bertjax.pretrain import objectives
-from bertjax.pretrain.objectives.mlm import SENTENCE_PAIR_PARAMS
-from bertjax.settings import (
+from bertjax.engine import optim
+from bertjax.engine.settings import (
     ConfigError,
     check_mesh,
     check_mesh_fits,
@@ -34,7 +33,11 @@ from bertjax.settings import (
     require,
     token_capacity,
 )
-from bertjax.tokenizer import MODEL_TYPES, Tokenizer
+from bertjax.nn import sharding
+from bertjax.pretrain import objectives
+from bertjax.pretrain.objectives.mlm import SENTENCE_PAIR_PARAMS
+from bertjax.storage import fs
+from bertjax.text.tokenizer import MODEL_TYPES, Tokenizer
 
 # What a step minimises: the registered objectives' names (bertjax.pretrain.objectives).
 OBJECTIVES = objectives.names()

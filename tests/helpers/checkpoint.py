@@ -11,7 +11,7 @@ import pytest
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bertjax import checkpoint as ckpt
+from bertjax.engine import checkpoint as ckpt
 
 
 @pytest.fixture(scope="module")

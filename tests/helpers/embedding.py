@@ -11,7 +11,7 @@ import bertjax
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.task import head_for
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers import finetune_hf, modernbert
 from tests.helpers.params import random_init
 

@@ -11,7 +11,7 @@ import pytest
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_config
 from tests.helpers.embedding import CONFIG, random_params, synthetic_pairs, synthetic_sts
 

@@ -14,7 +14,7 @@ from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch
 from tests.helpers.tokenizer_kinds import pipeline_json
 

@@ -6,8 +6,8 @@ import dataclasses
 import jax
 import numpy as np
 
-from bertjax import heads
 from bertjax.capability import HeadSpec
+from bertjax.nn import heads
 from bertjax.tasks.labels import model as label_heads
 from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.params import random_init

@@ -1,7 +1,7 @@
 """A task's fine-tuning steps built as the engine builds them, data-parallel over every device
 without accumulation, for the tests that step a head by hand."""
 
-from bertjax import optim
+from bertjax.engine import optim
 from bertjax.finetune.objective import build_finetuning
 
 # One step at learning rate 1e-3 from the first: no warmup to wait through.

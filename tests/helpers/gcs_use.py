@@ -5,7 +5,7 @@ import pathlib
 
 import numpy as np
 
-from bertjax import fs
+from bertjax.storage import fs
 from tests.helpers.corpora import finetune_config
 
 WORDS = {

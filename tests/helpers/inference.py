@@ -11,13 +11,13 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import checkpoint as checkpoint_lib
 from bertjax import data as data_lib
-from bertjax import losses
 from bertjax.encoders.bert.model import BertForPreTraining
+from bertjax.engine import checkpoint as checkpoint_lib
 from bertjax.inference import Model
+from bertjax.nn import losses
 from bertjax.pretrain import samples
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer
 from tests.helpers.encoders import SMALL_BERT
 
 ATOL = 1e-4

@@ -35,7 +35,7 @@ from bertjax.encoders.modernbert.transformers import (
     TIED_DECODER,
     tensor_specs,
 )
-from bertjax.sharding import EMBED, LABELS, VOCAB
+from bertjax.nn.sharding import EMBED, LABELS, VOCAB
 
 # The encoder's key in these classes' trees.
 ENCODER = "model"

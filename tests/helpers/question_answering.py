@@ -9,7 +9,7 @@ import numpy as np
 from bertjax.capability import HeadSpec
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.params import random_init
 

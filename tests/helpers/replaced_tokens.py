@@ -44,7 +44,7 @@ def scores(model, texts: list[str]) -> list[list[float]]:
 
 def loss_gradients(step, params, batch, rng) -> tuple:
     """(gradient of the discriminator's loss, gradient of the generator's loss) with respect to
-    `params`, of an RtdStep `step` on `batch`, deterministic, with the sample drawn by `rng`."""
+    `params`, of an RtdLoss `step` on `batch`, deterministic, with the sample drawn by `rng`."""
 
     @jax.jit
     def grads(p):

@@ -8,7 +8,7 @@ import pytest
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from bertjax.data.sentences import split_sentences
-from bertjax.tokenizer import (
+from bertjax.text.tokenizer import (
     MODEL_TYPES,
     TokenizerSettings,
     train_tokenizer,

@@ -15,7 +15,7 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from bertjax.tokenizer import (
+from bertjax.text.tokenizer import (
     SPECIAL_PIECES,
     PipelineTokenizer,
     TokenizerSettings,

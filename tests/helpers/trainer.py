@@ -10,7 +10,7 @@ import pytest
 
 import bertjax
 from bertjax import data as data_lib
-from bertjax import steps
+from bertjax.engine import steps
 from bertjax.finetune import loop as finetune_loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.pretrain import loop as trainer

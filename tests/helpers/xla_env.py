@@ -60,7 +60,7 @@ COMPILATION_CACHE = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }
-# conftest.py keeps the directory under this size with bertjax.compilation_cache.prune. jax's
+# conftest.py keeps the directory under this size with bertjax.engine.compilation_cache.prune. jax's
 # own limit (jax_compilation_cache_max_size) takes a file lock and lists the whole directory at
 # every write: a first run of the fast tier with it took 4:41 and 65 s of system time, against
 # 3:19 and 26 s with none.

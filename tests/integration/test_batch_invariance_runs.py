@@ -22,14 +22,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bertjax import Model, capability, encoders, inference, sharding
+from bertjax import Model, capability, encoders, inference
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
-from bertjax.features import TruncationWarning
+from bertjax.nn import sharding
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.seq2seq import model as seq2seq_lib
+from bertjax.text.features import TruncationWarning
 from tests.helpers.tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, write_tokenizer
 
 pytestmark = pytest.mark.slow
@@ -254,7 +255,7 @@ def packed_lengths(monkeypatch):
         chosen.append(choose(input_mask, shards))
         return chosen[-1]
 
-    choose = inference.packed_length
+    choose = inference.fitted_packed_length
     monkeypatch.setattr(inference, "packed_length", recording)
     return chosen
 

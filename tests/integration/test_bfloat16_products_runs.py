@@ -1,7 +1,7 @@
 """Pretraining with bfloat16 products (model.dtype bfloat16, or model.matmul_dtype bfloat16
 on a float32 model) runs its train step to the end: on a CPU with AVX512-BF16 every product
 of bfloat16 operands must reach XNNPACK in a layout it takes, or XLA's CPU runtime fails when
-the step runs (bertjax.products). The demo commands as a user runs them: one device, XLA's
+the step runs (bertjax.nn.low_precision). The demo commands as a user runs them: one device, XLA's
 optimising compiles (whose rewrites decide the layouts), the built-in corpus, a 4,000-piece
 vocabulary, rows of 128. ModernBERT's embedding table's gradient is the product that once
 failed: XLA folded the transpose of its result into the product."""

@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import compile_ahead, rundir
+from bertjax.engine import compile_ahead, rundir
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from tests.helpers.corpora import finetune_config as make_config

@@ -30,9 +30,9 @@ import pytest
 
 from bertjax.data import read_manifest
 from bertjax.data.baseline import unigram_baseline
+from bertjax.engine.rundir import DATA_DIR
 from bertjax.pretrain import loop as pretrain_loop
 from bertjax.pretrain.settings import PretrainSettings
-from bertjax.rundir import DATA_DIR
 from configs import modernbert_tiny, tiny
 from tests.helpers.xla_env import QUICK_COMPILES
 

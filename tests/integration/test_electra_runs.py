@@ -11,17 +11,19 @@ import pytest
 from flax import linen as nn
 
 import bertjax
-from bertjax import capability, encoders, optim, rundir, sharding
-from bertjax import checkpoint as checkpoint_lib
+from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import optim, rundir
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
+from bertjax.nn import sharding
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch
 from tests.helpers.corpora import finetune_config
 from tests.helpers.finetune_hf_torch import TORCH_WARMUP_STEPS, torch_adamw

@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import optim
+from bertjax.engine import optim
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed.model import EmbeddingSpec
 from tests.helpers.embedding import CONFIG, TOL, max_difference, pair_batch

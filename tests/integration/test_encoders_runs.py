@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import encoders, rundir
+from bertjax import encoders
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import rundir
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.qa import model as qa_model
@@ -71,7 +72,7 @@ def test_finetuning_classification_from_a_modernbert_directory(tmp_path):
 @pytest.mark.slow  # 20 steps on both sides and two exports: about 15 s a case on two cores
 @pytest.mark.parametrize("case", list(CASES))
 def test_fine_tuning_steps_equal_transformers_step_for_step(case, tmp_path):
-    from bertjax import optim
+    from bertjax.engine import optim
 
     torch, transformers = _torch()
     head, cls_suffix, pooling = CASES[case]

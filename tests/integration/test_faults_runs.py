@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bertjax import rundir
+from bertjax.engine import rundir
 from bertjax.inference import Model
 from tests.helpers.xla_env import REPO, subprocess_env
 

@@ -10,12 +10,12 @@ import pytest
 import transformers
 
 import bertjax
-from bertjax import rundir
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.engine import rundir
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.settings import ConfigError
 from tests.helpers.corpora import LABELS, sentences, write_topic_csv
 from tests.helpers.corpora import finetune_config as make_config
 from tests.helpers.xla_env import subprocess_env

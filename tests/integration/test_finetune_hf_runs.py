@@ -8,8 +8,8 @@ import pytest
 import torch
 import transformers
 
-from bertjax import optim
 from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.engine import optim
 from tests.helpers.finetune_hf import (
     CONFIG,
     HEADS,

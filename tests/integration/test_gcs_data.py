@@ -11,7 +11,6 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from bertjax import fs
 from bertjax.data import MaskingSettings, demo_corpus_path, make_loader, prepare, read_manifest
 from bertjax.data import demo_corpus as demo_corpus_lib
 from bertjax.data.corpus import InputReport, ReadSettings, expand_paths, read_documents
@@ -20,6 +19,7 @@ from bertjax.data.mixture import Source, make_mixture_loader
 from bertjax.data.storage import RemoteTokens
 from bertjax.pretrain.data import ensure_sources
 from bertjax.pretrain.settings import PretrainSettings
+from bertjax.storage import fs
 from configs import tiny
 from tests.helpers.corpora import write_random_corpus
 from tests.helpers.loader_batches import assert_same, take

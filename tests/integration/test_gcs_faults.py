@@ -2,7 +2,7 @@
 (gcsfs and tensorstore) and the emulator of conftest's `gcs` fixture.
 
 What is retried (408, 429, 5xx, dropped connections) is retried until the budget of
-bertjax.fs.retry_policy is spent, what is permanent (404, 412) is not, and a fault that
+bertjax.storage.fs.retry_policy is spent, what is permanent (404, 412) is not, and a fault that
 outlasts the budget ends a run in one line that names the path and what survived.
 """
 
@@ -21,12 +21,13 @@ import pytest
 import requests
 
 import bertjax
-from bertjax import checkpoint, fs, metrics_writer, rundir
-from bertjax import loop as engine_loop
+from bertjax.engine import checkpoint, metrics_writer, rundir
+from bertjax.engine import loop as engine_loop
 from bertjax.finetune import loop as finetune_loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import Model
 from bertjax.pretrain import loop as trainer
+from bertjax.storage import fs
 from tests.helpers.fault_proxy import FaultProxy
 from tests.helpers.gcs_run import (  # noqa: F401 (fixtures)
     INTERRUPTED_RUN,

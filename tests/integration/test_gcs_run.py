@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import checkpoint as ckpt
-from bertjax import fs, metrics_writer, rundir
-from bertjax import loop as engine_loop
+from bertjax.engine import checkpoint as ckpt
+from bertjax.engine import loop as engine_loop
+from bertjax.engine import metrics_writer, rundir
 from bertjax.pretrain import loop as trainer
-from bertjax.tokenizer import SENTENCEPIECE_FILE
+from bertjax.storage import fs
+from bertjax.text.tokenizer import SENTENCEPIECE_FILE
 from tests.helpers.gcs_run import (  # noqa: F401 (fixtures)
     INTERRUPTED_RUN,
     REPO,

@@ -19,19 +19,19 @@ import pytest
 import torch
 import transformers
 
-from bertjax import fs, hf
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import InferenceError, Model
-from bertjax.settings import ConfigError
+from bertjax.storage import fs
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import task as sentence_embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import squad as qa
-from bertjax.tokenizer import TokenizerSettings, train_tokenizer
+from bertjax.text.tokenizer import TokenizerSettings, load_tokenizer, train_tokenizer
 from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.gcs_use import WORDS, _files, _finetune_config, _objects, _write_rows
 from tests.helpers.tokenizer import training_sentences
@@ -89,7 +89,7 @@ def test_hf_export_to_gcs_matches_local_export_and_loads_back(gcs, tiny, tmp_pat
     back = dict(jax.tree.flatten_with_path(loaded)[0])
     for path, leaf in flat:
         np.testing.assert_array_equal(back[path], leaf)
-    assert hf.load_tokenizer(remote).fingerprint == tokenizer.fingerprint
+    assert load_tokenizer(remote).fingerprint == tokenizer.fingerprint
 
 
 def test_model_save_hf_to_gcs_then_load_gives_equal_outputs(gcs, tiny, tmp_path):

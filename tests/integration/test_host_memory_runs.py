@@ -1,4 +1,4 @@
-"""bertjax.host_memory: a CPU step writes into pages the step before it already mapped.
+"""bertjax.engine.host_memory: a CPU step writes into pages the step before it already mapped.
 
 Each case runs in a fresh process: jax reads where a program runs when it creates its CPU
 client, so only a process that asks before that shows the effect.
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from bertjax import host_memory
+from bertjax.engine import host_memory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import loop as engine_loop
 from bertjax.data import mixture
 from bertjax.data.corpus import InputReport, read_documents
 from bertjax.data.demo_sources import write_sources
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import loop as engine_loop
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.data import SOURCES_DIR
 from bertjax.pretrain.settings import PretrainSettings

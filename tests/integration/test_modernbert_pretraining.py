@@ -13,9 +13,9 @@ import torch
 import transformers
 
 import bertjax
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import rundir
 from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import rundir
 from configs import modernbert_tiny
 from tests.helpers.trainer import read_losses, short_run_config, train
 from tests.helpers.xla_env import script_json

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import sharding
 from bertjax.inference import InferenceError
+from bertjax.nn import sharding
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.objectives import rtd
 from bertjax.pretrain.settings import PretrainSettings

@@ -8,7 +8,7 @@ import torch
 import transformers
 
 import bertjax
-from bertjax import rundir
+from bertjax.engine import rundir
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.seq2seq import model as s2s

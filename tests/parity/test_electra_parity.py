@@ -12,16 +12,17 @@ import torch
 import transformers
 
 import bertjax
-from bertjax import capability, encoders, hf
+from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
+from bertjax.storage import hf
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch, second_segment
 from tests.helpers.params import with_noise
 from tests.helpers.torch_params import randomize_torch

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import vectors
+from bertjax.inference import vectors
 from bertjax.tasks.embed import task as task_module
 from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.embedding import CONFIG, TEXTS, random_params
 from tests.helpers.embedding_task import (
     LONG,

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import encoders, hf
+from bertjax import encoders
+from bertjax.storage import hf
 from bertjax.tasks.qa import model as qa_model
 from tests.helpers.encoders import (
     ATOL,

@@ -20,18 +20,20 @@ import pytest
 import transformers
 from safetensors import numpy as safetensors_numpy
 
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import heads, hf, rundir
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import rundir
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import loop as finetune_loop
 from bertjax.inference import InferenceError, Model
-from bertjax.settings import ConfigError
+from bertjax.nn import heads
+from bertjax.storage import hf
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer, load_tokenizer
 from tests.helpers.tokenizer import training_sentences, write_wordpiece_vocab
 
 
@@ -239,7 +241,7 @@ def _save_steps(workdir: pathlib.Path, steps, params_for, meta: dict) -> None:
 def bert(pretraining_dir):
     """(config, host params, tokenizer) of the pretraining directory, read by bertjax."""
     config, params = bert_hf.load(pretraining_dir)
-    return config, params, hf.load_tokenizer(pretraining_dir)
+    return config, params, load_tokenizer(pretraining_dir)
 
 
 def _meta(config: BertConfig, tokenizer: WordPieceTokenizer, **extra) -> dict:

@@ -12,7 +12,7 @@ import bertjax
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.tasks import labels as labels_capability
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.finetune_hf import (
     ATOL,
     CONFIG,

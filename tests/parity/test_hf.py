@@ -13,13 +13,13 @@ import torch
 import transformers
 from safetensors import numpy as safetensors_numpy
 
-from bertjax import hf
 from bertjax.encoders.bert import config as bert_config
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.finetune import loop as finetune_loop
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.storage import hf
+from bertjax.text.tokenizer import WordPieceTokenizer, load_tokenizer
 from tests.helpers.finetune_hf import CONFIG as SMALL
 from tests.helpers.hf import (
     _abstract_params,
@@ -226,7 +226,7 @@ def test_fine_tuning_from_a_bert_model_directory_misses_no_head(tmp_path, caplog
     pieces = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     pieces += [f"w{i}" for i in range(SMALL.vocab_size - len(pieces))]
     (tmp_path / "vocab.txt").write_text("".join(p + "\n" for p in pieces))
-    with caplog.at_level(logging.WARNING, logger="bertjax.hf"):
+    with caplog.at_level(logging.WARNING, logger="bertjax.storage.hf"):
         source = finetune_loop.open_source(tmp_path)
     assert "freshly initialised" not in caplog.text
     assert set(source.params) == {"bert"} and source.fresh == ()
@@ -235,7 +235,7 @@ def test_fine_tuning_from_a_bert_model_directory_misses_no_head(tmp_path, caplog
 def test_bert_model_checkpoint_loads_with_fresh_heads(tmp_path, caplog):
     base = randomize_torch(transformers.BertModel(_hf_config()), seed=6).eval()
     base.save_pretrained(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="bertjax.hf"):
+    with caplog.at_level(logging.WARNING, logger="bertjax.storage.hf"):
         config, params, report = bert_hf.load_with_report(tmp_path, seed=7, attention_impl="xla")
     heads = [
         "mlm_head/output_bias",
@@ -440,7 +440,7 @@ def test_save_writes_the_tokenizer_transformers_reads(tmp_path, sentencepiece):
         "special_tokens_map.json",
         "tokenizer.model",
     }
-    assert hf.load_tokenizer(tmp_path).fingerprint == sentencepiece.fingerprint
+    assert load_tokenizer(tmp_path).fingerprint == sentencepiece.fingerprint
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
     assert theirs.model_max_length == 24 and theirs.mask_token == "[MASK]"
     texts = ["The assert statement.", "Paris is the [MASK] of France."]
@@ -454,9 +454,9 @@ def test_save_writes_the_tokenizer_transformers_reads(tmp_path, sentencepiece):
 def test_load_tokenizer_reads_vocab_txt_with_its_casing(tmp_path):
     write_wordpiece_vocab(tmp_path / "vocab.txt", VARIED * 5, lowercase=False)
     # transformers' default for a bare vocab.txt is uncased; tokenizer_config.json says more.
-    assert hf.load_tokenizer(tmp_path).lowercase
+    assert load_tokenizer(tmp_path).lowercase
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"do_lower_case": False}))
-    cased = hf.load_tokenizer(tmp_path)
+    cased = load_tokenizer(tmp_path)
     assert not cased.lowercase and not cased.strip_accents
     reference = transformers.BertTokenizerFast.from_pretrained(tmp_path)
     ours = cased.encode_batch(VARIED, special_tokens_in_text=True)
@@ -464,12 +464,12 @@ def test_load_tokenizer_reads_vocab_txt_with_its_casing(tmp_path):
     # tokenizer.json, when present, is read in preference: it says everything.
     uncased = WordPieceTokenizer.from_vocab(tmp_path / "vocab.txt", lowercase=True)
     uncased.save(tmp_path / "tokenizer.json")
-    assert hf.load_tokenizer(tmp_path).fingerprint == uncased.fingerprint
+    assert load_tokenizer(tmp_path).fingerprint == uncased.fingerprint
     # A vocabulary whose special tokens are not BERT's is refused by name.
     (tmp_path / "tokenizer.json").unlink()
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"mask_token": "<mask>"}))
     with pytest.raises(ValueError, match=r"mask_token='<mask>'"):
-        hf.load_tokenizer(tmp_path)
+        load_tokenizer(tmp_path)
     (tmp_path / "vocab.txt").unlink()
     with pytest.raises(FileNotFoundError, match="no tokenizer found"):
-        hf.load_tokenizer(tmp_path)
+        load_tokenizer(tmp_path)

@@ -15,9 +15,11 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import Model, hf, rundir
+from bertjax import Model
+from bertjax.engine import rundir
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
+from bertjax.storage import hf
 from configs import finetune as finetune_recipe
 from tests.helpers.tokenizer_kinds import (
     pipeline_json,

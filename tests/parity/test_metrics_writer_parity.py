@@ -5,7 +5,7 @@ import time
 
 from tensorboardX import SummaryWriter
 
-from bertjax import metrics_writer
+from bertjax.engine import metrics_writer
 from tests.helpers.metrics_writer import records
 
 # Steps from 0 (a proto3 zero, left out) to past one varint byte, and negative; values 0.0 (a

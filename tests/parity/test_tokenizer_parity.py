@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from bertjax.tokenizer import (
+from bertjax.text.tokenizer import (
     CLS_ID,
     SEP_ID,
     TokenizerSettings,

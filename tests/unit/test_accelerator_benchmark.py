@@ -12,7 +12,8 @@ import json
 import numpy as np
 import pytest
 
-from bertjax import attention, perf, sharding
+from bertjax.engine import perf
+from bertjax.nn import attention, sharding
 from tests.helpers.accelerator_benchmark import accelerator, table_lines
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from bertjax import attention, sharding
+from bertjax.nn import attention, sharding
 
 B, S, N, D = 2, 128, 2, 16  # splash needs the sequence to be a multiple of 128
 LENGTHS = (100, 128)  # one padded example, one full
@@ -115,7 +115,7 @@ def test_dropout_path_drops_weights_and_falls_back(caplog):
     dropped = functools.partial(
         _attend, implementation="splash", dropout_rate=rate, deterministic=False
     )
-    with caplog.at_level(logging.INFO, logger="bertjax.attention"):
+    with caplog.at_level(logging.INFO, logger="bertjax.nn.attention"):
         out = np.asarray(dropped(q, k, v, mask, dropout_rng=jax.random.PRNGKey(3)))
     assert "attention dropout is active" in caplog.text  # splash cannot drop: xla path
 
@@ -137,7 +137,7 @@ def test_dropout_path_drops_weights_and_falls_back(caplog):
 
 def test_cudnn_on_cpu_falls_back_to_xla_with_logged_reason(caplog):
     q, k, v, mask = _inputs(dtype=jnp.bfloat16, seq=16, lengths=(10, 16))
-    with caplog.at_level(logging.WARNING, logger="bertjax.attention"):
+    with caplog.at_level(logging.WARNING, logger="bertjax.nn.attention"):
         out = _attend(q, k, v, mask, implementation="cudnn")
     assert "'cudnn' falls back to xla" in caplog.text and "NVIDIA GPU" in caplog.text
     ref = _reference(q, k, v, mask)
@@ -180,7 +180,7 @@ def test_resolution_rules(caplog):
         )
     assert attention.resolve_implementation("xla", dtype=jnp.float32, seq_len=128, **kw) == "xla"
     # Splash serves multiples of 128 only; other lengths fall back with a logged reason.
-    with caplog.at_level(logging.WARNING, logger="bertjax.attention"):
+    with caplog.at_level(logging.WARNING, logger="bertjax.nn.attention"):
         assert (
             attention.resolve_implementation("splash", dtype=jnp.float32, seq_len=100, **kw)
             == "xla"
@@ -201,7 +201,7 @@ def test_resolution_rules(caplog):
 
 def test_splash_falls_back_when_heads_do_not_divide_mesh(caplog):
     mesh = sharding.make_mesh((1, 1, 4), jax.devices()[:4])
-    with jax.set_mesh(mesh), caplog.at_level(logging.WARNING, logger="bertjax.attention"):
+    with jax.set_mesh(mesh), caplog.at_level(logging.WARNING, logger="bertjax.nn.attention"):
         impl = attention.resolve_implementation(
             "splash", dtype=jnp.float32, batch=2, seq_len=128, num_heads=2, head_dim=16
         )
@@ -487,7 +487,7 @@ def test_local_window_with_dropout_drops_inside_the_window_only():
 
 def test_blocked_cannot_drop_weights_with_a_window_and_falls_back_with_the_reason(caplog):
     q, k, v, mask = _inputs()
-    with caplog.at_level(logging.INFO, logger="bertjax.attention"):
+    with caplog.at_level(logging.INFO, logger="bertjax.nn.attention"):
         out = _attend(
             q,
             k,
@@ -511,7 +511,7 @@ def test_cudnn_on_nvidia_serves_padding_but_not_a_window_or_documents(monkeypatc
     kw = dict(dtype=jnp.bfloat16, batch=B, seq_len=S, num_heads=N, head_dim=64)
     assert attention.resolve_implementation("cudnn", **kw) == "cudnn"
     assert attention.resolve_implementation("auto", **kw) == "cudnn"
-    with caplog.at_level(logging.INFO, logger="bertjax.attention"):
+    with caplog.at_level(logging.INFO, logger="bertjax.nn.attention"):
         assert attention.resolve_implementation("cudnn", local_window=WINDOW, **kw) == "xla"
         assert "'cudnn' falls back to xla" in caplog.text
         assert "two-sided window |i - j| <= 16" in caplog.text

@@ -6,7 +6,7 @@ import pytest
 from bertjax.data import MaskingSettings, make_loader, prepare
 from bertjax.data.baseline import sentence_pair_baseline, unigram_baseline
 from bertjax.data.storage import SplitReader, read_manifest
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer
 
 SEQ_LEN = 48
 EVAL_BATCH = 8

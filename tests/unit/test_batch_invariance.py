@@ -14,11 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from bertjax import features as features_lib
-from bertjax import hf
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.tokenizer import Tokenizer
+from bertjax.text import features as features_lib
+from bertjax.text.tokenizer import Tokenizer, load_tokenizer
 from configs import finetune as finetune_recipe
 from tests.helpers.tokenizer_kinds import (
     FILE_TRUNCATION,
@@ -53,7 +52,7 @@ def test_a_files_padding_and_truncation_never_shape_the_ids(kind, fixed, plain_f
     short, long = "See [MASK] for details.", text_of(3 * FILE_TRUNCATION, seed=1)
     expected = [plain.encode(short), plain.encode(long)]
     assert len(expected[1]) > FILE_TRUNCATION and len(expected[0]) < FILE_TRUNCATION
-    for tok in (Tokenizer.load(tmp_path / "tokenizer.json"), hf.load_tokenizer(tmp_path)):
+    for tok in (Tokenizer.load(tmp_path / "tokenizer.json"), load_tokenizer(tmp_path)):
         assert tok.kind == plain.kind and tok.fingerprint == plain.fingerprint
         assert tok.encode(short) == expected[0] and tok.encode(long) == expected[1]
         assert tok.encode_batch([short, long]) == expected

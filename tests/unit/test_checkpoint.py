@@ -21,7 +21,7 @@ from etils import epath
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bertjax import checkpoint as ckpt
+from bertjax.engine import checkpoint as ckpt
 from tests.helpers.checkpoint import (
     make_state,
     mesh,  # noqa: F401 (fixtures)

@@ -1,4 +1,4 @@
-"""bertjax.compilation_cache: where compiled programs are kept, who decides, and the bound.
+"""bertjax.engine.compilation_cache: where compiled programs are kept, who decides, and the bound.
 
 That a second process loads what the first compiled, through the commands' and Model.load's
 default, is tests/integration/test_compilation_cache.py's.
@@ -10,8 +10,8 @@ import os
 import jax
 import pytest
 
-from bertjax import compilation_cache
-from bertjax.compilation_cache import CacheSettings, CompilationCacheError
+from bertjax.engine import compilation_cache
+from bertjax.engine.compilation_cache import CacheSettings, CompilationCacheError
 
 
 def test_the_default_is_the_users_cache_directory_bounded_at_two_gigabytes():

@@ -1,4 +1,4 @@
-"""Programs compiled ahead in background threads (bertjax.compile_ahead): the same results as
+"""Programs compiled ahead in background threads (bertjax.engine.compile_ahead): the same results as
 the jitted function's, nothing compiled at the call, a queued shape compiled by the caller,
 and failures raised where the program is called or when the compiler closes."""
 
@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import compile_ahead, perf
+from bertjax.engine import compile_ahead, perf
 
 
 def _jitted(before_tracing=lambda x: None):

@@ -6,8 +6,8 @@ import pathlib
 import jax
 import pytest
 
+from bertjax.engine.settings import ConfigError
 from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import ConfigError
 
 CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 # Recipes read by other commands (finetune.py, evaluate.py) and the shared recipe module.

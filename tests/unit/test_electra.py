@@ -14,13 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
-from bertjax import capability, encoders, hf
+from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
 from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
+from bertjax.storage import hf
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.seq2seq import model as seq2seq
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch, second_segment
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]

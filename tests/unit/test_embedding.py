@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 import bertjax
-from bertjax import sharding, steps, vectors
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.inference import TruncationWarning
+from bertjax.engine import steps
+from bertjax.inference import TruncationWarning, vectors
+from bertjax.nn import sharding
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed import metrics as embedding_eval
 from bertjax.tasks.embed import model as embedding

@@ -4,16 +4,16 @@ Model of an embedding model, sentence-transformers both ways, and a short run th
 import numpy as np
 import pytest
 
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.settings import ConfigError
 from bertjax.tasks.embed import metrics as embedding_eval
 from bertjax.tasks.embed import objective as training
 from bertjax.tasks.embed import task as task_module
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.embedding_task import (
     SEQ,
     TRAIN_EXAMPLES,

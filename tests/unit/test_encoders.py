@@ -13,11 +13,14 @@ import pytest
 from flax import linen as nn
 
 import bertjax
-from bertjax import capability, encoders, heads, hf, rundir, sharding
-from bertjax import checkpoint as checkpoint_lib
+from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import rundir
+from bertjax.nn import heads, sharding
+from bertjax.storage import hf
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.seq2seq import model as seq2seq

@@ -7,13 +7,14 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from bertjax import encoders, pooling
+from bertjax import encoders
 from bertjax.encoders import family as family_lib
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.settings import ConfigError
+from bertjax.nn import pooling
 from configs import finetune as finetune_config
 
 TINY = dict(vocab_size=64, hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32)

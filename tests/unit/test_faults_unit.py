@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from bertjax import textfile
 from bertjax.data import corpus
 from bertjax.finetune import data as finetune_data
 from bertjax.finetune.layouts import CONLL, CSV, JSONL, Layout
+from bertjax.storage import textfile
 from bertjax.tasks.labels import data as label_data
 
 CSV_LAYOUT = Layout(CSV, ("sentence",), "label")

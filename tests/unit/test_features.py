@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertjax import features
-from bertjax.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
+from bertjax.text import features
+from bertjax.text.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
 
 PIECES = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "john", "lives", "in", "new", "york"]
 PIECES += ["##shire", "hamp", "##ton", "cafe", ",", "the", "cat", "sat"]

@@ -8,14 +8,14 @@ import pytest
 
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import data, layouts
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.finetune.task import TaskData
 from bertjax.inference import Model
-from bertjax.settings import ConfigError
 from bertjax.tasks.labels import data as label_data
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_config
 
 WORDS = "the a cat dog sat ran on mat big small good bad is was not very film plot".split()

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from safetensors import numpy as safetensors_numpy
 
-from bertjax import hf, rundir
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.engine import rundir
 from bertjax.finetune import loop
+from bertjax.storage import hf
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.finetune_hf import CONFIG, HEADS, random_params
 from tests.helpers.finetuning import data_parallel_finetuning
 

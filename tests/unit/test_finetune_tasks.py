@@ -7,12 +7,13 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import capability, optim
+from bertjax import capability
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
+from bertjax.engine import optim
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.settings import ConfigError
 from bertjax.tasks import labels
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.labels.task import HeadTask

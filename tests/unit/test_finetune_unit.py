@@ -7,12 +7,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bertjax import optim, packing, perf, steps
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
+from bertjax.engine import optim, perf, steps
 from bertjax.finetune import loop
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.task import Examples
+from bertjax.nn import unpadding
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
 
@@ -274,7 +275,7 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(
             for index in range(count // batch_size):
                 rows = order[index * batch_size : (index + 1) * batch_size]
                 for micro in steps.split_micro_batches(mask[rows], accumulate):
-                    per_shard = packing.tokens_per_group(jnp.asarray(micro), shards)
+                    per_shard = unpadding.tokens_per_group(jnp.asarray(micro), shards)
                     fullest = max(fullest, int(per_shard.max()))
     assert fullest == round(capacity * slots)
     # By length, the longest batch's rows are the data's longest: they may fill every slot.

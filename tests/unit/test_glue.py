@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import layouts
 from bertjax.finetune.data import TaskDataError, read_split
 from bertjax.glue import curve, files, published, results, suite, tasks
 from bertjax.glue.settings import ALL_STEPS, SuiteSettings
-from bertjax.settings import ConfigError
 from configs import glue as glue_recipe
 from configs import glue_modernbert
 from tests.helpers import glue_data

@@ -9,16 +9,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import capability, encoders, heads, sharding
+from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertModel
+from bertjax.nn import heads, sharding
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.objective import LossSettings
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.seq2seq import model as s2s
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 
 CONFIG = BertConfig(
     vocab_size=40,

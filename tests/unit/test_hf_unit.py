@@ -6,11 +6,11 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import hf
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.storage import hf
+from bertjax.text.tokenizer import WordPieceTokenizer, load_tokenizer
 from tests.helpers.hf import (
     _random_params,
     _read_dir,
@@ -69,7 +69,7 @@ def test_saving_another_kind_of_tokenizer_removes_the_stale_file(tmp_path, sente
     wordpiece = WordPieceTokenizer.from_vocab(tmp_path / "source" / "vocab.txt")
     wordpiece.save_hf(tmp_path)
     assert not (tmp_path / "tokenizer.model").exists()
-    assert hf.load_tokenizer(tmp_path).fingerprint == wordpiece.fingerprint
+    assert load_tokenizer(tmp_path).fingerprint == wordpiece.fingerprint
     sentencepiece.save_hf(tmp_path)
     assert not (tmp_path / "vocab.txt").exists()
-    assert hf.load_tokenizer(tmp_path).fingerprint == sentencepiece.fingerprint
+    assert load_tokenizer(tmp_path).fingerprint == sentencepiece.fingerprint

@@ -1,10 +1,10 @@
-"""bertjax.host_memory: where it leaves malloc alone, and how it reads where jax runs. That a
+"""bertjax.engine.host_memory: where it leaves malloc alone, and how it reads where jax runs. That a
 step then writes into pages the step before it mapped needs fresh processes:
 tests/integration/test_host_memory_runs.py."""
 
 import pytest
 
-from bertjax import host_memory
+from bertjax.engine import host_memory
 
 
 @pytest.mark.parametrize(

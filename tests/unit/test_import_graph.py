@@ -1,4 +1,6 @@
-"""bertjax's modules import each other without cycles, and only at module level."""
+"""bertjax's modules import each other without cycles, only at module level, and only
+downwards: each folder of bertjax/ is a floor, and a module imports its own floor's modules
+and lower floors' only."""
 
 import ast
 import pathlib
@@ -54,6 +56,61 @@ def _graph():
                 else:
                     nested.append((module, target))
     return graph, nested
+
+
+# bertjax's floors, bottom to top: a top-level folder or module per name. Names on one floor
+# are peers that do not import each other (pretraining and fine-tuning).
+FLOORS = (
+    ("storage",),  # files local and gs://, transformers directories' weights and configs
+    ("text",),  # tokenizers and features
+    ("data",),  # pretraining corpora, instances, masking, the loader
+    ("nn",),  # the families' building blocks
+    ("capability",),  # the contract each capability implements and the hubs ask
+    ("encoders",),  # the families
+    ("engine",),  # settings, steps, loop, checkpoints, the run directory
+    ("inference",),  # Model and its batching
+    ("finetune", "pretrain"),  # the two kinds of run
+    ("tasks",),  # the capabilities
+    ("glue",),  # the GLUE suite over fine-tuning runs
+    ("cli", "__init__"),  # the commands' edge, the public API
+)
+
+
+def floor(module: str) -> tuple[int, str]:
+    """(floor index, top-level name) of a bertjax module."""
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else "__init__"
+    for index, names in enumerate(FLOORS):
+        if top in names:
+            return index, top
+    raise AssertionError(f"{module}: bertjax/{top} is on no floor; add it to FLOORS")
+
+
+def _upward(graph) -> list[str]:
+    """Imports from a module to a higher floor's, or to a peer's on its own floor."""
+    wrong = []
+    for module, targets in graph.items():
+        (level, top) = floor(module)
+        for target in sorted(targets):
+            (target_level, target_top) = floor(target)
+            if target_top != top and target_level >= level:
+                wrong.append(f"{module} -> {target}")
+    return wrong
+
+
+def test_every_import_goes_down_a_floor():
+    graph, _ = _graph()
+    assert _upward(graph) == []
+
+
+def test_the_floor_check_finds_an_upward_import():
+    assert _upward({"bertjax.storage.fs": {"bertjax.engine.steps"}}) == [
+        "bertjax.storage.fs -> bertjax.engine.steps"
+    ]
+    assert _upward({"bertjax.pretrain.loop": {"bertjax.finetune.loop"}}) == [
+        "bertjax.pretrain.loop -> bertjax.finetune.loop"
+    ]
+    assert _upward({"bertjax.tasks.qa": {"bertjax.encoders.family", "bertjax.tasks"}}) == []
 
 
 def _cycle(graph) -> list[str] | None:

@@ -9,9 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bertjax
-from bertjax import inference, perf
-from bertjax import sharding as sharding_lib
+from bertjax import inference
+from bertjax.engine import perf
 from bertjax.inference import InferenceError, Model, TruncationWarning
+from bertjax.nn import sharding as sharding_lib
 from bertjax.pretrain import samples
 from tests.helpers.inference import (  # noqa: F401 (fixtures)
     MASKED,
@@ -80,7 +81,7 @@ def test_each_bucket_compiles_once(trained, held_out):
     for rows in model._batches(features):
         shape = model._bucket(rows, features)
         mask = inference._pad_batch([features[r] for r in rows], shape)["input_mask"]
-        buckets.add((shape["rows"], shape["length"], inference.packed_length(mask)))
+        buckets.add((shape["rows"], shape["length"], inference.fitted_packed_length(mask)))
     assert inference._embed._cache_size() - compiled == len(buckets)
     model.embed(list(reversed(texts)), pooling="cls", normalize=True)  # nothing new to compile
     assert inference._embed._cache_size() - compiled == len(buckets)
@@ -110,7 +111,7 @@ def test_a_batch_runs_unpadded_where_packing_pays(shards, rows_per_shard, length
     fullest = max(sum(lengths[k : k + rows_per_shard]) for k in range(0, rows, rows_per_shard))
     step = slots // inference.PACKING_STEPS
     smallest = max(-(-fullest // step), 1) * step  # whole eighths holding the fullest shard
-    packed = inference.packed_length(mask, shards)
+    packed = inference.fitted_packed_length(mask, shards)
     if smallest <= inference.PACKING_MAX_SHARE * slots:
         assert packed == smallest
     else:

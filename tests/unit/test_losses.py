@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import losses
+from bertjax.nn import losses
 
 
 def _batch(ids, weights, nsp_labels):

@@ -3,7 +3,7 @@ tensorboardX writes in tests/parity/test_metrics_writer_parity.py)."""
 
 import json
 
-from bertjax import metrics_writer
+from bertjax.engine import metrics_writer
 from tests.helpers.metrics_writer import records
 
 

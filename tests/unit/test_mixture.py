@@ -23,10 +23,10 @@ from bertjax.data.mixture import (
     parse_sources,
 )
 from bertjax.data.storage import SplitReader, read_manifest
+from bertjax.engine.settings import ConfigError
 from bertjax.pretrain.data import SOURCES_DIR, ensure_sources
 from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import ConfigError
-from bertjax.tokenizer import SENTENCEPIECE_FILE
+from bertjax.text.tokenizer import SENTENCEPIECE_FILE
 from configs import tiny
 from tests.helpers.corpora import write_random_corpus
 from tests.helpers.loader_batches import assert_same, originals, take

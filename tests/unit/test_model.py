@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bertjax import sharding
 from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS, PRESETS, BertConfig
 from bertjax.encoders.bert.model import (
     BertForPreTraining,
@@ -21,7 +20,8 @@ from bertjax.encoders.bert.model import (
     stack_layers,
     unstack_layers,
 )
-from bertjax.packing import (
+from bertjax.nn import sharding
+from bertjax.nn.unpadding import (
     first_tokens,
     pack_tokens,
     packing_index,

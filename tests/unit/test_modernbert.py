@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bertjax import sharding
 from bertjax.encoders.modernbert import attention as mb_attention
 from bertjax.encoders.modernbert import family as mb_family
 from bertjax.encoders.modernbert import model as mb_model
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import ModernBertModel
+from bertjax.nn import sharding
 from tests.helpers.modernbert import ALL_BIASES, ATOL, SEQ, SMALL, _apply, _batch
 from tests.helpers.modernbert_reference import (
     ModernBertForMaskedLM,
@@ -431,7 +431,7 @@ def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------
-# Fused attention kernels (bertjax.attention): splash runs in Pallas interpret mode on CPU.
+# Fused attention kernels (bertjax.nn.attention): splash runs in Pallas interpret mode on CPU.
 
 KERNEL_SEQ = 256  # splash needs a multiple of 128
 # Layers 0 and 2 global, layer 1 local with a window of +-64 (banded on the einsum path at
@@ -509,7 +509,7 @@ def test_splash_attention_equals_the_einsum_path(packed):
 
 
 def test_layer_masks_send_each_kind_of_layer_to_the_kernel_that_serves_it(monkeypatch, caplog):
-    from bertjax import attention
+    from bertjax.nn import attention
 
     monkeypatch.setattr(attention, "_logged", set())  # each reason logged anew here
     ids, mask, documents = _kernel_batch(packed=True)
@@ -538,13 +538,13 @@ def test_layer_masks_send_each_kind_of_layer_to_the_kernel_that_serves_it(monkey
     # An NVIDIA GPU in bf16: cuDNN serves global layers (padding as sequence lengths); it
     # takes no two-sided window and no documents, so those layers keep the einsum path.
     monkeypatch.setattr(attention, "_platform", lambda: "nvidia")
-    with caplog.at_level(logging.INFO, logger="bertjax.attention"):
+    with caplog.at_level(logging.INFO, logger="bertjax.nn.attention"):
         global_mask, local_mask = mb_attention.layer_masks(config, mask, None, deterministic=True)
     assert isinstance(global_mask, mb_attention.KernelMasks) and global_mask.document_ids is None
     assert not isinstance(local_mask, mb_attention.KernelMasks) and local_mask.ndim == 4  # banded
     assert "'cudnn' falls back to xla" in caplog.text and "two-sided window" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="bertjax.attention"):
+    with caplog.at_level(logging.INFO, logger="bertjax.nn.attention"):
         masks = mb_attention.layer_masks(config, mask, segments, deterministic=True)
     assert not any(isinstance(m, mb_attention.KernelMasks) for m in masks)
     assert "each token's document" in caplog.text

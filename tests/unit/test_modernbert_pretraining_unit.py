@@ -5,8 +5,9 @@ import types
 
 import pytest
 
-from bertjax import encoders, rundir
+from bertjax import encoders
 from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.engine import rundir
 
 
 def test_a_new_phase_may_change_the_rotary_theta_but_a_resumed_run_may_not():

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from bertjax import optim
+from bertjax.engine import optim
 
 H, N, D, F, V, P, T, L = 4, 2, 2, 6, 11, 8, 2, 2
 

@@ -7,7 +7,6 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import attention
 from bertjax.data import make_loader, prepare
 from bertjax.data.corpus import InputReport, read_documents
 from bertjax.data.instances import tokenize_documents
@@ -22,10 +21,11 @@ from bertjax.data.packing import (
 from bertjax.data.storage import shard_paths
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertModel
+from bertjax.engine.settings import ConfigError
+from bertjax.nn import attention
 from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import ConfigError
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer
 from tests.helpers.packing import SEQ_LEN, packed_config
 
 prepare_module = importlib.import_module("bertjax.data.prepare")

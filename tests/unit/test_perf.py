@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from jax.extend import core as jax_core
 
-from bertjax import perf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
+from bertjax.engine import perf
 from tests.helpers.encoders import SMALL_BERT
 
 

@@ -11,7 +11,7 @@ from bertjax.data import read_manifest
 from bertjax.data.corpus import InputReport, read_documents
 from bertjax.data.instances import InstanceSettings, create_instances, tokenize_documents
 from bertjax.data.storage import SplitReader, shard_paths, token_dtype
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer
 from tests.helpers.prepare import NUM_DOCUMENTS, write_corpus
 
 # bertjax.data.prepare the attribute is the function; the module is reached by its name.

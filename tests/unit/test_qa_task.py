@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 
 from bertjax import Model
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import settings as finetune_settings
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.inference import InferenceError
-from bertjax.settings import ConfigError
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa

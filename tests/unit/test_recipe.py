@@ -9,9 +9,9 @@ import pytest
 
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
-from bertjax.pretrain.objective import PretrainingObjective
+from bertjax.engine.settings import ConfigError
+from bertjax.pretrain.objective import MaskedLmLoss
 from bertjax.pretrain.settings import SENTENCE_PAIR_PARAMS, PretrainSettings
-from bertjax.settings import ConfigError
 from configs import tiny_modern_recipe
 from tests.helpers.recipe import data_dir  # noqa: F401 (fixtures)
 from tests.helpers.trainer import make_config
@@ -52,8 +52,8 @@ def test_mlm_only_loss_has_no_sentence_term():
         (value, sums), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
         return value, grads, objective.metrics(sums, "train")
 
-    mlm_loss, mlm_grads, mlm_metrics = loss_and_grads(PretrainingObjective(model, False))
-    full_loss, full_grads, full_metrics = loss_and_grads(PretrainingObjective(model))
+    mlm_loss, mlm_grads, mlm_metrics = loss_and_grads(MaskedLmLoss(model, False))
+    full_loss, full_grads, full_metrics = loss_and_grads(MaskedLmLoss(model))
     # The MLM-only loss is the MLM term of the full one, and the pair head learns nothing.
     np.testing.assert_allclose(
         mlm_loss, full_loss - full_metrics["train/nsp_loss"], rtol=1e-6, atol=1e-6

@@ -10,11 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax import Model, hf
+from bertjax import Model
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.finetune import loop
 from bertjax.inference import InferenceError
+from bertjax.storage import hf
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
 from tests.helpers.tokenizer_kinds import write_tokenizer

@@ -18,19 +18,19 @@ from hypothesis import strategies as st
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra import rtd as rtd_model
+from bertjax.engine.settings import ConfigError
 from bertjax.pretrain import objectives
 from bertjax.pretrain.objectives.rtd import objective as objective_lib
 from bertjax.pretrain.objectives.rtd.objective import (
     AUC_BINS,
+    RtdLoss,
     RtdSettings,
-    RtdStep,
     area_under_roc,
     gumbel_sample,
     num_slots,
     originals,
 )
 from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import ConfigError
 from configs import electra_tiny
 from tests.helpers.encoders import SMALL_CONFIGS
 from tests.helpers.replaced_tokens import loss_gradients
@@ -148,7 +148,7 @@ def _setup(weight=50.0, dtype="float32"):
     generator = generator_lib.generator_config(config, 0.5)
     # One compiled init, not the two networks' init op by op.
     params = nn.meta.unbox(jax.jit(rtd_model.init(config, generator))(jax.random.key(0)))
-    step = RtdStep(rtd_model.ReplacedTokenDetection(config, generator), weight)
+    step = RtdLoss(rtd_model.ReplacedTokenDetection(config, generator), weight)
     ids, mask, _, out = _masked([12, 20, 9], 20)
     batch = {
         "input_ids": out["input_ids"],
@@ -188,7 +188,7 @@ def test_lambda_is_applied_once():
     loss = step.loss(sums, (generator, tokens))
     expected = sums.generator_loss / generator + 50.0 * sums.discriminator_loss / tokens
     np.testing.assert_allclose(float(loss), float(expected), rtol=1e-6)
-    other = RtdStep(step.model, 7.0).loss(sums, (generator, tokens))
+    other = RtdLoss(step.model, 7.0).loss(sums, (generator, tokens))
     np.testing.assert_allclose(
         float(loss - other), float(43.0 * sums.discriminator_loss / tokens), rtol=1e-5
     )

@@ -17,7 +17,7 @@ from bertjax import encoders
 from bertjax.encoders.modernbert import rtd
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import MaskedLM, init_masked_lm
-from bertjax.pretrain.objectives.rtd.objective import RtdStep
+from bertjax.pretrain.objectives.rtd.objective import RtdLoss
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
 from tests.helpers.encoders import SMALL_CONFIGS
@@ -184,7 +184,7 @@ def test_packed_documents_compute_what_each_document_computes_alone(config):
     def argmax(logits, key):
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
-    step = RtdStep(detector.model, 50.0, argmax)
+    step = RtdLoss(detector.model, 50.0, argmax)
     sums = jax.jit(lambda b: step.sums(params, b, rng=jax.random.key(0), deterministic=True))
     packed_sums, rows_sums = sums(packed), sums(rows)
     for name in ("generator_loss", "discriminator_loss", "tokens", "replaced", "true_positives"):
@@ -196,7 +196,7 @@ def test_packed_documents_compute_what_each_document_computes_alone(config):
 def test_the_loss_is_finite_and_its_gradient_reaches_both_networks():
     _, detector, params = _setup()
     _, rows = _batches()
-    step = RtdStep(detector.model, 50.0)
+    step = RtdLoss(detector.model, 50.0)
     rng = jax.random.key(3)
 
     disc, gen = loss_gradients(step, params, rows, rng)
@@ -223,7 +223,7 @@ def test_the_loss_is_finite_and_its_gradient_reaches_both_networks():
 def test_a_bfloat16_step_is_finite():
     _, detector, params = _setup("bfloat16")
     _, rows = _batches()
-    step = RtdStep(detector.model, 50.0)
+    step = RtdLoss(detector.model, 50.0)
     sums = jax.jit(lambda p: step.sums(p, rows, rng=jax.random.key(2), deterministic=False))(params)
     assert all(np.isfinite(np.asarray(x)).all() for x in sums)
     assert np.isfinite(float(step.loss(sums, step.denominators(rows))))

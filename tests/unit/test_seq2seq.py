@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bertjax import sharding
 from bertjax.encoders.bert.model import BertForPreTraining
+from bertjax.nn import sharding
 from bertjax.tasks.seq2seq import metrics as text_metrics
 from bertjax.tasks.seq2seq import model as s2s
 from tests.helpers.seq2seq import (  # noqa: F401

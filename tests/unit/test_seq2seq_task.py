@@ -11,10 +11,10 @@ import pytest
 import sacrebleu
 
 import bertjax
-from bertjax import rundir
+from bertjax.engine import rundir
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.settings import ConfigError
 from bertjax.tasks.seq2seq import model as s2s
 from bertjax.tasks.seq2seq import task as s2s_task
 from tests.helpers.seq2seq_task import (  # noqa: F401

@@ -5,11 +5,11 @@ import types
 import pytest
 from flax import linen as nn
 
-from bertjax import settings as settings_lib
-from bertjax import sharding
 from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.engine import settings as settings_lib
+from bertjax.engine.settings import ConfigError
+from bertjax.nn import sharding
 from bertjax.pretrain.settings import PretrainSettings
-from bertjax.settings import ConfigError
 from configs import default, modernbert_tiny, tiny
 from tests.helpers.xla_env import REPO
 
@@ -149,8 +149,8 @@ def test_no_module_below_the_settings_takes_a_config_dict():
         if "ConfigDict" in path.read_text()
     ]
     assert sorted(readers) == [
+        "bertjax/engine/settings.py",
         "bertjax/finetune/settings.py",
         "bertjax/glue/settings.py",
         "bertjax/pretrain/settings.py",
-        "bertjax/settings.py",
     ]

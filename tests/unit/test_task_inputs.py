@@ -14,13 +14,13 @@ from bertjax import capability as capability_lib
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import data as task_data
 from bertjax.finetune import layouts
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneDataSettings, FinetuneSettings
 from bertjax.inference import InferenceError
-from bertjax.settings import ConfigError
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.labels import data as label_data
@@ -28,7 +28,7 @@ from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
 from bertjax.tasks.seq2seq import model as s2s
-from bertjax.tokenizer import WordPieceTokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.seq2seq_task import bert_config, make_config, source, write_data  # noqa: F401
 

@@ -12,7 +12,7 @@ import sentencepiece as spm
 import tokenizers
 
 from bertjax.data.instances import tokenize_documents
-from bertjax.tokenizer import (
+from bertjax.text.tokenizer import (
     CLS_ID,
     MASK,
     MASK_ID,
@@ -277,7 +277,7 @@ def test_wordpiece_refuses_what_it_cannot_read(tmp_path, tokenizer):
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         WordPieceTokenizer.from_vocab(tmp_path / "missing.txt")
     # A sentencepiece export's tokenizer.json is not WordPiece: it reads as the pipeline it is
-    # (bertjax.hf.load_tokenizer prefers the .model beside it), with the same ids.
+    # (bertjax.text.tokenizer.load_tokenizer prefers the .model beside it), with the same ids.
     spm_tok, _ = tokenizer
     spm_tok.save_hf(tmp_path / "spm")
     pipeline = Tokenizer.load(tmp_path / "spm" / "tokenizer.json")

@@ -7,8 +7,8 @@ import pytest
 
 import bertjax
 from bertjax import data as data_lib
-from bertjax import loop
-from bertjax.settings import ConfigError
+from bertjax.engine import loop
+from bertjax.engine.settings import ConfigError
 from tests.helpers.corpora import ONE_LAYER, write_corpus
 from tests.helpers.trainer import (
     PINNED_LOSSES,

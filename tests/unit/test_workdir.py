@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import bertjax
-from bertjax import rundir as workdir
+from bertjax.engine import rundir as workdir
 from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny

@@ -1,5 +1,5 @@
 """The suite's own compilation settings (tests/helpers/xla_env.py): one shared compilation cache
-(kept under its size limit by bertjax.compilation_cache.prune, tested with it), and compiled
+(kept under its size limit by bertjax.engine.compilation_cache.prune, tested with it), and compiled
 programs released before a worker runs out of memory mappings."""
 
 import os

@@ -26,7 +26,7 @@ efficiency (real tokens / slots).
 
 The manifest is written last, whole (atomically): a directory without one was never finished.
 The output may be a local directory or ``gs://bucket/path`` (every write goes through
-bertjax.fs: each shard file is one upload), and so may the inputs.
+bertjax.storage.fs: each shard file is one upload), and so may the inputs.
 
 Over several processes (hosts), ``process_count > 1`` with jax.distributed started (the CLI's
 ``--distributed`` / ``--coordinator_address --num_processes --process_id``, as training's):
@@ -62,7 +62,6 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bertjax import fs
 from bertjax.data.corpus import InputReport, ReadSettings, expand_paths, read_documents
 from bertjax.data.formats import FORMATS
 from bertjax.data.instances import TASKS, InstanceSettings, create_instances, tokenize_documents
@@ -76,7 +75,8 @@ from bertjax.data.storage import (
     write_manifest,
     write_shard,
 )
-from bertjax.tokenizer import (
+from bertjax.storage import fs
+from bertjax.text.tokenizer import (
     MODEL_TYPES,
     SENTENCEPIECE_FILE,
     Tokenizer,

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from bertjax import attention as attention_lib
+from bertjax.nn import attention as attention_lib
 
 ACTIVATIONS = ("gelu", "gelu_tanh")
 # How the kernels of the pretraining heads (the MLM transform and the NSP classifier) start:
@@ -76,7 +76,7 @@ class BertConfig:
     dtype: str = "float32"  # compute dtype name, e.g. "bfloat16"
     param_dtype: str = "float32"
     # The dtype the encoder's matrix products take their operands in, their sums in float32
-    # (bertjax.products); None: dtype. "bfloat16" with dtype float32: the products at the
+    # (bertjax.nn.low_precision); None: dtype. "bfloat16" with dtype float32: the products at the
     # host's bfloat16 rate, activations, norms and residuals in float32.
     matmul_dtype: str | None = None
     attention_impl: str = "auto"  # "auto" | "xla" | "cudnn" | "splash"

@@ -28,11 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
-from bertjax import attention as attention_lib
-from bertjax import products, sharding
 from bertjax.encoders.bert.config import STACKED_LAYERS, BertConfig
-from bertjax.packing import first_tokens, pack_tokens, packing_index, unpack_tokens
-from bertjax.sharding import (
+from bertjax.nn import attention as attention_lib
+from bertjax.nn import low_precision, sharding
+from bertjax.nn.sharding import (
     ACTIVATION_EMBED,
     BATCH,
     CLASSES,
@@ -47,6 +46,7 @@ from bertjax.sharding import (
     TOKEN_TYPE,
     VOCAB,
 )
+from bertjax.nn.unpadding import first_tokens, pack_tokens, packing_index, unpack_tokens
 
 
 class BertOutput(NamedTuple):
@@ -83,7 +83,7 @@ def _dense(config: BertConfig, features: int, names, name: str, dtype=None, init
         param_dtype=jnp.dtype(config.param_dtype),
         kernel_init=nn.with_logical_partitioning(init or _init(config), names),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (names[-1],)),
-        dot_general=functools.partial(products.dot_general, operand_dtype=config.matmul_dtype),
+        dot_general=functools.partial(low_precision.dot_general, operand_dtype=config.matmul_dtype),
         name=name,
     )
 
@@ -208,7 +208,7 @@ class HeadsProjection(nn.Module):
         )
         bias = _param(self, "bias", nn.initializers.zeros_init(), (n, d), (HEADS, KV), cfg)
         dtype = jnp.dtype(cfg.dtype)
-        y = products.einsum(
+        y = low_precision.einsum(
             "bsh,hnd->bsnd", x.astype(dtype), kernel.astype(dtype), operand_dtype=cfg.matmul_dtype
         )  # [b, s, n, d]
         return y + bias.astype(dtype)
@@ -230,7 +230,7 @@ class OutputProjection(nn.Module):
             self, "bias", nn.initializers.zeros_init(), (cfg.hidden_size,), (HIDDEN,), cfg
         )
         dtype = jnp.dtype(cfg.dtype)
-        y = products.einsum(
+        y = low_precision.einsum(
             "bsnd,ndh->bsh", x.astype(dtype), kernel.astype(dtype), operand_dtype=cfg.matmul_dtype
         )  # [b, s, h]
         return y + bias.astype(dtype)
@@ -273,7 +273,7 @@ class SelfAttention(nn.Module):
                 q = unpack(q)
         dropout_active = not deterministic and cfg.attention_dropout > 0
         context = attention_lib.dot_product_attention(
-            *products.rounded(cfg.matmul_dtype, q, k, v),
+            *low_precision.rounded(cfg.matmul_dtype, q, k, v),
             attention_mask,
             # The fused kernels expect as many queries as keys; a few queries are a cheap
             # matrix-vector product for xla.
@@ -406,7 +406,7 @@ class BertModel(nn.Module):
     """Embeddings, encoder and pooler; returns (sequence_output [B,S,H], pooled_output [B,H]).
 
     ``packed_length`` (an int) runs the encoder on real tokens only, packed into that many
-    slots per batch shard (see bertjax.packing); every group must hold at most that many real
+    slots per batch shard (see bertjax.nn.unpadding); every group must hold at most that many real
     tokens (tokens_per_group). Outputs at real positions are the same as unpacked;
     sequence_output is zero at padded positions.
 
@@ -485,7 +485,7 @@ class MlmHead(nn.Module):
             self, "output_bias", nn.initializers.zeros_init(), (cfg.vocab_size,), (VOCAB,), cfg
         )
         dtype = jnp.dtype(cfg.dtype)
-        logits = products.einsum(
+        logits = low_precision.einsum(
             "bph,vh->bpv",
             x.astype(dtype),
             word_table.astype(dtype),

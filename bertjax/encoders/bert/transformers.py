@@ -5,7 +5,7 @@ model.safetensors.index.json, or pytorch_model.bin) into a `BertConfig` and the 
 of `BertForPreTraining`; `save` writes the reverse, a directory that
 `transformers.BertForPreTraining.from_pretrained` loads with nothing missing or unexpected.
 Given a tokenizer, `save` also writes its files (tokenizer.json and the rest, see
-`bertjax.tokenizer.Tokenizer.save_hf`), so that `AutoTokenizer` and the fill-mask pipeline
+`bertjax.text.tokenizer.Tokenizer.save_hf`), so that `AutoTokenizer` and the fill-mask pipeline
 work on the directory.
 
 Fine-tuned models travel too: `save(..., head=HeadSpec)` writes the transformers class of the
@@ -15,7 +15,7 @@ id2label), and `load_with_report` reads one back, its head in `LoadReport.head` 
 capability) and the head's dense layer under its own name beside "bert".
 
 The files themselves (safetensors, sharded indexes, staging, upload, tokenizer files) are
-read and written by bertjax.hf, which no family owns.
+read and written by bertjax.storage.hf, which no family owns.
 
 Layout differences handled here: torch Linear weights are [out, in] and ours are
 [in, out]; the attention projections are split per head, [H, N*D] -> [H, N, D] for
@@ -36,12 +36,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import capability, fs
+from bertjax import capability
 from bertjax.capability import HeadSpec, TransformersHead
 from bertjax.encoders import family as family_lib
 from bertjax.encoders.bert import model as bert_model
 from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS, BertConfig
-from bertjax.hf import (
+from bertjax.storage import fs
+from bertjax.storage.hf import (
     CONFIG_NAME,
     CORE,
     MLM_HEAD,
@@ -55,7 +56,6 @@ from bertjax.hf import (
     TensorSpec,
     _get,
     _parameter,
-    check_vocab,
     flatten_tree,
     match_tensors,
     name_list,
@@ -67,7 +67,7 @@ from bertjax.hf import (
     unflatten_tree,
     write_json,
 )
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer, check_vocab
 
 logger = logging.getLogger(__name__)
 

@@ -17,13 +17,13 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
-from bertjax import hf
 from bertjax.encoders import family
 from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra import rtd as electra_rtd
 from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, ElectraConfig
+from bertjax.storage import hf
 
 
 class Electra(family.EncoderFamily):

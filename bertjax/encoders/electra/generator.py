@@ -26,11 +26,12 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from bertjax import capability, sharding
+from bertjax import capability
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.encoders.electra.model import DISCRIMINATOR_HEAD, MLM_HEAD, PROJECTION
-from bertjax.sharding import ACTIVATION_EMBED, BATCH, EMBED, HIDDEN, LENGTH
+from bertjax.nn import sharding
+from bertjax.nn.sharding import ACTIVATION_EMBED, BATCH, EMBED, HIDDEN, LENGTH
 
 GENERATOR = "generator"
 # Where the encoder's own groups sit in both trees.

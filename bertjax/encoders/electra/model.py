@@ -37,11 +37,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import packing, sharding
 from bertjax.encoders import family
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.electra.config import ElectraConfig
-from bertjax.sharding import ACTIVATION_EMBED, BATCH, EMBED, HIDDEN, LABELS, LENGTH
+from bertjax.nn import sharding, unpadding
+from bertjax.nn.sharding import ACTIVATION_EMBED, BATCH, EMBED, HIDDEN, LABELS, LENGTH
 
 MLM_HEAD = "mlm_head"
 DISCRIMINATOR_HEAD = "discriminator_head"
@@ -136,13 +136,13 @@ class ElectraEncoder(nn.Module):
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
         index = None
         if packed_length is not None:
-            index = packing.packing_index(attention_mask, packed_length, sharding.shards(BATCH))
-            x = packing.pack_tokens(x, index)  # [g, c, h]
+            index = unpadding.packing_index(attention_mask, packed_length, sharding.shards(BATCH))
+            x = unpadding.pack_tokens(x, index)  # [g, c, h]
             x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
         x = self.encoder(x, attention_mask, deterministic, index, cls_only, document_ids)
         if index is not None and not cls_only:  # x is packed [g, c, h]
             batch, seq = input_ids.shape
-            x = packing.unpack_tokens(x, index, batch, seq)  # [b, s, h]
+            x = unpadding.unpack_tokens(x, index, batch, seq)  # [b, s, h]
         return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
 
     def word_table(self) -> jax.Array:

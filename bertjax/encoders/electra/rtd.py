@@ -13,7 +13,6 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import perf
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.electra import generator as generator_lib
 from bertjax.encoders.electra.config import ElectraConfig
@@ -24,6 +23,7 @@ from bertjax.encoders.family import (
     replaced_token_detector,
     replaced_token_init,
 )
+from bertjax.engine import perf
 
 # The discriminator's pooler is the fine-tuning classifier's first layer: RTD never runs it.
 FROZEN = (f"{generator_lib.ENCODER}/{POOLER}",)

@@ -13,7 +13,7 @@ prefix), then per class:
   ElectraForTokenClassification     classifier [labels, h]
   ElectraForQuestionAnswering       qa_outputs [2, h]
 
-The encoder's layers have BERT's names and layout, so their specs are bertjax.hf's, renamed;
+The encoder's layers have BERT's names and layout, so their specs are bertjax.storage.hf's, renamed;
 the embeddings are BERT's at the embedding width.
 """
 
@@ -30,14 +30,16 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax import capability, fs, hf
+from bertjax import capability
 from bertjax.capability import TransformersHead
 from bertjax.encoders import family as family_lib
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, HF_DEFAULTS, ElectraConfig
-from bertjax.hf import TensorSpec
+from bertjax.storage import fs, hf
+from bertjax.storage.hf import TensorSpec
+from bertjax.text.tokenizer import check_vocab
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +158,7 @@ def _spec(hf_name, path, hf_shape, shape=None, transpose=False, group=CORE) -> T
 
 
 def _renamed(specs: list[TensorSpec], start: str) -> list[TensorSpec]:
-    """bertjax.hf's BERT specs under `start`, named as ElectraModel's."""
+    """bertjax.storage.hf's BERT specs under `start`, named as ElectraModel's."""
     return [
         dataclasses.replace(s, hf_name=HF_PREFIX + s.hf_name.removeprefix("bert."), group=CORE)
         for s in specs
@@ -429,7 +431,7 @@ def write(
     """Writes a transformers directory (config.json, model.safetensors, tokenizer files)."""
     hf.require_safetensors()
     if tokenizer is not None:
-        hf.check_vocab(config, tokenizer, f"saving to {directory}")
+        check_vocab(config, tokenizer, f"saving to {directory}")
     hf_config, tensors = files(config, params, head, untrained)
     dtypes = {array.dtype for array in tensors.values()}
     if len(dtypes) == 1:

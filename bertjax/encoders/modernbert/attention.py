@@ -4,10 +4,10 @@ Local layers of rows longer than three windows attend by chunks (`banded_mask`,
 `_banded_attention`): each chunk of a window's queries against its own and its two
 neighbours' keys, seq x 3 window scores instead of seq x seq, with the same weights.
 
-Attention kernels (``config.attention_impl``, bertjax.attention; not a transformers
+Attention kernels (``config.attention_impl``, bertjax.nn.attention; not a transformers
 field): for each kind of layer (global, local) `layer_masks` asks
-bertjax.attention.resolve_implementation, once per forward. Where it picks a kernel,
-those layers call bertjax.attention.dot_product_attention with the padding mask, the segment
+bertjax.nn.attention.resolve_implementation, once per forward. Where it picks a kernel,
+those layers call bertjax.nn.attention.dot_product_attention with the padding mask, the segment
 ids as document ids and, on local layers, the window, instead of building boolean masks:
 blocked on one CPU device (both kinds of layer, documents and windows; "auto"'s choice
 there), splash on TPUs (both kinds of layer: a LocalMask band
@@ -29,9 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import attention as attention_lib
-from bertjax import products
 from bertjax.encoders.modernbert.config import KERNELS, ModernBertConfig
+from bertjax.nn import attention as attention_lib
+from bertjax.nn import low_precision
 
 # Large negative logit for masked keys: finite, so a query with no visible key softmaxes to
 # uniform weights instead of NaN, and far enough below any real score to weigh exactly 0.
@@ -83,7 +83,7 @@ def local_mask(
 
 
 class KernelMasks(NamedTuple):
-    """What a layer on a fused kernel (bertjax.attention's cudnn or splash) gets in place of
+    """What a layer on a fused kernel (bertjax.nn.attention's cudnn or splash) gets in place of
     a boolean mask: the padding mask and the document ids (1.. per document, 0 for padding;
     None without documents), both [batch, seq]. The kernels mask block by block from these
     (and the window, which the layer knows), so no [seq, seq] mask is made for them."""
@@ -102,7 +102,7 @@ def attention_kernel(
     local_window: int | None,
 ) -> str | None:
     """The kernel ("blocked", "cudnn" or "splash") one kind of layer runs on, or None for
-    ModernBERT's own einsum path: bertjax.attention.resolve_implementation's choice for
+    ModernBERT's own einsum path: bertjax.nn.attention.resolve_implementation's choice for
     config.attention_impl (which logs, once, why a requested kernel cannot serve)."""
     impl = attention_lib.resolve_implementation(
         config.attention_impl,
@@ -147,7 +147,7 @@ def layer_masks(
         return attention_masks(attention_mask, segment_ids, config.window)
     document_ids = None
     if segment_ids is not None:
-        # bertjax.attention numbers documents 1.. and padding 0 (padded queries see padded
+        # bertjax.nn.attention numbers documents 1.. and padding 0 (padded queries see padded
         # keys); segment ids may be any ints, padding's included: shift them to start at 1.
         real = attention_mask.astype(bool)
         first = jnp.min(segment_ids)
@@ -207,8 +207,8 @@ def _banded_attention(q, k, v, mask, window: int, dropout) -> jax.Array:
     q = jnp.pad(q, ((0, 0), (0, chunks * window - seq), (0, 0), (0, 0)))
     q = q.reshape(batch, chunks, window, heads, dim)  # [b, c, w, n, d]
     k, v = _band(k, window), _band(v, window)  # [b, c, 3w, n, d]
-    logits = products.einsum("bcqnd,bctnd->bcnqt", q, k, jnp.float32)  # [b, c, n, w, 3w]
+    logits = low_precision.einsum("bcqnd,bctnd->bcnqt", q, k, jnp.float32)  # [b, c, n, w, 3w]
     logits = jnp.where(mask[:, :, None], logits * np.float32(dim**-0.5), _MASK_VALUE)
     weights = dropout(jax.nn.softmax(logits, axis=-1).astype(v.dtype))  # [b, c, n, w, 3w]
-    context = products.einsum("bcnqt,bctnd->bcqnd", weights, v)  # [b, c, w, n, d]
+    context = low_precision.einsum("bcnqt,bctnd->bcqnd", weights, v)  # [b, c, w, n, d]
     return context.reshape(batch, chunks * window, heads, dim)[:, :seq]

@@ -8,13 +8,13 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from bertjax import attention as attention_lib
+from bertjax.nn import attention as attention_lib
 
 DTYPES = ("float32", "bfloat16", "float16")
 REMAT_POLICIES = ("none", "full", "dots")
 CLASSIFIER_POOLINGS = ("cls", "mean")
 ATTENTION_IMPLEMENTATIONS = attention_lib.IMPLEMENTATIONS
-# The implementations served by bertjax.attention's kernels (blocked: CPU blocks with
+# The implementations served by bertjax.nn.attention's kernels (blocked: CPU blocks with
 # documents and windows); any other that resolve_implementation picks ("xla") runs
 # ModernBERT's own einsum path.
 KERNELS = ("blocked", "cudnn", "splash")
@@ -98,12 +98,12 @@ class ModernBertConfig:
     dtype: str = "bfloat16"  # compute dtype
     param_dtype: str = "float32"
     # The dtype the encoder's matrix products take their operands in, their sums in float32
-    # (bertjax.products); None: dtype. "bfloat16" with dtype float32: the products at the
+    # (bertjax.nn.low_precision); None: dtype. "bfloat16" with dtype float32: the products at the
     # host's bfloat16 rate, activations, norms and residuals in float32.
     matmul_dtype: str | None = None
     remat_policy: str = "none"  # "none" | "full" | "dots" (save matmul outputs)
     scan_layers: bool = False
-    # "auto" | "xla" | "cudnn" | "splash" (bertjax.attention); not a transformers field.
+    # "auto" | "xla" | "cudnn" | "splash" (bertjax.nn.attention); not a transformers field.
     attention_impl: str = "auto"
     # The token embeddings' width where it differs from hidden_size: a projection to
     # hidden_size follows their norm and the prediction head maps back to it (a replaced-token

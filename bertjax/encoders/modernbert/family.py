@@ -83,7 +83,7 @@ class ModernBert(family.EncoderFamily):
     def with_overrides(self, config: ModernBertConfig, overrides: Mapping[str, Any]):
         """BERT's names in ModernBERT's terms: hidden_dropout is the embeddings' and the
         feed-forward's, attention_dropout the attention's; attention_impl is ModernBERT's own
-        field too (bertjax.attention's implementations); classifier_dropout stays
+        field too (bertjax.nn.attention's implementations); classifier_dropout stays
         the checkpoint's."""
         fields = {}
         for name, value in overrides.items():

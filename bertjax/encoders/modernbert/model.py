@@ -43,8 +43,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import attention as attention_lib
-from bertjax import packing, pooling, products, sharding
 from bertjax.encoders.family import PretrainingOutput
 from bertjax.encoders.modernbert.attention import (
     _MASK_VALUE,
@@ -53,7 +51,9 @@ from bertjax.encoders.modernbert.attention import (
     layer_masks,
 )
 from bertjax.encoders.modernbert.config import ModernBertConfig
-from bertjax.sharding import (
+from bertjax.nn import attention as attention_lib
+from bertjax.nn import low_precision, pooling, sharding, unpadding
+from bertjax.nn.sharding import (
     ACTIVATION_EMBED,
     BATCH,
     EMBED,
@@ -114,7 +114,7 @@ class Projection(nn.Module):
         kernel = _param(
             self, "kernel", _init(cfg, self.std), self.kernel_shape, self.kernel_axes, cfg
         )
-        y = products.einsum(
+        y = low_precision.einsum(
             self.equation, x.astype(dtype), kernel.astype(dtype), operand_dtype=cfg.matmul_dtype
         )
         if self.use_bias:
@@ -168,7 +168,7 @@ class Attention(nn.Module):
     """Fused-QKV self-attention with rotary positions; softmax in float32.
 
     ``mask`` is a boolean mask (ModernBERT's own einsum path: [b, s, t], or banded [b, c, w,
-    3w]) or KernelMasks (bertjax.attention's fused kernel, with ``local_window``), as
+    3w]) or KernelMasks (bertjax.nn.attention's fused kernel, with ``local_window``), as
     `layer_masks` decided for this kind of layer.
     """
 
@@ -192,14 +192,14 @@ class Attention(nn.Module):
             name="wqkv",
         )(x)  # [b, s, 3, n, d], or packed [g, c, 3, n, d]
         if index is not None:  # packed tokens: attention runs on the rows (see ModernBertModel)
-            qkv = packing.unpack_tokens(qkv, index, *cos.shape[:2])  # [b, s, 3, n, d]
+            qkv = unpadding.unpack_tokens(qkv, index, *cos.shape[:2])  # [b, s, 3, n, d]
         # Unstacked, not indexed: the gradient then joins the three parts in one concatenate
         # instead of padding each to qkv's size and adding them (about 4 % of a CPU step).
         parts = jnp.unstack(qkv, axis=2)  # [b, s, n, d] each
         q, k, v = (sharding.constrain(part, qkv_names) for part in parts)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         # Attention's products take matmul_dtype operands; its output returns to qkv's dtype.
-        q, k, v = products.rounded(cfg.matmul_dtype, q, k, v)
+        q, k, v = low_precision.rounded(cfg.matmul_dtype, q, k, v)
         weights_dropout = nn.Dropout(cfg.attention_dropout)
         if isinstance(mask, KernelMasks):
             # layer_masks chose a kernel only with attention dropout inactive; the same
@@ -218,14 +218,14 @@ class Attention(nn.Module):
                 q, k, v, mask, cfg.window, lambda w: weights_dropout(w, deterministic)
             )
         else:
-            logits = products.einsum("bsnd,btnd->bnst", q, k, jnp.float32)  # [b, n, s, t]
+            logits = low_precision.einsum("bsnd,btnd->bnst", q, k, jnp.float32)  # [b, n, s, t]
             logits = jnp.where(mask[:, None], logits * np.float32(d**-0.5), _MASK_VALUE)
             weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [b, n, s, t]
             weights = weights_dropout(weights, deterministic=deterministic)
-            context = products.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
+            context = low_precision.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
         context = sharding.constrain(context.astype(qkv.dtype), qkv_names)
         if index is not None:
-            context = packing.pack_tokens(context, index)  # [g, c, n, d]
+            context = unpadding.pack_tokens(context, index)  # [g, c, n, d]
         y = Projection(
             cfg,
             "bsnd,ndh->bsh",
@@ -424,9 +424,9 @@ class ModernBertModel(nn.Module):
     case (1 real, 0 padding; default all real).
 
     ``packed_length`` (an int) runs the embeddings, projections, feed-forwards and norms on
-    the real tokens only, gathered into that many slots per batch shard (bertjax.packing's
+    the real tokens only, gathered into that many slots per batch shard (bertjax.nn.unpadding's
     packing_index); attention sees the same rows as without it. Every shard must hold at
-    most that many real tokens (the train step checks, bertjax.steps). Outputs at real
+    most that many real tokens (the train step checks, bertjax.engine.steps). Outputs at real
     tokens are the padded path's; padded positions come back zero. Where packing cannot pay
     (`packing_pays`), the rows run padded.
 
@@ -509,10 +509,10 @@ class ModernBertModel(nn.Module):
         index = None
         groups = sharding.shards(BATCH)
         if packed_length is not None and packing_pays(batch, seq, packed_length, groups):
-            index = packing.packing_index(attention_mask, packed_length, groups)  # [g, c]
-            input_ids = packing.pack_tokens(input_ids, index)  # [g, c]
+            index = unpadding.packing_index(attention_mask, packed_length, groups)  # [g, c]
+            input_ids = unpadding.pack_tokens(input_ids, index)  # [g, c]
             if embedded is not None:
-                embedded = packing.pack_tokens(embedded, index)  # [g, c, e]
+                embedded = unpadding.pack_tokens(embedded, index)  # [g, c, e]
         if embedded is None:
             x = self.embeddings(input_ids, deterministic)  # [b, s, e] (packed: [g, c, e])
         else:
@@ -527,7 +527,7 @@ class ModernBertModel(nn.Module):
             x = layer(x, masks, rotary, index, deterministic)
         x = self.final_norm(x)
         if index is not None:
-            x = packing.unpack_tokens(x, index, batch, seq)  # [b, s, h], zero at padding
+            x = unpadding.unpack_tokens(x, index, batch, seq)  # [b, s, h], zero at padding
         return x
 
     def token_table(self) -> jax.Array:
@@ -568,7 +568,7 @@ def masked_lm_logits(cfg, x, masked_lm_positions, head, table, bias) -> jax.Arra
         )  # [b, p, h]
     x = head(x)  # [b, p, h]
     dtype = jnp.dtype(cfg.dtype)
-    logits = products.einsum(
+    logits = low_precision.einsum(
         "bph,vh->bpv",
         x.astype(dtype),
         table.astype(dtype),

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import capability, perf, sharding
+from bertjax import capability
 from bertjax.encoders.family import Network, ReplacedTokenDetector, replaced_token_detector
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import (
@@ -44,7 +44,9 @@ from bertjax.encoders.modernbert.model import (
     _stds,
     gelu,
 )
-from bertjax.sharding import BATCH, EMBED, HIDDEN, LABELS, LENGTH
+from bertjax.engine import perf
+from bertjax.nn import sharding
+from bertjax.nn.sharding import BATCH, EMBED, HIDDEN, LABELS, LENGTH
 
 GENERATOR = "generator"
 DISCRIMINATOR_HEAD = "discriminator_head"

@@ -25,7 +25,7 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bertjax import capability, fs, hf
+from bertjax import capability
 from bertjax.encoders.modernbert.config import ModernBertConfig, _is_int
 from bertjax.encoders.modernbert.model import (
     DECODER_BIAS,
@@ -34,6 +34,8 @@ from bertjax.encoders.modernbert.model import (
     stack_layers,
     unstack_layers,
 )
+from bertjax.storage import fs, hf
+from bertjax.text.tokenizer import check_vocab
 
 # The encoder's key in our trees (every family's) and its prefix in transformers' names.
 ENCODER = capability.ENCODER
@@ -303,7 +305,7 @@ def write(
     """Writes a transformers directory: config.json, model.safetensors, tokenizer files."""
     hf.require_safetensors()
     if tokenizer is not None:
-        hf.check_vocab(config, tokenizer, f"saving to {directory}")
+        check_vocab(config, tokenizer, f"saving to {directory}")
     hf_config, tensors = _files(config, params, head, untrained)
     target = fs.path(directory)
     with hf.staged(target) as staging:

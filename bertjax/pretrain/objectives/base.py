@@ -7,7 +7,7 @@ An objective owns everything of a pretraining run that depends on what a step mi
   masking      how the loader masks its batches
   frozen       the parameters the optimizer leaves untouched (heads it does not train)
   model_init   the parameter tree it trains: `rng -> boxed parameters`
-  step         the engine's `steps.Objective` (loss sums, denominators, loss, metrics)
+  step         the engine's `steps.Loss` (loss sums, denominators, loss, metrics)
   baselines    what a model that learned nothing scores on its eval metrics
   cautions     warnings its eval metrics call for (logged at each evaluation)
   flops        matmul FLOPs of training on one sequence (perf's MFU)
@@ -27,9 +27,9 @@ from typing import Any
 
 import jax
 
-from bertjax import steps
 from bertjax.data.masking import MaskingSettings
-from bertjax.settings import fail
+from bertjax.engine import steps
+from bertjax.engine.settings import fail
 
 
 class PretrainObjective:
@@ -68,7 +68,7 @@ class PretrainObjective:
         """`rng -> boxed parameters` of what the run trains (options: its `read`)."""
         return family.pretraining_init(model_config)
 
-    def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
+    def step(self, family: Any, model_config: Any, settings: Any) -> steps.Loss:
         """What a step minimises (settings: the run's PretrainSettings)."""
         raise NotImplementedError
 

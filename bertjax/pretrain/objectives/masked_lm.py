@@ -10,13 +10,14 @@ from typing import Any
 import flax.linen as nn
 import jax.numpy as jnp
 
-from bertjax import losses, perf, steps
 from bertjax.data import baseline
+from bertjax.engine import perf, steps
+from bertjax.nn import losses
 from bertjax.pretrain import samples
 from bertjax.pretrain.objectives.base import PretrainObjective
 
 
-class PretrainingObjective(steps.Objective):
+class MaskedLmLoss(steps.Loss):
     """Masked LM (+ the sentence-pair task), normalised as google-research/bert does.
 
     `model` is an encoder family's pretraining model (EncoderFamily.pretraining_model). With
@@ -71,8 +72,8 @@ class MaskedLanguageModel(PretrainObjective):
     def check(self, values, family: Any, layout: str) -> None:
         """Nothing beyond what every objective checks; the subclasses add theirs."""
 
-    def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
-        return PretrainingObjective(
+    def step(self, family: Any, model_config: Any, settings: Any) -> steps.Loss:
+        return MaskedLmLoss(
             family.pretraining_model(model_config), sentence_pair=self.sentence_pair
         )
 

@@ -4,7 +4,7 @@
 
   modules.json                      the pipeline: Transformer -> Pooling (-> Normalize)
   config.json, model.safetensors    a transformers BertModel or ModernBertModel (the encoder)
-  tokenizer.json and the rest       the tokenizer (bertjax.tokenizer.Tokenizer.save_hf)
+  tokenizer.json and the rest       the tokenizer (bertjax.text.tokenizer.Tokenizer.save_hf)
   sentence_bert_config.json         max_seq_length
   1_Pooling/config.json             the pooling mode
   2_Normalize/                      present when the vectors are normalised
@@ -17,7 +17,7 @@ EmbeddingSpec (pooling, normalisation, max_seq_length). The pooling config is re
 the classic layout (pooling_mode_mean_tokens: true, ...) and the newer one (pooling_mode:
 "mean"); the classic one is written, which every sentence-transformers release reads.
 
-The directory may be local or `gs://` (bertjax.fs). On GCS, whose directories are only name
+The directory may be local or `gs://` (bertjax.storage.fs). On GCS, whose directories are only name
 prefixes, an empty 2_Normalize/ leaves no object: modules.json alone says the vectors are
 normalised, which is what `load` reads.
 """
@@ -34,11 +34,12 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bertjax import encoders, fs, hf
+from bertjax import encoders
 from bertjax.capability import ENCODER
+from bertjax.storage import fs, hf
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.tokenizer import HF_TOKENIZER_CONFIG_FILE, Tokenizer
+from bertjax.text.tokenizer import HF_TOKENIZER_CONFIG_FILE, Tokenizer, check_vocab, load_tokenizer
 
 MODULES_FILE = "modules.json"
 SBERT_CONFIG_FILE = "sentence_bert_config.json"
@@ -90,7 +91,7 @@ def save(
     """
     hf.require_safetensors()
     spec.check(config)
-    hf.check_vocab(config, tokenizer, f"saving to {directory}")
+    check_vocab(config, tokenizer, f"saving to {directory}")
     hf_config, tensors = encoders.family_of(config).encoder_files(config, params)
 
     out = fs.path(directory)
@@ -194,7 +195,7 @@ def load(path: str | os.PathLike, **overrides) -> SentenceModel:
 
     sbert_file = transformer_dir / SBERT_CONFIG_FILE
     sbert_config = _read_json(sbert_file) if sbert_file.is_file() else {}
-    tokenizer = hf.load_tokenizer(transformer_dir)
+    tokenizer = load_tokenizer(transformer_dir)
     if sbert_config.get("do_lower_case") and not getattr(tokenizer, "lowercase", False):
         raise ValueError(
             f"{sbert_file}: do_lower_case=true over a tokenizer that keeps case is not "

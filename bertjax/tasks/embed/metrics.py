@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from bertjax import vectors
 from bertjax.finetune import metrics
+from bertjax.inference import vectors
 
 STS_METRICS = ("spearman", "pearson")
 MRR_AT = 10

@@ -31,13 +31,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import encoders, sharding
-from bertjax import pooling as pooling_lib
+from bertjax import encoders
 from bertjax.capability import ENCODER
 from bertjax.encoders.family import EncoderConfig
-from bertjax.sharding import ACTIVATION_EMBED, BATCH
-from bertjax.tokenizer import Tokenizer
-from bertjax.vectors import l2_normalize
+from bertjax.inference.vectors import l2_normalize
+from bertjax.nn import pooling as pooling_lib
+from bertjax.nn import sharding
+from bertjax.nn.sharding import ACTIVATION_EMBED, BATCH
+from bertjax.text.tokenizer import Tokenizer
 
 MEAN = "mean"
 CLS = "cls"

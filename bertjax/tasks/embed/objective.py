@@ -38,8 +38,10 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import PartitionSpec
 
-from bertjax import optim, sharding, steps, vectors
 from bertjax.encoders.family import EncoderConfig
+from bertjax.engine import optim, steps
+from bertjax.inference import vectors
+from bertjax.nn import sharding
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import BiEncoder, EmbeddingSpec
 
@@ -230,8 +232,8 @@ def embed_pairs(
     return vectors.reshape(rows, texts, -1)  # [b, t, h]
 
 
-class EmbeddingObjective(steps.Objective):
-    """The embedding loss as a steps.Objective: its sums are over the whole batch.
+class EmbeddingObjective(steps.Loss):
+    """The embedding loss as a steps.Loss: its sums are over the whole batch.
 
     A contrastive loss does not split into independent micro-batches (each needs the others'
     negatives): train it with grad_accum_steps=1, or with make_cached_train_step.

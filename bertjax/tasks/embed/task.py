@@ -40,19 +40,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import fs, rundir, textfile, vectors
 from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
+from bertjax.engine import rundir
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import data as task_data
 from bertjax.finetune.layouts import Layout
 from bertjax.finetune.task import Examples, Task, TaskData, TaskInputs, TaskObjective
-from bertjax.settings import ConfigError
+from bertjax.inference import vectors
+from bertjax.storage import fs, textfile
 from bertjax.tasks.embed import metrics as embedding_eval
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed import objective as objective_lib
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.objective import EmbeddingSums, LossSettings
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer
 
 NAME = embedding.EMBEDDING_TASK
 RETRIEVAL_SPLIT = "validation_retrieval"

@@ -16,8 +16,9 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bertjax import capability, heads
+from bertjax import capability
 from bertjax.capability import HeadSpec, TransformersHead
+from bertjax.nn import heads
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.labels.predict import predict
 from bertjax.tasks.labels.task import HeadTask

@@ -8,7 +8,7 @@ ids, records encoded to arrays.
 Labels are read per task (LABEL_READERS): one class name (classification), a finite number
 (regression), a set of class names (multi-label: a JSON list, or a string cut at the layout's
 label_separator), CoNLL tags (token labels). Sentence tasks are encoded by
-`bertjax.features.encode`: [CLS] A [SEP] or [CLS] A [SEP] B [SEP], pairs cut longest-first, as
+`bertjax.text.features.encode`: [CLS] A [SEP] or [CLS] A [SEP] B [SEP], pairs cut longest-first, as
 google-research/bert's run_classifier does. Token tasks are encoded word by word
 (`model.encode_words`): the first sub-word of each word carries its tag.
 
@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import features as features_lib
 from bertjax.capability import HeadSpec
 from bertjax.finetune.data import (
     NUMBER_LABEL,
@@ -43,7 +42,8 @@ from bertjax.tasks.labels.model import (
     MULTI_LABEL,
     REGRESSION,
 )
-from bertjax.tokenizer import Tokenizer
+from bertjax.text import features as features_lib
+from bertjax.text.tokenizer import Tokenizer
 
 # Texts per call to the encoder: bounds the memory of its padded intermediate arrays.
 _ENCODE_CHUNK = 4096

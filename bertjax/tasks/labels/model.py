@@ -29,13 +29,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import capability, encoders, sharding
+from bertjax import capability, encoders
 from bertjax.capability import ENCODER
 from bertjax.encoders.bert.model import Dropout
 from bertjax.encoders.family import EncoderConfig
-from bertjax.heads import CLASSIFIER, HeadSums
-from bertjax.sharding import ACTIVATION_EMBED, BATCH, LABELS, LENGTH
-from bertjax.tokenizer import Tokenizer
+from bertjax.nn import sharding
+from bertjax.nn.heads import CLASSIFIER, HeadSums
+from bertjax.nn.sharding import ACTIVATION_EMBED, BATCH, LABELS, LENGTH
+from bertjax.text.tokenizer import Tokenizer
 
 CLASSIFICATION = "classification"
 REGRESSION = "regression"

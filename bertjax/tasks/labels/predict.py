@@ -14,12 +14,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from bertjax import features as features_lib
 from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
-from bertjax.features import TruncationWarning
 from bertjax.inference import InferenceError, Model, as_int, as_texts
 from bertjax.tasks.labels import model as label_heads
+from bertjax.text import features as features_lib
+from bertjax.text.features import TruncationWarning
 
 
 def predict(model: Model, texts, text_pairs=None, max_length: int | None = None) -> Any:
@@ -53,7 +53,7 @@ def predict(model: Model, texts, text_pairs=None, max_length: int | None = None)
 
 
 def _predict_rows(model: Model, features: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
-    """The head's outputs (bertjax.heads.outputs) for each row of features, in order."""
+    """The head's outputs (bertjax.nn.heads.outputs) for each row of features, in order."""
     # Jitted once for every Model of the same configuration and head (once per bucket shape).
     function = functools.partial(_predict, config=model.run_config, head=model.head)
     per_row: list[Any] = [None] * len(features)
@@ -109,7 +109,7 @@ def _predict_words(model: Model, texts: list[str], max_length: int | None) -> li
 
 @functools.partial(jax.jit, static_argnames=("config", "head", "packed_length"))
 def _predict(params, batch, *, config: EncoderConfig, head: HeadSpec, packed_length: int | None):
-    """What a label head gives per row (bertjax.heads.outputs); `packed_length` as
+    """What a label head gives per row (bertjax.nn.heads.outputs); `packed_length` as
     Model.batched gives it."""
     logits = label_heads.make_model(config, head.task, head.num_outputs).apply(
         {"params": params},

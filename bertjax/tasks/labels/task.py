@@ -1,4 +1,4 @@
-"""The tasks of bertjax.heads' heads: classification (one sentence or a pair), regression,
+"""The tasks of bertjax.nn.heads' heads: classification (one sentence or a pair), regression,
 multi-label classification and token classification.
 
 All four read the same files (data.py over bertjax.finetune.data: CSV, TSV, JSON Lines, CoNLL
@@ -18,23 +18,25 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import fs, heads, rundir
 from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
+from bertjax.engine import rundir
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune.settings import FinetuneDataSettings, FinetuneRunSettings
 from bertjax.finetune.task import Examples, Task, TaskData, TaskObjective
-from bertjax.settings import ConfigError
+from bertjax.nn import heads
+from bertjax.storage import fs
 from bertjax.tasks.labels import data as task_data
 from bertjax.tasks.labels import metrics as metrics_lib
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer
 
 
 # A label head's batch features: input_ids, input_mask, segment_ids [batch, seq]; labels
 # ([batch] ids or values, [batch, labels] 0/1, or [batch, seq] token ids with
 # label_heads.IGNORE_LABEL); weights [batch] (0 for rows that only pad an evaluation batch).
 class HeadObjective(TaskObjective):
-    """A fine-tuning head's loss as sums over examples (see steps.Objective)."""
+    """A fine-tuning head's loss as sums over examples (see steps.Loss)."""
 
     eval_outputs = True
 
@@ -95,7 +97,7 @@ def summary_metrics(task: str, sums: heads.HeadSums, prefix: str) -> dict[str, A
 
 @dataclasses.dataclass(frozen=True)
 class HeadTask(Task):
-    """One of bertjax.heads' tasks (a bertjax.finetune.task.Task)."""
+    """One of bertjax.nn.heads' tasks (a bertjax.finetune.task.Task)."""
 
     name: str
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import fs
+from bertjax.storage import fs
 from bertjax.tasks.qa.squad import NO_OFFSET, QAExample, QAFeatures, QASettings
 
 PREDICTIONS_FILE = "predictions.json"

@@ -1,6 +1,6 @@
 """The question-answering head: the encoder's per-token output -> dense "qa_outputs" [h, 2] ->
 start and end logits (`QuestionAnswering`); `qa_sums` is its loss as additive sums, and
-`QAObjective` the steps.Objective of a train step. Model.answer runs it through the notebook's
+`QAObjective` the steps.Loss of a train step. Model.answer runs it through the notebook's
 batching path (answer.window_logits).
 """
 
@@ -10,11 +10,13 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import capability, encoders, heads, sharding, steps
+from bertjax import capability, encoders
 from bertjax.capability import ENCODER
 from bertjax.encoders.family import EncoderConfig
-from bertjax.heads import HeadSums
-from bertjax.sharding import BATCH, LABELS, LENGTH
+from bertjax.engine import steps
+from bertjax.nn import heads, sharding
+from bertjax.nn.heads import HeadSums
+from bertjax.nn.sharding import BATCH, LABELS, LENGTH
 
 TASK = "question_answering"
 # The head's parameters, beside "bert": transformers' name too.
@@ -110,8 +112,8 @@ def qa_sums(
     )
 
 
-class QAObjective(steps.Objective):
-    """The head's loss as sums over windows (see steps.Objective), for make_train_step."""
+class QAObjective(steps.Loss):
+    """The head's loss as sums over windows (see steps.Loss), for make_train_step."""
 
     def __init__(self, model: QuestionAnswering):
         self.model = model

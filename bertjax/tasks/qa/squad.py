@@ -29,8 +29,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from bertjax import fs, textfile
-from bertjax.tokenizer import Tokenizer
+from bertjax.storage import fs, textfile
+from bertjax.text.tokenizer import Tokenizer
 
 # A token that is not part of the context ([CLS], the question, [SEP], padding) or that
 # covers no character of it: never the start or end of an answer.
@@ -376,7 +376,7 @@ def token_offsets(tokenizer: Tokenizer, texts: Sequence[str]) -> list[TokenSpans
     """Ids (the same as `tokenizer.encode_batch`) with character spans into each text.
 
     The spans are the tokenizer's own (`Tokenizer.encode_with_offsets`, what
-    bertjax.features.offsets returns; read once here with the ids), cleaned for answer
+    bertjax.text.features.offsets returns; read once here with the ids), cleaned for answer
     spans: none starts with whitespace, and a piece that covers no character of its own (all
     but the last byte piece of a byte-fallback character) takes the character's span, or
     NO_OFFSET when it has none to take.

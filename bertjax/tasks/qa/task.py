@@ -31,21 +31,21 @@ from typing import Any
 
 import numpy as np
 
-from bertjax import features as features_lib
-from bertjax import fs
 from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune import layouts
 from bertjax.finetune.data import TaskDataError
 from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, Task, TaskData, TaskObjective
-from bertjax.heads import HeadSums
-from bertjax.settings import ConfigError
+from bertjax.nn.heads import HeadSums
+from bertjax.storage import fs
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import metrics as qa_metrics
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
-from bertjax.tokenizer import Tokenizer
+from bertjax.text import features as features_lib
+from bertjax.text.tokenizer import Tokenizer
 
 # Where the config leaves them unset: google's run_squad.py values.
 CONFIG_DEFAULTS = {

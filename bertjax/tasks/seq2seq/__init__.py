@@ -15,11 +15,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from bertjax import capability, fs
+from bertjax import capability
+from bertjax.capability import HeadSpec, Opened
+from bertjax.storage import fs
 
 # Aliased: this package's own submodule is named hf.
-from bertjax import hf as hf_files
-from bertjax.capability import HeadSpec, Opened
+from bertjax.storage import hf as hf_files
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as seq2seq_lib
 from bertjax.tasks.seq2seq.generate import generate

@@ -1,7 +1,7 @@
 """transformers' EncoderDecoderModel in and out: a BertModel encoder and a BertLMHeadModel
 decoder (is_decoder, add_cross_attention), as bertjax.tasks.seq2seq.model builds them.
 
-The BERT tensors themselves map as bertjax.hf maps them; this module adds the decoder's
+The BERT tensors themselves map as bertjax.storage.hf maps them; this module adds the decoder's
 prefixes, its cross-attention and the EncoderDecoderConfig.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
-from bertjax import fs, hf
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS
+from bertjax.storage import fs, hf
 from bertjax.tasks.seq2seq import model as seq2seq_lib
-from bertjax.tokenizer import Tokenizer
+from bertjax.text.tokenizer import Tokenizer, check_vocab
 
 ENCODER_DECODER_ARCHITECTURE = "EncoderDecoderModel"
 GENERATION_CONFIG_NAME = "generation_config.json"
@@ -146,7 +146,7 @@ def save_seq2seq(
     """
     hf.require_safetensors()
     if tokenizer is not None:
-        hf.check_vocab(config.bert, tokenizer, f"saving to {path}")
+        check_vocab(config.bert, tokenizer, f"saving to {path}")
     params = nn.meta.unbox(params)
     if set(params) == {"params"}:
         params = params["params"]

@@ -27,7 +27,7 @@ the module, so their gradients add up from both uses.
 
 Training (`loss_sums`): teacher forcing, decoder inputs are the targets shifted right behind
 the decoder start token ([CLS]); targets end with [SEP]; cross-entropy over target tokens
-only, with optional label smoothing; sums and a count as bertjax.heads.HeadSums.
+only, with optional label smoothing; sums and a count as bertjax.nn.heads.HeadSums.
 
 Generation (`generate`): greedy or beam search inside one jitted lax.while_loop, with a
 key/value cache for the decoder's self-attention and the cross-attention keys/values of the
@@ -50,8 +50,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import attention as attention_lib
-from bertjax import sharding
 from bertjax.capability import ENCODER, HeadSpec
 from bertjax.encoders.bert.config import STACKED_LAYERS, BertConfig
 from bertjax.encoders.bert.model import (
@@ -65,8 +63,10 @@ from bertjax.encoders.bert.model import (
     _layer_norm,
     unstack_layers,
 )
-from bertjax.heads import HeadSums
-from bertjax.sharding import ACTIVATION_EMBED, BATCH, HEADS, KV, LENGTH
+from bertjax.nn import attention as attention_lib
+from bertjax.nn import sharding
+from bertjax.nn.heads import HeadSums
+from bertjax.nn.sharding import ACTIVATION_EMBED, BATCH, HEADS, KV, LENGTH
 
 BERT2BERT = "bert2bert"
 BERTSHARE = "bertshare"
@@ -83,7 +83,7 @@ TASK = "seq2seq"
 # transformers' beam search marks impossible candidates by adding this (not -inf), so that
 # sums stay finite; the same constant keeps the two searches' choices identical.
 _IMPOSSIBLE = -1.0e9
-# Finite "minus infinity" for masked attention logits (as bertjax.attention).
+# Finite "minus infinity" for masked attention logits (as bertjax.nn.attention).
 _MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 _QKV = (BATCH, LENGTH, HEADS, KV)
 
@@ -922,7 +922,7 @@ class TaskOptions:
 
 def task_init(bert: BertConfig, head: HeadSpec):
     """`rng -> boxed stored parameters` of a fine-tuning run's encoder-decoder (fresh: the
-    run's warm start replaces them), for bertjax.steps.make_state."""
+    run's warm start replaces them), for bertjax.engine.steps.make_state."""
     config = TaskOptions.from_head(head).config(bert)
 
     def init(rng: jax.Array) -> dict:

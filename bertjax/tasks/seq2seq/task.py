@@ -25,19 +25,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import features as features_lib
-from bertjax import fs, rundir
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
+from bertjax.engine import rundir
+from bertjax.engine.settings import ConfigError, require
 from bertjax.finetune import data as task_data
 from bertjax.finetune.layouts import TRAIN
 from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, Task, TaskData, TaskInputs, TaskObjective
-from bertjax.heads import HeadSums
-from bertjax.settings import ConfigError, require
+from bertjax.nn.heads import HeadSums
+from bertjax.storage import fs
 from bertjax.tasks.seq2seq import metrics as text_metrics
 from bertjax.tasks.seq2seq import model as s2s
-from bertjax.tokenizer import Tokenizer
+from bertjax.text import features as features_lib
+from bertjax.text.tokenizer import Tokenizer
 
 METRICS = ("bleu", "rouge1", "rouge2", "rougeL", "exact_match")
 

@@ -12,15 +12,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import encoders, steps
+from bertjax import encoders
 from bertjax.data import baseline
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
 from bertjax.encoders.electra import generator as generator_lib
+from bertjax.engine import steps
 from bertjax.pretrain import samples as samples_lib
 from bertjax.pretrain.objectives.base import PretrainObjective, require
 from bertjax.pretrain.objectives.rtd.objective import (
+    RtdLoss,
     RtdSettings,
-    RtdStep,
     gumbel_sample,
     num_slots,
 )
@@ -92,10 +93,10 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
     def model_init(self, family: Any, model_config: Any, options: RtdSettings):
         return family.replaced_token_detection(model_config, options.generator_hidden_fraction).init
 
-    def step(self, family: Any, model_config: Any, settings: Any) -> steps.Objective:
+    def step(self, family: Any, model_config: Any, settings: Any) -> steps.Loss:
         options = settings.objective_settings
         detector = family.replaced_token_detection(model_config, options.generator_hidden_fraction)
-        return RtdStep(detector.model, options.weight)
+        return RtdLoss(detector.model, options.weight)
 
     def baselines(self, settings, data_dir, eval_metrics=None) -> dict[str, float]:
         """The generator's against the unigram guess; the discriminator's against calling

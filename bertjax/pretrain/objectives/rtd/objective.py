@@ -24,7 +24,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bertjax import losses, steps
+from bertjax.engine import steps
+from bertjax.nn import losses
 
 # Guards divisions by a count that may be zero (no replaced token in a batch).
 _GUARD = 1e-5
@@ -89,7 +90,7 @@ def gumbel_sample(logits: jax.Array, key: jax.Array) -> jax.Array:
     return jnp.argmax(logits + gumbel, axis=-1).astype(jnp.int32)  # [...]
 
 
-class RtdStep(steps.Objective):
+class RtdLoss(steps.Loss):
     """What an RTD step minimises (the module docstring), as sums over a (micro-)batch."""
 
     def __init__(self, model: nn.Module, weight: float, sample=None):

@@ -39,11 +39,13 @@ from typing import Any
 
 import jax
 
-from bertjax import capability, encoders, fs, hf, steps
-from bertjax import checkpoint as checkpoint_lib
+from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
-from bertjax.settings import ConfigError
-from bertjax.tokenizer import HF_TOKENIZER_FILE, SENTENCEPIECE_FILE, Tokenizer
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import steps
+from bertjax.engine.settings import ConfigError
+from bertjax.storage import fs, hf
+from bertjax.text.tokenizer import HF_TOKENIZER_FILE, SENTENCEPIECE_FILE, Tokenizer, load_tokenizer
 
 DATA_DIR = "data"
 CORPUS_DIR = "corpus"
@@ -147,7 +149,7 @@ def open_run(
             path, pretraining_heads=pretraining_heads, **overrides
         )
         try:
-            tokenizer = hf.load_tokenizer(path)
+            tokenizer = load_tokenizer(path)
         except FileNotFoundError:
             raise RunDirectoryError(
                 f"{path} has a model but no tokenizer: expected tokenizer.json, vocab.txt or "

@@ -16,7 +16,7 @@ import os
 import zlib
 from collections.abc import Iterator
 
-from bertjax import fs
+from bertjax.storage import fs
 
 
 class TextFileError(ValueError):

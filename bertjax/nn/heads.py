@@ -6,7 +6,7 @@ family's head of the task (EncoderFamily.head: its linen module and its tensor m
 however many layers it has). The head models live with their capability
 (bertjax/tasks/<name>/): label heads in bertjax.tasks.labels.model, the span head in
 bertjax.tasks.qa. Their losses return sums (see `HeadSums`) so that micro-batches and devices
-add up exactly, as bertjax.losses does for pretraining.
+add up exactly, as bertjax.nn.losses does for pretraining.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 
 import jax
 
-from bertjax import fs
+from bertjax.storage import fs
 
 # The variables a user sets: where the cache lives (or "off"), and its bound.
 DIRECTORY_VARIABLE = "BERTJAX_COMPILATION_CACHE"

@@ -17,8 +17,9 @@ from typing import Any, Protocol
 import jax
 import ml_collections
 
-from bertjax import optim, sharding
 from bertjax.encoders.family import EncoderConfig
+from bertjax.engine import optim
+from bertjax.nn import sharding
 
 
 class ConfigError(ValueError):

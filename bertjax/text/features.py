@@ -5,7 +5,7 @@
 longer than max_length lose tokens from the longer text first, as google's
 run_classifier.py. `inputs` gives the same per example, unpadded, for callers that batch by
 length (`length_bucket`). `offsets` maps each token back to the characters it came from;
-words to sub-word positions (word ids) are `bertjax.heads.encode_words`. No model is needed
+words to sub-word positions (word ids) are `bertjax.nn.heads.encode_words`. No model is needed
 to encode text: bertjax.inference and the fine-tuning readers both come here.
 """
 
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from bertjax.tokenizer import MASK, Tokenizer
+from bertjax.text.tokenizer import MASK, Tokenizer
 
 # Google's names of the three input arrays, in the order the encoder takes them.
 INPUT_FEATURES = ("input_ids", "input_mask", "segment_ids")

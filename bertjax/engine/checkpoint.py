@@ -58,7 +58,7 @@ from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint._src.serialization import tensorstore_utils as _orbax_tensorstore
 
-from bertjax import fs
+from bertjax.storage import fs
 
 logger = logging.getLogger(__name__)
 

@@ -230,7 +230,7 @@ _CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
 class CompileTime:
     """Seconds spent tracing, lowering and compiling while the context is open, and the
     programs compiled (`programs`) or loaded from jax's persistent compilation cache
-    (`loaded`; bertjax.compilation_cache).
+    (`loaded`; bertjax.engine.compilation_cache).
 
     A fine-tuning run compiles one train and one eval program per length bucket it meets;
     on CPU that is a visible share of a short run, which the end-of-run summary reports.

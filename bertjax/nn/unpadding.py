@@ -12,8 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from bertjax import sharding
-from bertjax.sharding import BATCH, LENGTH
+from bertjax.nn import sharding
+from bertjax.nn.sharding import BATCH, LENGTH
 
 
 def packing_index(attention_mask: jax.Array, packed_length: int, groups: int) -> jax.Array:

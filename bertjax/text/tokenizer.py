@@ -45,7 +45,7 @@ import tokenizers
 from sentencepiece import sentencepiece_model_pb2
 from tokenizers import decoders, normalizers, pre_tokenizers, processors
 
-from bertjax import fs
+from bertjax.storage import fs
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ class Tokenizer:
 
     Construct one with `Tokenizer.load` (a sentencepiece .model or a WordPiece
     tokenizer.json), `train_tokenizer`, `WordPieceTokenizer.from_vocab` (BERT's vocab.txt)
-    or `bertjax.hf.load_tokenizer` (a transformers directory).
+    or `load_tokenizer` (a transformers directory).
     """
 
     # bertjax's fixed layout, which every SentencePieceTokenizer has. A WordPieceTokenizer
@@ -268,7 +268,7 @@ class Tokenizer:
 
         Checks BERT's special tokens and, if given, the fingerprint. A vocab.txt does not say
         whether it is cased: load it with `WordPieceTokenizer.from_vocab` or, with its
-        tokenizer_config.json, `bertjax.hf.load_tokenizer`.
+        tokenizer_config.json, `load_tokenizer`.
         """
         path = fs.path(path)
         with fs.errors(path, "read"):
@@ -278,8 +278,8 @@ class Tokenizer:
         if path.suffix == ".txt":
             raise ValueError(
                 f"{source} looks like a WordPiece vocab.txt, which does not say whether it is "
-                "cased; load it with bertjax.tokenizer.WordPieceTokenizer.from_vocab(path, "
-                "lowercase=...) or load its directory with bertjax.hf.load_tokenizer"
+                "cased; load it with bertjax.text.tokenizer.WordPieceTokenizer.from_vocab(path, "
+                "lowercase=...) or load its directory with bertjax.text.tokenizer.load_tokenizer"
             )
         if path.suffix == ".json":
             tokenizer: Tokenizer = tokenizer_from_json(fs.read_text(path), source=source)
@@ -452,7 +452,7 @@ class SentencePieceTokenizer(Tokenizer):
             raise ValueError(
                 f"{source} is a sentencepiece model without BERT's special tokens: ids 0..4 are "
                 f"{found}, expected {list(SPECIAL_PIECES)} as control symbols ([UNK] as unknown). "
-                "Train it with bertjax.tokenizer.train_tokenizer."
+                "Train it with bertjax.text.tokenizer.train_tokenizer."
             )
 
     def _word_starts(self) -> np.ndarray:
@@ -617,7 +617,7 @@ class SentencePieceTokenizer(Tokenizer):
         if problems:
             raise ValueError(
                 f"{self._source} cannot be written as tokenizer.json: it has "
-                f"{', '.join(problems)}; bertjax.tokenizer.train_tokenizer models have none"
+                f"{', '.join(problems)}; bertjax.text.tokenizer.train_tokenizer models have none"
             )
 
     def _save_own_file(self, directory: fs.AnyPath) -> None:
@@ -999,3 +999,75 @@ def tokenizer_from_json(text: str, *, source: str = "tokenizer.json") -> Tokeniz
     if model_type == "WordPiece" and not added:
         return WordPieceTokenizer.from_json(text, source=source)
     return PipelineTokenizer(text, source=source)
+
+
+def check_vocab(config: Any, tokenizer: Tokenizer, what: str) -> None:
+    """Fails unless every id of the tokenizer has a row in the vocabulary of `config` (any
+    family's encoder config: its vocab_size).
+
+    A model may have more rows than the tokenizer has pieces (vocabularies padded to a
+    multiple of 8), never fewer.
+    """
+    if tokenizer.vocab_size > config.vocab_size:
+        raise ValueError(
+            f"{what}: the tokenizer has {tokenizer.vocab_size} pieces but the model's "
+            f"vocabulary has {config.vocab_size} rows; they do not belong together"
+        )
+
+
+def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
+    """The tokenizer of a transformers BERT directory (or of a bertjax export).
+
+    Read in this order: bertjax's sentencepiece model (tokenizer.model, which `save`
+    writes beside tokenizer.json: same ids, same fingerprint), a tokenizer.json (BERT's
+    WordPiece, or another pipeline with BERT's special tokens, as ModernBERT's byte-level
+    BPE), then BERT's vocab.txt with tokenizer_config.json's do_lower_case (True when absent, as in
+    transformers), strip_accents and tokenize_chinese_chars.
+    """
+    directory = fs.path(path)
+    sentencepiece_file = directory / SENTENCEPIECE_FILE
+    json_file = directory / HF_TOKENIZER_FILE
+    vocab_file = directory / WORDPIECE_VOCAB_FILE
+    # Read as bytes through the storage layer (the files may be on gs://), with the sources
+    # Tokenizer.load and WordPieceTokenizer.from_vocab would name.
+    if fs.kind(sentencepiece_file) == "file":
+        return SentencePieceTokenizer(
+            fs.read_bytes(sentencepiece_file), source=f"tokenizer model {str(sentencepiece_file)!r}"
+        )
+    if json_file.is_file():
+        return tokenizer_from_json(
+            fs.read_text(json_file), source=f"tokenizer model {str(json_file)!r}"
+        )
+    if vocab_file.is_file():
+        settings = _tokenizer_config(directory)
+        # As transformers reads vocab.txt: universal newlines, only the newline stripped.
+        lines = io.StringIO(fs.read_text(vocab_file), newline=None).readlines()
+        return WordPieceTokenizer(
+            [line.rstrip("\n") for line in lines],
+            lowercase=bool(settings.get("do_lower_case", True)),
+            strip_accents=settings.get("strip_accents"),
+            tokenize_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
+            source=f"WordPiece vocabulary {str(vocab_file)!r}",
+        )
+    raise FileNotFoundError(
+        f"{directory}: no tokenizer found; expected {HF_TOKENIZER_FILE}, {WORDPIECE_VOCAB_FILE} "
+        f"or {SENTENCEPIECE_FILE}"
+    )
+
+
+def _tokenizer_config(directory: fs.AnyPath) -> dict[str, Any]:
+    """tokenizer_config.json (empty when absent), refusing special tokens BERT does not use."""
+    config_file = directory / HF_TOKENIZER_CONFIG_FILE
+    if not config_file.is_file():
+        return {}
+    settings = json.loads(fs.read_text(config_file))
+    for name, expected in HF_SPECIAL_TOKENS.items():
+        value = settings.get(name, expected)
+        if isinstance(value, dict):  # transformers' serialized AddedToken
+            value = value.get("content")
+        if value != expected:
+            raise ValueError(
+                f"{config_file}: {name}={value!r}; bertjax reads BERT vocabularies whose "
+                f"special tokens are {sorted(HF_SPECIAL_TOKENS.values())}"
+            )
+    return settings

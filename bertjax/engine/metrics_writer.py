@@ -30,7 +30,7 @@ from collections.abc import Mapping
 
 import tqdm
 
-from bertjax import fs
+from bertjax.storage import fs
 
 logger = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import metrics_writer, perf, steps
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import metrics_writer, perf, steps
 
 logger = logging.getLogger(__name__)
 

@@ -34,18 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax import fs
-from bertjax.tokenizer import (
-    HF_SPECIAL_TOKENS,
-    HF_TOKENIZER_CONFIG_FILE,
-    HF_TOKENIZER_FILE,
-    SENTENCEPIECE_FILE,
-    WORDPIECE_VOCAB_FILE,
-    SentencePieceTokenizer,
-    Tokenizer,
-    WordPieceTokenizer,
-    tokenizer_from_json,
-)
+from bertjax.storage import fs
 
 try:
     from safetensors import SafetensorError
@@ -110,78 +99,6 @@ def _parameter(flat: Mapping[tuple[str, ...], Any], spec: TensorSpec) -> np.ndar
             f"params: parameter {name!r} has shape {tuple(array.shape)}, expected {spec.shape}"
         )
     return array
-
-
-def check_vocab(config: Any, tokenizer: Tokenizer, what: str) -> None:
-    """Fails unless every id of the tokenizer has a row in the vocabulary of `config` (any
-    family's encoder config: its vocab_size).
-
-    A model may have more rows than the tokenizer has pieces (vocabularies padded to a
-    multiple of 8), never fewer.
-    """
-    if tokenizer.vocab_size > config.vocab_size:
-        raise ValueError(
-            f"{what}: the tokenizer has {tokenizer.vocab_size} pieces but the model's "
-            f"vocabulary has {config.vocab_size} rows; they do not belong together"
-        )
-
-
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """The tokenizer of a transformers BERT directory (or of a bertjax export).
-
-    Read in this order: bertjax's sentencepiece model (tokenizer.model, which `save`
-    writes beside tokenizer.json: same ids, same fingerprint), a tokenizer.json (BERT's
-    WordPiece, or another pipeline with BERT's special tokens, as ModernBERT's byte-level
-    BPE), then BERT's vocab.txt with tokenizer_config.json's do_lower_case (True when absent, as in
-    transformers), strip_accents and tokenize_chinese_chars.
-    """
-    directory = fs.path(path)
-    sentencepiece_file = directory / SENTENCEPIECE_FILE
-    json_file = directory / HF_TOKENIZER_FILE
-    vocab_file = directory / WORDPIECE_VOCAB_FILE
-    # Read as bytes through the storage layer (the files may be on gs://), with the sources
-    # Tokenizer.load and WordPieceTokenizer.from_vocab would name.
-    if fs.kind(sentencepiece_file) == "file":
-        return SentencePieceTokenizer(
-            fs.read_bytes(sentencepiece_file), source=f"tokenizer model {str(sentencepiece_file)!r}"
-        )
-    if json_file.is_file():
-        return tokenizer_from_json(
-            fs.read_text(json_file), source=f"tokenizer model {str(json_file)!r}"
-        )
-    if vocab_file.is_file():
-        settings = _tokenizer_config(directory)
-        # As transformers reads vocab.txt: universal newlines, only the newline stripped.
-        lines = io.StringIO(fs.read_text(vocab_file), newline=None).readlines()
-        return WordPieceTokenizer(
-            [line.rstrip("\n") for line in lines],
-            lowercase=bool(settings.get("do_lower_case", True)),
-            strip_accents=settings.get("strip_accents"),
-            tokenize_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
-            source=f"WordPiece vocabulary {str(vocab_file)!r}",
-        )
-    raise FileNotFoundError(
-        f"{directory}: no tokenizer found; expected {HF_TOKENIZER_FILE}, {WORDPIECE_VOCAB_FILE} "
-        f"or {SENTENCEPIECE_FILE}"
-    )
-
-
-def _tokenizer_config(directory: fs.AnyPath) -> dict[str, Any]:
-    """tokenizer_config.json (empty when absent), refusing special tokens BERT does not use."""
-    config_file = directory / HF_TOKENIZER_CONFIG_FILE
-    if not config_file.is_file():
-        return {}
-    settings = json.loads(fs.read_text(config_file))
-    for name, expected in HF_SPECIAL_TOKENS.items():
-        value = settings.get(name, expected)
-        if isinstance(value, dict):  # transformers' serialized AddedToken
-            value = value.get("content")
-        if value != expected:
-            raise ValueError(
-                f"{config_file}: {name}={value!r}; bertjax reads BERT vocabularies whose "
-                f"special tokens are {sorted(HF_SPECIAL_TOKENS.values())}"
-            )
-    return settings
 
 
 def require_safetensors() -> None:

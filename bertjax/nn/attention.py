@@ -58,7 +58,7 @@ import numpy as np
 from jax.experimental.pallas.ops.tpu import splash_attention as splash
 from jax.sharding import PartitionSpec
 
-from bertjax import products, sharding
+from bertjax.nn import low_precision, sharding
 
 logger = logging.getLogger(__name__)
 
@@ -380,7 +380,7 @@ def _blocked_forward(q, k, v, bias, seeds, keep_prob, rows):
         if keep_prob < 1.0:
             keep = _block_keep(seeds, keep_prob, index, weights.shape)
             weights = jnp.where(keep, weights / keep_prob, 0.0)
-        out = products.einsum("gst,gtd->gsd", weights.astype(v.dtype), v)
+        out = low_precision.einsum("gst,gtd->gsd", weights.astype(v.dtype), v)
         return out, top + jnp.log(total)
 
     count = q.shape[0] // rows
@@ -403,12 +403,12 @@ def _blocked_backward(keep_prob, rows, residuals, grad):
             dweights = jnp.where(keep, dweights / keep_prob, 0.0)
         else:
             dropped = weights
-        dv = products.einsum("gst,gsd->gtd", dropped.astype(grad.dtype), grad)
+        dv = low_precision.einsum("gst,gsd->gtd", dropped.astype(grad.dtype), grad)
         # The softmax's backward: dlogits = w * (dw - sum(w * dw)).
         dlogits = weights * (dweights - jnp.sum(weights * dweights, axis=-1, keepdims=True))
         dlogits = (dlogits * scale).astype(q.dtype)
-        dq = products.einsum("gst,gtd->gsd", dlogits, k)
-        dk = products.einsum("gst,gsd->gtd", dlogits, q)
+        dq = low_precision.einsum("gst,gtd->gsd", dlogits, k)
+        dk = low_precision.einsum("gst,gsd->gtd", dlogits, q)
         return dq, dk, dv
 
     count = q.shape[0] // rows
@@ -587,7 +587,7 @@ def _masked_blocked_forward(q, k, v, ids, window, plan):
         top = jnp.max(logits, axis=-1, keepdims=True)  # [r, s, 1]
         exp = jnp.exp(logits - top)
         total = jnp.sum(exp, axis=-1, keepdims=True)
-        out = products.einsum("rst,rtd->rsd", (exp / total).astype(v.dtype), v)  # [r, s, d]
+        out = low_precision.einsum("rst,rtd->rsd", (exp / total).astype(v.dtype), v)  # [r, s, d]
         lse = (top + jnp.log(total))[..., 0]  # [r, s]
         return _unchunked(out, rows), _unchunked(lse, rows)
 
@@ -614,14 +614,14 @@ def _masked_blocked_backward(window, plan, residuals, grad):
         (q, q_ids, q_pos, out, lse, grad), (k, v, k_ids, k_pos) = queries, keys
         logits = _masked_logits(q, k, (q_ids, k_ids, q_pos, k_pos), window, scale)
         weights = jnp.exp(logits - lse[..., None])  # [r, s, t]: the forward's softmax
-        dv = products.einsum("rst,rsd->rtd", weights.astype(grad.dtype), grad)
+        dv = low_precision.einsum("rst,rsd->rtd", weights.astype(grad.dtype), grad)
         dweights = jnp.einsum("rsd,rtd->rst", grad, v, preferred_element_type=jnp.float32)
         # The softmax's backward, with sum(w * dw) = sum(out * grad) over the head size
         # (flash attention's D), which needs no pass over the [s, t] block.
         delta = jnp.sum(out.astype(jnp.float32) * grad.astype(jnp.float32), -1, keepdims=True)
         dlogits = (weights * (dweights - delta) * scale).astype(q.dtype)  # [r, s, t]
-        dq = products.einsum("rst,rtd->rsd", dlogits, k)
-        dk = products.einsum("rst,rsd->rtd", dlogits, q)
+        dq = low_precision.einsum("rst,rtd->rsd", dlogits, k)
+        dk = low_precision.einsum("rst,rsd->rtd", dlogits, q)
         if plan.band is None:
             return dq, dk, dv
         return (

@@ -1,4 +1,4 @@
-"""bertjax.products: low-precision products summed in float32, forward and backward."""
+"""bertjax.nn.low_precision: low-precision products summed in float32, forward and backward."""
 
 import functools
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bertjax import products
+from bertjax.nn import low_precision
 
 # Sums of hundreds of products, where one kept in bfloat16 would round on the way.
 SPECS = [
@@ -33,7 +33,9 @@ SPECS = [
 def runtime(request, monkeypatch):
     """Both of `products`' rules: jaxlib 0.10's runtime, which takes every bfloat16 product,
     and the earlier one's chunks and float32 narrow products (which this runtime runs too)."""
-    monkeypatch.setattr(products, "_any_bfloat16_dot", lambda: request.param == "any bfloat16 dot")
+    monkeypatch.setattr(
+        low_precision, "_any_bfloat16_dot", lambda: request.param == "any bfloat16 dot"
+    )
     return request.param
 
 
@@ -45,8 +47,8 @@ def _operands(x_shape, y_shape, seed=0):
 @pytest.mark.parametrize("spec, x_shape, y_shape", SPECS)
 def test_float32_operands_take_jnp_einsum_bit_for_bit(spec, x_shape, y_shape):
     x, y = _operands(x_shape, y_shape)
-    np.testing.assert_array_equal(products.einsum(spec, x, y), jnp.einsum(spec, x, y))
-    got = jax.grad(lambda x, y: jnp.sum(products.einsum(spec, x, y) ** 2), (0, 1))(x, y)
+    np.testing.assert_array_equal(low_precision.einsum(spec, x, y), jnp.einsum(spec, x, y))
+    got = jax.grad(lambda x, y: jnp.sum(low_precision.einsum(spec, x, y) ** 2), (0, 1))(x, y)
     want = jax.grad(lambda x, y: jnp.sum(jnp.einsum(spec, x, y) ** 2), (0, 1))(x, y)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
@@ -69,14 +71,14 @@ def test_bfloat16_products_are_summed_in_float32_both_ways(
     x, y = _operands(x_shape, y_shape, seed=1)
     x16, y16 = jnp.asarray(x, jnp.bfloat16), jnp.asarray(y, jnp.bfloat16)
     x32, y32 = x16.astype(jnp.float32), y16.astype(jnp.float32)
-    out = products.einsum(spec, x16, y16)
+    out = low_precision.einsum(spec, x16, y16)
     assert out.dtype == jnp.bfloat16
     want = jnp.einsum(spec, x32, y32, precision="highest").astype(jnp.bfloat16)
     _within_one_step(out, want)
-    assert products.einsum(spec, x16, y16, jnp.float32).dtype == jnp.float32
+    assert low_precision.einsum(spec, x16, y16, jnp.float32).dtype == jnp.float32
 
     cotangent = jnp.asarray(np.random.default_rng(2).normal(size=out.shape), jnp.bfloat16)
-    _, pullback = jax.vjp(lambda a, b: products.einsum(spec, a, b), x16, y16)
+    _, pullback = jax.vjp(lambda a, b: low_precision.einsum(spec, a, b), x16, y16)
     dx, dy = pullback(cotangent)
     _, reference = jax.vjp(lambda a, b: jnp.einsum(spec, a, b, precision="highest"), x32, y32)
     want_dx, want_dy = reference(cotangent.astype(jnp.float32))
@@ -87,12 +89,12 @@ def test_bfloat16_products_are_summed_in_float32_both_ways(
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_dense_through_products_equals_flax_dense(dtype):
-    """nn.Dense(dot_general=products.dot_general): float32 as flax's own, bit for bit;
+    """nn.Dense(dot_general=low_precision.dot_general): float32 as flax's own, bit for bit;
     bfloat16 as flax's in float32 from the same rounded operands, rounded once."""
     x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 5, 8)), jnp.float32)
     plain = nn.Dense(6, dtype=dtype)
     params = plain.init(jax.random.key(0), x)
-    got = nn.Dense(6, dtype=dtype, dot_general=products.dot_general).apply(params, x)
+    got = nn.Dense(6, dtype=dtype, dot_general=low_precision.dot_general).apply(params, x)
     if dtype == jnp.float32:
         np.testing.assert_array_equal(got, plain.apply(params, x))
         return
@@ -112,14 +114,16 @@ def test_operand_dtype_rounds_float32_operands_and_keeps_float32_around_them(
     float32 sum of the rounded cotangent and the other rounded operand."""
     x, y = _operands(x_shape, y_shape, seed=4)
     x16, y16 = jnp.asarray(x, jnp.bfloat16), jnp.asarray(y, jnp.bfloat16)
-    out = products.einsum(spec, x, y, operand_dtype=jnp.bfloat16)
+    out = low_precision.einsum(spec, x, y, operand_dtype=jnp.bfloat16)
     assert out.dtype == jnp.float32
-    np.testing.assert_array_equal(out, products.einsum(spec, x16, y16, jnp.float32))
+    np.testing.assert_array_equal(out, low_precision.einsum(spec, x16, y16, jnp.float32))
     assert not np.array_equal(out, jnp.einsum(spec, x, y))  # the operands were rounded
     cotangent = jnp.asarray(np.random.default_rng(5).normal(size=out.shape), jnp.float32)
-    _, pullback = jax.vjp(lambda a, b: products.einsum(spec, a, b, None, jnp.bfloat16), x, y)
+    _, pullback = jax.vjp(lambda a, b: low_precision.einsum(spec, a, b, None, jnp.bfloat16), x, y)
     dx, dy = pullback(cotangent)
-    _, rounded_pullback = jax.vjp(lambda a, b: products.einsum(spec, a, b, jnp.float32), x16, y16)
+    _, rounded_pullback = jax.vjp(
+        lambda a, b: low_precision.einsum(spec, a, b, jnp.float32), x16, y16
+    )
     want_dx, want_dy = rounded_pullback(cotangent)
     assert dx.dtype == dy.dtype == jnp.float32
     np.testing.assert_array_equal(dx, want_dx.astype(jnp.float32))
@@ -130,7 +134,7 @@ def test_dense_with_an_operand_dtype_rounds_its_operands_only():
     x = jnp.asarray(np.random.default_rng(6).normal(size=(2, 5, 96)), jnp.float32)
     plain = nn.Dense(80)
     params = plain.init(jax.random.key(0), x)
-    dot = functools.partial(products.dot_general, operand_dtype=jnp.bfloat16)
+    dot = functools.partial(low_precision.dot_general, operand_dtype=jnp.bfloat16)
     got = nn.Dense(80, dot_general=dot).apply(params, x)
     assert got.dtype == jnp.float32
     rounded = jax.tree.map(lambda a: a.astype(jnp.bfloat16).astype(jnp.float32), params)
@@ -146,10 +150,10 @@ def test_products_run_in_bfloat16_whole_where_the_runtime_takes_them(spec, x_sha
     """On jaxlib 0.10 with the host's bfloat16 dot instructions, a narrow product and a long
     sum are one bfloat16 product each, neither widened to float32 nor cut into chunks."""
     x16, y16 = (jnp.asarray(a, jnp.bfloat16) for a in _operands(x_shape, y_shape))
-    hlo = jax.jit(lambda a, b: products.einsum(spec, a, b)).lower(x16, y16).as_text()
+    hlo = jax.jit(lambda a, b: low_precision.einsum(spec, a, b)).lower(x16, y16).as_text()
     dots = [line for line in hlo.splitlines() if "stablehlo.dot_general" in line]
     assert len(dots) == 1, dots
-    takes_bfloat16 = products._any_bfloat16_dot() and products._bfloat16_dots()
+    takes_bfloat16 = low_precision._any_bfloat16_dot() and low_precision._bfloat16_dots()
     operands = dots[0].split(" : (")[1].split(") -> ")[0]  # "tensor<...>, tensor<...>"
     assert operands.count("xbf16>") == (2 if takes_bfloat16 else 0), dots[0]
     if takes_bfloat16:
@@ -159,14 +163,14 @@ def test_products_run_in_bfloat16_whole_where_the_runtime_takes_them(spec, x_sha
 def test_a_host_without_bfloat16_dots_multiplies_in_float32_and_says_so_once(monkeypatch, caplog):
     """Without AVX512-BF16, bfloat16 operands are widened to float32 (their rounding kept),
     and the log says once that the setting changes the numbers but not the speed."""
-    monkeypatch.setattr(products, "_bfloat16_dots", lambda: False)
-    products._note_float32_products.cache_clear()
+    monkeypatch.setattr(low_precision, "_bfloat16_dots", lambda: False)
+    low_precision._note_float32_products.cache_clear()
     x, y = _operands((2, 40, 64), (64, 32))
     x16, y16 = jnp.asarray(x, jnp.bfloat16), jnp.asarray(y, jnp.bfloat16)
-    with caplog.at_level("WARNING", logger=products.__name__):
+    with caplog.at_level("WARNING", logger=low_precision.__name__):
         for _ in range(2):
-            hlo = jax.jit(lambda a, b: products.einsum("bsh,hc->bsc", a, b)).lower(x16, y16)
-            got = products.einsum("bsh,hc->bsc", x16, y16, jnp.float32)
+            hlo = jax.jit(lambda a, b: low_precision.einsum("bsh,hc->bsc", a, b)).lower(x16, y16)
+            got = low_precision.einsum("bsh,hc->bsc", x16, y16, jnp.float32)
     assert "xbf16>" not in next(
         line for line in hlo.as_text().splitlines() if "stablehlo.dot_general" in line
     )
@@ -174,4 +178,4 @@ def test_a_host_without_bfloat16_dots_multiplies_in_float32_and_says_so_once(mon
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     notes = [r for r in caplog.records if "AVX512-BF16" in r.getMessage()]
     assert len(notes) == 1, notes
-    products._note_float32_products.cache_clear()
+    low_precision._note_float32_products.cache_clear()

@@ -1,6 +1,6 @@
 """Train state, sharded state creation, and the jitted train and eval steps.
 
-The engine under every run: a run describes what it minimises as an `Objective` (sums
+The engine under every run: a run describes what it minimises as a `Loss` (sums
 over examples, so that micro-batches add up to exactly the full batch) and gets back from
 `build` a pure `train_step(state, batch, rng) -> (state, metrics)`, an
 `eval_step(params, batch)` and the sharded state layout, all jitted for its mesh. It knows
@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from bertjax import optim, packing, sharding
+from bertjax.engine import optim
+from bertjax.nn import sharding, unpadding
 
 
 @flax.struct.dataclass
@@ -118,7 +119,7 @@ def split_micro_batches(x: jax.Array, num_micro: int) -> jax.Array:
     return x.reshape((rows, num_micro) + x.shape[1:]).swapaxes(0, 1)  # [A, B/A, ...]
 
 
-def packed_length(
+def packed_length_for_capacity(
     micro_batch_size: int, seq_len: int, token_capacity: float, mesh: jax.sharding.Mesh
 ) -> int | None:
     """Token slots per batch shard when the encoder packs tokens, or None (packing off).
@@ -135,7 +136,7 @@ def packed_length(
 # ----------------------------------------------------------------------------- steps
 
 
-class Objective:
+class Loss:
     """What a step minimises, as sums over the examples of a (micro-)batch.
 
     The loss of a micro-batch is `loss(sums, denominators)` with the denominators of the
@@ -171,7 +172,7 @@ class Objective:
         return self.sums(params, batch, rng=None, deterministic=True)
 
 
-def apply_gradients(state: TrainState, grads, sums, loss, objective: Objective, tx, schedule):
+def apply_gradients(state: TrainState, grads, sums, loss, objective: Loss, tx, schedule):
     """One optimizer update from a step's gradients, and the step's train metrics.
 
     A non-finite loss or gradient keeps the last good state (train/nonfinite=1), so no bad
@@ -203,7 +204,7 @@ def apply_gradients(state: TrainState, grads, sums, loss, objective: Objective, 
 
 
 def make_train_step(
-    objective: Objective,
+    objective: Loss,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     grad_accum_steps: int,
@@ -228,7 +229,7 @@ def make_train_step(
 
     def fits(input_mask: jax.Array) -> jax.Array:
         groups = sharding.shards(sharding.BATCH)
-        return jnp.max(packing.tokens_per_group(input_mask, groups)) <= packed_length
+        return jnp.max(unpadding.tokens_per_group(input_mask, groups)) <= packed_length
 
     def loss_fn(params, batch, denominators, rng, length):
         sums = objective.sums(params, batch, rng=rng, deterministic=False, packed_length=length)
@@ -292,7 +293,7 @@ def make_train_step(
 
 
 def make_micro_batch_steps(
-    objective: Objective,
+    objective: Loss,
     tx: optax.GradientTransformation,
     schedule: optax.Schedule,
     state_shardings: TrainState,
@@ -415,7 +416,7 @@ class Steps:
 
 
 def build(
-    objective: Objective,
+    objective: Loss,
     init_params: Callable[[jax.Array], Any],
     optimizer: optim.OptimizerSettings,
     mesh: jax.sharding.Mesh,

@@ -42,16 +42,18 @@ import tqdm.auto
 from jax.experimental import multihost_utils
 
 from bertjax import capability as capability_lib
-from bertjax import checkpoint as checkpoint_lib
-from bertjax import compilation_cache, encoders, fs, hf, perf, rundir
-from bertjax import features as features_lib
-from bertjax import pooling as pooling_lib
-from bertjax import sharding as sharding_lib
-from bertjax import vectors as vectors_lib
+from bertjax import encoders
 from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
-from bertjax.features import TruncationWarning  # noqa: F401  (callers catch it from here)
-from bertjax.tokenizer import Tokenizer
+from bertjax.engine import checkpoint as checkpoint_lib
+from bertjax.engine import compilation_cache, perf, rundir
+from bertjax.inference import vectors as vectors_lib
+from bertjax.nn import pooling as pooling_lib
+from bertjax.nn import sharding as sharding_lib
+from bertjax.storage import fs, hf
+from bertjax.text import features as features_lib
+from bertjax.text.features import TruncationWarning  # noqa: F401  (callers catch it from here)
+from bertjax.text.tokenizer import Tokenizer, check_vocab
 
 POOLINGS = ("mean", "cls", "pooler")
 # The shortest length bucket: shorter batches would compile more shapes for no gain.
@@ -120,7 +122,7 @@ class Model:
         unpad: bool = True,
     ):
         try:
-            hf.check_vocab(config, tokenizer, source)
+            check_vocab(config, tokenizer, source)
         except ValueError as err:
             raise InferenceError(str(err)) from None
         batch_size = as_int(batch_size, "batch_size", 1)
@@ -181,7 +183,7 @@ class Model:
         """Opens a bertjax work directory, a bertjax export or a Hugging Face BERT directory.
 
         `step` picks a checkpoint of a work directory (default: the latest readable one).
-        Compiled programs are kept for the next session (bertjax.compilation_cache).
+        Compiled programs are kept for the next session (bertjax.engine.compilation_cache).
         `unpad=False` runs every batch padded (see `packed_length`).
         """
         compilation_cache.enable()
@@ -569,7 +571,9 @@ class Model:
             for rows in self._batches(features, max_length):
                 shape = self._bucket(rows, features, max_length)
                 batch = _pad_batch([features[r] for r in rows], shape)
-                length = packed_length(batch["input_mask"], self._shards) if self.unpad else None
+                length = (
+                    fitted_packed_length(batch["input_mask"], self._shards) if self.unpad else None
+                )
                 with self.context():  # the mesh, for the model's sharding constraints
                     out = function(self.params, self.put(batch), packed_length=length)
                     pending.append((rows, out))
@@ -697,7 +701,7 @@ class Model:
         sentence-transformers' semantic_search: [{"corpus_id": row, "score": cosine}, ...].
 
         queries and corpus are texts (embedded with `embed`'s defaults) or vectors; the
-        search is exact (bertjax.vectors.search).
+        search is exact (bertjax.inference.vectors.search).
         """
         top_k = as_int(top_k, "top_k", 1)
         queries, corpus = self._vectors((queries, "queries"), (corpus, "corpus"))
@@ -877,7 +881,7 @@ def _export_errors(directory: str | os.PathLike):
         raise error from None
 
 
-def packed_length(input_mask: np.ndarray, shards: int = 1) -> int | None:
+def fitted_packed_length(input_mask: np.ndarray, shards: int = 1) -> int | None:
     """The encoder's packed_length for a padded batch [rows, length] split into `shards` batch
     shards of contiguous rows, or None: run it padded.
 

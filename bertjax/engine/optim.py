@@ -2,7 +2,7 @@
 
 Gradient accumulation is not an optimizer concern here: the trainer sums the gradients
 of micro-batches whose losses are already divided by the whole batch's denominators
-(see bertjax.losses), then applies one optimizer update.
+(see bertjax.nn.losses), then applies one optimizer update.
 
 AdamW note: google-research/bert's AdamWeightDecayOptimizer has no bias correction of
 the Adam moments. We keep optax's bias-corrected Adam, as NVIDIA's and Hugging Face's
