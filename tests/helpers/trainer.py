@@ -117,7 +117,7 @@ def _one_step(data_dir, config, spoil=None):
 
 # Losses of steps 1..6 and the sum of |params| after step 6 of the run below, recorded when
 # the trainer was split into settings/steps/trainer (bit-identical to the loop before it), and
-# recorded again when dropout masks became a counter-based hash (attention.dropout_keep_mask:
+# recorded again when dropout masks became a counter-based hash (masks.dropout_keep_mask:
 # other draws, the same rate). A change to the data order, masking, initialisation, dropout,
 # the step or the optimizer moves them; a refactoring must not.
 PINNED_LOSSES = [

@@ -10,7 +10,9 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from bertjax.nn import attention, sharding
+from bertjax.nn import attention, cpu_attention, sharding
+from bertjax.nn.masks import dropout_keep_mask
+from tests.helpers.attention_reference import reference_attention
 
 B, S, N, D = 2, 128, 2, 16  # splash needs the sequence to be a multiple of 128
 LENGTHS = (100, 128)  # one padded example, one full
@@ -42,7 +44,7 @@ _attend = jax.jit(
     attention.dot_product_attention,
     static_argnames=("implementation", "dropout_rate", "deterministic", "local_window"),
 )
-_reference = jax.jit(attention.reference_attention, static_argnames=("local_window",))
+_reference = jax.jit(reference_attention, static_argnames=("local_window",))
 
 
 @pytest.fixture(autouse=True)
@@ -76,9 +78,9 @@ def test_forward_and_grads_match_reference(impl):
     assert np.abs(_real_rows(out, mask) - _real_rows(ref, mask)).max() <= 1e-5
     assert np.isfinite(np.asarray(out)).all()
     grads = jax.jit(jax.grad(_masked_loss(fn, mask), argnums=(0, 1, 2)))(q, k, v)
-    ref_grads = jax.jit(
-        jax.grad(_masked_loss(attention.reference_attention, mask), argnums=(0, 1, 2))
-    )(q, k, v)
+    ref_grads = jax.jit(jax.grad(_masked_loss(reference_attention, mask), argnums=(0, 1, 2)))(
+        q, k, v
+    )
     for g, r in zip(grads, ref_grads):
         assert np.isfinite(np.asarray(g)).all()
         assert np.abs(np.asarray(g) - np.asarray(r)).max() <= 1e-5
@@ -211,7 +213,7 @@ def test_splash_falls_back_when_heads_do_not_divide_mesh(caplog):
 
 @pytest.mark.parametrize("shape", [(64, 128, 33), (8, 4, 128, 128)])
 def test_dropout_keep_mask_rate_and_independence(shape):
-    keep = np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(0), 0.9, shape))
+    keep = np.asarray(dropout_keep_mask(jax.random.PRNGKey(0), 0.9, shape))
     assert keep.shape == shape and keep.dtype == bool
     assert abs(keep.mean() - 0.9) < 0.005
     # Neighbours along every axis are independent (the bits hash consecutive indices).
@@ -220,11 +222,11 @@ def test_dropout_keep_mask_rate_and_independence(shape):
         second = np.take(keep, range(1, shape[axis]), axis=axis).ravel()
         assert abs(np.corrcoef(first, second)[0, 1]) < 0.02
     # Another key draws another mask, as independent of the first.
-    other = np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(1), 0.9, shape))
+    other = np.asarray(dropout_keep_mask(jax.random.PRNGKey(1), 0.9, shape))
     assert abs(np.corrcoef(keep.ravel(), other.ravel())[0, 1]) < 0.02
     # Rates at the edges, as the threshold rounds them.
-    assert np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(2), 1.0, shape)).mean() > 0.999
-    assert np.asarray(attention.dropout_keep_mask(jax.random.PRNGKey(2), 0.5, shape)).mean() == (
+    assert np.asarray(dropout_keep_mask(jax.random.PRNGKey(2), 1.0, shape)).mean() > 0.999
+    assert np.asarray(dropout_keep_mask(jax.random.PRNGKey(2), 0.5, shape)).mean() == (
         pytest.approx(0.5, abs=0.005)
     )
 
@@ -232,8 +234,8 @@ def test_dropout_keep_mask_rate_and_independence(shape):
 @pytest.mark.parametrize("rate", [0.0, 0.25])
 def test_blocked_attention_in_many_blocks_equals_the_xla_path(monkeypatch, rate):
     # A budget of one (example, head) pair per block: 4 blocks, each through the loop.
-    monkeypatch.setattr(attention, "_BLOCK_ELEMENTS", S * S)
-    assert attention._block_rows(B * N, S, S) == 1
+    monkeypatch.setattr(cpu_attention, "_BLOCK_ELEMENTS", S * S)
+    assert cpu_attention._block_rows(B * N, S, S) == 1
     q, k, v, mask = _inputs()
     rng = jax.random.PRNGKey(7)
 
@@ -331,7 +333,7 @@ def test_local_window_matches_a_numpy_reference(impl, masking):
     # The window matters: without it the outputs differ.
     whole = _attend(q, k, v, mask, implementation="xla", document_ids=document_ids)
     assert np.abs(_real_rows(whole, mask) - _real_rows(expected, mask)).max() > 1e-2
-    # attention.reference_attention agrees too (the yardstick the other tests use).
+    # reference_attention agrees too (the yardstick the other tests use).
     ref = _reference(q, k, v, mask, document_ids, local_window=WINDOW)
     assert np.abs(_real_rows(ref, mask) - _real_rows(expected, mask)).max() <= 1e-5
 
@@ -381,7 +383,8 @@ def test_blocked_documents_and_windows_equal_the_reference_forward_and_backward(
         np.testing.assert_allclose(np.asarray(g), np.asarray(r), atol=1e-5)
 
 
-# Rows long enough (>= attention._SPLIT_MIN_SEQ) that each block is cut to its last real query.
+# Rows long enough (>= cpu_attention._SPLIT_MIN_SEQ) that each block is cut to its last real
+# query.
 CUT_SEQ, CUT_ROWS = 320, 4
 
 
@@ -395,7 +398,7 @@ def _cut_paths(window):
         )
 
     def reference(q, k, v, ids):
-        return attention.reference_attention(q, k, v, document_ids=ids, local_window=window)
+        return reference_attention(q, k, v, document_ids=ids, local_window=window)
 
     def with_grads(fn):
         def loss(q, k, v, ids, weights):

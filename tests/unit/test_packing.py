@@ -26,6 +26,7 @@ from bertjax.nn import attention
 from bertjax.pretrain.data import ensure_data
 from bertjax.pretrain.settings import PretrainSettings
 from bertjax.text.tokenizer import Tokenizer
+from tests.helpers.attention_reference import reference_attention
 from tests.helpers.packing import SEQ_LEN, packed_config
 
 prepare_module = importlib.import_module("bertjax.data.prepare")
@@ -218,11 +219,11 @@ def test_attention_document_mask_on_every_path():
     q, k, v = (jnp.asarray(rng.normal(size=(2, 8, 2, 4)), jnp.float32) for _ in range(3))
     docs = jnp.array([[1, 1, 1, 2, 2, 3, 0, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
     mask = (docs > 0).astype(jnp.int32)
-    reference = attention.reference_attention(q, k, v, mask, document_ids=docs)
+    reference = reference_attention(q, k, v, mask, document_ids=docs)
     xla = attention.dot_product_attention(q, k, v, mask, implementation="xla", document_ids=docs)
     np.testing.assert_allclose(xla, reference, atol=1e-5)
     # Each document alone gives the same as within the row.
-    alone = attention.reference_attention(q[:1, 3:5], k[:1, 3:5], v[:1, 3:5])
+    alone = reference_attention(q[:1, 3:5], k[:1, 3:5], v[:1, 3:5])
     np.testing.assert_allclose(reference[:1, 3:5], alone, atol=1e-5)
     # cuDNN cannot take the mask: the reason it falls back to xla.
     assert "document" in attention._cudnn_problem(jnp.bfloat16, 64, document_mask=True)
@@ -239,7 +240,7 @@ def test_splash_takes_the_documents_as_segment_ids():
     splash = attention.dot_product_attention(
         q, k, v, mask, implementation="splash", document_ids=docs
     )
-    reference = attention.reference_attention(q, k, v, mask, document_ids=docs)
+    reference = reference_attention(q, k, v, mask, document_ids=docs)
     real = np.asarray(mask).astype(bool)
     np.testing.assert_allclose(np.asarray(splash)[real], np.asarray(reference)[real], atol=1e-5)
 

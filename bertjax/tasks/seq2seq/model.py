@@ -63,9 +63,9 @@ from bertjax.encoders.bert.model import (
     _layer_norm,
     unstack_layers,
 )
-from bertjax.nn import attention as attention_lib
 from bertjax.nn import sharding
 from bertjax.nn.heads import HeadSums
+from bertjax.nn.masks import MASK_VALUE, dropout_keep_mask
 from bertjax.nn.sharding import ACTIVATION_EMBED, BATCH, HEADS, KV, LENGTH
 
 BERT2BERT = "bert2bert"
@@ -83,8 +83,6 @@ TASK = "seq2seq"
 # transformers' beam search marks impossible candidates by adding this (not -inf), so that
 # sums stay finite; the same constant keeps the two searches' choices identical.
 _IMPOSSIBLE = -1.0e9
-# Finite "minus infinity" for masked attention logits (as bertjax.nn.attention).
-_MASK_VALUE = -0.7 * float(np.finfo(np.float32).max)
 _QKV = (BATCH, LENGTH, HEADS, KV)
 
 
@@ -146,11 +144,11 @@ def attend(query, key, value, mask, *, dropout_rate=0.0, dropout_rng=None, deter
     logits = (
         jnp.einsum("bsnd,btnd->bnst", query, key, preferred_element_type=jnp.float32) * scale
     )  # [b, n, s, t]
-    logits = jnp.where(mask[:, None], logits, _MASK_VALUE)
+    logits = jnp.where(mask[:, None], logits, MASK_VALUE)
     weights = jax.nn.softmax(logits, axis=-1)
     if not deterministic and dropout_rate > 0.0:
         keep_prob = 1.0 - dropout_rate
-        kept = attention_lib.dropout_keep_mask(dropout_rng, keep_prob, weights.shape)
+        kept = dropout_keep_mask(dropout_rng, keep_prob, weights.shape)
         weights = jnp.where(kept, weights / keep_prob, 0.0)
     return jnp.einsum("bnst,btnd->bsnd", weights.astype(value.dtype), value)  # [b, s, n, d]
 
