@@ -7,7 +7,7 @@
 The state is BertForPreTraining's parameters at the preset's shapes plus AdamW's moments,
 every float holding random values (a mid-training state: nothing compresses away). Each round
 times, in turn:
-  check         bertjax.engine.checkpoint.summarise over params and optimizer state: the fingerprints
+  check         bertjax.engine.integrity.summarise over params and optimizer state: the fingerprints
                 and NaN/inf flags every save records (compiled before the first round)
   old check     what a save checked before: NaN/inf flags of the parameters only
   orbax save    the same three items saved by a plain Orbax CheckpointManager: the time until
@@ -65,7 +65,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
-from bertjax.engine import checkpoint  # noqa: E402
+from bertjax.engine import checkpoint, integrity  # noqa: E402
 
 
 def random_state(config: BertConfig, devices: int):
@@ -122,7 +122,7 @@ def main() -> None:
         f"AdamW state, {megabytes:.0f} MiB; {ARGS.devices} {jax.devices()[0].platform} device(s)"
     )
     trees = {checkpoint.PARAMS_ITEM: params, checkpoint.OPT_STATE_ITEM: opt_state}
-    compile_check, _ = timed(checkpoint.summarise, trees)
+    compile_check, _ = timed(integrity.summarise, trees)
     compile_old, _ = timed(old_check, params)
     print(f"first call (compiles): check {compile_check:.2f} s, old check {compile_old:.2f} s")
 
@@ -145,7 +145,7 @@ def main() -> None:
 
     try:
         for step in range(1, ARGS.rounds + 1):
-            record("check", timed(checkpoint.summarise, trees)[0])
+            record("check", timed(integrity.summarise, trees)[0])
             record("old check", timed(old_check, params)[0])
 
             meta = {"step": step}
@@ -188,7 +188,7 @@ def main() -> None:
             saved_meta = json.loads(
                 (root / "bertjax" / str(step) / "meta" / "metadata").read_text()
             )
-            record("verify", timed(checkpoint.verify, step, saved_meta, restored_trees)[0])
+            record("verify", timed(integrity.verify, step, saved_meta, restored_trees)[0])
     finally:
         ours.close()
         plain.close()

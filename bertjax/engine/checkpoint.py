@@ -29,15 +29,9 @@ Layout of a checkpoint directory (one sub-directory per finished step)::
 Parameters, optimizer state and meta are separate Orbax items so that a notebook reads the
 parameters alone (restore_params), never touching the usually larger optimizer state.
 
-Integrity: storage can return different bytes than were written without any error (a
-garbled block decodes to other, often finite, numbers). So every save records an exact
-fingerprint of each array leaf, computed on the devices from the values being saved, and every
-restore recomputes it from the values read and checks them for NaN/inf too. A step that fails
-is treated like an unreadable one: named, skipped and, when resuming, moved to corrupt/.
-The fingerprint is a sum modulo 2**32 of a hash of each element's bits and its position in
-the global array; integer addition is exact and order-free, so it does not depend on how the
-array is sharded: each process only reads its own shards, the reduction makes one replicated
-number, and a restore onto another mesh (or one device) checks against the same value.
+Integrity (bertjax.engine.integrity): every save records an exact fingerprint of each array
+leaf and every restore checks it, and the values for NaN/inf; a step that fails is treated
+like an unreadable one: named, skipped and, when resuming, moved to corrupt/.
 """
 
 from __future__ import annotations
@@ -46,18 +40,17 @@ import errno
 import json
 import logging
 import os
-import sys
 import time
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 from jax.experimental import multihost_utils
 from orbax.checkpoint._src.serialization import tensorstore_utils as _orbax_tensorstore
 
+from bertjax.engine import integrity, orbax_logs
 from bertjax.storage import fs
 
 logger = logging.getLogger(__name__)
@@ -68,10 +61,6 @@ META_ITEM = "meta"
 ITEM_NAMES = (PARAMS_ITEM, OPT_STATE_ITEM, META_ITEM)
 # Steps that failed to restore are moved here; not an integer name, so Orbax never lists it.
 CORRUPT_SUBDIR = "corrupt"
-# The key of the meta item that holds the integrity record; reserved, stripped on restore.
-INTEGRITY_KEY = "integrity"
-# Names the fingerprint function below; a record with another name is not compared.
-FINGERPRINT_ALGORITHM = "bertjax-mix32-sum-v1"
 
 
 class Restored(NamedTuple):
@@ -85,10 +74,6 @@ class Restored(NamedTuple):
 
 class CheckpointRestoreError(RuntimeError):
     """Checkpoints exist but none of the requested steps could be restored."""
-
-
-class CheckpointIntegrityError(ValueError):
-    """A step read back without error whose values differ from those saved, or are not finite."""
 
 
 class CheckpointSaveError(RuntimeError):
@@ -141,21 +126,8 @@ def _item_handlers() -> dict[str, ocp.CheckpointHandler]:
     }
 
 
-class _ReadOnlyNotice(logging.Filter):
-    """Drops Orbax's "Given directory is read only" warning: every reader opens a read-only
-    manager on purpose (it never writes beside a live run), so there is nothing to warn of."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (
-            record.pathname.startswith(_ORBAX_DIR)
-            and str(record.msg).startswith("Given directory is read only")
-        )
-
-
 def _read_only_manager(path: epath.Path) -> ocp.CheckpointManager:
-    absl_logger = logging.getLogger("absl")
-    if not any(isinstance(f, _ReadOnlyNotice) for f in absl_logger.filters):
-        absl_logger.addFilter(_ReadOnlyNotice())
+    orbax_logs.quiet_read_only_notice()
     return ocp.CheckpointManager(
         path,
         item_names=ITEM_NAMES,
@@ -170,247 +142,6 @@ def _read_only_manager(path: epath.Path) -> ocp.CheckpointManager:
             max_to_keep=None,
         ),
     )
-
-
-# ----------------------------------------------------------------------------- integrity
-
-
-def _mix32(x: jax.Array) -> jax.Array:
-    """MurmurHash3's 32-bit finaliser: a cheap bijection that spreads every input bit."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = x * jnp.uint32(0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-_UNSIGNED_OF_BITS = {8: jnp.uint8, 16: jnp.uint16, 32: jnp.uint32}
-
-
-def _bit_width(dtype) -> int | None:
-    """Bits per element, or None for dtypes the fingerprint does not cover (complex, keys)."""
-    if dtype == jnp.bool_:
-        return 8
-    if jnp.issubdtype(dtype, jnp.floating):
-        return jnp.finfo(dtype).bits
-    if jnp.issubdtype(dtype, jnp.integer):
-        return jnp.iinfo(dtype).bits
-    return None
-
-
-def _fingerprintable(leaf: Any) -> bool:
-    return (
-        isinstance(leaf, (jax.Array, np.ndarray))
-        and _bit_width(leaf.dtype) in (8, 16, 32, 64)
-        and not jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.extended)
-    )
-
-
-def _words(x: jax.Array) -> jax.Array:
-    """Each element's bits as one uint32, same shape as x (64-bit elements folded)."""
-    bits = _bit_width(x.dtype)
-    if x.dtype == jnp.bool_:
-        return x.astype(jnp.uint32)
-    if bits == 64:
-        halves = jax.lax.bitcast_convert_type(x, jnp.uint32)  # [*x.shape, 2]
-        return halves[..., 0] ^ _mix32(halves[..., 1])
-    return jax.lax.bitcast_convert_type(x, _UNSIGNED_OF_BITS[bits]).astype(jnp.uint32)
-
-
-def _fingerprint(x: jax.Array) -> jax.Array:
-    """sum(mix(bits ^ mix(flat index))) mod 2**32: exact, order-free, position-sensitive."""
-    index = jnp.zeros(x.shape, jnp.uint32)  # the element's flat position in the global array
-    stride = 1
-    for axis in reversed(range(x.ndim)):
-        index = index + jax.lax.broadcasted_iota(jnp.uint32, x.shape, axis) * jnp.uint32(
-            stride % 2**32
-        )
-        stride *= x.shape[axis]
-    salt = _mix32(index + jnp.uint32(0x9E3779B9))
-    return jnp.sum(_mix32(_words(x) ^ salt), dtype=jnp.uint32)  # wraps: exact in any order
-
-
-def _leaf_summary(x: jax.Array) -> jax.Array:
-    """[fingerprint, finite] of one leaf, as uint32."""
-    finite = jnp.all(jnp.isfinite(x)) if jnp.issubdtype(x.dtype, jnp.inexact) else True
-    return jnp.stack([_fingerprint(x), jnp.asarray(finite, jnp.uint32)])  # [2]
-
-
-# Compiled once per distinct shape, dtype and sharding (14 for BERT-small, whatever the number
-# of layers): one program over every leaf compiled 2-3 times slower (benchmarks/checkpoint.py).
-_leaf_summary_jit = jax.jit(_leaf_summary)
-
-
-def _to_host(x: jax.Array) -> np.ndarray:
-    if not (x.is_fully_replicated or x.is_fully_addressable):  # multi-process
-        x = multihost_utils.process_allgather(x, tiled=True)
-    return np.asarray(x)
-
-
-class LeafSummary(NamedTuple):
-    """What save records and restore checks for one array leaf."""
-
-    item: str  # PARAMS_ITEM or OPT_STATE_ITEM
-    path: str  # jax.tree_util.keystr of the leaf within its item
-    dtype: str
-    shape: tuple[int, ...]
-    fingerprint: int
-    finite: bool
-
-    @property
-    def name(self) -> str:
-        return f"{self.item}{self.path}"
-
-
-def summarise(trees: dict[str, Any]) -> list[LeafSummary]:
-    """Fingerprint and finiteness of every array leaf of {item name: pytree}.
-
-    Reads each leaf once on its devices and brings two numbers per leaf to the host; works on
-    sharded arrays across processes. Cost per save, from benchmarks/checkpoint.py on a shared
-    2-core CPU: BERT-small with its AdamW state (235 leaves, 333 MiB) about 0.5 s, against
-    about 2 s for the save itself, plus 5-7 s to compile on the first save of a run. Integer
-    reductions are slow on XLA's CPU backend; on an accelerator it is one read of the state.
-    """
-    entries = [
-        (item, jax.tree_util.keystr(path), leaf)
-        for item, tree in trees.items()
-        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
-        if _fingerprintable(leaf)
-    ]
-    # One leaf at a time, each fetched before the next is dispatched, once the state itself
-    # is computed: at most one of these cross-device reductions is in flight, never queued
-    # beside a train step. Dispatching every leaf's program at once (235 for BERT-small)
-    # behind an unfinished train step aborted runs on 8 simulated CPU devices under load: an
-    # all-reduce rendezvous timed out with some devices still busy with other programs.
-    jax.block_until_ready([leaf for _, _, leaf in entries])
-    fingerprints, finite = [], []
-    for _, _, leaf in entries:
-        fingerprint, ok = _to_host(_leaf_summary_jit(leaf))
-        fingerprints.append(int(fingerprint))
-        finite.append(bool(ok))
-    return [
-        LeafSummary(item, path, str(leaf.dtype), tuple(leaf.shape), fp, ok)
-        for (item, path, leaf), fp, ok in zip(entries, fingerprints, finite)
-    ]
-
-
-def _first_few(names: list[str], limit: int = 5) -> str:
-    extra = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + extra
-
-
-def _integrity_record(summaries: list[LeafSummary]) -> dict:
-    leaves: dict[str, dict[str, list]] = {}
-    for s in summaries:
-        leaves.setdefault(s.item, {})[s.path] = [s.fingerprint, s.dtype, list(s.shape)]
-    return {"algorithm": FINGERPRINT_ALGORITHM, "leaves": leaves}
-
-
-def verify(step: int, meta: dict, trees: dict[str, Any]) -> None:
-    """Raise CheckpointIntegrityError unless the restored trees match what step's save recorded.
-
-    Every float leaf must be finite. Leaves with a recorded fingerprint must reproduce it,
-    except where the restore target asked for another dtype or shape (then the bits differ by
-    design). Checkpoints saved before fingerprints were recorded get the finiteness check only.
-    """
-    summaries = summarise(trees)
-    problems = [f"{s.name} holds NaN or inf" for s in summaries if not s.finite]
-    damaged = {s.name for s in summaries if not s.finite}
-    record = meta.get(INTEGRITY_KEY)
-    if not isinstance(record, dict) or record.get("algorithm") != FINGERPRINT_ALGORITHM:
-        logger.info(
-            "checkpoint step %d has no integrity record this version can read; "
-            "checked its values for NaN/inf only",
-            step,
-        )
-    else:
-        saved = record.get("leaves", {})
-        for s in summaries:
-            entry = saved.get(s.item, {}).get(s.path)
-            if entry is None or entry[1] != s.dtype or tuple(entry[2]) != s.shape:
-                continue
-            if s.name in damaged:
-                continue
-            if entry[0] != s.fingerprint:
-                problems.append(f"{s.name} differs from what was saved (fingerprint mismatch)")
-    if problems:
-        raise CheckpointIntegrityError(f"checkpoint step {step} is damaged: {_first_few(problems)}")
-
-
-def _public_meta(meta: Any) -> dict:
-    """The caller's meta dict, without the integrity record."""
-    return {k: v for k, v in dict(meta).items() if k != INTEGRITY_KEY}
-
-
-# ----------------------------------------------------------------------------- noise control
-
-_ORBAX_DIR = os.path.dirname(os.path.abspath(ocp.__file__))
-
-
-class _OrbaxTracebacks(logging.Filter):
-    """Keeps Orbax's per-thread tracebacks of a failed save at DEBUG level on this module.
-
-    A failed background write is logged with a full traceback by every Orbax thread it passes
-    through (5 to 11 of them) and then raised once to the caller; Checkpointer turns that into
-    one CheckpointSaveError, so the logged copies are noise at the default level.
-    """
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if (
-            record.levelno >= logging.ERROR
-            and record.exc_info
-            and record.pathname.startswith(_ORBAX_DIR)
-        ):
-            logger.debug("orbax: %s", record.getMessage(), exc_info=record.exc_info)
-            return False
-        return True
-
-
-def _is_abandoned_orbax_work(unraisable: Any) -> bool:
-    """An 'Exception ignored' report left behind by a restore or save that failed part-way.
-
-    When one array read or write fails, Orbax closes its event loop while TensorStore is still
-    finishing the sibling operations: their completion callbacks find the loop closed
-    (RuntimeError from asyncio's call_soon_threadsafe), and the suspended Orbax coroutines
-    raise again when they are collected (GeneratorExit re-raised as Exception, or an import
-    error at interpreter exit). The failure itself was already raised; these repeat it.
-    """
-    error = unraisable.exc_value
-    if isinstance(error, RuntimeError) and str(error) == "Event loop is closed":
-        frames = []
-        tb = unraisable.exc_traceback
-        while tb is not None:
-            frames.append(tb.tb_frame.f_code.co_name)
-            tb = tb.tb_next
-        return "call_soon_threadsafe" in frames
-    code = getattr(unraisable.object, "cr_code", None)
-    return code is not None and os.path.abspath(code.co_filename).startswith(_ORBAX_DIR)
-
-
-class _QuietAbandonedWork:
-    """sys.unraisablehook wrapper: abandoned Orbax operations go to DEBUG, the rest through."""
-
-    def __init__(self, previous):
-        self.previous = previous
-
-    def __call__(self, unraisable) -> None:
-        if _is_abandoned_orbax_work(unraisable):
-            logger.debug(
-                "ignored a late report of an abandoned checkpoint operation: %r",
-                unraisable.exc_value,
-            )
-            return
-        self.previous(unraisable)
-
-
-def _contain_orbax_noise() -> None:
-    """Installs the log filter and unraisable hook above (idempotent, process-wide)."""
-    absl_logger = logging.getLogger("absl")
-    if not any(isinstance(f, _OrbaxTracebacks) for f in absl_logger.filters):
-        absl_logger.addFilter(_OrbaxTracebacks())
-    # Installed for good: the late reports arrive whenever TensorStore finishes.
-    if not isinstance(sys.unraisablehook, _QuietAbandonedWork):
-        sys.unraisablehook = _QuietAbandonedWork(sys.unraisablehook)
 
 
 def _is_disk_full(error: BaseException | None) -> bool:
@@ -452,7 +183,7 @@ def _restore_with_fallback(
     A failing step is logged with its error; when every step fails, raises
     CheckpointRestoreError listing each step's error (never returns "nothing").
     """
-    _contain_orbax_noise()
+    orbax_logs.contain_orbax_noise()
     failures: list[tuple[int, BaseException]] = []
     vanished: list[int] = []
     for candidate in steps:
@@ -537,7 +268,7 @@ class Checkpointer:
             # Leftovers of a save killed mid-write; Orbax never restores from them.
             cleanup_tmp_directories=True,
         )
-        _contain_orbax_noise()
+        orbax_logs.contain_orbax_noise()
         self._manager = ocp.CheckpointManager(
             self.directory, item_names=ITEM_NAMES, item_handlers=_item_handlers(), options=options
         )
@@ -577,7 +308,7 @@ class Checkpointer:
         float leaf of params or opt_state is NaN/inf, or meta is not JSON; CheckpointSaveError
         if this save, or the background write of the previous one, failed.
 
-        Records a fingerprint of every array leaf in the step's meta (see `summarise`), which
+        Records a fingerprint of every array leaf in the step's meta (integrity.summarise), which
         every restore checks.
         """
         if self._closed:
@@ -591,9 +322,10 @@ class Checkpointer:
             return False
         if not isinstance(meta, dict):
             raise ValueError(f"meta must be a dict, got {type(meta).__name__} at step {step}")
-        if INTEGRITY_KEY in meta:
+        if integrity.INTEGRITY_KEY in meta:
             raise ValueError(
-                f"meta for step {step} uses the reserved key {INTEGRITY_KEY!r}; rename that entry"
+                f"meta for step {step} uses the reserved key {integrity.INTEGRITY_KEY!r}; rename "
+                "that entry"
             )
         try:
             json.dumps(meta)
@@ -601,18 +333,20 @@ class Checkpointer:
             raise ValueError(f"meta for step {step} is not JSON-serialisable: {error}") from error
         # Orbax would wait for the previous write anyway; waiting here names its step on failure.
         self._confirm_in_flight()
-        summaries = summarise({PARAMS_ITEM: params, OPT_STATE_ITEM: opt_state})
+        summaries = integrity.summarise({PARAMS_ITEM: params, OPT_STATE_ITEM: opt_state})
         bad = [s.name for s in summaries if not s.finite]
         if bad:
             raise ValueError(
                 f"refusing to save step {step}: non-finite values (NaN or inf) in "
-                f"{_first_few(bad)}; {self._what_is_kept(step)}"
+                f"{integrity.first_few(bad)}; {self._what_is_kept(step)}"
             )
         args = ocp.args.Composite(
             **{
                 PARAMS_ITEM: ocp.args.StandardSave(params),
                 OPT_STATE_ITEM: ocp.args.StandardSave(opt_state),
-                META_ITEM: ocp.args.JsonSave({**meta, INTEGRITY_KEY: _integrity_record(summaries)}),
+                META_ITEM: ocp.args.JsonSave(
+                    {**meta, integrity.INTEGRITY_KEY: integrity.record(summaries)}
+                ),
             }
         )
         try:
@@ -703,7 +437,7 @@ class Checkpointer:
         """Restore onto the shardings of the abstract trees; None if there is no checkpoint.
 
         With step=None the newest step is tried first; one that is unreadable, or whose values
-        fail `verify` (fingerprints recorded at save, NaN/inf), is logged, moved to
+        fail integrity.verify (fingerprints recorded at save, NaN/inf), is logged, moved to
         `<directory>/corrupt/` so that the resumed run can save that step again, and the
         previous step is tried. If steps exist and none restores, CheckpointRestoreError.
         """
@@ -727,8 +461,8 @@ class Checkpointer:
             )
             params, opt_state = restored[PARAMS_ITEM], restored[OPT_STATE_ITEM]
             meta = dict(restored[META_ITEM])
-            verify(candidate, meta, {PARAMS_ITEM: params, OPT_STATE_ITEM: opt_state})
-            return Restored(candidate, params, opt_state, _public_meta(meta))
+            integrity.verify(candidate, meta, {PARAMS_ITEM: params, OPT_STATE_ITEM: opt_state})
+            return Restored(candidate, params, opt_state, integrity.public_meta(meta))
 
         _, restored, bad = _restore_with_fallback(self.directory, candidates, restore_one)
         if bad:
@@ -872,7 +606,7 @@ def restore_params(
     from. With `layout_only`, abstract_params only lays out the arrays it has: the stored tree
     says what is read, and an array abstract_params lacks (a network trained beside the
     model, e.g. ELECTRA's generator) is replicated on its mesh. The values are checked as in
-    Checkpointer.restore (`verify`). With step=None, an unreadable or damaged newest step is
+    Checkpointer.restore (integrity.verify). With step=None, an unreadable or damaged newest step is
     named and the previous one used; nothing is moved, since readers (notebooks, init_from)
     may share the directory with a live run.
     """
@@ -899,8 +633,8 @@ def restore_params(
                 ),
             )
             params, meta = restored[PARAMS_ITEM], dict(restored[META_ITEM])
-            verify(candidate, meta, {PARAMS_ITEM: params})
-            return params, _public_meta(meta)
+            integrity.verify(candidate, meta, {PARAMS_ITEM: params})
+            return params, integrity.public_meta(meta)
 
         good, (params, meta) = _read_newest(path, manager, step, restore_one)
         return good, params, meta
@@ -919,7 +653,7 @@ def read_meta(directory: str | os.PathLike, step: int | None = None) -> dict:
             )
             if restored[META_ITEM] is None:
                 raise FileNotFoundError(f"step {candidate} has no {META_ITEM} item")
-            return _public_meta(restored[META_ITEM])
+            return integrity.public_meta(restored[META_ITEM])
 
         return _read_newest(path, manager, step, restore_one)[1]
     finally:

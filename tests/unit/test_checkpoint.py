@@ -22,6 +22,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from bertjax.engine import checkpoint as ckpt
+from bertjax.engine import integrity
 from tests.helpers.checkpoint import (
     make_state,
     mesh,  # noqa: F401 (fixtures)
@@ -480,14 +481,14 @@ def test_old_checkpoints_restore_with_finiteness_checked(tmp_path, mesh, caplog)
 
 def test_fingerprints_cover_values_positions_and_dtypes(mesh):
     params, opt_state = make_trained_state(mesh, seed=3)
-    summaries = ckpt.summarise({"params": params, "opt_state": opt_state})
+    summaries = integrity.summarise({"params": params, "opt_state": opt_state})
     names = [s.name for s in summaries]
     assert "params['layer_0']['scale']" in names and "opt_state[0].count" in names
     by_name = {s.name: s for s in summaries}
     assert by_name["params['layer_0']['scale']"].dtype == "bfloat16"
 
     def fingerprint(x):
-        return ckpt.summarise({"x": x})[0].fingerprint
+        return integrity.summarise({"x": x})[0].fingerprint
 
     kernel = params["layer_0"]["kernel"]
     host = np.asarray(kernel)
