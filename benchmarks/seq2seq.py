@@ -48,6 +48,7 @@ from flax import linen as nn  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
+from bertjax.tasks.seq2seq import decoding  # noqa: E402
 from bertjax.tasks.seq2seq import hf as seq2seq_hf  # noqa: E402
 from bertjax.tasks.seq2seq import model as s2s  # noqa: E402
 
@@ -115,12 +116,12 @@ def main() -> None:
         rates = {}
         outputs = {}
         for use_cache in (True, False):
-            settings = s2s.GenerationSettings(
+            settings = decoding.GenerationSettings(
                 max_new_tokens=args.max_new_tokens, num_beams=beams, use_cache=use_cache
             )
 
             def run(settings=settings):
-                out = s2s.generate(config, params, ids, mask, settings=settings)
+                out = decoding.generate(config, params, ids, mask, settings=settings)
                 jax.block_until_ready(out)
                 return out
 
@@ -145,7 +146,7 @@ def main() -> None:
 
         theirs = run_hf()
         hf_rate = tokens / best_time(run_hf, args.repeats)
-        ours = s2s.strip(outputs[True], EOS)
+        ours = decoding.strip(outputs[True], EOS)
         agree = 0
         for row, their_row in zip(ours, theirs[:, 1:].tolist()):
             agree += row == (their_row[: their_row.index(EOS)] if EOS in their_row else their_row)

@@ -29,7 +29,7 @@ from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.nn import sharding
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
-from bertjax.tasks.seq2seq import model as seq2seq_lib
+from bertjax.tasks.seq2seq.options import TaskOptions
 from bertjax.text.features import TruncationWarning
 from tests.helpers.tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, write_tokenizer
 
@@ -180,7 +180,7 @@ def _generate(model, texts):
 
 
 def _seq2seq_head(tokenizer):
-    options = seq2seq_lib.TaskOptions(decoder_start_id=tokenizer.cls_id, eos_id=tokenizer.sep_id)
+    options = TaskOptions(decoder_start_id=tokenizer.cls_id, eos_id=tokenizer.sep_id)
     return options.head()
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from bertjax.tasks.seq2seq import decoding
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
-from bertjax.tasks.seq2seq import model as s2s
 from tests.helpers.seq2seq import CONFIG, EOS, SEARCHES, half_trained, reversal_batch, trainer  # noqa: F401
 from tests.helpers.seq2seq_torch import hf_model  # noqa: F401
 
@@ -20,8 +20,10 @@ def test_generate_matches_transformers(search, half_trained, tmp_path):
     model = hf_model(directory)
     batch, _ = reversal_batch(np.random.default_rng(11), 6)
     ids, mask = batch["input_ids"], batch["input_mask"]
-    settings = s2s.GenerationSettings(max_new_tokens=9, **search)
-    ours = s2s.strip(s2s.generate(CONFIG, half_trained, ids, mask, settings=settings), EOS)
+    settings = decoding.GenerationSettings(max_new_tokens=9, **search)
+    ours = decoding.strip(
+        decoding.generate(CONFIG, half_trained, ids, mask, settings=settings), EOS
+    )
     with torch.no_grad():
         out = model.generate(
             input_ids=torch.tensor(ids),
@@ -41,9 +43,9 @@ def test_generate_matches_transformers(search, half_trained, tmp_path):
 @pytest.mark.parametrize("num_beams", [1, 4])
 def test_cached_generation_equals_uncached(num_beams, half_trained):
     batch, _ = reversal_batch(np.random.default_rng(12), 5)
-    settings = s2s.GenerationSettings(max_new_tokens=9, num_beams=num_beams)
+    settings = decoding.GenerationSettings(max_new_tokens=9, num_beams=num_beams)
     args = (CONFIG, half_trained, batch["input_ids"], batch["input_mask"])
-    cached = s2s.generate(*args, settings=settings)
-    uncached = s2s.generate(*args, settings=dataclasses.replace(settings, use_cache=False))
+    cached = decoding.generate(*args, settings=settings)
+    uncached = decoding.generate(*args, settings=dataclasses.replace(settings, use_cache=False))
     np.testing.assert_array_equal(cached.tokens, uncached.tokens)
     np.testing.assert_allclose(cached.scores, uncached.scores, rtol=1e-4)

@@ -11,8 +11,10 @@ import bertjax
 from bertjax.engine import rundir
 from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.seq2seq import decoding
 from bertjax.tasks.seq2seq import model as s2s
 from bertjax.tasks.seq2seq import task as s2s_task
+from bertjax.tasks.seq2seq.options import TaskOptions
 from tests.helpers.seq2seq_task import (  # noqa: F401
     EOS,
     START,
@@ -28,13 +30,13 @@ from tests.helpers.seq2seq_task import (  # noqa: F401
 
 @pytest.mark.slow  # about a minute on a shared 2-core machine
 def test_objective_sums_are_the_models_loss_and_skip_padding_rows():
-    options = s2s.TaskOptions(
+    options = TaskOptions(
         START,
         EOS,
         init=s2s.RND2RND,
         label_smoothing=0.1,
         max_target_length=6,
-        generation=s2s.GenerationSettings(max_new_tokens=6),
+        generation=decoding.GenerationSettings(max_new_tokens=6),
     )
     config = bert_config(hidden_dropout=0.0, attention_dropout=0.0)
     objective = s2s_task.Seq2SeqObjective(config, options.head())

@@ -20,7 +20,7 @@ from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.storage import hf
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tasks.seq2seq import model as seq2seq
+from bertjax.tasks.seq2seq.options import TaskOptions
 from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch, second_segment
 
@@ -82,7 +82,7 @@ def test_presets_read_and_seq2seq_refuses_electra_in_one_line():
     assert (small.num_heads, small.intermediate_size, small.hidden_dropout) == (4, 1024, 0.0)
     with pytest.raises(ValueError, match="ELECTRA preset 'huge' is unknown"):
         encoders.get("electra").from_settings("huge", {})
-    options = seq2seq.TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
+    options = TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
     with pytest.raises(ValueError, match="seq2seq needs a BERT encoder; ElectraConfig"):
         options.config(CONFIG)
 

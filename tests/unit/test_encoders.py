@@ -23,7 +23,7 @@ from bertjax.nn import heads, sharding
 from bertjax.storage import hf
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
-from bertjax.tasks.seq2seq import model as seq2seq
+from bertjax.tasks.seq2seq.options import TaskOptions
 from tests.helpers.encoders import (
     ATOL,
     CONFIG,
@@ -138,7 +138,7 @@ def test_finetuned_checkpoint_opens_with_its_family(family, tmp_path):
 
 
 def test_seq2seq_refuses_a_modernbert_encoder():
-    options = seq2seq.TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
+    options = TaskOptions(decoder_start_id=TOKENIZER.cls_id, eos_id=TOKENIZER.sep_id)
     with pytest.raises(ValueError, match="seq2seq needs a BERT encoder; ModernBertConfig"):
         options.config(CONFIG)
 

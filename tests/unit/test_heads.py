@@ -18,7 +18,8 @@ from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.objective import LossSettings
 from bertjax.tasks.labels import model as label_heads
-from bertjax.tasks.seq2seq import model as s2s
+from bertjax.tasks.seq2seq import decoding
+from bertjax.tasks.seq2seq.options import TaskOptions
 from bertjax.text.tokenizer import WordPieceTokenizer
 
 CONFIG = BertConfig(
@@ -255,13 +256,13 @@ def test_heads_with_options_in_their_labels_still_open():
         EmbeddingSpec("max", True, 24), LossSettings(symmetric=True)
     )
     seq2seq = HeadSpec.from_dict(LEGACY_SEQ2SEQ)
-    assert seq2seq.options == s2s.TaskOptions(
+    assert seq2seq.options == TaskOptions(
         decoder_start_id=2,
         eos_id=3,
         init="bertshare",
         label_smoothing=0.1,
         max_target_length=16,
-        generation=s2s.GenerationSettings(max_new_tokens=12, num_beams=4),
+        generation=decoding.GenerationSettings(max_new_tokens=12, num_beams=4),
     )
     # Written again, they take the typed form, which reads back the same.
     for head in (embedding, seq2seq):

@@ -14,6 +14,7 @@ import pytest
 
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.nn import sharding
+from bertjax.tasks.seq2seq import decoding
 from bertjax.tasks.seq2seq import metrics as text_metrics
 from bertjax.tasks.seq2seq import model as s2s
 from tests.helpers.seq2seq import (  # noqa: F401
@@ -40,9 +41,9 @@ def test_config_errors_name_the_field():
     with pytest.raises(ValueError, match="eos_id=40"):
         s2s.Seq2SeqConfig(BERT, START, VOCAB)
     with pytest.raises(ValueError, match="num_beams=0"):
-        s2s.GenerationSettings(num_beams=0)
+        decoding.GenerationSettings(num_beams=0)
     with pytest.raises(ValueError, match="early_stopping='sometimes'"):
-        s2s.GenerationSettings(early_stopping="sometimes")
+        decoding.GenerationSettings(early_stopping="sometimes")
     assert s2s.Seq2SeqConfig.from_dict(CONFIG.to_dict()) == CONFIG
 
 
@@ -178,7 +179,7 @@ def test_cached_decoding_step_by_step_equals_the_whole_prefix():
     variables = {"params": params}
     encoded = model.apply(variables, ids, None, mask, method=s2s.Seq2SeqModel.encode)
     cross = model.apply(variables, encoded, method=s2s.Seq2SeqModel.cross_keys_values)
-    cache = s2s._empty_cache(BERT, ids.shape[0], 10)
+    cache = decoding._empty_cache(BERT, ids.shape[0], 10)
     decode = jax.jit(
         lambda c, token, i: model.apply(
             variables, token, cross, mask, cache=c, start=i, method=s2s.Seq2SeqModel.decode
@@ -240,13 +241,13 @@ def toy_step(sequences, cache, length):
 
 
 def test_greedy_and_beam_search_on_a_hand_checked_case():
-    settings = s2s.GenerationSettings(max_new_tokens=4)
-    tokens, score = jax.jit(lambda: s2s._greedy(TOY, settings, toy_step, None, 1))()
+    settings = decoding.GenerationSettings(max_new_tokens=4)
+    tokens, score = jax.jit(lambda: decoding._greedy(TOY, settings, toy_step, None, 1))()
     np.testing.assert_array_equal(tokens, [[A, EOS, 0, 0]])
     np.testing.assert_allclose(score, [math.log(0.5 * 0.4)], rtol=1e-5)
 
     beam = dataclasses.replace(settings, num_beams=2)
-    tokens, score = jax.jit(lambda: s2s._beam_search(TOY, beam, toy_step, None, 1))()
+    tokens, score = jax.jit(lambda: decoding._beam_search(TOY, beam, toy_step, None, 1))()
     np.testing.assert_array_equal(tokens[:, :2], [[B, EOS]])
     # length_penalty 1: the summed log-probability over the 2 generated tokens.
     np.testing.assert_allclose(score, [math.log(0.36) / 2], rtol=1e-5)
@@ -256,7 +257,7 @@ def test_greedy_and_beam_search_on_a_hand_checked_case():
     # Only the best num_beams candidates may finish (transformers' rule): with 2 beams [SEP]
     # at once (third best) never can, with 3 it does.
     short = dataclasses.replace(beam, num_beams=3, length_penalty=-3.0)
-    tokens, score = jax.jit(lambda: s2s._beam_search(TOY, short, toy_step, None, 1))()
+    tokens, score = jax.jit(lambda: decoding._beam_search(TOY, short, toy_step, None, 1))()
     np.testing.assert_array_equal(tokens[:, :1], [[EOS]])
     np.testing.assert_allclose(score, [math.log(0.1)], rtol=1e-5)
 
@@ -264,22 +265,22 @@ def test_greedy_and_beam_search_on_a_hand_checked_case():
 def test_ids_past_the_usable_vocabulary_are_never_generated():
     # b (5) is the toy's second choice after [CLS]; with the vocabulary cut below it greedy
     # and beam search both read a, whose best next token is [SEP].
-    settings = s2s.GenerationSettings(max_new_tokens=4, usable_vocab=B)
-    tokens, _ = jax.jit(lambda: s2s._greedy(TOY, settings, toy_step, None, 1))()
+    settings = decoding.GenerationSettings(max_new_tokens=4, usable_vocab=B)
+    tokens, _ = jax.jit(lambda: decoding._greedy(TOY, settings, toy_step, None, 1))()
     np.testing.assert_array_equal(tokens, [[A, EOS, 0, 0]])
     beam = dataclasses.replace(settings, num_beams=2)
-    tokens, _ = jax.jit(lambda: s2s._beam_search(TOY, beam, toy_step, None, 1))()
+    tokens, _ = jax.jit(lambda: decoding._beam_search(TOY, beam, toy_step, None, 1))()
     np.testing.assert_array_equal(tokens[:, :2], [[A, EOS]])
     assert (np.asarray(tokens) < B).all()
 
 
 def test_banned_tokens_match_no_repeat_ngram_rule():
     sequences = jnp.array([[START, 4, 5, 4, 0, 0], [START, 4, 4, 4, 0, 0]])
-    banned = np.asarray(s2s.banned_tokens(sequences, jnp.int32(4), 2, 8))
+    banned = np.asarray(decoding.banned_tokens(sequences, jnp.int32(4), 2, 8))
     # Row 0 ends with 4 and "4 5" occurred: 5 is banned. Row 1: "4 4" occurred: 4 banned.
     assert np.flatnonzero(banned[0]).tolist() == [5]
     assert np.flatnonzero(banned[1]).tolist() == [4]
-    banned3 = np.asarray(s2s.banned_tokens(sequences, jnp.int32(4), 3, 8))
+    banned3 = np.asarray(decoding.banned_tokens(sequences, jnp.int32(4), 3, 8))
     assert np.flatnonzero(banned3[0]).tolist() == []  # no earlier trigram starts "5 4"
     assert np.flatnonzero(banned3[1]).tolist() == [4]
 

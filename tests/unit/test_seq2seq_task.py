@@ -15,8 +15,10 @@ from bertjax.engine import rundir
 from bertjax.engine.settings import ConfigError
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.seq2seq import decoding
 from bertjax.tasks.seq2seq import model as s2s
 from bertjax.tasks.seq2seq import task as s2s_task
+from bertjax.tasks.seq2seq.options import TaskOptions
 from tests.helpers.seq2seq_task import (  # noqa: F401
     EOS,
     START,
@@ -121,7 +123,7 @@ def test_files_become_sources_and_shifted_targets(source, tmp_path):
     test = data.test[0]
     assert not test.has_labels and test.features["target_mask"].sum() == 0
     # The head holds what reopens the run: init, special ids, loss and generation.
-    options = s2s.TaskOptions.from_head(bertjax.HeadSpec.from_dict(data.head.to_dict()))
+    options = TaskOptions.from_head(bertjax.HeadSpec.from_dict(data.head.to_dict()))
     assert (options.init, options.decoder_start_id, options.eos_id) == ("bert2bert", START, EOS)
     assert options.max_target_length == 6
 
@@ -130,10 +132,10 @@ def test_files_become_sources_and_shifted_targets(source, tmp_path):
 
 
 def test_a_decoder_longer_than_the_positions_is_refused():
-    options = s2s.TaskOptions(START, EOS, max_target_length=20)
+    options = TaskOptions(START, EOS, max_target_length=20)
     with pytest.raises(ConfigError, match="config.data.max_target_length=20: exceeds"):
         s2s_task.Seq2SeqObjective(bert_config(), options.head())
-    options = s2s.TaskOptions(START, EOS, max_target_length=8)  # generates 64 by default
+    options = TaskOptions(START, EOS, max_target_length=8)  # generates 64 by default
     with pytest.raises(ConfigError, match=r"config.seq2seq.max_new_tokens=64: needs 65 dec"):
         s2s_task.Seq2SeqObjective(bert_config(), options.head())
 
@@ -141,8 +143,8 @@ def test_a_decoder_longer_than_the_positions_is_refused():
 @pytest.mark.parametrize("init", s2s.INITS)
 def test_warm_start_takes_what_each_init_says(source, init):
     run = rundir.open_run(source)
-    options = s2s.TaskOptions(
-        START, EOS, init=init, max_target_length=8, generation=s2s.GenerationSettings(8)
+    options = TaskOptions(
+        START, EOS, init=init, max_target_length=8, generation=decoding.GenerationSettings(8)
     )
     objective = s2s_task.Seq2SeqObjective(run.config, options.head())
     fresh = nn.meta.unbox(objective.init_params(jax.random.key(3)))

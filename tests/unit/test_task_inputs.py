@@ -28,6 +28,7 @@ from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa import task as qa_task
 from bertjax.tasks.seq2seq import model as s2s
+from bertjax.tasks.seq2seq.options import TaskOptions
 from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.seq2seq_task import bert_config, make_config, source, write_data  # noqa: F401
@@ -327,7 +328,7 @@ def _model(head: HeadSpec, config: BertConfig = CONFIG) -> Model:
 def models() -> dict[str, Model]:
     return {
         "qa": _model(HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS)),
-        "seq2seq": _model(s2s.TaskOptions(decoder_start_id=2, eos_id=3).head()),
+        "seq2seq": _model(TaskOptions(decoder_start_id=2, eos_id=3).head()),
         "embedding": _model(embed_task.head_for(EmbeddingSpec(max_seq_length=16))),
         "classification": _model(HeadSpec("classification", ("a", "b"))),
         "tokens": _model(HeadSpec("token_classification", ("O", "X"))),

@@ -1,6 +1,8 @@
 """Translation and text generation: a warm-started BERT encoder-decoder.
 
-model.py     the encoder-decoder, its loss, cached greedy and beam search, TaskOptions
+model.py     the encoder-decoder, its parameters (the four inits) and its loss
+decoding.py  greedy and beam search in one compiled loop, with a key/value cache
+options.py   TaskOptions: the init, special ids, loss and generation a run keeps
 task.py      the fine-tuning task (config.task=seq2seq, config.seq2seq) and the warm start
              from a BERT checkpoint (bert2bert, bertshare, bert2rnd, rnd2rnd)
 metrics.py   corpus BLEU (sacrebleu) and ROUGE (rouge-score)
@@ -24,6 +26,7 @@ from bertjax.storage import hf as hf_files
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as seq2seq_lib
 from bertjax.tasks.seq2seq.generate import generate
+from bertjax.tasks.seq2seq.options import TaskOptions, task_init
 from bertjax.tasks.seq2seq.task import Seq2SeqTask, warm_start
 
 
@@ -37,20 +40,20 @@ class Seq2Seq(capability.Capability):
     notebook = {"generate": generate}
 
     def check_head(self, head: HeadSpec) -> None:
-        if head.labels or not isinstance(head.options, seq2seq_lib.TaskOptions):
+        if head.labels or not isinstance(head.options, TaskOptions):
             raise ValueError(
                 f"a {head.task} head has no labels and TaskOptions; got labels="
                 f"{head.labels!r}, options={head.options!r}"
             )
 
-    def options_from_dict(self, d: Mapping[str, Any]) -> seq2seq_lib.TaskOptions:
-        return seq2seq_lib.TaskOptions.from_dict(dict(d))
+    def options_from_dict(self, d: Mapping[str, Any]) -> TaskOptions:
+        return TaskOptions.from_dict(dict(d))
 
     def head_from_legacy(self, task: str, labels: tuple[str, ...]) -> HeadSpec:
-        return seq2seq_lib.TaskOptions.from_labels(labels).head()
+        return TaskOptions.from_labels(labels).head()
 
     def init(self, config, head: HeadSpec):
-        return seq2seq_lib.task_init(config, head)
+        return task_init(config, head)
 
     def warm_start(self, config, head, source, params, fresh) -> tuple[Any, str, bool]:
         params, note = warm_start(head.options, config, source, params, fresh)
@@ -71,7 +74,7 @@ class Seq2Seq(capability.Capability):
     def open(self, path: str | os.PathLike, **overrides) -> Opened:
         config, params = seq2seq_hf.load_seq2seq(path, **overrides)
         tokenizer = hf_files.load_tokenizer(path)
-        options = seq2seq_lib.TaskOptions(
+        options = TaskOptions(
             decoder_start_id=config.decoder_start_id, eos_id=config.eos_id, init=config.init
         )
         return Opened(config.bert, params, tokenizer, options.head())

@@ -2,7 +2,7 @@
 
 Sources become [CLS] text [SEP] and run through the Model's one batching path (length
 buckets, batch_size, mesh); each batch generates inside one compiled loop
-(bertjax.tasks.seq2seq.model.generate).
+(bertjax.tasks.seq2seq.decoding.generate).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from bertjax.inference import InferenceError, Model, as_texts
-from bertjax.tasks.seq2seq import model as seq2seq_lib
+from bertjax.tasks.seq2seq import decoding
+from bertjax.tasks.seq2seq.options import TaskOptions
 
 
 def generate(
@@ -31,9 +32,9 @@ def generate(
     The arguments mean what transformers' generate's do; sources longer than max_length
     tokens (default: the model's positions) are cut. One text gives one string.
     """
-    options: seq2seq_lib.TaskOptions = model.head.options
+    options: TaskOptions = model.head.options
     try:
-        settings = seq2seq_lib.GenerationSettings(
+        settings = decoding.GenerationSettings(
             max_new_tokens=max_new_tokens,
             num_beams=num_beams,
             length_penalty=length_penalty,
@@ -57,14 +58,14 @@ def generate(
     )
     results: list[Any] = [None] * len(texts)
     for rows, (tokens, lengths) in model.batched(function, features):
-        generated = seq2seq_lib.Generated(tokens, lengths, None)
-        for row, ids in zip(rows, seq2seq_lib.strip(generated, options.eos_id)):
+        generated = decoding.Generated(tokens, lengths, None)
+        for row, ids in zip(rows, decoding.strip(generated, options.eos_id)):
             results[row] = model.tokenizer.decode(ids, skip_special=True).strip()
     return results[0] if single else results
 
 
 def _generate(params, batch, *, config, settings, packed_length):
-    generated = seq2seq_lib.generate(
+    generated = decoding.generate(
         config,
         params,
         batch["input_ids"],

@@ -35,8 +35,10 @@ from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, Task, TaskData, TaskInputs, TaskObjective
 from bertjax.nn.heads import HeadSums
 from bertjax.storage import fs
+from bertjax.tasks.seq2seq import decoding
 from bertjax.tasks.seq2seq import metrics as text_metrics
 from bertjax.tasks.seq2seq import model as s2s
+from bertjax.tasks.seq2seq.options import TaskOptions, task_init
 from bertjax.text import features as features_lib
 from bertjax.text.tokenizer import Tokenizer
 
@@ -53,7 +55,7 @@ class Seq2SeqData:
     max_target_length: int
     init: str
     label_smoothing: float
-    generation: s2s.GenerationSettings
+    generation: decoding.GenerationSettings
     # The config field max_seq_length was read from, for messages.
     max_seq_length_field: str = "data.max_seq_length"
 
@@ -62,8 +64,8 @@ class Seq2SeqData:
         """(text fields, label field) of the files' layout."""
         return (self.source_field,), self.target_field
 
-    def options(self, tokenizer: Tokenizer) -> s2s.TaskOptions:
-        return s2s.TaskOptions(
+    def options(self, tokenizer: Tokenizer) -> TaskOptions:
+        return TaskOptions(
             decoder_start_id=tokenizer.cls_id,
             eos_id=tokenizer.sep_id,
             init=self.init,
@@ -147,7 +149,7 @@ def read_options(config) -> Seq2SeqData:
         "seq2seq.length_penalty",
         "must be a number (1.0: transformers' default)",
     )
-    generation = s2s.GenerationSettings(
+    generation = decoding.GenerationSettings(
         max_new_tokens=s.max_new_tokens or d.max_target_length,
         num_beams=s.num_beams,
         length_penalty=float(s.length_penalty),
@@ -176,9 +178,9 @@ class Seq2SeqObjective(TaskObjective):
     eval_outputs = True
 
     def __init__(self, model_config: BertConfig, head: HeadSpec):
-        self.options = s2s.TaskOptions.from_head(head)
+        self.options = TaskOptions.from_head(head)
         self.config = self.options.config(model_config)
-        self._init = s2s.task_init(model_config, head)
+        self._init = task_init(model_config, head)
         positions = model_config.max_position_embeddings
         target, new = self.options.max_target_length, self.options.generation.max_new_tokens
         if target > positions:
@@ -211,7 +213,7 @@ class Seq2SeqObjective(TaskObjective):
 
     def evaluate(self, params, batch):
         sums = self.sums(params, batch, rng=None, deterministic=True)
-        generated = s2s.generate(
+        generated = decoding.generate(
             self.config,
             params,
             batch["input_ids"],
@@ -242,7 +244,7 @@ class Seq2SeqObjective(TaskObjective):
 
 
 def encode(
-    split: task_data.Split, data: Seq2SeqData, options: s2s.TaskOptions, tokenizer: Tokenizer
+    split: task_data.Split, data: Seq2SeqData, options: TaskOptions, tokenizer: Tokenizer
 ) -> tuple[Seq2SeqExamples, list[str]]:
     """A split's sources and targets as arrays, and notes on what was cut."""
     texts = [record.texts[0] for record in split.records]
@@ -305,8 +307,8 @@ def encode(
 def predicted_ids(examples: Seq2SeqExamples, outputs: dict[str, np.ndarray]) -> list[list[int]]:
     """Each example's generated ids, without [SEP] and padding."""
     eos = examples.tokenizer.sep_id
-    generated = s2s.Generated(outputs["tokens"], outputs["lengths"], None)
-    return s2s.strip(generated, eos)
+    generated = decoding.Generated(outputs["tokens"], outputs["lengths"], None)
+    return decoding.strip(generated, eos)
 
 
 def predicted_texts(examples: Seq2SeqExamples, outputs: dict[str, np.ndarray]) -> list[str]:
@@ -396,13 +398,13 @@ class Seq2SeqTask(Task):
 
 
 def warm_start(
-    options: s2s.TaskOptions, model_config: BertConfig, source: rundir.Run, params: Any, fresh: Any
+    options: TaskOptions, model_config: BertConfig, source: rundir.Run, params: Any, fresh: Any
 ) -> tuple[Any, str]:
     """A run's first parameters from init_from, and a line saying what was taken: a seq2seq
     run goes on; an encoder becomes the encoder (and the decoder) as `options.init` says."""
     init = options.init
     if source.head is not None and source.head.task == s2s.TASK:
-        theirs = s2s.TaskOptions.from_head(source.head)
+        theirs = TaskOptions.from_head(source.head)
         if theirs.init != init:
             raise ConfigError(
                 f"config.seq2seq.init={init!r}: config.init_from={str(source.path)!r} is "
