@@ -47,10 +47,8 @@ from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.metrics import spearman  # noqa: E402
 from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
 from bertjax.tasks.labels import model as label_heads  # noqa: E402
-from bertjax.text.tokenizer import (  # noqa: E402
-    WordPieceTokenizer,  # noqa: E402
-    load_tokenizer,  # noqa: E402
-)
+from bertjax.text.directory import load_tokenizer  # noqa: E402
+from bertjax.text.tokenizer import WordPieceTokenizer  # noqa: E402
 from configs import finetune as finetune_config  # noqa: E402
 
 BATCH_SIZE, MAX_SEQ_LENGTH, WARMUP_FRACTION = 32, 128, 0.1

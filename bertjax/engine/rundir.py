@@ -45,7 +45,8 @@ from bertjax.engine import checkpoint as checkpoint_lib
 from bertjax.engine import steps
 from bertjax.engine.settings import ConfigError
 from bertjax.storage import fs, hf
-from bertjax.text.tokenizer import HF_TOKENIZER_FILE, SENTENCEPIECE_FILE, Tokenizer, load_tokenizer
+from bertjax.text.directory import load_tokenizer
+from bertjax.text.tokenizer import HF_TOKENIZER_FILE, SENTENCEPIECE_FILE, Tokenizer
 
 DATA_DIR = "data"
 CORPUS_DIR = "corpus"

@@ -37,7 +37,8 @@ from bertjax.nn import sharding
 from bertjax.pretrain import objectives
 from bertjax.pretrain.objectives.mlm import SENTENCE_PAIR_PARAMS
 from bertjax.storage import fs
-from bertjax.text.tokenizer import MODEL_TYPES, Tokenizer
+from bertjax.text.tokenizer import Tokenizer
+from bertjax.text.training import MODEL_TYPES
 
 # What a step minimises: the registered objectives' names (bertjax.pretrain.objectives).
 OBJECTIVES = objectives.names()

@@ -18,7 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from bertjax.text.tokenizer import MASK, Tokenizer
+from bertjax.text.special_tokens import MASK
+from bertjax.text.tokenizer import Tokenizer
 
 # Google's names of the three input arrays, in the order the encoder takes them.
 INPUT_FEATURES = ("input_ids", "input_mask", "segment_ids")

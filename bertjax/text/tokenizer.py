@@ -19,47 +19,44 @@ way transformers' BertTokenizerFast builds it, so the ids are transformers' ids.
 
 `save_hf` writes tokenizer.json (a `tokenizers` pipeline), tokenizer_config.json and
 special_tokens_map.json, so that `transformers.AutoTokenizer.from_pretrained` gives bertjax's
-ids. For sentencepiece, tokenizer.json restates the model in `tokenizers` terms: the
-normalization table, sentencepiece's whitespace rules, the unigram scores or the BPE merges,
-and byte fallback. One difference remains: where two unigram segmentations of a text score
-the same up to float32 rounding (in practice runs of one repeated character, "*******"),
-sentencepiece (float32 sums) and `tokenizers` (float64 sums) may choose different ones of
-equal score. Both decode to the same text.
+ids. For sentencepiece, tokenizer.json restates the model in `tokenizers` terms
+(bertjax.text.sentencepiece_json). BERT's special tokens: bertjax.text.special_tokens;
+training a sentencepiece model: bertjax.text.training.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import io
 import json
 import logging
 import os
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import sentencepiece as spm
 import tokenizers
-from sentencepiece import sentencepiece_model_pb2
-from tokenizers import decoders, normalizers, pre_tokenizers, processors
+from tokenizers import decoders, normalizers, pre_tokenizers
 
 from bertjax.storage import fs
+from bertjax.text import sentencepiece_json
+from bertjax.text.special_tokens import (
+    CLS_ID,
+    HF_SPECIAL_TOKENS,
+    MASK_ID,
+    PAD_ID,
+    SEP_ID,
+    SPECIAL_PIECES,
+    UNK,
+    UNK_ID,
+    WORD_BOUNDARY,
+    bert_post_processor,
+    special_added_tokens,
+)
 
 logger = logging.getLogger(__name__)
-
-PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
-PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = 0, 1, 2, 3, 4
-SPECIAL_PIECES = (PAD, UNK, CLS, SEP, MASK)
-# transformers' names for the special tokens (tokenizer_config.json, special_tokens_map.json).
-HF_SPECIAL_TOKENS = {
-    "unk_token": UNK,
-    "sep_token": SEP,
-    "pad_token": PAD,
-    "cls_token": CLS,
-    "mask_token": MASK,
-}
 
 # Files of a transformers tokenizer directory, and the tokenizer files each kind adds to it.
 HF_TOKENIZER_FILE = "tokenizer.json"
@@ -68,153 +65,10 @@ HF_SPECIAL_TOKENS_FILE = "special_tokens_map.json"
 WORDPIECE_VOCAB_FILE = "vocab.txt"
 SENTENCEPIECE_FILE = "tokenizer.model"  # the name a prepared data directory uses too
 
-MODEL_TYPES = ("unigram", "bpe")
-# Sentencepiece's built-in normalizations. "nmt_nfkc" is NFKC plus whitespace clean-up; NFKC
-# folds compatibility forms (full-width "，" becomes ","), so text round-trips up to NFKC.
-# "identity" keeps text byte for byte.
-NORMALIZATIONS = ("nmt_nfkc", "nfkc", "identity")
-# The word-boundary marker sentencepiece puts in front of pieces that follow a space.
-WORD_BOUNDARY = "\u2581"
-# Sentencepiece skips training sentences longer than this many bytes; documents split lines
-# far below it, so this only guards against pathological input.
-_MAX_SENTENCE_BYTES = 16384
 # The special tokens written in a text, as transformers finds them: literally, leftmost first.
 _SPECIAL_IN_TEXT = re.compile("(" + "|".join(re.escape(p) for p in SPECIAL_PIECES) + ")")
 # WordPiece's marker of a piece that continues a word.
 _CONTINUATION = "##"
-
-
-@dataclasses.dataclass(frozen=True)
-class TokenizerSettings:
-    """How to train the sentencepiece model."""
-
-    vocab_size: int = 8000
-    model_type: str = "unigram"  # "unigram" | "bpe"
-    lowercase: bool = False
-    normalization: str = "nmt_nfkc"  # one of NORMALIZATIONS
-    # Training reads at most this many sentences, a uniform reservoir sample of the input.
-    sample_sentences: int = 1_000_000
-    character_coverage: float = 0.9995
-    # Sentencepiece training is deterministic for a fixed thread count, not across counts.
-    num_threads: int = 4
-    seed: int = 0
-
-    def __post_init__(self):
-        if self.model_type not in MODEL_TYPES:
-            raise ValueError(
-                f"TokenizerSettings.model_type={self.model_type!r} is not valid; "
-                f"choose one of {MODEL_TYPES}"
-            )
-        if self.normalization not in NORMALIZATIONS:
-            raise ValueError(
-                f"TokenizerSettings.normalization={self.normalization!r} is not valid; "
-                f"choose one of {NORMALIZATIONS}"
-            )
-        if self.lowercase and self.normalization == "identity":
-            raise ValueError(
-                "TokenizerSettings.lowercase=True needs normalization 'nmt_nfkc' or 'nfkc' "
-                "(sentencepiece lower-cases as part of NFKC case folding), not 'identity'"
-            )
-        # 5 specials + 256 byte pieces must fit with room for real pieces.
-        if self.vocab_size < 300:
-            raise ValueError(
-                f"TokenizerSettings.vocab_size={self.vocab_size} is too small; it must be >= 300 "
-                "(5 special tokens and 256 byte-fallback pieces are always in the vocabulary)"
-            )
-        if self.sample_sentences < 1:
-            raise ValueError(
-                f"TokenizerSettings.sample_sentences={self.sample_sentences} must be >= 1"
-            )
-        if not 0.0 < self.character_coverage <= 1.0:
-            raise ValueError(
-                f"TokenizerSettings.character_coverage={self.character_coverage} must be in (0, 1]"
-            )
-        if self.num_threads < 1:
-            raise ValueError(f"TokenizerSettings.num_threads={self.num_threads} must be >= 1")
-
-    @property
-    def normalization_rule(self) -> str:
-        """Sentencepiece's normalization rule name, with case folding when lower-casing."""
-        return f"{self.normalization}_cf" if self.lowercase else self.normalization
-
-
-def reservoir_sample(items: Iterable[str], k: int, rng: np.random.Generator) -> list[str]:
-    """A uniform sample of at most k items from a stream, kept in stream order (algorithm R)."""
-    sample: list[str] = []
-    slots: list[int] = []  # stream index of each sampled item, to restore stream order
-    seen = 0
-    for block in _blocks(iter(items), 65536):
-        fill = min(len(block), max(k - seen, 0))
-        sample.extend(block[:fill])
-        slots.extend(range(seen, seen + fill))
-        if fill < len(block):
-            _reservoir_block(sample, slots, block[fill:], seen + fill, k, rng)
-        seen += len(block)
-    order = np.argsort(np.asarray(slots, dtype=np.int64), kind="stable")
-    return [sample[i] for i in order]
-
-
-def _blocks(it: Iterator[str], size: int) -> Iterator[list[str]]:
-    block: list[str] = []
-    for item in it:
-        block.append(item)
-        if len(block) == size:
-            yield block
-            block = []
-    if block:
-        yield block
-
-
-def _reservoir_block(sample, slots, block, block_start, k, rng):
-    # Item number n (0-based) replaces slot j ~ U{0..n} when j < k.
-    upper = np.arange(block_start, block_start + len(block), dtype=np.int64) + 1
-    draws = np.floor(rng.random(len(block)) * upper).astype(np.int64)
-    for offset in np.flatnonzero(draws < k):
-        j = int(draws[offset])
-        sample[j] = block[offset]
-        slots[j] = block_start + int(offset)
-
-
-def train_tokenizer(
-    sentences: Iterable[str], settings: TokenizerSettings, output_path: str | os.PathLike
-) -> SentencePieceTokenizer:
-    """Trains a sentencepiece model on (a sample of) sentences and writes it to output_path."""
-    rng = np.random.default_rng(settings.seed)
-    sample = [s for s in reservoir_sample(sentences, settings.sample_sentences, rng) if s.strip()]
-    if not sample:
-        raise ValueError("train_tokenizer got no non-empty sentences to train on")
-    writer = io.BytesIO()
-    try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(sample),
-            model_writer=writer,
-            vocab_size=settings.vocab_size,
-            model_type=settings.model_type,
-            normalization_rule_name=settings.normalization_rule,
-            character_coverage=settings.character_coverage,
-            pad_id=PAD_ID,
-            pad_piece=PAD,
-            unk_id=UNK_ID,
-            unk_piece=UNK,
-            bos_id=-1,
-            eos_id=-1,
-            control_symbols=[CLS, SEP, MASK],
-            byte_fallback=True,
-            # Our reservoir sample is the sample; sentencepiece must not resample or shuffle.
-            input_sentence_size=0,
-            shuffle_input_sentence=False,
-            max_sentence_length=_MAX_SENTENCE_BYTES,
-            num_threads=settings.num_threads,
-            minloglevel=2,
-        )
-    except RuntimeError as err:
-        raise ValueError(
-            f"sentencepiece training failed with vocab_size={settings.vocab_size}, "
-            f"model_type={settings.model_type!r} on {len(sample)} sentences: {err}"
-        ) from err
-    tokenizer = SentencePieceTokenizer(writer.getvalue(), source=f"trained model for {output_path}")
-    tokenizer.save(output_path)
-    return tokenizer
 
 
 def _is_cjk(char: str) -> bool:
@@ -241,9 +95,9 @@ _CJK_LEAD_BYTES = frozenset(range(0xE3, 0xEA)) | {0xF0}
 class Tokenizer:
     """The interface of every tokenizer: ids of text, text of ids, special ids, fingerprint.
 
-    Construct one with `Tokenizer.load` (a sentencepiece .model or a WordPiece
-    tokenizer.json), `train_tokenizer`, `WordPieceTokenizer.from_vocab` (BERT's vocab.txt)
-    or `load_tokenizer` (a transformers directory).
+    Construct one with `Tokenizer.load` (a sentencepiece .model or a tokenizer.json),
+    `bertjax.text.training.train_tokenizer`, `WordPieceTokenizer.from_vocab` (BERT's
+    vocab.txt) or `bertjax.text.directory.load_tokenizer` (a transformers directory).
     """
 
     # bertjax's fixed layout, which every SentencePieceTokenizer has. A WordPieceTokenizer
@@ -268,7 +122,7 @@ class Tokenizer:
 
         Checks BERT's special tokens and, if given, the fingerprint. A vocab.txt does not say
         whether it is cased: load it with `WordPieceTokenizer.from_vocab` or, with its
-        tokenizer_config.json, `load_tokenizer`.
+        tokenizer_config.json, `bertjax.text.directory.load_tokenizer`.
         """
         path = fs.path(path)
         with fs.errors(path, "read"):
@@ -279,7 +133,7 @@ class Tokenizer:
             raise ValueError(
                 f"{source} looks like a WordPiece vocab.txt, which does not say whether it is "
                 "cased; load it with bertjax.text.tokenizer.WordPieceTokenizer.from_vocab(path, "
-                "lowercase=...) or load its directory with bertjax.text.tokenizer.load_tokenizer"
+                "lowercase=...) or load its directory with bertjax.text.directory.load_tokenizer"
             )
         if path.suffix == ".json":
             tokenizer: Tokenizer = tokenizer_from_json(fs.read_text(path), source=source)
@@ -399,23 +253,6 @@ def _save_atomic(path: str | os.PathLike, data: bytes) -> None:
     fs.write_bytes(path, data)  # whole or not at all, local or gs://
 
 
-def _bert_post_processor(cls_id: int, sep_id: int) -> processors.TemplateProcessing:
-    """[CLS] A [SEP], and [CLS] A [SEP] B [SEP] with B's segment id 1, as BERT's inputs."""
-    return processors.TemplateProcessing(
-        single=f"{CLS}:0 $A:0 {SEP}:0",
-        pair=f"{CLS}:0 $A:0 {SEP}:0 $B:1 {SEP}:1",
-        special_tokens=[(CLS, cls_id), (SEP, sep_id)],
-    )
-
-
-def _special_added_tokens() -> list[tokenizers.AddedToken]:
-    # Matched in the raw text, before normalization, as BERT's tokenizers match them.
-    return [
-        tokenizers.AddedToken(piece, special=True, normalized=False, lstrip=False, rstrip=False)
-        for piece in SPECIAL_PIECES
-    ]
-
-
 class SentencePieceTokenizer(Tokenizer):
     """A sentencepiece model (unigram or BPE) with BERT's special ids 0..4."""
 
@@ -452,7 +289,7 @@ class SentencePieceTokenizer(Tokenizer):
             raise ValueError(
                 f"{source} is a sentencepiece model without BERT's special tokens: ids 0..4 are "
                 f"{found}, expected {list(SPECIAL_PIECES)} as control symbols ([UNK] as unknown). "
-                "Train it with bertjax.text.tokenizer.train_tokenizer."
+                "Train it with bertjax.text.training.train_tokenizer."
             )
 
     def _word_starts(self) -> np.ndarray:
@@ -554,71 +391,9 @@ class SentencePieceTokenizer(Tokenizer):
         return " ".join(p for p in parts if p)
 
     def hf_tokenizer(self) -> tokenizers.Tokenizer:
-        """The model as a `tokenizers` pipeline (see the module docstring for its one limit)."""
-        proto = sentencepiece_model_pb2.ModelProto()
-        proto.ParseFromString(self._proto)
-        self._check_exportable(proto)
-        pieces = proto.pieces
-        kinds = sentencepiece_model_pb2.ModelProto.SentencePiece
-        normal = [p.type == kinds.NORMAL for p in pieces]
-        if proto.trainer_spec.model_type == sentencepiece_model_pb2.TrainerSpec.UNIGRAM:
-            lowest = min(p.score for p, is_normal in zip(pieces, normal) if is_normal)
-            # Sentencepiece never matches control or byte pieces in text, but `tokenizers`
-            # matches every vocabulary entry: they get a score below any segmentation of the
-            # same (at most 6) characters into normal pieces, so typed "<0x41>" stays
-            # characters. (When one of those characters is outside the vocabulary, its
-            # unknown-character penalty is lower still and the byte piece would win.)
-            vocab = [
-                (p.piece, p.score if is_normal else 8 * lowest)
-                for p, is_normal in zip(pieces, normal)
-            ]
-            model = tokenizers.models.Unigram(vocab, unk_id=UNK_ID, byte_fallback=True)
-        else:
-            model = tokenizers.models.BPE(
-                {p.piece: i for i, p in enumerate(pieces)},
-                _bpe_merges(pieces, normal),
-                unk_token=UNK,
-                byte_fallback=True,
-                fuse_unk=False,
-            )
-        tokenizer = tokenizers.Tokenizer(model)
-        tokenizer.normalizer = _sentencepiece_normalizer(proto.normalizer_spec)
-        # No pre-tokenizer: the model segments the whole normalized text, as sentencepiece.
-        tokenizer.decoder = decoders.Sequence(
-            [
-                decoders.Replace(WORD_BOUNDARY, " "),
-                decoders.ByteFallback(),
-                decoders.Fuse(),
-                decoders.Strip(" ", 1, 0),  # the space of the dummy prefix
-            ]
-        )
-        tokenizer.post_processor = _bert_post_processor(CLS_ID, SEP_ID)
-        tokenizer.add_special_tokens(_special_added_tokens())
-        return tokenizer
-
-    def _check_exportable(self, proto: Any) -> None:
-        """Refuses sentencepiece options the tokenizer.json translation does not cover."""
-        trainer, spec = proto.trainer_spec, proto.normalizer_spec
-        kinds = sentencepiece_model_pb2.ModelProto.SentencePiece
-        problems = []
-        if trainer.model_type not in (
-            sentencepiece_model_pb2.TrainerSpec.UNIGRAM,
-            sentencepiece_model_pb2.TrainerSpec.BPE,
-        ):
-            problems.append("a model type other than unigram or bpe")
-        if not trainer.byte_fallback:
-            problems.append("no byte fallback")
-        if trainer.treat_whitespace_as_suffix:
-            problems.append("treat_whitespace_as_suffix")
-        if not spec.escape_whitespaces:
-            problems.append("escape_whitespaces=false")
-        if any(p.type in (kinds.USER_DEFINED, kinds.UNUSED) for p in proto.pieces):
-            problems.append("user-defined or unused pieces")
-        if problems:
-            raise ValueError(
-                f"{self._source} cannot be written as tokenizer.json: it has "
-                f"{', '.join(problems)}; bertjax.text.tokenizer.train_tokenizer models have none"
-            )
+        """The model as a `tokenizers` pipeline (bertjax.text.sentencepiece_json, which says
+        its one limit)."""
+        return sentencepiece_json.pipeline(self._proto, self._source)
 
     def _save_own_file(self, directory: fs.AnyPath) -> None:
         self.save(directory / self.own_file)
@@ -631,48 +406,6 @@ class SentencePieceTokenizer(Tokenizer):
             # BERT takes segment ids: without this, the generic class leaves them out.
             "model_input_names": ["input_ids", "token_type_ids", "attention_mask"],
         }
-
-
-def _sentencepiece_normalizer(spec: Any) -> normalizers.Normalizer:
-    """Sentencepiece's normalizer: its table, then its whitespace rules on the result.
-
-    Sentencepiece's whitespace is the ASCII space after the table is applied: runs collapse
-    to one, ends are trimmed, a space is put in front of non-empty text, and spaces become
-    "▁". `\\A` and `\\z` anchor at the ends of the text (`^`/`$` would match at newlines).
-    """
-    steps = []
-    if spec.precompiled_charsmap:
-        steps.append(normalizers.Precompiled(spec.precompiled_charsmap))
-    if spec.remove_extra_whitespaces:
-        steps.append(normalizers.Replace(tokenizers.Regex(" {2,}"), " "))
-        steps.append(normalizers.Replace(tokenizers.Regex(r"\A | \z"), ""))
-    if spec.add_dummy_prefix:
-        steps.append(normalizers.Prepend(" "))
-    steps.append(normalizers.Replace(" ", WORD_BOUNDARY))
-    return normalizers.Sequence(steps)
-
-
-def _bpe_merges(pieces: Sequence[Any], normal: Sequence[bool]) -> list[tuple[str, str]]:
-    """BPE merges that reproduce sentencepiece's: every split of a piece into two pieces.
-
-    Sentencepiece merges the adjacent pair whose concatenation is the highest-scoring
-    piece, leftmost first; `tokenizers` merges the lowest-ranked pair, leftmost first. So
-    each normal piece contributes all its two-piece splits, ranked by the piece's score.
-    Only normal pieces take part: control and byte pieces are never merged into or from.
-    """
-    index = {p.piece: i for i, p in enumerate(pieces) if normal[i]}
-    ranked = sorted(
-        (i for i, is_normal in enumerate(normal) if is_normal and len(pieces[i].piece) > 1),
-        key=lambda i: (-pieces[i].score, i),
-    )
-    merges = []
-    for i in ranked:
-        piece = pieces[i].piece
-        for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in index and right in index:
-                merges.append((left, right))
-    return merges
 
 
 class _TokenizersPipeline(Tokenizer):
@@ -804,8 +537,8 @@ class WordPieceTokenizer(_TokenizersPipeline):
         )
         tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tokenizer.decoder = decoders.WordPiece(prefix=_CONTINUATION)
-        tokenizer.post_processor = _bert_post_processor(self.cls_id, self.sep_id)
-        tokenizer.add_special_tokens(_special_added_tokens())
+        tokenizer.post_processor = bert_post_processor(self.cls_id, self.sep_id)
+        tokenizer.add_special_tokens(special_added_tokens())
         return tokenizer
 
     @classmethod
@@ -1013,61 +746,3 @@ def check_vocab(config: Any, tokenizer: Tokenizer, what: str) -> None:
             f"{what}: the tokenizer has {tokenizer.vocab_size} pieces but the model's "
             f"vocabulary has {config.vocab_size} rows; they do not belong together"
         )
-
-
-def load_tokenizer(path: str | os.PathLike) -> Tokenizer:
-    """The tokenizer of a transformers BERT directory (or of a bertjax export).
-
-    Read in this order: bertjax's sentencepiece model (tokenizer.model, which `save`
-    writes beside tokenizer.json: same ids, same fingerprint), a tokenizer.json (BERT's
-    WordPiece, or another pipeline with BERT's special tokens, as ModernBERT's byte-level
-    BPE), then BERT's vocab.txt with tokenizer_config.json's do_lower_case (True when absent, as in
-    transformers), strip_accents and tokenize_chinese_chars.
-    """
-    directory = fs.path(path)
-    sentencepiece_file = directory / SENTENCEPIECE_FILE
-    json_file = directory / HF_TOKENIZER_FILE
-    vocab_file = directory / WORDPIECE_VOCAB_FILE
-    # Read as bytes through the storage layer (the files may be on gs://), with the sources
-    # Tokenizer.load and WordPieceTokenizer.from_vocab would name.
-    if fs.kind(sentencepiece_file) == "file":
-        return SentencePieceTokenizer(
-            fs.read_bytes(sentencepiece_file), source=f"tokenizer model {str(sentencepiece_file)!r}"
-        )
-    if json_file.is_file():
-        return tokenizer_from_json(
-            fs.read_text(json_file), source=f"tokenizer model {str(json_file)!r}"
-        )
-    if vocab_file.is_file():
-        settings = _tokenizer_config(directory)
-        # As transformers reads vocab.txt: universal newlines, only the newline stripped.
-        lines = io.StringIO(fs.read_text(vocab_file), newline=None).readlines()
-        return WordPieceTokenizer(
-            [line.rstrip("\n") for line in lines],
-            lowercase=bool(settings.get("do_lower_case", True)),
-            strip_accents=settings.get("strip_accents"),
-            tokenize_chinese_chars=bool(settings.get("tokenize_chinese_chars", True)),
-            source=f"WordPiece vocabulary {str(vocab_file)!r}",
-        )
-    raise FileNotFoundError(
-        f"{directory}: no tokenizer found; expected {HF_TOKENIZER_FILE}, {WORDPIECE_VOCAB_FILE} "
-        f"or {SENTENCEPIECE_FILE}"
-    )
-
-
-def _tokenizer_config(directory: fs.AnyPath) -> dict[str, Any]:
-    """tokenizer_config.json (empty when absent), refusing special tokens BERT does not use."""
-    config_file = directory / HF_TOKENIZER_CONFIG_FILE
-    if not config_file.is_file():
-        return {}
-    settings = json.loads(fs.read_text(config_file))
-    for name, expected in HF_SPECIAL_TOKENS.items():
-        value = settings.get(name, expected)
-        if isinstance(value, dict):  # transformers' serialized AddedToken
-            value = value.get("content")
-        if value != expected:
-            raise ValueError(
-                f"{config_file}: {name}={value!r}; bertjax reads BERT vocabularies whose "
-                f"special tokens are {sorted(HF_SPECIAL_TOKENS.values())}"
-            )
-    return settings

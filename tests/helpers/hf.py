@@ -9,7 +9,7 @@ from safetensors import numpy as safetensors_numpy
 
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.storage import hf
-from bertjax.text.tokenizer import TokenizerSettings, train_tokenizer
+from bertjax.text.training import TokenizerSettings, train_tokenizer
 from tests.helpers.params import random_like
 from tests.helpers.tokenizer import training_sentences
 

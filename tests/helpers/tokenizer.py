@@ -8,11 +8,7 @@ import pytest
 from tokenizers.implementations import BertWordPieceTokenizer
 
 from bertjax.data.sentences import split_sentences
-from bertjax.text.tokenizer import (
-    MODEL_TYPES,
-    TokenizerSettings,
-    train_tokenizer,
-)
+from bertjax.text.training import MODEL_TYPES, TokenizerSettings, train_tokenizer
 
 CHINESE = [
     "我喜欢机器学习。",

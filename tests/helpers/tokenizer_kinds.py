@@ -15,13 +15,9 @@ import tokenizers
 from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 from tokenizers.implementations import BertWordPieceTokenizer
 
-from bertjax.text.tokenizer import (
-    SPECIAL_PIECES,
-    PipelineTokenizer,
-    TokenizerSettings,
-    WordPieceTokenizer,
-    train_tokenizer,
-)
+from bertjax.text.special_tokens import SPECIAL_PIECES
+from bertjax.text.tokenizer import PipelineTokenizer, WordPieceTokenizer
+from bertjax.text.training import TokenizerSettings, train_tokenizer
 
 KINDS = ("sentencepiece", "wordpiece", "pipeline")
 # The truncation length written into the files: texts past it show whether it is obeyed.

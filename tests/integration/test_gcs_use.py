@@ -31,7 +31,8 @@ from bertjax.tasks.embed import task as sentence_embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import squad as qa
-from bertjax.text.tokenizer import TokenizerSettings, load_tokenizer, train_tokenizer
+from bertjax.text.directory import load_tokenizer
+from bertjax.text.training import TokenizerSettings, train_tokenizer
 from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.gcs_use import WORDS, _files, _finetune_config, _objects, _write_rows
 from tests.helpers.tokenizer import training_sentences

@@ -10,7 +10,7 @@ from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.tasks.embed import hf as sbert
 from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.text.tokenizer import TokenizerSettings, train_tokenizer
+from bertjax.text.training import TokenizerSettings, train_tokenizer
 from tests.helpers.embedding import (
     CONFIG,
     MODERN,

@@ -33,7 +33,8 @@ from bertjax.storage import hf
 from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.labels import model as label_heads
-from bertjax.text.tokenizer import WordPieceTokenizer, load_tokenizer
+from bertjax.text.directory import load_tokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.tokenizer import training_sentences, write_wordpiece_vocab
 
 

@@ -19,7 +19,8 @@ from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.finetune import loop as finetune_loop
 from bertjax.storage import hf
-from bertjax.text.tokenizer import WordPieceTokenizer, load_tokenizer
+from bertjax.text.directory import load_tokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.finetune_hf import CONFIG as SMALL
 from tests.helpers.hf import (
     _abstract_params,

@@ -17,7 +17,7 @@ import transformers
 from safetensors import numpy as safetensors_numpy
 
 from bertjax.inference import InferenceError, Model, TruncationWarning
-from bertjax.text.tokenizer import TokenizerSettings, train_tokenizer
+from bertjax.text.training import TokenizerSettings, train_tokenizer
 from tests.helpers.inference import (  # noqa: F401 (fixtures)
     ATOL,
     MASKED,

@@ -6,13 +6,9 @@ import re
 
 import pytest
 
-from bertjax.text.tokenizer import (
-    CLS_ID,
-    SEP_ID,
-    TokenizerSettings,
-    WordPieceTokenizer,
-    train_tokenizer,
-)
+from bertjax.text.special_tokens import CLS_ID, SEP_ID
+from bertjax.text.tokenizer import WordPieceTokenizer
+from bertjax.text.training import TokenizerSettings, train_tokenizer
 from tests.helpers.tokenizer import (  # noqa: F401 (fixtures)
     HF_CONFIG,
     VARIED,

@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.text import features as features_lib
-from bertjax.text.tokenizer import Tokenizer, load_tokenizer
+from bertjax.text.directory import load_tokenizer
+from bertjax.text.tokenizer import Tokenizer
 from configs import finetune as finetune_recipe
 from tests.helpers.tokenizer_kinds import (
     FILE_TRUNCATION,

@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertjax.text import features
-from bertjax.text.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
+from bertjax.text.training import TokenizerSettings, train_tokenizer
 
 PIECES = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "john", "lives", "in", "new", "york"]
 PIECES += ["##shire", "hamp", "##ton", "cafe", ",", "the", "cat", "sat"]

@@ -10,7 +10,8 @@ from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.storage import hf
-from bertjax.text.tokenizer import WordPieceTokenizer, load_tokenizer
+from bertjax.text.directory import load_tokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.hf import (
     _random_params,
     _read_dir,

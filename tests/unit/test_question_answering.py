@@ -17,7 +17,8 @@ from bertjax.tasks.qa import metrics as qa_metrics
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
 from bertjax.tasks.qa.answer import window_logits
-from bertjax.text.tokenizer import TokenizerSettings, WordPieceTokenizer, train_tokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
+from bertjax.text.training import TokenizerSettings, train_tokenizer
 from tests.helpers.question_answering import (
     CONFIG,
     TOKENIZER,

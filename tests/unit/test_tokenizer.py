@@ -12,7 +12,7 @@ import sentencepiece as spm
 import tokenizers
 
 from bertjax.data.instances import tokenize_documents
-from bertjax.text.tokenizer import (
+from bertjax.text.special_tokens import (
     CLS_ID,
     MASK,
     MASK_ID,
@@ -22,13 +22,9 @@ from bertjax.text.tokenizer import (
     UNK,
     UNK_ID,
     WORD_BOUNDARY,
-    SentencePieceTokenizer,
-    Tokenizer,
-    TokenizerSettings,
-    WordPieceTokenizer,
-    reservoir_sample,
-    train_tokenizer,
 )
+from bertjax.text.tokenizer import SentencePieceTokenizer, Tokenizer, WordPieceTokenizer
+from bertjax.text.training import TokenizerSettings, reservoir_sample, train_tokenizer
 from tests.helpers.tokenizer import (
     CHINESE,
     JAPANESE,
@@ -277,7 +273,7 @@ def test_wordpiece_refuses_what_it_cannot_read(tmp_path, tokenizer):
     with pytest.raises(FileNotFoundError, match="missing.txt"):
         WordPieceTokenizer.from_vocab(tmp_path / "missing.txt")
     # A sentencepiece export's tokenizer.json is not WordPiece: it reads as the pipeline it is
-    # (bertjax.text.tokenizer.load_tokenizer prefers the .model beside it), with the same ids.
+    # (bertjax.text.directory.load_tokenizer prefers the .model beside it), with the same ids.
     spm_tok, _ = tokenizer
     spm_tok.save_hf(tmp_path / "spm")
     pipeline = Tokenizer.load(tmp_path / "spm" / "tokenizer.json")

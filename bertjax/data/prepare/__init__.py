@@ -76,14 +76,8 @@ from bertjax.data.storage import (
     write_shard,
 )
 from bertjax.storage import fs
-from bertjax.text.tokenizer import (
-    MODEL_TYPES,
-    SENTENCEPIECE_FILE,
-    Tokenizer,
-    TokenizerSettings,
-    reservoir_sample,
-    train_tokenizer,
-)
+from bertjax.text.tokenizer import SENTENCEPIECE_FILE, Tokenizer
+from bertjax.text.training import MODEL_TYPES, TokenizerSettings, reservoir_sample, train_tokenizer
 
 DEFAULT_CHUNK_MB = 4.0
 # Sentences a tokenizer is trained on (a reservoir sample of the corpus, or of each source's).

@@ -39,7 +39,8 @@ from bertjax.capability import ENCODER
 from bertjax.storage import fs, hf
 from bertjax.tasks.embed import model as embedding
 from bertjax.tasks.embed.model import EmbeddingSpec
-from bertjax.text.tokenizer import HF_TOKENIZER_CONFIG_FILE, Tokenizer, check_vocab, load_tokenizer
+from bertjax.text.directory import load_tokenizer
+from bertjax.text.tokenizer import HF_TOKENIZER_CONFIG_FILE, Tokenizer, check_vocab
 
 MODULES_FILE = "modules.json"
 SBERT_CONFIG_FILE = "sentence_bert_config.json"
