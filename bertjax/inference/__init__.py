@@ -10,15 +10,9 @@ vocab.txt)::
     m.embed(["first text", "second text"])                    # numpy [2, hidden]
     m.encode(["a question"], text_pairs=["a passage"])        # google's feature names
 
-Batching: texts are sorted by length and cut into batches of `batch_size`; each batch is
-padded to a bucket, its length to a power of two up to the model's position limit and its
-rows to a power of two up to `batch_size`, so each bucket compiles once and every later
-batch of that shape reuses it. On a CPU a batch of long texts is cut into smaller calls
-(perf.rows_per_call: at most about 2,048 tokens per device), which stay in the cache. With
-a mesh, batches are split over its (data, fsdp) axes and parameters laid out by the model's
-logical axis rules; without one, everything runs on the first device. Calls over many texts
-show a progress bar. A padded batch whose real tokens fill at most 0.7 of its slots runs
-unpadded (`packed_length`): the encoder computes its real tokens only, with the same outputs.
+Batching (bertjax.inference.batching): texts sorted by length, padded to buckets that each
+compile once, split over a mesh's data axes when there is one, run unpadded where packing
+pays; calls over many texts show a progress bar.
 
 Input mistakes raise InferenceError with one message naming the text and what is wrong;
 texts longer than the model's positions are cut, with a TruncationWarning naming the limit.
@@ -26,7 +20,6 @@ texts longer than the model's positions are cut, with a TruncationWarning naming
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import dataclasses
 import functools
@@ -34,41 +27,25 @@ import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import tqdm.auto
-from jax.experimental import multihost_utils
 
 from bertjax import capability as capability_lib
 from bertjax import encoders
 from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
 from bertjax.engine import checkpoint as checkpoint_lib
-from bertjax.engine import compilation_cache, perf, rundir
+from bertjax.engine import compilation_cache, rundir
+from bertjax.inference import batching
 from bertjax.inference import vectors as vectors_lib
 from bertjax.nn import pooling as pooling_lib
-from bertjax.nn import sharding as sharding_lib
 from bertjax.storage import fs, hf
 from bertjax.text import features as features_lib
 from bertjax.text.features import TruncationWarning  # noqa: F401  (callers catch it from here)
 from bertjax.text.tokenizer import Tokenizer, check_vocab
 
 POOLINGS = ("mean", "cls", "pooler")
-# The shortest length bucket: shorter batches would compile more shapes for no gain.
-MIN_LENGTH_BUCKET = 8
-# Calls over at least this many texts show a progress bar (when `progress` is None).
-PROGRESS_MIN_TEXTS = 2048
-# A padded batch runs unpadded (the encoder's packed_length, as fine-tuning runs it) when its
-# fullest batch shard's real tokens fit in at most this share of the shard's slots: the rule
-# ModernBERT's encoder applies (its PACKING_MAX_SHARE, measured on train steps). Notebook calls
-# of 8 review-length texts (`benchmarks/modernbert.py --notebook 12`, L6/H256, one CPU run on a
-# busy host) ran 1.30x (ModernBERT) and 1.36x (BERT) faster unpadded than padded.
-PACKING_MAX_SHARE = 0.7
-# Packed lengths are whole eighths of a shard's slots, so that a bucket shape compiles at most
-# five packed programs besides its padded one.
-PACKING_STEPS = 8
 
 
 class InferenceError(ValueError):
@@ -78,14 +55,6 @@ class InferenceError(ValueError):
 class ExportError(InferenceError, OSError):
     """An export that could not be written (a full disk); an OSError too, as a failed write
     is, with the cause's errno."""
-
-
-def _next_power_of_two(n: int) -> int:
-    return 1 << max(int(n) - 1, 0).bit_length()
-
-
-def _round_up(n: int, multiple: int) -> int:
-    return -(-n // multiple) * multiple
 
 
 class Model:
@@ -130,10 +99,14 @@ class Model:
         # The encoder's architecture (bertjax.encoders): its modules and transformers format.
         self.family = encoders.family_of(config)
         self.tokenizer = tokenizer
-        self.mesh = mesh
-        self.progress = progress
-        # False: every batch runs padded (the reference the unpadded path is tested against).
-        self.unpad = as_bool(unpad, "unpad")
+        # The one batching path every method runs through (buckets, packing, mesh).
+        self.batcher = batching.Batcher(
+            max_positions=config.max_position_embeddings,
+            mesh=mesh,
+            batch_size=batch_size,
+            progress=progress,
+            unpad=as_bool(unpad, "unpad"),
+        )
         self.source = source
         # Parameter groups the checkpoint did not have (freshly initialised by bert_hf.load).
         self.fresh_heads = tuple(fresh_heads)
@@ -151,15 +124,7 @@ class Model:
             self.run_config = dataclasses.replace(config, remat_policy="none", **numerics)
         except (ValueError, TypeError) as err:
             raise InferenceError(str(err)) from None
-        self._rows_multiple = 1 if mesh is None else sharding_lib.data_parallel_size(mesh)
-        # The batch shards the encoder packs each of (sharding.shards(BATCH) inside the mesh).
-        self._shards = 1 if mesh is None else sharding_lib.shards(sharding_lib.BATCH, mesh)
-        # Without a mesh, everything runs on this one device.
-        self._device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-        self.batch_size = _round_up(batch_size, self._rows_multiple)
-        devices = jax.local_devices() if mesh is None else mesh.devices.flat
-        self._platform = next(iter(devices)).platform
-        self.params = self._place(params)
+        self.params = self.batcher.place(params, self._abstract_params)
         # Networks a pretraining run trained beside this one, by name, each a Model (an
         # ELECTRA run's "generator": m.networks["generator"].fill_mask(...)).
         self.networks: dict[str, Model] = {}
@@ -300,6 +265,12 @@ class Model:
         for name, network in self.networks.items():
             if network.family.transformers_class(network.config):
                 network.save_hf(fs.path(directory) / name)
+
+    @property
+    def batch_size(self) -> int:
+        """Rows per batch: the batch_size asked for, rounded up to a multiple of the mesh's
+        data-parallel size."""
+        return self.batcher.batch_size
 
     def __repr__(self) -> str:
         return (
@@ -549,137 +520,19 @@ class Model:
         features: list[dict[str, np.ndarray]],
         max_length: int | None = None,
     ) -> Iterator:
-        """Yields (rows, outputs) per batch: the rows of `features` and numpy outputs for them.
+        """Yields (rows, outputs) per batch: the rows of `features` and numpy outputs for them,
+        `function(params, batch, packed_length=...)` run on this model's parameters over padded
+        batches (bertjax.inference.batching.Batcher.batched; `max_length` caps the buckets)."""
+        return self.batcher.batched(function, self.params, features, max_length)
 
-        `function(params, batch, packed_length=...)` runs a padded batch; `packed_length`
-        (static: None, or the slots per batch shard that hold its real tokens, chosen by
-        `packed_length`) is for the encoder, which then computes real tokens only.
-        `max_length`: the longest any row can be (question answering's window length), which
-        caps the length buckets: windows of 384 tokens are padded to 384, not to 512.
-        Batches are dispatched one ahead of reading their results back, so the host builds
-        the next batch while the device computes.
-        """
-        pending: collections.deque = collections.deque()
-        show = self.progress if self.progress is not None else len(features) >= PROGRESS_MIN_TEXTS
-        bar = tqdm.auto.tqdm(
-            total=len(features),
-            unit="text",
-            leave=False,
-            disable=not show or jax.process_index() != 0,
-        )
-        try:
-            for rows in self._batches(features, max_length):
-                shape = self._bucket(rows, features, max_length)
-                batch = _pad_batch([features[r] for r in rows], shape)
-                length = (
-                    fitted_packed_length(batch["input_mask"], self._shards) if self.unpad else None
-                )
-                with self.context():  # the mesh, for the model's sharding constraints
-                    out = function(self.params, self.put(batch), packed_length=length)
-                    pending.append((rows, out))
-                if len(pending) > 1:
-                    rows_done, out = pending.popleft()
-                    yield rows_done, self._fetch(out, len(rows_done))
-                    bar.update(len(rows_done))
-            while pending:
-                rows_done, out = pending.popleft()
-                yield rows_done, self._fetch(out, len(rows_done))
-                bar.update(len(rows_done))
-        finally:
-            bar.close()
-
-    def _batches(
-        self, features: list[dict[str, np.ndarray]], max_length: int | None = None
-    ) -> Iterator[np.ndarray]:
-        """Row indices of each batch: longest texts first, so batches are of like lengths.
-
-        A batch holds `batch_size` rows, or on a CPU as many as perf.rows_per_call allows
-        at its padded length (long texts run in smaller calls that stay in the cache).
-        """
-        lengths = np.asarray([len(f["input_ids"]) for f in features])
-        order = np.argsort(-lengths, kind="stable")
-        start = 0
-        while start < len(order):
-            length = self._bucket_length(int(lengths[order[start]]), max_length)
-            count = perf.rows_per_call(length, self.batch_size, self._rows_multiple, self._platform)
-            yield order[start : start + count]
-            start += count
-
-    def _bucket_length(self, longest: int, max_length: int | None = None) -> int:
-        """A batch's padded length: a power of two, at most the model's positions and
-        `max_length` (when the batch's longest row fits in it)."""
-        limit = self.config.max_position_embeddings
-        if max_length is not None:
-            limit = min(limit, max(max_length, longest))
-        return min(max(_next_power_of_two(longest), MIN_LENGTH_BUCKET), limit)
-
-    def _bucket(
-        self,
-        rows: np.ndarray,
-        features: list[dict[str, np.ndarray]],
-        max_length: int | None = None,
-    ) -> dict[str, int]:
-        """The padded shape of a batch: powers of two (rows a multiple of the data axes), the
-        length at most the model's positions and `max_length`."""
-        longest = max(len(features[r]["input_ids"]) for r in rows)
-        length = self._bucket_length(longest, max_length)
-        count = _round_up(min(_next_power_of_two(len(rows)), self.batch_size), self._rows_multiple)
-        shape = {"rows": count, "length": length}
-        if "masked_lm_positions" in features[rows[0]]:
-            most = max(len(features[r]["masked_lm_positions"]) for r in rows)
-            shape["masks"] = _next_power_of_two(most)
-        return shape
-
-    def context(self):
-        if self.mesh is None:
-            return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
-        stack.enter_context(jax.set_mesh(self.mesh))
-        stack.enter_context(nn.logical_axis_rules(sharding_lib.LOGICAL_RULES))
-        return stack
-
-    def _place(self, params: Any) -> Any:
-        """Parameters on this model's device(s): one device, or laid out on the mesh."""
-        params = nn.meta.unbox(params)
-        if isinstance(params, dict) and set(params) == {"params"}:
-            params = params["params"]
-        if self.mesh is None:
-            return jax.device_put(params, self._device)
+    def _abstract_params(self) -> Any:
+        """The shapes and logical axis names of this model's parameter tree (nothing is
+        computed): how a mesh lays the parameters out."""
         if self.head is None:
             init = self.family.pretraining_init(self.run_config)
         else:
             init = self.capability.init(self.run_config, self.head)
-        # Shapes and logical axis names only; nothing is computed.
-        abstract = jax.eval_shape(init, jax.random.key(0))
-        shardings = sharding_lib.logical_shardings(abstract, self.mesh)
-        # A group the family's tree does not have (a ModernBERT discriminator's replaced-token
-        # head: bertjax.encoders.modernbert.rtd) is small: replicated.
-        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        shardings = {
-            name: shardings[name]
-            if name in shardings
-            else jax.tree.map(lambda _: replicated, group)
-            for name, group in params.items()
-        }
-        return jax.device_put(params, shardings)
-
-    def put(self, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-        if self.mesh is None:
-            return jax.device_put(batch, self._device)
-        rows = sharding_lib.batch_sharding(self.mesh)
-        # Every process holds the whole batch and hands over the pieces its devices keep.
-        return {
-            name: jax.make_array_from_callback(array.shape, rows, lambda index, a=array: a[index])
-            for name, array in batch.items()
-        }
-
-    def _fetch(self, out: Any, count: int) -> Any:
-        def one(x):
-            if not x.is_fully_addressable:
-                x = multihost_utils.process_allgather(x, tiled=True)
-            return np.asarray(x)[:count]
-
-        return jax.tree.map(one, out)
+        return jax.eval_shape(init, jax.random.key(0))
 
     def _vectors(self, *named: tuple[Any, str]) -> list[np.ndarray]:
         """[n, h] float32 vectors of each (texts or vectors, argument name): every argument
@@ -879,42 +732,3 @@ def _export_errors(directory: str | os.PathLike):
         error = ExportError(f"{message}; an export already there is left as it was")
         error.errno = err.errno
         raise error from None
-
-
-def fitted_packed_length(input_mask: np.ndarray, shards: int = 1) -> int | None:
-    """The encoder's packed_length for a padded batch [rows, length] split into `shards` batch
-    shards of contiguous rows, or None: run it padded.
-
-    The fullest shard's real tokens, rounded up to whole eighths of a shard's slots (few
-    programs), when that is at most PACKING_MAX_SHARE of them (packing pays).
-    """
-    rows, length = input_mask.shape
-    slots = rows // shards * length
-    fullest = int(input_mask.reshape(shards, -1).sum(axis=1).max())  # real tokens of a shard
-    step = max(slots // PACKING_STEPS, 1)
-    packed = max(_round_up(fullest, step), step)
-    return packed if packed <= PACKING_MAX_SHARE * slots else None
-
-
-def _pad_batch(features: list[dict[str, np.ndarray]], shape: dict[str, int]) -> dict:
-    """Stacks examples into [rows, length] arrays (and [rows, masks] positions), zero-padded.
-
-    Padding rows are all zero: their outputs are computed and dropped.
-    """
-    rows, length = shape["rows"], shape["length"]
-    batch = {
-        "input_ids": np.zeros((rows, length), np.int32),
-        "input_mask": np.zeros((rows, length), np.int32),
-        "segment_ids": np.zeros((rows, length), np.int32),
-    }
-    for row, f in enumerate(features):
-        n = len(f["input_ids"])
-        batch["input_ids"][row, :n] = f["input_ids"]
-        batch["input_mask"][row, :n] = 1
-        batch["segment_ids"][row, :n] = f["segment_ids"]
-    if "masks" in shape:
-        positions = np.zeros((rows, shape["masks"]), np.int32)
-        for row, f in enumerate(features):
-            positions[row, : len(f["masked_lm_positions"])] = f["masked_lm_positions"]
-        batch["masked_lm_positions"] = positions
-    return batch

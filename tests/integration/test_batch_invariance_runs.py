@@ -26,6 +26,7 @@ from bertjax import Model, capability, encoders, inference
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.inference import batching
 from bertjax.nn import sharding
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
@@ -255,8 +256,8 @@ def packed_lengths(monkeypatch):
         chosen.append(choose(input_mask, shards))
         return chosen[-1]
 
-    choose = inference.fitted_packed_length
-    monkeypatch.setattr(inference, "packed_length", recording)
+    choose = batching.fitted_packed_length
+    monkeypatch.setattr(batching, "fitted_packed_length", recording)
     return chosen
 
 
@@ -309,7 +310,7 @@ def test_one_token_rows_unpadded_equal_padded(tokenizers_by_kind, family):
     for name, function in functions.items():
         outputs = {}
         for unpad in (False, True):
-            model.unpad = unpad
+            model.batcher.unpad = unpad
             ((rows, out),) = list(model.batched(function, features))
             assert len(rows) == len(features)
             outputs[unpad] = jax.tree.map(lambda x, rows=rows: x[np.argsort(rows)], out)

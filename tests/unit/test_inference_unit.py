@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import bertjax
 from bertjax import inference
 from bertjax.engine import perf
-from bertjax.inference import InferenceError, Model, TruncationWarning
+from bertjax.inference import InferenceError, Model, TruncationWarning, batching
 from bertjax.nn import sharding as sharding_lib
 from bertjax.pretrain import samples
 from tests.helpers.inference import (  # noqa: F401 (fixtures)
@@ -78,10 +78,10 @@ def test_each_bucket_compiles_once(trained, held_out):
     vectors = model.embed(texts, pooling="cls", normalize=True)
     features = [e.features() for e in model.examples(texts, None, None)]
     buckets = set()  # (rows, length, packed length or None): one program each
-    for rows in model._batches(features):
-        shape = model._bucket(rows, features)
-        mask = inference._pad_batch([features[r] for r in rows], shape)["input_mask"]
-        buckets.add((shape["rows"], shape["length"], inference.fitted_packed_length(mask)))
+    for rows in model.batcher.batches(features):
+        shape = model.batcher.bucket(rows, features)
+        mask = batching.pad_batch([features[r] for r in rows], shape)["input_mask"]
+        buckets.add((shape["rows"], shape["length"], batching.fitted_packed_length(mask)))
     assert inference._embed._cache_size() - compiled == len(buckets)
     model.embed(list(reversed(texts)), pooling="cls", normalize=True)  # nothing new to compile
     assert inference._embed._cache_size() - compiled == len(buckets)
@@ -109,10 +109,10 @@ def test_a_batch_runs_unpadded_where_packing_pays(shards, rows_per_shard, length
     mask = (np.arange(length)[None] < np.asarray(lengths)[:, None]).astype(np.int32)
     slots = rows_per_shard * length
     fullest = max(sum(lengths[k : k + rows_per_shard]) for k in range(0, rows, rows_per_shard))
-    step = slots // inference.PACKING_STEPS
+    step = slots // batching.PACKING_STEPS
     smallest = max(-(-fullest // step), 1) * step  # whole eighths holding the fullest shard
-    packed = inference.fitted_packed_length(mask, shards)
-    if smallest <= inference.PACKING_MAX_SHARE * slots:
+    packed = batching.fitted_packed_length(mask, shards)
+    if smallest <= batching.PACKING_MAX_SHARE * slots:
         assert packed == smallest
     else:
         assert packed is None
@@ -132,7 +132,7 @@ def test_mesh_gives_the_same_results(workdir, trained, held_out):
 
 def test_progress_bar_only_on_long_calls(trained, held_out, capsys, monkeypatch):
     model = Model(trained.config, trained.params, trained.tokenizer, batch_size=4)
-    monkeypatch.setattr(inference, "PROGRESS_MIN_TEXTS", 10)
+    monkeypatch.setattr(batching, "PROGRESS_MIN_TEXTS", 10)
     model.embed(held_out)
     assert capsys.readouterr().err == ""
     model.embed(held_out * 2)
@@ -197,8 +197,11 @@ def test_on_cpu_long_texts_run_in_calls_within_the_token_budget(trained, held_ou
     whole = model.embed(texts)
     monkeypatch.setattr(perf, "CPU_TOKENS_PER_CALL", 64)
     features = [e.features() for e in model.examples(texts, None, None)]
-    shapes = [tuple(model._bucket(rows, features).values()) for rows in model._batches(features)]
+    shapes = [
+        tuple(model.batcher.bucket(rows, features).values())
+        for rows in model.batcher.batches(features)
+    ]
     assert all(rows * length <= 64 for rows, length in shapes if rows > 1)
     assert {rows for rows, length in shapes if length == 32} == {2}
-    assert sum(len(rows) for rows in model._batches(features)) == len(texts)
+    assert sum(len(rows) for rows in model.batcher.batches(features)) == len(texts)
     np.testing.assert_allclose(model.embed(texts), whole, atol=1e-5, rtol=0)
