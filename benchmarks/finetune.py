@@ -37,7 +37,7 @@ each batch sorted by length, split into --micro_batches slices, each padded to i
 each slice's loss weighted by its share of the batch and back-propagated, one optimizer step.
 
 Prediction (the examples' class probabilities): bertjax as the fine-tuning loop evaluates
-(finetune.loop.run_eval: batches grouped by length, cut to buckets of 32), transformers in
+(finetune.evaluation.run_eval: batches grouped by length, cut to buckets of 32), transformers in
 torch.no_grad padded to max_seq_length, padded to each batch's longest in input order
 (dynamic), and the same after sorting the examples by length (grouped).
 
@@ -72,8 +72,10 @@ if _REPO not in sys.path:
 from bertjax.capability import HeadSpec  # noqa: E402
 from bertjax.encoders.bert.config import PRESETS, BertConfig  # noqa: E402
 from bertjax.engine import optim  # noqa: E402
+from bertjax.finetune import batches as batches_lib  # noqa: E402
 from bertjax.finetune import data as task_data  # noqa: E402
-from bertjax.finetune import loop  # noqa: E402
+from bertjax.finetune import evaluation, warm_start  # noqa: E402
+from bertjax.finetune import widths as widths_lib  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
 from bertjax.tasks.labels import data as label_data  # noqa: E402
@@ -262,7 +264,7 @@ class Bertjax:
         with jax.set_mesh(self.ft.mesh):
             self.state = self.ft.state.init(jax.random.key(args.seed))
             if source is not None:  # the encoder's real weights, a fresh classifier
-                params, _, _ = loop.initial_params(source, self.ft, self.state.params)
+                params, _, _ = warm_start.initial_params(source, self.ft, self.state.params)
                 self.state = self.state.replace(params=params)
         self.rng = jax.random.key(args.seed + 1)
         self.epoch = 0
@@ -270,12 +272,12 @@ class Bertjax:
 
     def run_epoch(self) -> float:
         """Trains one epoch; its loss (the last step's)."""
-        order = loop.epoch_order(0, self.epoch, len(self.examples))
+        order = batches_lib.epoch_order(0, self.epoch, len(self.examples))
         metrics = None
         with jax.set_mesh(self.ft.mesh):
             for index in range(len(self.examples) // self.batch_size):
                 if self.micro_batches > 1:
-                    local = loop.train_micro_batches(
+                    local = batches_lib.train_micro_batches(
                         self.examples,
                         order,
                         index,
@@ -284,7 +286,7 @@ class Bertjax:
                         self.length_bucket,
                     )
                 else:
-                    local = loop.train_batch(
+                    local = batches_lib.train_batch(
                         self.examples, order, index, self.batch_size, self.length_bucket
                     )
                 self.state, metrics = self.ft.steps.take_step(self.state, local, self.rng)
@@ -295,7 +297,9 @@ class Bertjax:
     def predict(self) -> np.ndarray:
         """The loop's evaluation: examples grouped by length, cut to buckets of 32."""
         with jax.set_mesh(self.ft.mesh):
-            _, outputs = loop.run_eval(self.ft, self.state.params, self.examples, self.batch_size)
+            _, outputs = evaluation.run_eval(
+                self.ft, self.state.params, self.examples, self.batch_size
+            )
         return outputs["probabilities"]
 
 
@@ -370,7 +374,7 @@ class Transformers:
 
     def run_epoch(self) -> float:
         self.model.train()
-        order = loop.epoch_order(0, self.epoch, len(self.examples))
+        order = batches_lib.epoch_order(0, self.epoch, len(self.examples))
         loss = None
         for index in range(len(self.examples) // self.batch_size):
             rows = order[index * self.batch_size : (index + 1) * self.batch_size]
@@ -448,7 +452,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     if hasattr(os, "getloadavg"):
         print("load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
-    source = loop.open_source(args.init_from) if args.init_from else None
+    source = warm_start.open_source(args.init_from) if args.init_from else None
     if args.tsv:
         examples, head = real_examples(args, source.tokenizer)
         if len(examples) < args.batch_size:
@@ -474,7 +478,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     steps_per_epoch = len(examples) // args.batch_size
     # As finetune.py chooses by default (token_capacity 0): the fullest batch of the run
     # (seed 0, every epoch timed or not) sets the packed slots.
-    capacity = loop.fitting_capacity(examples, (0,), args.rounds + 1, args.batch_size, 1, 1)
+    capacity = widths_lib.fitting_capacity(examples, (0,), args.rounds + 1, args.batch_size, 1, 1)
     total = steps_per_epoch * (args.rounds + 1)
     optimizer = optim.OptimizerSettings(
         learning_rate=2e-5, warmup_steps=int(0.1 * total), total_steps=total

@@ -43,6 +43,7 @@ from bertjax.capability import ENCODER, HeadSpec  # noqa: E402
 from bertjax.encoders.bert import transformers as bert_hf  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
+from bertjax.finetune import batches as batches_lib  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.metrics import spearman  # noqa: E402
 from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
@@ -198,7 +199,7 @@ def run_transformers(args, start: str, train, dev, seed: int) -> tuple[float, fl
     best = None
     for epoch in range(args.epochs):
         model.train()
-        order = loop.epoch_order(seed, epoch, len(train))  # bertjax's order of the epoch
+        order = batches_lib.epoch_order(seed, epoch, len(train))  # bertjax's order of the epoch
         for step in range(steps_per_epoch):
             rows = [train[i] for i in order[step * BATCH_SIZE : (step + 1) * BATCH_SIZE]]
             loss = model(**inputs(rows), labels=torch.tensor([r[2] for r in rows])).loss

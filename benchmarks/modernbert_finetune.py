@@ -49,7 +49,7 @@ MAX_SEQ_LENGTH = 512
 PERSON_WORDS = {"man", "woman", "men", "women", "boy", "girl", "person", "people", "child"}
 SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
 
-# finetune.py's summary line (bertjax.finetune.loop._print_summary).
+# finetune.py's summary line (bertjax.finetune.summary.print_summary).
 SUMMARY = re.compile(
     r"wall time: ([\d.]+) s, of which compiling ([\d.]+) s \(\d+ %, (\d+) programs compiled, "
     r"(\d+) loaded"

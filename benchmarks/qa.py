@@ -13,7 +13,7 @@ the epoch's permutation, the jitted donated step with google's AdamW recipe), pa
 max_seq_length and with finetune.py's defaults (its widths, multiples of 32, and token packing).
 transformers trains with torch's AdamW and linear schedule, on the padded batches and on
 batches padded to their longest window. Prediction: the windows' start and end logits,
-bertjax as the fine-tuning loop evaluates (finetune.loop.run_eval), transformers in
+bertjax as the fine-tuning loop evaluates (finetune.evaluation.run_eval), transformers in
 torch.no_grad on the same padded batches.
 
 Steady state: compilation and torch's first steps are excluded: bertjax compiles its step
@@ -71,7 +71,9 @@ from bertjax.engine import (  # noqa: E402
     perf,  # noqa: E402
     steps,  # noqa: E402
 )
-from bertjax.finetune import loop  # noqa: E402
+from bertjax.finetune import batches as batches_lib  # noqa: E402
+from bertjax.finetune import evaluation, warm_start  # noqa: E402
+from bertjax.finetune import widths as widths_lib  # noqa: E402
 from bertjax.finetune.objective import build_finetuning  # noqa: E402
 from bertjax.finetune.task import Examples  # noqa: E402
 from bertjax.tasks.qa import metrics as qa_metrics  # noqa: E402
@@ -255,10 +257,10 @@ class Bertjax:
         self.windows, self.batch_size, self.length_bucket = windows, args.batch_size, length_bucket
         self.micro_batches = micro_batches
         # finetune.py's widths for these epochs (its first, untimed, and the rounds).
-        self.train_widths = loop.training_widths(
+        self.train_widths = widths_lib.training_widths(
             windows, (0,), args.rounds + 1, args.batch_size, micro_batches, length_bucket
         )
-        self.eval_widths = loop.evaluation_widths([windows], 32)
+        self.eval_widths = widths_lib.evaluation_widths([windows], 32)
         self.ft = build_finetuning(
             model_config(args, source),
             HEAD,
@@ -272,7 +274,7 @@ class Bertjax:
         with jax.set_mesh(self.ft.mesh):
             self.state = self.ft.state.init(jax.random.key(args.seed))
             if source is not None:  # the encoder's real weights, a fresh qa_outputs head
-                params, _, _ = loop.initial_params(source, self.ft, self.state.params)
+                params, _, _ = warm_start.initial_params(source, self.ft, self.state.params)
                 self.state = self.state.replace(params=params)
         self.rng = jax.random.key(args.seed + 1)
         self.epoch = 0
@@ -308,12 +310,12 @@ class Bertjax:
                 jax.block_until_ready(self.ft.eval_step(state.params, global_batch))
 
     def run_epoch(self) -> float:
-        order = loop.epoch_order(0, self.epoch, len(self.windows))
+        order = batches_lib.epoch_order(0, self.epoch, len(self.windows))
         metrics = None
         with jax.set_mesh(self.ft.mesh):
             for index in range(len(self.windows) // self.batch_size):
                 if self.micro_batches > 1:
-                    local = loop.train_micro_batches(
+                    local = batches_lib.train_micro_batches(
                         self.windows,
                         order,
                         index,
@@ -323,7 +325,7 @@ class Bertjax:
                         self.train_widths,
                     )
                 else:
-                    local = loop.train_batch(
+                    local = batches_lib.train_batch(
                         self.windows,
                         order,
                         index,
@@ -338,7 +340,7 @@ class Bertjax:
     def predict(self) -> np.ndarray:
         """The loop's evaluation: windows grouped by length, cut to finetune.py's widths."""
         with jax.set_mesh(self.ft.mesh):
-            _, outputs = loop.run_eval(
+            _, outputs = evaluation.run_eval(
                 self.ft, self.state.params, self.windows, self.batch_size, 32, self.eval_widths
             )
         return outputs["start_logits"]
@@ -414,7 +416,7 @@ class Transformers:
 
     def run_epoch(self) -> float:
         self.model.train()
-        order = loop.epoch_order(0, self.epoch, len(self.windows))
+        order = batches_lib.epoch_order(0, self.epoch, len(self.windows))
         loss = None
         for index in range(len(self.windows) // self.batch_size):
             rows = order[index * self.batch_size : (index + 1) * self.batch_size]
@@ -461,7 +463,7 @@ class Transformers:
 
 # ----------------------------------------------------------------------------- the whole command
 
-# finetune.py's summary line (bertjax.finetune.loop._print_summary).
+# finetune.py's summary line (bertjax.finetune.summary.print_summary).
 SUMMARY = re.compile(
     r"wall time: ([\d.]+) s, of which compiling ([\d.]+) s \(\d+ %, (\d+) programs compiled, "
     r"(\d+) loaded"
@@ -831,7 +833,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     if hasattr(os, "getloadavg"):
         print("load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
-    source = loop.open_source(args.init_from) if args.init_from else None
+    source = warm_start.open_source(args.init_from) if args.init_from else None
     if args.squad:
         windows = real_windows(args, source.tokenizer)
         print(f"windows: {len(windows)} from {args.squad}")
@@ -844,7 +846,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         + f", max {lengths.max()}"
     )
     steps_per_epoch = len(windows) // args.batch_size
-    capacity = loop.fitting_capacity(windows, (0,), args.rounds + 1, args.batch_size, 1, 1)
+    capacity = widths_lib.fitting_capacity(windows, (0,), args.rounds + 1, args.batch_size, 1, 1)
     total = steps_per_epoch * (args.rounds + 1)
     optimizer = optim.OptimizerSettings(
         learning_rate=3e-5, warmup_steps=int(0.1 * total), total_steps=total

@@ -1,7 +1,7 @@
 """Programs compiled ahead, in background threads, for the shapes a run knows it will meet.
 
 A fine-tuning run knows every batch shape before its first step (its widths:
-bertjax.finetune.loop), yet jax compiles a program only when a step first meets its shape,
+bertjax.finetune.widths), yet jax compiles a program only when a step first meets its shape,
 one after the other on the training thread. `Compiler` lowers and compiles a jitted step at
 given shapes in worker threads instead, while the run reads its checkpoint, builds its state
 and trains, so that XLA's compiling overlaps the training where cores allow::

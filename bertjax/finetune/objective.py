@@ -65,7 +65,7 @@ def build_finetuning(
     """The mesh, the sharded state layout and the jitted train and eval steps of a run.
 
     `every_batch_fits`: `token_capacity` was chosen so that every training batch of the run
-    fits it (loop.fitting_capacity), so the train step packs without a conditional."""
+    fits it (widths.fitting_capacity), so the train step packs without a conditional."""
     mesh = sharding.make_mesh(mesh_shape, devices=devices)
     objective = task_lib.get(head.task).objective(model_config, head)
     built = steps.build(

@@ -67,7 +67,7 @@ class FinetuneDataSettings:
 REGRESSION_BIAS_INITS = ("mean", "zero")
 # config.batch_order: "shuffled" draws each batch from the whole epoch at random (google's
 # run_classifier); "by_length" makes batches of examples of similar length
-# (finetune.loop.epoch_order).
+# (finetune.batches.epoch_order).
 BATCH_ORDERS = ("shuffled", "by_length")
 
 
@@ -82,13 +82,13 @@ class FinetuneRunSettings:
     seeds: tuple[int, ...]  # one run per seed; several report the median
     metric: str  # the best checkpoint is kept by it (higher is better, except mse)
     mesh_shape: tuple[int, ...]
-    token_capacity: float  # 0: chosen from the training data (finetune.loop.fitting_capacity)
+    token_capacity: float  # 0: chosen from the training data (finetune.widths.fitting_capacity)
     # Each training batch is cut to a multiple of this many positions that holds its longest
-    # example, one of the few the run's lengths need (finetune.loop.training_widths; 0: always
+    # example, one of the few the run's lengths need (finetune.widths.training_widths; 0: always
     # max_seq_length); one compile per width.
     length_bucket: int
     # With grad_accum_steps > 1: each batch's micro-batches hold examples of similar length,
-    # each cut to its own length bucket (finetune.loop.train_micro_batches). False: micro-batch
+    # each cut to its own length bucket (finetune.batches.train_micro_batches). False: micro-batch
     # k holds rows k, k + A, ... at the batch's width, in one compiled step.
     group_by_length: bool
     log_every_steps: int
@@ -99,7 +99,7 @@ class FinetuneRunSettings:
     # 0: each program is compiled when a step first meets its shape).
     compile_ahead: int = 1
     # "shuffled": each batch a random draw from the epoch; "by_length": batches of examples of
-    # similar length (finetune.loop.epoch_order), so they carry little padding.
+    # similar length (finetune.batches.epoch_order), so they carry little padding.
     batch_order: str = "shuffled"
 
     @property

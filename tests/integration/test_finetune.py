@@ -14,7 +14,7 @@ from bertjax.capability import HeadSpec
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.engine import rundir
 from bertjax.engine.settings import ConfigError
-from bertjax.finetune import loop
+from bertjax.finetune import loop, resume
 from bertjax.finetune.settings import FinetuneSettings
 from tests.helpers.corpora import LABELS, sentences, write_topic_csv
 from tests.helpers.corpora import finetune_config as make_config
@@ -127,7 +127,7 @@ def test_rerunning_with_another_task_is_refused_and_keeps_the_checkpoint(
         task="classification",
         **{"data.train": str(dev), "data.validation": str(dev), "batch_size": 8},
     )
-    with pytest.raises(loop.HeadMismatchError, match="is a classification with 2 label"):
+    with pytest.raises(resume.HeadMismatchError, match="is a classification with 2 label"):
         finetune(config, root / "alone")
     assert sorted(p.name for p in (root / "alone" / "checkpoints").iterdir()) == before
 
@@ -167,7 +167,7 @@ def test_a_pretraining_workdir_is_neither_overwritten_nor_a_bad_source_taken(
     fields = {"task": "classification", "data.train": str(train), "data.validation": str(train)}
     before = sorted(p.name for p in (init_from / "checkpoints").iterdir())
     tokenizer = (init_from / "tokenizer.model").read_bytes()
-    with pytest.raises(loop.HeadMismatchError, match="not a fine-tuning run's"):
+    with pytest.raises(resume.HeadMismatchError, match="not a fine-tuning run's"):
         finetune(make_config(init_from, **fields), init_from)
     assert sorted(p.name for p in (init_from / "checkpoints").iterdir()) == before
     assert (init_from / "tokenizer.model").read_bytes() == tokenizer

@@ -3,7 +3,7 @@ line it reads back from finetune.py's output."""
 
 import pytest
 
-from bertjax.finetune import loop
+from bertjax.finetune import warm_start
 from bertjax.tasks.qa import squad
 from tests.helpers import benchmark_module
 
@@ -17,7 +17,7 @@ def test_the_whole_command_s_inputs_open_and_read_as_finetune_py_reads_them(tmp_
         + ["--max_seq_length=64", "--question_lengths=3,6", "--context_lengths=10,40"]
     )
     init_from, train, dev = qa.command_inputs(args, str(tmp_path))
-    source = loop.open_source(init_from)
+    source = warm_start.open_source(init_from)
     assert source.config.num_layers == 2 and source.config.vocab_size == 300
     for path, count in ((train, 40), (dev, 10)):
         data = squad.read_examples(path)
@@ -40,7 +40,7 @@ def test_the_summary_line_is_read_back(capsys):
         "programs_loaded": 2,
         "usage": "answer(...)",
     }
-    loop._print_summary(summary)
+    summary.print_summary(summary)
     found = qa.SUMMARY.search(capsys.readouterr().out)
     assert found.groups() == ("95.4", "85.1", "29", "2")
 

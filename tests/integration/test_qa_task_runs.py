@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from bertjax import Model
-from bertjax.finetune import loop
+from bertjax.finetune import evaluation, loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.qa import decode as qa_decode
 from tests.helpers.qa_task import LEARNER, qa_config, random_export, write_jsonl
@@ -104,7 +104,7 @@ def test_validation_predictions_are_the_best_evaluations_without_another_pass(
     devices = jax.devices()[:1]
     settings = FinetuneSettings.from_config(config, devices=devices)
     passes = []
-    run_eval = loop.run_eval
+    run_eval = evaluation.run_eval
     monkeypatch.setattr(loop, "run_eval", lambda *a, **k: passes.append(1) or run_eval(*a, **k))
     run = tmp_path / "run"
     summary = loop.finetune(settings, run, devices=devices)

@@ -9,7 +9,7 @@ import transformers
 
 import bertjax
 from bertjax.engine import rundir
-from bertjax.finetune import loop
+from bertjax.finetune import loop, prepared
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.seq2seq import decoding
 from bertjax.tasks.seq2seq import model as s2s
@@ -127,7 +127,9 @@ def test_a_run_learns_to_reverse_words_and_reopens_in_a_notebook(source, tmp_pat
     print(f"held-out exact match: greedy {best['value']:.3f}, 4 beams {beam_exact:.3f}")
     assert beam_exact >= 0.95, beam_exact
     run = rundir.open_run(workdir)
-    _, params = rundir.read_params(run, loop.prepare(FinetuneSettings.from_config(config)).ft.mesh)
+    _, params = rundir.read_params(
+        run, prepared.prepare(FinetuneSettings.from_config(config)).ft.mesh
+    )
     assert set(params) == {"bert", "decoder"}
     model.save_hf(tmp_path / "export")
     reference = transformers.EncoderDecoderModel.from_pretrained(tmp_path / "export").eval()

@@ -26,7 +26,7 @@ from bertjax.encoders.bert.config import BertConfig
 from bertjax.engine import checkpoint as checkpoint_lib
 from bertjax.engine import rundir
 from bertjax.engine.settings import ConfigError
-from bertjax.finetune import loop as finetune_loop
+from bertjax.finetune import warm_start
 from bertjax.inference import InferenceError, Model
 from bertjax.nn import heads
 from bertjax.storage import hf
@@ -206,7 +206,7 @@ def test_damaged_weights_are_named(pretraining_dir, tmp_path, damage):
     assert message.startswith(f"{weights}: not a readable safetensors file")
     assert "\n" not in message
     with pytest.raises(ConfigError, match=f"{weights}: not a readable safetensors file"):
-        finetune_loop.open_source(broken)
+        warm_start.open_source(broken)
 
 
 def test_malformed_config_json_is_named(pretraining_dir, tmp_path):
@@ -218,7 +218,7 @@ def test_malformed_config_json_is_named(pretraining_dir, tmp_path):
         Model.load(broken)
     config.write_text("[1, 2]")
     with pytest.raises(ConfigError, match=f"{config}: holds a JSON list"):
-        finetune_loop.open_source(broken)
+        warm_start.open_source(broken)
 
 
 # --------------------------------------------------------------------- 6, 7, 8: run directories

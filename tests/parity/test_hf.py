@@ -17,7 +17,7 @@ from bertjax.encoders.bert import config as bert_config
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
-from bertjax.finetune import loop as finetune_loop
+from bertjax.finetune import warm_start
 from bertjax.storage import hf
 from bertjax.text.directory import load_tokenizer
 from bertjax.text.tokenizer import WordPieceTokenizer
@@ -228,7 +228,7 @@ def test_fine_tuning_from_a_bert_model_directory_misses_no_head(tmp_path, caplog
     pieces += [f"w{i}" for i in range(SMALL.vocab_size - len(pieces))]
     (tmp_path / "vocab.txt").write_text("".join(p + "\n" for p in pieces))
     with caplog.at_level(logging.WARNING, logger="bertjax.storage.hf"):
-        source = finetune_loop.open_source(tmp_path)
+        source = warm_start.open_source(tmp_path)
     assert "freshly initialised" not in caplog.text
     assert set(source.params) == {"bert"} and source.fresh == ()
 

@@ -10,7 +10,7 @@ from safetensors import numpy as safetensors_numpy
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.engine import rundir
-from bertjax.finetune import loop
+from bertjax.finetune import warm_start
 from bertjax.storage import hf
 from bertjax.tasks.labels import model as label_heads
 from bertjax.text.tokenizer import WordPieceTokenizer
@@ -48,13 +48,13 @@ def test_fine_tuning_from_a_transformers_classifier_keeps_its_head_for_the_same_
     bert_hf.save(
         CONFIG, params, tmp_path / "export", WordPieceTokenizer.from_vocab(vocab), head=head
     )
-    source = loop.open_source(tmp_path / "export")
+    source = warm_start.open_source(tmp_path / "export")
     assert source.kind == "hf" and source.head == head
 
     run_head = head if same_task else HeadSpec(label_heads.CLASSIFICATION, ("no", "yes"))
     ft = data_parallel_finetuning(CONFIG, run_head)
     fresh = jax.tree.map(lambda a: np.zeros(a.shape, a.dtype), ft.state.abstract.params)
-    started, note, fresh_head = loop.initial_params(source, ft, fresh)
+    started, note, fresh_head = warm_start.initial_params(source, ft, fresh)
     assert fresh_head == (not same_task)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(started["bert"]), params["bert"])
     classifier = jax.device_get(started["classifier"])
@@ -81,14 +81,14 @@ def test_a_runs_first_state_is_the_source_over_its_own_initialisation(tmp_path, 
         WordPieceTokenizer.from_vocab(vocab),
         head=head,
     )
-    source = loop.open_source(tmp_path / "export")
+    source = warm_start.open_source(tmp_path / "export")
     run_head = head if same_task else HeadSpec(label_heads.CLASSIFICATION, ("no", "yes"))
     ft = data_parallel_finetuning(CONFIG, run_head)
     rng = jax.random.key(7)
     with jax.set_mesh(ft.mesh):
-        state, note, fresh_head = loop.first_state(source, ft, rng)
+        state, note, fresh_head = warm_start.first_state(source, ft, rng)
         want = ft.state.init(rng)
-        params, want_note, want_fresh_head = loop.initial_params(source, ft, want.params)
+        params, want_note, want_fresh_head = warm_start.initial_params(source, ft, want.params)
     assert (note, fresh_head) == (want_note, want_fresh_head)
     want = want.replace(params=params)
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(state), jax.device_get(want))

@@ -10,7 +10,9 @@ from hypothesis import strategies as st
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.engine import optim, perf, steps
-from bertjax.finetune import loop
+from bertjax.finetune import batches as batches_lib
+from bertjax.finetune import evaluation
+from bertjax.finetune import widths as widths_lib
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.task import Examples
 from bertjax.nn import unpadding
@@ -136,9 +138,9 @@ def test_length_buckets_cut_only_padding_and_train_the_same(task):
     examples = Examples(
         "train", "synthetic", features, [str(i) for i in range(count)], True, word_positions
     )
-    order = loop.epoch_order(0, 0, count)
-    full = loop.train_batch(examples, order, 0, count)
-    cut = loop.train_batch(examples, order, 0, count, length_bucket=8)
+    order = batches_lib.epoch_order(0, 0, count)
+    full = batches_lib.train_batch(examples, order, 0, count)
+    cut = batches_lib.train_batch(examples, order, 0, count, length_bucket=8)
     assert full["input_ids"].shape == (count, seq)
     assert cut["input_ids"].shape == cut["input_mask"].shape == (count, 16)
     assert cut["labels"].shape == ((count, 16) if word_positions else (count,))
@@ -192,16 +194,20 @@ def test_batches_by_length_hold_the_shuffled_epochs_examples_with_less_padding(
 ):
     steps_per_epoch = count // batch_size
     lengths = np.random.default_rng(seed).integers(1, longest + 1, size=count)
-    shuffled = loop.epoch_order(seed, epoch, count)
+    shuffled = batches_lib.epoch_order(seed, epoch, count)
     assert sorted(shuffled) == list(range(count))  # the shuffled order, as ever: a permutation
-    order = loop.epoch_order(seed, epoch, count, lengths, batch_size)
-    np.testing.assert_array_equal(order, loop.epoch_order(seed, epoch, count, lengths, batch_size))
+    order = batches_lib.epoch_order(seed, epoch, count, lengths, batch_size)
+    np.testing.assert_array_equal(
+        order, batches_lib.epoch_order(seed, epoch, count, lengths, batch_size)
+    )
     kept = shuffled[: steps_per_epoch * batch_size]
     # The examples of the shuffled epoch's whole batches, each once: the same ones dropped.
     assert sorted(order) == sorted(kept)
     if steps_per_epoch == 0:
         return
-    window = {int(e): i // (loop.LENGTH_WINDOW_BATCHES * batch_size) for i, e in enumerate(kept)}
+    window = {
+        int(e): i // (batches_lib.LENGTH_WINDOW_BATCHES * batch_size) for i, e in enumerate(kept)
+    }
     batches = order.reshape(steps_per_epoch, batch_size)
     ranges: dict[int, list[tuple[int, int]]] = {}
     for batch in batches:
@@ -219,26 +225,28 @@ def test_batches_by_length_hold_the_shuffled_epochs_examples_with_less_padding(
 def test_evaluation_takes_fewer_widths_where_a_program_costs_more_than_it_saves():
     examples = _uneven_examples(label_heads.CLASSIFICATION, 60, 128, longest=128, seed=4)
     dev, test = examples, Examples("test", "synthetic", examples.features, examples.indices, False)
-    free = loop.evaluation_widths([dev, test], 32)
+    free = widths_lib.evaluation_widths([dev, test], 32)
     assert len(free) > 2
     counts = []
     for cost in (0, 100, 1_000, 10**9):
-        widths = loop.evaluation_widths([dev, test], 32, passes=[3, 1], program_positions=cost)
+        widths = widths_lib.evaluation_widths(
+            [dev, test], 32, passes=[3, 1], program_positions=cost
+        )
         assert set(widths) <= set(free) and max(widths) == max(free)
         counts.append(len(widths))
     assert counts[0] == len(free) and counts == sorted(counts, reverse=True) and counts[-1] == 1
     # Passes weigh the positions a width saves: three passes of a split save three times.
     for cost in (100, 1_000):
-        assert loop.evaluation_widths(
+        assert widths_lib.evaluation_widths(
             [dev], 32, passes=[3], program_positions=cost
-        ) == loop.evaluation_widths([dev], 32, program_positions=cost / 3)
+        ) == widths_lib.evaluation_widths([dev], 32, program_positions=cost / 3)
 
 
 def test_batches_by_length_come_in_a_shuffled_order_that_changes_each_epoch():
     count, batch_size = 640, 16  # 40 batches, one window
     lengths = np.random.default_rng(0).integers(1, 200, size=count)
     longest = [
-        lengths[loop.epoch_order(0, epoch, count, lengths, batch_size)]
+        lengths[batches_lib.epoch_order(0, epoch, count, lengths, batch_size)]
         .reshape(-1, batch_size)
         .max(axis=1)
         for epoch in range(2)
@@ -247,7 +255,7 @@ def test_batches_by_length_come_in_a_shuffled_order_that_changes_each_epoch():
         assert not np.all(np.diff(per_batch) <= 0) and not np.all(np.diff(per_batch) >= 0)
     assert not np.array_equal(*longest)
     with pytest.raises(ValueError, match="639 lengths for 640 examples"):
-        loop.epoch_order(0, 0, count, lengths[1:], batch_size)
+        batches_lib.epoch_order(0, 0, count, lengths[1:], batch_size)
 
 
 @pytest.mark.parametrize(
@@ -263,7 +271,7 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(
     features = {"input_mask": mask, "labels": np.zeros(count, np.int32)}
     examples = Examples("train", "synthetic", features, [""] * count, True)
     seeds, epochs = (1, 2), 3
-    capacity = loop.fitting_capacity(
+    capacity = widths_lib.fitting_capacity(
         examples, seeds, epochs, batch_size, accumulate, shards, batch_order
     )
     slots = batch_size // accumulate // shards * seq
@@ -271,7 +279,7 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(
     fullest = 0
     for seed in seeds:
         for epoch in range(epochs):
-            order = loop.training_order(examples, seed, epoch, batch_size, batch_order)
+            order = batches_lib.training_order(examples, seed, epoch, batch_size, batch_order)
             for index in range(count // batch_size):
                 rows = order[index * batch_size : (index + 1) * batch_size]
                 for micro in steps.split_micro_batches(mask[rows], accumulate):
@@ -288,9 +296,11 @@ def test_the_capacity_chosen_from_the_data_fits_every_batch_exactly(
 def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
     count, seq, groups = 32, 48, 4
     examples = _uneven_examples(task, count, seq, longest=seq - 1)
-    order = loop.epoch_order(0, 0, count)
+    order = batches_lib.epoch_order(0, 0, count)
     lengths = examples.features["input_mask"].sum(axis=1)
-    micro_batches = loop.train_micro_batches(examples, order, 0, count, groups, length_bucket=8)
+    micro_batches = batches_lib.train_micro_batches(
+        examples, order, 0, count, groups, length_bucket=8
+    )
     # Every example once, the shortest together, each micro-batch cut to its own bucket.
     held = [micro["input_mask"].sum(axis=1) for micro in micro_batches]
     assert sorted(np.concatenate(held)) == sorted(lengths)
@@ -316,7 +326,7 @@ def test_micro_batches_grouped_by_length_take_the_one_batch_update(task):
             losses = []
             for _ in range(2):  # the second step starts from the first's optimizer state
                 if accumulate == 1:
-                    batch = loop.train_batch(examples, order, 0, count)
+                    batch = batches_lib.train_batch(examples, order, 0, count)
                 else:
                     batch = micro_batches
                 state, metrics = ft.steps.take_step(state, batch, jax.random.key(1))
@@ -337,18 +347,18 @@ def test_the_runs_training_widths_are_few_and_hold_every_micro_batch():
     count, seq, batch_size, groups = 96, 64, 16, 4
     examples = _uneven_examples(label_heads.CLASSIFICATION, count, seq, longest=seq, seed=2)
     seeds, epochs = (1, 2), 2
-    widths = loop.training_widths(
+    widths = widths_lib.training_widths(
         examples, seeds, epochs, batch_size, groups, 8, overhead=0.1, program_positions=0
     )
-    assert loop.training_widths(examples, seeds, epochs, batch_size, groups, 0) is None
+    assert widths_lib.training_widths(examples, seeds, epochs, batch_size, groups, 0) is None
     assert all(w % 8 == 0 for w in widths)
     buckets, positions, bucket_positions = set(), 0, 0
     for seed in seeds:
         for epoch in range(epochs):
-            order = loop.epoch_order(seed, epoch, count)
+            order = batches_lib.epoch_order(seed, epoch, count)
             for index in range(count // batch_size):
-                cut = loop.train_micro_batches(examples, order, index, batch_size, groups, 8)
-                held = loop.train_micro_batches(
+                cut = batches_lib.train_micro_batches(examples, order, index, batch_size, groups, 8)
+                held = batches_lib.train_micro_batches(
                     examples, order, index, batch_size, groups, 8, widths
                 )
                 for a, b in zip(cut, held):
@@ -372,7 +382,7 @@ def test_training_widths_weigh_what_a_program_costs_in_positions():
     seeds, epochs = (1, 2), 2
 
     def widths(program_positions):
-        return loop.training_widths(
+        return widths_lib.training_widths(
             examples, seeds, epochs, batch_size, groups, 8, 0.0, "shuffled", program_positions
         )
 
@@ -380,11 +390,11 @@ def test_training_widths_weigh_what_a_program_costs_in_positions():
         total = 0
         for seed in seeds:
             for epoch in range(epochs):
-                order = loop.epoch_order(seed, epoch, count)
+                order = batches_lib.epoch_order(seed, epoch, count)
                 for index in range(count // batch_size):
                     total += sum(
                         b["input_ids"].size
-                        for b in loop.train_micro_batches(
+                        for b in batches_lib.train_micro_batches(
                             examples, order, index, batch_size, groups, 8, run_widths
                         )
                     )
@@ -425,7 +435,7 @@ def test_evaluation_grouped_by_length_gives_every_example_its_full_length_output
     ft = _evaluation_setup(task, seq, jax.devices())
     with jax.set_mesh(ft.mesh):
         params = ft.state.init(jax.random.key(0)).params
-        sums, outputs = loop.run_eval(ft, params, examples, 8, length_bucket=8)
+        sums, outputs = evaluation.run_eval(ft, params, examples, 8, length_bucket=8)
         # The reference: every example at full length, in order, in one batch.
         batch = dict(examples.features, weights=np.ones(count, np.float32))
         batch = {k: np.concatenate([v, v[:3]]) for k, v in batch.items()}  # 24 rows
@@ -463,30 +473,38 @@ def test_evaluation_on_cpu_cuts_long_batches_into_calls_within_the_token_budget(
     ft = _evaluation_setup(task, seq, jax.devices()[:2])
     with jax.set_mesh(ft.mesh):
         params = ft.state.init(jax.random.key(0)).params
-        sums, outputs = loop.run_eval(ft, params, examples, 8, length_bucket=8)
-        assert {len(real) for real, _ in loop.eval_batches(examples, 8, 8, 2, "cpu")} == {8, 5}
+        sums, outputs = evaluation.run_eval(ft, params, examples, 8, length_bucket=8)
+        assert {len(real) for real, _ in batches_lib.eval_batches(examples, 8, 8, 2, "cpu")} == {
+            8,
+            5,
+        }
         # 16 tokens per device: batches of width 8 hold 4 rows, of 16 and more 2 rows.
         monkeypatch.setattr(perf, "CPU_TOKENS_PER_CALL", 16)
         sizes = [
             (len(local["input_ids"]), local["input_ids"].shape[1])
-            for _, local in loop.eval_batches(examples, 8, 8, 2, "cpu")
+            for _, local in batches_lib.eval_batches(examples, 8, 8, 2, "cpu")
         ]
         assert {rows for rows, width in sizes if width >= 16} == {2}
         assert sum(rows for rows, _ in sizes) >= count
         # On an accelerator the batches stay whole.
-        assert {len(real) for real, _ in loop.eval_batches(examples, 8, 8, 2, "gpu")} == {8, 5}
-        cut_sums, cut = loop.run_eval(ft, params, examples, 8, length_bucket=8)
+        assert {len(real) for real, _ in batches_lib.eval_batches(examples, 8, 8, 2, "gpu")} == {
+            8,
+            5,
+        }
+        cut_sums, cut = evaluation.run_eval(ft, params, examples, 8, length_bucket=8)
         # The run's few widths: each batch at one of them, all rows it can hold but the last.
-        widths = loop.evaluation_widths([examples], 32, overhead=0.5)  # multiples of 8
+        widths = widths_lib.evaluation_widths([examples], 32, overhead=0.5)  # multiples of 8
         shapes = [
             (len(real), local["input_ids"].shape)
-            for real, local in loop.eval_batches(examples, 8, 8, 2, "cpu", widths)
+            for real, local in batches_lib.eval_batches(examples, 8, 8, 2, "cpu", widths)
         ]
         assert {shape for _, shape in shapes} <= {(perf.rows_per_call(w, 8, 2), w) for w in widths}
         assert [real < shape[0] for real, shape in shapes].count(True) <= 1
         assert sum(real for real, _ in shapes) == count
         assert len(widths) < len({shape for _, shape in sizes})
-        few_sums, few = loop.run_eval(ft, params, examples, 8, length_bucket=32, widths=widths)
+        few_sums, few = evaluation.run_eval(
+            ft, params, examples, 8, length_bucket=32, widths=widths
+        )
     lengths = examples.features["input_mask"].sum(axis=1)
     for other, other_sums in ((cut, cut_sums), (few, few_sums)):
         assert set(other) == set(outputs)

@@ -13,7 +13,7 @@ import pytest
 from bertjax import Model
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
-from bertjax.finetune import loop
+from bertjax.finetune import resume
 from bertjax.inference import InferenceError
 from bertjax.storage import hf
 from bertjax.tasks.embed.model import EmbeddingSpec
@@ -25,8 +25,8 @@ def test_reusing_an_embedding_workdir_with_another_pooling_names_the_options():
     saved = head_for(EmbeddingSpec(pooling="mean", max_seq_length=64))
     asked = head_for(EmbeddingSpec(pooling="cls", max_seq_length=64))
     run = types.SimpleNamespace(ft=types.SimpleNamespace(head=asked))
-    with pytest.raises(loop.HeadMismatchError) as caught:
-        loop._check_resumable({"head": saved.to_dict()}, run, "runs/embed")
+    with pytest.raises(resume.HeadMismatchError) as caught:
+        resume.check_resumable({"head": saved.to_dict()}, run, "runs/embed")
     message = str(caught.value)
     assert message.startswith(
         "the checkpoint in runs/embed is an embedding head with pooling='mean', but this run "
