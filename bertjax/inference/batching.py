@@ -33,8 +33,8 @@ MIN_LENGTH_BUCKET = 8
 PROGRESS_MIN_TEXTS = 2048
 # A padded batch runs unpadded (the encoder's packed_length, as fine-tuning runs it) when its
 # fullest batch shard's real tokens fit in at most this share of the shard's slots: the rule
-# ModernBERT's encoder applies (its PACKING_MAX_SHARE, measured on train steps), which pays
-# for notebook calls of review-length texts too (docs/benchmarks.md).
+# ModernBERT's encoder applies (its PACKING_MAX_SHARE, chosen on train steps), which pays for
+# notebook calls of review-length texts too (docs/modernbert-unpadded.md, "Notebook methods").
 PACKING_MAX_SHARE = 0.7
 # Packed lengths are whole eighths of a shard's slots, so that a bucket shape compiles at most
 # five packed programs besides its padded one.

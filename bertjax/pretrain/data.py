@@ -8,7 +8,7 @@ settings and the tokenizer. A run that names the same files and tokenizer finds 
 and reuses it; adding a source prepares that source alone when the tokenizer stays (given, or
 a new phase's). All sources share one tokenizer:
 data.tokenizer, else a new phase's (init_from), else one trained on an equal sample of every
-source (bertjax.data.prepare.train_mixture_tokenizer), kept beside the sources as
+source (bertjax.data.prepare.tokenizer.train_mixture_tokenizer), kept beside the sources as
 ``<root>/sources/tokenizer-<fingerprint>.model`` (its fingerprint covers the sources' names,
 files and reading, and the tokenizer settings, not the weights or order), so that runs of the
 same sources share it whatever their weights.

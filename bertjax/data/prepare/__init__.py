@@ -38,22 +38,21 @@ eval split (its documents come from every chunk) and the manifest. The division 
 the unit one process already hands its workers, and a chunk's shard depends only on its
 documents and ``(seed, chunk index)``: the output is byte for byte the one a single process
 writes. The price is that every process reads (not tokenizes) the whole input to find the
-chunk boundaries, which depend on the characters before them. Reading and chunking the demo
-corpus takes about a sixth of the time its tokenizing, instance creation and writing take at
-dupe_factor=1 (less at larger dupe factors): the division pays for a handful of processes;
-beyond that the reading that every process repeats bounds the gain.
+chunk boundaries, which depend on the characters before them: reading and chunking cost a
+fraction of what tokenizing, instance creation and writing do, so the division pays for a
+handful of processes; beyond that the reading that every process repeats bounds the gain.
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import hashlib
 import itertools
 import json
 import multiprocessing
 import os
-import re
 import time
 from collections.abc import Iterator, Sequence
 from concurrent import futures
@@ -66,6 +65,7 @@ from bertjax.data.corpus import InputReport, ReadSettings, expand_paths, read_do
 from bertjax.data.formats import FORMATS
 from bertjax.data.instances import TASKS, InstanceSettings, create_instances, tokenize_documents
 from bertjax.data.packing import LAYOUTS, efficiency, pack_documents
+from bertjax.data.prepare.tokenizer import TOKENIZER_SAMPLE_SENTENCES, make_tokenizer
 from bertjax.data.storage import (
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -77,16 +77,12 @@ from bertjax.data.storage import (
 )
 from bertjax.storage import fs
 from bertjax.text.tokenizer import SENTENCEPIECE_FILE, Tokenizer
-from bertjax.text.training import MODEL_TYPES, TokenizerSettings, reservoir_sample, train_tokenizer
+from bertjax.text.training import MODEL_TYPES
 
 DEFAULT_CHUNK_MB = 4.0
-# Sentences a tokenizer is trained on (a reservoir sample of the corpus, or of each source's).
-TOKENIZER_SAMPLE_SENTENCES = 1_000_000
 # Stream tags of the instance seeds: (seed, chunk index, 0) for each train chunk, (seed, 1) for
 # the whole eval split.
 _SPLIT_STREAM = {"train": 0, "eval": 1}
-# Stream tag of a mixture's tokenizer sample: (seed, tag, source name's key).
-_TOKENIZER_STREAM = 2
 # Where processes other than 0 leave their shard records for process 0 (removed after use;
 # hidden, so that a directory listing of the output never takes it for data).
 PARTS_DIR = ".parts"
@@ -190,139 +186,6 @@ def _write_split(
             data_dir, split, f"shard-{index:05d}", instances, np.dtype(dtype)
         )
     return record
-
-
-def _sentences(paths: Sequence[str], read_settings: ReadSettings) -> Iterator[str]:
-    for document in read_documents(paths, InputReport(), settings=read_settings):
-        yield from document
-
-
-# Sentencepiece's messages when the vocabulary does not fit the text it was trained on.
-_VOCABULARY_TOO_LARGE = re.compile(
-    r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)"
-)
-_VOCABULARY_TOO_SMALL = re.compile(
-    r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)"
-)
-
-
-def _vocabulary_error(err: ValueError, vocab_size: int, inputs: Sequence[str]) -> ValueError | None:
-    """One line for a vocabulary that does not fit the corpus, with a size that would, or None."""
-    message = f"{err} {err.__cause__ or ''}"
-    names = ", ".join(inputs[:3]) + (", ..." if len(inputs) > 3 else "")
-    if match := _VOCABULARY_TOO_LARGE.search(message):
-        largest = int(match.group(2))
-        return ValueError(
-            f"vocab_size={vocab_size} is too large for the corpus {names}: its text yields at "
-            f"most {largest} pieces; use vocab_size <= {largest}, or more text."
-        )
-    if match := _VOCABULARY_TOO_SMALL.search(message):
-        smallest = int(match.group(2))
-        return ValueError(
-            f"vocab_size={vocab_size} is too small for the corpus {names}: covering its "
-            f"characters takes {smallest} pieces; use vocab_size >= {smallest}."
-        )
-    return None
-
-
-def _make_tokenizer(
-    inputs: list[str],
-    tokenizer_file: fs.AnyPath,
-    tokenizer_path: str | os.PathLike | None,
-    vocab_size: int,
-    model_type: str,
-    lowercase: bool,
-    sample_sentences: int,
-    seed: int,
-    log,
-    read_settings: ReadSettings,
-) -> Tokenizer:
-    """The given tokenizer copied in, or one trained on a corpus sample, at tokenizer_file."""
-    if tokenizer_path is not None:
-        tokenizer = Tokenizer.load(tokenizer_path)
-        tokenizer.save(tokenizer_file)
-        return tokenizer
-    settings = TokenizerSettings(
-        vocab_size=vocab_size,
-        model_type=model_type,
-        lowercase=lowercase,
-        sample_sentences=sample_sentences,
-        seed=seed,
-    )
-    start = time.perf_counter()
-    try:
-        tokenizer = train_tokenizer(_sentences(inputs, read_settings), settings, tokenizer_file)
-    except ValueError as err:
-        clearer = _vocabulary_error(err, vocab_size, inputs)
-        if clearer is None:
-            raise
-        raise clearer from err
-    log(f"Trained a {tokenizer.vocab_size}-piece tokenizer in {time.perf_counter() - start:.1f}s")
-    return tokenizer
-
-
-def train_mixture_tokenizer(
-    sources: Sequence[tuple[str, Sequence[str], ReadSettings]],
-    output_path: str | os.PathLike,
-    *,
-    vocab_size: int = 8000,
-    model_type: str = "unigram",
-    lowercase: bool = False,
-    sample_sentences: int = TOKENIZER_SAMPLE_SENTENCES,
-    seed: int = 12345,
-    log=print,
-) -> Tokenizer:
-    """A tokenizer trained on every source of a mixture, written to output_path.
-
-    ``sources`` are (name, inputs, read settings). Each source gives an equal share of
-    ``sample_sentences`` (one more each for the first by name when it does not divide), a
-    uniform reservoir sample of its sentences in stream order, drawn from ``(seed, its
-    name)``, the samples taken in the order of the names: the vocabulary covers every corpus
-    however small its weight, the same sources give the same tokenizer whatever their weights
-    and order, and a source with fewer sentences than its share gives all of them.
-    """
-    if not sources:
-        raise ValueError("train_mixture_tokenizer needs at least one source")
-    if sample_sentences < len(sources):
-        raise ValueError(
-            f"sample_sentences={sample_sentences} is fewer than one sentence per source "
-            f"({len(sources)} sources)"
-        )
-    share, extra = divmod(sample_sentences, len(sources))
-    start = time.perf_counter()
-    sample: list[str] = []
-    taken = []
-    by_name = sorted(sources, key=lambda source: source[0])
-    for index, (name, inputs, read_settings) in enumerate(by_name):
-        key = int.from_bytes(hashlib.blake2b(name.encode(), digest_size=4).digest(), "little")
-        rng = np.random.default_rng([seed, _TOKENIZER_STREAM, key])
-        sentences = _sentences([str(p) for p in inputs], read_settings)
-        try:
-            drawn = reservoir_sample(sentences, share + (index < extra), rng)
-        except ValueError as err:  # a source that holds no text, named
-            raise ValueError(f"source {name!r}: {err}") from None
-        sample.extend(drawn)
-        taken.append(f"{name} {len(drawn):,}")
-    settings = TokenizerSettings(
-        vocab_size=vocab_size,
-        model_type=model_type,
-        lowercase=lowercase,
-        sample_sentences=max(len(sample), 1),  # the sample is drawn: train on all of it
-        seed=seed,
-    )
-    try:
-        tokenizer = train_tokenizer(sample, settings, output_path)
-    except ValueError as err:
-        inputs = [str(p) for _, paths, _ in sources for p in paths]
-        clearer = _vocabulary_error(err, vocab_size, inputs)
-        if clearer is None:
-            raise
-        raise clearer from err
-    log(
-        f"Trained a {tokenizer.vocab_size}-piece tokenizer on {len(sample):,} sentences "
-        f"({', '.join(taken)}) in {time.perf_counter() - start:.1f}s"
-    )
-    return tokenizer
 
 
 def _clear_output(data_dir: fs.AnyPath) -> None:
@@ -445,6 +308,122 @@ def prepare(
         dupe_factor=dupe_factor,
         task=task,
     )
+    _check_processes(process_index, process_count)
+    workers = workers or os.cpu_count() or 1
+    data_dir = fs.makedirs(output_dir)
+    lead = process_index == 0
+    log = print if verbose and lead else (lambda *args, **kwargs: None)
+
+    start = time.perf_counter()
+    tokenizer = _shared_tokenizer(
+        data_dir,
+        lead,
+        process_count,
+        inputs,
+        tokenizer_path,
+        vocab_size,
+        tokenizer_model_type,
+        lowercase,
+        tokenizer_sample_sentences,
+        seed,
+        log,
+        read_settings,
+    )
+    tokenizer_seconds = time.perf_counter() - start
+    dtype = token_dtype(tokenizer.vocab_size)
+
+    report = InputReport()
+    start = time.perf_counter()
+    chunked = _prepare_chunks(
+        data_dir,
+        inputs,
+        report,
+        read_settings,
+        chunk_mb,
+        seed,
+        eval_fraction,
+        instance_settings,
+        dtype,
+        layout,
+        workers,
+        process_index,
+        process_count,
+    )
+    if not lead:
+        _hand_over(data_dir, chunked, process_index, (print if verbose else log), start)
+        _barrier("shares", process_count)
+        _barrier("manifest", process_count)
+        return read_manifest(data_dir)
+    _barrier("shares", process_count)
+    train_records = _gathered_records(data_dir, chunked, process_count)
+    # One pool for the whole eval split; its own seed stream, so train's draws are untouched.
+    eval_rng = np.random.default_rng([seed, _SPLIT_STREAM["eval"]])
+    eval_record = _write_split(
+        str(data_dir),
+        "eval",
+        0,
+        chunked.eval_documents,
+        tokenizer,
+        instance_settings,
+        eval_rng,
+        dtype,
+        layout,
+    )
+    seconds = time.perf_counter() - start
+
+    splits = _split_summaries(train_records, eval_record, layout, max_seq_length)
+    if splits["train"]["num_instances"] == 0:
+        raise ValueError(f"inputs {inputs} produced no training instances (is the corpus empty?).")
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "max_seq_length": max_seq_length,
+        "max_predictions_per_seq": max_predictions_per_seq,
+        "vocab_size": tokenizer.vocab_size,
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+        "token_dtype": dtype.name,
+        "splits": splits,
+        "input_report": report.to_dict(),
+        "settings": {
+            "inputs": inputs,
+            # How they were read; a manifest without these read them by name, text in "text".
+            "format": read_settings.format,
+            "text_field": read_settings.text_field,
+            "id_field": read_settings.id_field,
+            "dupe_factor": dupe_factor,
+            "short_seq_prob": short_seq_prob,
+            "task": task,
+            "eval_fraction": eval_fraction,
+            "seed": seed,
+            "chunk_mb": chunk_mb,
+            "tokenizer": str(tokenizer_path) if tokenizer_path is not None else None,
+            "lowercase": lowercase if tokenizer_path is None else None,
+        },
+        "num_chunks": len(train_records),
+        "raw_chars": chunked.raw_chars,
+    }
+    if layout != "pairs":  # a manifest without it holds pairs (what every older one holds)
+        manifest["layout"] = layout
+    write_manifest(data_dir, manifest)
+    _barrier("manifest", process_count)
+    log(str(report))
+    if layout == "packed":
+        log(
+            "Packed documents into rows of "
+            f"{max_seq_length} slots: packing efficiency (real tokens / slots) "
+            f"{splits['train']['packing_efficiency']:.4f} train, "
+            f"{splits['eval']['packing_efficiency']:.4f} eval"
+        )
+    log(
+        f"Prepared {splits['train']['num_instances']} train and {splits['eval']['num_instances']} "
+        f"eval instances from {chunked.raw_chars / 1e6:.1f} M characters in {seconds:.1f}s with "
+        f"{workers} worker(s) x {process_count} process(es) (tokenizer: "
+        f"{tokenizer_seconds:.1f}s) into {data_dir}"
+    )
+    return manifest
+
+
+def _check_processes(process_index: int, process_count: int) -> None:
+    """Fails unless process_index is one of process_count processes that jax.distributed runs."""
     if not 0 <= process_index < process_count:
         raise ValueError(
             f"process_index={process_index} is invalid for process_count={process_count}: "
@@ -456,23 +435,35 @@ def prepare(
             "process(es); start it first (jax.distributed.initialize, or the --distributed / "
             "--coordinator_address --num_processes --process_id flags)."
         )
-    workers = workers or os.cpu_count() or 1
-    data_dir = fs.makedirs(output_dir)
-    lead = process_index == 0
-    log = print if verbose and lead else (lambda *args, **kwargs: None)
 
+
+def _shared_tokenizer(
+    data_dir: fs.AnyPath,
+    lead: bool,
+    process_count: int,
+    inputs: list[str],
+    tokenizer_path: str | os.PathLike | None,
+    vocab_size: int,
+    model_type: str,
+    lowercase: bool,
+    sample_sentences: int,
+    seed: int,
+    log,
+    read_settings: ReadSettings,
+) -> Tokenizer:
+    """The output's tokenizer: process 0 clears the output and makes it (`make_tokenizer`),
+    the other processes read it once it is written."""
     tokenizer_file = data_dir / SENTENCEPIECE_FILE
-    start = time.perf_counter()
     if lead:
         _clear_output(data_dir)
-        tokenizer = _make_tokenizer(
+        tokenizer = make_tokenizer(
             inputs,
             tokenizer_file,
             tokenizer_path,
             vocab_size,
-            tokenizer_model_type,
+            model_type,
             lowercase,
-            tokenizer_sample_sentences,
+            sample_sentences,
             seed,
             log,
             read_settings,
@@ -480,13 +471,41 @@ def prepare(
     _barrier("tokenizer", process_count)
     if not lead:
         tokenizer = Tokenizer.load(tokenizer_file)
-    tokenizer_seconds = time.perf_counter() - start
-    dtype = token_dtype(tokenizer.vocab_size)
+    return tokenizer
+
+
+@dataclasses.dataclass
+class _Chunked:
+    """What one pass over the input's chunks gave this process."""
+
+    train_records: dict[int, dict]  # the shard record of each train chunk this process did
+    eval_documents: list[list[str]]  # every chunk's held-out documents (process 0 only)
+    num_chunks: int
+    raw_chars: int
+
+
+def _prepare_chunks(
+    data_dir: fs.AnyPath,
+    inputs: list[str],
+    report: InputReport,
+    read_settings: ReadSettings,
+    chunk_mb: float,
+    seed: int,
+    eval_fraction: float,
+    instance_settings: InstanceSettings,
+    dtype: np.dtype,
+    layout: str,
+    workers: int,
+    process_index: int,
+    process_count: int,
+) -> _Chunked:
+    """Streams the input's chunks; the train documents of this process's chunks become shards
+    in the workers, the held-out documents are kept (process 0) for the eval split."""
+    lead = process_index == 0
 
     def mine(index: int) -> bool:
         return index % process_count == process_index
 
-    report = InputReport()
     documents = read_documents(inputs, report, settings=read_settings)
     chunks = _chunks(documents, int(chunk_mb * 1e6), seed, eval_fraction)
     task_args = (str(data_dir),)
@@ -495,7 +514,7 @@ def prepare(
     eval_documents: list[list[str]] = []
     num_chunks = 0
     raw_chars = 0
-    start = time.perf_counter()
+    tokenizer_file = data_dir / SENTENCEPIECE_FILE
     # A corpus of a single chunk is done in this process: starting workers would cost more.
     head = list(itertools.islice(chunks, 2))
     chunks = itertools.chain(head, chunks)
@@ -530,42 +549,43 @@ def prepare(
             train_records[done_index] = result.result()
     if not num_chunks:
         raise ValueError(f"inputs {inputs} hold no documents.")
-    if not lead:
-        fs.write_text(
-            _part_path(data_dir, process_index),
-            json.dumps({str(index): record for index, record in train_records.items()}),
-        )
-        log = print if verbose else log
-        log(
-            f"Process {process_index}: prepared {len(train_records)} of {num_chunks} chunks "
-            f"in {time.perf_counter() - start:.1f}s into {data_dir}"
-        )
-    _barrier("shares", process_count)
-    if not lead:
-        _barrier("manifest", process_count)
-        return read_manifest(data_dir)
+    return _Chunked(train_records, eval_documents, num_chunks, raw_chars)
+
+
+def _hand_over(
+    data_dir: fs.AnyPath, chunked: _Chunked, process_index: int, log, start: float
+) -> None:
+    """A process other than 0 leaves the shard records of its chunks for process 0."""
+    fs.write_text(
+        _part_path(data_dir, process_index),
+        json.dumps({str(index): record for index, record in chunked.train_records.items()}),
+    )
+    log(
+        f"Process {process_index}: prepared {len(chunked.train_records)} of "
+        f"{chunked.num_chunks} chunks in {time.perf_counter() - start:.1f}s into {data_dir}"
+    )
+
+
+def _gathered_records(
+    data_dir: fs.AnyPath, chunked: _Chunked, process_count: int
+) -> dict[int, dict]:
+    """Process 0's records and every other process's (then removed): one per chunk."""
+    train_records = dict(chunked.train_records)
     for other in range(1, process_count):
         part = json.loads(fs.read_text(_part_path(data_dir, other)))
         train_records.update({int(index): record for index, record in part.items()})
     fs.remove_tree(data_dir / PARTS_DIR)
-    if len(train_records) != num_chunks:
-        missing = sorted(set(range(num_chunks)) - set(train_records))
+    if len(train_records) != chunked.num_chunks:
+        missing = sorted(set(range(chunked.num_chunks)) - set(train_records))
         raise RuntimeError(f"chunks {missing[:10]} of {data_dir} were prepared by no process")
-    # One pool for the whole eval split; its own seed stream, so train's draws are untouched.
-    eval_rng = np.random.default_rng([seed, _SPLIT_STREAM["eval"]])
-    eval_record = _write_split(
-        str(data_dir),
-        "eval",
-        0,
-        eval_documents,
-        tokenizer,
-        instance_settings,
-        eval_rng,
-        dtype,
-        layout,
-    )
-    seconds = time.perf_counter() - start
+    return train_records
 
+
+def _split_summaries(
+    train_records: dict[int, dict], eval_record: dict, layout: str, max_seq_length: int
+) -> dict[str, dict]:
+    """The manifest's entry of each split: documents, instances, tokens, shards (and, packed,
+    the packing efficiency)."""
     splits = {}
     for split, records in (
         ("train", [train_records[i] for i in sorted(train_records)]),
@@ -582,55 +602,7 @@ def prepare(
             splits[split]["packing_efficiency"] = efficiency(
                 splits[split]["num_tokens"], splits[split]["num_instances"], max_seq_length
             )
-    if splits["train"]["num_instances"] == 0:
-        raise ValueError(f"inputs {inputs} produced no training instances (is the corpus empty?).")
-
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "max_seq_length": max_seq_length,
-        "max_predictions_per_seq": max_predictions_per_seq,
-        "vocab_size": tokenizer.vocab_size,
-        "tokenizer_fingerprint": tokenizer.fingerprint,
-        "token_dtype": dtype.name,
-        "splits": splits,
-        "input_report": report.to_dict(),
-        "settings": {
-            "inputs": inputs,
-            # How they were read; a manifest without these read them by name, text in "text".
-            "format": read_settings.format,
-            "text_field": read_settings.text_field,
-            "id_field": read_settings.id_field,
-            "dupe_factor": dupe_factor,
-            "short_seq_prob": short_seq_prob,
-            "task": task,
-            "eval_fraction": eval_fraction,
-            "seed": seed,
-            "chunk_mb": chunk_mb,
-            "tokenizer": str(tokenizer_path) if tokenizer_path is not None else None,
-            "lowercase": lowercase if tokenizer_path is None else None,
-        },
-        "num_chunks": len(train_records),
-        "raw_chars": raw_chars,
-    }
-    if layout != "pairs":  # a manifest without it holds pairs (what every older one holds)
-        manifest["layout"] = layout
-    write_manifest(data_dir, manifest)
-    _barrier("manifest", process_count)
-    log(str(report))
-    if layout == "packed":
-        log(
-            "Packed documents into rows of "
-            f"{max_seq_length} slots: packing efficiency (real tokens / slots) "
-            f"{splits['train']['packing_efficiency']:.4f} train, "
-            f"{splits['eval']['packing_efficiency']:.4f} eval"
-        )
-    log(
-        f"Prepared {splits['train']['num_instances']} train and {splits['eval']['num_instances']} "
-        f"eval instances from {raw_chars / 1e6:.1f} M characters in {seconds:.1f}s with "
-        f"{workers} worker(s) x {process_count} process(es) (tokenizer: "
-        f"{tokenizer_seconds:.1f}s) into {data_dir}"
-    )
-    return manifest
+    return splits
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
