@@ -18,7 +18,7 @@ task (config.per_task, see configs/glue_modernbert.py). docs/glue.md describes t
 
 import ml_collections
 
-from bertjax.glue import tasks
+from bertjax.finetune import glue_tasks
 from configs import finetune
 
 
@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
     # sst2/, ... holding the hub's parquet files. A task that is not there is skipped.
     config.data_dir = ""
     # Which tasks run; WNLI (left out of every paper's table) only when listed.
-    config.tasks = ",".join(tasks.DEFAULT_TASKS)
+    config.tasks = ",".join(glue_tasks.DEFAULT_TASKS)
     config.seeds = (1, 2, 3)
     # Each field's values tried, every combination, per task; a name is a field of
     # config.finetune, by its last name (learning_rate) or its dotted one.

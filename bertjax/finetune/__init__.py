@@ -3,7 +3,8 @@
     settings.py  the run's settings, read once from the config (configs/finetune.py)
     task.py      what a task is (the `Task` contract); each capability of bertjax.tasks
                  lists its tasks, which config.task names
-    layouts.py   the formats read (CSV, TSV, JSON Lines, CoNLL) and GLUE's files
+    layouts.py   the formats read (CSV, TSV, JSON Lines, CoNLL), the splits' names
+    glue_tasks.py  GLUE's tasks, one table: files, labels, metrics, the hub's layout, submission
     data.py      task files -> examples -> encoded arrays, with one-line input errors
     metrics.py   accuracy, F1, Matthews, Pearson/Spearman, entity-level scores
     objective.py build_finetuning: the engine's steps for a task's objective

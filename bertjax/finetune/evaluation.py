@@ -17,6 +17,7 @@ from bertjax.engine import rundir, steps
 from bertjax.finetune import metrics as metrics_lib
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.batches import eval_batches, eval_length_bucket
+from bertjax.finetune.layouts import metric_prefix
 from bertjax.finetune.objective import Finetuning
 from bertjax.finetune.prepared import PreparedRun
 from bertjax.finetune.task import Examples, TaskData
@@ -84,11 +85,6 @@ def run_eval_batches(
 def _lowest(dtype: np.dtype):
     """The lowest value of a dtype: what positions cut from an evaluation batch hold."""
     return np.finfo(dtype).min if np.issubdtype(dtype, np.floating) else np.iinfo(dtype).min
-
-
-def metric_prefix(split_name: str) -> str:
-    """Metric namespace of a validation split: eval/, or eval_matched/ for MNLI's."""
-    return "eval" + split_name[len("validation") :]
 
 
 def is_better(metric: str, value: float, best: dict | None) -> bool:

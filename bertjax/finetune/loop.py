@@ -51,7 +51,8 @@ from bertjax.engine import loop as loop_lib
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.ahead import compiled_ahead
 from bertjax.finetune.batches import train_batch, train_micro_batches, training_order
-from bertjax.finetune.evaluation import is_better, metric_prefix, predict_tests, validation_scores
+from bertjax.finetune.evaluation import is_better, predict_tests, validation_scores
+from bertjax.finetune.layouts import metric_prefix
 from bertjax.finetune.prepared import PreparedRun, prepare
 from bertjax.finetune.resume import check_resumable, checkpoint_meta
 from bertjax.finetune.settings import FinetuneSettings

@@ -26,7 +26,7 @@ from bertjax.engine.settings import (
     require,
     token_capacity,
 )
-from bertjax.finetune import layouts
+from bertjax.finetune import glue_tasks, layouts
 from bertjax.finetune import task as task_lib
 from bertjax.nn import sharding
 from bertjax.storage import fs
@@ -51,7 +51,7 @@ class FinetuneDataSettings:
     validation: tuple[tuple[str, str], ...]  # (split name, file): GLUE's MNLI has two
     test: tuple[tuple[str, str], ...]  # (split name, file); may be empty
     layouts: tuple[tuple[str, Any], ...]  # (file, finetune.layouts.Layout) for every file
-    glue_task: str  # a key of finetune.layouts.GLUE_TASKS, or empty
+    glue_task: str  # a GLUE task (finetune.glue_tasks.glue_task), or empty
     labels: tuple[str, ...] | None  # GLUE's label set; None: those found in training
     max_seq_length: int
     # What a task reads from its own config fields or block (its optional Task.read_options:
@@ -190,11 +190,11 @@ def _read_finetune(
         "Model.save_hf, or a Hugging Face BERT directory (config.json, weights, tokenizer)",
     )
     require_(_is(config.init_from, "directory", "init_from"), "init_from", "no such directory")
-    glue = layouts.glue_task(config.data.glue_task) if config.data.glue_task else None
+    glue = glue_tasks.glue_task(config.data.glue_task) if config.data.glue_task else None
     require_(
         not config.data.glue_task or glue is not None,
         "data.glue_task",
-        f"must be one of {sorted(layouts.GLUE_TASKS)} (or empty for your own files)",
+        f"must be one of {sorted(glue_tasks.GLUE_TASKS)} (or empty for your own files)",
     )
     task = config.task or (glue.task if glue else "")
     require_(

@@ -1,6 +1,8 @@
 """The GLUE benchmark over fine-tuning: a suite of runs, its table, a curve, a submission.
 
-    tasks.py       the tasks as the papers report them: directories, metrics, submission files
+GLUE's tasks (files, labels, metrics, the hub's layout, submission files) are one table,
+bertjax.finetune.glue_tasks, which fine-tuning reads GLUE's files through.
+
     files.py       where a task's files are: GLUE's download layout, or the hub's parquet one
     settings.py    the suite's settings, read once from its config (configs/glue.py)
     suite.py       the sweep x seeds as fine-tuning runs, resumable, in one progress display

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 
-from bertjax.glue import tasks as tasks_lib
+from bertjax.finetune import glue_tasks
 from bertjax.storage import fs
 
 CURVE_PNG = "curve.png"
@@ -24,7 +24,11 @@ MPL_EXTRA = "pip install 'bertjax[glue]'"
 def points(reports: dict[int, dict]) -> dict:
     """{"steps": [...], "tasks": {task: [score per step]}, "mean": [...]} in percent."""
     steps = sorted(reports)
-    names = [t.name for t in tasks_lib.TASKS if all(t.name in reports[s]["tasks"] for s in steps)]
+    names = [
+        t.name
+        for t in glue_tasks.GLUE_TASKS.values()
+        if all(t.name in reports[s]["tasks"] for s in steps)
+    ]
     series = {name: [100 * reports[s]["tasks"][name]["score"] for s in steps] for name in names}
     mean = (
         [sum(series[n][k] for n in names) / len(names) for k in range(len(steps))] if names else []
@@ -35,7 +39,7 @@ def points(reports: dict[int, dict]) -> dict:
 def markdown(reports: dict[int, dict]) -> str:
     """The curve's numbers as a table: one row per step."""
     data = points(reports)
-    titles = [tasks_lib.BY_NAME[n].title for n in data["tasks"]]
+    titles = [glue_tasks.GLUE_TASKS[n].title for n in data["tasks"]]
     lines = [
         "| Step | " + " | ".join(titles) + " | Mean |",
         "|" + "---|" * (len(titles) + 2),
@@ -57,7 +61,7 @@ def png(data: dict) -> bytes:
         raise ImportError(f"drawing the curve needs matplotlib; {MPL_EXTRA}") from None
     figure, axes = pyplot.subplots(figsize=(7, 4.5))
     for name, values in data["tasks"].items():
-        axes.plot(data["steps"], values, marker="o", label=tasks_lib.BY_NAME[name].title)
+        axes.plot(data["steps"], values, marker="o", label=glue_tasks.GLUE_TASKS[name].title)
     axes.plot(data["steps"], data["mean"], marker="s", color="black", linewidth=2.5, label="mean")
     axes.set_xlabel("pretraining step")
     axes.set_ylabel("dev score (%)")

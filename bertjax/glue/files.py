@@ -3,7 +3,7 @@
     locate(data_dir, task, cache_dir) -> TaskFiles | None   (None: the task is not there)
 
 GLUE's download (`CoLA/train.tsv`, `SST-2/dev.tsv`, `MNLI/dev_matched.tsv`, ...) is what
-fine-tuning reads (bertjax.finetune.layouts.GLUE_TASKS), so such a directory is used as it
+fine-tuning reads (bertjax.finetune.glue_tasks.GLUE_TASKS), so such a directory is used as it
 is. The hub's parquet layout of the GLUE dataset (`cola/train-00000-of-00001.parquet`,
 `mnli/validation_matched-00000-of-00001.parquet`, ...) is converted once into that layout
 under `cache_dir/<task>/`: its label ids become GLUE's labels (the hub's MNLI 0 is
@@ -22,25 +22,22 @@ import dataclasses
 import json
 import re
 
-from bertjax.finetune import layouts
+from bertjax.finetune import glue_tasks, layouts
 from bertjax.finetune.data import NUMBER_LABEL, TEXT_LABEL, TaskDataError, read_split
-from bertjax.glue import tasks as tasks_lib
-from bertjax.glue.tasks import BenchmarkTask
+from bertjax.finetune.glue_tasks import GlueTask
 from bertjax.storage import fs
 
 SOURCE_RECORD = "source.json"
 HUB_LABEL = "label"
 HUB_INDEX = "idx"
 GLUE_EXTRA = "pip install 'bertjax[glue]'"
-# The hub's test splits mark their missing labels with -1.
-HUB_NO_LABEL = -1
 
 
 @dataclasses.dataclass(frozen=True)
 class TaskFiles:
     """A task's files in GLUE's download layout."""
 
-    task: BenchmarkTask
+    task: GlueTask
     directory: str  # holds train.tsv, the dev file(s) and maybe the test file(s)
     tests: tuple[str, ...]  # the test splits present (test, or MNLI's two)
 
@@ -52,9 +49,9 @@ def _hub_file(directory: str, split: str) -> list[str]:
     return [p for p in found if pattern.search(p)]
 
 
-def locate(data_dir: str, task: BenchmarkTask, cache_dir: str) -> TaskFiles | None:
+def locate(data_dir: str, task: GlueTask, cache_dir: str) -> TaskFiles | None:
     """The task's files under data_dir in either layout (None when neither holds it)."""
-    for name in dict.fromkeys((task.download_dir, task.name, task.hub_dir)):
+    for name in dict.fromkeys((task.title, task.name)):
         candidate = fs.join(data_dir, name)
         if fs.kind(candidate) != "directory":
             continue
@@ -65,21 +62,19 @@ def locate(data_dir: str, task: BenchmarkTask, cache_dir: str) -> TaskFiles | No
     return None
 
 
-def _download_names(task: BenchmarkTask) -> list[str]:
-    glue = task.glue
-    return [glue.train.name, *(f.name for _, f in glue.validation), *(f.name for _, f in glue.test)]
+def _download_names(task: GlueTask) -> list[str]:
+    return [task.train.name, *(f.name for _, f in task.validation), *(f.name for _, f in task.test)]
 
 
-def _download(directory: str, task: BenchmarkTask) -> TaskFiles:
-    glue = task.glue
-    for file in (glue.train, *(f for _, f in glue.validation)):
+def _download(directory: str, task: GlueTask) -> TaskFiles:
+    for file in (task.train, *(f for _, f in task.validation)):
         if fs.kind(fs.join(directory, file.name)) != "file":
-            needed = [glue.train.name, *(f.name for _, f in glue.validation)]
+            needed = [task.train.name, *(f.name for _, f in task.validation)]
             raise TaskDataError(
                 f"{directory}: no {file.name}; GLUE's {task.title} directory holds {needed} "
                 "(and optionally its test file)"
             )
-    tests = tuple(split for split, f in glue.test if fs.kind(fs.join(directory, f.name)) == "file")
+    tests = tuple(split for split, f in task.test if fs.kind(fs.join(directory, f.name)) == "file")
     return TaskFiles(task, directory, tests)
 
 
@@ -87,33 +82,32 @@ def check_labels(files: TaskFiles) -> None:
     """Reads a task's labelled files and fails at the first label outside the task's set,
     naming the file and line: done before a suite runs anything, so that a bad file is found
     before hours of other runs rather than after them."""
-    glue = files.task.glue
-    regression = glue.task == layouts.REGRESSION
-    for split, file in (("train", glue.train), *glue.validation):
+    task = files.task
+    regression = task.task == glue_tasks.REGRESSION
+    for split, file in (("train", task.train), *task.validation):
         path = fs.join(files.directory, file.name)
         label = NUMBER_LABEL if regression else TEXT_LABEL
         data = read_split(path, file.layout, split, True, label)
         if regression:
             continue
         for record in data.records:
-            if record.label not in glue.labels:
+            if record.label not in task.labels:
                 raise TaskDataError(
                     f"{path} line {record.line}: label {record.label!r} is not one of "
-                    f"{files.task.title}'s labels {list(glue.labels)}"
+                    f"{task.title}'s labels {list(task.labels)}"
                 )
 
 
-def _splits(task: BenchmarkTask) -> list[tuple[str, layouts.GlueFile, bool]]:
+def _splits(task: GlueTask) -> list[tuple[str, glue_tasks.GlueFile, bool]]:
     """(hub split name, GLUE file, labelled) of each of the task's files."""
-    glue = task.glue
     return [
-        (layouts.TRAIN, glue.train, True),
-        *((split, f, True) for split, f in glue.validation),
-        *((split, f, False) for split, f in glue.test),
+        (layouts.TRAIN, task.train, True),
+        *((split, f, True) for split, f in task.validation),
+        *((split, f, False) for split, f in task.test),
     ]
 
 
-def _convert(directory: str, task: BenchmarkTask, target: str) -> TaskFiles:
+def _convert(directory: str, task: GlueTask, target: str) -> TaskFiles:
     """The hub's parquet files of a task, as GLUE's download layout under `target`."""
     present = {split: _hub_file(directory, split) for split, _, _ in _splits(task)}
     for split, _, labelled in _splits(task):
@@ -132,7 +126,7 @@ def _convert(directory: str, task: BenchmarkTask, target: str) -> TaskFiles:
     fs.makedirs(target)
     for split, file, labelled in _splits(task):
         if present[split]:
-            text = _tsv(task, present[split], file.layout, labelled, task.hub_columns)
+            text = _tsv(task, present[split], file.layout, labelled, task.hub_text_columns)
             fs.write_text(fs.join(target, file.name), text)
     fs.write_text(record_path, json.dumps(record, indent=1) + "\n")
     return files
@@ -170,7 +164,7 @@ def _clean(value, where: str, column: str) -> str:
     return text
 
 
-def _label(task: BenchmarkTask, value, where: str) -> str:
+def _label(task: GlueTask, value, where: str) -> str:
     if task.hub_labels is None:  # regression: a number
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
             raise TaskDataError(f"{where}: label {value!r} is not a number")
@@ -186,7 +180,7 @@ def _label(task: BenchmarkTask, value, where: str) -> str:
 
 
 def _tsv(
-    task: BenchmarkTask,
+    task: GlueTask,
     paths: list[str],
     layout: layouts.Layout,
     labelled: bool,
@@ -223,15 +217,15 @@ def _tsv(
 
 def locate_ax(data_dir: str, cache_dir: str) -> str | None:
     """The diagnostic set (AX) as a TSV with index, sentence1, sentence2 columns, or None."""
-    directory, name = tasks_lib.AX_DOWNLOAD_FILE
+    directory, name = glue_tasks.AX_DOWNLOAD_FILE
     download = fs.join(data_dir, directory, name)
     if fs.kind(download) == "file":
         return download
-    hub = _hub_file(fs.join(data_dir, tasks_lib.AX_HUB_DIR), "test")
+    hub = _hub_file(fs.join(data_dir, glue_tasks.AX_HUB_DIR), "test")
     if not hub:
         return None
     lines = ["index\tsentence1\tsentence2"]
-    first, second = tasks_lib.AX_HUB_COLUMNS
+    first, second = glue_tasks.GLUE_TASKS[glue_tasks.AX_MODEL].hub_text_columns
     for path in hub:
         columns = _columns(path, [first, second, HUB_INDEX])
         for row, index in enumerate(columns[HUB_INDEX]):
@@ -239,6 +233,6 @@ def locate_ax(data_dir: str, cache_dir: str) -> str | None:
             a = _clean(columns[first][row], where, first)
             b = _clean(columns[second][row], where, second)
             lines.append(f"{index}\t{a}\t{b}")
-    target = fs.join(cache_dir, tasks_lib.AX_HUB_DIR, name)
+    target = fs.join(cache_dir, glue_tasks.AX_HUB_DIR, name)
     fs.write_text(target, "\n".join(lines) + "\n")
     return target

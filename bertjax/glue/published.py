@@ -1,6 +1,6 @@
 """Published GLUE rows to put beside a suite's, each with where it was read.
 
-Scores are percentages as published, keyed (task, metric) in bertjax.glue.tasks' names.
+Scores are percentages as published, keyed (task, metric) in bertjax.finetune.glue_tasks' names.
 Only numbers read in their source are here; what a source does not say (which metric, which
 MNLI set) is left out rather than guessed, and the row's note says what is missing.
 """

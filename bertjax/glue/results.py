@@ -8,7 +8,7 @@ and the published rows beside it, as results.json and results.md.
 
 A configuration's figure for a metric is the median of that metric over its seeds (as BERT,
 RoBERTa, ELECTRA and ModernBERT report); the best configuration is the one with the highest
-median of the task's selection metric (bertjax.glue.tasks.BenchmarkTask.selection_key). The
+median of the task's selection metric (bertjax.finetune.glue_tasks.GlueTask.selection_key). The
 GLUE average follows the benchmark's rule (Wang et al. 2019): a task with two metrics scores
 their mean (MRPC and QQP: F1 and accuracy; STS-B: Pearson and Spearman; MNLI: matched and
 mismatched accuracy), and the average is the mean of the task scores over the eight tasks
@@ -22,9 +22,9 @@ import json
 import statistics
 from typing import Any
 
+from bertjax.finetune import glue_tasks
+from bertjax.finetune.glue_tasks import GlueTask
 from bertjax.glue import published as published_lib
-from bertjax.glue import tasks as tasks_lib
-from bertjax.glue.tasks import BenchmarkTask
 
 AVERAGE_RULE = (
     "mean of the task scores over CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI and RTE (WNLI "
@@ -56,7 +56,7 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
-def task_result(task: BenchmarkTask, configurations: list[ConfigurationRuns]) -> dict:
+def task_result(task: GlueTask, configurations: list[ConfigurationRuns]) -> dict:
     """One task's entry: the best configuration's medians, and every configuration's runs."""
     entries = []
     for configuration in configurations:
@@ -110,8 +110,10 @@ def median_run(task_result_: dict) -> str:
 
 def glue_average(results: dict[str, dict]) -> dict:
     """The GLUE average (AVERAGE_RULE) of the tasks present, and which they are."""
-    counted = [t.name for t in tasks_lib.TASKS if t.in_average and t.name in results]
-    missing = [t.name for t in tasks_lib.TASKS if t.in_average and t.name not in results]
+    counted = [t.name for t in glue_tasks.GLUE_TASKS.values() if t.in_average and t.name in results]
+    missing = [
+        t.name for t in glue_tasks.GLUE_TASKS.values() if t.in_average and t.name not in results
+    ]
     value = sum(results[t]["score"] for t in counted) / len(counted) if counted else None
     return {"value": value, "tasks": counted, "missing": missing, "rule": AVERAGE_RULE}
 
@@ -163,7 +165,7 @@ def markdown(report_: dict) -> str:
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
     ]
-    for task in tasks_lib.TASKS:
+    for task in glue_tasks.GLUE_TASKS.values():
         for metric in task.metrics:
             ours = (
                 _percent(results[task.name]["metrics"][metric.name]) if task.name in results else ""

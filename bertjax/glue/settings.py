@@ -19,9 +19,8 @@ import jax
 import ml_collections
 
 from bertjax.engine.settings import ConfigError
-from bertjax.finetune import layouts
+from bertjax.finetune import glue_tasks, layouts
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.glue import tasks as tasks_lib
 from bertjax.storage import fs
 
 # config.steps: every checkpoint a pretraining run kept.
@@ -53,7 +52,7 @@ class SuiteSettings:
 
     init_from: str
     data_dir: str
-    tasks: tuple[str, ...]  # in the table's order (bertjax.glue.tasks.TASKS)
+    tasks: tuple[str, ...]  # in the table's order (bertjax.finetune.glue_tasks.GLUE_TASKS)
     seeds: tuple[int, ...]
     plans: dict[str, TaskPlan]  # per task
     finetune: dict  # the fine-tuning config every run starts from
@@ -136,7 +135,7 @@ def _sweep(finetune, section: ml_collections.ConfigDict, where: str):
 
 def _names(config, field: str) -> tuple[str, ...]:
     try:
-        return tasks_lib.parse_names(config[field])
+        return glue_tasks.parse_names(config[field])
     except ValueError as err:
         raise _fail(field, config[field], str(err)) from None
 
@@ -150,7 +149,7 @@ def _read(config: ml_collections.ConfigDict) -> SuiteSettings:
             raise _fail(field, value, "no such directory")
     tasks = _names(config, "tasks")
     if not tasks:
-        raise _fail("tasks", config.tasks, f"name at least one of {list(tasks_lib.BY_NAME)}")
+        raise _fail("tasks", config.tasks, f"name at least one of {list(glue_tasks.GLUE_TASKS)}")
     seeds = _values(config.seeds)
     if (
         not seeds
@@ -162,12 +161,13 @@ def _read(config: ml_collections.ConfigDict) -> SuiteSettings:
     shared = _sweep(finetune, config.sweep, "sweep")
     per_task = config.per_task
     for name in per_task:
-        if name not in tasks_lib.BY_NAME:
+        if name not in glue_tasks.GLUE_TASKS:
             raise ConfigError(
-                f"config.per_task.{name}: not a GLUE task; the tasks are {list(tasks_lib.BY_NAME)}"
+                f"config.per_task.{name}: not a GLUE task; the tasks are "
+                f"{list(glue_tasks.GLUE_TASKS)}"
             )
     plans = {}
-    for task in tasks_lib.BY_NAME:
+    for task in glue_tasks.GLUE_TASKS:
         own = per_task.get(task, ml_collections.ConfigDict())
         unknown = sorted(set(own) - {"fields", "sweep", "start_from"})
         if unknown:
@@ -187,7 +187,7 @@ def _read(config: ml_collections.ConfigDict) -> SuiteSettings:
         )
         start_from = own.get("start_from", "") or ""
         if start_from:
-            if start_from not in tasks_lib.BY_NAME or start_from == task:
+            if start_from not in glue_tasks.GLUE_TASKS or start_from == task:
                 raise _fail(
                     f"per_task.{task}.start_from",
                     start_from,

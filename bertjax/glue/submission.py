@@ -19,18 +19,18 @@ import zipfile
 
 from bertjax.engine import checkpoint as checkpoint_lib
 from bertjax.engine import rundir
-from bertjax.finetune import layouts
+from bertjax.finetune import glue_tasks, layouts
 from bertjax.finetune.data import read_split
 from bertjax.glue import files as files_lib
 from bertjax.glue import results as results_lib
-from bertjax.glue import tasks as tasks_lib
 from bertjax.inference import Model
 from bertjax.storage import fs
 from bertjax.text.features import TruncationWarning
 
 SUBMISSION_DIR = "submission"
 SUBMISSION_ZIP = "submission.zip"
-AX_LAYOUT = layouts.Layout(layouts.TSV, ("sentence1", "sentence2"), None, index_field="index")
+# AX's file has the columns of MNLI's test files.
+AX_LAYOUT = glue_tasks.GLUE_TASKS[glue_tasks.AX_MODEL].test[0][1].layout
 
 
 def prediction_lines(model: Model, path: str, layout: layouts.Layout, max_length: int) -> str:
@@ -44,7 +44,7 @@ def prediction_lines(model: Model, path: str, layout: layouts.Layout, max_length
         predictions = model.predict(texts, pairs, max_length=max_length)
     lines = ["index\tprediction"]
     for record, prediction in zip(records, predictions):
-        if model.head.task == layouts.REGRESSION:
+        if model.head.task == glue_tasks.REGRESSION:
             value = f"{prediction['score']:.3f}"
         else:
             value = prediction["label"]
@@ -65,22 +65,22 @@ def write(report: dict, workdir, data_dir: str, cache_dir: str, located: dict) -
     written: dict[str, str] = {}
     missing = []
     for name, entry in report["tasks"].items():
-        task = tasks_lib.BY_NAME[name]
+        task = glue_tasks.GLUE_TASKS[name]
         run_dir = workdir / results_lib.median_run(entry)
         model, max_length = _model(run_dir)
-        tests = dict(task.glue.test)
+        tests = dict(task.test)
         for split, filename in task.submission:
             if split not in located[name].tests:
                 missing.append(filename)
                 continue
             path = fs.join(located[name].directory, tests[split].name)
             written[filename] = prediction_lines(model, path, tests[split].layout, max_length)
-        if name == tasks_lib.AX_MODEL:
+        if name == glue_tasks.AX_MODEL:
             ax = files_lib.locate_ax(data_dir, cache_dir)
             if ax is None:
-                missing.append(tasks_lib.AX_SUBMISSION)
+                missing.append(glue_tasks.AX_SUBMISSION)
             else:
-                written[tasks_lib.AX_SUBMISSION] = prediction_lines(
+                written[glue_tasks.AX_SUBMISSION] = prediction_lines(
                     model, ax, AX_LAYOUT, max_length
                 )
     buffer = io.BytesIO()

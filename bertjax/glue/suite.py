@@ -37,12 +37,11 @@ import tqdm
 
 from bertjax.engine import rundir
 from bertjax.engine.settings import ConfigError
-from bertjax.finetune import loop
+from bertjax.finetune import glue_tasks, loop
 from bertjax.glue import curve as curve_lib
 from bertjax.glue import files as files_lib
 from bertjax.glue import results as results_lib
 from bertjax.glue import submission as submission_lib
-from bertjax.glue import tasks as tasks_lib
 from bertjax.glue.settings import ALL_STEPS, SuiteSettings, run_config, run_settings
 from bertjax.storage import fs
 
@@ -167,11 +166,11 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
     tasks = settings.tasks if steps == [None] else settings.curve_tasks
     located, skipped = {}, {}
     for name in tasks:
-        task = tasks_lib.BY_NAME[name]
+        task = glue_tasks.GLUE_TASKS[name]
         found = files_lib.locate(settings.data_dir, task, fs.join(workdir, DATA_DIR))
         if found is None:
             skipped[name] = (
-                f"no {task.download_dir}/ (GLUE's download) or {task.hub_dir}/ (the hub's "
+                f"no {task.title}/ (GLUE's download) or {task.name}/ (the hub's "
                 f"parquet files) in {settings.data_dir}"
             )
         else:
@@ -183,7 +182,7 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
             "(GLUE's download: CoLA/, SST-2/, ...; the hub's parquet layout: cola/, sst2/, ...)"
         )
     for name, why in skipped.items():
-        print(f"skipped {tasks_lib.BY_NAME[name].title}: {why}", flush=True)
+        print(f"skipped {glue_tasks.GLUE_TASKS[name].title}: {why}", flush=True)
     runs = plan(settings, present, steps)
     for name in sorted({r.task for r in runs if not is_finished(workdir / r.directory)}):
         files_lib.check_labels(located[name])
@@ -245,7 +244,7 @@ def run_suite(settings: SuiteSettings, workdir: str, *, after_run=None) -> dict:
         notes = list(dict.fromkeys(_init_from(settings, workdir, r, runs)[1] for r in step_runs))
         task_results = {
             task: results_lib.task_result(
-                tasks_lib.BY_NAME[task],
+                glue_tasks.GLUE_TASKS[task],
                 read_runs(workdir, [r for r in step_runs if r.task == task]),
             )
             for task in present
@@ -297,6 +296,6 @@ def _init_from(
             f"{run.task} starts from config.init_from: {source}, which it would start from, "
             "is not in this suite"
         )
-    result = results_lib.task_result(tasks_lib.BY_NAME[source], read_runs(workdir, source_runs))
+    result = results_lib.task_result(glue_tasks.GLUE_TASKS[source], read_runs(workdir, source_runs))
     chosen = results_lib.median_run(result)
     return str(workdir / chosen), f"{run.task} starts from {source}'s run {chosen}"

@@ -9,7 +9,7 @@ import pytest
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.engine.settings import ConfigError
-from bertjax.finetune import data, layouts
+from bertjax.finetune import data, glue_tasks
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.finetune.task import TaskData
 from bertjax.inference import Model
@@ -382,11 +382,11 @@ def test_a_token_file_for_a_sentence_task_is_refused_at_the_config(tmp_path):
         )
 
 
-def test_layouts_know_every_glue_task():
-    assert set(layouts.GLUE_TASKS) == {
+def test_the_glue_table_knows_every_task():
+    assert set(glue_tasks.GLUE_TASKS) == {
         "cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"
     }  # fmt: skip
-    assert layouts.glue_task("SST-2") is layouts.GLUE_TASKS["sst2"]
+    assert glue_tasks.glue_task("SST-2") is glue_tasks.GLUE_TASKS["sst2"]
 
 
 @pytest.mark.parametrize(
@@ -407,7 +407,7 @@ def test_packing_and_bucket_settings_are_checked(tmp_path, field, value, message
 
 def test_glue_tasks_name_registered_label_tasks():
     # The GLUE table sits below the task packages and names their tasks by string.
-    assert {glue.task for glue in layouts.GLUE_TASKS.values()} == {
+    assert {glue.task for glue in glue_tasks.GLUE_TASKS.values()} == {
         label_heads.CLASSIFICATION,
         label_heads.REGRESSION,
     }

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bertjax.engine.settings import ConfigError
-from bertjax.finetune import layouts
+from bertjax.finetune import glue_tasks
 from bertjax.finetune.data import TaskDataError, read_split
-from bertjax.glue import curve, files, published, results, suite, tasks
+from bertjax.glue import curve, files, published, results, suite
 from bertjax.glue.settings import ALL_STEPS, SuiteSettings
 from configs import glue as glue_recipe
 from configs import glue_modernbert
@@ -26,25 +26,33 @@ TOPICS = {t: [f"w{t}a", f"w{t}b", f"w{t}c"] for t in range(8)}
 
 
 def test_every_glue_task_is_in_the_table_with_the_papers_metrics():
-    assert set(tasks.BY_NAME) == set(layouts.GLUE_TASKS)
-    metrics = {t.name: [m.name for m in t.metrics] for t in tasks.TASKS}
+    metrics = {t.name: [m.name for m in t.metrics] for t in glue_tasks.GLUE_TASKS.values()}
     assert metrics["cola"] == ["mcc"]
     assert metrics["mrpc"] == metrics["qqp"] == ["f1", "accuracy"]
     assert metrics["stsb"] == ["pearson", "spearman"]
     assert metrics["mnli"] == ["matched_accuracy", "mismatched_accuracy"]
     assert all(metrics[t] == ["accuracy"] for t in ("sst2", "qnli", "rte", "wnli"))
-    assert tasks.BY_NAME["mnli"].metrics[1].key == "eval_mismatched/accuracy"
-    assert tasks.BY_NAME["mnli"].selection_key == "eval_matched/accuracy"
-    assert tasks.BY_NAME["stsb"].selection_key == "eval/spearman"
-    assert tasks.DEFAULT_TASKS == ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte")
-    files_ = [f for t in tasks.TASKS for _, f in t.submission]
+    assert glue_tasks.GLUE_TASKS["mnli"].metrics[1].key == "eval_mismatched/accuracy"
+    assert glue_tasks.GLUE_TASKS["mnli"].selection_key == "eval_matched/accuracy"
+    assert glue_tasks.GLUE_TASKS["stsb"].selection_key == "eval/spearman"
+    assert glue_tasks.DEFAULT_TASKS == tuple("cola sst2 mrpc stsb qqp mnli qnli rte".split())
+    mnli = glue_tasks.GLUE_TASKS["mnli"]
+    assert [m.label for m in mnli.metrics] == ["m Acc", "mm Acc"]
+    assert [m.label for m in glue_tasks.GLUE_TASKS["stsb"].metrics] == ["Pearson", "Spearman"]
+    # The hub's label ids and text columns, where they are not GLUE's TSV files'.
+    assert mnli.hub_labels == ("entailment", "neutral", "contradiction")
+    assert mnli.hub_text_columns == ("premise", "hypothesis")
+    assert glue_tasks.GLUE_TASKS["rte"].hub_labels == ("entailment", "not_entailment")
+    assert glue_tasks.GLUE_TASKS["stsb"].hub_labels is None
+    assert glue_tasks.glue_task("sts-b") is glue_tasks.GLUE_TASKS["stsb"]
+    files_ = [f for t in glue_tasks.GLUE_TASKS.values() for _, f in t.submission]
     assert "MNLI-m.tsv" in files_ and "MNLI-mm.tsv" in files_ and len(set(files_)) == 10
 
 
 def test_task_names_parse_in_the_tables_order_with_glues_spellings():
-    assert tasks.parse_names("RTE, SST-2,sts-b,wnli") == ("sst2", "stsb", "rte", "wnli")
+    assert glue_tasks.parse_names("RTE, SST-2,sts-b,wnli") == ("sst2", "stsb", "rte", "wnli")
     with pytest.raises(ValueError, match="'colaa' is not a GLUE task"):
-        tasks.parse_names("colaa")
+        glue_tasks.parse_names("colaa")
 
 
 # ----------------------------------------------------------------------------- settings
@@ -62,7 +70,7 @@ def config_for(tmp_path, **fields):
 
 def test_berts_recipe_sweeps_four_learning_rates_over_every_task(tmp_path):
     settings = SuiteSettings.from_config(config_for(tmp_path))
-    assert settings.tasks == tasks.DEFAULT_TASKS and settings.seeds == (1, 2, 3)
+    assert settings.tasks == glue_tasks.DEFAULT_TASKS and settings.seeds == (1, 2, 3)
     plan = settings.plans["rte"]
     assert plan.sweep == (("optimizer.learning_rate", (5e-5, 4e-5, 3e-5, 2e-5)),)
     assert settings.finetune["batch_size"] == 32 and settings.finetune["num_epochs"] == 3
@@ -202,7 +210,7 @@ def runs(task, figures):
 
 
 def test_the_best_configuration_by_its_median_over_seeds_keeps_every_run():
-    mrpc = tasks.BY_NAME["mrpc"]
+    mrpc = glue_tasks.GLUE_TASKS["mrpc"]
 
     def scores(f1, accuracy):
         return {"eval/f1": f1, "eval/accuracy": accuracy}
@@ -228,7 +236,7 @@ def test_the_best_configuration_by_its_median_over_seeds_keeps_every_run():
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=6))
 def test_the_median_run_holds_the_median_selection(values):
-    sst2 = tasks.BY_NAME["sst2"]
+    sst2 = glue_tasks.GLUE_TASKS["sst2"]
     entry = results.task_result(
         sst2, runs("sst2", {"x": [(s, {"eval/accuracy": v}) for s, v in enumerate(values)]})
     )
@@ -244,7 +252,7 @@ def test_the_median_run_holds_the_median_selection(values):
 
 
 def test_ties_go_to_the_first_configuration_of_the_sweep():
-    rte = tasks.BY_NAME["rte"]
+    rte = glue_tasks.GLUE_TASKS["rte"]
     entry = results.task_result(
         rte, runs("rte", {"a": [(1, {"eval/accuracy": 0.6})], "b": [(1, {"eval/accuracy": 0.6})]})
     )
@@ -255,7 +263,7 @@ def fake_results():
     """Task entries with given scores (only what glue_average and markdown read)."""
     out = {}
     for task, value in (("cola", 0.5), ("mnli", 0.8), ("stsb", 0.9), ("wnli", 0.1)):
-        t = tasks.BY_NAME[task]
+        t = glue_tasks.GLUE_TASKS[task]
         out[task] = {
             "task": task,
             "title": t.title,
@@ -295,7 +303,10 @@ def test_published_rows_name_glue_tasks_and_metrics_and_their_source():
     for row in published.ROWS:
         assert row.source and row.split in ("dev", "test")
         for task, metric in row.scores:
-            assert metric in [m.name for m in tasks.BY_NAME[task].metrics], (row.model, task)
+            assert metric in [m.name for m in glue_tasks.GLUE_TASKS[task].metrics], (
+                row.model,
+                task,
+            )
     # BERT's published average is over the nine numbers of Table 1 (MNLI-m and -mm apart).
     bert = published.ROWS[0]
     assert sum(bert.scores.values()) / len(bert.scores) == pytest.approx(bert.average, abs=0.05)
@@ -307,9 +318,9 @@ def test_published_rows_name_glue_tasks_and_metrics_and_their_source():
 def test_the_hubs_parquet_files_become_glues_tsv_files(tmp_path):
     root = glue_data.write_hub(tmp_path / "hub", TOPICS, ("cola", "mnli", "stsb"), 12, 8, 4)
     cache = tmp_path / "cache"
-    found = files.locate(str(root), tasks.BY_NAME["mnli"], str(cache))
+    found = files.locate(str(root), glue_tasks.GLUE_TASKS["mnli"], str(cache))
     assert found.tests == ("test_matched", "test_mismatched")
-    glue = layouts.GLUE_TASKS["mnli"]
+    glue = glue_tasks.GLUE_TASKS["mnli"]
     dev = read_split(cache / "mnli" / "dev_mismatched.tsv", glue.validation[1][1].layout, "v", True)
     assert [r.label for r in dev.records] == glue_data.gold("mnli", TOPICS, 8, split=1)
     assert [r.texts for r in dev.records][0] == tuple(
@@ -317,13 +328,13 @@ def test_the_hubs_parquet_files_become_glues_tsv_files(tmp_path):
     )
     test = read_split(cache / "mnli" / "test_matched.tsv", glue.test[0][1].layout, "t", False)
     assert [r.index for r in test.records] == ["0", "1", "2", "3"]
-    cola = files.locate(str(root), tasks.BY_NAME["cola"], str(cache))
+    cola = files.locate(str(root), glue_tasks.GLUE_TASKS["cola"], str(cache))
     files.check_labels(cola)
     cola_dev = read_split(
-        cache / "cola" / "dev.tsv", layouts.GLUE_TASKS["cola"].validation[0][1].layout, "v", True
+        cache / "cola" / "dev.tsv", glue_tasks.GLUE_TASKS["cola"].validation[0][1].layout, "v", True
     )
     assert [r.label for r in cola_dev.records] == glue_data.gold("cola", TOPICS, 8)
-    stsb = files.locate(str(root), tasks.BY_NAME["stsb"], str(cache))
+    stsb = files.locate(str(root), glue_tasks.GLUE_TASKS["stsb"], str(cache))
     assert (
         (cache / "stsb" / "dev.tsv")
         .read_text()
@@ -332,9 +343,9 @@ def test_the_hubs_parquet_files_become_glues_tsv_files(tmp_path):
     )
     # Converted once: a second look reuses the files.
     stamp = (cache / "stsb" / "train.tsv").stat().st_mtime_ns
-    assert files.locate(str(root), tasks.BY_NAME["stsb"], str(cache)) == stsb
+    assert files.locate(str(root), glue_tasks.GLUE_TASKS["stsb"], str(cache)) == stsb
     assert (cache / "stsb" / "train.tsv").stat().st_mtime_ns == stamp
-    assert files.locate(str(root), tasks.BY_NAME["rte"], str(cache)) is None
+    assert files.locate(str(root), glue_tasks.GLUE_TASKS["rte"], str(cache)) is None
 
 
 def test_the_diagnostic_set_is_found_in_either_layout(tmp_path):
@@ -350,7 +361,7 @@ def test_the_diagnostic_set_is_found_in_either_layout(tmp_path):
 
 def test_the_download_layout_is_read_where_it_is(tmp_path):
     root = glue_data.write_download(tmp_path / "glue", TOPICS, ("sst2",), 8, 4, 4, ax=False)
-    found = files.locate(str(root), tasks.BY_NAME["sst2"], str(tmp_path / "cache"))
+    found = files.locate(str(root), glue_tasks.GLUE_TASKS["sst2"], str(tmp_path / "cache"))
     assert found.directory == str(root / "SST-2") and found.tests == ("test",)
     files.check_labels(found)
     assert files.locate_ax(str(root), str(tmp_path / "cache")) is None
@@ -360,7 +371,7 @@ def test_a_task_directory_without_its_dev_file_is_one_line(tmp_path):
     root = glue_data.write_download(tmp_path / "glue", TOPICS, ("rte",), 8, 4, 4, ax=False)
     (root / "RTE" / "dev.tsv").unlink()
     with pytest.raises(TaskDataError) as caught:
-        files.locate(str(root), tasks.BY_NAME["rte"], str(tmp_path / "cache"))
+        files.locate(str(root), glue_tasks.GLUE_TASKS["rte"], str(tmp_path / "cache"))
     assert str(caught.value) == (
         f"{root / 'RTE'}: no dev.tsv; GLUE's RTE directory holds ['train.tsv', 'dev.tsv'] "
         "(and optionally its test file)"
@@ -368,14 +379,14 @@ def test_a_task_directory_without_its_dev_file_is_one_line(tmp_path):
     hub = glue_data.write_hub(tmp_path / "hub", TOPICS, ("rte",), 8, 4, 4, ax=False)
     (hub / "rte" / "validation-00000-of-00001.parquet").unlink()
     with pytest.raises(TaskDataError, match=r"rte: no validation-\*\.parquet"):
-        files.locate(str(hub), tasks.BY_NAME["rte"], str(tmp_path / "cache"))
+        files.locate(str(hub), glue_tasks.GLUE_TASKS["rte"], str(tmp_path / "cache"))
 
 
 def test_a_label_outside_the_tasks_set_is_one_line_naming_the_file(tmp_path):
     root = glue_data.write_download(tmp_path / "glue", TOPICS, ("rte",), 8, 4, 4, ax=False)
     dev = root / "RTE" / "dev.tsv"
     dev.write_text(dev.read_text().replace("not_entailment", "contradiction", 1))
-    found = files.locate(str(root), tasks.BY_NAME["rte"], str(tmp_path / "cache"))
+    found = files.locate(str(root), glue_tasks.GLUE_TASKS["rte"], str(tmp_path / "cache"))
     with pytest.raises(TaskDataError, match=rf"^{dev} line \d+: label 'contradiction' is not one"):
         files.check_labels(found)
     hub = tmp_path / "hub"
@@ -385,7 +396,7 @@ def test_a_label_outside_the_tasks_set_is_one_line_naming_the_file(tmp_path):
         path, {"premise": ["a b"], "hypothesis": ["c d"], "label": [3], "idx": [0]}
     )
     with pytest.raises(TaskDataError) as caught:
-        files.locate(str(hub), tasks.BY_NAME["mnli"], str(tmp_path / "cache"))
+        files.locate(str(hub), glue_tasks.GLUE_TASKS["mnli"], str(tmp_path / "cache"))
     assert str(caught.value) == (
         f"{path} row 0: label 3 is not one of MNLI's labels 0 (entailment), 1 (neutral), "
         "2 (contradiction)"
@@ -397,10 +408,10 @@ def test_a_malformed_parquet_file_is_one_line_naming_it(tmp_path):
     path = hub / "sst2" / "train-00000-of-00001.parquet"
     path.write_bytes(b"not a parquet file")
     with pytest.raises(TaskDataError, match=rf"^{path}: not a readable parquet file"):
-        files.locate(str(hub), tasks.BY_NAME["sst2"], str(tmp_path / "cache"))
+        files.locate(str(hub), glue_tasks.GLUE_TASKS["sst2"], str(tmp_path / "cache"))
     glue_data.write_parquet(path, {"text": ["a b"], "label": [0], "idx": [0]})
     with pytest.raises(TaskDataError, match=rf"^{path}: no column 'sentence'; it has"):
-        files.locate(str(hub), tasks.BY_NAME["sst2"], str(tmp_path / "cache"))
+        files.locate(str(hub), glue_tasks.GLUE_TASKS["sst2"], str(tmp_path / "cache"))
 
 
 # ----------------------------------------------------------------------------- curve
