@@ -229,10 +229,6 @@ def register(capability: Capability) -> Capability:
     return capability
 
 
-def capabilities() -> tuple[Capability, ...]:
-    return tuple(_CAPABILITIES)
-
-
 def task_names() -> tuple[str, ...]:
     """Every registered task name, in registration order."""
     return tuple(_BY_TASK)

@@ -34,7 +34,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 
 from bertjax.data import formats
-from bertjax.data.formats import JSON_SUFFIXES, open_binary
+from bertjax.data.formats import open_binary
 from bertjax.data.sentences import split_sentences
 from bertjax.storage import fs
 from bertjax.storage.textfile import BYTE_COUNT_CODEC, UTF8_BOM, sniff
@@ -277,11 +277,6 @@ def _files_under(directory: pathlib.Path) -> list[pathlib.Path]:
         for file in directory.rglob("*")
         if file.is_file() and not any(p.startswith(".") for p in file.relative_to(directory).parts)
     )
-
-
-def is_json_lines(path: pathlib.Path) -> bool:
-    """Whether path is read as JSON Lines (by its name, ignoring a compression suffix)."""
-    return formats.strip_compression(path.name).endswith(JSON_SUFFIXES)
 
 
 def read_documents(

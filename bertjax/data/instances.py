@@ -99,22 +99,6 @@ def empty_instances() -> Instances:
     )
 
 
-def concat_instances(parts: Sequence[Instances]) -> Instances:
-    """Joins several Instances into one, in order."""
-    parts = [p for p in parts if p.num_instances]
-    if not parts:
-        return empty_instances()
-    sizes = np.array([len(p.tokens) for p in parts], dtype=np.int64)
-    shifts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    offsets = [parts[0].offsets[:1]] + [p.offsets[1:] + s for p, s in zip(parts, shifts)]
-    return Instances(
-        tokens=np.concatenate([p.tokens for p in parts]),
-        offsets=np.concatenate(offsets),
-        segment_b_start=np.concatenate([p.segment_b_start for p in parts]),
-        next_sentence_labels=np.concatenate([p.next_sentence_labels for p in parts]),
-    )
-
-
 def _ragged_arange(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Concatenation of arange(starts[i], starts[i] + lengths[i]) over i."""
     total = int(lengths.sum())

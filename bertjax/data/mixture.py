@@ -143,22 +143,6 @@ def parse_sources(text: str) -> tuple[Source, ...]:
     return tuple(sources)
 
 
-def format_sources(sources: tuple[Source, ...]) -> str:
-    """The data.sources text that parse_sources reads back as these sources."""
-    entries = []
-    defaults = Source("x", ("x",), 1.0)
-    for source in sources:
-        entry = f"{source.name}={PATH_SEPARATOR.join(source.paths)}:{source.weight!r}"
-        for option in SOURCE_OPTIONS:
-            value = getattr(source, option)
-            if value != getattr(defaults, option):
-                entry += (
-                    f":{option}={value!r}" if isinstance(value, float) else f":{option}={value}"
-                )
-        entries.append(entry)
-    return ",".join(entries)
-
-
 def _positive_number(text: str) -> float | None:
     try:
         value = float(text)

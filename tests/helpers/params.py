@@ -2,6 +2,9 @@
 zero and no LayerNorm scale one (an initialisation that leaves them so would hide a tensor
 mapped to the wrong place or transposed)."""
 
+import math
+from typing import Any
+
 import jax
 import numpy as np
 from flax import linen as nn
@@ -46,3 +49,8 @@ def max_diff(a, b, rows=None) -> float:
     """The largest absolute difference of two arrays, in float64 (over `rows` only if given)."""
     diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))
     return float(diff[rows].max() if rows is not None else diff.max())
+
+
+def count_params(params: Any) -> int:
+    """Number of scalars in a (boxed or unboxed, concrete or abstract) params tree."""
+    return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(params)))

@@ -25,6 +25,7 @@ from tests.helpers.gcs_run import (
     config_file,  # noqa: F401 (fixtures)
     leaf_hashes,
 )
+from tests.helpers.mixture import format_sources
 from tests.helpers.xla_env import run_distributed
 
 SEQ_LEN = 64
@@ -136,7 +137,7 @@ def test_a_new_phase_changes_the_weights_adds_a_source_and_records_both(
         for s, w in zip(changed, (0.2, 0.2, 0.5))
     ) + (mixture.Source("extra", (str(extra),), 0.1),)
     phase = tmp_path / "decay"
-    result = train(values(root, mixture.format_sources(reweighted), init_from=str(workdir)), phase)
+    result = train(values(root, format_sources(reweighted), init_from=str(workdir)), phase)
     assert result["steps"] == 4
     after = manifests(root)
     # The three sources were not prepared again; the new one was, with the same tokenizer.

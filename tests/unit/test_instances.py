@@ -9,7 +9,6 @@ from bertjax.data.instances import (
     Instances,
     InstanceSettings,
     _removals,
-    concat_instances,
     create_instances,
 )
 
@@ -230,18 +229,6 @@ def test_short_sequences_and_empty_inputs():
     check_layout(some, 16)
     empty = create_instances([[], []], InstanceSettings(), np.random.default_rng(0), CLS, SEP)
     assert empty.num_instances == 0 and empty.offsets.tolist() == [0]
-
-
-def test_concat_instances():
-    documents = make_documents(10, 20, 2, 6, seed=7)
-    settings = InstanceSettings(max_seq_length=20)
-    x = create_instances(documents, settings, np.random.default_rng(0), CLS, SEP)
-    y = create_instances(documents, settings, np.random.default_rng(1), CLS, SEP)
-    both = concat_instances([x, y])
-    assert both.num_instances == x.num_instances + y.num_instances
-    np.testing.assert_array_equal(both.instance(x.num_instances), y.instance(0))
-    last = x.num_instances - 1
-    np.testing.assert_array_equal(both.instance(last), x.instance(last))
 
 
 @pytest.mark.parametrize(

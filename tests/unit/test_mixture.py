@@ -18,7 +18,6 @@ from bertjax.data.mixture import (
     Source,
     SourcesError,
     apportion,
-    format_sources,
     make_mixture_loader,
     parse_sources,
 )
@@ -30,6 +29,7 @@ from bertjax.text.tokenizer import SENTENCEPIECE_FILE
 from configs import tiny
 from tests.helpers.corpora import write_random_corpus
 from tests.helpers.loader_batches import assert_same, originals, take
+from tests.helpers.mixture import format_sources
 
 WEIGHTS = {"web": 0.6, "books": 0.3, "wiki": 0.1}
 

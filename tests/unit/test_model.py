@@ -15,7 +15,6 @@ from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS, PRESETS, BertConfi
 from bertjax.encoders.bert.model import (
     BertForPreTraining,
     BertModel,
-    count_params,
     sinusoidal_table,
     stack_layers,
     unstack_layers,
@@ -30,6 +29,7 @@ from bertjax.nn.unpadding import (
 )
 from tests.helpers.batches import padded_batch, second_segment
 from tests.helpers.encoders import SMALL_BERT
+from tests.helpers.params import count_params
 
 CFG = dataclasses.replace(
     SMALL_BERT, vocab_size=99, num_heads=4, max_position_embeddings=32, attention_impl="xla"

@@ -10,9 +10,10 @@ from jax.sharding import PartitionSpec as P
 
 from bertjax.encoders.bert import model as model_lib
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.encoders.bert.model import BertForPreTraining, count_params
+from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.engine import steps
 from bertjax.nn import sharding
+from tests.helpers.params import count_params
 
 # Heads (4) and intermediate (128) divide the tensor axis (4); hidden (64) divides fsdp.
 # One layer: the sharding of every layer is the same, and compile time is what tests pay.

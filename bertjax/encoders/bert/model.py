@@ -630,8 +630,3 @@ def unstack_layers(params: Any, num_layers: int) -> Any:
         }
 
     return _map_encoders(params, unstack)
-
-
-def count_params(params: Any) -> int:
-    """Number of scalars in a (boxed or unboxed, concrete or abstract) params tree."""
-    return sum(math.prod(x.shape) for x in jax.tree.leaves(nn.meta.unbox(params)))
