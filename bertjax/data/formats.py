@@ -38,8 +38,8 @@ PARQUET_EXTRA = "pip install 'bertjax[corpora]'"
 
 
 def pyarrow_modules() -> tuple[ModuleType, ModuleType, ModuleType]:
-    """(pyarrow, pyarrow.parquet, pyarrow.compute), imported on first use: the import takes
-    about 0.4 s, which runs that read no parquet do not pay; without pyarrow, one line that
+    """(pyarrow, pyarrow.parquet, pyarrow.compute), imported on first use: the import is
+    slow, and runs that read no parquet need not pay for it; without pyarrow, one line that
     names the extra to install."""
     try:
         return tuple(

@@ -48,8 +48,8 @@ OFF = "off"
 _OFF_WORDS = (OFF, "0", "false", "no", "none", "")
 DEFAULT_MAX_GB = 2.0
 # jax writes only programs that took at least this long to compile (its default is 1 s). On
-# a CPU most of a run's programs compile in well under a second (a MiniLM evaluation width
-# in about 0.3 s), and loading one costs a file read, so every program is kept.
+# a CPU most of a run's programs compile in well under a second, and loading one costs a
+# file read, so every program is kept.
 MIN_COMPILE_TIME_SECS = 0.0
 # The endings of the files jax writes in a cache directory (an entry, and the access time
 # that jax's own bound keeps): a prune deletes nothing else, whatever directory it is given.

@@ -5,18 +5,16 @@ ends. A training step's buffers hold every layer's activations for the backward 
 hundreds of megabytes in one block, and glibc serves a block that large from fresh pages
 (mmap) and hands them back to the kernel when it is freed (munmap): the next step's block
 is fresh pages again, which the kernel must map and zero one by one as the step first
-writes them. On the 2-core host of docs/benchmarks.md a ModernBERT fine-tuning command
-spent a fifth of its CPU time doing that in the kernel (21 s of 109 s, 10 million page
-faults: each of its 54 steps faulted in its 0.2-1.7 GB afresh).
+writes them: a large share of a CPU fine-tuning command's time goes to that kernel work
+(docs/benchmarks.md, "The memory between a CPU step and the next").
 
 `keep_freed_memory()` has such blocks kept: the CPU runs each single-device program on the
 thread that called it (jax_cpu_enable_async_dispatch off), whose memory comes from glibc's
 main heap (a worker thread's own arena holds at most 64 MB and would map the block afresh),
 and glibc serves large blocks from that heap instead of mmap and never trims it. A step then
-writes into pages the previous step already mapped. The process keeps its peak memory (a
-ModernBERT L6/H256 review command: 2.9-3.0 GB -> 3.1-4.4 GB resident at most). XLA's compiler
-threads keep their own arenas: sharing one arena among all threads (MALLOC_ARENA_MAX=1)
-kept the pages too but made compiling about a fifth slower.
+writes into pages the previous step already mapped. The process keeps its peak memory
+resident. XLA's compiler threads keep their own arenas: sharing one arena among all threads
+(MALLOC_ARENA_MAX=1) kept the pages too but made compiling slower.
 
 It must run before jax creates its CPU client (before anything touches a jax device): the
 commands call it first thing. It changes only where memory comes from and which thread

@@ -96,7 +96,7 @@ def _leaf_summary(x: jax.Array) -> jax.Array:
 
 
 # Compiled once per distinct shape, dtype and sharding (14 for BERT-small, whatever the number
-# of layers): one program over every leaf compiled 2-3 times slower (benchmarks/checkpoint.py).
+# of layers): one program over every leaf compiled slower (benchmarks/checkpoint.py).
 _leaf_summary_jit = jax.jit(_leaf_summary)
 
 
@@ -125,10 +125,9 @@ def summarise(trees: dict[str, Any]) -> list[LeafSummary]:
     """Fingerprint and finiteness of every array leaf of {item name: pytree}.
 
     Reads each leaf once on its devices and brings two numbers per leaf to the host; works on
-    sharded arrays across processes. Cost per save, from benchmarks/checkpoint.py on a shared
-    2-core CPU: BERT-small with its AdamW state (235 leaves, 333 MiB) about 0.5 s, against
-    about 2 s for the save itself, plus 5-7 s to compile on the first save of a run. Integer
-    reductions are slow on XLA's CPU backend; on an accelerator it is one read of the state.
+    sharded arrays across processes. It costs a fraction of the save itself, plus compiling
+    on a run's first save (benchmarks/checkpoint.py measures both). Integer reductions are
+    slow on XLA's CPU backend; on an accelerator it is one read of the state.
     """
     entries = [
         (item, jax.tree_util.keystr(path), leaf)

@@ -3,7 +3,7 @@
 Only process 0 writes; the others get disabled writers so the loop needs no branches.
 TensorBoard event files are written by `EventFile`, here: scalars need only a few fields of
 TensorBoard's format, and tensorboardX, which wrote them before, also imports torch and boto3
-where they are installed, which took 2 of the 4 s that train.py spent importing.
+where they are installed, which made the commands slow to start.
 
 A work directory on gs:// cannot be appended to (an object is written whole) and each
 upload takes a network round trip, which a training step must not wait for. So the writer

@@ -1,10 +1,10 @@
 """The encoders' products: low-precision operands, products summed in float32, both ways.
 
 A bfloat16 product given to XLA's CPU compiler as such, `einsum(x, w)` with a bfloat16
-result, runs as a float32 product of the widened operands, at float32's speed or below (a
-2048 x 384 x 1536 product on a 2-core host with AVX512-BF16: 189 GFLOP/s, float32 204);
+result, runs as a float32 product of the widened operands, at float32's speed or below;
 asked for a float32 result of the same operands it runs the host's bfloat16 dot
-instructions, 396 GFLOP/s. Accelerators sum bfloat16 products in float32 anyway. jax's
+instructions, about twice as fast on a host with AVX512-BF16 (docs/benchmarks.md).
+Accelerators sum bfloat16 products in float32 anyway. jax's
 own gradient of such a product multiplies the float32 cotangent by a bfloat16 operand,
 which XLA's CPU compiler runs as a float32 product; `einsum` here computes both backward
 products as the forward one (operands in the low precision, sums in float32), so training
@@ -102,8 +102,8 @@ def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
     m, k, n = (math.prod(sizes[a] for a in group) for group in (x_kept, summed, y_kept))
     # jaxlib 0.10's CPU runtime takes any row-major [g, m, k] x [g, k, n] bfloat16 product
     # with a float32 result (YNNPACK's bfloat16 dots on a host with AVX512-BF16; without that
-    # library it widens them to float32): narrow ones (attention's head_dim 32) ran 1.1-2.3x
-    # float32's speed, long sums (a weight's gradient over 8,192 tokens) 1.8x. Earlier
+    # library it widens them to float32), narrow ones (attention's head_dim 32) and long
+    # sums (a weight's gradient over a batch's tokens) alike faster than float32. Earlier
     # runtimes ran one with XNNPACK only for k below 6m and 6n and failed on any other
     # ("Unsupported element type for DotThunk"): for them a longer sum is cut into chunks
     # that XNNPACK takes, their products added in float32, and a narrow product (m or n
@@ -154,7 +154,7 @@ def _float32_sums(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:
 @functools.cache
 def _any_bfloat16_dot() -> bool:
     """Whether XLA's CPU runtime takes every bfloat16 product with a float32 result (jaxlib
-    0.10 on, where it was measured; see `_float32_sums`)."""
+    0.10 on; see `_float32_sums`)."""
     version = tuple(int(part) for part in re.findall(r"\d+", jaxlib.__version__)[:2])
     return version >= (0, 10)
 

@@ -65,12 +65,12 @@ def _mix32(x: jax.Array) -> jax.Array:
 def dropout_keep_mask(rng: jax.Array, keep_prob: float, shape: tuple[int, ...]) -> jax.Array:
     """A Bernoulli(keep_prob) bool mask: a counter-based hash of each element's index.
 
-    jax.random.bernoulli runs threefry (20 rounds) for every element. On CPU the attention
-    dropout mask of one [8, 12, 384, 384] micro-batch took about 360 ms a layer that way,
-    more than the layer's attention itself; torch draws its masks with a cheaper generator.
-    Here the key gives two 32-bit seeds (one threefry call), and each element's 32 random
-    bits are two rounds of a 32-bit mixer over its flat index and the seeds: a dozen integer
-    operations that XLA fuses into the kernel using the mask (about 20 ms for that shape).
+    jax.random.bernoulli runs threefry (20 rounds) for every element: on CPU an attention
+    dropout mask drawn that way takes longer than the layer's attention itself (torch draws
+    its masks with a cheaper generator). Here the key gives two 32-bit seeds (one threefry
+    call), and each element's 32 random bits are two rounds of a 32-bit mixer over its flat
+    index and the seeds: a dozen integer operations that XLA fuses into the kernel using the
+    mask.
     The indices are computed per axis, so a sharded activation gets a sharded mask. keep_prob
     is rounded to a multiple of 2^-32.
     """
