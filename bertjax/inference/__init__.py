@@ -16,6 +16,11 @@ pays; calls over many texts show a progress bar.
 
 Input mistakes raise InferenceError with one message naming the text and what is wrong;
 texts longer than the model's positions are cut, with a TruncationWarning naming the limit.
+
+The package: `Model` (here, the facade every notebook method is called on), batching.py (the
+one batching path its methods share), vectors.py (cosine similarity, exact search). The
+methods of a fine-tuned model (predict, answer, generate, a trained embed) come from its
+capability (bertjax.tasks).
 """
 
 from __future__ import annotations

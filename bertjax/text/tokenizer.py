@@ -1,4 +1,5 @@
-"""Tokenizers with BERT's special tokens: sentencepiece (trained here), WordPiece (vocab.txt)
+"""Tokenizers with BERT's special tokens: sentencepiece (bertjax.text.training trains them),
+WordPiece (vocab.txt)
 and transformers' tokenizer.json pipelines (ModernBERT's byte-level BPE).
 
 `Tokenizer` is the one interface the rest of bertjax uses: token ids of texts without special
