@@ -6,7 +6,7 @@
 Sentence pairs of random words from a word-level vocabulary; the target is 5 x the share of
 "marker" words among the pair's words, plus Gaussian noise of --noise (so no model can reach a
 dev MSE below noise**2, and a perfect model's Spearman is known from the data). Both sides
-start from the same weights (a random BERT exported with bertjax.storage.hf.save, or --init_from) and
+start from the same weights (a random BERT exported with bertjax.encoders.bert.transformers.save, or --init_from) and
 train with google's recipe (AdamW with BERT's decay mask, eps 1e-6, weight decay 0.01,
 clipping at 1.0, 10% warmup then linear decay, dropout 0.1, batch 32, max_seq_length 128):
 bertjax through finetune.py's own loop (length buckets, packing, the [CLS]-only last layer,

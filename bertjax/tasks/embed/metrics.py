@@ -4,7 +4,7 @@ STS: the cosine similarity of each pair's embeddings against gold scores, as Spe
 rank correlation (the field's headline figure) and Pearson's.
 
 Retrieval: each query's corpus ranked by cosine similarity with exact brute-force search
-(bertjax.tasks.embed.model.search), scored against binary relevance judgements as
+(bertjax.inference.vectors.search), scored against binary relevance judgements as
 sentence-transformers' InformationRetrievalEvaluator does:
   mrr@10    1 / rank of the first relevant document within the top 10 (0 if none)
   ndcg@10   sum over the top 10 of rel_i / log2(i + 1), divided by the same sum for the

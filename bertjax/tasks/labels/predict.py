@@ -53,7 +53,8 @@ def predict(model: Model, texts, text_pairs=None, max_length: int | None = None)
 
 
 def _predict_rows(model: Model, features: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
-    """The head's outputs (bertjax.nn.heads.outputs) for each row of features, in order."""
+    """The head's outputs (bertjax.tasks.labels.model.outputs) for each row of features, in
+    order."""
     # Jitted once for every Model of the same configuration and head (once per bucket shape).
     function = functools.partial(_predict, config=model.run_config, head=model.head)
     per_row: list[Any] = [None] * len(features)
@@ -109,7 +110,7 @@ def _predict_words(model: Model, texts: list[str], max_length: int | None) -> li
 
 @functools.partial(jax.jit, static_argnames=("config", "head", "packed_length"))
 def _predict(params, batch, *, config: EncoderConfig, head: HeadSpec, packed_length: int | None):
-    """What a label head gives per row (bertjax.nn.heads.outputs); `packed_length` as
+    """What a label head gives per row (bertjax.tasks.labels.model.outputs); `packed_length` as
     Model.batched gives it."""
     logits = label_heads.make_model(config, head.task, head.num_outputs).apply(
         {"params": params},
