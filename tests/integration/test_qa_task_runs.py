@@ -105,7 +105,9 @@ def test_validation_predictions_are_the_best_evaluations_without_another_pass(
     settings = FinetuneSettings.from_config(config, devices=devices)
     passes = []
     run_eval = evaluation.run_eval
-    monkeypatch.setattr(loop, "run_eval", lambda *a, **k: passes.append(1) or run_eval(*a, **k))
+    monkeypatch.setattr(
+        evaluation, "run_eval", lambda *a, **k: passes.append(1) or run_eval(*a, **k)
+    )
     run = tmp_path / "run"
     summary = loop.finetune(settings, run, devices=devices)
     assert len(passes) == 3  # one per epoch, none after the last

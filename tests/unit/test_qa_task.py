@@ -15,7 +15,7 @@ from bertjax.engine.settings import ConfigError
 from bertjax.finetune import settings as finetune_settings
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.inference import InferenceError
+from bertjax.inference import InferenceError, batching
 from bertjax.tasks.qa import decode as qa_decode
 from bertjax.tasks.qa import model as qa_model
 from bertjax.tasks.qa import squad as qa
@@ -209,8 +209,8 @@ def test_answer_pads_windows_to_their_width_not_to_the_next_power_of_two(tmp_pat
     monkeypatch.setattr(answer_lib, "_logits", spy)
     got = model.answer("the w3", context, max_seq_len=24, doc_stride=8, top_k=3)
     assert widths and set(widths) == {24}
-    bucket = Model._bucket
-    monkeypatch.setattr(Model, "_bucket", lambda self, rows, f, _: bucket(self, rows, f))
+    bucket = batching.Batcher.bucket
+    monkeypatch.setattr(batching.Batcher, "bucket", lambda self, rows, f, _: bucket(self, rows, f))
     widths.clear()
     padded = model.answer("the w3", context, max_seq_len=24, doc_stride=8, top_k=3)
     assert set(widths) == {32}
