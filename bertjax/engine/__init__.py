@@ -1,6 +1,6 @@
 """What pretraining and fine-tuning share, knowing no task.
 
-settings.py           settings both runs share, and the one way a ConfigDict is read
+settings.py           settings both runs share, and the one way a config is read
 steps.py              the train state, its sharded creation, the jitted train and eval
                       steps (micro-batches, packing)
 loop.py               the loop body: restore, iterate, log, evaluate, save, stop
