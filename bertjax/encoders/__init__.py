@@ -9,7 +9,7 @@
     modernbert/           ModernBERT
     electra/              ELECTRA
 
-Each family is one folder with the same rooms: config.py, model.py (linen), transformers.py
+Each family is one folder with the same rooms: config.py, model.py (linen), hf.py
 (its tensor map and config translation), family.py (the EncoderFamily). A new family is one
 folder and one line below.
 """

@@ -7,7 +7,7 @@ a directory staged locally and uploaded file by file to `gs://` (each object app
 once its upload is complete), and the tensor-spec vocabulary each family's tensor map is
 written in (`TensorSpec`, the parameter groups, `match_tensors`).
 
-Each family's transformers module (bertjax/encoders/<family>/transformers.py) maps its
+Each family's transformers module (bertjax/encoders/<family>/hf.py) maps its
 tensors and config; bertjax.encoders.read_transformers opens a directory of any family,
 chosen by config.json's model_type, and each family's write_transformers writes one.
 

@@ -18,6 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.encoders.modernbert.hf import (
+    CLASSIFICATION,
+    MASKED_LM,
+    MODEL,
+    TIED_DECODER,
+    tensor_specs,
+)
 from bertjax.encoders.modernbert.model import (
     ModernBertModel,
     PredictionHead,
@@ -27,13 +34,6 @@ from bertjax.encoders.modernbert.model import (
     masked_lm_logits,
     stack_layers,
     unstack_layers,
-)
-from bertjax.encoders.modernbert.transformers import (
-    CLASSIFICATION,
-    MASKED_LM,
-    MODEL,
-    TIED_DECODER,
-    tensor_specs,
 )
 from bertjax.nn.sharding import EMBED, LABELS, VOCAB
 

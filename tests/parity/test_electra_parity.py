@@ -14,8 +14,8 @@ import transformers
 import bertjax
 from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
+from bertjax.encoders.electra import hf as electra_hf
 from bertjax.encoders.electra import model as electra_model
-from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.storage import hf
 from bertjax.tasks.embed.model import EmbeddingSpec

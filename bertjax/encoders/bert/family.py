@@ -11,8 +11,8 @@ from typing import Any
 import flax.linen as nn
 
 from bertjax.encoders import family
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert import model as bert_model
-from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS, BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining, BertModel
 

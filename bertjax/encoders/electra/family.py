@@ -19,9 +19,9 @@ import numpy as np
 
 from bertjax.encoders import family
 from bertjax.encoders.electra import generator as generator_lib
+from bertjax.encoders.electra import hf as electra_hf
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra import rtd as electra_rtd
-from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, ElectraConfig
 from bertjax.storage import hf
 

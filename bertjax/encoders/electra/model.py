@@ -12,7 +12,7 @@ projection, and no tanh pooler.
 The pooled output. transformers' ElectraClassificationHead is dropout -> dense -> GELU ->
 dropout -> out_proj on [CLS]: one head of two layers, which the family builds as one object
 (`Electra.head` in bertjax.encoders.electra.family: its tensor map names classifier.dense and
-classifier.out_proj, bertjax.encoders.electra.transformers.head_tensors). The encoder computes
+classifier.out_proj, bertjax.encoders.electra.hf.head_tensors). The encoder computes
 the head's first three steps as its pooled output, with the dense layer under `pooler`, where
 BERT keeps its tanh pooler: every ELECTRA tree holds it there (pretraining and replaced-token
 detection ones too, which never train it), so every checkpoint written so far keeps its

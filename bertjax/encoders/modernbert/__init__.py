@@ -5,7 +5,7 @@ layers, a global layer every few and sliding-window layers between, packed docum
     attention.py     the attention masks (global, sliding window, banded) and the kernels'
     model.py         the linen modules: the encoder with its prediction head, the masked-LM
                      model
-    transformers.py  the tensor map of transformers' ModernBert* classes, directories in and
+    hf.py            the tensor map of transformers' ModernBert* classes, directories in and
                      out
     family.py        the EncoderFamily the capabilities use
 """

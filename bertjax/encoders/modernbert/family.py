@@ -10,8 +10,8 @@ from typing import Any
 import flax.linen as nn
 
 from bertjax.encoders import family
+from bertjax.encoders.modernbert import hf as modernbert_hf
 from bertjax.encoders.modernbert import rtd as modernbert_rtd
-from bertjax.encoders.modernbert import transformers as modernbert_hf
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import Encoder, MaskedLM, _init, _stds, init_masked_lm
 

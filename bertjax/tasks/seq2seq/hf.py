@@ -15,8 +15,8 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert import model as model_lib
-from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS
 from bertjax.storage import fs, hf
 from bertjax.tasks.seq2seq import model as seq2seq_lib

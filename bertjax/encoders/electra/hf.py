@@ -33,8 +33,8 @@ import numpy as np
 from bertjax import capability
 from bertjax.capability import TransformersHead
 from bertjax.encoders import family as family_lib
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert import model as model_lib
-from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, HF_DEFAULTS, ElectraConfig
 from bertjax.storage import fs, hf
