@@ -172,7 +172,7 @@ def params_from_hf(state_dict: Mapping[str, Any], config: ModernBertConfig) -> d
         node = params
         for key in spec.path[:-1]:
             node = node.setdefault(key, {})
-        node[spec.path[-1]] = jnp.asarray(spec.to_ours(array), dtype)
+        node[spec.path[-1]] = jnp.asarray(spec.to_bertjax(array), dtype)
     if config.scan_layers:
         if kind == MODEL:
             return stack_layers(params, config)

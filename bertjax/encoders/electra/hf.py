@@ -357,11 +357,6 @@ def _plain(config: ElectraConfig, params: Any) -> dict:
     return params
 
 
-def _tensors(specs: Sequence[TensorSpec], params: Mapping) -> dict[str, np.ndarray]:
-    flat = dict(hf.flatten_tree(params))
-    return {s.hf_name: s.to_hf(hf._parameter(flat, s)) for s in specs}
-
-
 def pretraining_architecture(untrained: Sequence[str]) -> str:
     """The transformers class of a head-less model whose groups `untrained` never trained:
     the discriminator (ElectraForPreTraining, ELECTRA's product), else the generator
@@ -392,7 +387,7 @@ def files(
         hf_config.update(th.config)
         if "id2label" not in th.config:  # transformers' num_labels: the projection's width
             hf_config["num_labels"] = th.outputs
-        return hf_config, _tensors(specs, params)
+        return hf_config, hf.tensors_from(specs, params)
     architecture = pretraining_architecture(untrained)
     if architecture == "ElectraForPreTraining" and MLM_HEAD not in untrained:
         logger.warning(
@@ -404,7 +399,7 @@ def files(
     specs = [s for s in pretraining_specs(config) if s.group in groups]
     if architecture == "ElectraModel":  # its own names carry no prefix
         specs = [dataclasses.replace(s, hf_name=s.hf_name.removeprefix(HF_PREFIX)) for s in specs]
-    return config_to_hf(config, architecture), _tensors(specs, params)
+    return config_to_hf(config, architecture), hf.tensors_from(specs, params)
 
 
 def encoder_files(config: ElectraConfig, params: Any) -> tuple[dict, dict]:
@@ -416,7 +411,7 @@ def encoder_files(config: ElectraConfig, params: Any) -> tuple[dict, dict]:
         dataclasses.replace(s, hf_name=s.hf_name.removeprefix(HF_PREFIX))
         for s in encoder_specs(config)
     ]
-    return config_to_hf(config, "ElectraModel"), _tensors(specs, {ENCODER: params[ENCODER]})
+    return config_to_hf(config, "ElectraModel"), hf.tensors_from(specs, {ENCODER: params[ENCODER]})
 
 
 def write(
@@ -433,9 +428,9 @@ def write(
     if tokenizer is not None:
         check_vocab(config, tokenizer, f"saving to {directory}")
     hf_config, tensors = files(config, params, head, untrained)
-    dtypes = {array.dtype for array in tensors.values()}
-    if len(dtypes) == 1:
-        hf_config["dtype"] = str(next(iter(dtypes)))
+    dtype = hf.single_dtype(tensors.values())
+    if dtype is not None:
+        hf_config["dtype"] = dtype
     with hf.staged(fs.path(directory)) as staging:
         hf.write_json(staging / hf.CONFIG_NAME, hf_config)
         hf.safetensors_numpy.save_file(
