@@ -6,8 +6,9 @@ open a training run's checkpoint as (config, params, tokenizer). Data preparatio
 `bertjax.data`, Hugging Face interop in `bertjax.storage.hf` (needs the `hf` extra), pretraining in
 `bertjax.pretrain`, fine-tuning in `bertjax.finetune`, and the capabilities a fine-tuned
 model has (question answering, embeddings, generation, labels) in `bertjax.tasks`, which is
-imported here so that every kind of run opens in a fresh process. The encoder architectures
-those capabilities build on (BERT, ModernBERT) are the families of `bertjax.encoders`.
+imported here with the pretraining objectives (`bertjax.pretrain.objectives`) so that every
+kind of run opens in a fresh process. The encoder architectures those capabilities build on
+(BERT, ModernBERT, ELECTRA) are the families of `bertjax.encoders`.
 """
 
 from bertjax import encoders, tasks
@@ -16,6 +17,7 @@ from bertjax.encoders.bert.config import PRESETS, BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining, BertModel, BertOutput
 from bertjax.engine.rundir import load
 from bertjax.inference import Model
+from bertjax.pretrain import objectives
 from bertjax.text.tokenizer import Tokenizer
 
 __all__ = [
@@ -29,5 +31,6 @@ __all__ = [
     "Tokenizer",
     "encoders",
     "load",
+    "objectives",
     "tasks",
 ]

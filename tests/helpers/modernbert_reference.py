@@ -76,7 +76,7 @@ class ModernBertForMaskedLM(nn.Module):
         )  # [b, s, h]
         bias = self.decoder_bias if cfg.decoder_bias else None
         return masked_lm_logits(
-            cfg, x, masked_lm_positions, self.head, self.model.token_table(), bias
+            cfg, x, masked_lm_positions, self.head, self.model.word_table(), bias
         )
 
 

@@ -381,6 +381,26 @@ def load(path: str | os.PathLike, *, seed: int = 0, **overrides) -> tuple[BertCo
     return config, params
 
 
+def read(
+    path: str | os.PathLike,
+    hf_config: Mapping[str, Any] | None = None,
+    *,
+    pretraining_heads: bool = True,
+    **overrides,
+) -> tuple[BertConfig, dict, HeadSpec | None, tuple[str, ...]]:
+    """Reads a transformers BERT directory as every family's reader does (the family's
+    read_transformers): (config, params, head or None, the groups the files did not have,
+    freshly initialised). config.json is read from the directory (`hf_config` is what it
+    holds)."""
+    config, params, report = load_with_report(
+        path, pretraining_heads=pretraining_heads, **overrides
+    )
+    fresh = {name.split("/")[0] for name in report.initialized}
+    if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
+        fresh = (fresh - {"bert"}) | {POOLER}
+    return config, params, report.head, tuple(sorted(fresh))
+
+
 def load_with_report(
     path: str | os.PathLike, *, seed: int = 0, pretraining_heads: bool = True, **overrides
 ) -> tuple[BertConfig, dict, LoadReport]:

@@ -56,6 +56,8 @@ MLM_HEAD = electra_model.MLM_HEAD
 DISCRIMINATOR_HEAD = electra_model.DISCRIMINATOR_HEAD
 PRETRAINING_HEADS = (MLM_HEAD, DISCRIMINATOR_HEAD)
 TIED_DECODER = "generator_lm_head.weight"
+# transformers' name of ElectraForPreTraining's replaced-token head.
+HF_DISCRIMINATOR = "discriminator_predictions"
 WORD_EMBEDDINGS = "electra.embeddings.word_embeddings.weight"
 # Buffers older transformers versions wrote; they hold no parameter.
 _BUFFERS = frozenset({"electra.embeddings.position_ids", "electra.embeddings.token_type_ids"})
@@ -182,7 +184,7 @@ def pretraining_specs(config: ElectraConfig) -> list[TensorSpec]:
     has it: always fresh), the generator's and the discriminator's heads."""
     e, h, v = config.embedding_size, config.hidden_size, config.vocab_size
     mlm = (MLM_HEAD,)
-    disc = (DISCRIMINATOR_HEAD,)
+    replaced = capability.REPLACED_TOKENS
     return [
         *encoder_specs(config),
         *family_lib.dense_tensors("classifier.dense", (ENCODER, POOLER), h, h, POOLER),
@@ -202,27 +204,29 @@ def pretraining_specs(config: ElectraConfig) -> list[TensorSpec]:
             group=MLM_HEAD,
         ),
         _spec("generator_lm_head.bias", (*mlm, "output_bias"), (v,), group=MLM_HEAD),
-        *family_lib.dense_tensors(
-            "discriminator_predictions.dense", (*disc, "dense"), h, h, DISCRIMINATOR_HEAD
-        ),
-        *family_lib.dense_tensors(
-            "discriminator_predictions.dense_prediction",
-            (*disc, "dense_prediction"),
-            h,
-            1,
-            DISCRIMINATOR_HEAD,
+        *head_tensors(
+            config, replaced.param, replaced.outputs, replaced.reads, replaced.task_class
         ),
     ]
 
 
 def head_tensors(
-    config: ElectraConfig, name: str, outputs: int, reads: str
+    config: ElectraConfig, name: str, outputs: int, reads: str, task_class: str = ""
 ) -> tuple[TensorSpec, ...]:
     """The tensor map of an ELECTRA task head. A sequence head is transformers'
     ElectraClassificationHead, two layers: <name>.dense [h, h], kept in the encoder's tree as
     its "pooler" (every ELECTRA tree holds it there), and <name>.out_proj [outputs, h], the
-    head's own parameters. A token or span head is one layer, <name> [outputs, h]."""
+    head's own parameters. A token or span head is one layer, <name> [outputs, h].
+    ElectraForPreTraining's (capability.REPLACED_TOKENS) is ElectraDiscriminatorPredictions:
+    discriminator_predictions.dense [h, h] and .dense_prediction [outputs, h]."""
     h = config.hidden_size
+    if task_class == capability.REPLACED_TOKENS.task_class:
+        return (
+            *family_lib.dense_tensors(f"{HF_DISCRIMINATOR}.dense", (name, "dense"), h, h, name),
+            *family_lib.dense_tensors(
+                f"{HF_DISCRIMINATOR}.dense_prediction", (name, "dense_prediction"), h, outputs, name
+            ),
+        )
     if reads == capability.POOLED:
         return (
             *family_lib.dense_tensors(f"{name}.dense", (ENCODER, POOLER), h, h, POOLER),

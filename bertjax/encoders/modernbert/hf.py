@@ -170,6 +170,12 @@ def directory_specs(
     )
 
 
+def pretraining_specs(config: ModernBertConfig) -> list[hf.TensorSpec]:
+    """ModernBertForMaskedLM's tensors with paths in the masked-LM model's tree (the family's
+    pretraining tree): the encoder, the prediction head (POOLER) and the decoder's bias."""
+    return directory_specs(config, None)
+
+
 def head_tensors(config: ModernBertConfig, name: str, outputs: int) -> tuple[hf.TensorSpec, ...]:
     """The tensor map of a ModernBERT task head, whatever it reads: the prediction head
     (head.dense -> GELU -> head.norm, kept in the encoder's tree as "head": the masked-LM
@@ -188,11 +194,17 @@ def _transformers_head(head) -> capability.TransformersHead:
     return th
 
 
-def read(path: str | os.PathLike, hf_config: Mapping[str, Any], **overrides):
+def read(
+    path: str | os.PathLike,
+    hf_config: Mapping[str, Any],
+    *,
+    pretraining_heads: bool = True,
+    **overrides,
+):
     """Reads a transformers ModernBERT directory: (config, params, head or None, the groups
-    the files lacked, freshly initialised)."""
-    # A missing prediction head is made fresh, pretraining or not: it is also the
-    # classifiers' pooling (and not warned of).
+    the files lacked, freshly initialised). `pretraining_heads` changes nothing: a missing
+    prediction head is made fresh, pretraining or not, since it is also the classifiers'
+    pooling (and not warned of)."""
     directory = fs.path(path)
     config = ModernBertConfig.from_hf_dict(hf_config, **{"dtype": "float32", **overrides})
     head = capability.head_from_transformers(hf_config, CLASS_PREFIX)
