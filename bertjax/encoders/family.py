@@ -37,11 +37,15 @@ A task head is one object the family builds (`EncoderFamily.head`, a `Head`): it
 module and the tensor map of every layer transformers' class of it has, so a head of more
 than one layer travels as one. The capabilities describe a head in no family's terms
 (bertjax.capability.TransformersHead: task class, name, width, what it reads); the family
-says what it is made of. Where a family's checkpoints keep a layer of the head in the
-encoder's tree, the encoder computes that layer as its pooled output and the head's tensor
-map names it there: ModernBERT's prediction head (pretrained by the masked LM, which shares
-it), ELECTRA's classifier.dense (under "pooler" in every ELECTRA tree, pretraining ones
-included, so that every checkpoint keeps its layout).
+says what it is made of. A replaced-token detector's discriminator head is described so too
+(capability.REPLACED_TOKENS, task class ForPreTraining): ELECTRA's is ElectraForPreTraining's
+discriminator_predictions, ModernBERT's dense -> GELU -> dense, which no class holds.
+
+Where a family's checkpoints keep a layer of a task head in the encoder's tree, the encoder
+computes that layer as its pooled output and the head's tensor map names it there:
+ModernBERT's prediction head (pretrained by the masked LM, which shares it), ELECTRA's
+classifier.dense (under "pooler" in every ELECTRA tree, pretraining ones included, so that
+every checkpoint keeps its layout).
 
 Whatever the family, the encoder's parameters live under one key of every task model
 (bertjax.capability.ENCODER), so a warm start copies one subtree.
@@ -305,13 +309,13 @@ def register(family: EncoderFamily) -> EncoderFamily:
     """Adds a family (bertjax.encoders does, for each one it lists)."""
     if _FAMILIES.get(family.name, family) is not family:
         raise ValueError(f"encoder family {family.name!r} is registered twice")
-    lacking = [name for name in _HELD_FUNCTIONS if not callable(getattr(family, name, None))]
-    if lacking:
-        raise ValueError(f"encoder family {family.name!r} holds no {lacking}")
     if getattr(family.config_class, "family", None) != family.name:
         raise ValueError(
             f"{family.config_class.__name__}.family must name its family {family.name!r}"
         )
+    lacking = [name for name in _HELD_FUNCTIONS if not callable(getattr(family, name, None))]
+    if lacking:
+        raise ValueError(f"encoder family {family.name!r} holds no {lacking}")
     _FAMILIES[family.name] = family
     return family
 
