@@ -54,7 +54,10 @@ class Discriminator(nn.Module):
 
     def setup(self):
         self.encoder = encoders.family_of(self.config).module(self.config, name=ENCODER)
-        self.head = discriminator_head(self.config).module
+        head = discriminator_head(self.config)
+        # The head's own rate: 0 for every family's (ElectraDiscriminatorPredictions has none).
+        self.head_dropout = nn.Dropout(head.dropout)
+        self.head = head.module
 
     def replaced_logits(
         self,
@@ -79,7 +82,7 @@ class Discriminator(nn.Module):
             document_ids=document_ids,
             positions=positions,
         )  # [b, s, h]
-        logits = self.head(x)  # [b, s, 1]
+        logits = self.head(self.head_dropout(x, deterministic=deterministic))  # [b, s, 1]
         return sharding.constrain(logits[..., 0], (BATCH, LENGTH))  # [b, s]
 
 
