@@ -282,9 +282,10 @@ class EncoderFamily:
     def head(self, config: Any, name: str, outputs: int, reads: str, task_class: str = "") -> Head:
         """The task head `name` of `outputs` that reads the encoder's pooled row or its
         tokens (`reads`, bertjax.capability's POOLED or TOKENS), as this family's
-        transformers class <prefix><task_class> holds it: a family whose classes' heads
-        differ builds each (ELECTRA's ForPreTraining, capability.REPLACED_TOKENS), the
-        others build one head whatever the class."""
+        transformers class <prefix><task_class> holds it. Every task class gets the
+        family's task head of its `reads` but ForPreTraining (capability.REPLACED_TOKENS),
+        which gets the family's replaced-token head (ELECTRA's ElectraForPreTraining's,
+        ModernBERT's own; BERT has none and refuses)."""
         raise NotImplementedError
 
     def transformers_class(self, config: Any) -> bool:
