@@ -40,7 +40,7 @@ if _REPO not in sys.path:
 import flax.linen as nn  # noqa: E402
 
 from bertjax.capability import ENCODER, HeadSpec  # noqa: E402
-from bertjax.encoders.bert import transformers as bert_hf  # noqa: E402
+from bertjax.encoders.bert import hf as bert_hf  # noqa: E402
 from bertjax.encoders.bert.config import BertConfig  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
 from bertjax.finetune import batches as batches_lib  # noqa: E402

@@ -63,7 +63,7 @@ if _REPO not in sys.path:
 
 from benchmarks.finetune import _no_decay, versions  # noqa: E402
 from bertjax.capability import HeadSpec  # noqa: E402
-from bertjax.encoders.bert import transformers as bert_hf  # noqa: E402
+from bertjax.encoders.bert import hf as bert_hf  # noqa: E402
 from bertjax.encoders.bert.config import PRESETS, BertConfig  # noqa: E402
 from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
 from bertjax.engine import (  # noqa: E402

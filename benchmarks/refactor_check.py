@@ -1,13 +1,15 @@
-"""Three short fixed runs whose parameters two code versions must reproduce bit for bit.
+"""Six short fixed runs whose parameters two code versions must reproduce bit for bit.
 
     python benchmarks/refactor_check.py OUT
 
 Pretrains the tiny BERT (configs/tiny.py) and the tiny ModernBERT (configs/modernbert_tiny.py)
-for 20 steps each on the built-in demo corpus, fine-tunes the BERT run on a fixed sentiment
-CSV (classification) and a ModernBERT run as a mean-pooled bi-encoder (embedding) for one
-epoch, then prints one SHA-256 over every parameter leaf of each run's newest checkpoint
-(benchmarks/param_hashes.py). A refactor that changes no number prints the same four lines
-before and after; a few minutes on two CPU cores.
+with the masked LM, and the tiny ELECTRA (configs/electra_tiny.py) and ModernBERT
+(configs/modernbert_rtd_tiny.py) with replaced-token detection, for 20 steps each on the
+built-in demo corpus; fine-tunes the BERT run on a fixed sentiment CSV (classification) and
+the ModernBERT run as a mean-pooled bi-encoder (embedding) for one epoch; then prints one
+SHA-256 over every parameter leaf of each run's newest checkpoint (benchmarks/param_hashes.py).
+A refactor that changes no number prints the same six lines before and after; about five to
+eight minutes on two CPU cores.
 """
 
 import csv
@@ -80,6 +82,19 @@ def main() -> None:
         "--config.batch_warmup_start=4",
         "--config.batch_warmup_steps=10",
     )
+    electra = os.path.join(out, "electra_rtd")
+    run("train.py", "--config", "configs/electra_tiny.py", "--workdir", electra, *PRETRAIN)
+    modern_rtd = os.path.join(out, "modernbert_rtd")
+    run(
+        "train.py",
+        *("--config", "configs/modernbert_rtd_tiny.py", "--workdir", modern_rtd),
+        *PRETRAIN,
+        "--config.data.max_seq_length=64",
+        "--config.model.local_attention=16",
+        "--config.optimizer.decay_steps=10",
+        "--config.batch_warmup_start=4",
+        "--config.batch_warmup_steps=10",
+    )
     data = os.path.join(out, "data")
     os.makedirs(data, exist_ok=True)
     write_sentiment(os.path.join(data, "train.csv"), 64)
@@ -104,7 +119,7 @@ def main() -> None:
         "--config.embedding.pooling=mean",
         *FINETUNE,
     )
-    for workdir in (bert, modern, classify, embed):
+    for workdir in (bert, modern, electra, modern_rtd, classify, embed):
         each, whole = param_hashes.digests(workdir)
         print(f"{os.path.basename(workdir)}: {len(each)} leaves, all {whole}")
 

@@ -11,8 +11,8 @@ export or a transformers directory: fill-mask, embeddings, search, and a fine-tu
 predict, answer or generate), `load` (a run's checkpoint as (config, params, tokenizer)),
 `Tokenizer`, BERT's `BertConfig` (its `PRESETS`), `BertModel`, `BertForPreTraining` and
 `BertOutput`, `HeadSpec` (what a fine-tuned head is), and the packages `encoders` (the
-families) and `tasks` (the capabilities), imported here so that every kind of run opens in
-a fresh process.
+families) and `tasks` (the capabilities), imported here with the pretraining objectives
+(`bertjax.pretrain.objectives`) so that every kind of run opens in a fresh process.
 
 The package is built in floors, each importing only its own and those below it
 (tests/unit/test_import_graph.py checks it), bottom to top:
@@ -37,6 +37,7 @@ from bertjax.encoders.bert.config import PRESETS, BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining, BertModel, BertOutput
 from bertjax.engine.rundir import load
 from bertjax.inference import Model
+from bertjax.pretrain import objectives
 from bertjax.text.tokenizer import Tokenizer
 
 __all__ = [
@@ -50,5 +51,6 @@ __all__ = [
     "Tokenizer",
     "encoders",
     "load",
+    "objectives",
     "tasks",
 ]

@@ -212,6 +212,14 @@ class TransformersHead:
             raise ValueError(f"reads={self.reads!r} is invalid: must be {POOLED!r} or {TOKENS!r}")
 
 
+# The head of a replaced-token detector's discriminator (bertjax.pretrain.objectives.rtd),
+# described as a task head is: one logit per token that it was replaced, read off the last
+# hidden states, held by transformers' <Family>ForPreTraining where a family has that class
+# (ElectraForPreTraining's discriminator_predictions); each family builds its own
+# (EncoderFamily.head with this task class).
+REPLACED_TOKENS = TransformersHead("ForPreTraining", "discriminator_head", 1, TOKENS)
+
+
 _CAPABILITIES: list[Capability] = []
 _BY_TASK: dict[str, Capability] = {}
 

@@ -1,15 +1,15 @@
 """Encoder families: the encoder the capabilities build on, one object per architecture.
 
     family.py             the EncoderFamily interface (config, module, masked-LM model,
-                          transformers format) and the registry: family_of(config),
-                          for_model_type(config.json's model_type), read_transformers(path),
-                          config_to_dict /
-                          config_from_dict for checkpoint meta
+                          heads, generator, transformers format) and the registry:
+                          family_of(config), for_model_type(config.json's model_type),
+                          read_transformers(path), config_to_dict / config_from_dict for
+                          checkpoint meta
     bert/                 BERT
     modernbert/           ModernBERT
     electra/              ELECTRA
 
-Each family is one folder with the same rooms: config.py, model.py (linen), transformers.py
+Each family is one folder with the same rooms: config.py, model.py (linen), hf.py
 (its tensor map and config translation), family.py (the EncoderFamily). A new family is one
 folder and one line below.
 """
@@ -21,7 +21,6 @@ from bertjax.encoders.family import (
     DEFAULT_FAMILY,
     FAMILY_KEY,
     EncoderFamily,
-    Network,
     config_from_dict,
     config_to_dict,
     family_of,
@@ -43,7 +42,6 @@ __all__ = [
     "FAMILIES",
     "FAMILY_KEY",
     "EncoderFamily",
-    "Network",
     "config_from_dict",
     "config_to_dict",
     "family_of",

@@ -22,21 +22,40 @@ The encoder module's call, for every family::
             dense -> GELU -> LayerNorm -> dropout. ELECTRA: dropout -> dense -> GELU on
             [CLS], the first layer of its transformers classification head.
 
+Besides its call, every family's encoder module offers what a network built beside it reads
+(replaced-token detection's generator and discriminator, bertjax.pretrain.objectives.rtd)::
+
+    module.embed(input_ids, token_type_ids=None, *, deterministic, positions=None)
+        -> [batch, seq, embedding]: the embedded tokens, as the layers (or the projection to
+           the hidden size) read them
+    module.word_table() -> [vocab, embedding]: the word embeddings a tied decoder reads
+    module.hidden_states(input_ids, token_type_ids=None, attention_mask=None, *,
+                         deterministic, packed_length=None, document_ids=None, positions=None)
+        -> [batch, seq, hidden]: the last hidden states, no pooled output or head computed
+
 A task head is one object the family builds (`EncoderFamily.head`, a `Head`): its linen
 module and the tensor map of every layer transformers' class of it has, so a head of more
 than one layer travels as one. The capabilities describe a head in no family's terms
 (bertjax.capability.TransformersHead: task class, name, width, what it reads); the family
-says what it is made of. Where a family's checkpoints keep a layer of the head in the
-encoder's tree, the encoder computes that layer as its pooled output and the head's tensor
-map names it there: ModernBERT's prediction head (pretrained by the masked LM, which shares
-it), ELECTRA's classifier.dense (under "pooler" in every ELECTRA tree, pretraining ones
-included, so that every checkpoint keeps its layout).
+says what it is made of. A replaced-token detector's discriminator head is described so too
+(capability.REPLACED_TOKENS, task class ForPreTraining): ELECTRA's is ElectraForPreTraining's
+discriminator_predictions, ModernBERT's dense -> GELU -> dense, which no class holds.
+
+Where a family's checkpoints keep a layer of a task head in the encoder's tree, the encoder
+computes that layer as its pooled output and the head's tensor map names it there:
+ModernBERT's prediction head (pretrained by the masked LM, which shares it), ELECTRA's
+classifier.dense (under "pooler" in every ELECTRA tree, pretraining ones included, so that
+every checkpoint keeps its layout).
 
 Whatever the family, the encoder's parameters live under one key of every task model
 (bertjax.capability.ENCODER), so a warm start copies one subtree.
 ``token_type_ids`` are read only by families that have segments (BERT, ELECTRA); the others
 ignore them (absent or not). ``packed_length`` is a speed hint: a family without packing
 ignores it and computes the same outputs.
+
+A family with a `generator` (the one member for a network beside another: ELECTRA's and
+ModernBERT's) makes replaced-token detection's generator of a config: a masked LM a fraction
+as wide that reads another network's embedded tokens and word table (`Generator`).
 
 `read_transformers(path)` opens a transformers directory of any family (config.json's
 model_type chooses); `family_of(config).write_transformers` writes one.
@@ -87,66 +106,30 @@ class EncoderConfig(Protocol):
 
 
 class PretrainingOutput(NamedTuple):
-    """What a family's pretraining model returns (BERT's BertOutput has the same fields)."""
+    """What a family's pretraining model returns (BERT's BertOutput has these fields too)."""
 
     mlm_logits: jax.Array  # [batch, predictions, vocab], float32
     nsp_logits: jax.Array | None  # [batch, 2]; None without a sentence-pair head
+    sequence_output: jax.Array | None = None  # [batch, seq, hidden]: the last hidden states
 
 
-class ReplacedTokenDetector(NamedTuple):
-    """What replaced-token detection (bertjax.pretrain.objectives.rtd) trains on a family: a
-    generator and a discriminator sharing their embeddings, in one linen module::
+class Generator(NamedTuple):
+    """A masked LM of a family beside another network of it, reading that network's embedded
+    tokens and word table in place of its own (one table for both): replaced-token
+    detection's generator (`EncoderFamily.generator`).
 
-        model.generator_logits(input_ids, token_type_ids, attention_mask,
-                               masked_lm_positions, *, deterministic, **documents)
-            -> float32 [b, p, v], the generator's logits at the masked positions
-        model.replaced_logits(input_ids, token_type_ids, attention_mask, *, deterministic,
-                              packed_length=None, **documents)
-            -> float32 [b, s], the discriminator's logits that each token was replaced
-
-    where ``documents`` are the ``document_ids`` and ``positions`` of packed rows. The tree
-    `init` makes holds the discriminator as the family's pretraining tree does (so
-    pretrained_networks opens it) and the generator under "generator"."""
-
-    model: nn.Module
-    init: Callable[[jax.Array], Any]  # rng -> boxed parameters of `model`
-    flops: Callable[[int, int], float]  # (seq_len, predictions) -> matmul FLOPs to train
-
-
-def replaced_token_init(module: type[nn.Module], config: Any, generator: Any):
-    """`rng -> boxed parameters` of a family's replaced-token detection `module` (built from
-    the discriminator's and the generator's configs, with an `everything` method that reaches
-    every parameter), traced on one token with xla attention."""
-    config = dataclasses.replace(config, attention_impl="xla")
-    generator = dataclasses.replace(generator, attention_impl="xla")
-
-    def init_params(rng: jax.Array):
-        ids = jnp.zeros((1, 1), jnp.int32)  # [batch, seq]
-        return module(config, generator).init({"params": rng}, ids, method="everything")["params"]
-
-    return init_params
-
-
-def replaced_token_detector(
-    module: type[nn.Module], config: Any, generator: Any, flops: Callable[..., float]
-) -> ReplacedTokenDetector:
-    """A family's ReplacedTokenDetector: `module` of the discriminator's `config` and the
-    `generator`'s, and `flops(config, generator, seq_len, predictions)`."""
-    return ReplacedTokenDetector(
-        model=module(config, generator),
-        init=replaced_token_init(module, config, generator),
-        flops=lambda seq_len, predictions: flops(config, generator, seq_len, predictions),
-    )
-
-
-class Network(NamedTuple):
-    """One network a pretraining run trained, as a model of its family: its config, the
-    family's pretraining tree of it, and the groups of that tree the run did not train
-    (freshly made, so the tree is whole; inference refuses what needs them)."""
+      config    the generator's config: a model of the family, a fraction as wide
+      module    its linen module (unnamed), called as the family's pretraining model is with
+                two more keywords, ``embedded`` [b, s, e] (the other network's `embed`) and
+                ``word_table`` [v, e] (its `word_table()`); its tree has no embeddings
+      pretraining_params  (its parameters, the other network's encoder parameters) -> the
+                family's pretraining tree of `config` holding them, the other network's
+                embeddings as its own (the groups the generator has no part of left out)
+    """
 
     config: Any
-    params: Any
-    fresh: tuple[str, ...] = ()
+    module: nn.Module
+    pretraining_params: Callable[[Any, Any], Any]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,15 +187,47 @@ class EncoderFamily:
                         gated one), for the FLOPs count
       architecture_fields  the config fields that fix what the weights mean (a checkpoint
                         opens only into a config with the same values)
-      replaced_token_head  the group of the pretraining tree scoring replaced tokens, or None
-      replaced_token_frozen  parameter path prefixes replaced-token detection leaves untrained
-                        (parts of the encoder its discriminator never runs)
       phase_fields      architecture fields a new training phase (config.init_from) may change
                         without changing the weights' shapes, e.g. a longer context's rotary
                         theta
       finetune_dropout  fine-tuning's dropout where the run's config.model leaves it unset
                         (settings' names: hidden_dropout, attention_dropout); a field not
                         named keeps the checkpoint's own
+      generator         `(config, fraction) -> Generator`: replaced-token detection's
+                        generator beside a network of `config`, or None where the family
+                        has none
+
+    The family's modules and its transformers format, held as its own modules' functions:
+      module(config, name=None) -> the encoder module (the module docstring's call)
+      pretraining_model(config) -> the masked-LM model pretraining trains (the tree of
+                        `pretraining_init`)::
+
+                            output = model(input_ids, token_type_ids, attention_mask,
+                                           masked_lm_positions, *, deterministic,
+                                           packed_length=None, document_ids=None,
+                                           positions=None)
+
+                        with ``output.mlm_logits``, ``output.nsp_logits`` (None without a
+                        sentence-pair head) and ``output.sequence_output``; ``document_ids``
+                        and ``positions`` [batch, seq] describe rows of packed documents: a
+                        token attends only within its document, positions restart per
+                        document
+      pretraining_init(config) -> `rng -> boxed parameters` of the masked-LM model (the tree
+                        a pretrained encoder's checkpoint or transformers directory is read
+                        into)
+      pretraining_tensors(config) -> the tensor map (hf.TensorSpec, plain layout) of that
+                        tree as transformers' pretraining class holds it, with each
+                        parameter's group (CORE, POOLER, MLM_HEAD, ...)
+      read_transformers(path, hf_config, *, pretraining_heads=True, **overrides) -> (config,
+                        params, head or None, the parameter groups the files did not have,
+                        freshly initialised, e.g. "mlm_head"); without `pretraining_heads`
+                        (a fine-tuning run) pretraining heads the files lack need not be made
+      encoder_files(config, params) -> (config.json, tensors) of the encoder alone
+                        (params[ENCODER] of any task model) as transformers' <prefix>Model:
+                        what a sentence-transformers Transformer module holds
+      write_transformers(config, params, directory, *, tokenizer=None, head=None,
+                        untrained=()) writes a transformers directory (config.json,
+                        model.safetensors, tokenizer files)
     """
 
     name: str = ""
@@ -223,10 +238,14 @@ class EncoderFamily:
     architecture_fields: tuple[str, ...] = ()
     phase_fields: tuple[str, ...] = ()
     finetune_dropout: Mapping[str, float] = MappingProxyType({})
-    # The pretraining tree's group that scores each token as replaced (`replaced_logits`;
-    # ELECTRA's discriminator head), or None where the family has none.
-    replaced_token_head: str | None = None
-    replaced_token_frozen: tuple[str, ...] = ()
+    generator: Callable[[Any, float], Generator] | None = None
+    module: Callable[..., nn.Module]
+    pretraining_model: Callable[[Any], nn.Module]
+    pretraining_init: Callable[[Any], Callable[[jax.Array], Any]]
+    pretraining_tensors: Callable[[Any], Sequence[hf.TensorSpec]]
+    read_transformers: Callable[..., tuple]
+    encoder_files: Callable[[Any, Any], tuple[dict, dict]]
+    write_transformers: Callable[..., None]
 
     # ---------------------------------------------------------------- config
 
@@ -258,105 +277,33 @@ class EncoderFamily:
         """A short line naming the architecture, e.g. "BERT L12/H768/A12"."""
         return f"{self.name} L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"
 
-    # ---------------------------------------------------------------- modules
+    # ---------------------------------------------------------------- heads
 
-    def module(self, config: Any, name: str | None = None) -> nn.Module:
-        """The encoder module (see the module docstring for its call)."""
-        raise NotImplementedError
-
-    def head(self, config: Any, name: str, outputs: int, reads: str) -> Head:
+    def head(self, config: Any, name: str, outputs: int, reads: str, task_class: str = "") -> Head:
         """The task head `name` of `outputs` that reads the encoder's pooled row or its
         tokens (`reads`, bertjax.capability's POOLED or TOKENS), as this family's
-        transformers classes hold it."""
+        transformers class <prefix><task_class> holds it. Every task class gets the
+        family's task head of its `reads` but ForPreTraining (capability.REPLACED_TOKENS),
+        which gets the family's replaced-token head (ELECTRA's ElectraForPreTraining's,
+        ModernBERT's own; BERT has none and refuses)."""
         raise NotImplementedError
-
-    def pretraining_model(self, config: Any) -> nn.Module:
-        """The masked-LM model pretraining trains (the tree of `pretraining_init`)::
-
-            output = model(input_ids, token_type_ids, attention_mask, masked_lm_positions, *,
-                           deterministic, packed_length=None, document_ids=None,
-                           positions=None)
-
-        with ``output.mlm_logits`` and ``output.nsp_logits`` (None without a sentence-pair
-        head). ``document_ids`` and ``positions`` [batch, seq] describe rows of packed
-        documents: a token attends only within its document, positions restart per document.
-        """
-        raise NotImplementedError
-
-    def pretraining_init(self, config: Any) -> Callable[[jax.Array], Any]:
-        """`rng -> boxed parameters` of the family's masked-LM model (the tree a pretrained
-        encoder's checkpoint or transformers directory is read into)."""
-        raise NotImplementedError
-
-    def pretrained_networks(self, config: Any, params: Any) -> dict[str, Network]:
-        """The networks in a pretraining run's parameters, by name: "" the model of this
-        family the run trained (what Model.load opens, init_from fine-tunes and save_hf
-        writes), and any other it trained beside it (ELECTRA's generator)."""
-        return {"": Network(config, params)}
-
-    def replaced_token_detection(self, config: Any, fraction: float) -> ReplacedTokenDetector:
-        """Generator and discriminator for replaced-token detection (families with a
-        replaced_token_head): the discriminator of `config`, a generator `fraction` as wide."""
-        raise NotImplementedError(f"the {self.name} family has no replaced-token head")
-
-    def generator_fraction(self, config: Any, params: Any) -> float:
-        """The generator's width over the discriminator's in a replaced-token detection run's
-        parameters (what `replaced_token_detection` was given)."""
-        raise NotImplementedError(f"the {self.name} family has no replaced-token head")
 
     def transformers_class(self, config: Any) -> bool:
         """Whether transformers has a class for this config (save_hf can write it)."""
         return True
 
-    def replaced_logits(
-        self,
-        config: Any,
-        params: Any,
-        input_ids,
-        token_type_ids,
-        attention_mask,
-        packed_length: int | None = None,
-    ) -> jax.Array:
-        """Float32 logits [b, s] that each token was replaced (families with a
-        replaced_token_head); `packed_length` as the encoder takes it."""
-        raise NotImplementedError(f"the {self.name} family has no replaced-token head")
-
-    # ---------------------------------------------------------------- transformers
-
-    def read_transformers(
-        self,
-        path: str | os.PathLike,
-        hf_config: Mapping[str, Any],
-        *,
-        pretraining_heads: bool = True,
-        **overrides,
-    ):
-        """Reads a transformers directory of this family: (config, params, head or None,
-        the parameter groups the files did not have, freshly initialised, e.g. "mlm_head").
-        Without `pretraining_heads` (a fine-tuning run) pretraining heads the files lack need
-        not be made up."""
-        raise NotImplementedError
-
-    def encoder_files(self, config: Any, params: Any) -> tuple[dict, dict]:
-        """(config.json, tensors) of the encoder alone (params[ENCODER] of any task model) as
-        transformers' <prefix>Model: what a sentence-transformers Transformer module holds."""
-        raise NotImplementedError
-
-    def write_transformers(
-        self,
-        config: Any,
-        params: Any,
-        directory: str | os.PathLike,
-        *,
-        tokenizer: Any = None,
-        head: Any = None,
-        untrained: Sequence[str] = (),
-    ) -> None:
-        """Writes a transformers directory (config.json, model.safetensors, tokenizer files)."""
-        raise NotImplementedError
-
 
 _FAMILIES: dict[str, EncoderFamily] = {}
+# The functions every family holds as members (EncoderFamily's docstring).
+_HELD_FUNCTIONS = (
+    "module",
+    "pretraining_model",
+    "pretraining_init",
+    "pretraining_tensors",
+    "read_transformers",
+    "encoder_files",
+    "write_transformers",
+)
 
 
 def register(family: EncoderFamily) -> EncoderFamily:
@@ -367,6 +314,9 @@ def register(family: EncoderFamily) -> EncoderFamily:
         raise ValueError(
             f"{family.config_class.__name__}.family must name its family {family.name!r}"
         )
+    lacking = [name for name in _HELD_FUNCTIONS if not callable(getattr(family, name, None))]
+    if lacking:
+        raise ValueError(f"encoder family {family.name!r} holds no {lacking}")
     _FAMILIES[family.name] = family
     return family
 

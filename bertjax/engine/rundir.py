@@ -42,7 +42,7 @@ import jax
 from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
 from bertjax.engine import checkpoint as checkpoint_lib
-from bertjax.engine import steps
+from bertjax.engine import networks, steps
 from bertjax.engine.settings import ConfigError
 from bertjax.storage import fs, hf
 from bertjax.text.directory import load_tokenizer
@@ -206,12 +206,13 @@ def read_params(run: Run, mesh: jax.sharding.Mesh | None = None) -> tuple[int | 
 
 def read_networks(
     run: Run, mesh: jax.sharding.Mesh | None = None
-) -> tuple[int | None, dict[str, encoders.Network]]:
+) -> tuple[int | None, dict[str, networks.Network]]:
     """(step, the networks of an opened run by name): "" the model of its family (with the
     groups it lacks freshly made: `fresh`), and for a pretraining run any network trained
-    beside it (EncoderFamily.pretrained_networks, e.g. ELECTRA's "generator")."""
+    beside it, as its objective opens them (engine.networks, e.g. replaced-token
+    detection's "generator")."""
     if run.kind == HUGGING_FACE:
-        return None, {"": encoders.Network(run.config, run.params, run.fresh)}
+        return None, {"": networks.Network(run.config, run.params, run.fresh)}
     family = encoders.family_of(run.config)
     abstract = None
     if mesh is not None:
@@ -220,16 +221,16 @@ def read_networks(
         else:  # the layout of the head's capability
             init = capability.of(run.head).init(run.config, run.head)
         abstract = steps.make_state(init, None, mesh).abstract.params
-    step, params, _ = checkpoint_lib.restore_params(
+    step, params, meta = checkpoint_lib.restore_params(
         run.checkpoints,
         step=run.step,
         abstract_params=abstract,
-        # A pretraining run may hold more than its family's model (pretrained_networks).
+        # A pretraining run may hold more than its family's model (engine.networks).
         layout_only=run.kind == PRETRAINED,
     )
     if run.kind == PRETRAINED:
-        return step, family.pretrained_networks(run.config, params)
-    return step, {"": encoders.Network(run.config, params)}
+        return step, networks.of_run(run.config, params, meta)
+    return step, {"": networks.Network(run.config, params)}
 
 
 def checkpoint_dir(path: str | os.PathLike) -> fs.AnyPath:

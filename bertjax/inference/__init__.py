@@ -42,6 +42,7 @@ from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
 from bertjax.engine import checkpoint as checkpoint_lib
 from bertjax.engine import compilation_cache, rundir
+from bertjax.engine import networks as networks_lib
 from bertjax.inference import batching
 from bertjax.inference import vectors as vectors_lib
 from bertjax.nn import pooling as pooling_lib
@@ -207,7 +208,7 @@ class Model:
         else:
             source = f"{run.path} step {restored_step}" + (" (best)" if run.best else "")
 
-        def model(network: encoders.Network, source: str) -> Model:
+        def model(network: networks_lib.Network, source: str) -> Model:
             return cls(
                 network.config,
                 network.params,
@@ -392,44 +393,14 @@ class Model:
     def replaced(self, texts: str | Sequence[str]) -> list:
         """Which tokens of each text a replaced-token detector thinks were replaced: an ELECTRA
         discriminator (a replaced-token detection run, an ElectraForPreTraining directory) or
-        a ModernBERT one (a replaced-token detection run).
+        a ModernBERT one (a replaced-token detection run). Served by replaced-token detection
+        (bertjax.pretrain.objectives.rtd.replaced, through bertjax.engine.networks).
 
         Per text, one {"index", "token", "score", "replaced"} per token ([CLS] and [SEP] left
         out): its position in the model's input, its piece, the probability that it was
         replaced and whether that passes 0.5. For one text, its list; for a list, a list.
         """
-        head = self.family.replaced_token_head
-        # A family's masked-LM tree may lack the head altogether (a ModernBERT trained
-        # with the masked LM).
-        if head is None or head in self.fresh_heads or head not in self.params:
-            raise InferenceError(
-                f"{self.source} has no replaced-token detection head, so it cannot mark "
-                "replaced tokens; a discriminator has one (an ELECTRA or ModernBERT run "
-                "trained with objective='rtd', or an ElectraForPreTraining directory)"
-            )
-        single = isinstance(texts, str)
-        texts = as_texts(texts, "texts")
-        examples = self.examples(texts, None, None)
-        function = functools.partial(_replaced, config=self.run_config)
-        scores: list[Any] = [None] * len(examples)
-        for rows, batch_scores in self.batched(function, [e.features() for e in examples]):
-            for row, row_scores in zip(rows, batch_scores):
-                scores[row] = row_scores
-        special = set(self.tokenizer.special_ids)
-        results = [
-            [
-                {
-                    "index": index,
-                    "token": self.tokenizer.id_to_piece(token),
-                    "score": float(row_scores[index]),
-                    "replaced": bool(row_scores[index] > 0.5),
-                }
-                for index, token in enumerate(example.ids)
-                if token not in special
-            ]
-            for example, row_scores in zip(examples, scores)
-        ]
-        return results[0] if single else results
+        return networks_lib.method("replaced")(self, texts)
 
     def predict(self, texts, text_pairs=None, max_length=None) -> Any:
         """A fine-tuned label head's predictions with their scores, per text (or pair):
@@ -604,20 +575,6 @@ def _fill_mask(
     if usable < config.vocab_size:
         probs = jnp.where(jnp.arange(config.vocab_size) < usable, probs, -1.0)
     return jax.lax.top_k(probs, top_k)  # [b, p, k] scores, [b, p, k] ids
-
-
-@functools.partial(jax.jit, static_argnames=("config", "packed_length"))
-def _replaced(params, batch, *, config, packed_length: int | None = None):
-    """The probability that each token was replaced: float32 [b, s]."""
-    logits = encoders.family_of(config).replaced_logits(
-        config,
-        params,
-        batch["input_ids"],
-        batch["segment_ids"],
-        batch["input_mask"],
-        packed_length,
-    )  # [b, s]
-    return jax.nn.sigmoid(logits.astype(jnp.float32))
 
 
 @functools.partial(jax.jit, static_argnames=("config", "pooling", "normalize", "packed_length"))

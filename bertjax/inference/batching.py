@@ -187,7 +187,7 @@ class Batcher:
             return jax.device_put(params, self._device)
         shardings = sharding_lib.logical_shardings(abstract(), self.mesh)
         # A group the family's tree does not have (a ModernBERT discriminator's replaced-token
-        # head: bertjax.encoders.modernbert.rtd) is small: replicated.
+        # head: bertjax.pretrain.objectives.rtd) is small: replicated.
         replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         shardings = {
             name: shardings[name]

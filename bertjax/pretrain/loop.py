@@ -128,6 +128,8 @@ class _Hooks:
         return metrics
 
     def meta(self, step: int) -> dict:
+        objective = objectives.get(self.settings.objective)
+        recorded = objective.run_meta(self.model_config, self.settings.objective_settings)
         return {
             "loader_state": self.train_loader.get_state(),
             # Dropout keys are folded from this with the step: all the RNG state.
@@ -137,6 +139,8 @@ class _Hooks:
             "config": self.settings.config,
             **({"phase": self.phase} if self.phase else {}),
             **({"mixture": self.mixture()} if self.sources else {}),
+            # What the objective's networks need to open (engine.networks), if anything.
+            **({objectives.RUN_META_KEY: recorded} if recorded else {}),
         }
 
     def mixture(self) -> dict:
@@ -324,6 +328,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
             data_dir,
             run_settings.fill_mask_samples,
             run.mesh,
+            settings.objective_settings,
         )
         result["samples_title"] = objective.samples_title
     if is_main_process:

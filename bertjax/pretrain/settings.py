@@ -241,8 +241,7 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
     require_(objective in objectives.names(), "objective", f"must be one of {objectives.names()}")
     chosen = objectives.get(objective)
     # The objective sees its own fields as plain values (configs written before it lack them).
-    values = {"objective": objective}
-    values.update({name: config.get(name, default) for name, default in chosen.fields.items()})
+    values = chosen.values(config)
     chosen.check(values, family, data.layout)
     objective_settings = chosen.read(values)
     data = dataclasses.replace(
@@ -250,7 +249,7 @@ def _read(config: ml_collections.ConfigDict, *, devices, process_count: int) -> 
         masking=chosen.masking(data.masking, data.max_seq_length),
         eval_masking=chosen.masking(data.eval_masking, data.max_seq_length),
     )
-    frozen = chosen.frozen(family)
+    frozen = chosen.frozen(family, model, objective_settings)
     optimizer = read_optimizer(config, total_steps=config.num_train_steps, frozen=frozen)
 
     mesh = check_mesh(config, run, devices, process_count)

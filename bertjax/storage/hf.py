@@ -5,11 +5,13 @@ or pytorch_model.bin, read with torch only then), config.json, tokenizer files (
 sentencepiece model, a WordPiece tokenizer.json, or BERT's vocab.txt: `load_tokenizer`),
 a directory staged locally and uploaded file by file to `gs://` (each object appears only
 once its upload is complete), and the tensor-spec vocabulary each family's tensor map is
-written in (`TensorSpec`, the parameter groups, `match_tensors`).
+written in (`TensorSpec`, the parameter groups) and the one pair of functions that moves
+tensors both ways by it (`match_tensors` reads, `tensors_from` writes).
 
-Each family's transformers module (bertjax/encoders/<family>/transformers.py) maps its
-tensors and config; bertjax.encoders.read_transformers opens a directory of any family,
-chosen by config.json's model_type, and each family's write_transformers writes one.
+Each family's transformers module (bertjax/encoders/<family>/hf.py) maps its tensors and
+config, as bertjax.tasks.seq2seq.hf maps an encoder-decoder's; bertjax.encoders.read_transformers
+opens a directory of any family, chosen by config.json's model_type, and each family's
+write_transformers writes one.
 
 Safetensors files are read and written with `safetensors.numpy`, so neither torch nor
 transformers is needed at run time.
@@ -84,8 +86,9 @@ class TensorSpec:
         """Converts the bertjax parameter to the HF layout."""
         if self.transpose:
             # Our kernels flatten row-major to [in, out]; HF stores the transpose.
-            return np.ascontiguousarray(array.reshape(self.hf_shape[::-1]).T)  # [out, in]
-        return np.ascontiguousarray(array.reshape(self.hf_shape))
+            array = array.reshape(self.hf_shape[::-1]).T  # [out, in]
+        # A fresh, writable array: torch.from_numpy warns on the read-only views jax gives.
+        return np.array(array.reshape(self.hf_shape), order="C")
 
 
 def _parameter(flat: Mapping[tuple[str, ...], Any], spec: TensorSpec) -> np.ndarray:
@@ -314,6 +317,41 @@ def match_tensors(
             )
         flat[spec.path] = spec.to_bertjax(array).astype(dtype)
     return flat, missing
+
+
+def tensors_from(
+    specs, params: Mapping, *, fixed: Mapping[str, np.ndarray] | None = None
+) -> dict[str, np.ndarray]:
+    """A family's tensor specs made of bertjax's `params` (a tree, unboxed, plain layout): the
+    transformers tensors by name, in spec order, each parameter checked to be there with its
+    shape. The inverse of `match_tensors`. `fixed` gives, by group, the tensor of a spec that
+    no parameter holds (SINUSOIDAL: the fixed position table, written as a learned one)."""
+    fixed = fixed or {}
+    flat = dict(flatten_tree(params))
+    return {
+        spec.hf_name: fixed[spec.group]
+        if spec.group in fixed
+        else spec.to_hf(_parameter(flat, spec))
+        for spec in specs
+    }
+
+
+def refuse_unexpected(params: Mapping, specs, what: str = "") -> None:
+    """Fails naming the parameters of `params` (a tree) that no spec maps (`what`: the model
+    they were meant for, e.g. its config)."""
+    expected = {spec.path for spec in specs if spec.group != SINUSOIDAL}
+    unexpected = sorted("/".join(path) for path, _ in flatten_tree(params) if path not in expected)
+    if unexpected:
+        raise ValueError(
+            f"params: unexpected parameter(s) {name_list(unexpected)}"
+            + (f" for {what}" if what else "")
+        )
+
+
+def single_dtype(arrays) -> str | None:
+    """The one dtype of `arrays` as config.json's "dtype" names it, or None when they differ."""
+    dtypes = {np.dtype(array.dtype) for array in arrays}
+    return str(next(iter(dtypes))) if len(dtypes) == 1 else None
 
 
 def to_numpy(leaf: Any) -> np.ndarray:

@@ -18,6 +18,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.encoders.modernbert.hf import (
+    CLASSIFICATION,
+    MASKED_LM,
+    MODEL,
+    TIED_DECODER,
+    tensor_specs,
+)
 from bertjax.encoders.modernbert.model import (
     ModernBertModel,
     PredictionHead,
@@ -27,13 +34,6 @@ from bertjax.encoders.modernbert.model import (
     masked_lm_logits,
     stack_layers,
     unstack_layers,
-)
-from bertjax.encoders.modernbert.transformers import (
-    CLASSIFICATION,
-    MASKED_LM,
-    MODEL,
-    TIED_DECODER,
-    tensor_specs,
 )
 from bertjax.nn.sharding import EMBED, LABELS, VOCAB
 
@@ -76,7 +76,7 @@ class ModernBertForMaskedLM(nn.Module):
         )  # [b, s, h]
         bias = self.decoder_bias if cfg.decoder_bias else None
         return masked_lm_logits(
-            cfg, x, masked_lm_positions, self.head, self.model.token_table(), bias
+            cfg, x, masked_lm_positions, self.head, self.model.word_table(), bias
         )
 
 
@@ -172,7 +172,7 @@ def params_from_hf(state_dict: Mapping[str, Any], config: ModernBertConfig) -> d
         node = params
         for key in spec.path[:-1]:
             node = node.setdefault(key, {})
-        node[spec.path[-1]] = jnp.asarray(spec.to_ours(array), dtype)
+        node[spec.path[-1]] = jnp.asarray(spec.to_bertjax(array), dtype)
     if config.scan_layers:
         if kind == MODEL:
             return stack_layers(params, config)

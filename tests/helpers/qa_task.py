@@ -6,7 +6,7 @@ import json
 import jax
 import numpy as np
 
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.tasks.qa import model as qa_model
 from configs import finetune as finetune_config
 from tests.helpers.question_answering import CONFIG, TOKENIZER, qa_head

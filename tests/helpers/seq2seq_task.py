@@ -7,7 +7,7 @@ import jax
 import numpy as np
 import pytest
 
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.tasks.seq2seq import hf as seq2seq_hf

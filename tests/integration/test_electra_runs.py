@@ -14,8 +14,8 @@ import bertjax
 from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert import model as model_lib
+from bertjax.encoders.electra import hf as electra_hf
 from bertjax.encoders.electra import model as electra_model
-from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.engine import checkpoint as checkpoint_lib
 from bertjax.engine import optim, rundir

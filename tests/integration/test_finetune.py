@@ -11,7 +11,7 @@ import transformers
 
 import bertjax
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.engine import rundir
 from bertjax.engine.settings import ConfigError
 from bertjax.finetune import loop, resume

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.engine import optim
 from tests.helpers.finetune_hf import (
     CONFIG,

@@ -19,7 +19,7 @@ import pytest
 import torch
 import transformers
 
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
 from bertjax.engine.settings import ConfigError
 from bertjax.finetune import loop

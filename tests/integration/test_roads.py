@@ -157,7 +157,7 @@ NOTEBOOK = """
 import json, sys
 import jax, numpy as np
 import bertjax
-from bertjax import sharding
+from bertjax.nn import sharding
 
 run, call, path = sys.argv[1:4]
 m = bertjax.Model.load(run)

@@ -14,9 +14,10 @@ import transformers
 import bertjax
 from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
+from bertjax.encoders.electra import hf as electra_hf
 from bertjax.encoders.electra import model as electra_model
-from bertjax.encoders.electra import transformers as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
+from bertjax.pretrain.objectives.rtd.model import Discriminator
 from bertjax.storage import hf
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.embed.task import head_for
@@ -121,8 +122,10 @@ def _ours(config, params, cls_name, ids, mask, segments) -> np.ndarray:
             {"params": params["bert"]}, ids, segments, mask
         )[0]
     elif cls_name == "ElectraForPreTraining":
-        out = pretraining.apply(
-            {"params": params}, ids, segments, mask, method=pretraining.replaced_logits
+        # Replaced-token detection's discriminator: the family's encoder and its
+        # replaced-token head.
+        out = Discriminator(config).apply(
+            {"params": params}, ids, segments, mask, method=Discriminator.replaced_logits
         )
     elif cls_name == "ElectraForMaskedLM":
         out = pretraining.apply({"params": params}, ids, segments, mask).mlm_logits

@@ -21,7 +21,7 @@ import transformers
 from safetensors import numpy as safetensors_numpy
 
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.engine import checkpoint as checkpoint_lib
 from bertjax.engine import rundir

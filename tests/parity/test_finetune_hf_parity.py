@@ -9,7 +9,7 @@ import torch
 import transformers
 
 import bertjax
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.tasks import labels as labels_capability
 from bertjax.tasks.labels import model as label_heads
 from bertjax.text.tokenizer import WordPieceTokenizer

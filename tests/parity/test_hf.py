@@ -14,7 +14,7 @@ import transformers
 from safetensors import numpy as safetensors_numpy
 
 from bertjax.encoders.bert import config as bert_config
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining
 from bertjax.finetune import warm_start

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
+from bertjax.encoders.modernbert import hf as mb_hf
 from bertjax.encoders.modernbert import model as mb_model
-from bertjax.encoders.modernbert import transformers as mb_hf
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import ModernBertModel
 from tests.helpers import modernbert_reference as mb_ref

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 import transformers
 
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from tests.helpers.question_answering import (
     ATOL,
     CONFIG,

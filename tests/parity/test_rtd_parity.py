@@ -1,5 +1,5 @@
 """An RTD model's two networks in transformers: written as Model.save_hf writes a run's networks
-(the ELECTRA family's pretrained_networks, each in its directory), the discriminator opens as
+(as the rtd objective opens them, each in its directory), the discriminator opens as
 ElectraForPreTraining and the generator as ElectraForMaskedLM, nothing missing or unexpected,
 with the logits of bertjax's networks (random weights, within 1e-5)."""
 
@@ -13,8 +13,8 @@ import transformers
 from flax import linen as nn
 
 from bertjax import encoders
-from bertjax.encoders.electra import generator as generator_lib
-from bertjax.encoders.electra import rtd as rtd_model
+from bertjax.pretrain import objectives
+from bertjax.pretrain.objectives.rtd import model as rtd_model
 from tests.helpers.encoders import SMALL_CONFIGS
 
 ATOL = 1e-5
@@ -38,12 +38,12 @@ def _random(params, seed):
 
 
 def test_both_networks_open_in_transformers_with_the_same_logits(tmp_path):
-    generator = generator_lib.generator_config(dataclasses.replace(CONFIG), 0.5)
-    params = nn.meta.unbox(rtd_model.init(CONFIG, generator)(jax.random.key(0)))
+    params = nn.meta.unbox(rtd_model.init(CONFIG, 0.5)(jax.random.key(0)))
     params = _random(params, 1)
     family = encoders.family_of(CONFIG)
-    networks = family.pretrained_networks(CONFIG, params)
-    assert set(networks) == {"", generator_lib.GENERATOR}
+    meta = {"config": {"objective": "rtd", "generator_hidden_fraction": 0.5}}
+    networks = objectives.get("rtd").networks(CONFIG, params, meta)
+    assert set(networks) == {"", rtd_model.GENERATOR}
     for name, network in networks.items():
         family.write_transformers(
             network.config, network.params, tmp_path / name, untrained=network.fresh
@@ -53,7 +53,7 @@ def test_both_networks_open_in_transformers_with_the_same_logits(tmp_path):
     ids = rng.integers(5, CONFIG.vocab_size, (2, 10)).astype(np.int32)
     mask = np.ones_like(ids)
     mask[1, 7:] = 0
-    model = rtd_model.ReplacedTokenDetection(CONFIG, generator)
+    model = rtd_model.ReplacedTokenDetection(CONFIG, 0.5)
     ours = model.apply(
         {"params": params}, ids, None, mask, method=rtd_model.ReplacedTokenDetection.replaced_logits
     )
@@ -76,7 +76,7 @@ def test_both_networks_open_in_transformers_with_the_same_logits(tmp_path):
         method=rtd_model.ReplacedTokenDetection.generator_logits,
     )
     loaded, info = transformers.ElectraForMaskedLM.from_pretrained(
-        tmp_path / generator_lib.GENERATOR, output_loading_info=True
+        tmp_path / rtd_model.GENERATOR, output_loading_info=True
     )
     assert not info["missing_keys"] and not info["unexpected_keys"]
     assert loaded.config.hidden_size == 16 and loaded.config.embedding_size == 16

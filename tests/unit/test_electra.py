@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 from bertjax import capability, encoders
 from bertjax.capability import HeadSpec
-from bertjax.encoders.electra import transformers as electra_hf
+from bertjax.encoders.electra import hf as electra_hf
 from bertjax.encoders.electra.config import ElectraConfig
 from bertjax.storage import hf
 from bertjax.tasks.labels import model as label_heads

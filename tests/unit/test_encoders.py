@@ -193,6 +193,40 @@ def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
 
 
 # ---------------------------------------------------------------------------------------------
+# What a network built beside a family's encoder reads (a generator, a distillation's student).
+
+
+@pytest.mark.parametrize("family", encoders.names())
+def test_every_encoder_offers_its_embedded_tokens_word_table_and_hidden_states(family):
+    config = SMALL_CONFIGS[family]
+    fam = encoders.family_of(config)
+    params = nn.meta.unbox(jax.jit(fam.pretraining_init(config))(jax.random.key(0)))
+    ids, mask = _batch()
+    positions = jnp.asarray([[1, 2]] * ids.shape[0], jnp.int32)  # [b, p]
+    encoder = fam.module(config)
+
+    @jax.jit
+    def outputs(params):
+        output = fam.pretraining_model(config).apply({"params": params}, ids, None, mask, positions)
+        variables = {"params": params[capability.ENCODER]}
+        sequence, _ = encoder.apply(variables, ids, None, mask)
+        hidden = encoder.apply(variables, ids, None, mask, method="hidden_states")
+        embedded = encoder.apply(variables, ids, method="embed")
+        return output, sequence, hidden, embedded, encoder.apply(variables, method="word_table")
+
+    output, sequence, hidden, embedded, table = outputs(params)
+    real = mask > 0
+    # The pretraining model's last hidden states are the encoder's, with or without its call.
+    np.testing.assert_allclose(output.sequence_output[real], hidden[real], atol=ATOL)
+    np.testing.assert_allclose(sequence[real], hidden[real], atol=ATOL)
+    assert output.mlm_logits.shape == (*positions.shape, config.vocab_size)
+    assert hidden.shape == (*ids.shape, config.hidden_size)
+    # The embedded tokens are rows of the word table's width, which a tied decoder reads.
+    assert table.shape[0] == config.vocab_size
+    assert embedded.shape == (*ids.shape, table.shape[1])
+
+
+# ---------------------------------------------------------------------------------------------
 # Task heads: one object each (EncoderFamily.head), its module and its tensor map.
 
 
@@ -232,3 +266,37 @@ def test_electras_sequence_head_is_one_head_of_two_layers_in_transformers_names(
     ]
     tokens = encoders.family_of(config).head(config, "qa_outputs", 2, capability.TOKENS)
     assert [s.hf_name for s in tokens.tensors] == ["qa_outputs.weight", "qa_outputs.bias"]
+
+
+def test_each_family_builds_its_replaced_token_head_or_says_it_has_none():
+    described = capability.REPLACED_TOKENS
+    args = (described.param, described.outputs, described.reads, described.task_class)
+    config = SMALL_CONFIGS["electra"]
+    h = config.hidden_size
+    head = encoders.family_of(config).head(config, *args)
+    assert [(s.hf_name, s.path, s.hf_shape) for s in head.tensors] == [
+        (
+            "discriminator_predictions.dense.weight",
+            ("discriminator_head", "dense", "kernel"),
+            (h, h),
+        ),
+        ("discriminator_predictions.dense.bias", ("discriminator_head", "dense", "bias"), (h,)),
+        (
+            "discriminator_predictions.dense_prediction.weight",
+            ("discriminator_head", "dense_prediction", "kernel"),
+            (1, h),
+        ),
+        (
+            "discriminator_predictions.dense_prediction.bias",
+            ("discriminator_head", "dense_prediction", "bias"),
+            (1,),
+        ),
+    ]
+    # The map ElectraForPreTraining directories are read and written with.
+    assert set(head.tensors) <= set(encoders.family_of(config).pretraining_tensors(config))
+    # ModernBERT builds one that no transformers class holds; BERT has none.
+    config = SMALL_CONFIGS["modernbert"]
+    assert encoders.family_of(config).head(config, *args).tensors == ()
+    config = SMALL_CONFIGS["bert"]
+    with pytest.raises(ValueError, match="BertForPreTraining has no replaced-token head"):
+        encoders.family_of(config).head(config, *args)

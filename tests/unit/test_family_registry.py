@@ -54,6 +54,22 @@ def test_a_family_must_be_named_by_its_config_class():
     assert "mismatched" not in encoders.names()
 
 
+def test_a_family_must_hold_its_modules_and_transformers_functions():
+    bert = encoders.get("bert")
+
+    class Partial(family_lib.EncoderFamily):
+        name = "partial"
+        config_class = dataclasses.make_dataclass(
+            "PartialConfig", [], bases=(BertConfig,), frozen=True, namespace={"family": "partial"}
+        )
+        module = bert.module
+        pretraining_model = bert.pretraining_model
+
+    with pytest.raises(ValueError, match=r"'partial' holds no \['pretraining_init', "):
+        family_lib.register(Partial())
+    assert "partial" not in encoders.names()
+
+
 def _settings(tmp_path, **model) -> FinetuneSettings:
     config = finetune_config.get_config()
     config.init_from = str(tmp_path)

@@ -8,7 +8,7 @@ import pytest
 from safetensors import numpy as safetensors_numpy
 
 from bertjax.capability import HeadSpec
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.engine import rundir
 from bertjax.finetune import warm_start
 from bertjax.storage import hf

@@ -6,8 +6,8 @@ import jax
 import numpy as np
 import pytest
 
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert import model as model_lib
-from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.storage import hf
 from bertjax.text.directory import load_tokenizer

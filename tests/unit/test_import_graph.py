@@ -151,3 +151,18 @@ def test_the_modules_import_each_other_without_a_cycle():
 def test_the_cycle_finder_finds_one():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_the_pretraining_objectives_import_no_familys_module():
+    """An objective builds its networks from what every family offers (the registry,
+    bertjax.encoders, and its interface, encoders.family), never from one family's modules."""
+    graph, _ = _graph()
+    family_modules = [
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if module.startswith("bertjax.pretrain.objectives")
+        for target in targets
+        if target.startswith("bertjax.encoders.") and target not in ("bertjax.encoders.family",)
+    ]
+    assert graph["bertjax.pretrain.objectives.rtd.model"]  # the graph is read
+    assert family_modules == []

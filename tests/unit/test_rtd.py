@@ -15,11 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bertjax import encoders
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
-from bertjax.encoders.electra import generator as generator_lib
-from bertjax.encoders.electra import rtd as rtd_model
+from bertjax.encoders.electra.config import generator_config
 from bertjax.engine.settings import ConfigError
 from bertjax.pretrain import objectives
+from bertjax.pretrain.objectives.rtd import model as rtd_model
 from bertjax.pretrain.objectives.rtd import objective as objective_lib
 from bertjax.pretrain.objectives.rtd.objective import (
     AUC_BINS,
@@ -132,23 +133,24 @@ def test_fates_are_85_percent_mask_and_none_random():
 
 def test_generator_is_a_fraction_with_heads_of_64():
     base = dataclasses.replace(CONFIG, hidden_size=768, num_heads=12, embedding_size=768)
-    generator = generator_lib.generator_config(base, 0.25)
+    generator = generator_config(base, 0.25)
     assert (generator.hidden_size, generator.num_heads, generator.intermediate_size) == (
         192,
         3,
         768,
     )
     assert generator.num_layers == base.num_layers
-    assert generator_lib.generator_config(CONFIG, 0.5).num_heads == 1  # 16 // 64 -> at least 1
+    assert generator_config(CONFIG, 0.5).num_heads == 1  # 16 // 64 -> at least 1
+    # The family's generator is that config's.
+    assert encoders.family_of(base).generator(base, 0.25).config == generator
 
 
 @functools.cache
 def _setup(weight=50.0, dtype="float32"):
     config = dataclasses.replace(CONFIG, dtype=dtype)
-    generator = generator_lib.generator_config(config, 0.5)
     # One compiled init, not the two networks' init op by op.
-    params = nn.meta.unbox(jax.jit(rtd_model.init(config, generator))(jax.random.key(0)))
-    step = RtdLoss(rtd_model.ReplacedTokenDetection(config, generator), weight)
+    params = nn.meta.unbox(jax.jit(rtd_model.init(config, 0.5))(jax.random.key(0)))
+    step = RtdLoss(rtd_model.ReplacedTokenDetection(config, 0.5), weight)
     ids, mask, _, out = _masked([12, 20, 9], 20)
     batch = {
         "input_ids": out["input_ids"],
@@ -176,7 +178,10 @@ def test_embeddings_are_shared_and_each_network_has_its_own_projection():
     # Embedding 16 -> the generator's 16: no projection; the discriminator's 16 -> 32: one.
     assert "embeddings_project" in params["bert"]
     assert "embeddings_project" not in params["generator"]
-    assert RTD.export_params(params).keys() == {"bert", "discriminator_head"}
+    # Opened, the discriminator is ElectraPreTraining's tree and the generator one of its own.
+    networks = RTD.networks(CONFIG, params, {"config": {"generator_hidden_fraction": 0.5}})
+    assert networks[""].params.keys() == {"bert", "discriminator_head", "mlm_head"}
+    assert networks["generator"].params.keys() == {"bert", "discriminator_head", "mlm_head"}
 
 
 def test_lambda_is_applied_once():

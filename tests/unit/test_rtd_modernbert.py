@@ -1,6 +1,7 @@
-"""Replaced-token detection on ModernBERT (bertjax.encoders.modernbert.rtd): the two networks'
-trees, the one shared token table, gradients reaching both, and packed documents computing
-what each document computes in a row of its own (on ELECTRA's networks too)."""
+"""Replaced-token detection on ModernBERT (bertjax.pretrain.objectives.rtd on the family's
+generator and replaced-token head): the two networks' trees, the one shared token table,
+gradients reaching both, and packed documents computing what each document computes in a row
+of its own (on ELECTRA's networks too)."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import numpy as np
 import pytest
 
 from bertjax import encoders
-from bertjax.encoders.modernbert import rtd
-from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig, generator_config
 from bertjax.encoders.modernbert.model import MaskedLM, init_masked_lm
+from bertjax.pretrain import objectives
+from bertjax.pretrain.objectives.rtd import model as rtd_model
+from bertjax.pretrain.objectives.rtd import objective as objective_lib
 from bertjax.pretrain.objectives.rtd.objective import RtdLoss
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
@@ -43,6 +46,7 @@ CONFIG = ModernBertConfig(
     initializer_range=0.2,
 )
 FAMILY = encoders.family_of(CONFIG)
+RTD = objectives.get("rtd")
 # ELECTRA's networks on the same rows, for what every family's replaced-token detection does
 # with packed documents.
 ELECTRA = dataclasses.replace(
@@ -60,14 +64,14 @@ def _shapes(tree):
 
 @functools.cache
 def _setup(dtype="float32", config=CONFIG):
+    """(config, the two networks' module, their parameters) with a generator half as wide."""
     config = dataclasses.replace(config, dtype=dtype)
-    detector = encoders.family_of(config).replaced_token_detection(config, 0.5)
-    params = nn.meta.unbox(jax.jit(detector.init)(jax.random.key(0)))
-    return config, detector, params
+    params = nn.meta.unbox(jax.jit(rtd_model.init(config, 0.5))(jax.random.key(0)))
+    return config, rtd_model.ReplacedTokenDetection(config, 0.5), params
 
 
 def test_the_trees_are_the_masked_lm_encoder_a_head_and_a_narrower_generator():
-    config, detector, params = _setup()
+    config, _, params = _setup()
     assert set(params) == {"bert", "discriminator_head", "generator"}
     masked_lm = nn.meta.unbox(jax.eval_shape(lambda: init_masked_lm(config, jax.random.key(0))))
     assert _shapes(params["bert"]) == _shapes(masked_lm["bert"])
@@ -82,13 +86,19 @@ def test_the_trees_are_the_masked_lm_encoder_a_head_and_a_narrower_generator():
     assert generator["bert"]["layer_1"]["attn"]["wqkv"]["kernel"] == (16, 3, 1, 16)
     assert generator["bert"]["head"]["dense"]["kernel"] == (16, 32)
     assert generator["decoder_bias"] == (VOCAB,)
-    assert FAMILY.generator_fraction(config, params) == 0.5
-    assert detector.flops(SEQ, 4) > 0
+    assert FAMILY.generator(config, 0.5).config.hidden_size == 16
+
+    # Both networks are counted: a wider generator costs more.
+    def flops(fraction):
+        options = RTD.options({"generator_hidden_fraction": fraction})
+        return RTD.flops(FAMILY, config, SEQ, 4, options)
+
+    assert flops(0.5) > flops(0.25) > 0
 
 
 def test_the_generator_shape_and_what_has_no_transformers_class():
     base = ModernBertConfig()  # ModernBERT-base: 768 wide, 22 layers
-    generator = rtd.generator_config(base, 0.25)
+    generator = generator_config(base, 0.25)
     assert (generator.hidden_size, generator.num_heads, generator.intermediate_size) == (
         192,
         3,
@@ -100,7 +110,7 @@ def test_the_generator_shape_and_what_has_no_transformers_class():
     with pytest.raises(ValueError, match="transformers has no ModernBERT class"):
         generator.to_hf_dict()
     with pytest.raises(ValueError, match="generator_hidden_fraction=0.2 .* even size"):
-        rtd.generator_config(dataclasses.replace(base, hidden_size=64, num_heads=2), 0.2)
+        generator_config(dataclasses.replace(base, hidden_size=64, num_heads=2), 0.2)
 
 
 def _documents():
@@ -150,15 +160,15 @@ def _batches():
 
 
 @pytest.mark.parametrize("config", [CONFIG, ELECTRA], ids=["modernbert", "electra"])
-def test_packed_documents_compute_what_each_document_computes_alone(config):
-    _, detector, params = _setup(config=config)
+def test_packed_documents_compute_what_each_document_computes_alone(config, monkeypatch):
+    _, model, params = _setup(config=config)
     packed, rows = _batches()
 
     @jax.jit
     def outputs(batch):
         documents = {"document_ids": batch["document_ids"], "positions": batch["positions"]}
         args = (batch["input_ids"], None, batch["input_mask"])
-        generator = detector.model.apply(
+        generator = model.apply(
             {"params": params},
             *args,
             batch["masked_lm_positions"],
@@ -166,7 +176,7 @@ def test_packed_documents_compute_what_each_document_computes_alone(config):
             method="generator_logits",
             **documents,
         )  # [b, p, v]
-        discriminator = detector.model.apply(
+        discriminator = model.apply(
             {"params": params}, *args, deterministic=True, method="replaced_logits", **documents
         )  # [b, s]
         return generator, discriminator
@@ -180,11 +190,13 @@ def test_packed_documents_compute_what_each_document_computes_alone(config):
     mixed, _ = outputs({**packed, "document_ids": jnp.ones_like(packed["document_ids"])})
     assert np.abs(mixed[0, 2:4] - rows_gen[1, :2]).max() > 1e-2
 
-    # The step reads the documents: with the same draws (the argmax), the same sums.
+    # The step reads the documents: with the same draws (the argmax, in place of Gumbel noise
+    # that differs with the batch's shape), the same sums.
     def argmax(logits, key):
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
 
-    step = RtdLoss(detector.model, 50.0, argmax)
+    monkeypatch.setattr(objective_lib, "gumbel_sample", argmax)
+    step = RtdLoss(model, 50.0)
     sums = jax.jit(lambda b: step.sums(params, b, rng=jax.random.key(0), deterministic=True))
     packed_sums, rows_sums = sums(packed), sums(rows)
     for name in ("generator_loss", "discriminator_loss", "tokens", "replaced", "true_positives"):
@@ -194,9 +206,9 @@ def test_packed_documents_compute_what_each_document_computes_alone(config):
 
 
 def test_the_loss_is_finite_and_its_gradient_reaches_both_networks():
-    _, detector, params = _setup()
+    _, model, params = _setup()
     _, rows = _batches()
-    step = RtdLoss(detector.model, 50.0)
+    step = RtdLoss(model, 50.0)
     rng = jax.random.key(3)
 
     disc, gen = loss_gradients(step, params, rows, rng)
@@ -211,7 +223,8 @@ def test_the_loss_is_finite_and_its_gradient_reaches_both_networks():
     assert moves(disc["discriminator_head"])
     for name in ("embeddings", "layer_0", "layer_1", "final_norm"):
         assert moves(disc["bert"][name]), name
-    assert not moves(disc["bert"]["head"]) and not moves(gen["bert"]["head"])  # rtd.FROZEN
+    # The encoder's pooled output (its prediction head), frozen: RTD.frozen.
+    assert not moves(disc["bert"]["head"]) and not moves(gen["bert"]["head"])
     # The sample is detached: the discriminator's loss gives the generator nothing, the
     # generator's gives the discriminator's layers nothing; the shared table learns from both.
     assert not moves(disc["generator"])
@@ -221,18 +234,18 @@ def test_the_loss_is_finite_and_its_gradient_reaches_both_networks():
 
 
 def test_a_bfloat16_step_is_finite():
-    _, detector, params = _setup("bfloat16")
+    _, model, params = _setup("bfloat16")
     _, rows = _batches()
-    step = RtdLoss(detector.model, 50.0)
+    step = RtdLoss(model, 50.0)
     sums = jax.jit(lambda p: step.sums(p, rows, rng=jax.random.key(2), deterministic=False))(params)
     assert all(np.isfinite(np.asarray(x)).all() for x in sums)
     assert np.isfinite(float(step.loss(sums, step.denominators(rows))))
 
 
 def test_the_networks_open_apart_and_compute_what_the_run_computed():
-    config, detector, params = _setup()
+    config, model, params = _setup()
     packed, _ = _batches()
-    networks = FAMILY.pretrained_networks(config, params)
+    networks = RTD.networks(config, params, {"config": {"generator_hidden_fraction": 0.5}})
     assert set(networks) == {"", "generator"}
     discriminator, generator = networks[""], networks["generator"]
     assert set(discriminator.fresh) == {"mlm_head", "pooler"}
@@ -244,11 +257,13 @@ def test_the_networks_open_apart_and_compute_what_the_run_computed():
     @jax.jit
     def outputs(params, generator, discriminator):
         alone = MaskedLM(generator_config).apply({"params": generator}, *args).mlm_logits
-        together = detector.model.apply(
+        together = model.apply(
             {"params": params}, *args, deterministic=True, method="generator_logits"
         )
-        scores = FAMILY.replaced_logits(config, discriminator, *args[:3])
-        run = detector.model.apply({"params": params}, *args[:3], method="replaced_logits")
+        scores = rtd_model.Discriminator(config).apply(
+            {"params": discriminator}, *args[:3], method="replaced_logits"
+        )
+        run = model.apply({"params": params}, *args[:3], method="replaced_logits")
         return alone, together, scores, run
 
     generator_config = generator.config

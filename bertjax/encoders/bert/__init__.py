@@ -4,7 +4,7 @@
     config.py        BertConfig, its presets and the fields that fix what the weights mean
     model.py         the linen modules (einsum letters documented at its top); ELECTRA's
                      encoder and the seq2seq decoder build on its layers
-    transformers.py  config.json and the tensor map of transformers' Bert* classes, and
+    hf.py            config.json and the tensor map of transformers' Bert* classes, and
                      whole directories in and out
     family.py        the EncoderFamily the capabilities use
 """

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 import flax.linen as nn
 
+from bertjax import capability
 from bertjax.encoders import family
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert import model as bert_model
-from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS, BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining, BertModel
 
@@ -50,6 +50,12 @@ class Bert(family.EncoderFamily):
     config_class = BertConfig
     model_type = "bert"
     architecture_fields = ARCHITECTURE_FIELDS
+    module = staticmethod(BertEncoder)
+    pretraining_model = staticmethod(BertForPreTraining)
+    pretraining_tensors = staticmethod(bert_hf.tensor_specs)
+    read_transformers = staticmethod(bert_hf.read)
+    encoder_files = staticmethod(bert_hf.encoder_files)
+    write_transformers = staticmethod(bert_hf.save)
 
     def config_to_dict(self, config: BertConfig) -> dict:
         return config.to_dict()
@@ -69,12 +75,16 @@ class Bert(family.EncoderFamily):
     def describe(self, config: BertConfig) -> str:
         return f"BERT L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"
 
-    def module(self, config: BertConfig, name: str | None = None) -> nn.Module:
-        return BertEncoder(config, name=name)
-
-    def head(self, config: BertConfig, name: str, outputs: int, reads: str) -> family.Head:
+    def head(
+        self, config: BertConfig, name: str, outputs: int, reads: str, task_class: str = ""
+    ) -> family.Head:
         """One dense layer, google's truncated normal, after the config's hidden_dropout (0.1,
         google's and transformers' rate); a sequence head reads the tanh pooler."""
+        if task_class == capability.REPLACED_TOKENS.task_class:
+            raise ValueError(
+                "transformers' BertForPreTraining has no replaced-token head: it holds the "
+                "masked LM and the next-sentence head"
+            )
         init = nn.initializers.truncated_normal(config.initializer_range)
         return family.Head(
             reads,
@@ -83,42 +93,8 @@ class Bert(family.EncoderFamily):
             bert_hf.head_tensors(config, name, outputs),
         )
 
-    def pretraining_model(self, config: BertConfig) -> BertForPreTraining:
-        return BertForPreTraining(config)
-
     def pretraining_init(self, config: BertConfig):
         return bert_model.pretraining_init(BertForPreTraining(config), 1, 1)
-
-    def read_transformers(
-        self,
-        path: str | os.PathLike,
-        hf_config: Mapping[str, Any],
-        *,
-        pretraining_heads: bool = True,
-        **overrides,
-    ):
-        config, params, report = bert_hf.load_with_report(
-            path, pretraining_heads=pretraining_heads, **overrides
-        )
-        fresh = {name.split("/")[0] for name in report.initialized}
-        if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
-            fresh = (fresh - {"bert"}) | {"pooler"}
-        return config, params, report.head, tuple(sorted(fresh))
-
-    def encoder_files(self, config: BertConfig, params: Any) -> tuple[dict, dict]:
-        return bert_hf.encoder_files(config, params)
-
-    def write_transformers(
-        self,
-        config: BertConfig,
-        params: Any,
-        directory: str | os.PathLike,
-        *,
-        tokenizer: Any = None,
-        head: Any = None,
-        untrained: Sequence[str] = (),
-    ) -> None:
-        bert_hf.save(config, params, directory, tokenizer=tokenizer, head=head, untrained=untrained)
 
 
 FAMILY = Bert()

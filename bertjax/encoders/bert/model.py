@@ -440,6 +440,33 @@ class BertModel(nn.Module):
         document_ids=None,
         positions=None,
     ):
+        x = self.hidden_states(
+            input_ids,
+            token_type_ids,
+            attention_mask,
+            deterministic=deterministic,
+            packed_length=packed_length,
+            cls_only=cls_only,
+            document_ids=document_ids,
+            positions=positions,
+        )  # [b, s or 1, h]
+        pooled = jnp.tanh(self.pooler(x[:, 0]))  # [b, h]
+        return x, sharding.constrain(pooled, (BATCH, ACTIVATION_EMBED))
+
+    def hidden_states(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic=True,
+        packed_length: int | None = None,
+        cls_only: bool = False,
+        document_ids=None,
+        positions=None,
+    ) -> jax.Array:
+        """The last hidden states [b, s, h] ([b, 1, h] with ``cls_only``), zero at padded
+        positions when packed: BertModel's last_hidden_state, no pooler."""
         cfg = self.config
         seq_len = input_ids.shape[-1]
         if (document_ids is None) != (positions is None):
@@ -461,9 +488,14 @@ class BertModel(nn.Module):
         if index is not None and not cls_only:  # x is packed [g, c, h]
             batch, seq = input_ids.shape
             x = unpack_tokens(x, index, batch, seq)  # [b, s, h]
-        x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))  # [b, s or 1, h]
-        pooled = jnp.tanh(self.pooler(x[:, 0]))  # [b, h]
-        return x, sharding.constrain(pooled, (BATCH, ACTIVATION_EMBED))
+        return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))  # [b, s or 1, h]
+
+    def embed(self, input_ids, token_type_ids=None, *, deterministic=True, positions=None):
+        """The embedded tokens [b, s, h] the layers read (word, position and token-type
+        tables summed, LayerNorm, dropout)."""
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        return self.embeddings(input_ids, token_type_ids, deterministic, positions=positions)
 
     def word_table(self) -> jax.Array:
         """The word-embedding matrix [vocab, hidden]."""

@@ -182,3 +182,20 @@ class ElectraConfig:
                 f"unknown ElectraConfig fields {unknown}: valid fields are {sorted(known)}"
             )
         return cls(**d)
+
+
+def generator_config(config: ElectraConfig, fraction: float) -> ElectraConfig:
+    """Replaced-token detection's generator beside a discriminator of `config`, as
+    google-research/electra's get_generator_config shapes it: hidden size round(fraction *
+    hidden), FFN four times that, heads hidden // 64 (at least 1); the discriminator's depth
+    and embeddings."""
+    hidden = max(1, int(round(config.hidden_size * fraction)))
+    heads = max(1, hidden // 64)
+    if hidden % heads:
+        raise ValueError(
+            f"generator_hidden_fraction={fraction!r} gives a generator of hidden size {hidden}, "
+            f"which {heads} heads do not divide; choose a fraction giving a multiple of 64"
+        )
+    return dataclasses.replace(
+        config, hidden_size=hidden, num_heads=heads, intermediate_size=4 * hidden
+    )

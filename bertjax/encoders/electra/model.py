@@ -12,7 +12,7 @@ projection, and no tanh pooler.
 The pooled output. transformers' ElectraClassificationHead is dropout -> dense -> GELU ->
 dropout -> out_proj on [CLS]: one head of two layers, which the family builds as one object
 (`Electra.head` in bertjax.encoders.electra.family: its tensor map names classifier.dense and
-classifier.out_proj, bertjax.encoders.electra.transformers.head_tensors). The encoder computes
+classifier.out_proj, bertjax.encoders.electra.hf.head_tensors). The encoder computes
 the head's first three steps as its pooled output, with the dense layer under `pooler`, where
 BERT keeps its tanh pooler: every ELECTRA tree holds it there (pretraining and replaced-token
 detection ones too, which never train it), so every checkpoint written so far keeps its
@@ -25,8 +25,21 @@ fresh, as a BERT directory without its pooler does.
 `ElectraPreTraining` is the tree transformers' pretraining classes are read into: the encoder,
 the generator's masked-LM head ("mlm_head": ElectraGeneratorPredictions and the tied
 generator_lm_head, which is BERT's MlmHead at the embedding width) and the discriminator's
-replaced-token head ("discriminator_head": ElectraDiscriminatorPredictions). A generator
-directory has the first, a discriminator directory the second; the other starts fresh.
+replaced-token head ("discriminator_head": ElectraDiscriminatorPredictions, the family's head
+for capability.REPLACED_TOKENS). A generator directory has the first, a discriminator
+directory the second; the other starts fresh.
+
+`Generator` is the family's generator (`generator`, bertjax.encoders.family.Generator): the
+masked LM replaced-token detection trains beside a discriminator, reading the discriminator's
+embedded tokens and word table. Its tree (under "generator" in a run's) is
+
+    embeddings_project  its own [embedding, generator hidden] projection (only when the two
+                        widths differ)
+    encoder             BERT's layers at the generator's width
+    mlm_head            dense -> GELU -> LayerNorm -> logits against the shared word table
+
+and, opened alone, it is an ElectraPreTraining whose `bert/embeddings` are the
+discriminator's, as transformers' ElectraForMaskedLM holds them.
 """
 
 from __future__ import annotations
@@ -37,16 +50,20 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bertjax import capability
 from bertjax.encoders import family
 from bertjax.encoders.bert import model as model_lib
-from bertjax.encoders.electra.config import ElectraConfig
+from bertjax.encoders.electra.config import ElectraConfig, generator_config
 from bertjax.nn import sharding, unpadding
 from bertjax.nn.sharding import ACTIVATION_EMBED, BATCH, EMBED, HIDDEN, LABELS, LENGTH
 
 MLM_HEAD = "mlm_head"
-DISCRIMINATOR_HEAD = "discriminator_head"
+DISCRIMINATOR_HEAD = capability.REPLACED_TOKENS.param
 PROJECTION = "embeddings_project"
 POOLER = "pooler"
+ENCODER = capability.ENCODER
+EMBEDDINGS = "embeddings"
+LAYERS = "encoder"
 
 
 def _gelu(config: ElectraConfig, x: jax.Array) -> jax.Array:
@@ -145,6 +162,12 @@ class ElectraEncoder(nn.Module):
             x = unpadding.unpack_tokens(x, index, batch, seq)  # [b, s, h]
         return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
 
+    def embed(self, input_ids, token_type_ids=None, *, deterministic=True, positions=None):
+        """The embedded tokens [b, s, e] at the embedding width, before the projection."""
+        if token_type_ids is None:
+            token_type_ids = jnp.zeros_like(input_ids)
+        return self.embeddings(input_ids, token_type_ids, deterministic, positions=positions)
+
     def word_table(self) -> jax.Array:
         """The word-embedding matrix [vocab, embedding] (the generator's decoder is tied)."""
         return self.embeddings.word_table()
@@ -152,7 +175,7 @@ class ElectraEncoder(nn.Module):
 
 class DiscriminatorHead(nn.Module):
     """transformers' ElectraDiscriminatorPredictions: dense [h, h] -> hidden_act -> dense
-    [h, 1]; float32 logits [b, s] that a token was replaced."""
+    [h, 1]; float32 logits [b, s, 1] that a token was replaced."""
 
     config: ElectraConfig
 
@@ -161,10 +184,9 @@ class DiscriminatorHead(nn.Module):
         cfg = self.config.bert
         x = model_lib._dense(cfg, cfg.hidden_size, (EMBED, HIDDEN), "dense")(x)  # [b, s, h]
         x = model_lib._activation(cfg, x)
-        logits = model_lib._dense(cfg, 1, (EMBED, LABELS), "dense_prediction", dtype="float32")(
+        return model_lib._dense(cfg, 1, (EMBED, LABELS), "dense_prediction", dtype="float32")(
             x
         )  # [b, s, 1]
-        return sharding.constrain(logits[..., 0], (BATCH, LENGTH))  # [b, s]
 
 
 class ElectraPreTraining(nn.Module):
@@ -173,7 +195,7 @@ class ElectraPreTraining(nn.Module):
 
     Called, it is the family's pretraining model (bertjax.encoders.family): the masked-LM
     logits at ``masked_lm_positions`` (every position without them) and no sentence-pair
-    head. `replaced_logits` is the discriminator."""
+    head."""
 
     config: ElectraConfig
 
@@ -204,40 +226,22 @@ class ElectraPreTraining(nn.Module):
             document_ids=document_ids,
             positions=positions,
         )  # [b, s, h]
+        gathered = x
         if masked_lm_positions is not None:
             # The head runs at the predicted positions only.
-            x = jnp.take_along_axis(
+            gathered = jnp.take_along_axis(
                 x, masked_lm_positions[..., None].astype(jnp.int32), axis=1
             )  # [b, p, h]
-        logits = self.mlm_head(x, self.bert.word_table())  # [b, p, v]
-        return family.PretrainingOutput(mlm_logits=logits, nsp_logits=None)
-
-    def replaced_logits(
-        self,
-        input_ids,
-        token_type_ids=None,
-        attention_mask=None,
-        *,
-        deterministic=True,
-        packed_length: int | None = None,
-    ) -> jax.Array:
-        """The discriminator's float32 logits [b, s] that each token was replaced
-        (ElectraForPreTraining's logits)."""
-        x = self.bert.hidden_states(
-            input_ids,
-            token_type_ids,
-            attention_mask,
-            deterministic=deterministic,
-            packed_length=packed_length,
-        )  # [b, s, h]
-        return self.discriminator_head(x)
+        logits = self.mlm_head(gathered, self.bert.word_table())  # [b, p, v]
+        return family.PretrainingOutput(mlm_logits=logits, nsp_logits=None, sequence_output=x)
 
     def everything(self, input_ids, token_type_ids=None, attention_mask=None):
-        """Every output, so that `init` makes every parameter (the pooler's too)."""
-        _, pooled = self.bert(input_ids, token_type_ids, attention_mask)
+        """Every output, so that `init` makes every parameter (the pooler's and the
+        discriminator head's too)."""
+        sequence, pooled = self.bert(input_ids, token_type_ids, attention_mask)
         return (
             self(input_ids, token_type_ids, attention_mask),
-            self.replaced_logits(input_ids, token_type_ids, attention_mask),
+            self.discriminator_head(sequence),
             pooled,
         )
 
@@ -255,3 +259,68 @@ def pretraining_init(config: ElectraConfig):
         )["params"]
 
     return init
+
+
+class Generator(nn.Module):
+    """The generator's own parts (the module docstring's tree): projection, layers and
+    masked-LM head, reading another network's embedded tokens and word table; called as
+    `ElectraPreTraining` is, with ``embedded`` [b, s, e] and ``word_table`` [v, e]."""
+
+    config: ElectraConfig  # the generator's
+
+    def setup(self):
+        cfg = self.config
+        if cfg.embedding_size != cfg.hidden_size:
+            self.embeddings_project = model_lib._dense(
+                cfg.bert, cfg.hidden_size, (EMBED, HIDDEN), PROJECTION
+            )
+        self.encoder = model_lib.Encoder(cfg.bert)
+        self.mlm_head = model_lib.MlmHead(cfg.embedding)
+
+    def __call__(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        masked_lm_positions=None,
+        *,
+        embedded,
+        word_table,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+        document_ids=None,
+        positions=None,
+    ) -> family.PretrainingOutput:
+        """``document_ids`` [b, s] of packed rows: each token attends to its own document
+        (``positions`` are in `embedded` already). The layers run padded (no packing)."""
+        cfg = self.config
+        _, attention_mask = model_lib._default_inputs(input_ids, token_type_ids, attention_mask)
+        if document_ids is not None:
+            document_ids = jnp.where(attention_mask.astype(bool), document_ids, 0)  # [b, s]
+        x = embedded  # [b, s, e]
+        if cfg.embedding_size != cfg.hidden_size:
+            x = self.embeddings_project(x)  # [b, s, e] -> [b, s, g]
+        x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
+        x = self.encoder(x, attention_mask, deterministic, None, False, document_ids)  # [b, s, g]
+        gathered = x
+        if masked_lm_positions is not None:
+            gathered = jnp.take_along_axis(
+                x, masked_lm_positions[..., None].astype(jnp.int32), axis=1
+            )  # [b, p, g]
+        logits = self.mlm_head(gathered, word_table)  # [b, p, v] float32
+        return family.PretrainingOutput(mlm_logits=logits, nsp_logits=None, sequence_output=x)
+
+
+def _generator_pretraining_params(own, encoder) -> dict:
+    """ElectraPreTraining's tree of a generator's parameters: the shared embeddings under its
+    encoder, its head as `mlm_head` (no pooler, no discriminator head)."""
+    bert = {EMBEDDINGS: encoder[EMBEDDINGS], LAYERS: own[LAYERS]}
+    if PROJECTION in own:
+        bert[PROJECTION] = own[PROJECTION]
+    return {ENCODER: bert, MLM_HEAD: own[MLM_HEAD]}
+
+
+def generator(config: ElectraConfig, fraction: float) -> family.Generator:
+    """The family's generator beside a discriminator of `config` (config.generator_config)."""
+    small = generator_config(config, fraction)
+    return family.Generator(small, Generator(small), _generator_pretraining_params)

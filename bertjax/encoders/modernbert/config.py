@@ -352,3 +352,29 @@ def _period_of(layer_types: list[str], hint: int) -> int:
         f"config layer_types={layer_types} is not supported: layer i must be "
         f"{HF_GLOBAL!r} exactly when i % n == 0 for some n"
     )
+
+
+# Attention heads are this wide in replaced-token detection's generator (ELECTRA: hidden // 64).
+GENERATOR_HEAD_WIDTH = 64
+
+
+def generator_config(config: ModernBertConfig, fraction: float) -> ModernBertConfig:
+    """Replaced-token detection's generator beside a discriminator of `config`: hidden size
+    g = round(fraction * h), heads g // 64 (at least 1), feed-forward scaled by the same
+    fraction, the same depth and layer pattern, embeddings h wide (the discriminator's,
+    projected to g)."""
+    hidden = max(1, int(round(config.hidden_size * fraction)))
+    heads = max(1, hidden // GENERATOR_HEAD_WIDTH)
+    if hidden % heads or (hidden // heads) % 2:
+        raise ValueError(
+            f"generator_hidden_fraction={fraction!r} gives a generator of hidden size {hidden}, "
+            f"which does not split into {heads} heads of even size; choose a fraction giving "
+            "a multiple of 64 (or an even size under 64)"
+        )
+    return dataclasses.replace(
+        config,
+        hidden_size=hidden,
+        num_heads=heads,
+        intermediate_size=max(1, int(round(config.intermediate_size * fraction))),
+        embedding_size=config.embedding_width,
+    )

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-import flax.linen as nn
-
+from bertjax import capability
 from bertjax.encoders import family
-from bertjax.encoders.modernbert import rtd as modernbert_rtd
-from bertjax.encoders.modernbert import transformers as modernbert_hf
+from bertjax.encoders.modernbert import hf as modernbert_hf
+from bertjax.encoders.modernbert import model as model_lib
 from bertjax.encoders.modernbert.config import ModernBertConfig
-from bertjax.encoders.modernbert.model import Encoder, MaskedLM, _init, _stds, init_masked_lm
 
 # The config fields that say how to compute, not what the weights mean.
 _NUMERICS = (
@@ -44,9 +41,13 @@ class ModernBert(family.EncoderFamily):
     # Rotary positions have no table: a context-extension phase (ModernBERT: 1,024 -> 8,192
     # tokens with the global theta 10,000 -> 160,000) changes these and no weight's shape.
     phase_fields = ("max_position_embeddings", "global_rope_theta", "local_rope_theta")
-    # Replaced-token detection's discriminator (bertjax.encoders.modernbert.rtd).
-    replaced_token_head = modernbert_rtd.DISCRIMINATOR_HEAD
-    replaced_token_frozen = modernbert_rtd.FROZEN
+    generator = staticmethod(model_lib.generator)
+    module = staticmethod(model_lib.Encoder)
+    pretraining_model = staticmethod(model_lib.MaskedLM)
+    pretraining_tensors = staticmethod(modernbert_hf.pretraining_specs)
+    read_transformers = staticmethod(modernbert_hf.read)
+    encoder_files = staticmethod(modernbert_hf.encoder_files)
+    write_transformers = staticmethod(modernbert_hf.write)
 
     def config_to_dict(self, config: ModernBertConfig) -> dict:
         return dataclasses.asdict(config)
@@ -96,94 +97,37 @@ class ModernBert(family.EncoderFamily):
     def describe(self, config: ModernBertConfig) -> str:
         return f"ModernBERT L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}"
 
-    def module(self, config: ModernBertConfig, name: str | None = None) -> nn.Module:
-        return Encoder(config, name=name)
-
-    def head(self, config: ModernBertConfig, name: str, outputs: int, reads: str):
+    def head(
+        self,
+        config: ModernBertConfig,
+        name: str,
+        outputs: int,
+        reads: str,
+        task_class: str = "",
+    ) -> family.Head:
         """transformers' ModernBertFor* heads: the prediction head, then dropout and the task's
         dense layer. The encoder runs the prediction head and its dropout (classifier_dropout)
         on its pooled row, and with token_head over the tokens, since the masked-LM model
-        shares it; the module is the dense layer, with no dropout of its own."""
+        shares it; the module is the dense layer, with no dropout of its own. A replaced-token
+        head (capability.REPLACED_TOKENS) is dense -> GELU -> dense on the hidden states, which
+        no transformers class holds."""
+        if task_class == capability.REPLACED_TOKENS.task_class:
+            return family.Head(reads, 0.0, model_lib.DiscriminatorHead(config, name=name), ())
+        classifier = model_lib._init(config, model_lib._stds(config)["classifier"])
         return family.Head(
             reads,
             0.0,
-            family.projection(config, outputs, name, _init(config, _stds(config)["classifier"])),
+            family.projection(config, outputs, name, classifier),
             modernbert_hf.head_tensors(config, name, outputs),
         )
 
-    def pretraining_model(self, config: ModernBertConfig) -> MaskedLM:
-        return MaskedLM(config)
-
     def pretraining_init(self, config: ModernBertConfig):
-        return lambda rng: init_masked_lm(config, rng)
-
-    def replaced_token_detection(self, config: ModernBertConfig, fraction: float):
-        return modernbert_rtd.detector(config, fraction)
-
-    def generator_fraction(self, config: ModernBertConfig, params: Any) -> float:
-        return modernbert_rtd.generator_fraction(config, params)
-
-    def pretrained_networks(self, config: ModernBertConfig, params: Any) -> dict:
-        """A replaced-token detection run holds the discriminator and, under "generator", the
-        generator (bertjax.encoders.modernbert.rtd): the discriminator opens with its
-        masked-LM decoder and prediction head untrained, the generator as a masked LM."""
-        if not modernbert_rtd.has_generator(params):
-            return {"": family.Network(config, params)}
-        untrained = (modernbert_hf.MLM_HEAD, modernbert_hf.POOLER)
-        return modernbert_rtd.networks(config, params, untrained)
+        return lambda rng: model_lib.init_masked_lm(config, rng)
 
     def transformers_class(self, config: ModernBertConfig) -> bool:
         # Projected embeddings (a replaced-token detection generator) are no transformers
         # ModernBERT.
         return config.embedding_width == config.hidden_size
-
-    def replaced_logits(
-        self, config, params, input_ids, token_type_ids, attention_mask, packed_length=None
-    ):
-        return modernbert_rtd.Discriminator(config).apply(
-            {"params": params},
-            input_ids,
-            None,
-            attention_mask,
-            packed_length=packed_length,
-            method=modernbert_rtd.Discriminator.replaced_logits,
-        )  # [b, s]
-
-    # ---------------------------------------------------------------- transformers
-
-    def read_transformers(
-        self,
-        path: str | os.PathLike,
-        hf_config: Mapping[str, Any],
-        *,
-        pretraining_heads: bool = True,
-        **overrides,
-    ):
-        # pretraining_heads changes nothing here: ModernBERT's prediction head is also its
-        # classifiers' pooling, so a missing one is made fresh either way (and not warned of).
-        return modernbert_hf.read(path, hf_config, **overrides)
-
-    def encoder_files(self, config: ModernBertConfig, params: Any) -> tuple[dict, dict]:
-        return modernbert_hf.encoder_files(config, params)
-
-    def write_transformers(
-        self,
-        config: ModernBertConfig,
-        params: Any,
-        directory: str | os.PathLike,
-        *,
-        tokenizer: Any = None,
-        head: Any = None,
-        untrained: Sequence[str] = (),
-    ) -> None:
-        modernbert_hf.write(
-            config,
-            params,
-            directory,
-            tokenizer=tokenizer,
-            head=head,
-            untrained=untrained,
-        )
 
 
 FAMILY = ModernBert()

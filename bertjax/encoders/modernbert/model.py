@@ -43,14 +43,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bertjax.encoders.family import PretrainingOutput
+from bertjax.capability import ENCODER
+from bertjax.encoders.family import Generator, PretrainingOutput
 from bertjax.encoders.modernbert.attention import (
     _MASK_VALUE,
     KernelMasks,
     _banded_attention,
     layer_masks,
 )
-from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig, generator_config
 from bertjax.nn import attention as attention_lib
 from bertjax.nn import low_precision, pooling, sharding, unpadding
 from bertjax.nn.sharding import (
@@ -60,6 +61,7 @@ from bertjax.nn.sharding import (
     HEADS,
     HIDDEN,
     KV,
+    LABELS,
     LAYERS,
     LENGTH,
     MLP,
@@ -71,6 +73,7 @@ from bertjax.nn.sharding import (
 
 # The encoder's projection of embeddings narrower or wider than its layers (embedding_size).
 EMBEDDINGS_PROJECT = "embeddings_project"
+EMBEDDINGS = "embeddings"
 
 
 def _init(config: ModernBertConfig, std: float):
@@ -431,8 +434,8 @@ class ModernBertModel(nn.Module):
     (`packing_pays`), the rows run padded.
 
     ``embedded`` [batch, seq, embedding width]: the tokens as another network's Embeddings
-    gave them, read in place of this one's (a replaced-token detection generator reads its
-    discriminator's: bertjax.encoders.modernbert.rtd); its tree then has no embeddings.
+    gave them, read in place of this one's (replaced-token detection's generator reads its
+    discriminator's: `generator`); its tree then has no embeddings.
     """
 
     config: ModernBertConfig
@@ -530,9 +533,14 @@ class ModernBertModel(nn.Module):
             x = unpadding.unpack_tokens(x, index, batch, seq)  # [b, s, h], zero at padding
         return x
 
-    def token_table(self) -> jax.Array:
-        """The token-embedding matrix [vocab, hidden] (the MLM decoder's weight)."""
+    def word_table(self) -> jax.Array:
+        """The token-embedding matrix [vocab, embedding width] (the MLM decoder's weight)."""
         return self.embeddings.tok_embeddings
+
+    def embed(self, input_ids, token_type_ids=None, *, deterministic=True, positions=None):
+        """The embedded tokens [b, s, e]: the token table's rows, LayerNorm, dropout (no
+        segments; positions are rotary, applied in attention)."""
+        return self.embeddings(input_ids, deterministic)
 
 
 class PredictionHead(nn.Module):
@@ -680,6 +688,30 @@ class Encoder(ModernBertModel):
             x = self.head_dropout(self.head(x), deterministic=deterministic)  # [b, s, h]
         return x, pooled
 
+    def hidden_states(
+        self,
+        input_ids,
+        token_type_ids=None,
+        attention_mask=None,
+        *,
+        deterministic: bool = True,
+        packed_length: int | None = None,
+        document_ids=None,
+        positions=None,
+    ) -> jax.Array:
+        """The last hidden states [b, s, h] (after the final norm; zero at padded positions
+        when packed), without the prediction head: ModernBertModel's last_hidden_state."""
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+        return super().__call__(
+            input_ids,
+            attention_mask,
+            deterministic=deterministic,
+            segment_ids=document_ids,
+            positions=positions,
+            packed_length=packed_length,
+        )
+
     def predictions(self, x: jax.Array) -> jax.Array:
         """The prediction head alone (the masked-LM model's trunk): [b, p, h] -> [b, p, h]."""
         return self.head(x)
@@ -688,11 +720,11 @@ class Encoder(ModernBertModel):
 class MaskedLM(nn.Module):
     """The encoder ("bert", with the head) and the tied decoder's bias: float32 logits
     [batch, seq or predictions, vocab], as transformers' ModernBertForMaskedLM, with the
-    families' pretraining call (bertjax.encoders.family): ``mlm_logits`` and no sentence-pair
-    head (``nsp_logits`` None); ``packed_length`` as the encoder's. ``embedded`` (as
-    ModernBertModel takes it) and ``table`` [vocab, embedding width] are another network's
-    embedded tokens and token table, read in place of this model's own (a replaced-token
-    detection generator's)."""
+    families' pretraining call (bertjax.encoders.family): ``mlm_logits``, no sentence-pair
+    head (``nsp_logits`` None) and the last hidden states; ``packed_length`` as the
+    encoder's. ``embedded`` (as ModernBertModel takes it) and ``word_table`` [vocab,
+    embedding width] are another network's embedded tokens and token table, read in place of
+    this model's own (replaced-token detection's generator's: `generator`)."""
 
     config: ModernBertConfig
 
@@ -716,7 +748,7 @@ class MaskedLM(nn.Module):
         document_ids=None,
         positions=None,
         embedded=None,
-        table=None,
+        word_table=None,
     ) -> PretrainingOutput:
         cfg = self.config
         x, _ = self.bert(
@@ -730,11 +762,11 @@ class MaskedLM(nn.Module):
             embedded=embedded,
         )  # [b, s, h]
         bias = self.decoder_bias if cfg.decoder_bias else None
-        table = self.bert.token_table() if table is None else table  # [v, e]
+        table = self.bert.word_table() if word_table is None else word_table  # [v, e]
         logits = masked_lm_logits(
             cfg, x, masked_lm_positions, self.bert.predictions, table, bias
         )  # [b, p, v]
-        return PretrainingOutput(mlm_logits=logits, nsp_logits=None)
+        return PretrainingOutput(mlm_logits=logits, nsp_logits=None, sequence_output=x)
 
 
 def init_masked_lm(config: ModernBertConfig, rng: jax.Array):
@@ -744,3 +776,43 @@ def init_masked_lm(config: ModernBertConfig, rng: jax.Array):
     # shape for a fused kernel to compile for.
     config = dataclasses.replace(config, attention_impl="xla")
     return MaskedLM(config).init({"params": rng}, ids)["params"]
+
+
+class DiscriminatorHead(nn.Module):
+    """The family's head for capability.REPLACED_TOKENS (no transformers ModernBERT class has
+    one): dense [h, h] -> GELU -> dense [h, 1], float32 logits [b, s, 1] that a token was
+    replaced, read off the last hidden states."""
+
+    config: ModernBertConfig
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.config
+        h, std = cfg.hidden_size, _stds(cfg)["in"]
+        x = Projection(
+            cfg, "bsh,hk->bsk", (h, h), (EMBED, HIDDEN), (HIDDEN,), std, True, name="dense"
+        )(x)  # [b, s, h]
+        return Projection(
+            cfg,
+            "bsh,hk->bsk",
+            (h, 1),
+            (EMBED, LABELS),
+            (LABELS,),
+            std,
+            True,
+            dtype="float32",
+            name="dense_prediction",
+        )(gelu(x))  # [b, s, 1]
+
+
+def _generator_pretraining_params(own, encoder) -> dict:
+    """The masked-LM tree of a generator's parameters, the shared embeddings in its encoder."""
+    return {**own, ENCODER: {**own[ENCODER], EMBEDDINGS: encoder[EMBEDDINGS]}}
+
+
+def generator(config: ModernBertConfig, fraction: float) -> Generator:
+    """The family's generator beside a discriminator of `config`: a MaskedLM of
+    generator_config, reading the discriminator's embedded tokens (its own projection takes
+    them to its width) and token table."""
+    small = generator_config(config, fraction)
+    return Generator(small, MaskedLM(small), _generator_pretraining_params)

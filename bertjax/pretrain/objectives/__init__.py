@@ -5,11 +5,18 @@
   rtd           replaced-token detection (ELECTRA): a generator and a discriminator
 
 A new objective is a module (or package) here with a `PretrainObjective` (base.py says what
-it owns) and one line in `OBJECTIVES`.
+it owns, how its runs open included) and one line in `OBJECTIVES`; registering it also tells
+the run directory and Model how its runs open (bertjax.engine.networks).
 """
 
 from bertjax.pretrain.objectives import mlm, mlm_sentence, rtd
-from bertjax.pretrain.objectives.base import PretrainObjective, get, names, register
+from bertjax.pretrain.objectives.base import (
+    RUN_META_KEY,
+    PretrainObjective,
+    get,
+    names,
+    register,
+)
 
 OBJECTIVES: tuple[PretrainObjective, ...] = (
     mlm_sentence.OBJECTIVE,
@@ -19,4 +26,4 @@ OBJECTIVES: tuple[PretrainObjective, ...] = (
 for _objective in OBJECTIVES:
     register(_objective)
 
-__all__ = ["OBJECTIVES", "PretrainObjective", "get", "names", "register"]
+__all__ = ["OBJECTIVES", "RUN_META_KEY", "PretrainObjective", "get", "names", "register"]

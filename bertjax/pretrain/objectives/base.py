@@ -3,7 +3,8 @@
 An objective owns everything of a pretraining run that depends on what a step minimises:
 
   check, read  its settings checks (the data's layout, the family's heads, its own fields)
-               and its own typed settings (PretrainSettings.objective_settings)
+               and its own typed settings (PretrainSettings.objective_settings), read from
+               a config (`values`, `options`) when a run starts and when it opens
   masking      how the loader masks its batches
   frozen       the parameters the optimizer leaves untouched (heads it does not train)
   model_init   the parameter tree it trains: `rng -> boxed parameters`
@@ -12,11 +13,15 @@ An objective owns everything of a pretraining run that depends on what a step mi
   cautions     warnings its eval metrics call for (logged at each evaluation)
   flops        matmul FLOPs of training on one sequence (perf's MFU)
   samples      the lines shown at the end of a run
-  export_params  the family's pretraining tree inside the trained parameters (what the
-               family's transformers writer takes)
+  run_meta     what its checkpoints record beyond the run's settings (for opening them)
+  networks     how a run it trained opens: the networks in its parameters, each a model of
+               its family ("" the one fine-tuning and exports take), and the notebook
+               methods they serve (bertjax.engine.networks.PretrainedRuns, which the run
+               directory and Model ask, below this package)
 
 bertjax.pretrain.objectives lists the registered objectives in one tuple; the settings, the
-loop and the warm start ask `get(name)` and never branch on a name.
+loop, the warm start and the run directory ask `get(name)` (or engine.networks) and never
+branch on a name.
 """
 
 from __future__ import annotations
@@ -28,11 +33,14 @@ from typing import Any
 import jax
 
 from bertjax.data.masking import MaskingSettings
-from bertjax.engine import steps
+from bertjax.engine import networks, steps
 from bertjax.engine.settings import fail
 
+# Where a checkpoint's meta keeps what the objective records (`run_meta`).
+RUN_META_KEY = "objective_meta"
 
-class PretrainObjective:
+
+class PretrainObjective(networks.PretrainedRuns):
     """One pretraining objective (see the module docstring); `name` is config.objective."""
 
     name: str = ""
@@ -54,12 +62,24 @@ class PretrainObjective:
         """The objective's own settings from its checked `values`, or None."""
         return None
 
+    def values(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """config.objective and the objective's own `fields` as a run's config (settings, or
+        a checkpoint's recorded "config") gives them, defaults where it lacks them (configs
+        written before the field)."""
+        values = {"objective": self.name}
+        values.update({name: config.get(name, default) for name, default in self.fields.items()})
+        return values
+
+    def options(self, config: Mapping[str, Any]) -> Any:
+        """The objective's own settings (`read`) of a run's recorded config."""
+        return self.read(self.values(config))
+
     def masking(self, masking: MaskingSettings, max_seq_length: int) -> MaskingSettings:
         """The loader's masking for this objective (the config's, unless it has its own)."""
         return masking
 
-    def frozen(self, family: Any) -> tuple[str, ...]:
-        """Parameter path prefixes the optimizer leaves untouched."""
+    def frozen(self, family: Any, model_config: Any, options: Any = None) -> tuple[str, ...]:
+        """Parameter path prefixes the optimizer leaves untouched (options: its `read`)."""
         return ()
 
     def model_init(
@@ -98,14 +118,16 @@ class PretrainObjective:
         data_dir: str | os.PathLike,
         count: int,
         mesh: jax.sharding.Mesh,
+        options: Any = None,
     ) -> list[str]:
-        """Printable lines on held-out text shown at the end of a run."""
+        """Printable lines on held-out text shown at the end of a run (options: its
+        `read`)."""
         return []
 
-    def export_params(self, params: Any) -> Any:
-        """The family's pretraining tree within the trained parameters (the same tree
-        unless the objective trains more, e.g. a generator)."""
-        return params
+    def run_meta(self, model_config: Any, options: Any = None) -> dict[str, Any]:
+        """JSON its checkpoints record beyond the run's settings, for `networks` to open them
+        (under RUN_META_KEY in their meta), e.g. a frozen teacher's config; none by default."""
+        return {}
 
 
 def require(values: Mapping[str, Any], ok: bool, field: str, message: str) -> None:
@@ -122,6 +144,8 @@ def register(objective: PretrainObjective) -> PretrainObjective:
     if _OBJECTIVES.get(objective.name, objective) is not objective:
         raise ValueError(f"pretraining objective {objective.name!r} is registered twice")
     _OBJECTIVES[objective.name] = objective
+    # The run directory and Model open its runs through it.
+    networks.register(objective)
     return objective
 
 

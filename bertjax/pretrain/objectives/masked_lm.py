@@ -104,7 +104,9 @@ class MaskedLanguageModel(PretrainObjective):
             sentence_pair_head=family.sentence_pair_head,
         )
 
-    def samples(self, model_config, params, tokenizer, data_dir, count, mesh) -> list[str]:
+    def samples(
+        self, model_config, params, tokenizer, data_dir, count, mesh, options=None
+    ) -> list[str]:
         """The model's fill-mask guesses for a word hidden in held-out sentences."""
         texts = samples.held_out_texts(data_dir, tokenizer, count)
         return samples.fill_mask_samples(model_config, params, tokenizer, texts, mesh=mesh)

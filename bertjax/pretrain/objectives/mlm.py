@@ -15,7 +15,7 @@ class Mlm(MaskedLanguageModel):
     name = "mlm"
     sentence_pair = False
 
-    def frozen(self, family: Any) -> tuple[str, ...]:
+    def frozen(self, family: Any, model_config: Any, options: Any = None) -> tuple[str, ...]:
         return SENTENCE_PAIR_PARAMS if family.sentence_pair_head else ()
 
 

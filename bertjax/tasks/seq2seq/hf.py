@@ -15,8 +15,8 @@ from typing import Any
 import flax.linen as nn
 import numpy as np
 
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert import model as model_lib
-from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import ARCHITECTURE_FIELDS
 from bertjax.storage import fs, hf
 from bertjax.tasks.seq2seq import model as seq2seq_lib
@@ -152,26 +152,10 @@ def save_seq2seq(
         params = params["params"]
     params = seq2seq_lib.full_params(config, params)
     specs = seq2seq_specs(config)
-    flat = dict(hf.flatten_tree(params))
-    expected = {spec.path for spec in specs if spec.group != hf.SINUSOIDAL}
-    unexpected = sorted("/".join(p) for p in set(flat) - expected)
-    if unexpected:
-        raise ValueError(f"params: unexpected parameter(s) {hf.name_list(unexpected)}")
-    tensors: dict[str, np.ndarray] = {}
+    hf.refuse_unexpected(params, specs)
     table = model_lib.sinusoidal_table(config.bert.max_position_embeddings, config.bert.hidden_size)
-    for spec in specs:
-        if spec.group == hf.SINUSOIDAL:
-            tensors[spec.hf_name] = table.astype(np.dtype(config.bert.param_dtype))
-            continue
-        if spec.path not in flat:
-            raise ValueError(f"params: missing parameter {'/'.join(spec.path)!r}")
-        array = hf.to_numpy(flat[spec.path])
-        if tuple(array.shape) != spec.shape:
-            raise ValueError(
-                f"params: parameter {'/'.join(spec.path)!r} has shape {tuple(array.shape)}, "
-                f"expected {spec.shape}"
-            )
-        tensors[spec.hf_name] = spec.to_hf(array)
+    fixed = {hf.SINUSOIDAL: table.astype(np.dtype(config.bert.param_dtype))}
+    tensors = hf.tensors_from(specs, params, fixed=fixed)
     hf_config = seq2seq_config_to_hf(config)
     generation = {
         key: hf_config[key] for key in ("decoder_start_token_id", "eos_token_id", "pad_token_id")
@@ -209,21 +193,16 @@ def load_seq2seq(path: str | os.PathLike, **overrides) -> tuple[seq2seq_lib.Seq2
                     f"{source}: tensor {tied!r} differs from {twin!r}; bertjax ties them"
                 )
     specs = seq2seq_specs(config)
-    by_name = {spec.hf_name: spec for spec in specs}
-    unexpected = sorted(set(tensors) - set(by_name))
+    unexpected = sorted(set(tensors) - {spec.hf_name for spec in specs})
     if unexpected:
         raise ValueError(f"{source}: unexpected tensor(s) {hf.name_list(unexpected)}")
-    dtype = np.dtype(config.bert.param_dtype)
-    flat = {}
-    for spec in specs:
-        if spec.hf_name not in tensors:
-            raise ValueError(f"{source}: missing tensor {spec.hf_name!r} (shape {spec.hf_shape})")
-        array = np.asarray(tensors[spec.hf_name])
-        if tuple(array.shape) != spec.hf_shape:
-            raise ValueError(
-                f"{source}: tensor {spec.hf_name!r} has shape {tuple(array.shape)}, "
-                f"expected {spec.hf_shape}"
-            )
-        if spec.group != hf.SINUSOIDAL:
-            flat[spec.path] = spec.to_bertjax(array).astype(dtype)
+    # Every tensor is required; config_from_hf gives learned positions, so none is fixed.
+    flat, _ = hf.match_tensors(
+        specs,
+        {name: np.asarray(array) for name, array in tensors.items()},
+        source,
+        required={spec.group for spec in specs},
+        unwanted=(),
+        dtype=np.dtype(config.bert.param_dtype),
+    )
     return config, hf.unflatten_tree(flat)

@@ -407,7 +407,7 @@ def init_params(config: Seq2SeqConfig, rng: jax.Array, pretrained: Mapping | Non
     """Boxed stored parameters (see stored_params) initialised per ``config.init``.
 
     ``pretrained`` is a BertForPreTraining params tree ({"bert": ..., "mlm_head": ...}, as
-    bertjax.encoders.bert.transformers.load returns it): required by bert2bert, bertshare and
+    bertjax.encoders.bert.hf.load returns it): required by bert2bert, bertshare and
     bert2rnd, unused by
     rnd2rnd. Its "mlm_head", when present, starts the decoder's output head.
     """

@@ -1,7 +1,15 @@
-"""`rtd`: replaced-token detection (ELECTRA). objective.py says what a step computes; what it
-trains is the family's (EncoderFamily.replaced_token_detection: ELECTRA's and ModernBERT's
-generator and discriminator); this module is what a run asks of the objective
-(bertjax.pretrain.objectives)."""
+"""`rtd`: replaced-token detection (ELECTRA), on any encoder family with a generator
+(EncoderFamily.generator: ELECTRA and ModernBERT).
+
+    objective.py  what a step computes (RtdLoss)
+    model.py      the two networks, built from what every family offers
+    replaced.py   Model.replaced, the discriminator's marks on texts
+
+This module is what a run asks of the objective (bertjax.pretrain.objectives): its checks,
+masking, networks, FLOPs, baselines, cautions and samples, and how a run it trained opens:
+"" the discriminator and "generator" the generator, each a model of the run's family
+(bertjax.engine.networks).
+"""
 
 from __future__ import annotations
 
@@ -15,16 +23,19 @@ import numpy as np
 from bertjax import encoders
 from bertjax.data import baseline
 from bertjax.data.masking import MaskingSettings, RowRandom, mask_batch
-from bertjax.encoders.electra import generator as generator_lib
+from bertjax.engine import networks as networks_lib
 from bertjax.engine import steps
 from bertjax.pretrain import samples as samples_lib
 from bertjax.pretrain.objectives.base import PretrainObjective, require
+from bertjax.pretrain.objectives.rtd import model as rtd_model
 from bertjax.pretrain.objectives.rtd.objective import (
     RtdLoss,
     RtdSettings,
     gumbel_sample,
     num_slots,
 )
+from bertjax.pretrain.objectives.rtd.replaced import replaced
+from bertjax.storage import hf
 
 # ELECTRA's fates of a masked position: [MASK] 85%, kept 15%, never a random token
 # (google-research/electra pretrain_helpers.mask).
@@ -48,13 +59,15 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         "rtd_weight": RtdSettings.weight,
     }
 
+    notebook = {"replaced": replaced}
+
     def check(self, values, family: Any, layout: str) -> None:
-        able = [f.name for f in encoders.FAMILIES if f.replaced_token_head is not None]
+        able = [f.name for f in encoders.FAMILIES if f.generator is not None]
         require(
             values,
-            family.replaced_token_head is not None,
+            family.generator is not None,
             "objective",
-            f"replaced-token detection runs on a family with a replaced-token head "
+            f"replaced-token detection runs on a family with a generator "
             f"(config.model.family one of {able}), not {family.name!r}",
         )
         fraction = values["generator_hidden_fraction"]
@@ -87,16 +100,18 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
             random_token_prob=0.0,
         )
 
-    def frozen(self, family: Any) -> tuple[str, ...]:
-        return family.replaced_token_frozen
+    def frozen(self, family: Any, model_config: Any, options: Any = None) -> tuple[str, ...]:
+        """The discriminator's encoder's pooled output, which it never computes (AdamW's
+        decay would shrink it otherwise)."""
+        return networks_lib.pooled_output_layers(model_config)
 
     def model_init(self, family: Any, model_config: Any, options: RtdSettings):
-        return family.replaced_token_detection(model_config, options.generator_hidden_fraction).init
+        return rtd_model.init(model_config, options.generator_hidden_fraction)
 
     def step(self, family: Any, model_config: Any, settings: Any) -> steps.Loss:
         options = settings.objective_settings
-        detector = family.replaced_token_detection(model_config, options.generator_hidden_fraction)
-        return RtdLoss(detector.model, options.weight)
+        model = rtd_model.ReplacedTokenDetection(model_config, options.generator_hidden_fraction)
+        return RtdLoss(model, options.weight)
 
     def baselines(self, settings, data_dir, eval_metrics=None) -> dict[str, float]:
         """The generator's against the unigram guess; the discriminator's against calling
@@ -127,20 +142,38 @@ class ReplacedTokenDetectionObjective(PretrainObjective):
         ]
 
     def flops(self, family, model_config, seq_len: int, predictions: int, options=None) -> float:
-        """Both networks, as the family counts them (ReplacedTokenDetector.flops)."""
+        """Both networks (rtd.model.flops)."""
         fraction = (options or RtdSettings()).generator_hidden_fraction
-        return family.replaced_token_detection(model_config, fraction).flops(seq_len, predictions)
+        return rtd_model.flops(model_config, fraction, seq_len, predictions)
 
-    def samples(self, model_config, params, tokenizer, data_dir, count, mesh) -> list[str]:
+    def samples(
+        self, model_config, params, tokenizer, data_dir, count, mesh, options=None
+    ) -> list[str]:
         texts = samples_lib.held_out_texts(data_dir, tokenizer, count)
-        return corrupted_samples(model_config, params, tokenizer, texts, mesh)
+        fraction = (options or RtdSettings()).generator_hidden_fraction
+        return corrupted_samples(model_config, fraction, params, tokenizer, texts, mesh)
 
-    def export_params(self, params: Any) -> Any:
-        """The discriminator: ElectraPreTraining's tree without the generator."""
-        return generator_lib.discriminator(params)
+    def networks(self, config, params, meta) -> dict[str, networks_lib.Network]:
+        """The discriminator ("", the family's pretraining tree with its replaced-token head;
+        its masked-LM head and its encoder's pooled output untrained) and the generator
+        ("generator", a masked LM of the family reading the discriminator's embeddings),
+        each with what it lacks of the family's tree freshly made."""
+        options = self.options(meta.get("config") or {})
+        generator = encoders.family_of(config).generator(config, options.generator_hidden_fraction)
+        own = params[rtd_model.GENERATOR]
+        discriminator = {
+            name: value for name, value in params.items() if name != rtd_model.GENERATOR
+        }
+        return {
+            "": networks_lib.family_model(config, discriminator, untrained=(hf.POOLER,)),
+            rtd_model.GENERATOR: networks_lib.family_model(
+                generator.config,
+                generator.pretraining_params(own, params[rtd_model.ENCODER]),
+            ),
+        }
 
 
-def corrupted_samples(config, params, tokenizer, texts, mesh):
+def corrupted_samples(config, fraction, params, tokenizer, texts, mesh):
     """Lines showing, per held-out text, the generator's replacements ([drawn/was]) and the
     discriminator's marks (a * after each token it calls replaced, with its probability)."""
     if not texts:
@@ -170,8 +203,7 @@ def corrupted_samples(config, params, tokenizer, texts, mesh):
         special_ids=tokenizer.special_ids,
         mask_id=tokenizer.mask_id,
     )
-    family = encoders.family_of(config)
-    model = family.replaced_token_detection(config, family.generator_fraction(config, params)).model
+    model = rtd_model.ReplacedTokenDetection(config, fraction)
 
     @jax.jit
     def run(params, masked_ids, positions, weights, mask):

@@ -93,14 +93,10 @@ def gumbel_sample(logits: jax.Array, key: jax.Array) -> jax.Array:
 class RtdLoss(steps.Loss):
     """What an RTD step minimises (the module docstring), as sums over a (micro-)batch."""
 
-    def __init__(self, model: nn.Module, weight: float, sample=None):
-        # A family's replaced-token detection module (EncoderFamily.replaced_token_detection).
+    def __init__(self, model: nn.Module, weight: float):
+        # The two networks (rtd.model.ReplacedTokenDetection) of the run's family.
         self.model = model
         self.weight = weight
-        # `(generator logits [b, p, v], key) -> ids [b, p]` of the replacements; ELECTRA's is
-        # gumbel_sample. benchmarks/rtd_replacements.py swaps in others to see what the
-        # discriminator can learn.
-        self.sample = sample or gumbel_sample
 
     def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> RtdSums:
         if rng is None:
@@ -129,7 +125,7 @@ class RtdLoss(steps.Loss):
         )  # [b, p, v]
         generator = losses.loss_sums(logits, None, batch)
 
-        sampled = self.sample(logits, sample_rng)  # [b, p]
+        sampled = gumbel_sample(logits, sample_rng)  # [b, p]
         # Only real predictions write; padding ones keep what the row has at their slot.
         original = originals(batch)  # [b, s]
         current = jnp.take_along_axis(batch["input_ids"], positions, axis=1)  # [b, p]

@@ -26,10 +26,10 @@ import jax
 import numpy as np
 
 from bertjax import capability
+from bertjax.encoders import family as family_lib
 from bertjax.encoders.modernbert.config import ModernBertConfig, _is_int
 from bertjax.encoders.modernbert.model import (
     DECODER_BIAS,
-    HEAD,
     init_masked_lm,
     stack_layers,
     unstack_layers,
@@ -65,34 +65,13 @@ MASKED_LM = "masked_lm"  # ModernBertForMaskedLM
 CLASSIFICATION = "classification"  # ModernBertForSequenceClassification
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
-    """One transformers tensor and the parameter it maps to."""
-
-    hf_name: str
-    path: tuple[str, ...]  # key path in our params tree
-    hf_shape: tuple[int, ...]
-    shape: tuple[int, ...]
-    transpose: bool  # a torch Linear weight
-
-    def to_ours(self, array: np.ndarray) -> np.ndarray:
-        if self.transpose:
-            array = array.T  # [in, out]
-        return np.ascontiguousarray(array.reshape(self.shape))
-
-    def to_hf(self, array: np.ndarray) -> np.ndarray:
-        if self.transpose:
-            # Our kernels flatten row-major to [in, out]; torch stores the transpose.
-            array = array.reshape(self.hf_shape[::-1]).T  # [out, in]
-        # A fresh, writable array: torch.from_numpy warns on the read-only views jax gives.
-        return np.array(array.reshape(self.hf_shape), order="C")
-
-
 def tensor_specs(
     config: ModernBertConfig, kind: str = MASKED_LM, num_labels: int | None = None
-) -> list[TensorSpec]:
+) -> list[hf.TensorSpec]:
     """Every transformers tensor of ``kind`` (MODEL, MASKED_LM or CLASSIFICATION) for
-    ``config``, in transformers' order; the tied decoder weight is not among them."""
+    ``config``, in transformers' order, with its path in transformers' own tree ("model" for
+    ModernBertModel's) and its group (CORE, the prediction head's POOLER, the decoder's
+    MLM_HEAD, the classifier's HF_CLASSIFIER); the tied decoder weight is not among them."""
     if kind not in (MODEL, MASKED_LM, CLASSIFICATION):
         raise ValueError(
             f"unknown kind {kind!r}: valid kinds are {(MODEL, MASKED_LM, CLASSIFICATION)}"
@@ -104,21 +83,30 @@ def tensor_specs(
         config.head_dim,
         config.vocab_size,
     )
-    specs: list[TensorSpec] = []
+    specs: list[hf.TensorSpec] = []
     hf_prefix, root = ("", ()) if kind == MODEL else ("model.", (_MODEL_KEY,))
 
-    def add(hf_name, path, hf_shape, shape=None, transpose=False):
-        specs.append(TensorSpec(hf_name, tuple(path), hf_shape, shape or hf_shape, transpose))
+    def add(hf_name, path, hf_shape, shape=None, transpose=False, group=CORE):
+        specs.append(
+            hf.TensorSpec(hf_name, tuple(path), hf_shape, shape or hf_shape, transpose, group)
+        )
 
-    def norm(hf_name, path):
-        add(f"{hf_name}.weight", (*path, "scale"), (h,))
+    def norm(hf_name, path, group=CORE):
+        add(f"{hf_name}.weight", (*path, "scale"), (h,), group=group)
         if config.norm_bias:
-            add(f"{hf_name}.bias", (*path, "bias"), (h,))
+            add(f"{hf_name}.bias", (*path, "bias"), (h,), group=group)
 
-    def linear(hf_name, path, n_in, n_out, kernel_shape, bias_shape, use_bias):
-        add(f"{hf_name}.weight", (*path, "kernel"), (n_out, n_in), kernel_shape, transpose=True)
+    def linear(hf_name, path, n_in, n_out, kernel_shape, bias_shape, use_bias, group=CORE):
+        add(
+            f"{hf_name}.weight",
+            (*path, "kernel"),
+            (n_out, n_in),
+            kernel_shape,
+            transpose=True,
+            group=group,
+        )
         if use_bias:
-            add(f"{hf_name}.bias", (*path, "bias"), (n_out,), bias_shape)
+            add(f"{hf_name}.bias", (*path, "bias"), (n_out,), bias_shape, group=group)
 
     add(
         f"{hf_prefix}embeddings.tok_embeddings.weight",
@@ -127,76 +115,65 @@ def tensor_specs(
     )
     norm(f"{hf_prefix}embeddings.norm", (*root, "embeddings", "norm"))
     for i in range(config.num_layers):
-        hf, ours = f"{hf_prefix}layers.{i}", (*root, f"layer_{i}")
+        layer, ours = f"{hf_prefix}layers.{i}", (*root, f"layer_{i}")
         if i > 0:
-            norm(f"{hf}.attn_norm", (*ours, "attn_norm"))
+            norm(f"{layer}.attn_norm", (*ours, "attn_norm"))
         bias = config.attention_bias
-        linear(f"{hf}.attn.Wqkv", (*ours, "attn", "wqkv"), h, 3 * h, (h, 3, n, d), (3, n, d), bias)
-        linear(f"{hf}.attn.Wo", (*ours, "attn", "wo"), h, h, (n, d, h), (h,), bias)
-        norm(f"{hf}.mlp_norm", (*ours, "mlp_norm"))
-        linear(f"{hf}.mlp.Wi", (*ours, "mlp", "wi"), h, 2 * f, (h, 2, f), (2, f), config.mlp_bias)
-        linear(f"{hf}.mlp.Wo", (*ours, "mlp", "wo"), f, h, (f, h), (h,), config.mlp_bias)
+        linear(
+            f"{layer}.attn.Wqkv", (*ours, "attn", "wqkv"), h, 3 * h, (h, 3, n, d), (3, n, d), bias
+        )
+        linear(f"{layer}.attn.Wo", (*ours, "attn", "wo"), h, h, (n, d, h), (h,), bias)
+        norm(f"{layer}.mlp_norm", (*ours, "mlp_norm"))
+        linear(
+            f"{layer}.mlp.Wi", (*ours, "mlp", "wi"), h, 2 * f, (h, 2, f), (2, f), config.mlp_bias
+        )
+        linear(f"{layer}.mlp.Wo", (*ours, "mlp", "wo"), f, h, (f, h), (h,), config.mlp_bias)
     norm(f"{hf_prefix}final_norm", (*root, "final_norm"))
     if kind != MODEL:
-        linear("head.dense", ("head", "dense"), h, h, (h, h), (h,), config.classifier_bias)
-        norm("head.norm", ("head", "norm"))
+        linear("head.dense", ("head", "dense"), h, h, (h, h), (h,), config.classifier_bias, POOLER)
+        norm("head.norm", ("head", "norm"), POOLER)
     if kind == MASKED_LM and config.decoder_bias:
-        add("decoder.bias", ("decoder_bias",), (v,))
+        add("decoder.bias", ("decoder_bias",), (v,), group=MLM_HEAD)
     if kind == CLASSIFICATION:
         if not _is_int(num_labels) or num_labels <= 0:
             raise ValueError(f"num_labels={num_labels!r} is invalid: must be a positive int")
-        linear("classifier", ("classifier",), h, num_labels, (h, num_labels), (num_labels,), True)
+        shapes = ((h, num_labels), (num_labels,))
+        linear("classifier", ("classifier",), h, num_labels, *shapes, True, HF_CLASSIFIER)
     return specs
-
-
-@dataclasses.dataclass(frozen=True)
-class Spec:
-    """A transformers tensor, its parameter, and the group a directory may lack."""
-
-    tensor: TensorSpec
-    group: str
 
 
 def directory_specs(
     config: ModernBertConfig, head_param: str | None, outputs: int = 0
-) -> list[Spec]:
+) -> list[hf.TensorSpec]:
     """Every transformers tensor of a ModernBertForMaskedLM (`head_param` None) or of a task
     class whose dense layer is `head_param` in our tree (`outputs` wide), in transformers'
-    order, with paths in our tree."""
+    order, with paths in our tree; the task's dense layer is the group `head_param`."""
     specs = [
-        Spec(dataclasses.replace(s, hf_name=HF_PREFIX + s.hf_name, path=(ENCODER, *s.path)), CORE)
+        dataclasses.replace(s, hf_name=HF_PREFIX + s.hf_name, path=(ENCODER, *s.path))
         for s in tensor_specs(config, MODEL)
     ]
     specs += [
-        Spec(dataclasses.replace(s, path=(ENCODER, *s.path)), POOLER)
+        dataclasses.replace(s, path=(ENCODER, *s.path))
         for s in tensor_specs(config, CLASSIFICATION, 1)
-        if s.hf_name.startswith(HEAD + ".")
+        if s.group == POOLER
     ]
     if head_param is None:
-        specs += [
-            Spec(dataclasses.replace(s, path=(DECODER_BIAS,)), MLM_HEAD)
+        return specs + [
+            dataclasses.replace(s, path=(DECODER_BIAS,))
             for s in tensor_specs(config, MASKED_LM)
-            if s.hf_name == "decoder.bias"
+            if s.group == MLM_HEAD
         ]
-        return specs
-    h = config.hidden_size
-    specs.append(
-        Spec(
-            TensorSpec(
-                f"{HF_CLASSIFIER}.weight", (head_param, "kernel"), (outputs, h), (h, outputs), True
-            ),
-            head_param,
+    return specs + list(
+        family_lib.dense_tensors(
+            HF_CLASSIFIER, (head_param,), config.hidden_size, outputs, head_param
         )
     )
-    specs.append(
-        Spec(
-            TensorSpec(
-                f"{HF_CLASSIFIER}.bias", (head_param, "bias"), (outputs,), (outputs,), False
-            ),
-            head_param,
-        )
-    )
-    return specs
+
+
+def pretraining_specs(config: ModernBertConfig) -> list[hf.TensorSpec]:
+    """ModernBertForMaskedLM's tensors with paths in the masked-LM model's tree (the family's
+    pretraining tree): the encoder, the prediction head (POOLER) and the decoder's bias."""
+    return directory_specs(config, None)
 
 
 def head_tensors(config: ModernBertConfig, name: str, outputs: int) -> tuple[hf.TensorSpec, ...]:
@@ -204,11 +181,7 @@ def head_tensors(config: ModernBertConfig, name: str, outputs: int) -> tuple[hf.
     (head.dense -> GELU -> head.norm, kept in the encoder's tree as "head": the masked-LM
     model shares it) and the task's dense layer, "classifier" [outputs, h] in every
     ModernBertFor* class, `name` in our tree."""
-    return tuple(
-        hf.TensorSpec(*dataclasses.astuple(spec.tensor), spec.group)
-        for spec in directory_specs(config, name, outputs)
-        if spec.group != CORE
-    )
+    return tuple(spec for spec in directory_specs(config, name, outputs) if spec.group != CORE)
 
 
 def _transformers_head(head) -> capability.TransformersHead:
@@ -221,11 +194,17 @@ def _transformers_head(head) -> capability.TransformersHead:
     return th
 
 
-def read(path: str | os.PathLike, hf_config: Mapping[str, Any], **overrides):
+def read(
+    path: str | os.PathLike,
+    hf_config: Mapping[str, Any],
+    *,
+    pretraining_heads: bool = True,
+    **overrides,
+):
     """Reads a transformers ModernBERT directory: (config, params, head or None, the groups
-    the files lacked, freshly initialised)."""
-    # A missing prediction head is made fresh, pretraining or not: it is also the
-    # classifiers' pooling (and not warned of).
+    the files lacked, freshly initialised). `pretraining_heads` changes nothing: a missing
+    prediction head is made fresh, pretraining or not, since it is also the classifiers'
+    pooling (and not warned of)."""
     directory = fs.path(path)
     config = ModernBertConfig.from_hf_dict(hf_config, **{"dtype": "float32", **overrides})
     head = capability.head_from_transformers(hf_config, CLASS_PREFIX)
@@ -234,7 +213,7 @@ def read(path: str | os.PathLike, hf_config: Mapping[str, Any], **overrides):
         config, None if th is None else th.param, 0 if th is None else th.outputs
     )
     tensors, source = hf.read_weights(directory)
-    names = {s.tensor.hf_name for s in specs}
+    names = {s.hf_name for s in specs}
     found: dict[str, np.ndarray] = {}
     for name, array in tensors.items():
         if name not in names and HF_PREFIX + name in names:  # ModernBertModel: no prefix
@@ -255,30 +234,16 @@ def read(path: str | os.PathLike, hf_config: Mapping[str, Any], **overrides):
             f"with {config.num_layers} layers"
         )
     required = {CORE} if th is None else {CORE, POOLER, th.param}
-    present = {s.group for s in specs if s.tensor.hf_name in found}
     dtype = np.dtype(config.param_dtype)
-    flat: dict[tuple[str, ...], np.ndarray] = {}
-    missing: list[str] = []
-    for spec in specs:
-        t = spec.tensor
-        if t.hf_name not in found:
-            if spec.group in required or spec.group in present:
-                raise ValueError(f"{source}: missing tensor {t.hf_name!r} (shape {t.hf_shape})")
-            missing.append(spec.group)
-            continue
-        array = found[t.hf_name]
-        if tuple(array.shape) != t.hf_shape:
-            raise ValueError(
-                f"{source}: tensor {t.hf_name!r} has shape {tuple(array.shape)}, expected "
-                f"{t.hf_shape}"
-            )
-        flat[t.path] = t.to_ours(array).astype(dtype)
+    flat, missing = hf.match_tensors(
+        specs, found, source, required=required, unwanted=(), dtype=dtype
+    )
     if missing:
         init_config = dataclasses.replace(config, scan_layers=False, attention_impl="xla")
         fresh = dict(hf.flatten_tree(nn.meta.unbox(init_masked_lm(init_config, jax.random.key(0)))))
         for spec in specs:
             if spec.group in missing:
-                flat[spec.tensor.path] = np.asarray(fresh[spec.tensor.path]).astype(dtype)
+                flat[spec.path] = np.asarray(fresh[spec.path]).astype(dtype)
     params = hf.unflatten_tree(flat)
     if config.scan_layers:
         params[ENCODER] = jax.tree.map(np.asarray, stack_layers(params[ENCODER], config))
@@ -336,13 +301,10 @@ def _files(
         specs = directory_specs(config, None)
         hf_config["architectures"] = ["ModernBertForMaskedLM"]
         if untrained:  # no trained prediction head: the encoder alone, as ModernBertModel
-            specs = [s for s in specs if s.group == CORE]
             specs = [
-                Spec(
-                    dataclasses.replace(s.tensor, hf_name=s.tensor.hf_name.removeprefix(HF_PREFIX)),
-                    s.group,
-                )
+                dataclasses.replace(s, hf_name=s.hf_name.removeprefix(HF_PREFIX))
                 for s in specs
+                if s.group == CORE
             ]
             hf_config["architectures"] = ["ModernBertModel"]
     else:
@@ -351,21 +313,8 @@ def _files(
         labels = {str(i): f"LABEL_{i}" for i in range(th.outputs)}
         hf_config.update({"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}})
         hf_config.update(th.config)
-    flat = dict(hf.flatten_tree(params))
-    tensors: dict[str, np.ndarray] = {}
-    dtypes = set()
-    for spec in specs:
-        t = spec.tensor
-        if t.path not in flat:
-            raise ValueError(f"params: missing parameter {'/'.join(t.path)!r} (shape {t.shape})")
-        array = hf.to_numpy(flat[t.path])
-        if tuple(array.shape) != t.shape:
-            raise ValueError(
-                f"params: parameter {'/'.join(t.path)!r} has shape {tuple(array.shape)}, "
-                f"expected {t.shape}"
-            )
-        tensors[t.hf_name] = t.to_hf(array)
-        dtypes.add(array.dtype)
-    if len(dtypes) == 1:
-        hf_config["dtype"] = str(next(iter(dtypes)))
+    tensors = hf.tensors_from(specs, params)
+    dtype = hf.single_dtype(tensors.values())
+    if dtype is not None:
+        hf_config["dtype"] = dtype
     return hf_config, tensors

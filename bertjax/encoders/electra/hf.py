@@ -33,8 +33,8 @@ import numpy as np
 from bertjax import capability
 from bertjax.capability import TransformersHead
 from bertjax.encoders import family as family_lib
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.encoders.bert import model as model_lib
-from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.electra import model as electra_model
 from bertjax.encoders.electra.config import ARCHITECTURE_FIELDS, HF_DEFAULTS, ElectraConfig
 from bertjax.storage import fs, hf
@@ -56,6 +56,8 @@ MLM_HEAD = electra_model.MLM_HEAD
 DISCRIMINATOR_HEAD = electra_model.DISCRIMINATOR_HEAD
 PRETRAINING_HEADS = (MLM_HEAD, DISCRIMINATOR_HEAD)
 TIED_DECODER = "generator_lm_head.weight"
+# transformers' name of ElectraForPreTraining's replaced-token head.
+HF_DISCRIMINATOR = "discriminator_predictions"
 WORD_EMBEDDINGS = "electra.embeddings.word_embeddings.weight"
 # Buffers older transformers versions wrote; they hold no parameter.
 _BUFFERS = frozenset({"electra.embeddings.position_ids", "electra.embeddings.token_type_ids"})
@@ -182,7 +184,7 @@ def pretraining_specs(config: ElectraConfig) -> list[TensorSpec]:
     has it: always fresh), the generator's and the discriminator's heads."""
     e, h, v = config.embedding_size, config.hidden_size, config.vocab_size
     mlm = (MLM_HEAD,)
-    disc = (DISCRIMINATOR_HEAD,)
+    replaced = capability.REPLACED_TOKENS
     return [
         *encoder_specs(config),
         *family_lib.dense_tensors("classifier.dense", (ENCODER, POOLER), h, h, POOLER),
@@ -202,27 +204,29 @@ def pretraining_specs(config: ElectraConfig) -> list[TensorSpec]:
             group=MLM_HEAD,
         ),
         _spec("generator_lm_head.bias", (*mlm, "output_bias"), (v,), group=MLM_HEAD),
-        *family_lib.dense_tensors(
-            "discriminator_predictions.dense", (*disc, "dense"), h, h, DISCRIMINATOR_HEAD
-        ),
-        *family_lib.dense_tensors(
-            "discriminator_predictions.dense_prediction",
-            (*disc, "dense_prediction"),
-            h,
-            1,
-            DISCRIMINATOR_HEAD,
+        *head_tensors(
+            config, replaced.param, replaced.outputs, replaced.reads, replaced.task_class
         ),
     ]
 
 
 def head_tensors(
-    config: ElectraConfig, name: str, outputs: int, reads: str
+    config: ElectraConfig, name: str, outputs: int, reads: str, task_class: str = ""
 ) -> tuple[TensorSpec, ...]:
     """The tensor map of an ELECTRA task head. A sequence head is transformers'
     ElectraClassificationHead, two layers: <name>.dense [h, h], kept in the encoder's tree as
     its "pooler" (every ELECTRA tree holds it there), and <name>.out_proj [outputs, h], the
-    head's own parameters. A token or span head is one layer, <name> [outputs, h]."""
+    head's own parameters. A token or span head is one layer, <name> [outputs, h].
+    ElectraForPreTraining's (capability.REPLACED_TOKENS) is ElectraDiscriminatorPredictions:
+    discriminator_predictions.dense [h, h] and .dense_prediction [outputs, h]."""
     h = config.hidden_size
+    if task_class == capability.REPLACED_TOKENS.task_class:
+        return (
+            *family_lib.dense_tensors(f"{HF_DISCRIMINATOR}.dense", (name, "dense"), h, h, name),
+            *family_lib.dense_tensors(
+                f"{HF_DISCRIMINATOR}.dense_prediction", (name, "dense_prediction"), h, outputs, name
+            ),
+        )
     if reads == capability.POOLED:
         return (
             *family_lib.dense_tensors(f"{name}.dense", (ENCODER, POOLER), h, h, POOLER),
@@ -357,11 +361,6 @@ def _plain(config: ElectraConfig, params: Any) -> dict:
     return params
 
 
-def _tensors(specs: Sequence[TensorSpec], params: Mapping) -> dict[str, np.ndarray]:
-    flat = dict(hf.flatten_tree(params))
-    return {s.hf_name: s.to_hf(hf._parameter(flat, s)) for s in specs}
-
-
 def pretraining_architecture(untrained: Sequence[str]) -> str:
     """The transformers class of a head-less model whose groups `untrained` never trained:
     the discriminator (ElectraForPreTraining, ELECTRA's product), else the generator
@@ -392,7 +391,7 @@ def files(
         hf_config.update(th.config)
         if "id2label" not in th.config:  # transformers' num_labels: the projection's width
             hf_config["num_labels"] = th.outputs
-        return hf_config, _tensors(specs, params)
+        return hf_config, hf.tensors_from(specs, params)
     architecture = pretraining_architecture(untrained)
     if architecture == "ElectraForPreTraining" and MLM_HEAD not in untrained:
         logger.warning(
@@ -404,7 +403,7 @@ def files(
     specs = [s for s in pretraining_specs(config) if s.group in groups]
     if architecture == "ElectraModel":  # its own names carry no prefix
         specs = [dataclasses.replace(s, hf_name=s.hf_name.removeprefix(HF_PREFIX)) for s in specs]
-    return config_to_hf(config, architecture), _tensors(specs, params)
+    return config_to_hf(config, architecture), hf.tensors_from(specs, params)
 
 
 def encoder_files(config: ElectraConfig, params: Any) -> tuple[dict, dict]:
@@ -416,7 +415,7 @@ def encoder_files(config: ElectraConfig, params: Any) -> tuple[dict, dict]:
         dataclasses.replace(s, hf_name=s.hf_name.removeprefix(HF_PREFIX))
         for s in encoder_specs(config)
     ]
-    return config_to_hf(config, "ElectraModel"), _tensors(specs, {ENCODER: params[ENCODER]})
+    return config_to_hf(config, "ElectraModel"), hf.tensors_from(specs, {ENCODER: params[ENCODER]})
 
 
 def write(
@@ -433,9 +432,9 @@ def write(
     if tokenizer is not None:
         check_vocab(config, tokenizer, f"saving to {directory}")
     hf_config, tensors = files(config, params, head, untrained)
-    dtypes = {array.dtype for array in tensors.values()}
-    if len(dtypes) == 1:
-        hf_config["dtype"] = str(next(iter(dtypes)))
+    dtype = hf.single_dtype(tensors.values())
+    if dtype is not None:
+        hf_config["dtype"] = dtype
     with hf.staged(fs.path(directory)) as staging:
         hf.write_json(staging / hf.CONFIG_NAME, hf_config)
         hf.safetensors_numpy.save_file(

@@ -55,15 +55,16 @@ from bertjax.storage.hf import (
     TORCH_WEIGHTS_NAME,
     TensorSpec,
     _get,
-    _parameter,
-    flatten_tree,
     match_tensors,
     name_list,
     read_config,
     read_weights,
+    refuse_unexpected,
     require_safetensors,
     safetensors_numpy,
+    single_dtype,
     staged,
+    tensors_from,
     unflatten_tree,
     write_json,
 )
@@ -315,26 +316,26 @@ def encoder_files(config: BertConfig, params: Mapping) -> tuple[dict[str, Any], 
     params = {"bert": params["bert"]}
     if config.scan_layers:
         params = bert_model.unstack_layers(params, config.num_layers)
-    flat = dict(flatten_tree(params))
-    tensors: dict[str, np.ndarray] = {}
-    for spec in tensor_specs(config):
-        if spec.group not in _ENCODER_GROUPS:
-            continue
-        name = spec.hf_name.removeprefix(_ENCODER_PREFIX)  # a BertModel's own names
-        if spec.group == SINUSOIDAL:
-            tensors[name] = _sinusoidal_tensor(config)
-        else:
-            tensors[name] = spec.to_hf(_parameter(flat, spec))
+    specs = [
+        # A BertModel's own names carry no prefix.
+        dataclasses.replace(spec, hf_name=spec.hf_name.removeprefix(_ENCODER_PREFIX))
+        for spec in tensor_specs(config)
+        if spec.group in _ENCODER_GROUPS
+    ]
+    tensors = tensors_from(specs, params, fixed=_fixed_tensors(config))
     hf_config = config_to_hf(config)
     hf_config["architectures"] = ["BertModel"]
     hf_config.pop("tie_word_embeddings", None)  # a BertModel has no decoder to tie
     return hf_config, tensors
 
 
-def _sinusoidal_tensor(config: BertConfig) -> np.ndarray:
-    """The fixed position table, written as transformers' learned position embeddings."""
+def _fixed_tensors(config: BertConfig) -> dict[str, np.ndarray]:
+    """The tensors no parameter holds, by group: the fixed position table of sinusoidal
+    positions, written as transformers' learned position embeddings."""
+    if config.position_embedding_type == "learned":
+        return {}
     table = bert_model.sinusoidal_table(config.max_position_embeddings, config.hidden_size)
-    return table.astype(np.dtype(config.param_dtype))
+    return {SINUSOIDAL: table.astype(np.dtype(config.param_dtype))}
 
 
 def _transformers_head(head: HeadSpec) -> TransformersHead:
@@ -378,6 +379,26 @@ def load(path: str | os.PathLike, *, seed: int = 0, **overrides) -> tuple[BertCo
     """
     config, params, _ = load_with_report(path, seed=seed, **overrides)
     return config, params
+
+
+def read(
+    path: str | os.PathLike,
+    hf_config: Mapping[str, Any] | None = None,
+    *,
+    pretraining_heads: bool = True,
+    **overrides,
+) -> tuple[BertConfig, dict, HeadSpec | None, tuple[str, ...]]:
+    """Reads a transformers BERT directory as every family's reader does (the family's
+    read_transformers): (config, params, head or None, the groups the files did not have,
+    freshly initialised). config.json is read from the directory (`hf_config` is what it
+    holds)."""
+    config, params, report = load_with_report(
+        path, pretraining_heads=pretraining_heads, **overrides
+    )
+    fresh = {name.split("/")[0] for name in report.initialized}
+    if "bert" in fresh:  # bert/pooler: a BertModel checkpoint saved without its pooler
+        fresh = (fresh - {"bert"}) | {POOLER}
+    return config, params, report.head, tuple(sorted(fresh))
 
 
 def load_with_report(
@@ -503,10 +524,9 @@ def save(
     if config.scan_layers:
         params = bert_model.unstack_layers(params, config.num_layers)
     hf_config = config_to_hf(config, head)
-    flat = {path: leaf for path, leaf in flatten_tree(params)}
     th = None if head is None else _transformers_head(head)
     specs = tensor_specs(config) if th is None else head_specs(config, th)
-    expected = {spec.path for spec in specs if spec.group != SINUSOIDAL}
+    refuse_unexpected(params, specs, str(config))
     if th is not None and th.reads != capability.POOLED:  # in params, not written
         specs = [spec for spec in specs if spec.group != POOLER]
     if head is None and untrained:
@@ -515,25 +535,12 @@ def save(
             hf_config["architectures"] = ["BertModel"]
         elif NSP_HEAD in untrained:
             hf_config["architectures"] = ["BertForMaskedLM"]
-    unexpected = sorted("/".join(p) for p in set(flat) - expected)
-    if unexpected:
-        raise ValueError(f"params: unexpected parameter(s) {name_list(unexpected)} for {config}")
-
-    tensors: dict[str, np.ndarray] = {}
-    dtypes = set()
-    for spec in specs:
-        if spec.group == SINUSOIDAL:
-            continue
-        array = _parameter(flat, spec)
-        tensors[spec.hf_name] = spec.to_hf(array)
-        dtypes.add(array.dtype)
-    if len(dtypes) == 1:
-        hf_config["dtype"] = str(next(iter(dtypes)))
-    for spec in specs:
-        if spec.group == SINUSOIDAL:
-            tensors[spec.hf_name] = _sinusoidal_tensor(config)
-    # HF's order, which is also the order of the specs.
-    tensors = {spec.hf_name: tensors[spec.hf_name] for spec in specs}
+    # In HF's order, which is also the order of the specs.
+    tensors = tensors_from(specs, params, fixed=_fixed_tensors(config))
+    # The parameters' dtype (the fixed position table has the config's).
+    dtype = single_dtype(tensors[spec.hf_name] for spec in specs if spec.group != SINUSOIDAL)
+    if dtype is not None:
+        hf_config["dtype"] = dtype
 
     directory = fs.path(path)
     with staged(directory) as staging:
