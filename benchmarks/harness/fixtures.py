@@ -8,6 +8,7 @@ same on every run and every machine.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pathlib
 import runpy
@@ -31,6 +32,19 @@ from bertjax.text.tokenizer import WordPieceTokenizer
 PAD_ID, UNK_ID, CLS_ID, SEP_ID, MASK_ID = range(5)
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 FIRST_REAL_ID = len(SPECIAL_PIECES)
+
+# ----------------------------------------------------------------------------- recipes
+
+
+def recipe(path: str | os.PathLike):
+    """The get_config() of a recipe file (configs/*.py or a user's own), as train.py reads it."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"--config={str(path)!r}: no such file")
+    spec = importlib.util.spec_from_file_location(f"recipe_{pathlib.Path(path).stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
 
 # ----------------------------------------------------------------------------- parameters
 
