@@ -22,6 +22,7 @@ import transformers
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.engine.optim import OptimizerSettings
+from bertjax.finetune.loop import epoch_order
 
 # bertjax's feature names and transformers' for the same inputs.
 INPUT_NAMES = {
@@ -145,3 +146,92 @@ def train(
     if not math.isfinite(value):
         raise FloatingPointError(f"the torch loop's loss is {value}")
     return value
+
+
+class TorchEpochs:
+    """Fine-tuning epochs of a transformers model as a torch user's loop runs them, on
+    bertjax's examples in the order bertjax's epochs take them, three ways:
+
+    padded: every batch at max_seq_length (run_glue.py's default, --pad_to_max_length);
+    dynamic: each batch padded to its longest example (DataCollatorWithPadding);
+    grouped: each batch sorted by length and run as `micro_batches` slices, each padded to
+        its longest, each slice's loss weighted by its share, one update (the careful loop).
+
+    AdamW with google's decay mask, a linear schedule, clipping at 1.0; `targets` are the
+    features the model's loss reads (labels, or start and end positions).
+    """
+
+    MODES = ("padded", "dynamic", "grouped")
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        examples: Any,
+        settings: OptimizerSettings,
+        mode: str,
+        *,
+        batch_size: int,
+        micro_batches: int,
+        targets: Sequence[str],
+        autocast: torch.dtype | None = None,
+    ):
+        if mode not in self.MODES:
+            raise ValueError(f"mode {mode!r}: choose from {self.MODES}")
+        self.model = model.to(device())
+        self.examples, self.mode = examples, mode
+        self.batch_size, self.micro_batches = batch_size, micro_batches
+        self.targets, self.autocast = tuple(targets), autocast
+        self.optimizer = adamw(self.model, settings)
+        self.schedule = linear_schedule(self.optimizer, settings)
+        self.epoch = 0
+
+    def inputs(self, rows: np.ndarray, with_targets: bool = True) -> dict[str, torch.Tensor]:
+        """The rows as the model's inputs, padded as the mode pads."""
+        features = self.examples.features
+        width = None
+        if self.mode != "padded":
+            width = int(features["input_mask"][rows].sum(axis=1).max())
+        names = {**INPUT_NAMES, **({t: t for t in self.targets} if with_targets else {})}
+        return tensors(features, rows, width, names)
+
+    def steps(self) -> Iterable[Step]:
+        """The epoch's steps (bertjax.finetune.loop.epoch_order's order, seed 0)."""
+        order = epoch_order(0, self.epoch, len(self.examples))
+        lengths = self.examples.features["input_mask"].sum(axis=1)
+        for index in range(len(self.examples) // self.batch_size):
+            rows = order[index * self.batch_size : (index + 1) * self.batch_size]
+            if self.mode != "grouped":
+                yield self.inputs(rows)
+                continue
+            ordered = rows[np.argsort(lengths[rows], kind="stable")]
+            yield [
+                (self.inputs(part), len(part) / len(rows))
+                for part in np.array_split(ordered, self.micro_batches)
+            ]
+
+    def run_epoch(self) -> float:
+        loss = train(
+            self.model,
+            self.steps(),
+            self.optimizer,
+            schedule=self.schedule,
+            max_grad_norm=1.0,
+            autocast=self.autocast,
+        )
+        self.epoch += 1
+        return loss
+
+    def forward(self) -> Iterable[tuple[np.ndarray, Any]]:
+        """(rows, the model's output) of no-grad passes over every example in batches, the
+        grouped mode's sorted by length first (torch's sorted prediction)."""
+        self.model.eval()
+        order = np.arange(len(self.examples))
+        if self.mode == "grouped":
+            order = np.argsort(self.examples.features["input_mask"].sum(axis=1), kind="stable")
+        kind = next(self.model.parameters()).device.type
+        with torch.no_grad():
+            for first in range(0, len(order), self.batch_size):
+                rows = order[first : first + self.batch_size]
+                enabled = self.autocast is not None
+                with torch.autocast(kind, dtype=self.autocast, enabled=enabled):
+                    yield rows, self.model(**self.inputs(rows, with_targets=False))
