@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.harness import fixtures, report, timing
+from benchmarks.harness import commands, fixtures, report, timing
 from bertjax.capability import ENCODER
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.finetune import loop
@@ -165,3 +165,21 @@ def test_a_random_bert_directory_opens_with_its_word_vocabulary(tmp_path):
     assert source.config.vocab_size == 40 and source.config.num_layers == config.num_layers
     ids = source.tokenizer.encode_batch(["w0 w7 w34"])[0]
     assert ids == [fixtures.FIRST_REAL_ID, fixtures.FIRST_REAL_ID + 7, 39]
+
+
+def test_finetune_py_s_summary_line_is_read_back(capsys):
+    summary = {
+        "seeds": [{"seed": 0, "workdir": "runs/x", "best": None}],
+        "preempted": False,
+        "wall_time_sec": 95.4,
+        "compile_sec": 85.1,
+        "programs_compiled": 29,
+        "programs_loaded": 2,
+        "usage": "answer(...)",
+    }
+    loop._print_summary(summary)
+    out = capsys.readouterr().out + "\neval/f1 12.5\neval/f1 20.25\n"
+    assert commands.finetune_summary(out) == commands.FinetuneSummary(95.4, 85.1, 29, 2)
+    assert commands.finetune_summary("no summary") is None
+    assert commands.last_metric(out, "eval/f1") == 20.25
+    assert commands.last_metric(out, "dev F1") is None
