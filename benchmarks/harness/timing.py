@@ -73,17 +73,21 @@ def time_rounds(
     sides: Mapping[str, Callable[[], Any]],
     *,
     rounds: int = 3,
-    warmup: int = 1,
+    warmup: int | Mapping[str, int] = 1,
     wait: Callable[[Any], Any] = ready,
     clock: Clock = time.perf_counter,
     cpu_clock: Clock | None = None,
     on_round: Callable[[int, dict[str, float]], None] | None = None,
 ) -> dict[str, Timing]:
-    """Times every side: `warmup` untimed calls each, then `rounds` rounds of one call of
-    every side in turn. `cpu_clock` (e.g. time.process_time) also records each round's CPU
-    time; `on_round(index, {side: seconds})` is told each finished round (progress lines)."""
-    if rounds < 1 or warmup < 0:
-        raise ValueError(f"rounds={rounds} must be >= 1 and warmup={warmup} >= 0")
+    """Times every side: `warmup` untimed calls each (or {side: calls}, for a side warmed up
+    otherwise), then `rounds` rounds of one call of every side in turn. `cpu_clock` (e.g.
+    time.process_time) also records each round's CPU time; `on_round(index, {side: seconds})`
+    is told each finished round (progress lines)."""
+    warmups = dict(warmup) if isinstance(warmup, Mapping) else dict.fromkeys(sides, warmup)
+    if rounds < 1 or min(warmups.values(), default=0) < 0 or set(warmups) != set(sides):
+        raise ValueError(
+            f"rounds={rounds} must be >= 1 and warmup={warmup} >= 0 for each of {list(sides)}"
+        )
 
     def timed(function: Callable[[], Any]) -> tuple[float, float]:
         start = clock()
@@ -94,7 +98,7 @@ def time_rounds(
 
     warm: dict[str, list[float]] = {name: [] for name in sides}
     for name, function in sides.items():
-        for _ in range(warmup):
+        for _ in range(warmups[name]):
             warm[name].append(timed(function)[0])
     seconds: dict[str, list[float]] = {name: [] for name in sides}
     cpu: dict[str, list[float]] = {name: [] for name in sides}

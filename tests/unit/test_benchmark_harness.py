@@ -81,11 +81,18 @@ def test_one_side_without_warm_up_and_with_cpu_time():
     found = timing.time_call(call, name="x", rounds=2, warmup=0, clock=clock, cpu_clock=cpu)
     assert found.rounds == (2.0, 2.0) and found.warmup == () and found.first is None
     assert found.cpu == (1.5, 1.5) and found.figures()["cpu_s"] == 1.5
+    # A side warmed up by the caller takes no warm-up call here; the other takes its own.
+    both = timing.time_rounds(
+        {"a": call, "b": call}, rounds=1, warmup={"a": 0, "b": 2}, clock=clock
+    )
+    assert both["a"].warmup == () and both["b"].warmup == (2.0, 2.0)
 
 
 def test_the_timer_refuses_what_it_cannot_time():
     with pytest.raises(ValueError, match="rounds=0 must be >= 1"):
         timing.time_call(lambda: None, rounds=0)
+    with pytest.raises(ValueError, match=r"warmup=\{'a': 1\} >= 0 for each of \['a', 'b'\]"):
+        timing.time_rounds({"a": lambda: None, "b": lambda: None}, warmup={"a": 1})
     a = timing.Timing("a", (1.0, 2.0))
     b = timing.Timing("b", (1.0,))
     with pytest.raises(ValueError, match="'a' has 2 rounds and 'b' 1"):
