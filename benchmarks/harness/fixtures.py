@@ -187,11 +187,16 @@ def sentence_pairs(
 
 
 def token_rows(
-    rng: np.random.Generator, lengths: Sequence[int], vocab_size: int, first: int, last: int
+    rng: np.random.Generator,
+    lengths: Sequence[int],
+    vocab_size: int,
+    first: int,
+    last: int,
+    low: int | None = None,
 ) -> list[np.ndarray]:
     """One row of random ids per length, from `first` (a [CLS]) to `last` (a [SEP]); the
-    ids between are above both."""
-    low = max(first, last) + 1
+    ids between are drawn from [low, vocab_size) (default: above both)."""
+    low = max(first, last) + 1 if low is None else low
     rows = []
     for n in lengths:
         ids = rng.integers(low, vocab_size, int(n)).astype(np.int32)
