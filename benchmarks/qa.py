@@ -46,7 +46,6 @@ import argparse
 import dataclasses
 import json
 import os
-import statistics
 import tempfile
 from typing import Any
 
@@ -388,9 +387,10 @@ def compile_ahead_rounds(args) -> dict[str, float]:
                 )
                 times[threads].append(seconds)
             print(f"    round {round_}: off / on {times[0][-1] / times[1][-1]:.2f}x", flush=True)
-        ratio = statistics.median(a / b for a, b in zip(times[0], times[1]))
+        off, on = (timing.Timing(f"compile_ahead={k}", tuple(times[k])) for k in (0, 1))
+        ratio = timing.ratio(off, on)
         print(f"  compile_ahead=1 over 0, median of rounds: {ratio:.2f}x (above 1: faster)")
-    return {"command compile_ahead 0 s": statistics.median(times[0]), "ratio": ratio}
+    return {"compile_ahead=0": off.figures(), "compile_ahead=1": on.figures(), "ratio": ratio}
 
 
 def whole_command(args) -> dict[str, float]:
