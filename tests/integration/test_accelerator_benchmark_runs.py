@@ -1,6 +1,5 @@
 """The integration tests of test_accelerator_benchmark.py (tests/unit/), with its helpers."""
 
-
 import jax
 import pytest
 
