@@ -7,8 +7,8 @@ of parameter leaves and one digest over all of them. Two trees that train bit-id
 print the same lines.
 """
 
+import argparse
 import hashlib
-import sys
 
 import jax
 import numpy as np
@@ -35,9 +35,12 @@ def line(name: str, workdir: str) -> str:
     return f"{name}: {len(each)} leaves, all {whole}"
 
 
-def main(argv: list[str] | None = None) -> None:
-    for workdir in sys.argv[1:] if argv is None else argv:
-        print(line(workdir, workdir))
+def main(argv: list[str] | None = None) -> list[str]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("workdirs", nargs="+", help="run directories")
+    lines = [line(workdir, workdir) for workdir in parser.parse_args(argv).workdirs]
+    print("\n".join(lines))
+    return lines
 
 
 if __name__ == "__main__":

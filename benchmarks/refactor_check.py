@@ -12,9 +12,9 @@ in the order bert, modernbert, electra_rtd, modernbert_rtd, classify, embed. A r
 changes no number prints the same six lines before and after; a few minutes on two CPU cores.
 """
 
+import argparse
 import csv
 import os
-import sys
 
 from benchmarks import param_hashes
 from benchmarks.harness import commands
@@ -78,7 +78,9 @@ def write_pairs(path: str, rows: int) -> None:
 
 def main(argv: list[str] | None = None) -> list[str]:
     """Runs the six and prints (and returns) their lines."""
-    out = os.path.abspath((sys.argv[1:] if argv is None else argv)[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", help="the directory the runs are written to")
+    out = os.path.abspath(parser.parse_args(argv).out)
     os.makedirs(out, exist_ok=True)
     runs = {}
     for name, config, extra in PRETRAINING_RUNS:

@@ -1,12 +1,16 @@
 """benchmarks.harness.reference: the one torch loop every benchmark's transformers side trains
-with, on a tiny BertForSequenceClassification for two steps, and google's decay mask."""
+with, on a tiny BertForSequenceClassification for two steps, and google's decay mask; and
+every benchmark, torch's side included, imports as a module of the package."""
 
 import copy
+import importlib
+import pkgutil
 
 import numpy as np
 import pytest
 import torch
 
+import benchmarks
 from benchmarks.harness import fixtures, reference, timing
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.engine.optim import OptimizerSettings
@@ -73,3 +77,15 @@ def test_an_empty_loop_and_a_diverged_loss_are_refused():
         reference.train(model, [], optimizer)
     with pytest.raises(FloatingPointError, match="loss is nan"):
         reference.train(model, [batch], optimizer, loss=lambda m, b: m(**b).loss * float("nan"))
+
+
+@pytest.mark.parametrize(
+    "name", sorted(m.name for m in pkgutil.iter_modules(benchmarks.__path__) if not m.ispkg)
+)
+def test_every_benchmark_is_a_module_that_answers_help(name, capsys):
+    """Each benchmark imports as benchmarks.<name> and parses its flags before any work."""
+    module = importlib.import_module(f"benchmarks.{name}")
+    with pytest.raises(SystemExit) as exited:
+        module.main(["--help"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out.startswith("usage:")

@@ -4,10 +4,12 @@ benchmark ends with, and the fixtures' inputs."""
 import argparse
 import itertools
 import json
+import pathlib
 
 import numpy as np
 import pytest
 
+import benchmarks
 from benchmarks.harness import commands, fixtures, report, timing
 from bertjax.capability import ENCODER
 from bertjax.encoders.bert.config import BertConfig
@@ -190,3 +192,12 @@ def test_finetune_py_s_summary_line_is_read_back(capsys):
     assert commands.finetune_summary("no summary") is None
     assert commands.last_metric(out, "eval/f1") == 20.25
     assert commands.last_metric(out, "dev F1") is None
+
+
+def test_the_benchmarks_import_the_library_and_each_other_as_packages():
+    """No benchmark reaches into sys.path: `python -m benchmarks.<name>` from the root imports
+    bertjax and benchmarks.<module> as packages."""
+    root = pathlib.Path(benchmarks.__file__).parent
+    files = sorted(root.rglob("*.py"))
+    assert len(files) > 10
+    assert [f.name for f in files if "sys.path" in f.read_text()] == []
