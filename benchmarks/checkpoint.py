@@ -7,7 +7,7 @@
 The state is BertForPreTraining's parameters at the preset's shapes plus AdamW's moments,
 every float holding random values (a mid-training state: nothing compresses away). Each round
 times, in turn:
-  check         bertjax.engine.checkpoint.summarise over params and optimizer state: the fingerprints
+  check         bertjax.engine.integrity.summarise over params and optimizer state: the fingerprints
                 and NaN/inf flags every save records (compiled before the first round)
   old check     what a save checked before: NaN/inf flags of the parameters only
   orbax save    the same three items saved by a plain Orbax CheckpointManager: the time until
@@ -41,7 +41,7 @@ from jax.sharding import PartitionSpec as P
 
 from benchmarks.harness import fixtures, report, timing
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.engine import checkpoint
+from bertjax.engine import checkpoint, integrity
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -159,10 +159,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # The meta item as written, integrity record included (restore strips it).
         step = round_["step"]
         saved_meta = json.loads((root / "bertjax" / str(step) / "meta" / "metadata").read_text())
-        checkpoint.verify(step, saved_meta, restored_trees)
+        integrity.verify(step, saved_meta, restored_trees)
 
     sides = {
-        "check": lambda: checkpoint.summarise(trees),
+        "check": lambda: integrity.summarise(trees),
         "old check": lambda: old_check(params),
         "orbax save (blocking)": plain_save,
         "orbax save (finishing)": plain.wait_until_finished,

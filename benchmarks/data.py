@@ -45,7 +45,7 @@ from bertjax.data.corpus import InputReport, ReadSettings, read_documents  # noq
 from bertjax.data.demo_sources import write_sources  # noqa: E402
 from bertjax.data.formats import pyarrow_modules  # noqa: E402
 from bertjax.data.mixture import make_mixture_loader, parse_sources  # noqa: E402
-from bertjax.text.tokenizer import TokenizerSettings, train_tokenizer  # noqa: E402
+from bertjax.text.training import TokenizerSettings, train_tokenizer  # noqa: E402
 
 
 def peak_rss_mb() -> tuple[float, float]:

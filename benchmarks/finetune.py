@@ -53,7 +53,7 @@ from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import PRESETS, BertConfig
 from bertjax.engine import optim
 from bertjax.finetune import data as task_data
-from bertjax.finetune import loop
+from bertjax.finetune import warm_start, widths
 from bertjax.finetune.task import Examples
 from bertjax.tasks.labels import data as label_data
 from bertjax.tasks.labels import model as label_heads
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (examples/s per side: training under the side's name, prediction under "predict ...")."""
     args = parse_args(argv)
     machine = report.start("finetune", argv)
-    source = loop.open_source(args.init_from) if args.init_from else None
+    source = warm_start.open_source(args.init_from) if args.init_from else None
     if args.tsv:
         examples, head = real_examples(args, source.tokenizer)
         if len(examples) < args.batch_size:
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     fill = float(examples.features["input_mask"].mean())
     epochs = args.rounds + 1  # the untimed first epoch and the rounds
     # As finetune.py chooses by default (token_capacity 0): the fullest batch of the run.
-    capacity = loop.fitting_capacity(examples, (0,), epochs, args.batch_size, 1, 1)
+    capacity = widths.fitting_capacity(examples, (0,), epochs, args.batch_size, 1, 1)
     total = len(examples) // args.batch_size * epochs
     optimizer = optim.OptimizerSettings(
         learning_rate=2e-5, warmup_steps=int(0.1 * total), total_steps=total

@@ -36,11 +36,11 @@ from bertjax.capability import ENCODER, HeadSpec
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.engine.optim import OptimizerSettings
-from bertjax.finetune import loop
+from bertjax.finetune import batches, loop
 from bertjax.finetune.metrics import spearman
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.tasks.labels import model as label_heads
-from bertjax.text.tokenizer import load_tokenizer
+from bertjax.text.directory import load_tokenizer
 from configs import finetune as finetune_config
 
 BATCH_SIZE, MAX_SEQ_LENGTH, WARMUP_FRACTION = 32, 128, 0.1
@@ -178,7 +178,7 @@ def run_transformers(args, start: str, train, dev, seed: int) -> tuple[float, fl
         return {**inputs(rows), "labels": torch.tensor([r[2] for r in rows])}
 
     for epoch in range(args.epochs):
-        order = loop.epoch_order(seed, epoch, len(train))  # bertjax's order of the epoch
+        order = batches.epoch_order(seed, epoch, len(train))  # bertjax's order of the epoch
         epoch_steps = (batch(order, step) for step in range(steps_per_epoch))
         reference.train(model, epoch_steps, optimizer, schedule=schedule, max_grad_norm=1.0)
         model.eval()

@@ -7,7 +7,7 @@ Runs `evaluate.py`'s suite (bertjax.glue.suite.run_suite) with configs/glue.py a
 learning rate and one seed per task (--learning_rates, --seeds widen it) in a fresh work
 directory, and prints per task and in total: the wall time of its runs, the part spent
 tracing and compiling (bertjax.engine.perf.CompileTime, which each run's summary reports), the part
-spent evaluating (every pass of bertjax.finetune.loop.run_eval: each epoch's dev scores and
+spent evaluating (every pass of bertjax.finetune.evaluation.run_eval: each epoch's dev scores and
 the dev predictions, less the compiling inside them), and the rest (training steps, reading
 and encoding the data, checkpoints). Without --data_dir the tasks' files are synthetic:
 GLUE's download layout with --examples training and --examples / 4 dev rows of random
@@ -30,7 +30,7 @@ from typing import Any
 
 from benchmarks.harness import report, timing
 from bertjax.engine import perf
-from bertjax.finetune import loop
+from bertjax.finetune import evaluation
 from bertjax.glue import suite
 from bertjax.glue.settings import SuiteSettings
 from configs import glue as glue_recipe
@@ -70,11 +70,11 @@ def write_synthetic(root: str, tasks: list[str], examples: int) -> None:
                 f.write("\n".join(lines) + "\n")
 
 
-RUN_EVAL = loop.run_eval
+RUN_EVAL = evaluation.run_eval
 
 
 class EvalTimer:
-    """Stands in for loop.run_eval: its wall time and the compiling inside it."""
+    """Stands in for evaluation.run_eval: its wall time and the compiling inside it."""
 
     def __init__(self):
         self.seconds = 0.0
@@ -121,16 +121,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         timers: dict[str, EvalTimer] = {}
 
         def timed(run):
-            timers[run.directory] = loop.run_eval
-            loop.run_eval = EvalTimer()
+            timers[run.directory] = evaluation.run_eval
+            evaluation.run_eval = EvalTimer()
 
         # Each run's evaluation passes are timed by a fresh timer, swapped in between runs.
-        loop.run_eval = EvalTimer()
+        evaluation.run_eval = EvalTimer()
         elapsed = timing.stopwatch()
         try:
             suite.run_suite(settings, workdir, after_run=timed)
         finally:
-            loop.run_eval = RUN_EVAL
+            evaluation.run_eval = RUN_EVAL
         wall = elapsed()
 
         rows, totals = [], [0.0, 0.0, 0.0, 0.0]

@@ -41,8 +41,8 @@ character length ("sorted"), which is where much of bertjax's advantage comes fr
 transformers (dynamic) seconds / bertjax seconds, and the promise is at least 1.5x.
 
 Agreement is checked on the inputs that transformers tokenizes exactly as bertjax does (the
-others are a unigram tokenizer's float32 ties, see bertjax/text/tokenizer.py; their count is
-printed): the same top-5 tokens and scores within 1e-4 (fill_mask), vectors within 1e-4
+others are a unigram tokenizer's float32 ties, see bertjax/text/sentencepiece_json.py; their
+count is printed): the same top-5 tokens and scores within 1e-4 (fill_mask), vectors within 1e-4
 (embed), the same top-k corpus rows in the same order (search: corpus and queries are drawn
 from such texts only), the same labels (predict), the same answer spans (answer), the same
 generated text (generate), each with the largest score difference.
@@ -76,7 +76,7 @@ from bertjax.tasks.embed import task as embed_task
 from bertjax.tasks.embed.model import EmbeddingSpec
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as seq2seq
-from bertjax.text.tokenizer import MODEL_TYPES, TokenizerSettings, train_tokenizer
+from bertjax.text.training import MODEL_TYPES, TokenizerSettings, train_tokenizer
 
 TOLERANCE = 1e-4
 METHODS = ("fill_mask", "embed", "search", "predict", "answer", "generate")
@@ -109,7 +109,8 @@ def same_tokens(tokenizer, hf_tokenizer, texts) -> np.ndarray:
     """[n] bool: transformers (reading the export's tokenizer.json) gives bertjax's token ids.
 
     Outputs are compared on these texts only; the others are unigram's float32 ties (runs of
-    one repeated character, see bertjax/text/tokenizer.py), where the inputs themselves differ.
+    one repeated character, see bertjax/text/sentencepiece_json.py), where the inputs
+    themselves differ.
     """
     ours = tokenizer.encode_batch(texts, special_tokens_in_text=True)
     theirs = hf_tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -92,6 +92,7 @@ from bertjax.encoders.modernbert import attention as mb_attention  # noqa: E402
 from bertjax.encoders.modernbert import config as mb_config  # noqa: E402
 from bertjax.encoders.modernbert import model as mb_model  # noqa: E402
 from bertjax.engine import host_memory  # noqa: E402
+from bertjax.inference import batching  # noqa: E402
 from bertjax.nn import attention as attention_lib  # noqa: E402
 from bertjax.tasks.labels import model as label_model  # noqa: E402
 from bertjax.text.tokenizer import WordPieceTokenizer  # noqa: E402
@@ -800,7 +801,7 @@ def _time_notebook_calls(model, calls, rounds: int) -> tuple[float, float, float
     )
 
     def run(unpad: bool) -> list[np.ndarray]:
-        model.unpad = unpad
+        model.batcher.unpad = unpad
         out = []
         for features in calls:
             vectors = np.zeros((len(features), model.config.hidden_size), np.float32)
@@ -809,18 +810,18 @@ def _time_notebook_calls(model, calls, rounds: int) -> tuple[float, float, float
             out.append(vectors)
         return out
 
-    choose, chosen = inference.fitted_packed_length, []
+    choose, chosen = batching.fitted_packed_length, []
 
     def counting(mask, shards=1):
         chosen.append(choose(mask, shards))
         return chosen[-1]
 
-    inference.fitted_packed_length = counting
+    batching.fitted_packed_length = counting
     try:
         for a, b in zip(run(True), run(False)):  # also the warm-up: every bucket compiles
             np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
     finally:
-        inference.fitted_packed_length = choose
+        batching.fitted_packed_length = choose
     share = sum(length is not None for length in chosen) / max(len(chosen), 1)
     # The comparison above was both sides' warm-up.
     times = timing.time_rounds(

@@ -15,8 +15,8 @@ run's widths, multiples of 32, and token packing); and grouped by length into --
 micro-batches (config.grad_accum_steps). transformers trains BertForQuestionAnswering in the
 harness's torch loop (benchmarks.harness.reference.TorchEpochs) on the padded batches, on
 batches padded to their longest window and grouped by length. Prediction: the windows' start
-and end logits, bertjax as the fine-tuning loop evaluates (finetune.loop.run_eval), transformers
-in torch.no_grad.
+and end logits, bertjax as the fine-tuning loop evaluates (finetune.evaluation.run_eval),
+transformers in torch.no_grad.
 
 Steady state: bertjax compiles its step and evaluation at every width the run meets before
 timing, as a long run has after its first steps; every side runs one untimed epoch and
@@ -56,7 +56,7 @@ from benchmarks.harness import commands, finetuning, fixtures, report, timing
 from bertjax.capability import HeadSpec
 from bertjax.encoders.bert.config import PRESETS, BertConfig
 from bertjax.engine import optim
-from bertjax.finetune import loop
+from bertjax.finetune import warm_start, widths
 from bertjax.finetune.task import Examples
 from bertjax.tasks.qa import metrics as qa_metrics
 from bertjax.tasks.qa import model as qa_model
@@ -579,7 +579,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         figures = run(args)
         report.finish("qa", args, figures, machine)
         return figures
-    source = loop.open_source(args.init_from) if args.init_from else None
+    source = warm_start.open_source(args.init_from) if args.init_from else None
     if args.squad:
         windows = real_windows(args, source.tokenizer)
         print(f"windows: {len(windows)} from {args.squad}")
@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         + f", max {lengths.max()}"
     )
     epochs = args.rounds + 1
-    capacity = loop.fitting_capacity(windows, (0,), epochs, args.batch_size, 1, 1)
+    capacity = widths.fitting_capacity(windows, (0,), epochs, args.batch_size, 1, 1)
     total = len(windows) // args.batch_size * epochs
     optimizer = optim.OptimizerSettings(
         learning_rate=3e-5, warmup_steps=int(0.1 * total), total_steps=total

@@ -36,6 +36,7 @@ from flax import linen as nn
 
 from benchmarks.harness import reference, report, timing
 from bertjax.encoders.bert.config import BertConfig
+from bertjax.tasks.seq2seq import decoding
 from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as s2s
 
@@ -104,10 +105,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         outputs: dict[str, Any] = {}
 
         def ours(use_cache: bool, beams: int = beams, outputs: dict = outputs):
-            settings = s2s.GenerationSettings(
+            settings = decoding.GenerationSettings(
                 max_new_tokens=args.max_new_tokens, num_beams=beams, use_cache=use_cache
             )
-            outputs[use_cache] = s2s.generate(config, params, ids, mask, settings=settings)
+            outputs[use_cache] = decoding.generate(config, params, ids, mask, settings=settings)
             return outputs[use_cache]
 
         def theirs(beams: int = beams, outputs: dict = outputs):
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             )
         agree = 0
         for row, their_row in zip(
-            s2s.strip(outputs[True], EOS), outputs["transformers"][:, 1:].tolist()
+            decoding.strip(outputs[True], EOS), outputs["transformers"][:, 1:].tolist()
         ):
             agree += row == (their_row[: their_row.index(EOS)] if EOS in their_row else their_row)
         ratio = timing.ratio(found["transformers"], found["cached"])

@@ -4,15 +4,15 @@ share of the positions it computes are padding, for realistic length distributio
     python -m benchmarks.shapes                     # SQuAD windows, reviews, GLUE pairs
     python -m benchmarks.shapes --overheads 0,0.05,0.1 --epochs 3
 
-No model runs: the batches are the ones finetune.py would make (finetune.loop's
+No model runs: the batches are the ones finetune.py would make (finetune.batches'
 train_micro_batches, train_batch and eval_batches, on a CPU's rows per call), and each shape
 they hold is one compiled program. The policies side by side:
 - "every bucket": every batch cut to the smallest multiple of the length bucket that holds it
   (training: multiples of --length_bucket, evaluation: of a quarter of it);
-- "finetune.py's default": the run's widths chosen from its lengths (finetune.loop
+- "finetune.py's default": the run's widths chosen from its lengths (finetune.widths
   .training_widths / evaluation_widths): +2 % positions over every bucket for training, a
   width added only while it saves more positions than a program costs
-  (finetune.loop.TRAIN_PROGRAM_POSITIONS), and +5 % for evaluation;
+  (finetune.widths.TRAIN_PROGRAM_POSITIONS), and +5 % for evaluation;
 - "fewest widths +X %": the fewest widths within X % more positions than every bucket,
   whatever a program costs (--overheads).
 
@@ -31,7 +31,8 @@ import argparse
 import numpy as np
 
 from benchmarks.harness import fixtures, report
-from bertjax.finetune import loop
+from bertjax.finetune import batches as batches_lib
+from bertjax.finetune import widths
 from bertjax.finetune.task import Examples
 
 # (max_seq_length, batch size, micro-batches) of each shape of lengths.
@@ -73,15 +74,15 @@ def training(train: Examples, args, batch_size: int, micro: int, widths) -> tupl
     steps = len(train) // batch_size
     for seed in range(args.seeds):
         for epoch in range(args.epochs):
-            order = loop.epoch_order(seed, epoch, len(train))
+            order = batches_lib.epoch_order(seed, epoch, len(train))
             for index in range(steps):
                 if micro > 1:
-                    batches = loop.train_micro_batches(
+                    batches = batches_lib.train_micro_batches(
                         train, order, index, batch_size, micro, args.length_bucket, widths
                     )
                 else:
                     batches = [
-                        loop.train_batch(
+                        batches_lib.train_batch(
                             train, order, index, batch_size, args.length_bucket, widths
                         )
                     ]
@@ -95,9 +96,9 @@ def training(train: Examples, args, batch_size: int, micro: int, widths) -> tupl
 
 def evaluation(split: Examples, args, widths) -> tuple[int, float]:
     """(programs, padding share) of evaluating a split on a CPU."""
-    bucket = loop.eval_length_bucket(args.length_bucket)
+    bucket = batches_lib.eval_length_bucket(args.length_bucket)
     shapes, positions, real = set(), 0, 0
-    for _, batch in loop.eval_batches(split, args.eval_batch_size, bucket, 1, "cpu", widths):
+    for _, batch in batches_lib.eval_batches(split, args.eval_batch_size, bucket, 1, "cpu", widths):
         shapes.add(batch["input_ids"].shape)
         positions += batch["input_ids"].size
         real += int((batch["input_mask"].sum(axis=1) * batch["weights"]).sum())
@@ -141,17 +142,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ("every bucket", None, None),
             (
                 "finetune.py's default",
-                loop.training_widths(
+                widths.training_widths(
                     train, seeds, args.epochs, batch_size, micro, args.length_bucket
                 ),
-                loop.evaluation_widths([split], args.length_bucket),
+                widths.evaluation_widths([split], args.length_bucket),
             ),
         ]
         for overhead in overheads:
             policies.append(
                 (
                     f"fewest widths +{100 * overhead:g} %",
-                    loop.training_widths(
+                    widths.training_widths(
                         train,
                         tuple(range(args.seeds)),
                         args.epochs,
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         overhead,
                         program_positions=0,  # the overhead alone, whatever programs cost
                     ),
-                    loop.evaluation_widths([split], args.length_bucket, overhead),
+                    widths.evaluation_widths([split], args.length_bucket, overhead),
                 )
             )
         for policy, train_widths, eval_widths in policies:

@@ -16,7 +16,7 @@ from benchmarks.harness import timing
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
-# finetune.py's summary line (bertjax.finetune.loop._print_summary).
+# finetune.py's summary line (bertjax.finetune.summary.print_summary).
 FINETUNE_SUMMARY = re.compile(
     r"wall time: ([\d.]+) s, of which compiling ([\d.]+) s \(\d+ %, (\d+) programs compiled, "
     r"(\d+) loaded"

@@ -1,7 +1,7 @@
 """A fine-tuning run's epochs and evaluation as finetune.py runs them, for the benchmarks
 that time them beside transformers (benchmarks.finetune, benchmarks.qa).
 
-Host batches from each epoch's order (bertjax.finetune.loop.epoch_order, seed 0), cut to the
+Host batches from each epoch's order (bertjax.finetune.batches.epoch_order, seed 0), cut to the
 run's training widths, assembled into global arrays, the jitted and donated train step; the
 loop's evaluation (run_eval at the run's evaluation widths). `micro_batches` > 1: each batch
 as micro-batches grouped by length (config.grad_accum_steps); `token_capacity` below 1: the
@@ -18,7 +18,7 @@ import numpy as np
 from bertjax.capability import HeadSpec
 from bertjax.engine import perf, steps
 from bertjax.engine.optim import OptimizerSettings
-from bertjax.finetune import loop
+from bertjax.finetune import batches, evaluation, warm_start, widths
 from bertjax.finetune.objective import build_finetuning
 from bertjax.finetune.task import Examples
 
@@ -46,10 +46,10 @@ class Epochs:
         `source`: a run or transformers directory whose encoder the model starts from."""
         self.examples, self.batch_size = examples, batch_size
         self.length_bucket, self.micro_batches = length_bucket, micro_batches
-        self.train_widths = loop.training_widths(
+        self.train_widths = widths.training_widths(
             examples, (0,), epochs, batch_size, micro_batches, length_bucket
         )
-        self.eval_widths = loop.evaluation_widths([examples], length_bucket)
+        self.eval_widths = widths.evaluation_widths([examples], length_bucket)
         self.ft = build_finetuning(
             config,
             head,
@@ -63,7 +63,7 @@ class Epochs:
         with jax.set_mesh(self.ft.mesh):
             self.state = self.ft.state.init(jax.random.key(seed))
             if source is not None:  # the encoder's real weights, a fresh head
-                params, _, _ = loop.initial_params(source, self.ft, self.state.params)
+                params, _, _ = warm_start.initial_params(source, self.ft, self.state.params)
                 self.state = self.state.replace(params=params)
         self.rng = jax.random.key(seed + 1)
         self.epoch = 0
@@ -106,12 +106,12 @@ class Epochs:
 
     def run_epoch(self) -> float:
         """Trains one epoch; the last step's loss (which waits for the device)."""
-        order = loop.epoch_order(0, self.epoch, len(self.examples))
+        order = batches.epoch_order(0, self.epoch, len(self.examples))
         metrics = None
         with jax.set_mesh(self.ft.mesh):
             for index in range(len(self.examples) // self.batch_size):
                 if self.micro_batches > 1:
-                    local = loop.train_micro_batches(
+                    local = batches.train_micro_batches(
                         self.examples,
                         order,
                         index,
@@ -121,7 +121,7 @@ class Epochs:
                         self.train_widths,
                     )
                 else:
-                    local = loop.train_batch(
+                    local = batches.train_batch(
                         self.examples,
                         order,
                         index,
@@ -140,7 +140,7 @@ class Epochs:
     def predict(self) -> dict[str, np.ndarray]:
         """The loop's evaluation of every example: the objective's outputs, in order."""
         with jax.set_mesh(self.ft.mesh):
-            _, outputs = loop.run_eval(
+            _, outputs = evaluation.run_eval(
                 self.ft,
                 self.state.params,
                 self.examples,

@@ -22,7 +22,7 @@ import transformers
 from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.encoders.bert.config import BertConfig
 from bertjax.engine.optim import OptimizerSettings
-from bertjax.finetune.loop import epoch_order
+from bertjax.finetune.batches import epoch_order
 
 # bertjax's feature names and transformers' for the same inputs.
 INPUT_NAMES = {
@@ -195,7 +195,7 @@ class TorchEpochs:
         return tensors(features, rows, width, names)
 
     def steps(self) -> Iterable[Step]:
-        """The epoch's steps (bertjax.finetune.loop.epoch_order's order, seed 0)."""
+        """The epoch's steps (bertjax.finetune.batches.epoch_order's order, seed 0)."""
         order = epoch_order(0, self.epoch, len(self.examples))
         lengths = self.examples.features["input_mask"].sum(axis=1)
         for index in range(len(self.examples) // self.batch_size):

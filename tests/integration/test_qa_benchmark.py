@@ -8,7 +8,7 @@ import transformers
 
 from benchmarks import qa
 from bertjax.engine import optim
-from bertjax.finetune import loop
+from bertjax.finetune import warm_start
 from bertjax.tasks.qa import squad
 from bertjax.tasks.qa.model import qa_sums
 
@@ -23,7 +23,7 @@ TINY = ["--preset=tiny", "--vocab_size=300", "--windows=40", "--batch_size=8"] +
 def test_the_whole_command_s_inputs_open_and_read_as_finetune_py_reads_them(tmp_path):
     args = qa.parse_args(TINY)
     init_from, train, dev = qa.command_inputs(args, str(tmp_path))
-    source = loop.open_source(init_from)
+    source = warm_start.open_source(init_from)
     assert source.config.num_layers == 2 and source.config.vocab_size == 300
     for path, count in ((train, 40), (dev, 10)):
         data = squad.read_examples(path)

@@ -13,7 +13,8 @@ import benchmarks
 from benchmarks.harness import commands, fixtures, report, timing
 from bertjax.capability import ENCODER
 from bertjax.encoders.bert.config import BertConfig
-from bertjax.finetune import loop
+from bertjax.finetune import summary as summary_lib
+from bertjax.finetune import warm_start
 
 
 class FakeClock:
@@ -170,7 +171,7 @@ def test_sentence_pairs_and_lengths():
 def test_a_random_bert_directory_opens_with_its_word_vocabulary(tmp_path):
     config = BertConfig.preset("tiny", vocab_size=40)
     fixtures.random_bert_directory(tmp_path, config, seed=0)
-    source = loop.open_source(str(tmp_path))
+    source = warm_start.open_source(str(tmp_path))
     assert source.config.vocab_size == 40 and source.config.num_layers == config.num_layers
     ids = source.tokenizer.encode_batch(["w0 w7 w34"])[0]
     assert ids == [fixtures.FIRST_REAL_ID, fixtures.FIRST_REAL_ID + 7, 39]
@@ -186,7 +187,7 @@ def test_finetune_py_s_summary_line_is_read_back(capsys):
         "programs_loaded": 2,
         "usage": "answer(...)",
     }
-    loop._print_summary(summary)
+    summary_lib.print_summary(summary)
     out = capsys.readouterr().out + "\neval/f1 12.5\neval/f1 20.25\n"
     assert commands.finetune_summary(out) == commands.FinetuneSummary(95.4, 85.1, 29, 2)
     assert commands.finetune_summary("no summary") is None
