@@ -41,9 +41,12 @@ Attention dropout is set to 0 for every backend: the fused kernels cannot drop a
 weights (bertjax.nn.attention runs xla whenever it is active), and the backends must compute the
 same function to be compared. Hidden dropout stays at the configs' (BERT's 0.1, ModernBERT's
 0). Token packing is off (token_capacity 1), so MFU counts every padded slot as work. Batches
-are synthetic: random token ids; padded batches have 90% of sequences full length and the rest
-between a quarter and all of it (as google's create_pretraining_data fills sequences); packed
-rows hold documents of a sixteenth to half a row. Predictions per sequence: S * 5 / 32 for
+are synthetic (benchmarks.harness.fixtures): random token ids; padded batches have 90% of
+sequences full length and the rest between a quarter and all of it (as google's
+create_pretraining_data fills sequences); packed rows hold documents of a sixteenth to half a
+row. Each cell's first step (which compiles) is timed apart, then --warmup untimed steps, then
+one call of --steps steps (benchmarks.harness.timing); --json appends the run's row
+(benchmarks.harness.report). Predictions per sequence: S * 5 / 32 for
 BERT (20 at 128, 80 at 512), 30% of S for ModernBERT (its recipe's rate); batch 256 at
 sequence 128, 64 at 512 and 32 at 1,024 (32k tokens a step).
 
@@ -70,44 +73,25 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import importlib.util
-import json
 import logging
 import math
 import os
-import platform
-import sys
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import flax
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-# The script runs from a checkout: make `bertjax` and `configs` importable from the root.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+from benchmarks.harness import commands, fixtures, report, timing
+from bertjax import encoders
+from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
+from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.engine import perf, steps
+from bertjax.nn import attention, losses, sharding
+from bertjax.pretrain.objective import MaskedLmLoss, build_pretraining
+from bertjax.pretrain.settings import PretrainSettings
 
-from bertjax import encoders  # noqa: E402
-from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init  # noqa: E402
-from bertjax.encoders.modernbert.config import ModernBertConfig  # noqa: E402
-from bertjax.engine import (  # noqa: E402
-    perf,  # noqa: E402
-    steps,  # noqa: E402
-)
-from bertjax.nn import (  # noqa: E402
-    attention,  # noqa: E402
-    losses,  # noqa: E402
-    sharding,  # noqa: E402
-)
-from bertjax.pretrain.objective import MaskedLmLoss, build_pretraining  # noqa: E402
-from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
-from bertjax.storage import fs  # noqa: E402
-
-FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK] in bertjax tokenizers
 DTYPE = "bfloat16"
 MODERN_BASE = "modernbert_base"
 MODELS = ("base", "large", MODERN_BASE)
@@ -347,7 +331,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="peak bf16 FLOP/s of one device for MFU (default: bertjax.engine.perf's data-sheet table)",  # noqa: E501
     )
-    parser.add_argument("--json", default="", help="also write the results to this JSON file")
+    report.add_json_flag(parser)
     parser.add_argument(
         "--profile",
         default="",
@@ -400,11 +384,7 @@ def layouts_for(model_name: str) -> tuple[str, ...]:
 def load_config(name: str):
     """configs/<name>.py's get_config() (configs/tiny.py and configs/modernbert_tiny.py for the
     tiny models)."""
-    path = os.path.join(_REPO, "configs", f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"accelerator_config_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
+    return fixtures.recipe(commands.REPO / "configs" / f"{name}.py")
 
 
 def num_predictions(seq_len: int, model_name: str) -> int:
@@ -555,80 +535,18 @@ def other_layers_note(by_kind: dict[str, str], impl: str) -> str:
 # ----------------------------------------------------------------------------- batches
 
 
-def synthetic_batch(
-    rng: np.random.Generator, batch_size: int, seq_len: int, vocab_size: int, predictions: int
-) -> dict[str, np.ndarray]:
-    """A pretraining batch in google's feature layout: mostly full sequences, some shorter."""
-    input_ids = np.zeros((batch_size, seq_len), np.int32)
-    input_mask = np.zeros((batch_size, seq_len), np.int32)
-    segment_ids = np.zeros((batch_size, seq_len), np.int32)
-    positions = np.zeros((batch_size, predictions), np.int32)
-    shortest = max(predictions + 2, seq_len // 4)
-    for row in range(batch_size):
-        # Row 0 always short, so that even a one-row batch exercises padding.
-        full = row > 0 and rng.random() < 0.9
-        length = seq_len if full else int(rng.integers(shortest, seq_len))
-        input_ids[row, :length] = rng.integers(FIRST_REAL_ID, vocab_size, length)
-        input_mask[row, :length] = 1
-        segment_ids[row, int(rng.integers(2, length - 1)) : length] = 1
-        positions[row] = np.sort(rng.choice(np.arange(1, length), predictions, replace=False))
-    return {
-        "input_ids": input_ids,
-        "input_mask": input_mask,
-        "segment_ids": segment_ids,
-        "masked_lm_positions": positions,
-        "masked_lm_ids": rng.integers(FIRST_REAL_ID, vocab_size, (batch_size, predictions)).astype(
-            np.int32
-        ),
-        "masked_lm_weights": np.ones((batch_size, predictions), np.float32),
-        "next_sentence_labels": rng.integers(0, 2, batch_size).astype(np.int32),
-    }
-
-
-def packed_batch(
-    rng: np.random.Generator, batch_size: int, seq_len: int, vocab_size: int, predictions: int
-) -> dict[str, np.ndarray]:
-    """A batch of packed rows (data.layout="packed"): whole documents of a sixteenth to half a
-    row end to end, the last cut at the row's end, with document_ids (1.., 0 for padding) and
-    positions restarting at each document. Row 0 ends in padding, so that packed batches
-    exercise it too."""
-    input_ids = np.zeros((batch_size, seq_len), np.int32)
-    input_mask = np.zeros((batch_size, seq_len), np.int32)
-    document_ids = np.zeros((batch_size, seq_len), np.int32)
-    positions = np.zeros((batch_size, seq_len), np.int32)
-    masked = np.zeros((batch_size, predictions), np.int32)
-    shortest, longest = max(2, seq_len // 16), max(3, seq_len // 2)
-    for row in range(batch_size):
-        length = seq_len if row > 0 else int(rng.integers(max(predictions, seq_len // 2), seq_len))
-        start, document = 0, 1
-        while start < length:
-            size = min(int(rng.integers(shortest, longest + 1)), length - start)
-            document_ids[row, start : start + size] = document
-            positions[row, start : start + size] = np.arange(size)
-            start, document = start + size, document + 1
-        input_ids[row, :length] = rng.integers(FIRST_REAL_ID, vocab_size, length)
-        input_mask[row, :length] = 1
-        masked[row] = np.sort(rng.choice(np.arange(length), predictions, replace=False))
-    return {
-        "input_ids": input_ids,
-        "input_mask": input_mask,
-        "segment_ids": np.zeros((batch_size, seq_len), np.int32),
-        "document_ids": document_ids,
-        "positions": positions,
-        "masked_lm_positions": masked,
-        "masked_lm_ids": rng.integers(FIRST_REAL_ID, vocab_size, (batch_size, predictions)).astype(
-            np.int32
-        ),
-        "masked_lm_weights": np.ones((batch_size, predictions), np.float32),
-        "next_sentence_labels": np.zeros(batch_size, np.int32),
-    }
-
-
 def make_batch(
     layout: str, rng: np.random.Generator, batch_size: int, seq_len: int, model_name: str, vocab
 ) -> dict[str, np.ndarray]:
-    build = packed_batch if layout == PACKED else synthetic_batch
-    return build(rng, batch_size, seq_len, vocab, num_predictions(seq_len, model_name))
+    """A batch of the layout: whole documents packed end to end, or google's padded pairs
+    (90% of rows full, the rest from a quarter of the row; row 0 always short)."""
+    predictions = num_predictions(seq_len, model_name)
+    if layout == PACKED:
+        return fixtures.packed_pretraining_batch(rng, batch_size, seq_len, predictions, vocab)
+    shortest = max(predictions + 2, seq_len // 4)
+    return fixtures.pretraining_batch(
+        rng, batch_size, seq_len, predictions, vocab, shortest=shortest, full_share=0.9
+    )
 
 
 # ----------------------------------------------------------------------------- timing
@@ -636,10 +554,15 @@ def make_batch(
 
 def initial_state(setup: steps.Steps, seed: int) -> tuple[steps.TrainState, float]:
     """(the train state at step 0, seconds to compile and run its initialisation)."""
-    start = time.perf_counter()
-    with jax.set_mesh(setup.mesh):
-        state = jax.block_until_ready(setup.state.init(jax.random.key(seed)))
-    return state, time.perf_counter() - start
+    made = []
+
+    def init():
+        with jax.set_mesh(setup.mesh):
+            made.append(setup.state.init(jax.random.key(seed)))
+        return made[0]
+
+    seconds = timing.time_call(init, rounds=1, warmup=0).median
+    return made[0], seconds
 
 
 def time_cell(
@@ -659,7 +582,7 @@ def time_cell(
     with jax.set_mesh(setup.mesh):
         state = jax.tree.map(jnp.copy, state)
 
-        def run(count: int, offset: int):
+        def run(count: int, offset: int) -> float:
             nonlocal state
             metrics = None
             for i in range(count):
@@ -668,15 +591,13 @@ def time_cell(
             loss = float(metrics["train/loss"])  # waits for the device
             if not math.isfinite(loss):
                 raise FloatingPointError(f"the train step gave a non-finite loss {loss}")
+            return loss
 
-        start = time.perf_counter()
-        run(1, 0)
-        compile_s = time.perf_counter() - start
+        compile_s = timing.time_call(lambda: run(1, 0), rounds=1, warmup=0).median
         if warmup:
             run(warmup, 1)
-        start = time.perf_counter()
-        run(num_steps, 1 + warmup)
-        step_s = (time.perf_counter() - start) / num_steps
+        timed = timing.time_call(lambda: run(num_steps, 1 + warmup), rounds=1, warmup=0)
+        step_s = timed.median / num_steps
         if profile_dir:
             os.makedirs(profile_dir, exist_ok=True)
             compiled = setup.train_step.lower(state, device_batches[0], rng).compile()
@@ -856,26 +777,13 @@ def format_table(columns: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def versions() -> dict[str, str]:
-    return {
-        "python": platform.python_version(),
-        "jax": jax.__version__,
-        "jaxlib": getattr(jax.lib, "__version__", jax.__version__),
-        "flax": flax.__version__,
-        "numpy": np.__version__,
-    }
-
-
 class Budget:
     """Wall-clock budget: a piece of work runs only if it is expected to finish within it."""
 
     def __init__(self, seconds: float):
         self.seconds = seconds
-        self.start = time.perf_counter()
+        self.elapsed = timing.stopwatch()
         self.estimates: dict[str, float] = {}
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
 
     def allows(self, kind: str) -> bool:
         # The last piece of the same kind, with a margin: later cells are the larger ones.
@@ -905,7 +813,7 @@ def run_check(
     if not budget.allows("check"):
         notes.append(f"check {name}: skipped, over the {args.budget_s:g} s budget")
         return []
-    start = time.perf_counter()
+    elapsed = timing.stopwatch()
     try:
         checks, why = check_backends(
             model_name,
@@ -917,7 +825,7 @@ def run_check(
         )
     except Exception as e:  # a kernel that does not compile here: say so, go on
         checks, why = [], f"failed: {type(e).__name__}: {str(e).splitlines()[0]}"
-    budget.record("check", time.perf_counter() - start)
+    budget.record("check", elapsed())
     if why:
         notes.append(f"check {name} seq {check_seq}: {why}")
     for c in checks:
@@ -981,7 +889,7 @@ def run_cells(
                 make_batch(layout, rng, batch_size, seq_len, model_name, model.vocab_size)
                 for _ in range(2)
             ]
-        start = time.perf_counter()
+        elapsed = timing.stopwatch()
         try:
             init_s = None
             if state is None:
@@ -1004,7 +912,7 @@ def run_cells(
         except Exception as e:  # e.g. out of memory, or a kernel this device lacks
             first = str(e).splitlines()[0] if str(e) else ""
             cell = dataclasses.replace(base, note=f"failed: {type(e).__name__}: {first}")
-        budget.record("cell", time.perf_counter() - start)
+        budget.record("cell", elapsed())
         cells.append(cell)
         print("cell " + " ".join(v for v in cell.row() if v), flush=True)
         del setup
@@ -1015,13 +923,12 @@ def run_cells(
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the benchmark, prints its tables and returns (and optionally writes) the results."""
     args = parse_args(argv)
+    machine = report.start("accelerator", argv)
     budget = Budget(args.budget_s)
     device = jax.devices()[0]
     fused, fused_line = fused_backend(args.fused)
     peak = perf.peak_flops_per_device(device.device_kind, DTYPE, args.peak_flops or None)
     total_peak = peak * jax.device_count() if peak else None
-    print(f"versions: {', '.join(f'{k} {v}' for k, v in versions().items())}")
-    print(f"backend: {jax.default_backend()}, {jax.device_count()} x {device.device_kind}")
     print(
         "peak bf16 FLOP/s per device: "
         + (
@@ -1070,23 +977,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"total {budget.elapsed():.0f} s")
 
     result = {
-        "device_kind": device.device_kind,
-        "backend": jax.default_backend(),
-        "device_count": jax.device_count(),
         "peak_flops_per_device": peak,
         "fused": fused,
         "fused_note": fused_line,
-        "versions": versions(),
         "cells": [c.to_json() for c in cells],
         "checks": [c.to_json() for c in checks],
         "check_passed": all(c.passed for c in checks) if checks else None,
         "notes": notes,
         "elapsed_s": budget.elapsed(),
-        "argv": sys.argv[1:] if argv is None else list(argv),
     }
-    if args.json:
-        fs.write_text(args.json, json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.json}")
+    report.finish("accelerator", args, result, machine)
     return result
 
 

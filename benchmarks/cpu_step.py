@@ -1,13 +1,14 @@
 """Where a fine-tuning train step's time goes on a CPU, from XLA's own profile.
 
-    python benchmarks/cpu_step.py [--model bert|modernbert] [--batch 32] [--width 256]
+    python -m benchmarks.cpu_step [--model bert|modernbert] [--batch 32] [--width 256]
         [--micro_batches 8] [--matmul_dtype bfloat16] [--steps 3] [--trace_dir DIR]
 
 A sequence classifier's train step (BERT at MiniLM's shape, L6/H384/A12, or ModernBERT
-L6/H256/A4: benchmarks/compile_step.py's models) on `--batch` rows of random tokens, real
-lengths drawn from half to all of `--width`, taken as `--micro_batches` micro-batches as
-finetune.py's `--config.grad_accum_steps` does. After two untimed steps it times `--steps`,
-then traces as many more with jax's profiler and sums what XLA's CPU runtime ran, by kind:
+L6/H256/A4) on `--batch` rows of random tokens, real lengths drawn from half to all of
+`--width`, taken as `--micro_batches` micro-batches as finetune.py's
+`--config.grad_accum_steps` does. After two untimed steps it times `--steps` one step at a
+time (benchmarks.harness.timing, median), then traces as many more with jax's profiler and
+sums what XLA's CPU runtime ran, by kind:
 
 - products in a library (YNNPACK or XNNPACK fusions: XLA's bfloat16 and most float32 dots),
 - products in Eigen (XLA's own dot thunks),
@@ -32,23 +33,38 @@ import gzip
 import json
 import pathlib
 import re
-import statistics
-import sys
 import tempfile
-import time
+from typing import Any
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+import jax
+import numpy as np
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from compile_step import MODELS  # noqa: E402
+from benchmarks.harness import fixtures, report, timing
+from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.encoders.modernbert.config import ModernBertConfig
+from bertjax.engine import optim
+from bertjax.finetune.objective import build_finetuning
 
-from bertjax.capability import HeadSpec  # noqa: E402
-from bertjax.engine import optim  # noqa: E402
-from bertjax.finetune.objective import build_finetuning  # noqa: E402
-
+MODELS = {
+    "BERT L6/H384": BertConfig(
+        vocab_size=30522,
+        hidden_size=384,
+        num_layers=6,
+        num_heads=12,
+        intermediate_size=1536,
+        max_position_embeddings=512,
+    ),
+    "ModernBERT L6/H256": ModernBertConfig(
+        vocab_size=50368,
+        hidden_size=256,
+        intermediate_size=384,
+        num_layers=6,
+        num_heads=4,
+        local_attention=128,
+        dtype="float32",
+    ),
+}
 MODEL_NAMES = {"bert": "BERT L6/H384", "modernbert": "ModernBERT L6/H256"}
 KINDS = (
     "products in a library",
@@ -114,12 +130,15 @@ def micro_batches(args, rng) -> list[dict[str, np.ndarray]]:
     out = []
     for _ in range(args.micro_batches):
         lengths = rng.integers(args.width // 2, args.width + 1, rows)
-        mask = (np.arange(args.width)[None] < lengths[:, None]).astype(np.int32)
+        ids = fixtures.token_rows(
+            rng, lengths, 1000, fixtures.CLS_ID, fixtures.SEP_ID, fixtures.FIRST_REAL_ID
+        )
+        batch = fixtures.padded(ids, args.width)
         out.append(
             {
-                "input_ids": rng.integers(5, 1000, (rows, args.width)).astype(np.int32) * mask,
-                "input_mask": mask,
-                "segment_ids": np.zeros_like(mask),
+                "input_ids": batch["input_ids"],
+                "input_mask": batch["attention_mask"],
+                "segment_ids": np.zeros_like(batch["input_ids"]),
                 "labels": rng.integers(0, 2, rows).astype(np.int32),
                 "weights": np.ones(rows, np.float32),
             }
@@ -148,19 +167,20 @@ def profile(args) -> dict:
     trace_dir = args.trace_dir or tempfile.mkdtemp(prefix="bertjax-cpu-step-")
     with jax.set_mesh(ft.mesh):
         state = ft.state.init(jax.random.key(args.seed))
+        taken = 0
 
-        def steps(count: int, first: int) -> float:
-            nonlocal state
-            start = time.perf_counter()
-            for i in range(first, first + count):
-                state, _ = ft.steps.take_step(state, batches, jax.random.key(i))
-            jax.block_until_ready(state)
-            return (time.perf_counter() - start) / count
+        def step():
+            nonlocal state, taken
+            state, _ = ft.steps.take_step(state, batches, jax.random.key(taken))
+            taken += 1
+            return state
 
-        steps(2, 0)  # compiles
-        seconds = [steps(1, 2 + i) for i in range(args.steps)]
+        # Two untimed steps (the first compiles), then --steps timed one at a time.
+        timed = timing.time_call(step, rounds=args.steps, warmup=2)
         with jax.profiler.trace(trace_dir, create_perfetto_trace=True):
-            steps(args.steps, 100)
+            for _ in range(args.steps):
+                step()
+            jax.block_until_ready(state)
     traces = pathlib.Path(trace_dir).rglob("perfetto_trace.json.gz")
     trace = max(traces, key=lambda p: p.stat().st_mtime)  # this run's, if the directory is kept
     with gzip.open(trace) as f:
@@ -168,7 +188,7 @@ def profile(args) -> dict:
     events = loaded["traceEvents"] if isinstance(loaded, dict) else loaded
     totals = own_times(events)
     return {
-        "step_s": statistics.median(seconds),
+        "step_s": timed.median,
         "ms_per_step": {k: v / 1e3 / args.steps for k, v in totals.items()},
         "trace": str(trace),
     }
@@ -184,14 +204,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--trace_dir", default="", help="keep the profile here")
+    report.add_json_flag(parser)
     args = parser.parse_args(argv)
     if args.batch % args.micro_batches:
         parser.error(f"--batch {args.batch} is not a multiple of --micro_batches")
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    machine = report.start("cpu_step", argv)
     result = profile(args)
     step_ms = 1e3 * result["step_s"]
     print(
@@ -204,6 +226,7 @@ def main(argv: list[str] | None = None) -> dict:
     for kind, ms in result["ms_per_step"].items():
         print(f"| {kind} | {ms:.1f} | {100 * ms / step_ms:.0f} % |")
     print(f"trace: {result['trace']}")
+    report.finish("cpu_step", args, result, machine)
     return result
 
 

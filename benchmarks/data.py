@@ -1,44 +1,45 @@
 """Data pipeline throughput: tokenizer training, prepare (per worker, with peak RSS), loader;
 preparation per shipped format; a mixture's loader against one source's.
 
-    python benchmarks/data.py [--synthetic_mb 32] [--workers 1 2] [--work_dir runs/bench_data]
-    python benchmarks/data.py --sections formats mixture [--formats_mb 8]
+    python -m benchmarks.data [--synthetic_mb 32] [--workers 1 2] [--work_dir runs/bench_data]
+    python -m benchmarks.data --sections formats mixture [--formats_mb 8]
 
 Uses the demo corpus (the interpreter's own documentation) and, with --synthetic_mb, a larger
 corpus made by reshuffling its sentences into new documents. The loader is measured on one
-core (no prefetch threads) at max_seq_length=128, batch_size=256.
+core (no prefetch threads) at max_seq_length=128, batch_size=256, over --loader_batches
+batches after a first one.
 
 Section "formats" writes the same documents (a synthetic corpus of --formats_mb MB) as
 google's text, JSON Lines in gzip and in zstd, and parquet, then prepares each with one worker:
 MB/s (of document text) and tokens/s per core, and the reading alone (documents/s). Section
 "mixture" prepares the three sources of bertjax.data.demo_sources (parquet, zstd and gzip JSON
 Lines) with one tokenizer and times the three-source mixture's loader against one source's, in
-alternating rounds so that both see the same machine.
+alternating rounds of CPU time (benchmarks.harness.timing with the process's CPU clock) so that
+both see the same machine.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import os
-import pathlib
-import resource
-import sys
-import threading
-import time
 
-import numpy as np
-
-# Loader throughput is a one-core figure: keep numpy's BLAS pools from spreading out.
+# Loader throughput is a one-core figure: keep numpy's BLAS pools from spreading out (read
+# when numpy is first imported, below).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
 import gzip  # noqa: E402
 import json  # noqa: E402
+import pathlib  # noqa: E402
+import resource  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
 
+import numpy as np  # noqa: E402
 import zstandard  # noqa: E402
 
+from benchmarks.harness import report, timing  # noqa: E402
 from bertjax.data import MaskingSettings, demo_corpus_path, make_loader, prepare  # noqa: E402
 from bertjax.data.corpus import InputReport, ReadSettings, read_documents  # noqa: E402
 from bertjax.data.demo_sources import write_sources  # noqa: E402
@@ -125,22 +126,29 @@ def synthetic_corpus(
     return path
 
 
+def once(function) -> tuple[float, Any]:
+    """(seconds, result) of one call, by the harness's timer."""
+    result = []
+    seconds = timing.time_call(lambda: result.append(function()), rounds=1, warmup=0).median
+    return seconds, result[0]
+
+
 def bench_prepare(
     corpus: pathlib.Path, tokenizer: pathlib.Path, out: pathlib.Path, workers: int
-) -> None:
+) -> dict[str, float]:
     size_mb = corpus.stat().st_size / 1e6
     with TreeMemory() as memory:
-        start = time.perf_counter()
-        manifest = prepare(
-            [str(corpus)],
-            out,
-            tokenizer_path=tokenizer,
-            workers=workers,
-            dupe_factor=1,
-            max_seq_length=128,
-            verbose=False,
+        seconds, manifest = once(
+            lambda: prepare(
+                [str(corpus)],
+                out,
+                tokenizer_path=tokenizer,
+                workers=workers,
+                dupe_factor=1,
+                max_seq_length=128,
+                verbose=False,
+            )
         )
-        seconds = time.perf_counter() - start
     instances = sum(split["num_instances"] for split in manifest["splits"].values())
     own, children = peak_rss_mb()
     print(
@@ -151,9 +159,10 @@ def bench_prepare(
         f"process {memory.peak_single_mb:.0f} MB; getrusage self {own:.0f} MB, "
         f"reaped children {children:.0f} MB"
     )
+    return {"MB/s per worker": size_mb / seconds / workers, "peak MB": memory.peak_total_mb}
 
 
-def bench_loader(data_dir: pathlib.Path, whole_word_masking: bool, seconds: float = 5.0) -> None:
+def bench_loader(data_dir: pathlib.Path, whole_word_masking: bool, batches: int) -> float:
     loader = make_loader(
         data_dir,
         batch_size=256,
@@ -162,18 +171,15 @@ def bench_loader(data_dir: pathlib.Path, whole_word_masking: bool, seconds: floa
         process_count=1,
         masking=MaskingSettings(whole_word_masking=whole_word_masking),
     )
-    next(loader)
-    count = 0
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        next(loader)
-        count += 1
-    rate = count * 256 / (time.perf_counter() - start)
+    next(loader)  # the first batch opens the shards
+    seconds, _ = once(lambda: [next(loader) for _ in range(batches)])
+    rate = batches * 256 / seconds
     print(
         f"loader S=128 B=256 whole_word_masking={whole_word_masking}: "
         f"{rate:,.0f} masked sequences/s "
         f"({loader.num_examples} examples)"
     )
+    return rate
 
 
 def write_formats(corpus: pathlib.Path, directory: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -198,24 +204,26 @@ def write_formats(corpus: pathlib.Path, directory: pathlib.Path) -> dict[str, pa
     return files
 
 
-def bench_formats(corpus: pathlib.Path, tokenizer: pathlib.Path, work: pathlib.Path) -> None:
+def bench_formats(
+    corpus: pathlib.Path, tokenizer: pathlib.Path, work: pathlib.Path
+) -> dict[str, float]:
     files = write_formats(corpus, work / "formats")
+    figures = {}
     for name, path in files.items():
-        start = time.perf_counter()
-        report = InputReport()
-        documents = sum(1 for _ in read_documents([str(path)], report))
-        read_seconds = time.perf_counter() - start
-        start = time.perf_counter()
-        manifest = prepare(
-            [str(path)],
-            work / f"prepared_format_{name}",
-            tokenizer_path=tokenizer,
-            workers=1,
-            dupe_factor=1,
-            max_seq_length=128,
-            verbose=False,
+        read_seconds, documents = once(
+            lambda path=path: sum(1 for _ in read_documents([str(path)], InputReport()))
         )
-        seconds = time.perf_counter() - start
+        seconds, manifest = once(
+            lambda path=path, name=name: prepare(
+                [str(path)],
+                work / f"prepared_format_{name}",
+                tokenizer_path=tokenizer,
+                workers=1,
+                dupe_factor=1,
+                max_seq_length=128,
+                verbose=False,
+            )
+        )
         text_mb = manifest["raw_chars"] / 1e6
         tokens = sum(split["num_tokens"] for split in manifest["splits"].values())
         print(
@@ -224,34 +232,34 @@ def bench_formats(corpus: pathlib.Path, tokenizer: pathlib.Path, work: pathlib.P
             f"prepare (1 core) {seconds:.2f}s = {text_mb / seconds:.2f} MB/s of text, "
             f"{tokens / seconds:,.0f} tokens/s per core"
         )
+        figures[f"{name} MB/s"] = text_mb / seconds
+    return figures
 
 
-def _cpu_ms_per_batch(loader, batches: int) -> float:
-    """CPU milliseconds per batch over `batches` batches (process time: other work on a shared
-    machine does not count; the loader makes its batches in this thread)."""
-    start = time.process_time()
-    for _ in range(batches):
-        next(loader)
-    return (time.process_time() - start) / batches * 1e3
+def _side_by_side(label: str, single, mixture, rounds: int, batches: int = 60) -> float:
+    """The single-source loader and the mixture's, timed in alternating rounds of CPU time
+    (process time: other work on a shared machine does not count; the loader makes its
+    batches in this thread). Returns the mixture's cost in percent."""
 
+    def take(loader):
+        return lambda: [next(loader) for _ in range(batches)]
 
-def _side_by_side(label: str, single, mixture, rounds: int, batches: int = 60) -> None:
-    """The single-source loader and the mixture's, timed in alternating rounds."""
-    next(single), next(mixture)
-    singles, mixtures = [], []
-    for _ in range(rounds):  # alternating, so that both see the same machine
-        singles.append(_cpu_ms_per_batch(single, batches))
-        mixtures.append(_cpu_ms_per_batch(mixture, batches))
-    one, three = float(np.median(singles)), float(np.median(mixtures))
+    found = timing.time_rounds(
+        {"single": take(single), "mixture": take(mixture)},
+        rounds=rounds,
+        clock=time.process_time,
+    )
+    one, three = (found[name].median / batches * 1e3 for name in ("single", "mixture"))
     cost = (three / one - 1) * 100
     print(
         f"loader S=128 B=256, one core, {label}: one source {1e3 / one:.0f} batches/s, "
         f"three-source mixture {1e3 / three:.0f} batches/s (CPU time, median of {rounds} "
         f"alternating rounds of {batches} batches): the mixture costs {cost:+.1f}%"
     )
+    return cost
 
 
-def bench_mixture(work: pathlib.Path, tokenizer: pathlib.Path, rounds: int = 31) -> None:
+def bench_mixture(work: pathlib.Path, tokenizer: pathlib.Path, rounds: int) -> dict[str, float]:
     demo = demo_corpus_path(work / "corpus")
     sources = parse_sources(write_sources(read_documents([str(demo)], InputReport()), work / "mix"))
     common = dict(tokenizer_path=tokenizer, workers=1, dupe_factor=1, max_seq_length=128)
@@ -265,7 +273,8 @@ def bench_mixture(work: pathlib.Path, tokenizer: pathlib.Path, rounds: int = 31)
     prepare([str(demo)], whole, verbose=False, **common)
     kwargs = dict(batch_size=256, seed=0, process_index=0, process_count=1)
     mixture = make_mixture_loader(prepared, **kwargs)
-    _side_by_side(
+    figures = {}
+    figures["formats as three sources, cost %"] = _side_by_side(
         "the three formats' sources against their documents as one source",
         make_loader(whole, **kwargs),
         mixture,
@@ -274,7 +283,7 @@ def bench_mixture(work: pathlib.Path, tokenizer: pathlib.Path, rounds: int = 31)
     # The mixture's own cost, apart from what its rows hold: the same prepared data as three
     # sources of 0.6 / 0.3 / 0.1.
     copies = [(dataclasses.replace(s, name=f"copy{i}"), whole) for i, (s, _) in enumerate(prepared)]
-    _side_by_side(
+    figures["one source as three, cost %"] = _side_by_side(
         "the same data as one source and as three",
         make_loader(whole, **kwargs),
         make_mixture_loader(copies, **kwargs),
@@ -284,7 +293,7 @@ def bench_mixture(work: pathlib.Path, tokenizer: pathlib.Path, rounds: int = 31)
     # corpus is many shards, and a batch that spans several gathers from each (as here).
     sharded = work / "prepared_mix_whole_3_shards"
     prepare([str(demo)], sharded, verbose=False, chunk_mb=demo.stat().st_size / 3.2e6, **common)
-    _side_by_side(
+    figures["three shards as three sources, cost %"] = _side_by_side(
         "the same data as one source of three shards and as three sources",
         make_loader(sharded, **kwargs),
         make_mixture_loader(copies, **kwargs),
@@ -294,9 +303,10 @@ def bench_mixture(work: pathlib.Path, tokenizer: pathlib.Path, rounds: int = 31)
         "realised shares after the rounds: "
         + ", ".join(f"{k} {v:.4f}" for k, v in mixture.shares().items())
     )
+    return figures
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work_dir", default="runs/bench_data")
     parser.add_argument(
@@ -311,37 +321,50 @@ def main() -> None:
         default=["prepare", "formats", "mixture"],
     )
     parser.add_argument("--formats_mb", type=float, default=8.0, help="corpus size of 'formats'")
-    args = parser.parse_args()
+    parser.add_argument("--mixture_rounds", type=int, default=31, help="rounds of 'mixture'")
+    parser.add_argument("--loader_batches", type=int, default=200, help="batches timed")
+    report.add_json_flag(parser)
+    args = parser.parse_args(argv)
+    machine = report.start("data", argv)
     work = pathlib.Path(args.work_dir)
     work.mkdir(parents=True, exist_ok=True)
 
     demo = demo_corpus_path(work / "corpus")
     print(f"demo corpus: {demo.stat().st_size / 1e6:.2f} MB")
-    start = time.perf_counter()
-    sentences = (s for doc in read_documents([str(demo)], InputReport()) for s in doc)
     tokenizer = work / "tokenizer.model"
-    train_tokenizer(sentences, TokenizerSettings(vocab_size=args.vocab_size), tokenizer)
-    seconds = time.perf_counter() - start
+
+    def train() -> None:
+        sentences = (s for doc in read_documents([str(demo)], InputReport()) for s in doc)
+        train_tokenizer(sentences, TokenizerSettings(vocab_size=args.vocab_size), tokenizer)
+
+    seconds, _ = once(train)
     print(f"tokenizer training (vocab {args.vocab_size}, demo corpus): {seconds:.2f}s")
+    figures: dict[str, Any] = {"tokenizer training s": seconds}
 
     if "formats" in args.sections:
         corpus = work / "corpus" / f"synthetic_{args.formats_mb:g}mb.txt"
-        bench_formats(synthetic_corpus(demo, args.formats_mb, corpus), tokenizer, work)
+        corpus = synthetic_corpus(demo, args.formats_mb, corpus)
+        figures["formats"] = bench_formats(corpus, tokenizer, work)
     if "mixture" in args.sections:
-        bench_mixture(work, tokenizer)
-    if "prepare" not in args.sections:
-        return
-    corpora = [demo]
-    if args.synthetic_mb > 0:
-        synthetic = work / "corpus" / f"synthetic_{args.synthetic_mb:g}mb.txt"
-        corpora.append(synthetic_corpus(demo, args.synthetic_mb, synthetic))
-    for corpus in corpora:
-        for workers in args.workers:
-            bench_prepare(corpus, tokenizer, work / f"prepared_{corpus.stem}_{workers}", workers)
-
-    loader_dir = work / f"prepared_{corpora[-1].stem}_{args.workers[0]}"
-    for whole_word_masking in (False, True):
-        bench_loader(loader_dir, whole_word_masking)
+        figures["mixture"] = bench_mixture(work, tokenizer, args.mixture_rounds)
+    if "prepare" in args.sections:
+        corpora = [demo]
+        if args.synthetic_mb > 0:
+            synthetic = work / "corpus" / f"synthetic_{args.synthetic_mb:g}mb.txt"
+            corpora.append(synthetic_corpus(demo, args.synthetic_mb, synthetic))
+        for corpus in corpora:
+            for workers in args.workers:
+                out = work / f"prepared_{corpus.stem}_{workers}"
+                figures[f"prepare {corpus.name} workers {workers}"] = bench_prepare(
+                    corpus, tokenizer, out, workers
+                )
+        loader_dir = work / f"prepared_{corpora[-1].stem}_{args.workers[0]}"
+        for whole_word_masking in (False, True):
+            figures[f"loader sequences/s, whole_word_masking={whole_word_masking}"] = bench_loader(
+                loader_dir, whole_word_masking, args.loader_batches
+            )
+    report.finish("data", args, figures, machine)
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,50 +1,42 @@
 """Fine-tuning throughput: bertjax's epoch and prediction against transformers'
 BertForSequenceClassification.
 
-    python benchmarks/finetune.py                        # BERT-small (L4/H512/A8), B32, S128
-    python benchmarks/finetune.py --examples 4096 --preset base --dtype bfloat16  # accelerators
-    python benchmarks/finetune.py --tsv MRPC/dev.tsv --init_from MODEL_DIR --examples 408
-    python benchmarks/finetune.py --tsv RTE/dev.tsv --init_from MODEL_DIR \
+    python -m benchmarks.finetune                        # BERT-small (L4/H512/A8), B32, S128
+    python -m benchmarks.finetune --examples 4096 --preset base --dtype bfloat16  # accelerators
+    python -m benchmarks.finetune --tsv MRPC/dev.tsv --init_from MODEL_DIR --examples 408
+    python -m benchmarks.finetune --tsv RTE/dev.tsv --init_from MODEL_DIR \
         --text_columns sentence1,sentence2 --label_column label
 
 Times whole epochs of sentence-pair classification (google's recipe: AdamW with BERT's decay
 mask, warmup then linear decay, clipping at 1.0, dropout 0.1, max_seq_length 128) on the same
-examples on both sides. By default they are synthetic: random token ids, [CLS] A [SEP] B [SEP]
-with each text's length drawn uniformly from --text_lengths (the default, 8 to 40 pieces, is
-about MRPC's and RTE's), two labels, and the model is a --preset with random weights.
---init_from DIR (a Hugging Face BERT directory, e.g. a MiniLM) gives both sides its
-architecture, weights and vocabulary (the classifier starts fresh); --tsv FILE (needs
---init_from for the vocabulary) trains on a GLUE-style TSV file with a header instead: the
-file's first --examples rows, --text_columns (one text or a pair) and --label_column, read
-with quoting off (MRPC's quotes are text) and encoded as finetune.py encodes them
-(bertjax.tasks.labels.data: [CLS] A [SEP] B [SEP], pairs cut longest-first), labels in the order
-finetune.py gives them. The examples' real lengths are printed (percentiles).
+examples on both sides. By default they are synthetic (benchmarks.harness.fixtures
+.sentence_pairs: [CLS] A [SEP] B [SEP] of random ids, each text's length uniform in
+--text_lengths, 8 to 40 pieces by default, about MRPC's and RTE's), two labels, and the model
+is a --preset with random weights. --init_from DIR (a Hugging Face BERT directory, e.g. a
+MiniLM) gives both sides its architecture, weights and vocabulary (the classifier starts
+fresh); --tsv FILE (needs --init_from for the vocabulary) trains on a GLUE-style TSV file with
+a header instead: the file's first --examples rows, --text_columns (one text or a pair) and
+--label_column, read with quoting off (MRPC's quotes are text) and encoded as finetune.py
+encodes them, labels in the order finetune.py gives them. The examples' real lengths are
+printed (percentiles).
 
-bertjax runs the epoch as finetune.py does (host batches from the epoch's permutation,
-assembled into global arrays, the jitted and donated train step) four ways: padded to
-max_seq_length; cut to length buckets (config.length_bucket, finetune.py's default: each
-batch to the smallest multiple of 32 positions that holds its longest example); bucketed with
-token packing as well, finetune.py's default (config.token_capacity 0: packed slots just
-enough for the fullest batch of the run); and grouped: each batch run as --micro_batches
-micro-batches grouped by length (config.group_by_length: the batch sorted by length, cut into
-equal micro-batches, each to its own length bucket, gradients summed into one update). On
-every bertjax side the classifier's last encoder layer runs at [CLS] alone, as in finetune.py
-(the pooled output reads nothing else).
-transformers runs with torch's AdamW and get_linear_schedule_with_warmup three ways: on the
-same padded batches (as its run_glue.py does by default, --pad_to_max_length True); padded to
-each batch's longest example (DataCollatorWithPadding, --pad_to_max_length False); and grouped:
-each batch sorted by length, split into --micro_batches slices, each padded to its longest,
-each slice's loss weighted by its share of the batch and back-propagated, one optimizer step.
+bertjax runs the epoch as finetune.py does (benchmarks.harness.finetuning) four ways: padded
+to max_seq_length; cut to the run's widths (multiples of --length_bucket, finetune.py's
+default); the same with token packing, finetune.py's default (config.token_capacity 0:
+packed slots just enough for the fullest batch of the run); and grouped: each batch run as
+--micro_batches micro-batches grouped by length (config.grad_accum_steps). transformers runs
+in the harness's torch loop (benchmarks.harness.reference.TorchEpochs) three ways: padded to
+max_seq_length (run_glue.py's default), padded to each batch's longest (dynamic), and grouped
+(each batch sorted by length into --micro_batches slices, each padded to its longest).
 
 Prediction (the examples' class probabilities): bertjax as the fine-tuning loop evaluates
-(finetune.evaluation.run_eval: batches grouped by length, cut to buckets of 32), transformers in
-torch.no_grad padded to max_seq_length, padded to each batch's longest in input order
-(dynamic), and the same after sorting the examples by length (grouped).
+(run_eval at the run's evaluation widths), transformers in torch.no_grad padded to
+max_seq_length, padded to each batch's longest in input order (dynamic), and the same after
+sorting the examples by length (grouped).
 
-Compilation and torch's first steps are excluded: each side runs one untimed epoch and one
-untimed prediction pass first. Shared machines are noisy: the epochs and prediction passes
-run in rounds (every side once per round), ratios are taken within each round and their
-median is printed.
+Timing (benchmarks.harness.timing): every side runs one untimed epoch and one untimed
+prediction pass (compiling), then --rounds rounds of every side's epoch in turn, then of
+every side's prediction; ratios are taken within each round and their median printed.
 """
 
 from __future__ import annotations
@@ -52,44 +44,25 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
-import os
-import platform
-import shlex
-import statistics
-import sys
-import time
+from typing import Any
 
-import flax
-import jax
 import numpy as np
-import optax
 
-# The script runs from a checkout: make `bertjax` importable from the root.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
-
-from bertjax.capability import HeadSpec  # noqa: E402
-from bertjax.encoders.bert.config import PRESETS, BertConfig  # noqa: E402
-from bertjax.engine import optim  # noqa: E402
-from bertjax.finetune import batches as batches_lib  # noqa: E402
-from bertjax.finetune import data as task_data  # noqa: E402
-from bertjax.finetune import evaluation, warm_start  # noqa: E402
-from bertjax.finetune import widths as widths_lib  # noqa: E402
-from bertjax.finetune.objective import build_finetuning  # noqa: E402
-from bertjax.finetune.task import Examples  # noqa: E402
-from bertjax.tasks.labels import data as label_data  # noqa: E402
-from bertjax.tasks.labels import model as label_heads  # noqa: E402
+from benchmarks.harness import finetuning, fixtures, report, timing
+from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import PRESETS, BertConfig
+from bertjax.engine import optim
+from bertjax.finetune import data as task_data
+from bertjax.finetune import warm_start, widths
+from bertjax.finetune.task import Examples
+from bertjax.tasks.labels import data as label_data
+from bertjax.tasks.labels import model as label_heads
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
-    import torch
-    import transformers
+    from benchmarks.harness import reference
 except ImportError:  # pragma: no cover - depends on the environment
-    torch = None
-    transformers = None
+    reference = None
 
-FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK]
-CLS_ID, SEP_ID = 2, 3
 SYNTHETIC_HEAD = HeadSpec(label_heads.CLASSIFICATION, ("0", "1"))
 
 
@@ -109,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="min,max pieces of each text of a pair (uniform); the default is about MRPC's",
     )
     parser.add_argument(
-        "--length_bucket", type=int, default=32, help="config.length_bucket of the bucketed sides"
+        "--length_bucket", type=int, default=32, help="config.length_bucket of the cut sides"
     )
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--vocab_size", type=int, default=30522)
@@ -142,6 +115,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=4,
         help="micro-batches grouped by length per batch (both sides' length-grouped runs)",
     )
+    report.add_json_flag(parser)
     args = parser.parse_args(argv)
     if args.tsv and not args.init_from:
         parser.error("--tsv needs --init_from (the vocabulary that encodes the texts)")
@@ -150,8 +124,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 1")
     if args.micro_batches < 1 or args.batch_size % args.micro_batches:
         parser.error(f"--micro_batches={args.micro_batches} must divide --batch_size")
-    if args.length_bucket < 0:
-        parser.error(f"--length_bucket={args.length_bucket} is invalid: must be >= 0")
+    if args.length_bucket < 1:
+        parser.error(f"--length_bucket={args.length_bucket} is invalid: must be >= 1")
     if args.examples < args.batch_size:
         parser.error(f"--examples={args.examples} must be at least --batch_size={args.batch_size}")
     args.text_columns = tuple(name.strip() for name in args.text_columns.split(","))
@@ -173,27 +147,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def synthetic_examples(args: argparse.Namespace) -> Examples:
-    """Sentence pairs [CLS] A [SEP] B [SEP] of random ids, padded to max_seq_length."""
+    """Sentence pairs of random ids padded to max_seq_length, two random labels."""
     rng = np.random.default_rng(args.seed)
-    n, length = args.examples, args.max_seq_length
-    input_ids = np.zeros((n, length), np.int32)
-    input_mask = np.zeros((n, length), np.int32)
-    segment_ids = np.zeros((n, length), np.int32)
-    low, high = args.text_lengths
-    for row in range(n):
-        a, b = (int(x) for x in rng.integers(low, high + 1, size=2))
-        ids = [CLS_ID, *rng.integers(FIRST_REAL_ID, args.vocab_size, a), SEP_ID]
-        ids += [*rng.integers(FIRST_REAL_ID, args.vocab_size, b), SEP_ID]
-        input_ids[row, : len(ids)] = ids
-        input_mask[row, : len(ids)] = 1
-        segment_ids[row, a + 2 : len(ids)] = 1
-    features = {
-        "input_ids": input_ids,
-        "input_mask": input_mask,
-        "segment_ids": segment_ids,
-        "labels": rng.integers(0, 2, n).astype(np.int32),
-    }
-    return Examples("train", "synthetic", features, [str(i) for i in range(n)], True)
+    features, _ = fixtures.sentence_pairs(
+        rng,
+        args.examples,
+        args.max_seq_length,
+        args.text_lengths,
+        args.text_lengths,
+        args.vocab_size,
+    )
+    features["labels"] = rng.integers(0, 2, args.examples).astype(np.int32)
+    return Examples("train", "synthetic", features, [str(i) for i in range(args.examples)], True)
 
 
 def real_examples(args: argparse.Namespace, tokenizer) -> tuple[Examples, HeadSpec]:
@@ -230,228 +195,62 @@ def model_config(args: argparse.Namespace, source) -> BertConfig:
     return BertConfig.preset(args.preset, vocab_size=args.vocab_size, dtype=args.dtype)
 
 
-class Bertjax:
-    """An epoch as finetune.py runs it: host batches, global arrays, the jitted step; and the
-    loop's evaluation.
-
-    `micro_batches` > 1: each batch as length-grouped micro-batches (group_by_length);
-    otherwise one batch cut to `length_bucket`, token-packed to `token_capacity`.
-    """
-
-    def __init__(
-        self,
-        args,
-        examples,
-        head: HeadSpec,
-        optimizer,
-        token_capacity: float,
-        length_bucket: int,
-        micro_batches: int = 1,
-        source=None,
-    ):
-        self.examples, self.batch_size = examples, args.batch_size
-        self.length_bucket, self.micro_batches = length_bucket, micro_batches
-        self.ft = build_finetuning(
-            model_config(args, source),
-            head,
-            optimizer,
-            mesh_shape=(-1, 1, 1),
-            grad_accum_steps=micro_batches,
-            micro_batch_size=args.batch_size // micro_batches,
-            max_seq_length=args.max_seq_length,
-            token_capacity=token_capacity,
-        )
-        with jax.set_mesh(self.ft.mesh):
-            self.state = self.ft.state.init(jax.random.key(args.seed))
-            if source is not None:  # the encoder's real weights, a fresh classifier
-                params, _, _ = warm_start.initial_params(source, self.ft, self.state.params)
-                self.state = self.state.replace(params=params)
-        self.rng = jax.random.key(args.seed + 1)
-        self.epoch = 0
-        self.packed = 0.0
-
-    def run_epoch(self) -> float:
-        """Trains one epoch; its loss (the last step's)."""
-        order = batches_lib.epoch_order(0, self.epoch, len(self.examples))
-        metrics = None
-        with jax.set_mesh(self.ft.mesh):
-            for index in range(len(self.examples) // self.batch_size):
-                if self.micro_batches > 1:
-                    local = batches_lib.train_micro_batches(
-                        self.examples,
-                        order,
-                        index,
-                        self.batch_size,
-                        self.micro_batches,
-                        self.length_bucket,
-                    )
-                else:
-                    local = batches_lib.train_batch(
-                        self.examples, order, index, self.batch_size, self.length_bucket
-                    )
-                self.state, metrics = self.ft.steps.take_step(self.state, local, self.rng)
-        self.epoch += 1
-        self.packed = float(metrics.get("train/packed", 0.0))
-        return float(metrics["train/loss"])  # waits for the device
-
-    def predict(self) -> np.ndarray:
-        """The loop's evaluation: examples grouped by length, cut to buckets of 32."""
-        with jax.set_mesh(self.ft.mesh):
-            _, outputs = evaluation.run_eval(
-                self.ft, self.state.params, self.examples, self.batch_size
-            )
-        return outputs["probabilities"]
-
-
-class Transformers:
-    """transformers' BertForSequenceClassification with torch's AdamW and linear schedule."""
-
-    # padded: every batch at max_seq_length; dynamic: each batch padded to its longest, in
-    # the epoch's order; grouped: each batch sorted by length and run as micro_batches slices,
-    # each padded to its longest, gradients summed (the same update as one batch).
-    MODES = ("padded", "dynamic", "grouped")
-
-    def __init__(
-        self, args, examples, num_labels: int, optimizer: optim.OptimizerSettings, mode: str
-    ):
-        torch.manual_seed(args.seed)
-        torch.set_num_threads(os.cpu_count() or 1)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+def torch_sides(args, examples, num_labels: int, optimizer) -> dict[str, Any]:
+    """transformers' BertForSequenceClassification in the torch loop, each mode."""
+    sides = {}
+    for mode in reference.TorchEpochs.MODES:
+        reference.torch.manual_seed(args.seed)
         if args.init_from:
-            model = transformers.BertForSequenceClassification.from_pretrained(
+            model = reference.transformers.BertForSequenceClassification.from_pretrained(
                 args.init_from, num_labels=num_labels
             )
         else:
             config = BertConfig.preset(args.preset, vocab_size=args.vocab_size)
-            hf_config = transformers.BertConfig(
-                vocab_size=config.vocab_size,
-                hidden_size=config.hidden_size,
-                num_hidden_layers=config.num_layers,
-                num_attention_heads=config.num_heads,
-                intermediate_size=config.intermediate_size,
-                num_labels=num_labels,
+            model = reference.transformers.BertForSequenceClassification(
+                reference.bert_config(config, num_labels=num_labels)
             )
-            model = transformers.BertForSequenceClassification(hf_config)
-        self.model = model.to(self.device)
-        self.mode, self.micro_batches = mode, args.micro_batches
-        # google's recipe: no weight decay on biases and LayerNorm, as BERT's decay mask.
-        decay = [p for n, p in self.model.named_parameters() if not _no_decay(n)]
-        rest = [p for n, p in self.model.named_parameters() if _no_decay(n)]
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": optimizer.weight_decay},
-                {"params": rest, "weight_decay": 0.0},
-            ],
-            lr=optimizer.learning_rate,
-            betas=(optimizer.b1, optimizer.b2),
-            eps=optimizer.eps,
+        sides[f"transformers {mode}"] = reference.TorchEpochs(
+            model,
+            examples,
+            optimizer,
+            mode,
+            batch_size=args.batch_size,
+            micro_batches=args.micro_batches,
+            targets=("labels",),
+            autocast=reference.torch.bfloat16 if args.dtype == "bfloat16" else None,
         )
-        self.schedule = transformers.get_linear_schedule_with_warmup(
-            self.optimizer, optimizer.warmup_steps, optimizer.total_steps
-        )
-        self.autocast = torch.bfloat16 if args.dtype == "bfloat16" else None
-        self.examples, self.batch_size = examples, args.batch_size
-        self.epoch = 0
-
-    def _batch(self, rows: np.ndarray, dynamic: bool) -> dict:
-        features = self.examples.features
-        width = int(features["input_mask"][rows].sum(axis=1).max()) if dynamic else None
-        batch = {
-            name: torch.from_numpy(features[key][rows][:, :width].astype(np.int64))
-            for name, key in (
-                ("input_ids", "input_ids"),
-                ("attention_mask", "input_mask"),
-                ("token_type_ids", "segment_ids"),
-            )
-        }
-        return {name: tensor.to(self.device) for name, tensor in batch.items()}
-
-    def _slices(self, rows: np.ndarray) -> list[np.ndarray]:
-        if self.mode != "grouped":
-            return [rows]
-        lengths = self.examples.features["input_mask"][rows].sum(axis=1)
-        return np.array_split(rows[np.argsort(lengths, kind="stable")], self.micro_batches)
-
-    def run_epoch(self) -> float:
-        self.model.train()
-        order = batches_lib.epoch_order(0, self.epoch, len(self.examples))
-        loss = None
-        for index in range(len(self.examples) // self.batch_size):
-            rows = order[index * self.batch_size : (index + 1) * self.batch_size]
-            self.optimizer.zero_grad(set_to_none=True)
-            for part in self._slices(rows):
-                batch = self._batch(part, self.mode != "padded")
-                labels = self.examples.features["labels"][part].astype(np.int64)
-                batch["labels"] = torch.from_numpy(labels).to(self.device)
-                with torch.autocast(
-                    self.device.type, dtype=self.autocast, enabled=bool(self.autocast)
-                ):
-                    # The slice's mean loss, weighted to its share of the batch.
-                    loss = self.model(**batch).loss * (len(part) / len(rows))
-                loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.optimizer.step()
-            self.schedule.step()
-        self.epoch += 1
-        return float(loss.detach())  # synchronises a GPU
-
-    def predict(self) -> list[np.ndarray]:
-        """No-grad forward passes; grouped: the examples sorted by length first."""
-        self.model.eval()
-        out = []
-        order = np.arange(len(self.examples))
-        if self.mode == "grouped":
-            lengths = self.examples.features["input_mask"].sum(axis=1)
-            order = np.argsort(lengths, kind="stable")
-        with torch.no_grad():
-            for first in range(0, len(self.examples), self.batch_size):
-                rows = order[first : first + self.batch_size]
-                with torch.autocast(
-                    self.device.type, dtype=self.autocast, enabled=bool(self.autocast)
-                ):
-                    logits = self.model(**self._batch(rows, self.mode != "padded")).logits
-                out.append(logits.float().softmax(dim=-1).cpu().numpy())
-        return out
+    return sides
 
 
-def _no_decay(name: str) -> bool:
-    return "bias" in name or "LayerNorm" in name
+def torch_probabilities(side) -> np.ndarray:
+    """The side's class probabilities of every example, in order."""
+    out = np.zeros((len(side.examples), side.model.config.num_labels), np.float32)
+    for rows, output in side.forward():
+        out[rows] = output.logits.float().softmax(dim=-1).cpu().numpy()
+    return out
 
 
-def versions() -> str:
-    parts = [f"python {platform.python_version()}", f"jax {jax.__version__}"]
-    parts += [f"flax {flax.__version__}", f"optax {optax.__version__}"]
-    if torch is not None:
-        parts += [f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
-    return ", ".join(parts)
+def print_rates(title: str, unit: str, rates: dict[str, timing.Timing], count: int) -> None:
+    width = max(len(name) for name in rates) + 2
+    print(f"{title:<{width}}{unit:>12}{'seconds':>12}")
+    for name, found in rates.items():
+        print(f"{name:<{width}}{found.rate(count):>12.2f}{found.median:>12.2f}")
 
 
-def _timed(function) -> tuple[float, object]:
-    start = time.perf_counter()
-    result = function()
-    return time.perf_counter() - start, result
-
-
-def _ratios(rates: dict[str, list[float]], ours: list[str], theirs: list[str]) -> None:
+def print_ratios(timings: dict[str, timing.Timing], ours: list[str], theirs: list[str]) -> dict:
+    out = {}
     for a in ours:
         for b in theirs:
-            ratio = statistics.median(x / y for x, y in zip(rates[a], rates[b]))
-            print(f"{a} / {b}: {ratio:.2f}x")
+            out[f"{a} / {b}"] = timing.ratio(timings[b], timings[a])
+            print(f"{a} / {b}: {out[f'{a} / {b}']:.2f}x")
+    return out
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Runs the benchmark, prints the tables and ratios; examples/s per side (training under
-    the side's name, prediction under "... predict ...")."""
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark, prints the tables and ratios; returns the row's figures
+    (examples/s per side: training under the side's name, prediction under "predict ...")."""
     args = parse_args(argv)
-    command = [sys.executable, sys.argv[0]] + (sys.argv[1:] if argv is None else list(argv))
-    print("command:", " ".join(shlex.quote(a) for a in command))
-    print(f"versions: {versions()}")
-    print(
-        f"backend: {jax.default_backend()}, {jax.device_count()} x {jax.devices()[0].device_kind},"
-        f" {os.cpu_count()} CPU cores"
-    )
-    if hasattr(os, "getloadavg"):
-        print("load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    machine = report.start("finetune", argv)
     source = warm_start.open_source(args.init_from) if args.init_from else None
     if args.tsv:
         examples, head = real_examples(args, source.tokenizer)
@@ -475,11 +274,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         + f", max {lengths.max()}"
     )
     fill = float(examples.features["input_mask"].mean())
-    steps_per_epoch = len(examples) // args.batch_size
-    # As finetune.py chooses by default (token_capacity 0): the fullest batch of the run
-    # (seed 0, every epoch timed or not) sets the packed slots.
-    capacity = widths_lib.fitting_capacity(examples, (0,), args.rounds + 1, args.batch_size, 1, 1)
-    total = steps_per_epoch * (args.rounds + 1)
+    epochs = args.rounds + 1  # the untimed first epoch and the rounds
+    # As finetune.py chooses by default (token_capacity 0): the fullest batch of the run.
+    capacity = widths.fitting_capacity(examples, (0,), epochs, args.batch_size, 1, 1)
+    total = len(examples) // args.batch_size * epochs
     optimizer = optim.OptimizerSettings(
         learning_rate=2e-5, warmup_steps=int(0.1 * total), total_steps=total
     )
@@ -492,72 +290,77 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         f"{capacity:.3f} when packing, {args.micro_batches} micro-batches when grouped by length"
     )
 
+    def ours(capacity: float, bucket: int, micro: int = 1) -> finetuning.Epochs:
+        return finetuning.Epochs(
+            config,
+            head,
+            examples,
+            optimizer,
+            batch_size=args.batch_size,
+            epochs=epochs,
+            seed=args.seed,
+            token_capacity=capacity,
+            length_bucket=bucket,
+            micro_batches=micro,
+            source=source,
+        )
+
     bucket = args.length_bucket
     grouped = f"bertjax grouped x{args.micro_batches}"
-    train = {
-        "bertjax padded": Bertjax(args, examples, head, optimizer, 1.0, 0, source=source),
-        "bertjax bucketed": Bertjax(args, examples, head, optimizer, 1.0, bucket, source=source),
-        "bertjax bucketed+packed": Bertjax(
-            args, examples, head, optimizer, capacity, bucket, source=source
-        ),
-        grouped: Bertjax(
-            args, examples, head, optimizer, 1.0, bucket, args.micro_batches, source=source
-        ),
+    train: dict[str, Any] = {
+        "bertjax padded": ours(1.0, 0),
+        "bertjax cut": ours(1.0, bucket),
+        "bertjax cut+packed": ours(capacity, bucket),
+        grouped: ours(1.0, bucket, args.micro_batches),
     }
-    ours = list(train)
-    predict = {"bertjax predict": train[grouped]}
-    if not args.no_reference and torch is not None:
-        for mode in Transformers.MODES:
-            side = Transformers(args, examples, len(head.labels), optimizer, mode)
-            train[f"transformers {mode}"] = side
-            predict[f"transformers predict {mode}"] = side
+    print(f"widths of the cut sides: {train['bertjax cut'].widths()}")
+    ours_names = list(train)
+    predict: dict[str, Any] = {"predict bertjax": lambda: train[grouped].predict()}
+    if not args.no_reference and reference is not None:
+        reference.use_threads()
+        for name, side in torch_sides(args, examples, len(head.labels), optimizer).items():
+            train[name] = side
+            predict[f"predict {name}"] = lambda side=side: torch_probabilities(side)
     elif not args.no_reference:
         print("transformers reference skipped: torch/transformers are not installed")
-    for name, side in train.items():
-        print(f"{name}: first epoch (compile / warm-up) {_timed(side.run_epoch)[0]:.1f} s")
-    for name, side in predict.items():
-        print(f"{name}: first pass (compile / warm-up) {_timed(side.predict)[0]:.1f} s")
 
-    train_rates: dict[str, list[float]] = {name: [] for name in train}
-    predict_rates: dict[str, list[float]] = {name: [] for name in predict}
-    for round_index in range(args.rounds):
-        for name, side in train.items():
-            seconds, loss = _timed(side.run_epoch)
-            if not np.isfinite(loss):
-                raise FloatingPointError(f"{name}: non-finite loss {loss}")
-            train_rates[name].append(steps_per_epoch * args.batch_size / seconds)
-        for name, side in predict.items():
-            predict_rates[name].append(len(examples) / _timed(side.predict)[0])
-        for phase, rates in (("training", train_rates), ("prediction", predict_rates)):
+    def progress(phase: str):
+        def line(index: int, seconds: dict[str, float]) -> None:
             print(
-                f"round {round_index + 1}/{args.rounds} {phase}: "
-                + ", ".join(f"{name} {r[-1]:.2f}" for name, r in rates.items())
-                + " examples/s",
+                f"round {index + 1}/{args.rounds} {phase}: "
+                + ", ".join(f"{n} {s:.2f} s" for n, s in seconds.items()),
                 flush=True,
             )
+
+        return line
+
+    steps_per_epoch = len(examples) // args.batch_size
+    trained = timing.time_rounds(
+        {name: side.run_epoch for name, side in train.items()},
+        rounds=args.rounds,
+        on_round=progress("training"),
+    )
+    predicted = timing.time_rounds(predict, rounds=args.rounds, on_round=progress("prediction"))
+    for name, found in {**trained, **predicted}.items():
+        print(f"{name}: first call (compile / warm-up) {found.first:.1f} s")
     print()
-    width = max(len(name) for name in (*train, *predict)) + 2
-    print(f"{'training':<{width}}{'examples/s':>12}{'epoch (s)':>12}")
-    for name, values in train_rates.items():
-        median = statistics.median(values)
-        print(f"{name:<{width}}{median:>12.2f}{steps_per_epoch * args.batch_size / median:>12.1f}")
-    print(f"{'prediction':<{width}}{'examples/s':>12}{'pass (s)':>12}")
-    for name, values in predict_rates.items():
-        median = statistics.median(values)
-        print(f"{name:<{width}}{median:>12.2f}{len(examples) / median:>12.1f}")
-    packed = train["bertjax bucketed+packed"].packed
-    print(f"bertjax bucketed+packed: {100 * packed:.0f} % of steps fit the packed slots")
-    if len(train) > len(ours):
+    print_rates("training", "examples/s", trained, steps_per_epoch * args.batch_size)
+    print_rates("prediction", "examples/s", predicted, len(examples))
+    packed = train["bertjax cut+packed"].packed
+    print(f"bertjax cut+packed: the last step {'ran' if packed else 'did not run'} packed")
+    figures: dict[str, Any] = {
+        name: found.rate(steps_per_epoch * args.batch_size) for name, found in trained.items()
+    }
+    figures |= {name: found.rate(len(examples)) for name, found in predicted.items()}
+    if len(train) > len(ours_names):
         print()
-        _ratios(train_rates, ours, [f"transformers {mode}" for mode in Transformers.MODES])
-        _ratios(
-            predict_rates,
-            ["bertjax predict"],
-            [f"transformers predict {mode}" for mode in Transformers.MODES],
+        modes = [f"transformers {mode}" for mode in reference.TorchEpochs.MODES]
+        figures["training ratios"] = print_ratios(trained, ours_names, modes)
+        figures["prediction ratios"] = print_ratios(
+            predicted, ["predict bertjax"], [f"predict {m}" for m in modes]
         )
-    result = {name: statistics.median(values) for name, values in train_rates.items()}
-    result.update({name: statistics.median(values) for name, values in predict_rates.items()})
-    return result
+    report.finish("finetune", args, figures, machine)
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,17 +1,18 @@
 """Does fine-tuning learn as well as transformers? A regression task with a known noise level.
 
-    python benchmarks/finetune_parity.py                       # random L2/H128 model, lr 5e-4
-    python benchmarks/finetune_parity.py --init_from path/to/hf-bert --lr 2e-5  # real weights
+    python -m benchmarks.finetune_parity                       # random L2/H128 model, lr 5e-4
+    python -m benchmarks.finetune_parity --init_from path/to/hf-bert --lr 2e-5  # real weights
 
 Sentence pairs of random words from a word-level vocabulary; the target is 5 x the share of
 "marker" words among the pair's words, plus Gaussian noise of --noise (so no model can reach a
 dev MSE below noise**2, and a perfect model's Spearman is known from the data). Both sides
-start from the same weights (a random BERT exported with bertjax.encoders.bert.transformers.save, or --init_from) and
+start from the same weights (a random BERT, benchmarks.harness.fixtures.random_bert_directory,
+or --init_from) and
 train with google's recipe (AdamW with BERT's decay mask, eps 1e-6, weight decay 0.01,
 clipping at 1.0, 10% warmup then linear decay, dropout 0.1, batch 32, max_seq_length 128):
 bertjax through finetune.py's own loop (length buckets, packing, the [CLS]-only last layer,
 the best epoch by Spearman), transformers' BertForSequenceClassification(num_labels=1) through
-a plain torch loop with the same settings and the best epoch by Spearman. Each seed draws its
+the harness's torch loop with the same settings and the best epoch by Spearman. Each seed draws its
 own head (as google initialises one, written into the start so both sides read the same) and
 data order (bertjax's permutation of each epoch, used by the torch loop too); only the dropout
 draws differ, so the first two columns should show the same distribution of outcomes. The
@@ -25,32 +26,22 @@ import argparse
 import csv
 import os
 import statistics
-import sys
 import tempfile
+from typing import Any
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-# The script runs from a checkout: make `bertjax` and `configs` importable from the root.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
-
-import flax.linen as nn  # noqa: E402
-
-from bertjax.capability import ENCODER, HeadSpec  # noqa: E402
-from bertjax.encoders.bert import hf as bert_hf  # noqa: E402
-from bertjax.encoders.bert.config import BertConfig  # noqa: E402
-from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
-from bertjax.finetune import batches as batches_lib  # noqa: E402
-from bertjax.finetune import loop  # noqa: E402
-from bertjax.finetune.metrics import spearman  # noqa: E402
-from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
-from bertjax.tasks.labels import model as label_heads  # noqa: E402
-from bertjax.text.directory import load_tokenizer  # noqa: E402
-from bertjax.text.tokenizer import WordPieceTokenizer  # noqa: E402
-from configs import finetune as finetune_config  # noqa: E402
+from benchmarks.harness import fixtures, reference, report
+from bertjax.capability import ENCODER, HeadSpec
+from bertjax.encoders.bert import hf as bert_hf
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.engine.optim import OptimizerSettings
+from bertjax.finetune import batches, loop
+from bertjax.finetune.metrics import spearman
+from bertjax.finetune.settings import FinetuneSettings
+from bertjax.tasks.labels import model as label_heads
+from bertjax.text.directory import load_tokenizer
+from configs import finetune as finetune_config
 
 BATCH_SIZE, MAX_SEQ_LENGTH, WARMUP_FRACTION = 32, 128, 0.1
 REGRESSION_HEAD = HeadSpec(label_heads.REGRESSION, ("score",))
@@ -68,6 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--noise", type=float, default=0.5, help="std of the target noise")
     parser.add_argument("--seeds", default="1,2,3")
     parser.add_argument("--work_dir", default="", help="default: a temporary directory")
+    report.add_json_flag(parser)
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",")]
     return args
@@ -99,11 +91,7 @@ def write_csv(path: str, rows) -> None:
 
 
 def random_start(directory: str) -> None:
-    """A random BERT (google's initialisation) and a word-level vocabulary, exported for both."""
-    words = [f"w{i}" for i in range(995)]
-    vocab = os.path.join(directory, "vocab.txt")
-    with open(vocab, "w") as f:
-        f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    """A random BERT (google's initialisation) and a word vocabulary, exported for both."""
     config = BertConfig(
         vocab_size=1000,
         hidden_size=128,
@@ -112,16 +100,7 @@ def random_start(directory: str) -> None:
         intermediate_size=512,
         max_position_embeddings=MAX_SEQ_LENGTH,
     )
-    ids = jnp.zeros((1, 8), jnp.int32)
-    params = BertForPreTraining(config).init(
-        jax.random.key(0), ids, ids, ids, jnp.zeros((1, 2), jnp.int32)
-    )["params"]
-    bert_hf.save(
-        config,
-        jax.device_get(nn.meta.unbox(params)),
-        directory,
-        WordPieceTokenizer.from_vocab(vocab),
-    )
+    fixtures.random_bert_directory(directory, config, seed=0)
 
 
 def seeded_start(start: str, seed: int, directory: str, bias: float = 0.0) -> str:
@@ -163,27 +142,23 @@ def run_bertjax(args, start: str, data: str, seed: int, bias: str) -> tuple[floa
 
 
 def run_transformers(args, start: str, train, dev, seed: int) -> tuple[float, float]:
-    import torch
-    import transformers
-
+    torch, transformers = reference.torch, reference.transformers
     torch.manual_seed(seed)
     tokenizer = transformers.AutoTokenizer.from_pretrained(start)
     model = transformers.BertForSequenceClassification.from_pretrained(
         start, attn_implementation="eager"
     )
-    named = list(model.named_parameters())
-    no_decay = [p for n, p in named if "bias" in n or "LayerNorm" in n]
-    decay = [p for n, p in named if not ("bias" in n or "LayerNorm" in n)]
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        eps=1e-6,
-    )
     steps_per_epoch = len(train) // BATCH_SIZE
     total = steps_per_epoch * args.epochs
-    schedule = transformers.get_linear_schedule_with_warmup(
-        optimizer, round(WARMUP_FRACTION * total), total
+    settings = OptimizerSettings(
+        learning_rate=args.lr,
+        warmup_steps=round(WARMUP_FRACTION * total),
+        total_steps=total,
+        weight_decay=0.01,
+        eps=1e-6,
     )
+    optimizer = reference.adamw(model, settings)
+    schedule = reference.linear_schedule(optimizer, settings)
 
     def inputs(rows):
         return tokenizer(
@@ -197,17 +172,15 @@ def run_transformers(args, start: str, train, dev, seed: int) -> tuple[float, fl
 
     gold = np.array([r[2] for r in dev])
     best = None
+
+    def batch(order, step):
+        rows = [train[i] for i in order[step * BATCH_SIZE : (step + 1) * BATCH_SIZE]]
+        return {**inputs(rows), "labels": torch.tensor([r[2] for r in rows])}
+
     for epoch in range(args.epochs):
-        model.train()
-        order = batches_lib.epoch_order(seed, epoch, len(train))  # bertjax's order of the epoch
-        for step in range(steps_per_epoch):
-            rows = [train[i] for i in order[step * BATCH_SIZE : (step + 1) * BATCH_SIZE]]
-            loss = model(**inputs(rows), labels=torch.tensor([r[2] for r in rows])).loss
-            optimizer.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
+        order = batches.epoch_order(seed, epoch, len(train))  # bertjax's order of the epoch
+        epoch_steps = (batch(order, step) for step in range(steps_per_epoch))
+        reference.train(model, epoch_steps, optimizer, schedule=schedule, max_grad_norm=1.0)
         model.eval()
         with torch.no_grad():
             predictions = np.concatenate(
@@ -222,8 +195,9 @@ def run_transformers(args, start: str, train, dev, seed: int) -> tuple[float, fl
     return best
 
 
-def main(argv=None) -> None:
+def main(argv=None) -> dict[str, Any]:
     args = parse_args(argv)
+    machine = report.start("finetune_parity", argv)
     work = args.work_dir or tempfile.mkdtemp(prefix="finetune_parity_")
     os.makedirs(work, exist_ok=True)
     start = args.init_from
@@ -269,6 +243,12 @@ def main(argv=None) -> None:
         for k in (1, 2, 3)
     ]
     print("| median | " + " | ".join(f"{s:.4f} / {m:.4f}" for s, m in medians) + " |")
+    figures = {
+        column: {"spearman": spearman_, "mse": mse}
+        for column, (spearman_, mse) in zip(columns, medians)
+    }
+    report.finish("finetune_parity", args, figures, machine)
+    return figures
 
 
 if __name__ == "__main__":

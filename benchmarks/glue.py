@@ -1,7 +1,7 @@
 """The GLUE suite's wall time on a reduced sweep, split into compiling, training and evaluating.
 
-    python benchmarks/glue.py --init_from runs/tiny                  # synthetic GLUE-shaped data
-    python benchmarks/glue.py --init_from MiniLM/ --data_dir glue/ --tasks sst2,mrpc,stsb,rte
+    python -m benchmarks.glue --init_from runs/tiny                  # synthetic GLUE-shaped data
+    python -m benchmarks.glue --init_from MiniLM/ --data_dir glue/ --tasks sst2,mrpc,stsb,rte
 
 Runs `evaluate.py`'s suite (bertjax.glue.suite.run_suite) with configs/glue.py and one
 learning rate and one seed per task (--learning_rates, --seeds widen it) in a fresh work
@@ -25,20 +25,15 @@ import argparse
 import json
 import os
 import random
-import sys
 import tempfile
-import time
+from typing import Any
 
-# The script runs from a checkout: make `bertjax` and `configs` importable from the root.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
-
-from bertjax.engine import perf  # noqa: E402
-from bertjax.finetune import evaluation  # noqa: E402
-from bertjax.glue import suite  # noqa: E402
-from bertjax.glue.settings import SuiteSettings  # noqa: E402
-from configs import glue as glue_recipe  # noqa: E402
+from benchmarks.harness import report, timing
+from bertjax.engine import perf
+from bertjax.finetune import evaluation
+from bertjax.glue import suite
+from bertjax.glue.settings import SuiteSettings
+from configs import glue as glue_recipe
 
 WORDS = [f"{a}{b}" for a in "bcdfghklmnprstvz" for b in ("a", "e", "i", "o", "u", "ar", "en")]
 # (directory, header of labelled files, text columns, label of an example's word parity)
@@ -86,15 +81,15 @@ class EvalTimer:
         self.compile_seconds = 0.0
 
     def __call__(self, *args, **kwargs):
-        start = time.perf_counter()
+        elapsed = timing.stopwatch()
         with perf.CompileTime() as compiling:
             out = RUN_EVAL(*args, **kwargs)
-        self.seconds += time.perf_counter() - start
+        self.seconds += elapsed()
         self.compile_seconds += compiling.seconds
         return out
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--init_from", required=True)
     parser.add_argument("--data_dir", default="")
@@ -104,7 +99,9 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=512)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--max_seq_length", type=int, default=128)
-    args = parser.parse_args()
+    report.add_json_flag(parser)
+    args = parser.parse_args(argv)
+    machine = report.start("glue", argv)
 
     with tempfile.TemporaryDirectory() as scratch:
         data_dir = args.data_dir
@@ -129,20 +126,20 @@ def main() -> None:
 
         # Each run's evaluation passes are timed by a fresh timer, swapped in between runs.
         evaluation.run_eval = EvalTimer()
-        start = time.perf_counter()
+        elapsed = timing.stopwatch()
         try:
             suite.run_suite(settings, workdir, after_run=timed)
         finally:
             evaluation.run_eval = RUN_EVAL
-        wall = time.perf_counter() - start
+        wall = elapsed()
 
         rows, totals = [], [0.0, 0.0, 0.0, 0.0]
         for run in suite.plan(settings, settings.tasks, [None]):
             with open(os.path.join(workdir, run.directory, suite.TIMING_FILE)) as f:
-                timing = json.load(f)
+                recorded = json.load(f)
             timer = timers[run.directory]
             evaluating = timer.seconds - timer.compile_seconds
-            run_wall, compiling = timing["wall_time_sec"], timing["compile_sec"]
+            run_wall, compiling = recorded["wall_time_sec"], recorded["compile_sec"]
             figures = [run_wall, compiling, evaluating, run_wall - compiling - evaluating]
             totals = [a + b for a, b in zip(totals, figures)]
             rows.append((run.directory, *figures))
@@ -150,6 +147,12 @@ def main() -> None:
     print(f"{'run':40s} {'wall s':>8s} {'compile':>8s} {'eval':>8s} {'train+':>8s}")
     for name, *figures in rows + [("all runs", *totals)]:
         print(f"{name:40s} " + " ".join(f"{v:8.1f}" for v in figures))
+    columns = ("wall s", "compile s", "eval s", "train+ s")
+    figures = {"suite wall s": wall}
+    figures |= {name: dict(zip(columns, values)) for name, *values in rows}
+    figures["all runs"] = dict(zip(columns, totals))
+    report.finish("glue", args, figures, machine)
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,12 +1,13 @@
 """Inference speed of every bertjax.Model notebook method beside transformers, one table.
 
-    python benchmarks/infer.py [--methods fill_mask,embed,search,predict,answer,generate]
+    python -m benchmarks.infer [--methods fill_mask,embed,search,predict,answer,generate]
         [--fill_mask 500] [--sentences 2000] [--corpus 1000] [--queries 100] [--predict 1000]
-        [--answer 64] [--generate 256] [--max_new_tokens 32] [--batch_size 32] [--repeats 1]
+        [--answer 64] [--generate 256] [--max_new_tokens 32] [--batch_size 32] [--rounds 1]
 
 One row per method, each on CPU, on models of random weights (timing and agreement need no
 training) that both libraries read from one directory: the same weights, the same token ids.
-The encoder is BERT-small-sized (L4/H512/A8; every parameter N(0, 0.05), see random_params)
+The encoder is BERT-small-sized (L4/H512/A8; every parameter N(0, 0.05),
+benchmarks.harness.fixtures.random_params)
 with a sentencepiece tokenizer trained here on the demo corpus (the interpreter's
 documentation), whose sentences are the inputs.
 
@@ -46,9 +47,9 @@ count is printed): the same top-5 tokens and scores within 1e-4 (fill_mask), vec
 from such texts only), the same labels (predict), the same answer spans (answer), the same
 generated text (generate), each with the largest score difference.
 
-Times are the best of --repeats runs after a warm-up: for bertjax a whole call, which compiles
-every bucket (that call's time, compilation included, is the "first call" column), for torch
-a few batches.
+Times are medians of --rounds rounds (benchmarks.harness.timing: the sides of a method in
+turn) after a warm-up: for bertjax a whole call, which compiles every bucket (that call's time,
+compilation included, is the "first call" column), for torch a few batches.
 """
 
 from __future__ import annotations
@@ -59,30 +60,23 @@ import logging
 import os
 import pathlib
 import shutil
-import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+import flax.linen as nn
+import jax
+import numpy as np
 
-import flax.linen as nn  # noqa: E402
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from bertjax import Model  # noqa: E402
-from bertjax.capability import ENCODER  # noqa: E402
-from bertjax.data import demo_corpus_path  # noqa: E402
-from bertjax.encoders.bert.config import BertConfig  # noqa: E402
-from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
-from bertjax.tasks.embed import task as embed_task  # noqa: E402
-from bertjax.tasks.embed.model import EmbeddingSpec  # noqa: E402
-from bertjax.tasks.seq2seq import hf as seq2seq_hf  # noqa: E402
-from bertjax.tasks.seq2seq import model as seq2seq  # noqa: E402
-from bertjax.text.training import MODEL_TYPES, TokenizerSettings, train_tokenizer  # noqa: E402
+from benchmarks.harness import fixtures, report, timing
+from bertjax import Model
+from bertjax.capability import ENCODER
+from bertjax.data import demo_corpus_path
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.tasks.embed import task as embed_task
+from bertjax.tasks.embed.model import EmbeddingSpec
+from bertjax.tasks.seq2seq import hf as seq2seq_hf
+from bertjax.tasks.seq2seq import model as seq2seq
+from bertjax.text.training import MODEL_TYPES, TokenizerSettings, train_tokenizer
 
 TOLERANCE = 1e-4
 METHODS = ("fill_mask", "embed", "search", "predict", "answer", "generate")
@@ -101,27 +95,6 @@ def read_sentences(work_dir: pathlib.Path) -> list[str]:
     return [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def random_params(config: BertConfig, seed: int):
-    """Every parameter random (std 0.05, LayerNorm scales near 1): predictions peaked enough
-    that the top-5 order is not decided by rounding, as at init's 0.02, without the
-    near-one-hot attention that larger weights give at this width (where float rounding
-    would flip which key wins)."""
-    model = BertForPreTraining(config)
-    abstract = jax.eval_shape(
-        lambda key: model.init(key, jnp.zeros((1, 1), jnp.int32))["params"], jax.random.key(0)
-    )
-    rng = np.random.default_rng(seed)
-
-    def fill(path, leaf):
-        noise = rng.normal(0, 0.05, leaf.value.shape).astype(np.float32)
-        is_scale = any(getattr(k, "key", None) == "scale" for k in path)
-        return (1.0 + noise) if is_scale else noise
-
-    return jax.tree.map_with_path(
-        fill, abstract, is_leaf=lambda x: hasattr(x, "value") and hasattr(x, "names")
-    )
-
-
 def masked(sentences: list[str]) -> list[str]:
     """Each sentence with its middle word replaced by [MASK]."""
     out = []
@@ -130,15 +103,6 @@ def masked(sentences: list[str]) -> list[str]:
         words[len(words) // 2] = "[MASK]"
         out.append(" ".join(words))
     return out
-
-
-def best_time(function, repeats: int) -> tuple[float, object]:
-    best, result = float("inf"), None
-    for _ in range(repeats):
-        start = time.perf_counter()
-        result = function()
-        best = min(best, time.perf_counter() - start)
-    return best, result
 
 
 def same_tokens(tokenizer, hf_tokenizer, texts) -> np.ndarray:
@@ -421,19 +385,25 @@ class Bench:
         return same_tokens(self.tokenizer, self.hf_tokenizer, texts)
 
     def measure(self, ours, theirs, theirs_warm_up, theirs_sorted):
-        """bertjax: a whole warm-up call (its time is "first call"), then the best of repeats;
-        transformers: a few batches, then the best of repeats (dynamic, then sorted).
-        Returns ((ours, first, theirs, sorted) seconds, our outputs, their outputs)."""
-        start = time.perf_counter()
-        ours()
-        first = time.perf_counter() - start
-        ours_s, ours_out = best_time(ours, self.args.repeats)
-        theirs_warm_up()
-        theirs_s, theirs_out = best_time(theirs, self.args.repeats)
-        sorted_s = None
+        """bertjax: a whole warm-up call (its time is "first call"); transformers: a few
+        batches; then --rounds rounds of bertjax, transformers (dynamic) and transformers
+        (sorted) in turn, medians. Returns ((ours, first, theirs, sorted) seconds, our
+        outputs, their outputs)."""
+        outputs: dict[str, Any] = {}
+
+        def keeping(name: str, function: Callable[[], Any]) -> Callable[[], Any]:
+            return lambda: outputs.__setitem__(name, function()) or outputs[name]
+
+        sides = {"bertjax": keeping("bertjax", ours), "transformers": keeping("theirs", theirs)}
         if self.args.sorted_reference:
-            sorted_s = best_time(theirs_sorted, self.args.repeats)[0]
-        return (ours_s, first, theirs_s, sorted_s), ours_out, theirs_out
+            sides["sorted"] = theirs_sorted
+        theirs_warm_up()
+        found = timing.time_rounds(
+            sides, rounds=self.args.rounds, warmup={name: int(name == "bertjax") for name in sides}
+        )
+        sorted_s = found["sorted"].median if "sorted" in found else None
+        seconds = (found["bertjax"].median, found["bertjax"].first, found["transformers"].median)
+        return (*seconds, sorted_s), outputs["bertjax"], outputs["theirs"]
 
 
 @dataclasses.dataclass
@@ -627,7 +597,7 @@ def bench_generate(b: Bench) -> Row:
         config, b.tokenizer.cls_id, b.tokenizer.sep_id, seq2seq.BERT2BERT
     )
     params = seq2seq.init_params(
-        s2s_config, jax.random.key(1), pretrained=random_params(config, seed=1)
+        s2s_config, jax.random.key(1), pretrained=fixtures.random_params(config, seed=1)
     )
     directory = b.work / "seq2seq"
     seq2seq_hf.save_seq2seq(s2s_config, nn.meta.unbox(params), directory, b.tokenizer)
@@ -684,7 +654,7 @@ def print_table(rows: list[Row]) -> None:
     )
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated: {METHODS}")
     parser.add_argument("--fill_mask", type=int, default=500, help="sentences to fill")
@@ -700,7 +670,7 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--tokenizer", choices=MODEL_TYPES, default="unigram")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=1, help="timed calls per side")
     parser.add_argument(
         "--sorted_reference",
         action=argparse.BooleanOptionalAction,
@@ -709,12 +679,21 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads")
     parser.add_argument("--work_dir", default="runs/bench_infer")
-    args = parser.parse_args()
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = sorted(set(methods) - set(METHODS))
-    if unknown or not methods:
-        parser.error(f"--methods={args.methods!r}: choose from {METHODS}")
+    report.add_json_flag(parser)
+    args = parser.parse_args(argv)
+    args.methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = sorted(set(args.methods) - set(METHODS))
+    if unknown or not args.methods:
+        parser.error(f"--methods={','.join(args.methods)!r}: choose from {METHODS}")
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds} is invalid: must be >= 1")
+    return args
 
+
+def main(argv: list[str] | None = None) -> list[Row]:
+    args = parse_args(argv)
+    methods = args.methods
+    report.use_cpu()
     import torch
     import transformers
 
@@ -722,10 +701,10 @@ def main() -> None:
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
     logging.getLogger("bertjax.storage.hf").setLevel(logging.ERROR)  # "the QA head has no pooler"
+    machine = report.start("infer", argv)
     print(
-        f"methods {', '.join(methods)}; batch {args.batch_size}; {os.cpu_count()} CPU cores, "
-        f"torch {torch.__version__} with {torch.get_num_threads()} threads, "
-        f"transformers {transformers.__version__}, jax {jax.__version__}"
+        f"methods {', '.join(methods)}; batch {args.batch_size}; torch with "
+        f"{torch.get_num_threads()} threads"
     )
     work = pathlib.Path(args.work_dir)
     sentences = read_sentences(work)
@@ -737,7 +716,7 @@ def main() -> None:
     config = BertConfig.preset(
         "small", vocab_size=tokenizer.vocab_size, max_position_embeddings=512
     )
-    params = random_params(config, seed=0)
+    params = fixtures.random_params(config, seed=0)
     model = Model(config, params, tokenizer, batch_size=args.batch_size, progress=False)
     export = work / "hf"
     model.save_hf(export)
@@ -753,6 +732,11 @@ def main() -> None:
         rows.append(BENCHES[method](bench))
     print()
     print_table(rows)
+    figures = {
+        row.method: dataclasses.asdict(row) | {"ratio": row.theirs / row.ours} for row in rows
+    }
+    report.finish("infer", args, figures, machine)
+    return rows
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """ModernBERT on CPU: bertjax beside transformers (torch, sdpa), the same weights and inputs.
 
-    python benchmarks/modernbert.py [--hidden 256 --layers 6 --heads 4 --intermediate 384]
+    python -m benchmarks.modernbert [--hidden 256 --layers 6 --heads 4 --intermediate 384]
         [--batch 8 --seq 512] [--lengths 512 1024 2048 4096] [--rounds 3]
         [--finetune reviews squad] [--ft_examples 256 --ft_epochs 1 --ft_batch 32]
         [--packing_sweep 0.5 0.7 0.85 1.0] [--attention] [--skip_sweep] [--skip_mlm]
@@ -15,17 +15,19 @@
    itself, positions restarting per document). Tokens per second count real tokens only.
    --matmul_dtype bfloat16: bertjax's train steps (here and in --finetune) round their
    products' operands to it (model.matmul_dtype; transformers stays float32), after the
-   float32 check.
+   float32 check. transformers trains in the harness's torch loop (AdamW).
 2. The forward pass of one text against its length: local + global layers (a global layer
    every third, the rest windows of 128) against all layers global, on both sides; where the
    window pays is where local + global gets ahead of all-global.
 3. --finetune: sequence-classification fine-tuning (AdamW, batches of --ft_batch) on texts
    whose lengths follow a real distribution: "reviews" (drug reviews: tokens p10/p50/p90/max
-   32/106/170/461) or "squad" (SQuAD v1.1 windows of at most 384 tokens: 150/180/300/384).
+   32/106/170/461) or "squad" (SQuAD v1.1 windows of at most 384 tokens: 150/180/300/384;
+   benchmarks.harness.fixtures.LENGTH_QUANTILES).
    bertjax takes the batches a fine-tuning run takes (shuffled, each cut to the smallest
    multiple of 32 that holds its longest text), padded and unpadded (``packed_length``: the
    fullest batch's real tokens); transformers' ModernBertForSequenceClassification runs a
-   torch loop over length-sorted batches (each padded to its longest, the order shuffled).
+   torch loop (the harness's) over length-sorted batches (each padded to its longest, the order
+   shuffled).
    Each side's clock covers everything from its first step (bertjax: every compile) to its
    last; "steady" is the mean step after the first of each shape (torch: after the first
    step) times the number of steps.
@@ -58,8 +60,9 @@ Like the commands, the process keeps the host memory a CPU step frees for the ne
 The model is a ModernBERT of random weights at the given size (transformers' initialisation,
 written by save_pretrained and read by bertjax.encoders.read_transformers); both sides'
 hidden states are checked to agree within 1e-3 before anything is timed. Times are medians
-of --rounds runs after a warm-up (which compiles bertjax's programs); both sides run in
-float32 with all the machine's cores.
+of --rounds rounds after a warm-up call (which compiles bertjax's programs), the sides of a
+table in turn within each round (benchmarks.harness.timing); both sides run in float32 with
+all the machine's cores.
 """
 
 from __future__ import annotations
@@ -71,21 +74,16 @@ STARTED = time.perf_counter()
 import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import functools  # noqa: E402
-import os  # noqa: E402
-import pathlib  # noqa: E402
-import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
-
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
+from typing import Any  # noqa: E402
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
+from benchmarks.harness import fixtures, reference, report, timing  # noqa: E402
 from bertjax import encoders, inference  # noqa: E402
 from bertjax.capability import ENCODER  # noqa: E402
 from bertjax.data.packing import best_fit  # noqa: E402
@@ -105,9 +103,7 @@ PAD, CLS, SEP, VOCAB = 0, 1, 2, 1000
 
 def hf_model(args, every: int):
     """A transformers ModernBertForMaskedLM of random weights, and the same model in bertjax."""
-    import torch
-    import transformers
-
+    torch, transformers = reference.torch, reference.transformers
     torch.manual_seed(0)
     config = transformers.ModernBertConfig(
         vocab_size=VOCAB,
@@ -139,20 +135,13 @@ def products_note(args) -> str:
 
 
 def texts(args, rng) -> list[np.ndarray]:
+    """--batch texts of random ids, lengths from a quarter of --seq to all of it."""
     lengths = rng.integers(args.seq // 4, args.seq + 1, args.batch)
-    out = []
-    for n in lengths:
-        ids = rng.integers(SEP + 1, VOCAB, n)
-        ids[0], ids[-1] = CLS, SEP
-        out.append(ids.astype(np.int32))
-    return out
+    return fixtures.token_rows(rng, lengths, VOCAB, CLS, SEP)
 
 
 def padded(rows: list[np.ndarray], seq: int) -> dict[str, np.ndarray]:
-    ids = np.full((len(rows), seq), PAD, np.int32)
-    for i, row in enumerate(rows):
-        ids[i, : len(row)] = row
-    return {"input_ids": ids, "attention_mask": (ids != PAD).astype(np.int32)}
+    return fixtures.padded(rows, seq, PAD)
 
 
 def packed(rows: list[np.ndarray], seq: int) -> tuple[dict[str, np.ndarray], list[tuple]]:
@@ -205,13 +194,13 @@ def masked(batch: dict[str, np.ndarray], rng) -> dict[str, np.ndarray]:
 
 
 def median_time(function, rounds: int) -> float:
-    function()  # warm-up: compiles
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    """One side alone: a warm-up call (it compiles), then the median of `rounds`."""
+    return timing.time_call(function, rounds=rounds).median
+
+
+def interleaved(sides: dict[str, Any], rounds: int) -> dict[str, float]:
+    """Median seconds of each side, the sides in turn within each round."""
+    return {name: t.median for name, t in timing.time_rounds(sides, rounds=rounds).items()}
 
 
 def ours_forward(config, params):
@@ -267,18 +256,14 @@ def ours_train_step(config, params, packed_length: int | None = None):
     return step, optimizer.init(params)
 
 
-def torch_inputs(batch):
-    import torch
-
-    return {
-        "input_ids": torch.from_numpy(batch["input_ids"]).long(),
-        "attention_mask": torch.from_numpy(batch["attention_mask"]).long(),
-    }
+def torch_inputs(batch, labels: bool = False) -> dict[str, Any]:
+    """A batch's ids and mask (and its labels) as transformers' inputs."""
+    names = {"input_ids": "input_ids", "attention_mask": "attention_mask"}
+    return reference.tensors(batch, names=names | ({"labels": "labels"} if labels else {}))
 
 
-def compare_and_time(args) -> None:
-    import torch
-
+def compare_and_time(args) -> dict[str, float]:
+    torch = reference.torch
     rng = np.random.default_rng(0)
     model, config, params = hf_model(args, every=3)
     rows = texts(args, rng)
@@ -310,36 +295,31 @@ def compare_and_time(args) -> None:
         with torch.no_grad():
             model.model(**torch_inputs(pad))
 
-    results = {
-        "forward: transformers padded": median_time(torch_forward, args.rounds),
-        "forward: bertjax padded": median_time(
-            lambda: forward(params, pad).block_until_ready(), args.rounds
-        ),
-        "forward: bertjax packed": median_time(
-            lambda: forward(params, pack).block_until_ready(), args.rounds
-        ),
-    }
+    results = interleaved(
+        {
+            "forward: transformers padded": torch_forward,
+            "forward: bertjax padded": lambda: forward(params, pad),
+            "forward: bertjax packed": lambda: forward(params, pack),
+        },
+        args.rounds,
+    )
 
-    model.train()
     torch_optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     pad_masked = masked(pad, rng)
+    torch_batch = torch_inputs(pad_masked, labels=True)
     # Checked against transformers in float32 above; the train steps take the products'
     # operand dtype asked for (the model.matmul_dtype a run sets).
     config = dataclasses.replace(config, matmul_dtype=args.matmul_dtype)
 
     def torch_step():
-        inputs = torch_inputs(pad_masked)
-        loss = model(**inputs, labels=torch.from_numpy(pad_masked["labels"])).loss
-        torch_optimizer.zero_grad()
-        loss.backward()
-        torch_optimizer.step()
+        return reference.train(model, [torch_batch], torch_optimizer)
 
     step, opt_state = ours_train_step(config, params)
     state = {"params": params, "opt": opt_state}
 
     def our_step(batch):
         state["params"], state["opt"], loss = step(state["params"], state["opt"], batch)
-        loss.block_until_ready()
+        return loss
 
     ours_pad = {**pad_masked, "positions_mlm": pad_masked["positions"]}
     del ours_pad["positions"], ours_pad["labels"]
@@ -351,14 +331,17 @@ def compare_and_time(args) -> None:
 
     def our_unpadded_step(batch):
         state["params"], state["opt"], loss = unpadded_step(state["params"], state["opt"], batch)
-        loss.block_until_ready()
+        return loss
 
-    results["train step: transformers padded"] = median_time(torch_step, args.rounds)
-    results["train step: bertjax padded"] = median_time(lambda: our_step(ours_pad), args.rounds)
-    results["train step: bertjax unpadded"] = median_time(
-        lambda: our_unpadded_step(ours_pad), args.rounds
+    results |= interleaved(
+        {
+            "train step: transformers padded": torch_step,
+            "train step: bertjax padded": lambda: our_step(ours_pad),
+            "train step: bertjax unpadded": lambda: our_unpadded_step(ours_pad),
+            "train step: bertjax packed": lambda: our_step(ours_pack),
+        },
+        args.rounds,
     )
-    results["train step: bertjax packed"] = median_time(lambda: our_step(ours_pack), args.rounds)
 
     print(
         f"\n{args.batch} texts of {args.seq // 4}..{args.seq} tokens ({real_tokens} real tokens; "
@@ -366,59 +349,52 @@ def compare_and_time(args) -> None:
         f"L{args.layers}/H{args.hidden}/A{args.heads}, float32" + products_note(args) + "\n"
     )
     print(f"{'':<34}{'seconds':>10}{'tokens/s':>12}{'x transformers':>16}")
+    figures = {}
     for name, seconds in results.items():
         kind = name.split(":")[0]
         base = results[f"{kind}: transformers padded"]
         print(f"{name:<34}{seconds:>10.3f}{real_tokens / seconds:>12.0f}{base / seconds:>16.2f}")
+        figures[f"{name} tokens/s"] = real_tokens / seconds
+        figures[f"{name} x transformers"] = base / seconds
+    return figures
 
 
-def length_sweep(args) -> None:
-    import torch
-
+def length_sweep(args) -> dict[str, list[float]]:
+    torch = reference.torch
     print("\nforward of one text against its length (seconds; local layers: windows of 128)\n")
     columns = ("bertjax l+g", "bertjax global", "transformers l+g", "transformers global")
     print(f"{'length':>8}" + "".join(f"{c:>22}" for c in columns))
-    sides = {every: hf_model(args, every) for every in (3, 1)}
+    models = {every: hf_model(args, every) for every in (3, 1)}
     rng = np.random.default_rng(1)
+    table: dict[str, list[float]] = {column: [] for column in columns}
     for length in args.lengths:
         ids = rng.integers(SEP + 1, VOCAB, (1, length)).astype(np.int32)
         batch = {"input_ids": ids, "attention_mask": np.ones_like(ids)}
-        row = []
-        for every in (3, 1):
-            _, config, params = sides[every]
+        sides = {}
+        for every, kind in ((3, "l+g"), (1, "global")):
+            model, config, params = models[every]
             forward = ours_forward(config, params)
-            row.append(
-                median_time(
-                    lambda f=forward, p=params, b=batch: f(p, b).block_until_ready(), args.rounds
-                )
-            )
-        for every in (3, 1):
-            model = sides[every][0].eval()
+            sides[f"bertjax {kind}"] = lambda f=forward, p=params, b=batch: f(p, b)
+            model.eval()
 
             def run(model=model, batch=batch):
                 with torch.no_grad():
                     model.model(**torch_inputs(batch))
 
-            row.append(median_time(run, args.rounds))
-        print(f"{length:>8}" + "".join(f"{t:>22.3f}" for t in row), flush=True)
+            sides[f"transformers {kind}"] = run
+        seconds = interleaved(sides, args.rounds)
+        for column in columns:
+            table[column].append(seconds[column])
+        print(f"{length:>8}" + "".join(f"{seconds[c]:>22.3f}" for c in columns), flush=True)
+    return {"lengths": list(args.lengths), **table}
 
 
 # ---------------------------------------------------------------------------------------------
 # 3. Fine-tuning on real length distributions.
 
-# Token-count quantiles (p0, p10, p50, p90, max) of each distribution's texts.
-LENGTH_QUANTILES = {
-    "reviews": (8, 32, 106, 170, 461),  # drug reviews, byte-level BPE, [CLS] and [SEP] included
-    "squad": (60, 150, 180, 300, 384),  # SQuAD v1.1 question + context windows of 384
-}
+# The length distributions --finetune takes (fixtures.LENGTH_QUANTILES).
+FINETUNE_LENGTHS = ("reviews", "squad")
 FT_WIDTH_STEP = 32  # batches are cut to a multiple of this (finetune's length_bucket)
-
-
-def sample_lengths(kind: str, count: int, rng) -> np.ndarray:
-    """Lengths whose quantiles are LENGTH_QUANTILES[kind] (linear between them)."""
-    quantiles = LENGTH_QUANTILES[kind]
-    u = rng.random(count)
-    return np.round(np.interp(u, (0.0, 0.1, 0.5, 0.9, 1.0), quantiles)).astype(int)
 
 
 def bertjax_batches(rows, labels, batch_size, epochs, rng):
@@ -505,28 +481,20 @@ def timed_run(batches, run_step, compiles: bool) -> tuple[float, float]:
     total = 0.0
     steady = []
     for index, batch in enumerate(batches):
-        start = time.perf_counter()
-        run_step(batch)
-        seconds = time.perf_counter() - start
+        seconds = timing.time_call(lambda b=batch: run_step(b), rounds=1, warmup=0).median
         total += seconds
         shape = batch["input_ids"].shape
         if (shape in seen) if compiles else index > 0:
             steady.append(seconds)
         seen.add(shape)
-    return total, (statistics.mean(steady) * len(batches) if steady else float("nan"))
+    return total, (float(np.mean(steady)) * len(batches) if steady else float("nan"))
 
 
-def finetune(args, kind: str) -> None:
-    import torch
-    import transformers
-
+def finetune(args, kind: str) -> dict[str, float]:
+    torch, transformers = reference.torch, reference.transformers
     rng = np.random.default_rng(2)
-    lengths = sample_lengths(kind, args.ft_examples, rng)
-    rows = []
-    for n in lengths:
-        ids = rng.integers(SEP + 1, VOCAB, n).astype(np.int32)
-        ids[0], ids[-1] = CLS, SEP
-        rows.append(ids)
+    lengths = fixtures.quantile_lengths(kind, args.ft_examples, rng)
+    rows = fixtures.token_rows(rng, lengths, VOCAB, CLS, SEP)
     labels = rng.integers(0, 2, len(rows)).astype(np.int32)
     ours_batches = bertjax_batches(rows, labels, args.ft_batch, args.ft_epochs, rng)
     theirs_batches = torch_batches(rows, labels, args.ft_batch, args.ft_epochs, rng)
@@ -544,7 +512,7 @@ def finetune(args, kind: str) -> None:
         def run_ours(batch, step=step, state=state, length=length):
             batch = {k: jnp.asarray(v) for k, v in batch.items()}
             state["params"], state["opt"], loss = step(state["params"], state["opt"], batch, length)
-            loss.block_until_ready()
+            return loss
 
         results[name] = timed_run(ours_batches, run_ours, compiles=True)
 
@@ -552,52 +520,49 @@ def finetune(args, kind: str) -> None:
     hf_config = transformers.ModernBertConfig(
         **{**config.to_hf_dict(), "num_labels": 2}, attn_implementation="sdpa"
     )
-    model = transformers.ModernBertForSequenceClassification(hf_config).train()
+    model = transformers.ModernBertForSequenceClassification(hf_config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=2e-5)
 
     def run_torch(batch):
-        out = model(**torch_inputs(batch), labels=torch.from_numpy(batch["labels"]).long())
-        optimizer.zero_grad()
-        out.loss.backward()
-        optimizer.step()
+        return reference.train(model, [torch_inputs(batch, labels=True)], optimizer)
 
     results["transformers length-sorted"] = timed_run(theirs_batches, run_torch, compiles=False)
 
-    low, p10, p50, p90, top = LENGTH_QUANTILES[kind]
+    p10, p50, p90 = np.percentile(lengths, [10, 50, 90]).round().astype(int)
     print(
         f"\nfine-tuning, {kind}: {len(rows)} texts (tokens p10/p50/p90/max {p10}/{p50}/{p90}/"
-        f"{top}), {len(ours_batches)} steps of {args.ft_batch}; bertjax widths {widths}, "
+        f"{lengths.max()}), {len(ours_batches)} steps of {args.ft_batch}; bertjax widths {widths}, "
         f"{100 * real / slots:.0f}% real tokens, unpadded into {capacity} slots; "
         f"L{args.layers}/H{args.hidden}/A{args.heads}, float32" + products_note(args) + "\n"
     )
     base_total, base_steady = results["transformers length-sorted"]
     print(f"{'':<30}{'clock s':>10}{'steady s':>10}{'x torch clock':>15}{'x torch steady':>16}")
+    figures = {}
     for name, (total, steady) in results.items():
         print(
             f"{name:<30}{total:>10.1f}{steady:>10.1f}{base_total / total:>15.2f}"
             f"{base_steady / steady:>16.2f}"
         )
+        figures |= {f"{kind} {name} clock s": total, f"{kind} {name} steady s": steady}
+    return figures
 
 
 # ---------------------------------------------------------------------------------------------
 # 4. Where unpadding pays.
 
 
-def packing_sweep(args) -> None:
+def packing_sweep(args) -> dict[str, list[float]]:
     print("\nmasked-LM train step, padded against unpadded, by share of real tokens\n")
     print(f"{'share':>8}{'padded s':>12}{'unpadded s':>12}{'x padded':>10}")
     _, config, params = hf_model(args, every=3)
     rng = np.random.default_rng(3)
     padded_step, opt_state = ours_train_step(config, params)
+    table: dict[str, list[float]] = {"share": [], "padded s": [], "unpadded s": []}
     for share in args.packing_sweep:
         # Rows of random lengths around `share` of --seq (closer together as it nears 1).
         spread = 0.5 * (1.0 - share) * args.seq
         lengths = np.clip(np.round(rng.normal(share * args.seq, spread, args.batch)), 2, args.seq)
-        rows = []
-        for n in lengths.astype(int):
-            ids = rng.integers(SEP + 1, VOCAB, n).astype(np.int32)
-            ids[0], ids[-1] = CLS, SEP
-            rows.append(ids)
+        rows = fixtures.token_rows(rng, lengths.astype(int), VOCAB, CLS, SEP)
         batch = masked(padded(rows, args.seq), rng)
         batch["positions_mlm"] = batch.pop("positions")
         del batch["labels"]
@@ -605,29 +570,29 @@ def packing_sweep(args) -> None:
         mb_model.PACKING_MAX_SHARE = 1.0  # measure packing even where the rule would skip it
         unpadded_step, _ = ours_train_step(config, params, packed_length(batch["attention_mask"]))
         steps = {"padded": padded_step, "unpadded": unpadded_step}
-        for step in steps.values():
-            step(params, opt_state, batch)[2].block_until_ready()  # compiles
-        rounds = {name: [] for name in steps}
-        for _ in range(args.rounds):  # interleaved: a busy moment hits both alike
-            for name, step in steps.items():
-                start = time.perf_counter()
-                step(params, opt_state, batch)[2].block_until_ready()
-                rounds[name].append(time.perf_counter() - start)
-        times = {name: statistics.median(seconds) for name, seconds in rounds.items()}
-        mb_model.PACKING_MAX_SHARE = saved
-        real = batch["attention_mask"].mean()
+        try:
+            times = interleaved(
+                {n: lambda f=f, b=batch: f(params, opt_state, b)[2] for n, f in steps.items()},
+                args.rounds,
+            )
+        finally:
+            mb_model.PACKING_MAX_SHARE = saved
+        real = float(batch["attention_mask"].mean())
         print(
             f"{real:>8.2f}{times['padded']:>12.3f}{times['unpadded']:>12.3f}"
             f"{times['padded'] / times['unpadded']:>10.2f}",
             flush=True,
         )
+        for column, value in zip(table, (real, times["padded"], times["unpadded"])):
+            table[column].append(value)
+    return table
 
 
 # ---------------------------------------------------------------------------------------------
 # 5. Attention alone: the einsum path against the blocked one.
 
 
-def attention_paths(args) -> None:
+def attention_paths(args) -> dict[str, float]:
     batch, seq, heads = args.batch, args.seq, args.heads
     dim = args.hidden // heads
     window = 64  # ModernBERT's local_attention of 128
@@ -668,23 +633,21 @@ def attention_paths(args) -> None:
         a, b = programs[f"{kind}, einsum: forward"], programs[f"{kind}, blocked: forward"]
         difference = float(jnp.max(jnp.abs((a(q, k, v) - b(q, k, v)) * real)))
         print(f"\nattention {kind}: blocked - einsum max |diff| on real tokens {difference:.1e}")
-    times = {name: [] for name in programs}
-    for program in programs.values():
-        jax.block_until_ready(program(q, k, v))  # compiles
-    for _ in range(args.rounds):  # interleaved, so that a busy moment hits every path alike
-        for name, program in programs.items():
-            start = time.perf_counter()
-            jax.block_until_ready(program(q, k, v))
-            times[name].append(time.perf_counter() - start)
+    times = interleaved(
+        {name: lambda p=program: p(q, k, v) for name, program in programs.items()}, args.rounds
+    )
     print(f"\n{batch} rows of {seq}, {heads} heads of {dim}, window +-{window}; ms (median)\n")
+    figures = {}
     for kind in ("global", "local"):
         for part in ("forward", "forward + backward"):
-            einsum = statistics.median(times[f"{kind}, einsum: {part}"])
-            block = statistics.median(times[f"{kind}, blocked: {part}"])
+            einsum = times[f"{kind}, einsum: {part}"]
+            block = times[f"{kind}, blocked: {part}"]
             print(
                 f"{kind + ', ' + part:<28} einsum {1e3 * einsum:8.1f}  blocked "
                 f"{1e3 * block:8.1f}  x einsum {einsum / block:5.2f}"
             )
+            figures[f"{kind}, {part}: blocked x einsum"] = einsum / block
+    return figures
 
 
 # ---------------------------------------------------------------------------------------------
@@ -693,10 +656,8 @@ def attention_paths(args) -> None:
 BACKWARD_SEQ = 128
 
 
-def backward_pass(args) -> None:
-    import torch
-    import transformers
-
+def backward_pass(args) -> dict[str, float]:
+    torch, transformers = reference.torch, reference.transformers
     config = classifier_config(args)
     rng = np.random.default_rng(5)
     ids = jnp.asarray(rng.integers(SEP + 1, VOCAB, (args.batch, BACKWARD_SEQ)), jnp.int32)
@@ -734,34 +695,27 @@ def backward_pass(args) -> None:
         theirs.zero_grad()
         theirs(input_ids=torch_ids).logits.sum().backward()
 
-    sides = {
-        "bertjax forward": lambda: jax.block_until_ready(forward(params)),
-        "bertjax gradient, materialised per layer": lambda: jax.block_until_ready(
-            materialized(params)
-        ),
-        "bertjax gradient, fused (before)": lambda: jax.block_until_ready(fused(params)),
-        "transformers forward + backward": torch_backward,
-    }
-    times = {name: [] for name in sides}
-    for run in sides.values():
-        run()
-    for _ in range(args.rounds):
-        for name, run in sides.items():
-            start = time.perf_counter()
-            run()
-            times[name].append(time.perf_counter() - start)
+    times = interleaved(
+        {
+            "bertjax forward": lambda: forward(params),
+            "bertjax gradient, materialised per layer": lambda: materialized(params),
+            "bertjax gradient, without the boundary": lambda: fused(params),
+            "transformers forward + backward": torch_backward,
+        },
+        args.rounds,
+    )
     print(
         f"\nbackward pass: {args.batch} rows of {BACKWARD_SEQ} tokens, L{args.layers}/"
         f"H{args.hidden}/A{args.heads}, float32, medians of {args.rounds} rounds "
         "(the two bertjax gradients agree)\n"
     )
-    for name, values in times.items():
-        print(f"{name:<45}{statistics.median(values) * 1000:>10.1f} ms")
-    fused_s = statistics.median(times["bertjax gradient, fused (before)"])
-    ours_s = statistics.median(times["bertjax gradient, materialised per layer"])
-    torch_s = statistics.median(times["transformers forward + backward"])
+    for name, seconds in times.items():
+        print(f"{name:<45}{seconds * 1000:>10.1f} ms")
+    fused_s = times["bertjax gradient, without the boundary"]
+    ours_s = times["bertjax gradient, materialised per layer"]
+    torch_s = times["transformers forward + backward"]
     print(
-        f"materialised / fused: {fused_s / ours_s:.2f}x; "
+        f"materialised / without the boundary: {fused_s / ours_s:.2f}x; "
         f"transformers / materialised: {torch_s / ours_s:.2f}x"
     )
     # How far either side is from what the machine can do: XLA's count of the gradient's
@@ -777,30 +731,37 @@ def backward_pass(args) -> None:
         f"{flops / torch_s / peak_torch:.0%}; at the whole rate the gradient would take "
         f"{1e3 * flops / peak_jax:.0f} ms, {torch_s / (flops / peak_jax):.2f}x transformers"
     )
+    return {
+        "gradient ms": 1e3 * ours_s,
+        "without the boundary ms": 1e3 * fused_s,
+        "transformers forward + backward ms": 1e3 * torch_s,
+        "gradient GFLOP": flops / 1e9,
+        "matmul GFLOP/s jax": peak_jax / 1e9,
+        "matmul GFLOP/s torch": peak_torch / 1e9,
+    }
 
 
 def matmul_rates(rows: int, inner: int, columns: int, rounds: int = 20) -> tuple[float, float]:
     """Floating-point operations per second of one [rows, inner] x [inner, columns] float32
     matmul: jax (jit), then torch; the median of `rounds`."""
-    import torch
-
+    torch = reference.torch
     rng = np.random.default_rng(0)
     a, b = (rng.standard_normal(shape, np.float32) for shape in ((rows, inner), (inner, columns)))
     matmul = jax.jit(jnp.matmul)
     ja, jb, ta, tb = jnp.asarray(a), jnp.asarray(b), torch.from_numpy(a), torch.from_numpy(b)
     operations = 2.0 * rows * inner * columns
-    jax_s = median_time(lambda: matmul(ja, jb).block_until_ready(), rounds)
+    jax_s = median_time(lambda: matmul(ja, jb), rounds)
     torch_s = median_time(lambda: torch.matmul(ta, tb), rounds)
     return operations / jax_s, operations / torch_s
 
 
-def notebook_calls(args) -> None:
+def notebook_calls(args) -> dict[str, float]:
     """Model.batched's mean embeddings over calls of 8 review-length texts: unpadded against
     padded, ModernBERT and BERT of the benchmark's size."""
     rng = np.random.default_rng(0)
     calls = []
     for _ in range(args.notebook):
-        lengths = np.minimum(sample_lengths("reviews", 8, rng), 512)
+        lengths = np.minimum(fixtures.quantile_lengths("reviews", 8, rng), 512)
         calls.append(
             [
                 {"input_ids": rng.integers(SEP + 1, VOCAB, n).astype(np.int32)}
@@ -808,7 +769,7 @@ def notebook_calls(args) -> None:
                 for n in lengths
             ]
         )
-    tokenizer = WordPieceTokenizer(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    tokenizer = WordPieceTokenizer(list(fixtures.SPECIAL_PIECES))
     size = dict(hidden_size=args.hidden, intermediate_size=args.intermediate)
     size |= dict(num_layers=args.layers, num_heads=args.heads, max_position_embeddings=512)
     configs = {
@@ -818,6 +779,7 @@ def notebook_calls(args) -> None:
         "BERT": BertConfig(vocab_size=VOCAB, **size),
     }
     print(f"\nnotebook calls: {args.notebook} calls of 8 review-length texts, mean embeddings")
+    figures = {}
     for name, config in configs.items():
         config = dataclasses.replace(config, dtype="float32")
         params = jax.jit(encoders.family_of(config).pretraining_init(config))(jax.random.key(0))
@@ -828,6 +790,8 @@ def notebook_calls(args) -> None:
             f"{padded / unpadded:.2f}x ({100 * share:.0f} % of the batches packed)",
             flush=True,
         )
+        figures[f"notebook {name} padded / unpadded"] = padded / unpadded
+    return figures
 
 
 def _time_notebook_calls(model, calls, rounds: int) -> tuple[float, float, float]:
@@ -859,16 +823,14 @@ def _time_notebook_calls(model, calls, rounds: int) -> tuple[float, float, float
     finally:
         batching.fitted_packed_length = choose
     share = sum(length is not None for length in chosen) / max(len(chosen), 1)
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for _ in range(rounds):
-        for unpad in (True, False):
-            start = time.perf_counter()
-            run(unpad)
-            times[unpad].append(time.perf_counter() - start)
-    return statistics.median(times[True]), statistics.median(times[False]), share
+    # The comparison above was both sides' warm-up.
+    times = timing.time_rounds(
+        {"unpadded": lambda: run(True), "padded": lambda: run(False)}, rounds=rounds, warmup=0
+    )
+    return times["unpadded"].median, times["padded"].median, share
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--intermediate", type=int, default=384)
@@ -880,7 +842,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--skip_sweep", action="store_true")
     parser.add_argument("--skip_mlm", action="store_true")
-    parser.add_argument("--finetune", nargs="*", default=[], choices=sorted(LENGTH_QUANTILES))
+    parser.add_argument("--finetune", nargs="*", default=[], choices=FINETUNE_LENGTHS)
     parser.add_argument("--ft_examples", type=int, default=256)
     parser.add_argument("--ft_epochs", type=int, default=1)
     parser.add_argument("--ft_batch", type=int, default=32)
@@ -893,31 +855,41 @@ def main() -> None:
         default=None,
         help="bertjax's masked-LM and --finetune train steps with model.matmul_dtype (bfloat16)",
     )
-    args = parser.parse_args()
+    report.add_json_flag(parser)
+    args = parser.parse_args(argv)
+    if args.rounds < 1:
+        parser.error(f"--rounds={args.rounds} is invalid: must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    report.use_cpu()
     # As the commands do (bertjax.cli), before jax creates its CPU client; it holds for the
     # whole process, transformers' side included.
     kept = host_memory.keep_freed_memory()
-    import torch
-
-    torch.set_num_threads(os.cpu_count() or 1)
-    device = jax.devices()[0].device_kind
-    print(f"jax {jax.__version__} on {device}, torch {torch.__version__}, {os.cpu_count()} cores")
+    reference.use_threads()
+    machine = report.start("modernbert", argv)
     print(f"freed host memory kept for the next step (bertjax.engine.host_memory): {kept}")
+    figures: dict[str, Any] = {}
     if not args.skip_mlm:
-        compare_and_time(args)
+        figures["masked LM"] = compare_and_time(args)
     if not args.skip_sweep:
-        length_sweep(args)
+        figures["length sweep"] = length_sweep(args)
     for kind in args.finetune:
-        finetune(args, kind)
+        figures[f"finetune {kind}"] = finetune(args, kind)
     if args.packing_sweep:
-        packing_sweep(args)
+        figures["packing sweep"] = packing_sweep(args)
     if args.attention:
-        attention_paths(args)
+        figures["attention"] = attention_paths(args)
     if args.backward:
-        backward_pass(args)
+        figures["backward"] = backward_pass(args)
     if args.notebook:
-        notebook_calls(args)
-    print(f"\nthe whole command: {time.perf_counter() - STARTED:.1f} s")
+        figures["notebook"] = notebook_calls(args)
+    figures["whole command s"] = time.perf_counter() - STARTED
+    print(f"\nthe whole command: {figures['whole command s']:.1f} s")
+    report.finish("modernbert", args, figures, machine)
+    return figures
 
 
 if __name__ == "__main__":

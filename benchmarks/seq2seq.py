@@ -1,7 +1,7 @@
 """Encoder-decoder throughput: bertjax.tasks.seq2seq.model beside transformers' EncoderDecoderModel.
 
-    python benchmarks/seq2seq.py [--layers 4] [--hidden 256] [--batch_size 16]
-        [--source_length 32] [--max_new_tokens 32] [--repeats 3]
+    python -m benchmarks.seq2seq [--layers 4] [--hidden 256] [--batch_size 16]
+        [--source_length 32] [--max_new_tokens 32] [--rounds 3]
 
 One random bert2bert-shaped model (rnd2rnd weights, vocabulary 8000), written with
 bertjax.tasks.seq2seq.hf.save_seq2seq and read by transformers: the same weights and inputs
@@ -10,58 +10,37 @@ Generation runs greedy and beam search (4 beams) for bertjax with its key/value 
 bertjax recomputing the whole prefix every step (use_cache=False), and for transformers'
 generate (its own cache); random weights almost never choose [SEP], so every row runs the full
 max_new_tokens and tokens/s is batch x max_new_tokens / time. The tokens of bertjax and
-transformers are compared and the count of rows that agree printed. Training runs one
-optimizer step (AdamW, teacher forcing) per batch on each side: examples/s.
+transformers are compared and the count of rows that agree printed. Training runs
+--train_steps optimizer steps (AdamW, teacher forcing) per call on each side (transformers'
+in the harness's torch loop): examples/s.
 
-Times are the best of --repeats after a warm-up call (bertjax compiles there; its compile time
-is printed). CPU only, one thread on each side by default (--threads): on a shared machine
-torch's multi-threaded kernels wait on busy cores and slow down by an order of magnitude.
-"""
+Times are medians of --rounds rounds of the sides in turn after a warm-up call each
+(benchmarks.harness.timing; bertjax compiles there, its first call is printed). CPU only,
+one thread on each side by default (--threads): on a shared machine torch's multi-threaded
+kernels wait on busy cores and slow down by an order of magnitude.
+"""  # noqa: E501
 
 from __future__ import annotations
 
 import argparse
 import os
 import pathlib
-import sys
 import tempfile
-import time
+from typing import Any
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-THREADS = 1
-for i, arg in enumerate(sys.argv):  # read before jax is imported: XLA fixes its pool then
-    if arg.startswith("--threads"):
-        THREADS = int(arg.split("=", 1)[1] if "=" in arg else sys.argv[i + 1])
-if THREADS == 1:
-    os.environ["XLA_FLAGS"] = (
-        os.environ.get("XLA_FLAGS", "") + " --xla_cpu_multi_thread_eigen=false"
-    ).strip()
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import linen as nn
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-import torch  # noqa: E402
-import transformers  # noqa: E402
-from flax import linen as nn  # noqa: E402
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
-
-from bertjax.encoders.bert.config import BertConfig  # noqa: E402
-from bertjax.tasks.seq2seq import decoding  # noqa: E402
-from bertjax.tasks.seq2seq import hf as seq2seq_hf  # noqa: E402
-from bertjax.tasks.seq2seq import model as s2s  # noqa: E402
+from benchmarks.harness import reference, report, timing
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.tasks.seq2seq import decoding
+from bertjax.tasks.seq2seq import hf as seq2seq_hf
+from bertjax.tasks.seq2seq import model as s2s
 
 START, EOS = 2, 3
-
-
-def best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        begin = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - begin)
-    return min(times)
 
 
 def inputs(batch: int, length: int, vocab: int, seed: int):
@@ -75,7 +54,7 @@ def inputs(batch: int, length: int, vocab: int, seed: int):
     return ids, mask
 
 
-def main() -> None:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
@@ -83,11 +62,21 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--source_length", type=int, default=32)
     parser.add_argument("--max_new_tokens", type=int, default=32)
-    parser.add_argument("--train_steps", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=THREADS, help="CPU threads per side")
-    args = parser.parse_args()
+    parser.add_argument("--train_steps", type=int, default=5, help="optimizer steps per call")
+    parser.add_argument("--rounds", type=int, default=3, help="timed calls per side")
+    parser.add_argument("--threads", type=int, default=1, help="CPU threads per side")
+    report.add_json_flag(parser)
+    return parser.parse_args(argv)
 
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    report.use_cpu()
+    if args.threads == 1:  # XLA reads it when jax makes its CPU client, below
+        flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_cpu_multi_thread_eigen=false"
+        os.environ["XLA_FLAGS"] = flags.strip()
+    reference.use_threads(args.threads)
+    machine = report.start("seq2seq", argv)
     bert = BertConfig(
         vocab_size=args.vocab,
         hidden_size=args.hidden,
@@ -102,41 +91,29 @@ def main() -> None:
     params = jax.tree.map(np.asarray, nn.meta.unbox(s2s.init_params(config, jax.random.key(0))))
     directory = pathlib.Path(tempfile.mkdtemp()) / "model"
     seq2seq_hf.save_seq2seq(config, params, directory)
-    torch.set_num_threads(args.threads)
-    model = transformers.EncoderDecoderModel.from_pretrained(directory).eval()
+    torch = reference.torch
+    model = reference.transformers.EncoderDecoderModel.from_pretrained(directory).eval()
     ids, mask = inputs(args.batch_size, args.source_length, args.vocab, seed=1)
     tokens = args.batch_size * args.max_new_tokens
     print(
         f"model L{args.layers}/H{args.hidden} vocab {args.vocab}; batch {args.batch_size}, "
         f"source {args.source_length}, {args.max_new_tokens} new tokens; "
-        f"{jax.device_count()} {jax.default_backend()} device(s), torch {torch.__version__}"
+        f"{jax.device_count()} {jax.default_backend()} device(s), {args.threads} thread(s) a side"
     )
-
+    figures: dict[str, Any] = {}
     for beams in (1, 4):
-        rates = {}
-        outputs = {}
-        for use_cache in (True, False):
+        outputs: dict[str, Any] = {}
+
+        def ours(use_cache: bool, beams: int = beams, outputs: dict = outputs):
             settings = decoding.GenerationSettings(
                 max_new_tokens=args.max_new_tokens, num_beams=beams, use_cache=use_cache
             )
+            outputs[use_cache] = decoding.generate(config, params, ids, mask, settings=settings)
+            return outputs[use_cache]
 
-            def run(settings=settings):
-                out = decoding.generate(config, params, ids, mask, settings=settings)
-                jax.block_until_ready(out)
-                return out
-
-            begin = time.perf_counter()
-            outputs[use_cache] = run()
-            compile_s = time.perf_counter() - begin
-            rates[use_cache] = tokens / best_time(run, args.repeats)
-            print(
-                f"  bertjax beams={beams} cache={use_cache}: {rates[use_cache]:,.0f} tokens/s "
-                f"(first call {compile_s:.1f} s)"
-            )
-
-        def run_hf(beams=beams):
+        def theirs(beams: int = beams, outputs: dict = outputs):
             with torch.no_grad():
-                return model.generate(
+                outputs["transformers"] = model.generate(
                     input_ids=torch.tensor(ids, dtype=torch.long),
                     attention_mask=torch.tensor(mask, dtype=torch.long),
                     max_new_tokens=args.max_new_tokens,
@@ -144,20 +121,37 @@ def main() -> None:
                     do_sample=False,
                 )
 
-        theirs = run_hf()
-        hf_rate = tokens / best_time(run_hf, args.repeats)
-        ours = decoding.strip(outputs[True], EOS)
-        agree = 0
-        for row, their_row in zip(ours, theirs[:, 1:].tolist()):
-            agree += row == (their_row[: their_row.index(EOS)] if EOS in their_row else their_row)
-        print(
-            f"  transformers beams={beams}: {hf_rate:,.0f} tokens/s; bertjax cached / "
-            f"transformers = {rates[True] / hf_rate:.2f}x; cached / uncached = "
-            f"{rates[True] / rates[False]:.2f}x; rows with the same tokens: "
-            f"{agree}/{args.batch_size}"
+        found = timing.time_rounds(
+            {
+                "cached": lambda: ours(True),
+                "uncached": lambda: ours(False),
+                "transformers": theirs,
+            },
+            rounds=args.rounds,
         )
+        for use_cache in ("cached", "uncached"):
+            print(
+                f"  bertjax beams={beams} {use_cache}: {found[use_cache].rate(tokens):,.0f} "
+                f"tokens/s (first call {found[use_cache].first:.1f} s)"
+            )
+        agree = 0
+        for row, their_row in zip(
+            decoding.strip(outputs[True], EOS), outputs["transformers"][:, 1:].tolist()
+        ):
+            agree += row == (their_row[: their_row.index(EOS)] if EOS in their_row else their_row)
+        ratio = timing.ratio(found["transformers"], found["cached"])
+        print(
+            f"  transformers beams={beams}: {found['transformers'].rate(tokens):,.0f} tokens/s; "
+            f"bertjax cached / transformers = {ratio:.2f}x; cached / uncached = "
+            f"{timing.ratio(found['uncached'], found['cached']):.2f}x; rows with the same "
+            f"tokens: {agree}/{args.batch_size}"
+        )
+        figures[f"beams {beams}"] = {name: found[name].rate(tokens) for name in found} | {
+            "cached / transformers": ratio,
+            "rows agreeing": agree,
+        }
 
-    # Training: one AdamW step per batch, teacher forcing over max_new_tokens targets.
+    # Training: optimizer steps, teacher forcing over max_new_tokens targets.
     rng = np.random.default_rng(2)
     targets = [rng.integers(4, args.vocab, size=args.max_new_tokens - 1).tolist()] * len(ids)
     features = s2s.target_features(targets, args.max_new_tokens, START, EOS)
@@ -176,45 +170,49 @@ def main() -> None:
 
     jax_params = jax.tree.map(jnp.asarray, params)
     state = optimizer.init(jax_params)
-    jax.block_until_ready(step(jax_params, state))
 
     def train_ours():
         p, s = jax_params, state
         for _ in range(args.train_steps):
             p, s = step(p, s)
-        jax.block_until_ready(p)
+        return p
 
-    ours_rate = args.train_steps * len(ids) / best_time(train_ours, args.repeats)
     model.train()
     for module in model.modules():  # the same numerics as bertjax's run: no dropout
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
-    torch_opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    labels = torch.tensor(
-        np.where(features["target_mask"] > 0, features["target_ids"], -100), dtype=torch.long
-    )
-    tensors = dict(
-        input_ids=torch.tensor(ids, dtype=torch.long),
-        attention_mask=torch.tensor(mask, dtype=torch.long),
-        decoder_input_ids=torch.tensor(features["decoder_input_ids"], dtype=torch.long),
-    )
+    torch_optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    labels = np.where(features["target_mask"] > 0, features["target_ids"], -100)
+    tensors = {
+        "input_ids": torch.tensor(ids, dtype=torch.long),
+        "attention_mask": torch.tensor(mask, dtype=torch.long),
+        "decoder_input_ids": torch.tensor(features["decoder_input_ids"], dtype=torch.long),
+        "labels": torch.tensor(labels, dtype=torch.long),
+    }
 
-    def train_hf():
-        for _ in range(args.train_steps):
-            logits = model(**tensors).logits
-            loss = torch.nn.functional.cross_entropy(
-                logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
-            )
-            loss.backward()
-            torch_opt.step()
-            torch_opt.zero_grad()
+    def token_loss(model, batch):
+        labels = batch["labels"]
+        logits = model(**{k: v for k, v in batch.items() if k != "labels"}).logits
+        return torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100
+        )
 
-    train_hf()
-    hf_rate = args.train_steps * len(ids) / best_time(train_hf, args.repeats)
+    def train_theirs():
+        steps = [tensors] * args.train_steps
+        return reference.train(model, steps, torch_optimizer, loss=token_loss)
+
+    found = timing.time_rounds(
+        {"bertjax": train_ours, "transformers": train_theirs}, rounds=args.rounds
+    )
+    examples = args.train_steps * len(ids)
+    ratio = timing.ratio(found["transformers"], found["bertjax"])
     print(
-        f"  training: bertjax {ours_rate:,.0f} examples/s, transformers {hf_rate:,.0f} "
-        f"examples/s, ratio {ours_rate / hf_rate:.2f}x"
+        f"  training: bertjax {found['bertjax'].rate(examples):,.0f} examples/s, transformers "
+        f"{found['transformers'].rate(examples):,.0f} examples/s, ratio {ratio:.2f}x"
     )
+    figures["training"] = {name: found[name].rate(examples) for name in found} | {"ratio": ratio}
+    report.finish("seq2seq", args, figures, machine)
+    return figures
 
 
 if __name__ == "__main__":

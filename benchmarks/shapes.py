@@ -1,50 +1,46 @@
 """Programs against padding: how many distinct shapes a fine-tuning run compiles, and what
 share of the positions it computes are padding, for realistic length distributions.
 
-    python benchmarks/shapes.py                     # SQuAD windows, reviews, GLUE pairs
-    python benchmarks/shapes.py --overheads 0,0.05,0.1 --epochs 3
+    python -m benchmarks.shapes                     # SQuAD windows, reviews, GLUE pairs
+    python -m benchmarks.shapes --overheads 0,0.05,0.1 --epochs 3
 
 No model runs: the batches are the ones finetune.py would make (finetune.batches'
 train_micro_batches, train_batch and eval_batches, on a CPU's rows per call), and each shape
-they hold is one compiled program. Two policies side by side:
-- "each bucket (before)": every batch cut to the smallest multiple of the length bucket that
-  holds it (training: multiples of --length_bucket, evaluation: of a quarter of it), with the
-  micro-batch's index static in the grouped step as before (one program per index and width);
-- "fewest widths +X %": the run's widths chosen from its lengths (finetune.widths
-  .training_widths / evaluation_widths) within X % more positions than each bucket, the
-  micro-batch's index traced (one program per width); finetune.py's default takes +2 % for
-  training, a width added only while it saves more positions than a program costs
-  (finetune.widths.TRAIN_PROGRAM_POSITIONS), and +5 % for evaluation.
+they hold is one compiled program. The policies side by side:
+- "every bucket": every batch cut to the smallest multiple of the length bucket that holds it
+  (training: multiples of --length_bucket, evaluation: of a quarter of it);
+- "finetune.py's default": the run's widths chosen from its lengths (finetune.widths
+  .training_widths / evaluation_widths): +2 % positions over every bucket for training, a
+  width added only while it saves more positions than a program costs
+  (finetune.widths.TRAIN_PROGRAM_POSITIONS), and +5 % for evaluation;
+- "fewest widths +X %": the fewest widths within X % more positions than every bucket,
+  whatever a program costs (--overheads).
 
 Lengths (tokens with [CLS] and [SEP]), drawn from quantiles of public data:
 - squad: SQuAD v1.1-shaped windows at max_seq_length 384, doc stride 128 (questions about 6
   to 20 pieces, paragraphs lognormal around 135 pieces, p90 about 240), as run_squad cuts them;
-- reviews: drug reviews at 512 (p10/p50/p90/max 32/106/170/461, the issue's measurement);
-- glue: MNLI-like pairs at 128 (p10/p50/p90/max 20/38/62/128).
+- reviews: drug reviews at 512 (p10/p50/p90/max 32/106/170/461);
+- glue: MNLI-like pairs at 128 (p10/p50/p90/max 20/38/62/128)
+(benchmarks.harness.fixtures.LENGTH_QUANTILES for the last two).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import numpy as np
 
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
+from benchmarks.harness import fixtures, report
+from bertjax.finetune import batches as batches_lib
+from bertjax.finetune import widths
+from bertjax.finetune.task import Examples
 
-from bertjax.finetune import batches as batches_lib  # noqa: E402
-from bertjax.finetune import widths as widths_lib  # noqa: E402
-from bertjax.finetune.task import Examples  # noqa: E402
-
-# (max_seq_length, batch size, micro-batches, quantile points (p, tokens)) of each shape.
-QUANTILES = {
-    "reviews": (512, 32, 4, [(0, 8), (0.1, 32), (0.5, 106), (0.9, 170), (0.99, 320), (1, 461)]),
-    "glue": (128, 32, 1, [(0, 6), (0.1, 20), (0.5, 38), (0.9, 62), (0.99, 90), (1, 128)]),
+# (max_seq_length, batch size, micro-batches) of each shape of lengths.
+SHAPES = {
+    "squad": (384, 32, 8),  # the README's CPU setting: grad_accum_steps=8
+    "reviews": (512, 32, 4),
+    "glue": (128, 32, 1),
 }
-SQUAD = (384, 32, 8)  # the README's CPU setting: grad_accum_steps=8
 
 
 def squad_lengths(count: int, rng: np.random.Generator, seq: int = 384) -> np.ndarray:
@@ -63,12 +59,6 @@ def squad_lengths(count: int, rng: np.random.Generator, seq: int = 384) -> np.nd
                 break
             start += 128
     return np.asarray(out[:count])
-
-
-def quantile_lengths(points, count: int, rng: np.random.Generator) -> np.ndarray:
-    """Lengths whose quantile function goes through `points` (linear between them)."""
-    p, tokens = zip(*points)
-    return np.round(np.interp(rng.random(count), p, tokens)).astype(np.int64)
 
 
 def examples(lengths: np.ndarray, seq: int) -> Examples:
@@ -96,10 +86,9 @@ def training(train: Examples, args, batch_size: int, micro: int, widths) -> tupl
                             train, order, index, batch_size, args.length_bucket, widths
                         )
                     ]
-                for k, batch in enumerate(batches):
+                for batch in batches:
                     rows, width = batch["input_ids"].shape
-                    # Before: the grouped step's micro-batch index was static.
-                    shapes.add((k if widths is None and micro > 1 else 0, width))
+                    shapes.add(width)  # the grouped step's micro-batch index is traced
                     positions += rows * width
                     real += int(batch["input_mask"].sum())
     return len(shapes), 1 - real / positions
@@ -127,19 +116,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--length_bucket", type=int, default=32)
     parser.add_argument("--eval_batch_size", type=int, default=32)
     parser.add_argument("--overheads", default="0,0.02,0.05,0.1,0.2")
+    report.add_json_flag(parser)
     args = parser.parse_args(argv)
+    machine = report.start("shapes", argv)
     overheads = [float(x) for x in args.overheads.split(",")]
     rng = np.random.default_rng(0)
     rows = []
     header = f"{'shape':<9}{'policy':<24}{'train programs':>15}{'padding':>9}"
     print(header + f"{'eval programs':>15}{'padding':>9}")
     for name in args.shapes.split(","):
+        seq, batch_size, micro = SHAPES[name]
         if name == "squad":
-            seq, batch_size, micro = SQUAD
             draw = lambda n, seq=seq: squad_lengths(n, rng, seq)  # noqa: E731
         else:
-            seq, batch_size, micro, points = QUANTILES[name]
-            draw = lambda n, points=points: quantile_lengths(points, n, rng)  # noqa: E731
+            draw = lambda n, name=name: fixtures.quantile_lengths(name, n, rng)  # noqa: E731
         train, split = examples(draw(args.train), seq), examples(draw(args.eval), seq)
         lengths = train.features["input_mask"].sum(axis=1)
         print(
@@ -149,20 +139,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         )
         seeds = tuple(range(args.seeds))
         policies = [
-            ("each bucket (before)", None, None),
+            ("every bucket", None, None),
             (
                 "finetune.py's default",
-                widths_lib.training_widths(
+                widths.training_widths(
                     train, seeds, args.epochs, batch_size, micro, args.length_bucket
                 ),
-                widths_lib.evaluation_widths([split], args.length_bucket),
+                widths.evaluation_widths([split], args.length_bucket),
             ),
         ]
         for overhead in overheads:
             policies.append(
                 (
                     f"fewest widths +{100 * overhead:g} %",
-                    widths_lib.training_widths(
+                    widths.training_widths(
                         train,
                         tuple(range(args.seeds)),
                         args.epochs,
@@ -172,7 +162,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         overhead,
                         program_positions=0,  # the overhead alone, whatever programs cost
                     ),
-                    widths_lib.evaluation_widths([split], args.length_bucket, overhead),
+                    widths.evaluation_widths([split], args.length_bucket, overhead),
                 )
             )
         for policy, train_widths, eval_widths in policies:
@@ -192,6 +182,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     "eval_padding": e_padding,
                 }
             )
+    report.finish("shapes", args, {"rows": rows}, machine)
     return rows
 
 

@@ -1,6 +1,6 @@
 """Local disk beside gs:// (a GCS emulator started here): loader throughput, checkpoint times.
 
-    python benchmarks/storage.py [--corpus_mb 8] [--batches 60] [--presets tiny base]
+    python -m benchmarks.storage [--corpus_mb 8] [--batches 60] [--presets tiny base]
 
 Starts fake-gcs-server on 127.0.0.1 (tests/helpers/gcs_emulator.py, the suite's emulator), then
 
@@ -20,34 +20,28 @@ from __future__ import annotations
 
 import argparse
 import pathlib
-import statistics
-import sys
 import tempfile
-import time
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from typing import Any
 
 # First: it sets the emulator's environment before gcsfs is imported.
-from tests.helpers import gcs_emulator  # noqa: E402
+from tests.helpers import gcs_emulator
 
 # isort: split
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-import orbax.checkpoint as ocp  # noqa: E402
-from flax import linen as nn  # noqa: E402
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
 
-from bertjax.data import MaskingSettings, make_loader, prepare  # noqa: E402
-from bertjax.encoders.bert.config import BertConfig  # noqa: E402
-from bertjax.encoders.bert.model import BertForPreTraining  # noqa: E402
-from bertjax.storage import fs  # noqa: E402
+from benchmarks.harness import fixtures, report, timing
+from bertjax.data import MaskingSettings, make_loader, prepare
+from bertjax.encoders.bert.config import BertConfig
+from bertjax.storage import fs
 
 SEQ_LEN = 128
 BATCH = 256
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--corpus_mb", type=float, default=8.0, help="synthetic corpus size")
     parser.add_argument("--batches", type=int, default=60, help="loader batches timed")
@@ -55,8 +49,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--presets", nargs="*", default=["tiny", "base"], help="tree sizes (none: loader only)"
     )
-    parser.add_argument("--repeats", type=int, default=2, help="checkpoint saves and restores")
-    return parser.parse_args()
+    parser.add_argument("--rounds", type=int, default=2, help="checkpoint saves and restores")
+    report.add_json_flag(parser)
+    return parser.parse_args(argv)
 
 
 def write_corpus(path: pathlib.Path, megabytes: float) -> None:
@@ -87,57 +82,57 @@ def time_loader(data_dir, batches: int, threads: int) -> tuple[float, float]:
         data_dir, batch_size=BATCH, seed=0, masking=MaskingSettings(), worker_count=threads
     )
     itemsize = 2  # uint16 tokens (vocabulary below 65536)
-    next(loader)
     tokens = 0
-    start = time.perf_counter()
-    for _ in range(batches):
-        tokens += int(next(loader)["input_mask"].sum())
-    seconds = time.perf_counter() - start
+
+    def read() -> None:
+        nonlocal tokens
+        for _ in range(batches):
+            tokens += int(next(loader)["input_mask"].sum())
+
+    next(loader)  # the warm-up: the first batch opens the shards and starts the threads
+    seconds = timing.time_call(read, rounds=1, warmup=0).median
     loader.close()
     return batches / seconds, tokens * itemsize / seconds / 1e6
 
 
 def parameter_tree(preset: str):
     """Random float32 values at the shapes of BertForPreTraining's parameters."""
-    config = BertConfig.preset(preset)
-    ids = jnp.zeros((1, 8), jnp.int32)  # [batch, seq]
-    shapes = nn.meta.unbox(
-        jax.eval_shape(lambda: BertForPreTraining(config).init(jax.random.key(0), ids)["params"])
-    )
-    rng = np.random.default_rng(0)
-    return jax.tree.map(
-        lambda s: jnp.asarray(rng.standard_normal(s.shape, np.float32) * 0.02), shapes
-    )
+    params = fixtures.random_params(BertConfig.preset(preset), seed=0, std=0.02)
+    return jax.tree.map(jnp.asarray, params)
 
 
-def time_checkpoints(directory: str, tree, repeats: int) -> tuple[float, float]:
-    """(median seconds per save until finished, per restore) with a fresh manager each time."""
+def time_checkpoints(directory: str, tree, rounds: int) -> tuple[float, float]:
+    """(median seconds per save until finished, per restore) with a fresh manager each time,
+    a save and its restore in turn in each round."""
     abstract = jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree
     )
-    saves, restores = [], []
-    for step in range(repeats):
+    step = 0
+
+    def save() -> None:
+        nonlocal step
+        step += 1
         manager = ocp.CheckpointManager(
             directory, options=ocp.CheckpointManagerOptions(max_to_keep=1)
         )
-        start = time.perf_counter()
         manager.save(step, args=ocp.args.StandardSave(tree))
         manager.wait_until_finished()
-        saves.append(time.perf_counter() - start)
         manager.close()
-        manager = ocp.CheckpointManager(directory)
-        start = time.perf_counter()
-        restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
-        jax.block_until_ready(restored)
-        restores.append(time.perf_counter() - start)
-        manager.close()
+
+    def restore():
+        with ocp.CheckpointManager(directory) as manager:
+            restored = manager.restore(step, args=ocp.args.StandardRestore(abstract))
         first = jax.tree.leaves(tree)[0]
         assert np.array_equal(np.asarray(jax.tree.leaves(restored)[0]), np.asarray(first))
-    return statistics.median(saves), statistics.median(restores)
+        return restored
+
+    found = timing.time_rounds({"save": save, "restore": restore}, rounds=rounds, warmup=0)
+    return found["save"].median, found["restore"].median
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    machine = report.start("storage", argv)
     emulator = gcs_emulator.Emulator()
     rows: list[tuple[str, str, float, float]] = []  # (what, unit, local, gs://)
     try:
@@ -170,8 +165,8 @@ def main() -> None:
                 tree = parameter_tree(preset)
                 megabytes = sum(x.nbytes for x in jax.tree.leaves(tree)) / 1e6
                 what = f"checkpoint {preset} ({megabytes:.0f} MB)"
-                local = time_checkpoints(str(root / f"ckpt-{preset}"), tree, args.repeats)
-                remote = time_checkpoints(fs.join(bucket, f"ckpt-{preset}"), tree, args.repeats)
+                local = time_checkpoints(str(root / f"ckpt-{preset}"), tree, args.rounds)
+                remote = time_checkpoints(fs.join(bucket, f"ckpt-{preset}"), tree, args.rounds)
                 rows.append((what, "save s", local[0], remote[0]))
                 rows.append((what, "restore s", local[1], remote[1]))
     finally:
@@ -180,6 +175,9 @@ def main() -> None:
     print(f"\n{'':28} {'':10} {'local':>10} {'gs://':>10} {'gs:/local':>10}")
     for what, unit, local, remote in rows:
         print(f"{what:28} {unit:10} {local:10.2f} {remote:10.2f} {remote / local:10.2f}")
+    figures = {f"{what} {unit}": {"local": a, "gs://": b} for what, unit, a, b in rows}
+    report.finish("storage", args, figures, machine)
+    return figures
 
 
 if __name__ == "__main__":

@@ -1,100 +1,54 @@
 """Training throughput: bertjax's train step against transformers' BertForPreTraining.
 
-    python benchmarks/train.py                                   # BERT-small, fp32, B16, S128
-    python benchmarks/train.py --config configs/base.py --dtype bfloat16 --batch_size 256
-    python benchmarks/train.py --config configs/base.py --dtype bfloat16 --batch_size 256 \
+    python -m benchmarks.train                                   # BERT-small, fp32, B16, S128
+    python -m benchmarks.train --config configs/base.py --dtype bfloat16 --batch_size 256
+    python -m benchmarks.train --config configs/base.py --dtype bfloat16 --batch_size 256 \
         --attention_dropout 0 --no_reference     # GPU/TPU: lets the fused kernels run
 
 Prints step time, sequences/s, tokens/s, achieved model FLOP/s and MFU (against the
-device's data-sheet peak when bertjax.engine.perf knows it, and against the matmul rate this run
-measures on the same machine), for bertjax's jitted train step on the present backend and,
-when torch and transformers are installed, for `transformers.BertForPreTraining` trained
-with AdamW on the same sizes and batches. Both sides use the same model-FLOP count
-(bertjax.engine.perf.training_flops_per_sequence, MLM head on the predicted positions only), so
-transformers' extra work -- it runs the vocabulary projection on every position -- is not
+device's data-sheet peak when bertjax.engine.perf knows it, and against the matmul rate this
+run measures on the same machine), for bertjax's jitted train step on the present backend
+and, when torch and transformers are installed, for `transformers.BertForPreTraining` trained
+by the harness's torch loop (AdamW with BERT's decay mask, clipping as the config) on the
+same sizes and batches. Both sides use the same model-FLOP count
+(bertjax.engine.perf.training_flops_per_sequence, MLM head on the predicted positions only),
+so transformers' extra work -- it runs the vocabulary projection on every position -- is not
 credited to it. bertjax skips padding (config.token_capacity, set just above the synthetic
 batches' fill; --token_capacity 1 turns it off), while the FLOP count stays per padded
 sequence on both sides: with packing the MFU columns measure throughput, not utilisation.
 
-Shared machines are noisy: the measurement runs in rounds (ours, reference, matmul probe,
-repeated) and the ratios are taken within each round, then their median is quoted.
-Sequences are synthetic: random token ids, lengths uniform in [S/2, S], two segments,
-`num_predictions` masked positions among the real tokens.
+Timing (benchmarks.harness.timing): each side runs --warmup untimed calls of --steps steps
+(the first compiles), then --rounds rounds run every side's --steps steps in turn and a
+matmul probe; ratios and matmul fractions are taken within each round, then their median.
+Sequences are synthetic (benchmarks.harness.fixtures.pretraining_batch): random token ids,
+lengths uniform in [S/2, S], two segments, `num_predictions` masked positions among the real
+tokens.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib.util
-import os
-import platform
-import shlex
+import itertools
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-import flax
 import jax
 import numpy as np
-import optax
 
-# The script runs from a checkout: make `bertjax` and `configs` importable from the root.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if _REPO not in sys.path:
-    sys.path.insert(0, _REPO)
-
-from bertjax.engine import (  # noqa: E402
-    perf,  # noqa: E402
-    steps,  # noqa: E402
-)
-from bertjax.pretrain.objective import build_pretraining  # noqa: E402
-from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
+from benchmarks.harness import commands, fixtures, report, timing
+from bertjax.engine import perf, steps
+from bertjax.pretrain.objective import build_pretraining
+from bertjax.pretrain.settings import PretrainSettings
 
 try:  # the reference is optional: torch and transformers live in the `hf` extra
-    import torch
-    import transformers
+    from benchmarks.harness import reference
 except ImportError:  # pragma: no cover - depends on the environment
-    torch = None
-    transformers = None
+    reference = None
 
 DTYPES = ("float32", "bfloat16")
-FIRST_REAL_ID = 5  # ids below are [PAD], [UNK], [CLS], [SEP], [MASK] in bertjax tokenizers
-
-
-@dataclasses.dataclass(frozen=True)
-class Timing:
-    """One timed run of `steps` training steps."""
-
-    name: str
-    seconds: float
-    cpu_seconds: float  # this process's CPU time: how much of the machine the run got
-    steps: int
-    batch_size: int
-    seq_len: int
-    flops_per_sequence: float
-    devices: int  # the FLOP rate is over this many devices
-
-    @property
-    def step_time(self) -> float:
-        return self.seconds / self.steps
-
-    @property
-    def sequences_per_sec(self) -> float:
-        return self.batch_size / self.step_time
-
-    @property
-    def tokens_per_sec(self) -> float:
-        return self.sequences_per_sec * self.seq_len
-
-    @property
-    def flops_per_sec(self) -> float:
-        return self.sequences_per_sec * self.flops_per_sequence
-
-
-# ----------------------------------------------------------------------------- arguments
+BATCHES = 4  # distinct synthetic batches, cycled
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -103,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--config",
-        default=os.path.join(_REPO, "configs", "small.py"),
+        default=str(commands.REPO / "configs" / "small.py"),
         help="training config file (configs/*.py) giving the model and optimizer",
     )
     parser.add_argument("--batch_size", type=int, default=16, help="global batch size")
@@ -114,16 +68,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dtype", default="float32", choices=DTYPES, help="compute dtype (parameters stay float32)"
     )
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per round")
+    parser.add_argument("--steps", type=int, default=5, help="steps per timed call")
     parser.add_argument(
-        "--warmup", type=int, default=2, help="untimed steps before timing (after compiling)"
+        "--warmup", type=int, default=1, help="untimed calls of --steps steps (the first compiles)"
     )
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=3,
-        help="rounds of (ours, reference, matmul probe); ratios are medians over rounds",
-    )
+    parser.add_argument("--rounds", type=int, default=3, help="timed calls per side")
     parser.add_argument("--vocab_size", type=int, default=30522)
     parser.add_argument(
         "--mesh_shape",
@@ -159,6 +108,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="side of the square matmul probe (0: 1024 on CPU, 8192 on accelerators)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    report.add_json_flag(parser)
     args = parser.parse_args(argv)
     for name in ("batch_size", "seq_len", "steps", "rounds", "vocab_size"):
         if getattr(args, name) < 1:
@@ -168,10 +118,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name}={getattr(args, name)} is invalid: must be >= 0")
     if args.token_capacity is not None and not 0 < args.token_capacity <= 1:
         parser.error(f"--token_capacity={args.token_capacity} is invalid: must be in (0, 1]")
-    if args.num_predictions > args.seq_len // 2 - 1:
+    if args.num_predictions > args.seq_len // 2 - 2:
         parser.error(
-            f"--num_predictions={args.num_predictions} is invalid: must be < seq_len/2 - 1 "
-            f"= {args.seq_len // 2 - 1} so that every synthetic sequence has that many tokens"
+            f"--num_predictions={args.num_predictions} is invalid: must be <= seq_len/2 - 2 "
+            f"= {args.seq_len // 2 - 2} so that every synthetic sequence has that many tokens"
         )
     if args.mesh_shape:
         try:
@@ -185,14 +135,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_config(path: str, args: argparse.Namespace, token_capacity: float):
+def model_config(args: argparse.Namespace, token_capacity: float):
     """The config file's get_config(), overridden by the command-line sizes."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"--config={path!r}: no such file")
-    spec = importlib.util.spec_from_file_location("benchmark_config", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    config = fixtures.recipe(args.config)
     config.model.dtype = args.dtype
     config.model.vocab_size = args.vocab_size
     if args.attention_impl:
@@ -209,54 +154,8 @@ def load_config(path: str, args: argparse.Namespace, token_capacity: float):
     return config
 
 
-# ----------------------------------------------------------------------------- batches
-
-
-def synthetic_batch(
-    rng: np.random.Generator, batch_size: int, seq_len: int, num_predictions: int, vocab_size: int
-) -> dict[str, np.ndarray]:
-    """A pretraining batch in google's feature layout with realistic padding."""
-    input_ids = np.zeros((batch_size, seq_len), np.int32)
-    input_mask = np.zeros((batch_size, seq_len), np.int32)
-    segment_ids = np.zeros((batch_size, seq_len), np.int32)
-    positions = np.zeros((batch_size, num_predictions), np.int32)
-    for row in range(batch_size):
-        length = int(rng.integers(seq_len // 2, seq_len + 1))
-        input_ids[row, :length] = rng.integers(FIRST_REAL_ID, vocab_size, length)
-        input_mask[row, :length] = 1
-        segment_ids[row, int(rng.integers(2, length - 1)) : length] = 1
-        # Predictions among the real tokens after [CLS], sorted as google's masking does.
-        positions[row] = np.sort(rng.choice(np.arange(1, length), num_predictions, replace=False))
-    return {
-        "input_ids": input_ids,
-        "input_mask": input_mask,
-        "segment_ids": segment_ids,
-        "masked_lm_positions": positions,
-        "masked_lm_ids": rng.integers(
-            FIRST_REAL_ID, vocab_size, (batch_size, num_predictions)
-        ).astype(np.int32),
-        "masked_lm_weights": np.ones((batch_size, num_predictions), np.float32),
-        "next_sentence_labels": rng.integers(0, 2, batch_size).astype(np.int32),
-    }
-
-
-# ----------------------------------------------------------------------------- runners
-
-
-def time_steps(
-    step: Callable[[int], Any], finish: Callable[[Any], None], steps: int
-) -> tuple[float, float]:
-    """(wall, CPU) seconds for `steps` calls of step(i), waiting for the last result at the end."""
-    start, cpu_start = time.perf_counter(), time.process_time()
-    out = None
-    for i in range(steps):
-        out = step(i)
-    finish(out)
-    return time.perf_counter() - start, time.process_time() - cpu_start
-
-
-class OursRunner:
-    """bertjax's jitted, sharded train step on synthetic device-resident batches."""
+class Ours:
+    """bertjax's jitted, sharded train step on device-resident batches."""
 
     def __init__(self, settings: PretrainSettings, batches: list[dict[str, np.ndarray]]):
         self.model_config = settings.model
@@ -265,110 +164,50 @@ class OursRunner:
         self.rng = jax.random.key(settings.run.seed + 1)
         with jax.set_mesh(self.setup.mesh):
             self.state = self.setup.state.init(jax.random.key(settings.run.seed))
+        self.next = itertools.cycle(self.batches)
 
-    def step(self, i: int):
+    def run(self, count: int) -> dict:
+        """`count` steps; the last step's metrics."""
+        metrics = None
         with jax.set_mesh(self.setup.mesh):
-            self.state, metrics = self.setup.train_step(
-                self.state, self.batches[i % len(self.batches)], self.rng
-            )
+            for _ in range(count):
+                self.state, metrics = self.setup.train_step(self.state, next(self.next), self.rng)
         return metrics
 
-    def finish(self, metrics) -> None:
-        jax.block_until_ready(metrics)
-        # The share of the last step's micro-batches that ran with token packing.
-        self.packed = float(metrics.get("train/packed", 0.0))
-        loss = float(metrics["train/loss"])
-        if not np.isfinite(loss):
-            raise FloatingPointError(f"bertjax train step gave a non-finite loss {loss}")
 
+class Theirs:
+    """transformers' BertForPreTraining on the same batches, trained by the harness's loop."""
 
-class ReferenceRunner:
-    """transformers' BertForPreTraining with torch AdamW, on the same batches."""
+    def __init__(self, model_config, optimizer, batches: list[dict[str, np.ndarray]], args):
+        reference.torch.manual_seed(args.seed)
+        reference.use_threads()
+        self.model = reference.transformers.BertForPreTraining(
+            reference.bert_config(model_config)
+        ).to(reference.device())
+        self.optimizer = reference.adamw(self.model, optimizer)
+        self.max_grad_norm = optimizer.max_grad_norm
+        self.autocast = reference.torch.bfloat16 if args.dtype == "bfloat16" else None
+        self.next = itertools.cycle([self.inputs(b) for b in batches])
 
-    def __init__(
-        self, model_config, opt_config, batches: list[dict[str, np.ndarray]], dtype: str, seed: int
-    ):
-        torch.manual_seed(seed)
-        torch.set_num_threads(os.cpu_count() or 1)
-        hf_config = transformers.BertConfig(
-            vocab_size=model_config.vocab_size,
-            hidden_size=model_config.hidden_size,
-            num_hidden_layers=model_config.num_layers,
-            num_attention_heads=model_config.num_heads,
-            intermediate_size=model_config.intermediate_size,
-            hidden_act="gelu" if model_config.hidden_act == "gelu" else "gelu_pytorch_tanh",
-            hidden_dropout_prob=model_config.hidden_dropout,
-            attention_probs_dropout_prob=model_config.attention_dropout,
-            max_position_embeddings=model_config.max_position_embeddings,
-            type_vocab_size=model_config.type_vocab_size,
-            layer_norm_eps=model_config.layer_norm_eps,
-            initializer_range=model_config.initializer_range,
-        )
-        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.model = transformers.BertForPreTraining(hf_config).to(self.device)
-        self.model.train()
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=opt_config.learning_rate,
-            betas=(opt_config.b1, opt_config.b2),
-            eps=opt_config.eps,
-            weight_decay=opt_config.weight_decay,
-        )
-        self.max_grad_norm = opt_config.max_grad_norm
-        self.autocast_dtype = torch.bfloat16 if dtype == "bfloat16" else None
-        self.batches = [self._to_torch(b) for b in batches]
-
-    def _to_torch(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    @staticmethod
+    def inputs(batch: dict[str, np.ndarray]) -> dict[str, Any]:
         # transformers' MLM loss takes a [B, S] label tensor, -100 where nothing is predicted.
         labels = np.full(batch["input_ids"].shape, -100, np.int64)
         rows = np.arange(labels.shape[0])[:, None]
         labels[rows, batch["masked_lm_positions"]] = batch["masked_lm_ids"]
+        extra = {"labels": labels, "next_sentence_labels": batch["next_sentence_labels"]}
+        names = {**reference.INPUT_NAMES, "labels": "labels"}
+        names["next_sentence_labels"] = "next_sentence_label"
+        return reference.tensors({**batch, **extra}, names=names)
 
-        def as_long(x):
-            return torch.from_numpy(np.asarray(x, np.int64)).to(self.device)
-
-        return {
-            "input_ids": as_long(batch["input_ids"]),
-            "attention_mask": as_long(batch["input_mask"]),
-            "token_type_ids": as_long(batch["segment_ids"]),
-            "labels": as_long(labels),
-            "next_sentence_label": as_long(batch["next_sentence_labels"]),
-        }
-
-    def step(self, i: int):
-        batch = self.batches[i % len(self.batches)]
-        self.optimizer.zero_grad(set_to_none=True)
-        if self.autocast_dtype is not None:
-            with torch.autocast(self.device.type, dtype=self.autocast_dtype):
-                loss = self.model(**batch).loss
-        else:
-            loss = self.model(**batch).loss
-        loss.backward()
-        if self.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self.optimizer.step()
-        return loss.detach()
-
-    def finish(self, loss) -> None:
-        value = float(loss)  # synchronises a GPU
-        if not np.isfinite(value):
-            raise FloatingPointError(f"transformers train step gave a non-finite loss {value}")
-
-
-# ----------------------------------------------------------------------------- report
-
-
-def versions() -> str:
-    parts = [
-        f"python {platform.python_version()}",
-        f"jax {jax.__version__}",
-        f"flax {flax.__version__}",
-        f"optax {optax.__version__}",
-        f"numpy {np.__version__}",
-    ]
-    if torch is not None:
-        parts += [f"torch {torch.__version__}", f"transformers {transformers.__version__}"]
-    return ", ".join(parts)
+    def run(self, count: int) -> float:
+        return reference.train(
+            self.model,
+            (next(self.next) for _ in range(count)),
+            self.optimizer,
+            max_grad_norm=self.max_grad_norm,
+            autocast=self.autocast,
+        )
 
 
 def format_rate(x: float | None, unit: str = "") -> str:
@@ -380,182 +219,163 @@ def format_rate(x: float | None, unit: str = "") -> str:
     return f"{x:.2f} {unit}"
 
 
-def median_timing(timings: list[Timing]) -> Timing:
-    """The round with the median step time."""
-    ordered = sorted(timings, key=lambda t: t.seconds)
-    return ordered[(len(ordered) - 1) // 2]
-
-
-def print_table(rows: list[Timing], peak: float | None, matmul_fraction: dict[str, float]) -> None:
-    header = f"{'':<26}" + "".join(f"{t.name:>16}" for t in rows)
-    lines = [header, "-" * len(header)]
-
-    def line(label: str, fn: Callable[[Timing], str]) -> None:
-        lines.append(f"{label:<26}" + "".join(f"{fn(t):>16}" for t in rows))
-
-    line("devices", lambda t: str(t.devices))
-    line("step time", lambda t: f"{t.step_time * 1e3:.1f} ms")
-    line("CPU time per step", lambda t: f"{t.cpu_seconds / t.steps:.2f} s")
-    line("sequences/s", lambda t: f"{t.sequences_per_sec:.2f}")
-    line("tokens/s", lambda t: f"{t.tokens_per_sec:.1f}")
-    line("model FLOP/s", lambda t: format_rate(t.flops_per_sec, "FLOP/s"))
-    line(
-        "MFU (data-sheet peak)",
-        lambda t: f"{100 * t.flops_per_sec / (peak * t.devices):.1f} %" if peak else "n/a",
-    )
-    line("of measured matmul rate", lambda t: f"{100 * matmul_fraction[t.name]:.1f} %")
-    print("\n".join(lines))
-
-
-def matmul_probe_settings(args: argparse.Namespace) -> tuple[int, int]:
-    """(size, repeats) of the matmul probe: big enough to be compute-bound on the backend."""
-    on_cpu = jax.default_backend() == "cpu"
-    size = args.matmul_size or (1024 if on_cpu else 8192)
-    return size, 20 if on_cpu else 50
+def print_table(
+    timings: dict[str, timing.Timing],
+    columns: dict[str, Callable[[str, timing.Timing], str]],
+) -> None:
+    header = f"{'':<26}" + "".join(f"{name:>16}" for name in timings)
+    print(header)
+    print("-" * len(header))
+    for label, value in columns.items():
+        print(f"{label:<26}" + "".join(f"{value(n, t):>16}" for n, t in timings.items()))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    """Runs the benchmark, prints the report and returns its headline figures."""
+    """Runs the benchmark, prints the report and returns its row's figures."""
     args = parse_args(argv)
-    command = [sys.executable, sys.argv[0]] + (sys.argv[1:] if argv is None else list(argv))
-    print("command:", " ".join(shlex.quote(a) for a in command))
-    device = jax.devices()[0]
-    print(f"versions: {versions()}")
-    print(
-        f"backend: {jax.default_backend()}, {jax.device_count()} x {device.device_kind}, "
-        f"{os.cpu_count()} CPU cores, XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}"
-    )
-    if hasattr(os, "getloadavg"):
-        print("load average at start: " + ", ".join(f"{x:.2f}" for x in os.getloadavg()))
-
+    machine = report.start("train", argv)
     rng = np.random.default_rng(args.seed)
     batches = [
-        synthetic_batch(rng, args.batch_size, args.seq_len, args.num_predictions, args.vocab_size)
-        for _ in range(4)
+        fixtures.pretraining_batch(
+            rng, args.batch_size, args.seq_len, args.num_predictions, args.vocab_size
+        )
+        for _ in range(BATCHES)
     ]
-    real_tokens = sum(int(b["input_mask"].sum()) for b in batches) / (
-        len(batches) * args.batch_size
-    )
+    real_tokens = np.mean([b["input_mask"].sum(axis=1).mean() for b in batches])
     # The fill of the fullest batch (whole-batch, which on one device is what packing needs),
     # as a user would read it off train/packed or the data; rounded up to 1/32.
     fill = max(float(b["input_mask"].mean()) for b in batches)
-    token_capacity = args.token_capacity or min(1.0, np.ceil(fill * 32) / 32)
-    config = load_config(args.config, args, token_capacity)
+    token_capacity = args.token_capacity or min(1.0, float(np.ceil(fill * 32) / 32))
+    config = model_config(args, token_capacity)
     settings = PretrainSettings.from_config(config)
 
-    ours = OursRunner(settings, batches)
-    model_config = ours.model_config
-    flops_per_seq = perf.training_flops_per_sequence(
-        model_config, args.seq_len, args.num_predictions
-    )
+    ours = Ours(settings, batches)
+    model = ours.model_config
+    flops_per_seq = perf.training_flops_per_sequence(model, args.seq_len, args.num_predictions)
     print(
-        f"model: {config.model.preset} (L{model_config.num_layers}/H{model_config.hidden_size}/"
-        f"A{model_config.num_heads}, V{model_config.vocab_size}), {args.dtype} compute, "
-        f"attention_impl={model_config.attention_impl}, mesh {dict(ours.setup.mesh.shape)}"
+        f"model: {config.model.preset} (L{model.num_layers}/H{model.hidden_size}/"
+        f"A{model.num_heads}, V{model.vocab_size}), {args.dtype} compute, "
+        f"attention_impl={model.attention_impl}, mesh {dict(ours.setup.mesh.shape)}"
     )
     print(
         f"batch {args.batch_size} x seq {args.seq_len}, {args.num_predictions} predictions, "
-        f"{real_tokens:.1f} real tokens per sequence on average "
-        f"(fullest batch {100 * fill:.1f} %), "
-        f"token_capacity {config.token_capacity:g}; "
-        f"optimizer {config.optimizer.name}; "
-        f"{format_rate(flops_per_seq, 'FLOP')} model FLOPs per sequence"
+        f"{real_tokens:.1f} real tokens per sequence on average (fullest batch "
+        f"{100 * fill:.1f} %), token_capacity {config.token_capacity:g}; optimizer "
+        f"{config.optimizer.name}; {format_rate(flops_per_seq, 'FLOP')} model FLOPs per sequence"
     )
-
-    runners: list[tuple[str, Any, int]] = [("bertjax", ours, jax.device_count())]
+    sides: dict[str, Callable[[], Any]] = {"bertjax": lambda: ours.run(args.steps)}
+    devices = {"bertjax": jax.device_count()}
     if not args.no_reference:
-        if torch is None:
+        if reference is None:
             print("transformers reference skipped: torch/transformers are not installed")
         else:
-            opt_settings = settings.optimizer
-            if opt_settings.name != "adamw":
-                print(f"note: config optimizer is {opt_settings.name}; the reference uses AdamW")
-            reference = ReferenceRunner(model_config, opt_settings, batches, args.dtype, args.seed)
+            if settings.optimizer.name != "adamw":
+                print(f"note: config optimizer is {settings.optimizer.name}; the reference: AdamW")
+            theirs = Theirs(model, settings.optimizer, batches, args)
             print(
-                f"reference: transformers BertForPreTraining on {reference.device}, "
-                f"attention {reference.model.config._attn_implementation}, AdamW, "
-                f"{torch.get_num_threads()} torch threads"
+                f"reference: transformers BertForPreTraining on {reference.device()}, "
+                f"attention {theirs.model.config._attn_implementation}, AdamW, "
+                f"{reference.torch.get_num_threads()} torch threads"
             )
-            runners.append(("transformers", reference, 1))
+            sides["transformers"] = lambda: theirs.run(args.steps)
+            devices["transformers"] = 1
 
-    # Compile and warm up, then time in rounds so that load changes hit every side alike.
-    for name, runner, _ in runners:
-        seconds, _ = time_steps(runner.step, runner.finish, 1 + args.warmup)
-        print(f"{name}: first {1 + args.warmup} steps (compile + warm-up) {seconds:.1f} s")
-    probe_size, probe_repeats = matmul_probe_settings(args)
-    timings: dict[str, list[Timing]] = {name: [] for name, _, _ in runners}
+    on_cpu = jax.default_backend() == "cpu"
+    probe_size = args.matmul_size or (1024 if on_cpu else 8192)
     matmul_rates: list[float] = []
-    for round_index in range(args.rounds):
-        for name, runner, devices in runners:
-            seconds, cpu_seconds = time_steps(runner.step, runner.finish, args.steps)
-            timings[name].append(
-                Timing(
-                    name,
-                    seconds,
-                    cpu_seconds,
-                    args.steps,
-                    args.batch_size,
-                    args.seq_len,
-                    flops_per_seq,
-                    devices,
-                )
-            )
+
+    def after_round(index: int, seconds: dict[str, float]) -> None:
+        # The machine's matmul rate in the same round: the sides' fractions of it.
         matmul_rates.append(
-            perf.measure_matmul_flops(args.dtype, probe_size, repeats=probe_repeats)
+            perf.measure_matmul_flops(args.dtype, probe_size, repeats=20 if on_cpu else 50)
         )
         print(
-            f"round {round_index + 1}/{args.rounds}: "
-            + ", ".join(
-                f"{name} {timings[name][-1].step_time * 1e3:.1f} ms/step" for name, _, _ in runners
-            )
+            f"round {index + 1}/{args.rounds}: "
+            + ", ".join(f"{n} {1e3 * s / args.steps:.1f} ms/step" for n, s in seconds.items())
             + f", matmul {format_rate(matmul_rates[-1], 'FLOP/s')}",
             flush=True,
         )
 
-    # Fractions and ratios are taken within each round (same load), then their median.
+    timings = timing.time_rounds(
+        sides,
+        rounds=args.rounds,
+        warmup=args.warmup,
+        cpu_clock=time.process_time,
+        on_round=after_round,
+    )
+    for name, found in timings.items():
+        if found.first is not None:
+            print(f"{name}: first call of {args.steps} steps (compiles) {found.first:.1f} s")
+    last = ours.run(1)  # the metrics of one more step: the loss and whether it packed
+    loss, packed = float(last["train/loss"]), float(last.get("train/packed", 0.0))
+    if not np.isfinite(loss):
+        raise FloatingPointError(f"bertjax train step gave a non-finite loss {loss}")
+
+    def per_second(name: str, seconds: float) -> float:
+        return args.batch_size * args.steps / seconds  # sequences
+
     fractions = {
-        name: [t.flops_per_sec / (m * t.devices) for t, m in zip(ts, matmul_rates)]
-        for name, ts in timings.items()
+        name: [
+            per_second(name, s) * flops_per_seq / (m * devices[name])
+            for s, m in zip(found.rounds, matmul_rates)
+        ]
+        for name, found in timings.items()
     }
-    matmul_fraction = {name: statistics.median(f) for name, f in fractions.items()}
-    peak = perf.peak_flops_per_device(device.device_kind, args.dtype)
-    rows = [median_timing(timings[name]) for name, _, _ in runners]
+    peak = perf.peak_flops_per_device(jax.devices()[0].device_kind, args.dtype)
     print()
     print(
         f"medians over {args.rounds} rounds of {args.steps} steps; matmul probe "
         f"({probe_size}^3 {args.dtype}, one device): "
-        f"{format_rate(statistics.median(matmul_rates), 'FLOP/s')}; "
-        "data-sheet peak: "
-        + (format_rate(peak, "FLOP/s") if peak else f"unknown for {device.device_kind}")
-    )
-    print_table(rows, peak, matmul_fraction)
-    print(
-        f"bertjax token packing: {'on' if ours.packed else 'off'} in the last timed step "
-        f"(token_capacity {config.token_capacity:g})"
+        f"{format_rate(statistics.median(matmul_rates), 'FLOP/s')}; data-sheet peak: "
+        + (format_rate(peak, "FLOP/s") if peak else f"unknown for {jax.devices()[0].device_kind}")
     )
 
-    ours_row = rows[0]
-    result: dict[str, Any] = {
-        "tokens_per_sec": ours_row.tokens_per_sec,
-        "fraction_of_matmul": matmul_fraction["bertjax"],
-        "mfu": ours_row.flops_per_sec / (peak * ours_row.devices) if peak else None,
+    def mfu(name: str, found: timing.Timing) -> float | None:
+        rate = per_second(name, found.median) * flops_per_seq
+        return rate / (peak * devices[name]) if peak else None
+
+    print_table(
+        timings,
+        {
+            "devices": lambda n, t: str(devices[n]),
+            "step time": lambda n, t: f"{1e3 * t.median / args.steps:.1f} ms",
+            "CPU time per step": lambda n, t: f"{statistics.median(t.cpu) / args.steps:.2f} s",
+            "sequences/s": lambda n, t: f"{per_second(n, t.median):.2f}",
+            "tokens/s": lambda n, t: f"{per_second(n, t.median) * args.seq_len:.1f}",
+            "model FLOP/s": lambda n, t: format_rate(
+                per_second(n, t.median) * flops_per_seq, "FLOP/s"
+            ),
+            "MFU (data-sheet peak)": lambda n, t: (
+                "n/a" if mfu(n, t) is None else f"{100 * mfu(n, t):.1f} %"
+            ),
+            "of measured matmul rate": lambda n, t: (
+                f"{100 * statistics.median(fractions[n]):.1f} %"
+            ),
+        },
+    )
+    print(
+        f"bertjax token packing: {'on' if packed else 'off'} in the step after the timed ones "
+        f"(token_capacity {config.token_capacity:g})"
+    )
+    ours_timing = timings["bertjax"]
+    figures: dict[str, Any] = {
+        "step_s": ours_timing.median / args.steps,
+        "tokens_per_sec": per_second("bertjax", ours_timing.median) * args.seq_len,
+        "fraction_of_matmul": statistics.median(fractions["bertjax"]),
+        "mfu": mfu("bertjax", ours_timing),
+        "bertjax": ours_timing.figures(),
     }
     print(
         "\nbertjax fraction of the measured matmul rate, per round: "
         + ", ".join(f"{100 * f:.1f} %" for f in fractions["bertjax"])
-        + f" (median {100 * result['fraction_of_matmul']:.1f} %)"
+        + f" (median {100 * figures['fraction_of_matmul']:.1f} %)"
     )
     if "transformers" in timings:
-        ratios = [
-            r.seconds / o.seconds for o, r in zip(timings["bertjax"], timings["transformers"])
-        ]
-        result["speedup_vs_transformers"] = statistics.median(ratios)
-        print(
-            "bertjax / transformers tokens/s, per round: "
-            + ", ".join(f"{r:.2f}x" for r in ratios)
-            + f" (median {result['speedup_vs_transformers']:.2f}x)"
-        )
-    return result
+        figures["transformers"] = timings["transformers"].figures()
+        figures["speedup_vs_transformers"] = timing.ratio(timings["transformers"], ours_timing)
+        print(f"bertjax / transformers tokens/s: {figures['speedup_vs_transformers']:.2f}x")
+    report.finish("train", args, figures, machine)
+    return figures
 
 
 if __name__ == "__main__":

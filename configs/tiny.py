@@ -6,9 +6,9 @@ visibly learns in that time: it leaves the "unigram plateau" (predicting the com
 whatever the context) early, ends well above the unigram baseline in eval MLM accuracy and
 above the majority label in NSP. Two choices depart from google's recipe, for this short run
 of a tiny model only (the base and large presets keep google's): no dropout and a larger
-initializer_range. benchmarks/plateau.py measures each choice below on this corpus and on
-Penn Treebank text; the step at which eval MLM accuracy reaches 1.5x the unigram baseline is
-quoted as "leaves the plateau at".
+initializer_range. Each choice below was measured on this corpus and on Penn Treebank text;
+the step at which eval MLM accuracy reaches 1.5x the unigram baseline is quoted as "leaves
+the plateau at" (docs/training.md, "The tiny recipe's choices").
 
     python train.py --config configs/tiny.py --workdir runs/tiny
 """

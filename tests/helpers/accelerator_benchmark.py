@@ -1,8 +1,4 @@
-"""benchmarks/accelerator.py loaded as a module, and the rows of the tables it prints."""
-
-from tests.helpers import benchmark_module
-
-accelerator = benchmark_module.load("accelerator")
+"""The rows of the tables benchmarks.accelerator prints."""
 
 
 def table_lines(out: str, columns: tuple[str, ...]) -> list[list[str]]:

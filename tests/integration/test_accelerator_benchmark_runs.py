@@ -1,11 +1,11 @@
 """The integration tests of test_accelerator_benchmark.py (tests/unit/), with its helpers."""
 
-import json
-
 import jax
 import pytest
 
-from tests.helpers.accelerator_benchmark import accelerator, table_lines
+from benchmarks import accelerator
+from benchmarks.harness import report
+from tests.helpers.accelerator_benchmark import table_lines
 
 
 @pytest.mark.slow
@@ -41,7 +41,7 @@ def test_tiny_run_times_both_backends_and_checks_them(model, layouts, quantities
         assert names[-2] == "grads, all as one" and names[-1].startswith("grads, worst of")
     assert all(r[-1] == "PASS" for r in checks) and "backend check: PASS" in out
 
-    result = json.loads(out_json.read_text())
+    result = report.read_rows(str(out_json))[-1]["figures"]
     assert result["fused"] == "splash" and result["check_passed"] is True
     assert [c["layout"] for c in result["cells"]] == [lay for lay in layouts for _ in range(2)]
     assert [c["init_s"] is None for c in result["cells"]] == [False, True] * len(layouts)

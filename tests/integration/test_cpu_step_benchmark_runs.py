@@ -1,12 +1,10 @@
-"""benchmarks/cpu_step.py on a small step: a real profile, summed by kind."""
+"""benchmarks.cpu_step on a small step: a real profile, summed by kind."""
 
 import pathlib
 
 import pytest
 
-from tests.helpers import benchmark_module
-
-cpu_step = benchmark_module.load("cpu_step")
+from benchmarks import cpu_step
 
 
 @pytest.mark.slow

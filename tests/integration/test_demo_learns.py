@@ -7,7 +7,8 @@ piece) by step MAX_STEPS of the recipe's own schedule. The run is stopped with S
 has (or at MAX_STEPS), so only the steps needed are paid for. Steps are counted, never
 seconds. Measured: the recipe reaches it at step 125 (0.087 against a threshold of 0.074);
 the previous recipe (google's initializer_range and dropout) was at 0.059 then and reached it
-at step 200. benchmarks/plateau.py measures each choice of the recipe.
+at step 200. docs/training.md ("The tiny recipe's choices") gives what each choice of the
+recipe measured.
 
 configs/modernbert_tiny.py runs wholly as the recipe says (250 steps, evaluated at steps 125
 and 250) until eval MLM accuracy reaches the issue's bar of 2.5x the baseline, which it must by

@@ -1,6 +1,7 @@
-"""benchmarks/step_times.py: a fine-tuning command's steps timed width by width, in a process
+"""benchmarks.step_times: a fine-tuning command's steps timed width by width, in a process
 of its own as a user runs it."""
 
+import json
 import pathlib
 import re
 import subprocess
@@ -22,7 +23,8 @@ def test_every_training_step_is_timed_under_its_width(pretrained_run, tmp_path):
     process = subprocess.run(
         [
             sys.executable,
-            str(REPO / "benchmarks" / "step_times.py"),
+            "-m",
+            "benchmarks.step_times",
             "--",
             f"--workdir={tmp_path / 'run'}",
             f"--config.init_from={init_from}",
@@ -39,6 +41,7 @@ def test_every_training_step_is_timed_under_its_width(pretrained_run, tmp_path):
         capture_output=True,
         text=True,
         env=subprocess_env(1),
+        cwd=REPO,
         timeout=300,
         check=False,
     )
@@ -56,3 +59,10 @@ def test_every_training_step_is_timed_under_its_width(pretrained_run, tmp_path):
     )
     steady, cores, firsts = map(float, found.groups())
     assert steady > 0 and firsts > 0 and cores > 0
+    (row,) = [
+        json.loads(line[len("result: ") :])
+        for line in out.splitlines()
+        if line.startswith("result: ")
+    ]
+    assert row["benchmark"] == "step_times" and row["figures"]["steps"] == steps
+    assert sum(w["steps"] for w in row["figures"]["widths"].values()) == steps

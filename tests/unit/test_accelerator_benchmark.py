@@ -1,4 +1,4 @@
-"""benchmarks/accelerator.py keeps working on CPU: its tiny setting, tables, check and JSON.
+"""benchmarks.accelerator keeps working on CPU: its tiny setting, tables, check and JSON.
 
 The fast tests cover what needs no compilation (choosing the fused backend, the budget,
 the figures and the error measures, which kinds of ModernBERT layer a kernel serves); the
@@ -12,12 +12,14 @@ import json
 import numpy as np
 import pytest
 
+from benchmarks import accelerator
+from benchmarks.harness import report
 from bertjax.engine import perf
 from bertjax.nn import attention, sharding
-from tests.helpers.accelerator_benchmark import accelerator, table_lines
+from tests.helpers.accelerator_benchmark import table_lines
 
 
-def test_cpu_defaults_to_the_tiny_model_and_names_the_missing_fused_backend():
+def test_cpu_defaults_to_the_tiny_model_and_names_the_missing_fused_backend(capsys):
     args = accelerator.parse_args([])
     assert args.tiny and args.models == ("tiny", "modernbert_tiny")
     assert [accelerator.seq_lens_for(args, m) for m in args.models] == [(128,), (128,)]
@@ -32,8 +34,13 @@ def test_cpu_defaults_to_the_tiny_model_and_names_the_missing_fused_backend():
     for full_size in ("base", "modernbert_base"):  # the full models are not for CPU
         with pytest.raises(SystemExit):
             accelerator.parse_args(["--models", full_size])
-    with pytest.raises(SystemExit):
+        expected = f"--models: {full_size!r} is not one of ('tiny', 'modernbert_tiny')"
+        assert expected in capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"--seq_lens='128,x' is invalid: give positive integers"):
         accelerator.parse_args(["--seq_lens", "128,x"])
+    with pytest.raises(SystemExit):
+        accelerator.parse_args(["--seq_lens", "8"])
+    assert "--seq_lens=(8,) is invalid: every length must be >= 16" in capsys.readouterr().err
 
 
 def test_a_fused_request_that_falls_back_says_why():
@@ -69,7 +76,7 @@ def test_modernbert_layers_resolve_apart(monkeypatch):
 
 def test_packed_batches_hold_whole_documents():
     rng = np.random.default_rng(0)
-    batch = accelerator.packed_batch(rng, 4, 128, 512, 38)
+    batch = accelerator.make_batch("packed", rng, 4, 128, "modernbert_tiny", 512)
     mask, documents, positions = batch["input_mask"], batch["document_ids"], batch["positions"]
     assert mask[1:].all() and not mask[0].all()  # row 0 ends in padding
     assert np.all((documents > 0) == (mask > 0))
@@ -80,7 +87,15 @@ def test_packed_batches_hold_whole_documents():
         assert np.all(positions[row][starts] == 0)
         assert np.all(np.diff(positions[row][: len(real)])[np.diff(real) == 0] == 1)
     picked = np.take_along_axis(mask, batch["masked_lm_positions"], axis=1)
-    assert batch["masked_lm_positions"].shape == (4, 38) and picked.all()
+    assert batch["masked_lm_positions"].shape == (4, 38) and picked.all()  # 30% of 128
+
+
+def test_padded_batches_are_mostly_full_rows():
+    rng = np.random.default_rng(0)
+    batch = accelerator.make_batch("padded", rng, 32, 128, "tiny", 512)
+    lengths = batch["input_mask"].sum(axis=1)
+    assert lengths[0] < 128 and (lengths == 128).sum() >= 24 and lengths.min() >= 32
+    assert batch["masked_lm_positions"].shape == (32, 20)  # google's 20 at 128
 
 
 def test_figures_of_a_cell():
@@ -136,7 +151,8 @@ def test_budget_skips_work_with_a_note(tmp_path, capsys):
     assert all("skipped: over the time budget" in r[-1] for r in rows)
     assert "check tiny: skipped, over the 1e-09 s budget" in out
     assert "check modernbert_tiny (packed): skipped, over the 1e-09 s budget" in out
-    assert json.loads(out_json.read_text()) == json.loads(json.dumps(result))
+    (row,) = report.read_rows(str(out_json))
+    assert row["benchmark"] == "accelerator" and row["figures"] == json.loads(json.dumps(result))
     assert result["checks"] == [] and result["check_passed"] is None
 
 

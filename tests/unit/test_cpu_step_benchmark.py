@@ -1,8 +1,6 @@
-"""benchmarks/cpu_step.py: how it sums a profile's operations by kind."""
+"""benchmarks.cpu_step: how it sums a profile's operations by kind."""
 
-from tests.helpers import benchmark_module
-
-cpu_step = benchmark_module.load("cpu_step")
+from benchmarks import cpu_step
 
 
 def _thread(tid: int, name: str) -> dict:

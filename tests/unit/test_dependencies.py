@@ -46,12 +46,11 @@ def _declared() -> tuple[frozenset[str], dict[str, frozenset[str]]]:
 
 @functools.cache
 def _first_party() -> frozenset[str]:
-    """Top-level names of this project's own packages and scripts (benchmarks import each
-    other by name)."""
+    """Top-level names of this project's own packages and scripts (the benchmarks import
+    each other as benchmarks.<name>)."""
     project = pathlib.Path(__file__).resolve().parents[2]
     names = {"bertjax", "configs", "tests", "benchmarks"}
     names |= {path.stem for path in project.glob("*.py")}
-    names |= {path.stem for path in (project / "benchmarks").glob("*.py")}
     return frozenset(names)
 
 

@@ -1,14 +1,10 @@
-"""benchmarks/infer.py's own parts that need no model: the transformers side's batching and
+"""benchmarks.infer's own parts that need no model: the transformers side's batching and
 its question-answering span decoding (the pipeline's formula), and the --methods flag."""
-
-import sys
 
 import numpy as np
 import pytest
 
-from tests.helpers import benchmark_module
-
-infer = benchmark_module.load("infer")
+from benchmarks import infer
 
 
 def test_batches_keep_input_order_or_go_shortest_first():
@@ -49,8 +45,7 @@ def test_whole_words_widen_within_the_context():
     assert infer._whole_words(ids, context, 4, 4, word_start) == (4, 5)
 
 
-def test_unknown_methods_are_refused_before_any_work(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["infer.py", "--methods", "embed,nope"])
+def test_unknown_methods_are_refused_before_any_work(capsys):
     with pytest.raises(SystemExit):
-        infer.main()
+        infer.main(["--methods", "embed,nope"])
     assert "--methods='embed,nope': choose from" in capsys.readouterr().err

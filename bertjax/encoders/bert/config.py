@@ -14,7 +14,7 @@ ACTIVATIONS = ("gelu", "gelu_tanh")
 # "truncated_normal" is google's (initializer_range, like every other kernel); "lecun_normal"
 # draws them with variance 1/fan_in, as transformers' Flax BERT did, to compare with models
 # started that way. Neither changes what the weights mean. On the tiny preset lecun_normal
-# heads left the unigram plateau later, not sooner (benchmarks/plateau.py); a larger
+# heads left the unigram plateau later, not sooner (docs/training.md); a larger
 # initializer_range for every weight is what shortened it there.
 HEAD_INITS = ("truncated_normal", "lecun_normal")
 POSITION_EMBEDDING_TYPES = ("learned", "sinusoidal")
