@@ -24,6 +24,10 @@ import optax
 from bertjax.engine import optim
 from bertjax.nn import sharding, unpadding
 
+# The name scope of the optimizer update's operations in a compiled step (profiles classify
+# its kernels by it).
+OPTIMIZER_SCOPE = "optimizer_update"
+
 
 @flax.struct.dataclass
 class TrainState:
@@ -177,14 +181,16 @@ def apply_gradients(state: TrainState, grads, sums, loss, objective: Loss, tx, s
 
     A non-finite loss or gradient keeps the last good state (train/nonfinite=1), so no bad
     value is ever checkpointed; a conditional rather than a select, so the update is skipped,
-    not computed and discarded.
+    not computed and discarded. The update's operations carry OPTIMIZER_SCOPE in their names
+    (the compiled program's op names, which profiles show).
     """
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
 
     def apply_update(_):
-        updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
-        return optax.apply_updates(state.params, updates), new_opt_state
+        with jax.named_scope(OPTIMIZER_SCOPE):
+            updates, new_opt_state = tx.update(grads, state.opt_state, state.params)
+            return optax.apply_updates(state.params, updates), new_opt_state
 
     new_params, new_opt_state = jax.lax.cond(
         finite, apply_update, lambda _: (state.params, state.opt_state), None

@@ -65,6 +65,10 @@ logger = logging.getLogger(__name__)
 
 IMPLEMENTATIONS = ("auto", "xla", "blocked", "cudnn", "splash")
 
+# The name scope of attention's operations in a compiled program's op names (profiles find
+# attention by it, whichever backend computes it).
+SCOPE = "dot_product_attention"
+
 _logged: set[str] = set()
 
 
@@ -331,6 +335,7 @@ def _splash_attention(query, key, value, attention_mask, document_ids=None, loca
     return mapped(query, key, value, segment_ids)
 
 
+@functools.partial(jax.named_call, name=SCOPE)
 def dot_product_attention(
     query: jax.Array,
     key: jax.Array,

@@ -217,15 +217,17 @@ class Attention(nn.Module):
                 local_window=self.local_window,
             )  # [b, s, n, d]
         elif mask.ndim == 4:  # banded (local layers of long rows): see attention_masks
-            context = _banded_attention(
-                q, k, v, mask, cfg.window, lambda w: weights_dropout(w, deterministic)
-            )
+            with jax.named_scope(attention_lib.SCOPE):  # as the kernels' path is named
+                context = _banded_attention(
+                    q, k, v, mask, cfg.window, lambda w: weights_dropout(w, deterministic)
+                )
         else:
-            logits = low_precision.einsum("bsnd,btnd->bnst", q, k, jnp.float32)  # [b, n, s, t]
-            logits = jnp.where(mask[:, None], logits * np.float32(d**-0.5), _MASK_VALUE)
-            weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [b, n, s, t]
-            weights = weights_dropout(weights, deterministic=deterministic)
-            context = low_precision.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
+            with jax.named_scope(attention_lib.SCOPE):
+                logits = low_precision.einsum("bsnd,btnd->bnst", q, k, jnp.float32)  # [b, n, s, t]
+                logits = jnp.where(mask[:, None], logits * np.float32(d**-0.5), _MASK_VALUE)
+                weights = jax.nn.softmax(logits, axis=-1).astype(v.dtype)  # [b, n, s, t]
+                weights = weights_dropout(weights, deterministic=deterministic)
+                context = low_precision.einsum("bnst,btnd->bsnd", weights, v)  # [b, s, n, d]
         context = sharding.constrain(context.astype(qkv.dtype), qkv_names)
         if index is not None:
             context = unpadding.pack_tokens(context, index)  # [g, c, n, d]
