@@ -1,10 +1,10 @@
 """Accelerator benchmark: BERT and ModernBERT pretraining steps per attention backend.
 
-    python benchmarks/accelerator.py                      # GPU or TPU: within a budget, < 8 min
-    python benchmarks/accelerator.py --models modernbert_base   # ModernBERT alone
-    python benchmarks/accelerator.py --json accel.json    # also write the figures as JSON
-    python benchmarks/accelerator.py --tiny               # CPU: tiny models (automatic on CPU)
-    python benchmarks/accelerator.py --profile prof       # also each step's HLO and a trace
+    python -m benchmarks.accelerator                      # GPU or TPU: within a budget, < 8 min
+    python -m benchmarks.accelerator --models modernbert_base   # ModernBERT alone
+    python -m benchmarks.accelerator --json accel.json    # also write the figures as JSON
+    python -m benchmarks.accelerator --tiny               # CPU: tiny models (automatic on CPU)
+    python -m benchmarks.accelerator --profile prof       # also each step's HLO, trace, breakdown
 
 For BERT-base and BERT-large (configs/base.py, configs/large.py: AdamW, bf16 compute, large
 with scanned layers and "dots" rematerialisation) at sequence 128 and 512, and ModernBERT-base
@@ -60,6 +60,12 @@ every row. To rerun
 faster, give jax a persistent compilation cache (JAX_COMPILATION_CACHE_DIR=<dir> in the
 environment): the "compile s" column then counts loading from it.
 
+With --profile each cell also writes its optimised train step (train_step.hlo.txt), a
+jax.profiler trace of PROFILED_STEPS more steps and the breakdown of a steady one by kind
+(breakdown.json, printed: benchmarks.harness.profile) to a folder named after the cell.
+benchmarks.profile_step profiles the two steps furthest from the peak in one call, with the
+training loop's input copies and host gaps, and reads their programs.
+
 On CPU the fused kernels do not exist; with --tiny (automatic on CPU) the models are BERT
 L2/H64/A2 and ModernBERT L4/H128/A4 (configs/modernbert_tiny.py, windows of +-32), both with
 a 512-word vocabulary, at 128 tokens, and "--fused splash" runs the TPU splash kernel in
@@ -73,6 +79,7 @@ import argparse
 import contextlib
 import dataclasses
 import gc
+import json
 import logging
 import math
 import os
@@ -83,7 +90,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from benchmarks.harness import commands, fixtures, report, timing
+from benchmarks.harness import commands, fixtures, profile, report, timing
 from bertjax import encoders
 from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
 from bertjax.encoders.modernbert.config import ModernBertConfig
@@ -123,8 +130,9 @@ NOISE_FACTOR = 3.0
 ZERO_GRADIENT_RMS = 1e-3
 # Tokens per batch of the default batch sizes: 256 x 128 = 64 x 512.
 TOKENS_PER_BATCH = 32768
-# Steps traced per cell by --profile, after the timed ones.
-PROFILED_STEPS = 2
+# Steps traced per cell by --profile, after the timed ones: two complete steps and the one
+# that ends the second.
+PROFILED_STEPS = 3
 TINY_OVERRIDES = dict(hidden_size=64, num_heads=2, intermediate_size=256)
 TINY_VOCAB = 512
 
@@ -336,8 +344,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--profile",
         default="",
         help="directory: per cell, the train step's optimised HLO (compiled once more to get "
-        f"it) and a jax.profiler trace of {PROFILED_STEPS} more steps (untimed), in a folder "
-        "named after the cell",
+        f"it), a jax.profiler trace of {PROFILED_STEPS} more steps (untimed) and a steady "
+        "step's breakdown by kind (printed), in a folder named after the cell",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
@@ -576,7 +584,8 @@ def time_cell(
 ) -> tuple[float, float]:
     """(compile + first step seconds, seconds per timed step) of the real train step from
     `state` (a copy: the step donates its state). With `profile_dir`, then writes the step's
-    optimised HLO there and traces PROFILED_STEPS more steps into it."""
+    optimised HLO there, traces PROFILED_STEPS more steps into it and prints (and writes as
+    breakdown.json) a steady step's breakdown by kind."""
     device_batches = [steps.global_batch(b, setup.batch_sharding, 1) for b in batches]
     rng = jax.random.key(seed + 1)
     with jax.set_mesh(setup.mesh):
@@ -601,10 +610,15 @@ def time_cell(
         if profile_dir:
             os.makedirs(profile_dir, exist_ok=True)
             compiled = setup.train_step.lower(state, device_batches[0], rng).compile()
+            hlo = compiled.as_text()
             with open(os.path.join(profile_dir, "train_step.hlo.txt"), "w") as f:
-                f.write(compiled.as_text())
-            with jax.profiler.trace(profile_dir):
-                run(PROFILED_STEPS, 0)
+                f.write(hlo)
+            steady = profile.breakdown(
+                profile.record(profile_dir, lambda: run(PROFILED_STEPS, 0)), hlo
+            )
+            with open(os.path.join(profile_dir, "breakdown.json"), "w") as f:
+                json.dump(steady.to_json(), f, indent=1)
+            print(f"profile {os.path.basename(profile_dir)}:\n{steady.table()}", flush=True)
     return compile_s, step_s
 
 

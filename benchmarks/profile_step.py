@@ -101,6 +101,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=ATTENTION_CHOICES,
         help="auto: the device's fused kernel where it serves the workload, else xla",
     )
+    parser.add_argument(
+        "--scan_layers",
+        default="recipe",
+        choices=("recipe", "on", "off"),
+        help="the encoder's layers scanned or unrolled (default: as the recipe has them)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
     parser.add_argument("--steps", type=int, default=5, help="timed steps")
     parser.add_argument("--trace_steps", type=int, default=4, help="traced steps (>= 2)")
@@ -167,13 +173,18 @@ def profile_workload(
     settings = accelerator.make_settings(
         model_name, impl, batch_size, seq_len, accelerator.DTYPE, args.seed
     )
+    if args.scan_layers != "recipe":
+        scanned = dataclasses.replace(settings.model, scan_layers=args.scan_layers == "on")
+        settings = dataclasses.replace(settings, model=scanned)
     model = settings.model
     setup = build_pretraining(settings, model)
     by_kind, why = accelerator.attention_by_layer_kind(
         model, batch_size, seq_len, setup.mesh, documents=layout == accelerator.PACKED
     )
     runs = ", ".join(f"{kind} layers {backend}" for kind, backend in by_kind.items())
-    name = f"{model_name}-{seq_len}-{layout}-{impl}"
+    name = f"{model_name}-{seq_len}-{layout}-{impl}" + (
+        "" if args.scan_layers == "recipe" else ("-scanned" if model.scan_layers else "-unrolled")
+    )
     directory = os.path.join(args.out, name)
     os.makedirs(directory, exist_ok=True)
     rng = np.random.default_rng(args.seed + seq_len)
@@ -262,12 +273,13 @@ def trace_workload(
         elapsed = timing.stopwatch()
         state = run_steps(run, state, batches, key, args.steps, args.warmup)
         step_s = elapsed() / args.steps
-        options = jax.profiler.ProfileOptions()
-        options.python_tracer_level = 0  # Python's tracer would slow the host it measures
-        with jax.profiler.trace(directory, create_perfetto_trace=True, profiler_options=options):
+
+        def traced() -> None:
+            nonlocal state
             state = run_steps(run, state, batches, key, args.trace_steps, 0)
+
+        trace = profile.record(directory, traced)
     del state
-    trace = profile.read_trace(profile.load_trace_events(profile.trace_file(directory)))
     result = profile.breakdown(trace, compiled.as_text())
     return {
         "init_s": init_s,

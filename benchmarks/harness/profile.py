@@ -33,8 +33,10 @@ import json
 import math
 import pathlib
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
+
+import jax
 
 from bertjax.engine.steps import OPTIMIZER_SCOPE
 from bertjax.nn.attention import SCOPE as ATTENTION_SCOPE
@@ -120,6 +122,8 @@ TRIVIAL_OPS = frozenset(
 CONTROL_OPS = frozenset(("conditional", "while", "call", "async-start"))
 # Custom calls by target: cuDNN's fused attention, the matrix-product libraries.
 ATTENTION_TARGET = re.compile(r"fmha|flash|sdpa|attention", re.IGNORECASE)
+# Random bits (dropout's masks) by a custom call on some platforms: elementwise work.
+RANDOM_TARGET = re.compile(r"threefry|philox|rng", re.IGNORECASE)
 MATMUL_TARGET = re.compile(r"gemm|cublas|matmul|onednn|triton", re.IGNORECASE)
 # Kernel names of events no instruction claims (GPU libraries' own kernels).
 KERNEL_NAME_KINDS = (
@@ -349,6 +353,8 @@ def computes(program: Program, inst: Instruction) -> str:
     moving = opcodes - TRIVIAL_OPS - {"fusion"}
     if moving and moving <= LAYOUT_OPS:
         return LAYOUT
+    if inst.target and RANDOM_TARGET.search(inst.target):
+        return ELEMENTWISE
     if inst.opcode in CONTROL_OPS or inst.opcode in ("custom-call", "infeed", "outfeed"):
         return OTHER
     return ELEMENTWISE
@@ -383,6 +389,7 @@ class DeviceEvent:
     module: str = ""
     run: str = ""  # the execution it belongs to, where the trace says (CPU thunks)
     line: str = ""
+    device: str = ""  # "/device:GPU:0" (its process), or "cpu:<ordinal>" for a CPU thunk
     # Its duration less that of the events nested in it on its line (a CPU loop's or
     # conditional's thunk holds its body's); the duration where nothing is nested.
     own: float | None = None
@@ -398,7 +405,8 @@ class DeviceEvent:
 
 @dataclasses.dataclass(frozen=True)
 class Trace:
-    """The device's events and the executions of modules (their spans on the device)."""
+    """One device's events and the executions of modules (their spans on the device); a
+    trace of several devices keeps the first device's."""
 
     events: tuple[DeviceEvent, ...]
     executions: tuple[tuple[str, float, float], ...]  # (module line's name, start, end)
@@ -434,8 +442,13 @@ def read_trace(events: Sequence[Mapping[str, Any]]) -> Trace:
             continue
         key = (e.get("pid"), e.get("tid"))
         args = e.get("args", {})
+        device = processes.get(e.get("pid"), "")
+        if not device.startswith("/device:"):
+            device = f"cpu:{args.get('device_ordinal', 0)}"
         if key in module_lines:
-            executions.append((e.get("name", ""), float(e["ts"]), float(e["ts"]) + e["dur"]))
+            executions.append(
+                (device, e.get("name", ""), float(e["ts"]), float(e["ts"]) + e["dur"])
+            )
         elif is_device_event(e, key):
             device_events.append(
                 DeviceEvent(
@@ -446,10 +459,20 @@ def read_trace(events: Sequence[Mapping[str, Any]]) -> Trace:
                     module=str(args.get("hlo_module", "")),
                     run=str(args.get("run_id", "")),
                     line=f"{e.get('pid')}/{e.get('tid')}",
+                    device=device,
                 )
             )
-    executions.sort(key=lambda x: x[1])
+    # One device's events, the first's: every device runs the same program on its shard.
+    first = min((e.device for e in device_events), key=_device_order, default="")
+    device_events = [e for e in device_events if e.device == first]
+    executions = sorted((x[1:] for x in executions if x[0] == first), key=lambda x: x[1])
     return Trace(tuple(_own_times(device_events)), tuple(executions))
+
+
+def _device_order(device: str) -> tuple[str, int]:
+    """ "/device:GPU:10" after "/device:GPU:2": the name, then the ordinal as a number."""
+    name, _, ordinal = device.rpartition(":")
+    return (name, int(ordinal)) if ordinal.isdigit() else (device, 0)
 
 
 def _own_times(events: list[DeviceEvent]) -> list[DeviceEvent]:
@@ -467,6 +490,16 @@ def _own_times(events: list[DeviceEvent]) -> list[DeviceEvent]:
         open_events.append(i)
     out = [dataclasses.replace(e, own=max(0.0, t)) for e, t in zip(events, own)]
     return sorted(out, key=lambda e: e.start)
+
+
+def record(directory: str | pathlib.Path, run: Callable[[], Any]) -> Trace:
+    """Traces `run()` (which waits for its work) into `directory` and reads the device's
+    events back. Python's tracer is off: it would slow the host whose gaps are measured."""
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    with jax.profiler.trace(str(directory), create_perfetto_trace=True, profiler_options=options):
+        run()
+    return read_trace(load_trace_events(trace_file(directory)))
 
 
 def trace_file(directory: str | pathlib.Path) -> pathlib.Path:
@@ -608,9 +641,12 @@ class Breakdown:
 
 
 def _short_op_name(op_name: str, limit: int = 110) -> str:
-    """The op_name without jax's transformation wrappers, its tail kept when long."""
+    """The op_name without jax's transformation wrappers ("backward " before those of the
+    backward pass, which jax names transpose(jvp(...))), its tail kept when long."""
     text = re.sub(r"(jit|jvp|transpose|vmap|checkpoint|remat|cond|branch_\d+_fun)\(", "", op_name)
     text = text.replace(")", "")
+    if "transpose(jvp(" in op_name:
+        text = "backward " + text
     return text if len(text) <= limit else "..." + text[-(limit - 3) :]
 
 
@@ -783,7 +819,8 @@ def program_findings(
 
     - the optimizer update: its operations before optimisation and the kernels (executed
       instructions) they became, per parameter leaf;
-    - conditionals and loops on the step's path (a GPU conditional waits for the host);
+    - conditionals and loops, by origin (a GPU conditional, and a loop without a known trip
+      count, wait for the host at every execution);
     - float32 activations: converts from bfloat16 of at least tokens x hidden elements before
       optimisation, and kernels writing float32 outputs that large after it, by origin;
     - layout changes in attention's scope: transposes before optimisation, transpose and copy
@@ -799,7 +836,12 @@ def program_findings(
     every_before = [i for comp in before.computations.values() for i in comp]
 
     optimizer = [i for i in executed if OPTIMIZER_SCOPE in program.op_name(i)]
-    control = [i for comp in program.computations.values() for i in comp if i.opcode in CONTROL_OPS]
+    control = collections.Counter(
+        (i.opcode, _scope_label(i.op_name), i.trip_count)
+        for comp in program.computations.values()
+        for i in comp
+        if i.opcode in ("conditional", "while")
+    )
 
     converts: collections.Counter = collections.Counter()
     for inst in every_before:
@@ -861,8 +903,8 @@ def program_findings(
             "kernels_per_leaf": len(optimizer) / max(1, shapes.parameter_leaves),
         },
         "control_flow": [
-            {"opcode": i.opcode, "op_name": _short_op_name(i.op_name), "trip_count": i.trip_count}
-            for i in control
+            {"opcode": opcode, "origin": origin, "trip_count": trips, "count": count}
+            for (opcode, origin, trips), count in control.most_common()
         ],
         "float32_activations": {
             "converts_before_optimisation": sum(converts.values()),
@@ -890,7 +932,7 @@ def program_findings(
             "instructions_before_optimisation": before.size(),
             "kernels": len(executed),
             "fusions": sum(1 for i in executed if i.opcode == "fusion"),
-            "while_loops": sum(1 for i in control if i.opcode == "while"),
+            "while_loops": sum(n for (opcode, _, _), n in control.items() if opcode == "while"),
         },
     }
 
@@ -909,8 +951,8 @@ def format_findings(findings: Mapping[str, Any]) -> str:
         f"{opt['kernels_per_leaf']:.1f} per leaf",
         "conditionals and loops: "
         + (
-            ", ".join(
-                f"{c['opcode']} {c['op_name']}"
+            "; ".join(
+                f"{c['count']}x {c['opcode']} {c['origin']}"
                 + (f" ({c['trip_count']} trips)" if c["trip_count"] is not None else "")
                 for c in control
             )

@@ -1,9 +1,12 @@
-"""The integration tests of test_accelerator_benchmark.py (tests/unit/), with its helpers."""
+"""The integration tests of test_accelerator_benchmark.py (tests/unit/), with its helpers:
+the accelerator benchmark and the step profile, end to end on the tiny models."""
+
+import json
 
 import jax
 import pytest
 
-from benchmarks import accelerator
+from benchmarks import accelerator, profile_step
 from benchmarks.harness import report
 from tests.helpers.accelerator_benchmark import table_lines
 
@@ -82,3 +85,34 @@ def test_cpu_run_without_a_fused_backend_says_so(capsys, tmp_path):
     for cell in cells:
         assert (tmp_path / cell / "train_step.hlo.txt").read_text().startswith("HloModule")
         assert list((tmp_path / cell).glob("plugins/profile/*/*.xplane.pb"))
+        assert list((tmp_path / cell).glob("plugins/profile/*/perfetto_trace.json.gz"))
+        steady = json.loads((tmp_path / cell / "breakdown.json").read_text())
+        assert steady["steps_used"] >= 1 and steady["kinds"]["matmul"] > 0
+        assert f"profile {cell}:" in out
+
+
+@pytest.mark.slow
+def test_profile_step_on_a_cpu_breaks_the_tiny_step_down(capsys, tmp_path):
+    result = profile_step.main(
+        ["--out", str(tmp_path), "--models", "tiny", "--warmup", "0", "--steps", "1"]
+        + ["--trace_steps", "3"]
+    )
+    out = capsys.readouterr().out
+    folder = tmp_path / "tiny-128-padded-xla"
+    for name in ("train_step.hlo.txt", "train_step.lowered.hlo.txt"):
+        assert (folder / name).read_text().startswith("HloModule jit_train_step")
+    assert list(folder.glob("plugins/profile/*/*.trace.json.gz"))
+    # The program's findings: 8 x 20 masked positions are the head's rows.
+    assert "masked-LM head: 160 rows against 160 masked positions and 1024 tokens" in out
+    assert "conditionals and loops: " in out and "1x conditional cond" in out
+    # The breakdown: XLA's CPU thunks, every one an instruction of the program.
+    assert "steps told apart by run ids" in out and "host gap between steps" in out
+    (workload,) = result["workloads"]
+    assert workload == json.loads((folder / "breakdown.json").read_text())
+    steady = workload["breakdown"]
+    assert steady["steps_traced"] == 3 and steady["steps_used"] == 2
+    assert steady["unmatched_kernels"] == 0
+    for kind in ("matmul", "attention", "elementwise", "optimizer update"):
+        assert steady["kinds"][kind] > 0, kind
+    assert steady["optimizer_kernels"] == workload["findings"]["optimizer_update"]["kernels"]
+    assert 0 < steady["busy_s"] <= steady["step_s"]

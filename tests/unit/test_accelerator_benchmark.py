@@ -4,7 +4,9 @@ The fast tests cover what needs no compilation (choosing the fused backend, the 
 the figures and the error measures, which kinds of ModernBERT layer a kernel serves); the
 slow ones run the script end to end on the tiny models, BERT's and ModernBERT's (padded and
 packed rows) each with splash attention in Pallas interpret mode (so that the fused-vs-xla
-check really runs), and once as a user on CPU would, where no fused backend exists.
+check really runs), and once as a user on CPU would, where no fused backend exists. The
+profile's reader (benchmarks.harness.profile) is tested on a small GPU-style program and
+traces written by hand: the kinds, seconds, gaps and counts it must report.
 """
 
 import json
@@ -12,11 +14,17 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks import accelerator
-from benchmarks.harness import report
+from benchmarks import accelerator, profile_step
+from benchmarks.harness import profile, report
 from bertjax.engine import perf
 from bertjax.nn import attention, sharding
-from tests.helpers.accelerator_benchmark import table_lines
+from tests.helpers.accelerator_benchmark import (
+    GPU_PROGRAM,
+    LOWERED_PROGRAM,
+    cpu_trace,
+    gpu_trace,
+    table_lines,
+)
 
 
 def test_cpu_defaults_to_the_tiny_model_and_names_the_missing_fused_backend(capsys):
@@ -208,3 +216,174 @@ def test_the_device_grid_uses_the_recipes_at_google_sizes():
     assert model.scan_layers and model.remat_policy == "dots" and model.dtype == "bfloat16"
     assert settings.data.masking.max_predictions_per_seq == 307
     assert settings.optimizer.name == "stable_adamw" and settings.run.batch_warmup_steps == 0
+
+
+# ----------------------------------------------------------------------------- the profile
+
+
+def test_the_program_parses_into_instructions_and_kernels():
+    program = profile.Program.parse(GPU_PROGRAM)
+    assert program.module == "jit_train_step" and program.entry == "main.9"
+    gemm = program.instruction("gemm_fusion")
+    assert (gemm.opcode, gemm.fusion_kind, gemm.calls) == ("fusion", "kCustom", ("gemm_body",))
+    assert gemm.operands == ("x", "w.1") and gemm.shape == "bf16[4,8]{1,0}"
+    assert gemm.op_name.endswith("mlp/intermediate/dot_general")
+    cudnn = program.instruction("custom-call.1")
+    assert cudnn.target == "__cudnn$fmhaSoftmax"
+    assert cudnn.arrays() == [("bf16", (2, 4, 2, 8)), ("u8", (0,))]
+    assert program.instruction("cond.5").calls == ("apply", "skip")
+    # A GPU kernel is named after its fusion, '.' and '-' made '_'.
+    assert program.instruction("loop_update_fusion_1").name == "loop_update_fusion.1"
+    # The kernels: the entry's and the conditional's branches', not fusion bodies, not
+    # parameters, tuples or the conditional itself.
+    assert [i.name for i in program.executed()] == [
+        "gemm_fusion",
+        "custom-call.1",
+        "custom-call.2",
+        "loop_gelu_fusion",
+        "transpose_fusion",
+        "input_reduce_fusion",
+        "gather_fusion",
+        "all-reduce-start",
+        "all-reduce-done",
+        "loop_update_fusion.1",
+    ]
+    # A fusion without an op_name of its own takes its root's.
+    assert program.op_name(program.instruction("transpose_fusion")).endswith("mlp/transpose")
+    with pytest.raises(ValueError, match="no ENTRY computation"):
+        profile.Program.parse("HloModule empty")
+
+
+def test_instructions_are_classified_by_scope_then_by_what_they_compute():
+    program = profile.Program.parse(GPU_PROGRAM)
+    kinds = {i.name: profile.classify(program, i) for i in program.executed()}
+    assert kinds == {
+        "gemm_fusion": profile.MATMUL,
+        "custom-call.1": profile.ATTENTION,  # cuDNN's kernel, in attention's scope
+        "custom-call.2": profile.MATMUL,  # a cuBLAS call, by its target
+        "loop_gelu_fusion": profile.ELEMENTWISE,
+        "transpose_fusion": profile.LAYOUT,
+        "input_reduce_fusion": profile.REDUCTION,
+        "gather_fusion": profile.GATHER,
+        "all-reduce-start": profile.COLLECTIVE,
+        "all-reduce-done": profile.COLLECTIVE,
+        "loop_update_fusion.1": profile.OPTIMIZER,  # elementwise, in the update's scope
+    }
+    # The scope wins over what is computed: a product inside attention is attention's.
+    scoped = profile.Instruction(
+        "fusion.7", "fusion", "f32[2,8]", "jit(f)/dot_product_attention/dot", calls=("gemm_body",)
+    )
+    assert profile.computes(program, scoped) == profile.MATMUL
+    assert profile.classify(program, scoped) == profile.ATTENTION
+
+
+def test_a_gpu_trace_breaks_down_into_kinds_gaps_and_counts():
+    # Two GPUs ran the step (on their shards); the first one's events are read.
+    trace = profile.read_trace(gpu_trace(3, 1000, device=1) + gpu_trace(3, 1000, device=0))
+    assert {e.line for e in trace.events} == {"1/7", "1/8"}  # the first GPU's streams only
+    result = profile.breakdown(trace, GPU_PROGRAM)
+    # Three executions make two complete steps (the last has no next one to end it).
+    assert (result.steps_traced, result.steps_used, result.boundaries) == (3, 2, "module spans")
+    assert result.step_s == pytest.approx(1e-3)
+    expected_us = {
+        profile.MATMUL: 120,
+        profile.ATTENTION: 150,
+        profile.ELEMENTWISE: 50,
+        profile.REDUCTION: 40,
+        profile.GATHER: 0,
+        profile.OPTIMIZER: 80,
+        profile.LAYOUT: 20,
+        profile.COLLECTIVE: 0,
+        profile.INPUT: 100,
+        profile.OTHER: 0,
+    }
+    assert result.kinds == pytest.approx({k: v * 1e-6 for k, v in expected_us.items()})
+    # Busy [0, 360) and [400, 550): 40 us idle inside the step, all of it before the update;
+    # from the copy's end to the next step, 450 us of host gap.
+    assert result.busy_s == pytest.approx(510e-6)
+    assert result.idle_in_step_s == pytest.approx(40e-6)
+    assert result.idle_before_update_s == pytest.approx(40e-6)
+    assert result.host_gap_s == pytest.approx(450e-6)
+    assert result.input_overlapped_s == pytest.approx(50e-6)
+    assert result.kernels_per_step == 7 and result.optimizer_kernels == 1
+    assert result.kernels[profile.MATMUL] == 2 and result.kernels[profile.INPUT] == 0
+    assert result.distinct_fusions == 5 and result.program_fusions == 6
+    assert result.unmatched_kernels == 0
+    shares = result.shares()
+    assert shares[profile.HOST_GAP] == pytest.approx(0.45)
+    # The shares add up to the step and the 50 us the copy ran beside the update.
+    assert sum(shares.values()) == pytest.approx(1.05)
+    assert result.top[0]["name"] == "custom-call.1" and result.top[0]["kind"] == profile.ATTENTION
+    table = result.table()
+    assert "host gap between steps     0.450   45.0%" in table
+    assert "kernels that ran side by side count twice (0.050 ms/step of it)" in table
+    assert "the optimizer update 1 kernels (0.080 ms)" in table
+    assert "device idle right before the optimizer update: 0.040 ms/step" in table
+    assert "input transfer 0.100 ms/step, 0.050 ms of it under compute" in table
+    assert json.loads(json.dumps(result.to_json()))["shares"][profile.MATMUL] == pytest.approx(0.12)
+
+
+def test_a_cpu_trace_splits_steps_by_run_and_counts_a_conditionals_own_time():
+    # Two simulated CPU devices; the first one's thunks are read.
+    events = cpu_trace(4, 1000, device=1) + cpu_trace(4, 1000, device=0)
+    result = profile.breakdown(profile.read_trace(events), GPU_PROGRAM)
+    # Four runs, three complete steps: the first of them (the profiler starting) left out.
+    assert (result.steps_traced, result.steps_used, result.boundaries) == (4, 2, "run ids")
+    assert result.kinds[profile.MATMUL] == pytest.approx(300e-6)
+    assert result.kinds[profile.OPTIMIZER] == pytest.approx(100e-6)
+    assert result.kinds[profile.OTHER] == pytest.approx(100e-6)  # the conditional's own time
+    assert result.kernels_per_step == 2  # the conditional is not a kernel
+    assert result.host_gap_s == pytest.approx(500e-6) and result.idle_in_step_s == 0
+
+
+def test_a_trace_without_the_programs_module_is_an_error():
+    trace = profile.read_trace(gpu_trace(steps=2, step_us=1000))
+    other = GPU_PROGRAM.replace("HloModule jit_train_step", "HloModule jit_other_step")
+    with pytest.raises(ValueError, match="the trace has no event of the module 'jit_other_step'"):
+        profile.breakdown(trace, other)
+
+
+def test_program_findings_count_what_the_issue_asks():
+    shapes = profile.Shapes(tokens=64, hidden=8, vocab=50, predictions=12, parameter_leaves=1)
+    findings = profile.program_findings(GPU_PROGRAM, LOWERED_PROGRAM, shapes)
+    assert findings["optimizer_update"]["kernels"] == 1
+    assert findings["optimizer_update"]["kernels_per_leaf"] == 1.0
+    assert findings["control_flow"] == [
+        {"opcode": "conditional", "origin": "cond", "trip_count": None, "count": 1}
+    ]
+    f32 = findings["float32_activations"]
+    # Two activation-sized converts from bfloat16 (the weight's is too small), one origin.
+    assert f32["converts_before_optimisation"] == 2
+    assert f32["converts_by_origin"] == [["layer_N/attention/layer_norm/convert_element_type", 2]]
+    layout = findings["attention_layout"]
+    assert layout["transposes_before_optimisation"] == 1
+    assert layout["shapes_before_optimisation"] == ["1x bf16[4,16,2,4]"]
+    # The head's 12 rows are the masked positions; the encoder's product as wide is not it.
+    head = findings["mlm_head"]
+    assert head["products"] == [{"shape": "f32[4,3,50]", "rows": 12}]
+    assert head["masked_rows_only"] is True
+    assert findings["program"]["kernels"] == 10 and findings["program"]["fusions"] == 6
+    text = profile.format_findings(findings)
+    assert "conditionals and loops: 1x conditional cond" in text
+    assert "12 rows against 12 masked positions and 64 tokens (masked positions only)" in text
+
+
+def test_profile_step_takes_the_tiny_models_on_a_cpu(capsys):
+    args = profile_step.parse_args(["--out", "unused"])
+    assert [w[:3] for w in args.workloads] == [
+        ("tiny", 128, "padded"),
+        ("modernbert_tiny", 128, "packed"),
+    ]
+    args = profile_step.parse_args(
+        ["--out", "unused", "--full", "--lower_only", "--models", "base"]
+    )
+    assert args.workloads == (("base", 128, "padded"),)
+    with pytest.raises(SystemExit):
+        profile_step.parse_args(["--out", "unused", "--full"])
+    assert "--full on a CPU needs --lower_only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        profile_step.parse_args(["--out", "unused", "--models", "base"])
+    assert "--models: 'base' is not one of ('tiny', 'modernbert_tiny')" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        profile_step.parse_args(["--out", "unused", "--trace_steps", "1"])
+    assert "--trace_steps=1 is invalid: must be >= 2" in capsys.readouterr().err
