@@ -12,8 +12,8 @@ attention is xla's), in benchmarks.accelerator's settings (bf16 compute, attenti
 0, token packing off, synthetic batches). For each workload:
 
 1. The real train step (bertjax.engine.steps) is lowered and compiled once. Its optimised HLO
-   (train_step.hlo.txt) and its HLO before optimisation with metadata
-   (train_step.lowered.hlo.txt) are written, and what the program holds is printed
+   (train_step.hlo.txt.gz) and its HLO before optimisation with metadata
+   (train_step.lowered.hlo.txt.gz) are written, and what the program holds is printed
    (benchmarks.harness.profile.program_findings): the optimizer update's kernels,
    conditionals and loops, float32 activations, layout changes in attention, the masked-LM
    head's rows, the program's size.
@@ -30,6 +30,10 @@ attention is xla's), in benchmarks.accelerator's settings (bf16 compute, attenti
    device's idle time inside the step (and right before the optimizer update) and between
    steps; kernels per step, distinct fusions, the optimizer update's kernels; the
    instructions that took longest.
+4. On an NVIDIA GPU (--graph_arm on elsewhere) the step is compiled once more with
+   conditionals recorded into CUDA graphs (CONDITIONAL_IN_GRAPHS) and timed again: the
+   conditional that skips a non-finite step's update otherwise copies its predicate to the
+   host and waits for it in every step, and the same kernels run either way.
 
 Each workload's files and its breakdown.json (findings, timing, breakdown) go to
 <out>/<model>-<seq>-<layout>-<attention>/; --json appends the run's row
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gzip
 import json
 import os
 from typing import Any
@@ -73,6 +78,15 @@ TINY = (
     (accelerator.MODERN_TINY, 128, accelerator.PACKED),
 )
 ATTENTION_CHOICES = ("auto", "xla", "cudnn", "splash")
+# XLA's GPU command buffers (CUDA graphs) by default, and CONDITIONAL beside them: the
+# conditional around the optimizer update then runs inside a graph instead of copying its
+# predicate to the host and waiting for it. The same kernels run, so the same numbers; the
+# step's time with it against without is what the wait costs.
+CONDITIONAL_IN_GRAPHS = {
+    "xla_gpu_enable_command_buffer": (
+        "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,DYNAMIC_SLICE_FUSION,CONDITIONAL"
+    )
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -107,6 +121,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("recipe", "on", "off"),
         help="the encoder's layers scanned or unrolled (default: as the recipe has them)",
     )
+    parser.add_argument(
+        "--graph_arm",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="time the step once more compiled with CONDITIONAL_IN_GRAPHS (auto: on an NVIDIA "
+        "GPU; elsewhere the option changes nothing)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps after compiling")
     parser.add_argument("--steps", type=int, default=5, help="timed steps")
     parser.add_argument("--trace_steps", type=int, default=4, help="traced steps (>= 2)")
@@ -131,6 +152,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if name not in valid:
             parser.error(f"--models: {name!r} is not one of {valid}")
     args.workloads = tuple(w for w in workloads if not names or w[0] in names)
+    if args.graph_arm == "auto":
+        args.graph_arm = "on" if accelerator.fused_backend("cudnn")[0] else "off"
     return args
 
 
@@ -144,6 +167,15 @@ def attention_for(requested: str) -> str:
 
 def parameter_leaves(setup: steps.Steps) -> int:
     return len(jax.tree.leaves(setup.state.abstract.params))
+
+
+def timed_steps(
+    run: steps.Steps, state: steps.TrainState, batches, rng, count: int, first: int
+) -> tuple[float, steps.TrainState]:
+    """(seconds a step, state) over `count` steps taken by run_steps."""
+    elapsed = timing.stopwatch()
+    state = run_steps(run, state, batches, rng, count, first)
+    return elapsed() / count, state
 
 
 def run_steps(
@@ -211,10 +243,10 @@ def profile_workload(
     optimised = compiled.as_text()
     before = lowered.as_text(dialect="hlo", debug_info=True)
     for filename, text in (
-        ("train_step.hlo.txt", optimised),
-        ("train_step.lowered.hlo.txt", before),
+        ("train_step.hlo.txt.gz", optimised),
+        ("train_step.lowered.hlo.txt.gz", before),
     ):
-        with open(os.path.join(directory, filename), "w") as f:
+        with gzip.open(os.path.join(directory, filename), "wt") as f:
             f.write(text)
     shapes = profile.Shapes(
         tokens=batch_size * seq_len,
@@ -238,7 +270,7 @@ def profile_workload(
         "findings": findings,
     }
     if not args.lower_only:
-        result.update(trace_workload(setup, compiled, batches, key, directory, args))
+        result.update(trace_workload(setup, lowered, compiled, batches, key, directory, args))
         family = encoders.family_of(model)
         flops = perf.training_flops_per_sequence(
             model,
@@ -256,37 +288,48 @@ def profile_workload(
             f"{traced * 1e3:.2f} ms:"
         )
         print(result.pop("table"), flush=True)
+        if "step_s_conditional_in_graphs" in result:
+            print(
+                f"with conditionals in CUDA graphs ({CONDITIONAL_IN_GRAPHS}): "
+                f"{result['step_s_conditional_in_graphs'] * 1e3:.2f} ms a step untraced"
+            )
+        if "conditional_in_graphs_error" in result:
+            print(f"conditionals in CUDA graphs: failed: {result['conditional_in_graphs_error']}")
     with open(os.path.join(directory, "breakdown.json"), "w") as f:
         json.dump(result, f, indent=1, default=str)
     return result
 
 
 def trace_workload(
-    setup: steps.Steps, compiled, batches, key, directory: str, args: argparse.Namespace
+    setup: steps.Steps, lowered, compiled, batches, key, directory: str, args
 ) -> dict[str, Any]:
     """Initialises the state, warms up, times --steps steps, traces --trace_steps more and
-    breaks the steady traced step down."""
+    breaks the steady traced step down; with --graph_arm, times the step compiled with
+    CONDITIONAL_IN_GRAPHS too."""
     run = dataclasses.replace(setup, train_step=compiled)
     state, init_s = accelerator.initial_state(setup, args.seed)
+    out: dict[str, Any] = {"init_s": init_s}
     with jax.set_mesh(setup.mesh):
         state = run_steps(run, state, batches, key, args.warmup, 0)
-        elapsed = timing.stopwatch()
-        state = run_steps(run, state, batches, key, args.steps, args.warmup)
-        step_s = elapsed() / args.steps
+        out["step_s"], state = timed_steps(run, state, batches, key, args.steps, args.warmup)
 
         def traced() -> None:
             nonlocal state
             state = run_steps(run, state, batches, key, args.trace_steps, 0)
 
         trace = profile.record(directory, traced)
+        if args.graph_arm == "on":
+            try:
+                arm = dataclasses.replace(setup, train_step=lowered.compile(CONDITIONAL_IN_GRAPHS))
+                state = run_steps(arm, state, batches, key, 1, 0)  # records the graphs
+                seconds, state = timed_steps(arm, state, batches, key, args.steps, 1)
+                out["step_s_conditional_in_graphs"] = seconds
+            except Exception as e:  # an option this XLA does not take: say so, go on
+                out["conditional_in_graphs_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     del state
     result = profile.breakdown(trace, compiled.as_text())
-    return {
-        "init_s": init_s,
-        "step_s": step_s,
-        "breakdown": result.to_json(),
-        "table": result.table(),
-    }
+    out.update(breakdown=result.to_json(), table=result.table())
+    return out
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
