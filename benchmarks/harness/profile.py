@@ -797,6 +797,10 @@ def _scope_label(op_name: str) -> str:
     text = re.sub(r"layer_\d+", "layer_N", text)
     text = re.sub(r"^[^/]*/", "", text) if text.startswith("train_step") else text
     parts = [p for p in text.split("/") if p]
+    # Within an encoder layer, from the layer on (whatever scan or remat wrapped it).
+    layer = [i for i, part in enumerate(parts) if re.fullmatch(r"layers|layer_N", part)]
+    if layer:
+        return "/".join(parts[layer[-1] :])
     return "/".join(parts[-4:]) if parts else "(no op_name)"
 
 
