@@ -120,11 +120,13 @@ TRIVIAL_OPS = frozenset(
 )
 # Run the computations they call; the called instructions are the kernels.
 CONTROL_OPS = frozenset(("conditional", "while", "call", "async-start"))
+# Of those, the ones whose called computations are control flow, not one operation's body.
+BRANCHING_OPS = frozenset(("conditional", "while", "call"))
 # Custom calls by target: cuDNN's fused attention, the matrix-product libraries.
 ATTENTION_TARGET = re.compile(r"fmha|flash|sdpa|attention", re.IGNORECASE)
 # Random bits (dropout's masks) by a custom call on some platforms: elementwise work.
 RANDOM_TARGET = re.compile(r"threefry|philox|rng", re.IGNORECASE)
-MATMUL_TARGET = re.compile(r"gemm|cublas|matmul|onednn|triton", re.IGNORECASE)
+MATMUL_TARGET = re.compile(r"gemm|cublas|matmul|onednn", re.IGNORECASE)
 # Kernel names of events no instruction claims (GPU libraries' own kernels).
 KERNEL_NAME_KINDS = (
     (re.compile(r"fmha|flash|sdpa", re.IGNORECASE), ATTENTION),
@@ -136,7 +138,6 @@ KERNEL_NAME_KINDS = (
 )
 HOST_TO_DEVICE = re.compile(r"h2d|htod|host.?to.?device|transfer.?to.?device", re.IGNORECASE)
 MEMCPY = re.compile(r"memcpy|memset|transfer", re.IGNORECASE)
-DTYPE_BYTES = {"f64": 8, "f32": 4, "s32": 4, "u32": 4, "bf16": 2, "f16": 2, "s8": 1, "u8": 1}
 
 # ----------------------------------------------------------------------------- HLO text
 
@@ -315,7 +316,7 @@ class Program:
     def op_name(self, inst: Instruction) -> str:
         """Its op_name, or (a fusion's, which some passes leave without one) that of the
         last named instruction of its body: the root's, where the root has one."""
-        if inst.op_name or inst.opcode in CONTROL_OPS:
+        if inst.op_name or inst.opcode in BRANCHING_OPS:
             return inst.op_name
         for inner in reversed(self.body(inst)):
             if inner.op_name:
@@ -328,8 +329,9 @@ class Program:
 
 
 def _opcodes(program: Program, inst: Instruction) -> set[str]:
-    """The opcodes an instruction computes: its own, or its fused body's."""
-    if inst.opcode == "fusion" or inst.calls and inst.opcode not in CONTROL_OPS:
+    """The opcodes an instruction computes: its own and its body's (a fusion's, an async
+    operation's, a reduction's reducer), not those of the branches or loops it runs."""
+    if inst.calls and inst.opcode not in BRANCHING_OPS:
         return {i.opcode for i in program.body(inst)} | {inst.opcode}
     return {inst.opcode}
 
@@ -476,14 +478,18 @@ def _device_order(device: str) -> tuple[str, int]:
 
 
 def _own_times(events: list[DeviceEvent]) -> list[DeviceEvent]:
-    """The events by start, each with its own time: its duration less its nested events'."""
+    """The events by start, each with its own time: its duration less that of the events
+    it wholly contains on its line (one that only overlaps it, as consecutive kernels'
+    timestamps may by a little, is not nested)."""
     events = sorted(events, key=lambda e: (e.line, e.start, -e.duration))
     own = [e.duration for e in events]
     open_events: list[int] = []  # indices of the events enclosing the current one
+
+    def encloses(outer: DeviceEvent, inner: DeviceEvent) -> bool:
+        return outer.line == inner.line and outer.start <= inner.start and inner.end <= outer.end
+
     for i, event in enumerate(events):
-        while open_events and (
-            events[open_events[-1]].line != event.line or events[open_events[-1]].end <= event.start
-        ):
+        while open_events and not encloses(events[open_events[-1]], event):
             open_events.pop()
         if open_events:
             own[open_events[-1]] -= event.duration
@@ -653,8 +659,8 @@ def _short_op_name(op_name: str, limit: int = 110) -> str:
 def _kind_of_event(program: Program, event: DeviceEvent) -> tuple[str, Instruction | None]:
     if not event.hlo_op and MEMCPY.search(event.name):
         return (INPUT if HOST_TO_DEVICE.search(event.name) else OTHER), None
-    inst = program.instruction(event.name) or (
-        program.instruction(event.hlo_op) if event.hlo_op else None
+    inst = (program.instruction(event.hlo_op) if event.hlo_op else None) or program.instruction(
+        event.name
     )
     if inst is not None:
         return classify(program, inst), inst
@@ -664,19 +670,25 @@ def _kind_of_event(program: Program, event: DeviceEvent) -> tuple[str, Instructi
     return OTHER, None
 
 
+def _of_module(name: str, module: str) -> bool:
+    """Whether an event's module name ("jit_train_step", or with its program id,
+    "jit_train_step(42)") is `module`."""
+    return re.fullmatch(rf"{re.escape(module)}(\(\w*\))?", name) is not None
+
+
 def _step_starts(
     events: Sequence[DeviceEvent], trace: Trace, module: str
 ) -> tuple[list[float], str]:
     runs: dict[str, float] = {}
     for e in events:
-        if e.run and e.module == module:
+        if e.run and _of_module(e.module, module):
             runs[e.run] = min(runs.get(e.run, math.inf), e.start)
     if len(runs) > 1:
         return sorted(runs.values()), "run ids"
-    spans = [start for name, start, _ in trace.executions if name.startswith(module)]
+    spans = [start for name, start, _ in trace.executions if _of_module(name, module)]
     if spans:
         return spans, "module spans"
-    first = min((e.start for e in events if e.module == module), default=None)
+    first = min((e.start for e in events if _of_module(e.module, module)), default=None)
     return ([] if first is None else [first]), "none"
 
 
@@ -691,7 +703,9 @@ def breakdown(trace: Trace, hlo_text: str, top: int = 12) -> Breakdown:
     program = Program.parse(hlo_text)
     module = program.module
     # The step's own kernels and the copies no module claims (host-to-device inputs).
-    events = [e for e in trace.events if e.module == module or (not e.module and not e.hlo_op)]
+    events = [
+        e for e in trace.events if _of_module(e.module, module) or (not e.module and not e.hlo_op)
+    ]
     starts, boundaries = _step_starts(events, trace, module)
     if not starts:
         raise ValueError(f"the trace has no event of the module {module!r}")
@@ -721,7 +735,8 @@ def breakdown(trace: Trace, hlo_text: str, top: int = 12) -> Breakdown:
         classified = [(e, *_kind_of_event(program, e)) for e in inside]
         first_update = next((e for e, kind, _ in classified if kind == OPTIMIZER), None)
         if first_update is not None:
-            ready = max((e.end for e in inside if e.start < first_update.start), default=None)
+            # Where the device's compute (copies aside) last stopped before the update began.
+            ready = max((b for a, b in compute if a < first_update.start), default=None)
             if ready is not None:
                 before_update += max(0.0, first_update.start - ready)
         for e, kind, inst in classified:
@@ -729,7 +744,7 @@ def breakdown(trace: Trace, hlo_text: str, top: int = 12) -> Breakdown:
             if kind == INPUT:
                 input_overlap += _overlap((e.start, e.end), compute)
                 continue
-            if inst is not None and inst.opcode in CONTROL_OPS:
+            if inst is not None and inst.opcode in BRANCHING_OPS:
                 continue  # a loop's or conditional's own thunk: its body's are the kernels
             kernels_total[kind] += 1
             kernel_count += 1

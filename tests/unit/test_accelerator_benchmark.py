@@ -334,6 +334,7 @@ def test_a_cpu_trace_splits_steps_by_run_and_counts_a_conditionals_own_time():
     assert result.kinds[profile.OTHER] == pytest.approx(100e-6)  # the conditional's own time
     assert result.kernels_per_step == 2  # the conditional is not a kernel
     assert result.host_gap_s == pytest.approx(500e-6) and result.idle_in_step_s == 0
+    assert result.idle_before_update_s == 0  # the conditional's thunk was running
 
 
 def test_a_trace_without_the_programs_module_is_an_error():
