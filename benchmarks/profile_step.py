@@ -36,9 +36,10 @@ attention is xla's), in benchmarks.accelerator's settings (bf16 compute, attenti
    host and waits for it in every step, and the same kernels run either way.
 
 Each workload's files and its breakdown.json (findings, timing, breakdown) go to
-<out>/<model>-<seq>-<layout>-<attention>/; --json appends the run's row
+<out>/<model>-<seq>-<layout>-<the attention that runs>/; --json appends the run's row
 (benchmarks.harness.report). --budget_s (default 420) skips the second workload when the
-first one's time says it would not finish within the budget.
+first one's time says it would not finish within the budget; a workload that fails (out of
+memory, a trace without the device's events) is reported and the next one runs.
 
 While a profiler is active XLA runs a GPU program's thunks one by one rather than as
 command buffers (CUDA graphs), unless XLA_FLAGS holds
@@ -58,6 +59,7 @@ import argparse
 import dataclasses
 import gzip
 import json
+import math
 import os
 from typing import Any
 
@@ -214,7 +216,9 @@ def profile_workload(
         model, batch_size, seq_len, setup.mesh, documents=layout == accelerator.PACKED
     )
     runs = ", ".join(f"{kind} layers {backend}" for kind, backend in by_kind.items())
-    name = f"{model_name}-{seq_len}-{layout}-{impl}" + (
+    # Named after what runs: ModernBERT's packed rows ask cuDNN and run xla.
+    backends = "+".join(sorted(set(by_kind.values())))
+    name = f"{model_name}-{seq_len}-{layout}-{backends}" + (
         "" if args.scan_layers == "recipe" else ("-scanned" if model.scan_layers else "-unrolled")
     )
     directory = os.path.join(args.out, name)
@@ -282,10 +286,10 @@ def profile_workload(
         step_s = result["step_s"]
         result["mfu"] = batch_size * flops / step_s / peak if peak else None
         mfu = f"{result['mfu']:.1%}" if result["mfu"] else "n/a"
-        traced = result["breakdown"]["step_s"]
+        traced = result["breakdown"]["step_s"] * 1e3 if result["breakdown"] else math.nan
         print(
             f"\n{step_s * 1e3:.2f} ms a step untraced (MFU {mfu}); the traced steady step "
-            f"{traced * 1e3:.2f} ms:"
+            f"{traced:.2f} ms:"
         )
         print(result.pop("table"), flush=True)
         if "step_s_conditional_in_graphs" in result:
@@ -327,7 +331,11 @@ def trace_workload(
             except Exception as e:  # an option this XLA does not take: say so, go on
                 out["conditional_in_graphs_error"] = f"{type(e).__name__}: {str(e)[:200]}"
     del state
-    result = profile.breakdown(trace, compiled.as_text())
+    try:
+        result = profile.breakdown(trace, compiled.as_text())
+    except ValueError as e:  # a trace without the device's events (no device tracer)
+        out.update(breakdown=None, table=f"no breakdown: {e}")
+        return out
     out.update(breakdown=result.to_json(), table=result.table())
     return out
 
@@ -349,7 +357,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             notes.append(f"{model_name} at {seq_len}: skipped, over the {args.budget_s:g} s budget")
             continue
         elapsed = timing.stopwatch()
-        workloads.append(profile_workload(model_name, seq_len, layout, args, total_peak))
+        try:
+            workloads.append(profile_workload(model_name, seq_len, layout, args, total_peak))
+        except Exception as e:  # e.g. out of memory: say so, go on to the next workload
+            first = str(e).splitlines()[0] if str(e) else ""
+            notes.append(f"{model_name} at {seq_len}: failed: {type(e).__name__}: {first}")
         budget.record("workload", elapsed())
     for note in notes:
         print(f"note: {note}")

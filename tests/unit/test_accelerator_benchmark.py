@@ -388,3 +388,22 @@ def test_profile_step_takes_the_tiny_models_on_a_cpu(capsys):
     with pytest.raises(SystemExit):
         profile_step.parse_args(["--out", "unused", "--trace_steps", "1"])
     assert "--trace_steps=1 is invalid: must be >= 2" in capsys.readouterr().err
+
+
+def test_a_failing_workload_is_reported_and_the_next_one_runs(monkeypatch, tmp_path, capsys):
+    ran = []
+
+    def workload(model_name, seq_len, layout, args, peak):
+        ran.append(model_name)
+        if model_name == "tiny":
+            raise RuntimeError("RESOURCE_EXHAUSTED: out of memory\nmore detail")
+        return {"workload": model_name}
+
+    monkeypatch.setattr(profile_step, "profile_workload", workload)
+    result = profile_step.main(["--out", str(tmp_path)])
+    assert ran == ["tiny", "modernbert_tiny"]
+    assert result["workloads"] == [{"workload": "modernbert_tiny"}]
+    assert result["notes"] == [
+        "tiny at 128: failed: RuntimeError: RESOURCE_EXHAUSTED: out of memory"
+    ]
+    assert "note: tiny at 128: failed: RuntimeError" in capsys.readouterr().out
