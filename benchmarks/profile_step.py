@@ -14,7 +14,7 @@ attention is xla's), in benchmarks.accelerator's settings (bf16 compute, attenti
 1. The real train step (bertjax.engine.steps) is lowered and compiled once. Its optimised HLO
    (train_step.hlo.txt.gz) and its HLO before optimisation with metadata
    (train_step.lowered.hlo.txt.gz) are written, and what the program holds is printed
-   (benchmarks.harness.profile.program_findings): the optimizer update's kernels,
+   (benchmarks.harness.hlo.program_findings): the optimizer update's kernels,
    conditionals and loops, float32 activations, layout changes in attention, the masked-LM
    head's rows, the program's size.
 2. Unless --lower_only: the train state is initialised, --warmup steps run, --steps steps are
@@ -67,7 +67,7 @@ import jax
 import numpy as np
 
 from benchmarks import accelerator
-from benchmarks.harness import profile, report, timing
+from benchmarks.harness import hlo, profile, report, timing
 from bertjax import encoders
 from bertjax.engine import loop, perf, steps
 from bertjax.pretrain.objective import build_pretraining
@@ -252,16 +252,16 @@ def profile_workload(
     ):
         with gzip.open(os.path.join(directory, filename), "wt") as f:
             f.write(text)
-    shapes = profile.Shapes(
+    shapes = hlo.Shapes(
         tokens=batch_size * seq_len,
         hidden=model.hidden_size,
         vocab=model.vocab_size,
         predictions=batch_size * predictions,
         parameter_leaves=parameter_leaves(setup),
     )
-    findings = profile.program_findings(optimised, before, shapes)
+    findings = hlo.program_findings(optimised, before, shapes)
     print(f"compiled in {compile_s:.1f} s; the program:")
-    print(profile.format_findings(findings), flush=True)
+    print(hlo.format_findings(findings), flush=True)
     result: dict[str, Any] = {
         "workload": name,
         "model": model_name,

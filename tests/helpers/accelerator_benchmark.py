@@ -1,5 +1,5 @@
 """The rows of the tables benchmarks.accelerator prints, and small programs and traces for
-benchmarks.harness.profile: HLO text as XLA prints it and Chrome traces as jax's profiler
+benchmarks.harness.hlo and .profile: HLO text as XLA prints it and Chrome traces as jax's profiler
 writes them, built line by line."""
 
 from __future__ import annotations

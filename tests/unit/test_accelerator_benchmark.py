@@ -5,8 +5,9 @@ the figures and the error measures, which kinds of ModernBERT layer a kernel ser
 slow ones run the script end to end on the tiny models, BERT's and ModernBERT's (padded and
 packed rows) each with splash attention in Pallas interpret mode (so that the fused-vs-xla
 check really runs), and once as a user on CPU would, where no fused backend exists. The
-profile's reader (benchmarks.harness.profile) is tested on a small GPU-style program and
-traces written by hand: the kinds, seconds, gaps and counts it must report.
+step profile's readers (benchmarks.harness.hlo and .profile) are tested on a small GPU-style
+program and traces written by hand: the kinds, seconds, gaps, counts and findings they must
+report.
 """
 
 import json
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 
 from benchmarks import accelerator, profile_step
-from benchmarks.harness import profile, report
+from benchmarks.harness import hlo, profile, report
 from bertjax.engine import perf
 from bertjax.nn import attention, sharding
 from tests.helpers.accelerator_benchmark import (
@@ -222,7 +223,7 @@ def test_the_device_grid_uses_the_recipes_at_google_sizes():
 
 
 def test_the_program_parses_into_instructions_and_kernels():
-    program = profile.Program.parse(GPU_PROGRAM)
+    program = hlo.Program.parse(GPU_PROGRAM)
     assert program.module == "jit_train_step" and program.entry == "main.9"
     gemm = program.instruction("gemm_fusion")
     assert (gemm.opcode, gemm.fusion_kind, gemm.calls) == ("fusion", "kCustom", ("gemm_body",))
@@ -251,30 +252,30 @@ def test_the_program_parses_into_instructions_and_kernels():
     # A fusion without an op_name of its own takes its root's.
     assert program.op_name(program.instruction("transpose_fusion")).endswith("mlp/transpose")
     with pytest.raises(ValueError, match="no ENTRY computation"):
-        profile.Program.parse("HloModule empty")
+        hlo.Program.parse("HloModule empty")
 
 
 def test_instructions_are_classified_by_scope_then_by_what_they_compute():
-    program = profile.Program.parse(GPU_PROGRAM)
-    kinds = {i.name: profile.classify(program, i) for i in program.executed()}
+    program = hlo.Program.parse(GPU_PROGRAM)
+    kinds = {i.name: hlo.classify(program, i) for i in program.executed()}
     assert kinds == {
-        "gemm_fusion": profile.MATMUL,
-        "custom-call.1": profile.ATTENTION,  # cuDNN's kernel, in attention's scope
-        "custom-call.2": profile.MATMUL,  # a cuBLAS call, by its target
-        "loop_gelu_fusion": profile.ELEMENTWISE,
-        "transpose_fusion": profile.LAYOUT,
-        "input_reduce_fusion": profile.REDUCTION,
-        "gather_fusion": profile.GATHER,
-        "all-reduce-start": profile.COLLECTIVE,
-        "all-reduce-done": profile.COLLECTIVE,
-        "loop_update_fusion.1": profile.OPTIMIZER,  # elementwise, in the update's scope
+        "gemm_fusion": hlo.MATMUL,
+        "custom-call.1": hlo.ATTENTION,  # cuDNN's kernel, in attention's scope
+        "custom-call.2": hlo.MATMUL,  # a cuBLAS call, by its target
+        "loop_gelu_fusion": hlo.ELEMENTWISE,
+        "transpose_fusion": hlo.LAYOUT,
+        "input_reduce_fusion": hlo.REDUCTION,
+        "gather_fusion": hlo.GATHER,
+        "all-reduce-start": hlo.COLLECTIVE,
+        "all-reduce-done": hlo.COLLECTIVE,
+        "loop_update_fusion.1": hlo.OPTIMIZER,  # elementwise, in the update's scope
     }
     # The scope wins over what is computed: a product inside attention is attention's.
-    scoped = profile.Instruction(
+    scoped = hlo.Instruction(
         "fusion.7", "fusion", "f32[2,8]", "jit(f)/dot_product_attention/dot", calls=("gemm_body",)
     )
-    assert profile.computes(program, scoped) == profile.MATMUL
-    assert profile.classify(program, scoped) == profile.ATTENTION
+    assert hlo.computes(program, scoped) == hlo.MATMUL
+    assert hlo.classify(program, scoped) == hlo.ATTENTION
 
 
 def test_a_gpu_trace_breaks_down_into_kinds_gaps_and_counts():
@@ -286,16 +287,16 @@ def test_a_gpu_trace_breaks_down_into_kinds_gaps_and_counts():
     assert (result.steps_traced, result.steps_used, result.boundaries) == (3, 2, "module spans")
     assert result.step_s == pytest.approx(1e-3)
     expected_us = {
-        profile.MATMUL: 120,
-        profile.ATTENTION: 150,
-        profile.ELEMENTWISE: 50,
-        profile.REDUCTION: 40,
-        profile.GATHER: 0,
-        profile.OPTIMIZER: 80,
-        profile.LAYOUT: 20,
-        profile.COLLECTIVE: 0,
-        profile.INPUT: 100,
-        profile.OTHER: 0,
+        hlo.MATMUL: 120,
+        hlo.ATTENTION: 150,
+        hlo.ELEMENTWISE: 50,
+        hlo.REDUCTION: 40,
+        hlo.GATHER: 0,
+        hlo.OPTIMIZER: 80,
+        hlo.LAYOUT: 20,
+        hlo.COLLECTIVE: 0,
+        hlo.INPUT: 100,
+        hlo.OTHER: 0,
     }
     assert result.kinds == pytest.approx({k: v * 1e-6 for k, v in expected_us.items()})
     # Busy [0, 360) and [400, 550): 40 us idle inside the step, all of it before the update;
@@ -306,21 +307,21 @@ def test_a_gpu_trace_breaks_down_into_kinds_gaps_and_counts():
     assert result.host_gap_s == pytest.approx(450e-6)
     assert result.input_overlapped_s == pytest.approx(50e-6)
     assert result.kernels_per_step == 7 and result.optimizer_kernels == 1
-    assert result.kernels[profile.MATMUL] == 2 and result.kernels[profile.INPUT] == 0
+    assert result.kernels[hlo.MATMUL] == 2 and result.kernels[hlo.INPUT] == 0
     assert result.distinct_fusions == 5 and result.program_fusions == 6
     assert result.unmatched_kernels == 0
     shares = result.shares()
     assert shares[profile.HOST_GAP] == pytest.approx(0.45)
     # The shares add up to the step and the 50 us the copy ran beside the update.
     assert sum(shares.values()) == pytest.approx(1.05)
-    assert result.top[0]["name"] == "custom-call.1" and result.top[0]["kind"] == profile.ATTENTION
+    assert result.top[0]["name"] == "custom-call.1" and result.top[0]["kind"] == hlo.ATTENTION
     table = result.table()
     assert "host gap between steps     0.450   45.0%" in table
     assert "kernels that ran side by side count twice (0.050 ms/step of it)" in table
     assert "the optimizer update 1 kernels (0.080 ms)" in table
     assert "device idle right before the optimizer update: 0.040 ms/step" in table
     assert "input transfer 0.100 ms/step, 0.050 ms of it under compute" in table
-    assert json.loads(json.dumps(result.to_json()))["shares"][profile.MATMUL] == pytest.approx(0.12)
+    assert json.loads(json.dumps(result.to_json()))["shares"][hlo.MATMUL] == pytest.approx(0.12)
 
 
 def test_a_cpu_trace_splits_steps_by_run_and_counts_a_conditionals_own_time():
@@ -329,9 +330,9 @@ def test_a_cpu_trace_splits_steps_by_run_and_counts_a_conditionals_own_time():
     result = profile.breakdown(profile.read_trace(events), GPU_PROGRAM)
     # Four runs, three complete steps: the first of them (the profiler starting) left out.
     assert (result.steps_traced, result.steps_used, result.boundaries) == (4, 2, "run ids")
-    assert result.kinds[profile.MATMUL] == pytest.approx(300e-6)
-    assert result.kinds[profile.OPTIMIZER] == pytest.approx(100e-6)
-    assert result.kinds[profile.OTHER] == pytest.approx(100e-6)  # the conditional's own time
+    assert result.kinds[hlo.MATMUL] == pytest.approx(300e-6)
+    assert result.kinds[hlo.OPTIMIZER] == pytest.approx(100e-6)
+    assert result.kinds[hlo.OTHER] == pytest.approx(100e-6)  # the conditional's own time
     assert result.kernels_per_step == 2  # the conditional is not a kernel
     assert result.host_gap_s == pytest.approx(500e-6) and result.idle_in_step_s == 0
     assert result.idle_before_update_s == 0  # the conditional's thunk was running
@@ -345,8 +346,8 @@ def test_a_trace_without_the_programs_module_is_an_error():
 
 
 def test_program_findings_count_what_the_issue_asks():
-    shapes = profile.Shapes(tokens=64, hidden=8, vocab=50, predictions=12, parameter_leaves=1)
-    findings = profile.program_findings(GPU_PROGRAM, LOWERED_PROGRAM, shapes)
+    shapes = hlo.Shapes(tokens=64, hidden=8, vocab=50, predictions=12, parameter_leaves=1)
+    findings = hlo.program_findings(GPU_PROGRAM, LOWERED_PROGRAM, shapes)
     assert findings["optimizer_update"]["kernels"] == 1
     assert findings["optimizer_update"]["kernels_per_leaf"] == 1.0
     assert findings["control_flow"] == [
@@ -364,7 +365,7 @@ def test_program_findings_count_what_the_issue_asks():
     assert head["products"] == [{"shape": "f32[4,3,50]", "rows": 12}]
     assert head["masked_rows_only"] is True
     assert findings["program"]["kernels"] == 10 and findings["program"]["fusions"] == 6
-    text = profile.format_findings(findings)
+    text = hlo.format_findings(findings)
     assert "conditionals and loops: 1x conditional cond" in text
     assert "12 rows against 12 masked positions and 64 tokens (masked positions only)" in text
 
