@@ -1,6 +1,6 @@
 """The rows of the tables benchmarks.accelerator prints, and small programs and traces for
-benchmarks.harness.hlo and .profile: HLO text as XLA prints it and Chrome traces as jax's profiler
-writes them, built line by line."""
+benchmarks.harness.hlo and .profile: HLO text as XLA prints it and Chrome traces as jax's
+profiler writes them, built line by line."""
 
 from __future__ import annotations
 
