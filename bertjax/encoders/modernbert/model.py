@@ -217,7 +217,7 @@ class Attention(nn.Module):
                 local_window=self.local_window,
             )  # [b, s, n, d]
         elif mask.ndim == 4:  # banded (local layers of long rows): see attention_masks
-            with jax.named_scope(attention_lib.SCOPE):  # as the kernels' path is named
+            with jax.named_scope(attention_lib.SCOPE):  # attention's, whichever path computes it
                 context = _banded_attention(
                     q, k, v, mask, cfg.window, lambda w: weights_dropout(w, deterministic)
                 )
