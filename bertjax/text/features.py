@@ -5,8 +5,8 @@
 longer than max_length lose tokens from the longer text first, as google's
 run_classifier.py. `inputs` gives the same per example, unpadded, for callers that batch by
 length (`length_bucket`). `offsets` maps each token back to the characters it came from;
-words to sub-word positions (word ids) are `bertjax.nn.heads.encode_words`. No model is needed
-to encode text: bertjax.inference and the fine-tuning readers both come here.
+words to sub-word positions (word ids) are `bertjax.tasks.labels.model.encode_words`. No model
+is needed to encode text: bertjax.inference and the fine-tuning readers both come here.
 """
 
 from __future__ import annotations
