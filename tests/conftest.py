@@ -2,11 +2,12 @@
 runs that tests in several files need, each built once per session of a worker.
 
 Three kinds, one directory each: tests/unit (in-process, short: `pytest -q tests/unit` is the
-inner loop), tests/parity (against transformers and sentence-transformers) and
-tests/integration (command lines, runs, processes, GCS: the tests marked `slow`, which
-`pytest -q -m "not slow"` leaves out). `pytest -q` runs everything, in parallel workers
-(pytest-xdist). A session fixture is built in each worker by the first of its tests that asks
-for it, so a narrower run builds only the ones its tests use.
+inner loop), tests/parity (against transformers and sentence-transformers, in-process) and
+tests/integration (command lines, runs, processes, GCS: every one of them `slow`, which
+`pytest -q -m "not slow"` leaves out). A test that starts a process, runs a command or trains
+more than a few dozen steps belongs in tests/integration. `pytest -q` runs everything, in
+parallel workers (pytest-xdist). A session fixture is built in each worker by the first of its
+tests that asks for it, so a narrower run builds only the ones its tests use.
 """
 
 import os
@@ -102,15 +103,21 @@ def pytest_xdist_make_scheduler(config, log):
 DURATIONS_KEY = "bertjax/durations"
 
 
+INTEGRATION = pathlib.Path(__file__).parent / "integration"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """The slow tests first; within each group the files whose tests took longest in the
-    last run first (file order where nothing is recorded: a fresh clone), each file's tests
-    in their order. pytest-xdist gives a free worker the next whole file in this order
-    (pyproject.toml's addopts), so the longest are spread over the workers first and the end
-    is made of short files. When workers took single tests from each other's queues instead,
-    one measured run in file order ended with the seq2seq and pretraining learning runs and a
-    road on one worker, 45 s after the other had finished, and one in this order built a
-    fine-tuning module's 20 s fixture on both workers."""
+    """Every test under tests/integration is `slow` (the tier that starts processes, runs
+    commands and trains), whether or not its file says so. Then the order: the slow tests
+    first; within each group the files whose tests took longest in the last run first (file
+    order where nothing is recorded: a fresh clone), each file's tests in their order.
+    pytest-xdist gives a free worker the next whole file in this order (pyproject.toml's
+    addopts), so the longest are spread over the workers first and the end is made of short
+    files, and a module's fixtures are built by one worker only."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.slow)
     cache = getattr(config, "cache", None)  # None under `-p no:cacheprovider`
     durations = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
 
