@@ -152,7 +152,7 @@ def pytest_sessionfinish(session):
     cache.set(DURATIONS_KEY, recorded)
 
 
-# The synthetic corpus's prepared data: what test_trainer's pinned run was recorded on.
+# The synthetic corpus's prepared data: what test_trainer_unit.py's short run was recorded on.
 SYNTHETIC_SEQ_LEN = 64
 SYNTHETIC_PREDICTIONS = 10
 ORBAX_ARRAY_HANDLER = ocp.type_handlers.get_type_handler(jax.Array)  # before any override

@@ -115,6 +115,7 @@ def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_ste
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)  # the trainer saves and exits cleanly
         output, _ = process.communicate()
+    assert process.returncode == 0, output[-3000:]
     accuracies = eval_accuracies(workdir / "metrics.jsonl")
     assert accuracies, f"train.py logged no evaluation:\n{output[-3000:]}"
     exit_step = min((s for s, a in accuracies.items() if a >= threshold), default=None)
