@@ -26,7 +26,7 @@ from tests.helpers.xla_env import (  # noqa: E402 (imports no jax)
     COMPILATION_CACHE_DIR,
     COMPILATION_CACHE_LIMIT_BYTES,
     QUICK_COMPILES,
-    memory_maps_near_limit,
+    compiled_programs_crowd_memory,
     optimized_compiles,
     xla_flags,
 )
@@ -179,22 +179,14 @@ def whole_shard_saves():
         yield
 
 
-@pytest.fixture(scope="module", autouse=True)
-def release_compiled_programs():
-    """Drops jax's compiled programs after each test file: the next file traces its own
-    functions, and whatever it shares with this one it loads again from the compilation
-    cache. A worker otherwise keeps every program of every file it ran, and with them the
-    memory mappings that crash the worker at Linux's limit (xla_env.memory_maps_near_limit)."""
-    yield
-    jax.clear_caches()
-
-
 @pytest.fixture(autouse=True)
-def release_compiled_programs_near_the_limit():
-    """Also between the tests of one file, once this worker holds half the mappings Linux
-    allows: one file's programs reached 48,000 mappings (of 65,530) in a run of the suite."""
+def release_compiled_programs_when_memory_asks():
+    """Drops jax's compiled programs after a test once this worker holds half the memory
+    mappings Linux allows, or more memory than xla_env.RESIDENT_LIMIT_BYTES. Until then a
+    worker keeps them from file to file, so that the functions files share are traced and
+    compiled once (xla_env.py says why memory asks)."""
     yield
-    if memory_maps_near_limit():
+    if compiled_programs_crowd_memory():
         jax.clear_caches()
 
 

@@ -136,18 +136,17 @@ def optimized_compiles():
 
 
 # XLA links each program it compiles (or loads from the cache) for the CPU into memory of its
-# own: about 10 memory mappings (read-only data, code, data), for a tiny program and a small
-# ModernBERT's train step alike, kept while jax caches the program, which for a jitted function
-# is as long as the process lives (and every eager operation on a new shape is a program). A
-# worker that runs a few hundred test files holds tens of thousands, and at Linux's limit per
-# process (vm.max_map_count, 65,530 by default) LLVM cannot map the next program: "LLVM
-# compilation error: Cannot allocate memory", then a segfault or an abort in whichever test
-# compiles next (reproduced with the limit lowered to 12,000: the 1,300th small program crashed
-# the process). conftest.py drops jax's caches after each test file, and between tests once a
-# worker holds more than half the limit; `jax.clear_caches()` releases the mappings even while
-# the jitted functions are referenced.
+# own, about 10 memory mappings, kept while jax caches the program: for a jitted function, as
+# long as the process lives. At Linux's limit per process (vm.max_map_count, 65,530 by
+# default) LLVM cannot map the next program ("LLVM compilation error: Cannot allocate memory",
+# then a crash in whichever test compiles next). A worker keeps its programs from file to file
+# (the next file's shared functions are then neither traced nor compiled again), and
+# conftest.py drops them once it holds half the mappings Linux allows or RESIDENT_LIMIT_BYTES of
+# memory; `jax.clear_caches()` releases both even while the jitted functions are referenced.
 MAX_MAP_COUNT_FILE = pathlib.Path("/proc/sys/vm/max_map_count")
 OWN_MAPS_FILE = pathlib.Path("/proc/self/maps")
+OWN_MEMORY_FILE = pathlib.Path("/proc/self/statm")
+RESIDENT_LIMIT_BYTES = 4 * 1024**3  # per worker; up to four run at once
 
 
 def memory_maps_near_limit(share: float = 0.5) -> bool:
@@ -160,6 +159,21 @@ def memory_maps_near_limit(share: float = 0.5) -> bool:
     except (OSError, ValueError):
         return False
     return held > share * limit
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (0 where /proc does not say)."""
+    try:
+        pages = int(OWN_MEMORY_FILE.read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def compiled_programs_crowd_memory() -> bool:
+    """Whether this process should drop its compiled programs: near Linux's limit of memory
+    mappings, or past RESIDENT_LIMIT_BYTES."""
+    return memory_maps_near_limit() or resident_bytes() > RESIDENT_LIMIT_BYTES
 
 
 def free_port() -> int:
