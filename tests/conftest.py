@@ -41,6 +41,7 @@ for variable, value in COMPILATION_CACHE.items():
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import contextlib  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
@@ -53,10 +54,11 @@ import pytest  # noqa: E402
 from bertjax import data as data_lib  # noqa: E402
 from bertjax.engine import compilation_cache  # noqa: E402
 from bertjax.engine import loop as engine_loop  # noqa: E402
-from bertjax.engine.rundir import CORPUS_DIR  # noqa: E402
+from bertjax.engine.rundir import CORPUS_DIR, DATA_DIR  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
 from bertjax.pretrain import loop as pretrain_loop  # noqa: E402
+from bertjax.pretrain.data import ensure_data  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 from configs import tiny  # noqa: E402
 from tests.helpers import gcs_emulator  # noqa: E402
@@ -347,6 +349,36 @@ def demo_run(demo_corpus, shared_by_workers):
         return pretrain_loop.train_and_evaluate(settings, str(workdir))
 
     return workdir, shared_by_workers("demo_run", run), config
+
+
+@pytest.fixture(scope="session")
+def demo_data(demo_corpus, shared_by_workers, request) -> Callable[[str], pathlib.Path]:
+    """`demo_data(recipe)`: the demo corpus prepared as `python train.py --config
+    configs/<recipe>.py` prepares it when given no data (the same function, settings and
+    seed), once for the whole suite; the tests that run a recipe on the demo corpus without
+    testing its preparation pass it as --config.data.dir. configs/tiny.py's is the one the
+    default run prepared (`demo_run`)."""
+
+    def prepared(recipe: str) -> pathlib.Path:
+        if recipe == "tiny":
+            return request.getfixturevalue("demo_run")[0] / DATA_DIR
+        settings = PretrainSettings.from_config(
+            importlib.import_module(f"configs.{recipe}").get_config()
+        )
+
+        def make(directory: pathlib.Path) -> dict:
+            (directory / CORPUS_DIR).symlink_to(demo_corpus.parent, target_is_directory=True)
+            data_dir, _ = ensure_data(
+                settings.data,
+                directory,
+                eval_batch_size=settings.run.micro_batch_size,
+                seed=settings.run.seed,
+            )
+            return {"dir": str(data_dir)}
+
+        return pathlib.Path(shared_by_workers(f"demo_data_{recipe}", make)["dir"])
+
+    return prepared
 
 
 @pytest.fixture(scope="session")

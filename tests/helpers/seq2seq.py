@@ -33,7 +33,7 @@ CONFIG = s2s.Seq2SeqConfig(BERT, decoder_start_id=START, eos_id=EOS, init=s2s.RN
 
 
 def random_params(config=CONFIG, seed=0):
-    return nn.meta.unbox(s2s.init_params(config, jax.random.key(seed)))
+    return nn.meta.unbox(jax.jit(lambda key: s2s.init_params(config, key))(jax.random.key(seed)))
 
 
 def sources(seed, n=4, length=8):

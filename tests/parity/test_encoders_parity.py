@@ -37,7 +37,7 @@ def test_our_head_saved_loads_in_transformers_with_equal_logits(case, tmp_path):
         {**encoders.config_to_dict(CONFIG), "classifier_pooling": pooling}
     )
     init = bertjax.capability.of(head).init(config, head)
-    params = with_noise(init(jax.random.key(1)), seed=1)
+    params = with_noise(jax.jit(init)(jax.random.key(1)), seed=1)
     model = bertjax.Model(config, params, TOKENIZER, head=head)
     model.save_hf(tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())

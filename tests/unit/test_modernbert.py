@@ -60,7 +60,7 @@ def test_each_layer_materialises_its_gradient_and_changes_no_value(monkeypatch):
     config = dataclasses.replace(SMALL, num_layers=5)
     ids, mask = _batch(config)
     model = ModernBertModel(config)
-    params = model.init(jax.random.key(0), ids, mask)["params"]
+    params = jax.jit(model.init)(jax.random.key(0), ids, mask)["params"]
 
     def gradient_and_conditionals():
         def loss(params):
@@ -88,7 +88,9 @@ def test_packed_documents_equal_each_document_alone():
     alone; changing the first leaves the second's outputs unchanged."""
     rng = np.random.default_rng(7)
     params = nn.meta.unbox(
-        ModernBertModel(SMALL).init(jax.random.key(1), np.zeros((1, SEQ), np.int32))["params"]
+        jax.jit(ModernBertModel(SMALL).init)(jax.random.key(1), np.zeros((1, SEQ), np.int32))[
+            "params"
+        ]
     )
     params = jax.tree.map(lambda x: x + 0.2 * rng.standard_normal(x.shape), params)
     first, second = rng.integers(3, 99, 13), rng.integers(3, 99, 15)  # longer than the window
@@ -184,7 +186,7 @@ def test_initialisation_follows_transformers_init_weights():
     assert "attn_norm" not in mlm["model"]["layer_0"]  # layer 0's attention norm is the identity
     assert (
         "bias"
-        not in nn.meta.unbox(ModernBertModel(SMALL).init(jax.random.key(0), ids)["params"])[
+        not in jax.eval_shape(ModernBertModel(SMALL).init, jax.random.key(0), ids)["params"][
             "final_norm"
         ]
     )

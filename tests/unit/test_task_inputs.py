@@ -319,7 +319,7 @@ def test_unset_dropout_is_the_familys_and_a_set_one_applies_to_every_family(sour
 
 
 def _model(head: HeadSpec, config: BertConfig = CONFIG) -> Model:
-    params = capability_lib.of(head).init(config, head)(jax.random.key(0))
+    params = jax.jit(capability_lib.of(head).init(config, head))(jax.random.key(0))
     return Model(config, params, TOKENIZER, head=head)
 
 
