@@ -58,7 +58,7 @@ _ONE_DEVICE_SCRIPT = textwrap.dedent(
     """
     import json, sys
     import jax, numpy as np, optax
-    from bertjax import checkpoint as ckpt
+    from bertjax.engine import checkpoint as ckpt
 
     directory, expected_dir = sys.argv[1], sys.argv[2]
     assert jax.device_count() == 1, jax.devices()

@@ -13,7 +13,7 @@ from tests.helpers.xla_env import script_json
 NOTEBOOK = """
 import json, sys
 import bertjax
-from bertjax import sharding
+from bertjax.nn import sharding
 
 texts = json.loads(sys.argv[2])
 out = {}

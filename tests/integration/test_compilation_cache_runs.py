@@ -19,7 +19,7 @@ SUMMARY = re.compile(r"(\d+) programs compiled, (\d+) loaded from the compilatio
 NOTEBOOK = """
 import sys
 import bertjax
-from bertjax import perf
+from bertjax.engine import perf
 with perf.CompileTime() as counted:
     print(bertjax.Model.load(sys.argv[1]).predict(["w1 w2 w3", "w4"]))
 print(f"compiled {counted.programs} loaded {counted.loaded}")

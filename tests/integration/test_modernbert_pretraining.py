@@ -85,7 +85,7 @@ NOTEBOOK = """
 import json, sys
 import numpy as np
 import bertjax
-from bertjax import sharding
+from bertjax.nn import sharding
 
 run, export = sys.argv[1], sys.argv[2]
 text = "the [MASK] sees a cat."

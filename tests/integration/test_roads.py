@@ -162,7 +162,7 @@ NOTEBOOK = """
 import json, sys
 import jax, numpy as np
 import bertjax
-from bertjax import sharding
+from bertjax.nn import sharding
 
 results = {}
 for task, run, call, path in json.loads(sys.argv[1]):
