@@ -25,6 +25,7 @@ from bertjax.tasks.seq2seq import hf as seq2seq_hf
 from bertjax.tasks.seq2seq import model as seq2seq_lib
 from bertjax.tasks.seq2seq.generate import generate
 from bertjax.tasks.seq2seq.task import Seq2SeqTask, warm_start
+from bertjax.text.tokenizer import load_tokenizer
 
 
 class Seq2Seq(capability.Capability):
@@ -70,7 +71,7 @@ class Seq2Seq(capability.Capability):
 
     def open(self, path: str | os.PathLike, **overrides) -> Opened:
         config, params = seq2seq_hf.load_seq2seq(path, **overrides)
-        tokenizer = hf_files.load_tokenizer(path)
+        tokenizer = load_tokenizer(path)
         options = seq2seq_lib.TaskOptions(
             decoder_start_id=config.decoder_start_id, eos_id=config.eos_id, init=config.init
         )
