@@ -458,8 +458,8 @@ def test_evaluation_grouped_by_length_gives_every_example_its_full_length_output
 
 def test_evaluation_on_cpu_cuts_long_batches_into_calls_within_the_token_budget(monkeypatch):
     task = qa_model.TASK
-    count, seq = 21, 48
-    examples = _uneven_examples(task, count, seq, longest=30, seed=1)
+    count, seq = 21, 32
+    examples = _uneven_examples(task, count, seq, longest=24, seed=1)
     ft = _evaluation_setup(task, seq, jax.devices()[:2])
     with jax.set_mesh(ft.mesh):
         params = ft.state.init(jax.random.key(0)).params

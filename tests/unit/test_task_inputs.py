@@ -338,7 +338,7 @@ def models() -> dict[str, Model]:
 def _model_encoder() -> Model:
     from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
 
-    params = pretraining_init(BertForPreTraining(CONFIG), 1, 1)(jax.random.key(0))
+    params = jax.jit(pretraining_init(BertForPreTraining(CONFIG), 1, 1))(jax.random.key(0))
     return Model(CONFIG, params, TOKENIZER)
 
 
