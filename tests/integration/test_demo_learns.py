@@ -59,7 +59,7 @@ def laptop_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow
+@pytest.mark.timeout(600)  # up to 125 steps of the recipe, as a user runs them
 def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_steps(
     tmp_path, demo_run
 ):
@@ -129,7 +129,7 @@ def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_ste
 MODERN_RATIO = 2.5
 
 
-@pytest.mark.slow  # about a minute and a half on one core
+@pytest.mark.timeout(600)  # 125 steps of the recipe at least, as a user runs them
 def test_the_modernbert_demo_reaches_well_above_the_unigram_baseline(tmp_path, demo_data):
     """`python train.py --config configs/modernbert_tiny.py` as a user runs it (its schedule,
     evaluations and eval batches, on the demo corpus prepared as the command prepares it:
