@@ -28,6 +28,7 @@ from tests.helpers.xla_env import (  # noqa: E402 (imports no jax)
     QUICK_COMPILES,
     compiled_programs_crowd_memory,
     optimized_compiles,
+    resident_bytes,
     xla_flags,
 )
 
@@ -180,15 +181,20 @@ def whole_shard_saves():
         yield
 
 
+# This worker's resident memory when it started, or last dropped its compiled programs.
+_RESIDENT_FLOOR = [resident_bytes()]
+
+
 @pytest.fixture(autouse=True)
 def release_compiled_programs_when_memory_asks():
     """Drops jax's compiled programs after a test once this worker holds half the memory
-    mappings Linux allows, or more memory than xla_env.RESIDENT_LIMIT_BYTES. Until then a
-    worker keeps them from file to file, so that the functions files share are traced and
-    compiled once (xla_env.py says why memory asks)."""
+    mappings Linux allows, or has grown by xla_env.RESIDENT_GROWTH_BYTES since it last dropped
+    them. Until then a worker keeps them from file to file, so that the functions files share
+    are traced and compiled once (xla_env.py says why memory asks)."""
     yield
-    if compiled_programs_crowd_memory():
+    if compiled_programs_crowd_memory(_RESIDENT_FLOOR[0]):
         jax.clear_caches()
+        _RESIDENT_FLOOR[0] = resident_bytes()
 
 
 @pytest.fixture(scope="module")

@@ -131,12 +131,14 @@ def optimized_compiles():
 # default) LLVM cannot map the next program ("LLVM compilation error: Cannot allocate memory",
 # then a crash in whichever test compiles next). A worker keeps its programs from file to file
 # (the next file's shared functions are then neither traced nor compiled again), and
-# conftest.py drops them once it holds half the mappings Linux allows or RESIDENT_LIMIT_BYTES of
-# memory; `jax.clear_caches()` releases both even while the jitted functions are referenced.
+# conftest.py drops them once it holds half the mappings Linux allows, or once its memory has
+# grown by RESIDENT_GROWTH_BYTES since it last dropped them (measured from there: the allocator
+# need not hand freed memory back); `jax.clear_caches()` releases both even while the jitted
+# functions are referenced.
 MAX_MAP_COUNT_FILE = pathlib.Path("/proc/sys/vm/max_map_count")
 OWN_MAPS_FILE = pathlib.Path("/proc/self/maps")
 OWN_MEMORY_FILE = pathlib.Path("/proc/self/statm")
-RESIDENT_LIMIT_BYTES = 4 * 1024**3  # per worker; up to four run at once
+RESIDENT_GROWTH_BYTES = 2 * 1024**3  # per worker; up to four run at once
 
 
 def memory_maps_near_limit(share: float = 0.5) -> bool:
@@ -160,10 +162,11 @@ def resident_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def compiled_programs_crowd_memory() -> bool:
+def compiled_programs_crowd_memory(resident_floor: int) -> bool:
     """Whether this process should drop its compiled programs: near Linux's limit of memory
-    mappings, or past RESIDENT_LIMIT_BYTES."""
-    return memory_maps_near_limit() or resident_bytes() > RESIDENT_LIMIT_BYTES
+    mappings, or RESIDENT_GROWTH_BYTES above `resident_floor` (its memory after it last
+    dropped them)."""
+    return memory_maps_near_limit() or resident_bytes() > resident_floor + RESIDENT_GROWTH_BYTES
 
 
 def free_port() -> int:
