@@ -10,6 +10,8 @@ from tests.helpers.xla_env import (
     COMPILATION_CACHE_DIR,
     OPTIMIZED_FLAGS,
     OWN_MAPS_FILE,
+    RESIDENT_GROWTH_BYTES,
+    compiled_programs_crowd_memory,
     memory_maps_near_limit,
     optimized_compiles,
     resident_bytes,
@@ -58,3 +60,6 @@ def test_dropping_jax_caches_releases_the_mappings_of_compiled_programs():
     assert memory_maps_near_limit(share=0.0)
     assert not memory_maps_near_limit(share=1.0)
     assert resident_bytes() > 0
+    # Memory counts from where the programs were last dropped.
+    assert not compiled_programs_crowd_memory(resident_floor=resident_bytes())
+    assert compiled_programs_crowd_memory(resident_bytes() - RESIDENT_GROWTH_BYTES - 2**20)
