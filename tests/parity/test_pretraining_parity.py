@@ -18,6 +18,7 @@ from bertjax.encoders.bert import transformers as bert_hf
 from bertjax.engine import steps
 from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
+from tests.helpers.corpora import ONE_LAYER
 from tests.helpers.finetune_hf_torch import TORCH_WARMUP_STEPS, torch_adamw
 from tests.helpers.trainer import data_dir, make_config, masking  # noqa: F401 (fixtures)
 
@@ -50,7 +51,9 @@ def test_pretraining_steps_equal_transformers_step_for_step(data_dir, tmp_path):
     config = make_config(
         data_dir,
         num_train_steps=STEPS,
+        batch_size=16,
         **{
+            **ONE_LAYER,  # the tiny preset's step, one layer of it: the same code, less to compile
             "model.hidden_dropout": 0.0,
             "model.attention_dropout": 0.0,
             "optimizer.learning_rate": LEARNING_RATE,
