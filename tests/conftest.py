@@ -2,11 +2,12 @@
 runs that tests in several files need, each built once per session of a worker.
 
 Three kinds, one directory each: tests/unit (in-process, short: `pytest -q tests/unit` is the
-inner loop), tests/parity (against transformers and sentence-transformers) and
-tests/integration (command lines, runs, processes, GCS: the tests marked `slow`, which
-`pytest -q -m "not slow"` leaves out). `pytest -q` runs everything, in parallel workers
-(pytest-xdist). A session fixture is built in each worker by the first of its tests that asks
-for it, so a narrower run builds only the ones its tests use.
+inner loop), tests/parity (against transformers and sentence-transformers, in-process) and
+tests/integration (command lines, runs, processes, GCS: every one of them `slow`, which
+`pytest -q -m "not slow"` leaves out). A test that starts a process, runs a command or trains
+more than a few dozen steps belongs in tests/integration. `pytest -q` runs everything, in
+parallel workers (pytest-xdist). A session fixture is built in each worker by the first of its
+tests that asks for it, so a narrower run builds only the ones its tests use.
 """
 
 import os
@@ -25,8 +26,9 @@ from tests.helpers.xla_env import (  # noqa: E402 (imports no jax)
     COMPILATION_CACHE_DIR,
     COMPILATION_CACHE_LIMIT_BYTES,
     QUICK_COMPILES,
-    memory_maps_near_limit,
+    compiled_programs_crowd_memory,
     optimized_compiles,
+    resident_bytes,
     xla_flags,
 )
 
@@ -40,6 +42,7 @@ for variable, value in COMPILATION_CACHE.items():
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import contextlib  # noqa: E402
+import importlib  # noqa: E402
 import json  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 
@@ -52,10 +55,11 @@ import pytest  # noqa: E402
 from bertjax import data as data_lib  # noqa: E402
 from bertjax.engine import compilation_cache  # noqa: E402
 from bertjax.engine import loop as engine_loop  # noqa: E402
-from bertjax.engine.rundir import CORPUS_DIR  # noqa: E402
+from bertjax.engine.rundir import CORPUS_DIR, DATA_DIR  # noqa: E402
 from bertjax.finetune import loop  # noqa: E402
 from bertjax.finetune.settings import FinetuneSettings  # noqa: E402
 from bertjax.pretrain import loop as pretrain_loop  # noqa: E402
+from bertjax.pretrain.data import ensure_data  # noqa: E402
 from bertjax.pretrain.settings import PretrainSettings  # noqa: E402
 from configs import tiny  # noqa: E402
 from tests.helpers import gcs_emulator  # noqa: E402
@@ -102,15 +106,21 @@ def pytest_xdist_make_scheduler(config, log):
 DURATIONS_KEY = "bertjax/durations"
 
 
+INTEGRATION = pathlib.Path(__file__).parent / "integration"
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """The slow tests first; within each group the files whose tests took longest in the
-    last run first (file order where nothing is recorded: a fresh clone), each file's tests
-    in their order. pytest-xdist gives a free worker the next whole file in this order
-    (pyproject.toml's addopts), so the longest are spread over the workers first and the end
-    is made of short files. When workers took single tests from each other's queues instead,
-    one measured run in file order ended with the seq2seq and pretraining learning runs and a
-    road on one worker, 45 s after the other had finished, and one in this order built a
-    fine-tuning module's 20 s fixture on both workers."""
+    """Every test under tests/integration is `slow` (the tier that starts processes, runs
+    commands and trains), whether or not its file says so. Then the order: the slow tests
+    first; within each group the files whose tests took longest in the last run first (file
+    order where nothing is recorded: a fresh clone), each file's tests in their order.
+    pytest-xdist gives a free worker the next whole file in this order (pyproject.toml's
+    addopts), so the longest are spread over the workers first and the end is made of short
+    files, and a module's fixtures are built by one worker only."""
+    for item in items:
+        if INTEGRATION in item.path.parents:
+            item.add_marker(pytest.mark.slow)
     cache = getattr(config, "cache", None)  # None under `-p no:cacheprovider`
     durations = cache.get(DURATIONS_KEY, {}) if cache is not None else {}
 
@@ -145,7 +155,7 @@ def pytest_sessionfinish(session):
     cache.set(DURATIONS_KEY, recorded)
 
 
-# The synthetic corpus's prepared data: what test_trainer's pinned run was recorded on.
+# The synthetic corpus's prepared data: what test_trainer_unit.py's short run was recorded on.
 SYNTHETIC_SEQ_LEN = 64
 SYNTHETIC_PREDICTIONS = 10
 ORBAX_ARRAY_HANDLER = ocp.type_handlers.get_type_handler(jax.Array)  # before any override
@@ -162,33 +172,29 @@ def optimized():
 @pytest.fixture(scope="session", autouse=True)
 def whole_shard_saves():
     """Orbax saves each array's shards whole in this process, instead of splitting a
-    replicated shard among its replicas, each saving a slice. On a CPU there is no transfer to
-    spread, and each slice is an operation dispatched per leaf and replica: a save of the tiny
-    preset with AdamW on 8 simulated devices took 1.35 s, and 0.85 s saving whole shards (the
-    first save of a process 4.9 s and 1.8 s). The values saved are the same. The processes
-    the tests start (train.py, finetune.py) save with Orbax's defaults, as users' runs do, and
-    test_checkpoint.py puts them back for its tests (`orbax_defaults`)."""
+    replicated shard among its replicas, each saving a slice: on a CPU there is no transfer to
+    spread, and each slice is an operation dispatched per leaf and replica, which made a tiny
+    model's save on 8 simulated devices slower by half. The values saved are the same. The
+    processes the tests start (train.py, finetune.py) save with Orbax's defaults, as users'
+    runs do, and test_checkpoint.py puts them back for its tests (`orbax_defaults`)."""
     with orbax_array_handler(ocp.type_handlers.ArrayHandler(use_replica_parallel=False)):
         yield
 
 
-@pytest.fixture(scope="module", autouse=True)
-def release_compiled_programs():
-    """Drops jax's compiled programs after each test file: the next file traces its own
-    functions, and whatever it shares with this one it loads again from the compilation
-    cache. A worker otherwise keeps every program of every file it ran, and with them the
-    memory mappings that crash the worker at Linux's limit (xla_env.memory_maps_near_limit)."""
-    yield
-    jax.clear_caches()
+# This worker's resident memory when it started, or last dropped its compiled programs.
+_RESIDENT_FLOOR = [resident_bytes()]
 
 
 @pytest.fixture(autouse=True)
-def release_compiled_programs_near_the_limit():
-    """Also between the tests of one file, once this worker holds half the mappings Linux
-    allows: one file's programs reached 48,000 mappings (of 65,530) in a run of the suite."""
+def release_compiled_programs_when_memory_asks():
+    """Drops jax's compiled programs after a test once this worker holds half the memory
+    mappings Linux allows, or has grown by xla_env.RESIDENT_GROWTH_BYTES since it last dropped
+    them. Until then a worker keeps them from file to file, so that the functions files share
+    are traced and compiled once (xla_env.py says why memory asks)."""
     yield
-    if memory_maps_near_limit():
+    if compiled_programs_crowd_memory(_RESIDENT_FLOOR[0]):
         jax.clear_caches()
+        _RESIDENT_FLOOR[0] = resident_bytes()
 
 
 @pytest.fixture(scope="module")
@@ -348,6 +354,36 @@ def demo_run(demo_corpus, shared_by_workers):
         return pretrain_loop.train_and_evaluate(settings, str(workdir))
 
     return workdir, shared_by_workers("demo_run", run), config
+
+
+@pytest.fixture(scope="session")
+def demo_data(demo_corpus, shared_by_workers, request) -> Callable[[str], pathlib.Path]:
+    """`demo_data(recipe)`: the demo corpus prepared as `python train.py --config
+    configs/<recipe>.py` prepares it when given no data (the same function, settings and
+    seed), once for the whole suite; the tests that run a recipe on the demo corpus without
+    testing its preparation pass it as --config.data.dir. configs/tiny.py's is the one the
+    default run prepared (`demo_run`)."""
+
+    def prepared(recipe: str) -> pathlib.Path:
+        if recipe == "tiny":
+            return request.getfixturevalue("demo_run")[0] / DATA_DIR
+        settings = PretrainSettings.from_config(
+            importlib.import_module(f"configs.{recipe}").get_config()
+        )
+
+        def make(directory: pathlib.Path) -> dict:
+            (directory / CORPUS_DIR).symlink_to(demo_corpus.parent, target_is_directory=True)
+            data_dir, _ = ensure_data(
+                settings.data,
+                directory,
+                eval_batch_size=settings.run.micro_batch_size,
+                seed=settings.run.seed,
+            )
+            return {"dir": str(data_dir)}
+
+        return pathlib.Path(shared_by_workers(f"demo_data_{recipe}", make)["dir"])
+
+    return prepared
 
 
 @pytest.fixture(scope="session")

@@ -168,15 +168,17 @@ class Tokenizer:
 
     def encode_words(self, words: Sequence[str]) -> list[list[int]]:
         """Token ids of each word of a text given as words (token labels), each on its own,
-        as the word reads inside a text."""
-        return self.encode_batch(words)
+        as the word reads inside a text: a special token written in it ("[MASK]") is that
+        token, as transformers reads words (`is_split_into_words`)."""
+        return self.encode_batch(words, special_tokens_in_text=True)
 
     def encode_with_offsets(
-        self, texts: Sequence[str]
+        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
     ) -> list[tuple[list[int], list[tuple[int, int]]]]:
-        """(ids, character offsets) of each text: the ids of encode_batch (special tokens
-        as ordinary text), and for each id the [start, end) characters of the text it came
-        from (start == end for a piece that covers no character of its own)."""
+        """(ids, character offsets) of each text: the ids of encode_batch (with the same
+        `special_tokens_in_text`), and for each id the [start, end) characters of the text it
+        came from (start == end for a piece that covers no character of its own; a special
+        token read in the text spans its name)."""
         raise NotImplementedError
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
@@ -347,11 +349,13 @@ class SentencePieceTokenizer(Tokenizer):
         return self._sp.encode(text, out_type=int)
 
     def encode_with_offsets(
-        self, texts: Sequence[str]
+        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
     ) -> list[tuple[list[int], list[tuple[int, int]]]]:
         """(ids, character offsets) of each text (see Tokenizer.encode_with_offsets)."""
         if not texts:
             return []
+        if special_tokens_in_text:
+            return [self._offsets_around_special_tokens(text) for text in texts]
         result = []
         # Each piece's begin and end are byte offsets into the text as given (a byte-fallback
         # character's last byte piece spans it, the others are empty).
@@ -369,6 +373,23 @@ class SentencePieceTokenizer(Tokenizer):
                 offsets.append((begin, max(begin, end)))
             result.append((ids, offsets))
         return result
+
+    def _offsets_around_special_tokens(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+        """encode_with_offsets of one text whose special tokens are read as such: the text
+        between them encoded piece by piece, as encode_batch does."""
+        ids: list[int] = []
+        offsets: list[tuple[int, int]] = []
+        start = 0
+        for k, part in enumerate(_SPECIAL_IN_TEXT.split(text)):
+            if k % 2:
+                ids.append(self._special_by_piece[part])
+                offsets.append((start, start + len(part)))
+            elif part:
+                ((part_ids, part_offsets),) = self.encode_with_offsets([part])
+                ids += part_ids
+                offsets += [(start + begin, start + end) for begin, end in part_offsets]
+            start += len(part)
+        return ids, offsets
 
     def id_to_piece(self, token_id: int) -> str:
         """The vocabulary piece of an id."""
@@ -436,12 +457,13 @@ class _TokenizersPipeline(Tokenizer):
         return [e.ids for e in tokenizer.encode_batch(list(texts), add_special_tokens=False)]
 
     def encode_with_offsets(
-        self, texts: Sequence[str]
+        self, texts: Sequence[str], *, special_tokens_in_text: bool = False
     ) -> list[tuple[list[int], list[tuple[int, int]]]]:
         """(ids, character offsets) of each text (see Tokenizer.encode_with_offsets)."""
         if not texts:
             return []
-        encoded = self._plain.encode_batch(list(texts), add_special_tokens=False)
+        tokenizer = self._tokenizer if special_tokens_in_text else self._plain
+        encoded = tokenizer.encode_batch(list(texts), add_special_tokens=False)
         return [(e.ids, [(int(a), int(b)) for a, b in e.offsets]) for e in encoded]
 
     def decode(self, ids: Iterable[int], *, skip_special: bool = False) -> str:
@@ -698,7 +720,7 @@ class PipelineTokenizer(_TokenizersPipeline):
     def encode_words(self, words: Sequence[str]) -> list[list[int]]:
         if self._byte_level:
             words = [" " + word for word in words]
-        return self.encode_batch(words)
+        return self.encode_batch(words, special_tokens_in_text=True)
 
     def id_to_piece(self, token_id: int) -> str:
         return self._tokenizer.id_to_token(self._check_ids([token_id])[0])

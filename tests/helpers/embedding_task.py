@@ -37,7 +37,8 @@ def files(tmp_path_factory) -> pathlib.Path:
         root / "source", CONFIG, random_params(3), tokenizer, EmbeddingSpec("mean", False, SEQ)
     )
     # A freshly initialised encoder (BERT's initializer) as the model a short run starts from.
-    fresh = nn.meta.unbox(embedding.init_params(embedding.BiEncoder(CONFIG), jax.random.key(0)))
+    init = jax.jit(lambda key: embedding.init_params(embedding.BiEncoder(CONFIG), key))
+    fresh = nn.meta.unbox(init(jax.random.key(0)))
     sbert.save(root / "initial", CONFIG, fresh, tokenizer, EmbeddingSpec("mean", False, SEQ))
     rng = np.random.default_rng(0)
     anchors, positives = synthetic_pairs(rng, TRAIN_EXAMPLES)

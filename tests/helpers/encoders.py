@@ -5,6 +5,7 @@ transformers imported inside the functions that use them), and a hub-style direc
 import dataclasses
 import json
 
+import jax
 import numpy as np
 import pytest
 
@@ -147,7 +148,10 @@ def _head_model(config, head: HeadSpec):
 
 
 def _our_logits(config, head, params, ids, mask):
-    out = _head_model(config, head).apply({"params": params}, ids, None, mask)
+    model = _head_model(config, head)
+    out = jax.jit(lambda p, ids, mask: model.apply({"params": p}, ids, None, mask))(
+        params, ids, mask
+    )
     if head.task == qa_model.TASK:
         return np.stack([np.asarray(out[0]), np.asarray(out[1])], axis=-1)  # [b, s, 2]
     return np.asarray(out)

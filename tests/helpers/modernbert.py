@@ -4,6 +4,7 @@ and transformers imported inside the functions that use them)."""
 import functools
 
 import jax
+import numpy as np
 
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from tests.helpers.batches import padded_batch
@@ -92,4 +93,12 @@ def _run_torch(model, ids, mask, **kwargs):
 
 @functools.partial(jax.jit, static_argnums=(0,))
 def _apply(module, params, *args, **kwargs):
-    return module.apply({"params": params}, *args, **kwargs)
+    """`module.apply` compiled as one program (run op by op, each operation compiles its
+    own); array arguments stay arguments, the others are fixed in the program."""
+    arrays = {k: v for k, v in kwargs.items() if isinstance(v, (np.ndarray, jax.Array))}
+    fixed = {k: v for k, v in kwargs.items() if k not in arrays}
+
+    def run(params, args, arrays):
+        return module.apply({"params": params}, *args, **arrays, **fixed)
+
+    return jax.jit(run)(params, args, arrays)

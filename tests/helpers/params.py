@@ -37,12 +37,16 @@ def random_init(init, seed: int, std: float = 0.2):
 
 
 def with_noise(params, seed: int = 0, scale: float = 0.1):
-    """`params` (unboxed) with normal(0, scale) noise added to every leaf, drawn with jax."""
-    params = nn.meta.unbox(params)
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    noisy = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-    return jax.tree.unflatten(tree, noisy)
+    """`params` (unboxed) with normal(0, scale) noise added to every leaf, drawn with jax (one
+    compiled program, not one per leaf's shape)."""
+
+    def noisy(params):
+        leaves, tree = jax.tree.flatten(params)
+        keys = jax.random.split(jax.random.key(seed), len(leaves))
+        drawn = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
+        return jax.tree.unflatten(tree, drawn)
+
+    return jax.jit(noisy)(nn.meta.unbox(params))
 
 
 def max_diff(a, b, rows=None) -> float:

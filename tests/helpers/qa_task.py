@@ -31,7 +31,8 @@ def write_jsonl(path, examples):
 def random_export(directory, config=CONFIG, seed=0):
     """A random BertForQuestionAnswering directory with the test tokenizer."""
     model = qa_model.QuestionAnswering(config)
-    params = jax.tree.map(np.asarray, qa_model.init_params(model, jax.random.key(seed)))
+    init = jax.jit(lambda key: qa_model.init_params(model, key))
+    params = jax.tree.map(np.asarray, init(jax.random.key(seed)))
     bert_hf.save(config, params, directory, tokenizer=TOKENIZER, head=qa_head())
     return str(directory)
 

@@ -47,7 +47,7 @@ def source(tmp_path_factory) -> pathlib.Path:
     tokenizer = WordPieceTokenizer.from_vocab(root / "vocab.txt")
     config = bert_config()
     ids = np.zeros((1, 4), np.int32)
-    params = BertForPreTraining(config).init(jax.random.key(0), ids, ids, ids)["params"]
+    params = jax.jit(BertForPreTraining(config).init)(jax.random.key(0), ids, ids, ids)["params"]
     bert_hf.save(config, nn.meta.unbox(params), root / "model", tokenizer)
     return root / "model"
 
@@ -113,7 +113,7 @@ def exported(tmp_path_factory):
     config = s2s.Seq2SeqConfig(
         bert_config(initializer_range=0.2, max_position_embeddings=24), START, EOS, s2s.RND2RND
     )
-    params = nn.meta.unbox(s2s.init_params(config, jax.random.key(5)))
+    params = nn.meta.unbox(jax.jit(lambda key: s2s.init_params(config, key))(jax.random.key(5)))
     directory = run_dir / "export"
     seq2seq_hf.save_seq2seq(config, params, directory, tokenizer)
     return directory

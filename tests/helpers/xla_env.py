@@ -1,29 +1,20 @@
 """How the test suite's jax processes compile: this one (conftest.py) and the ones the tests
-start (train.py, finetune.py, notebook scripts), so that all compile alike. One test keeps
-XLA's defaults: the demo recipe's plateau test runs `python train.py` as a user does.
+start (train.py, finetune.py, notebook scripts), so that all compile alike. The demo recipes'
+learning tests keep XLA's defaults: they run `python train.py` as a user does.
 
 Most tests run tiny models for a step or two, so XLA's time goes into compiling, not running:
-- LLVM's optimisation passes at level 0 nearly halve the CPU time of test_model.py
-  (208 s -> 112 s); jax's `jax_disable_most_optimizations` sets that level (and turns LLVM's
-  costly passes off);
-- emitting fusions with XLA's classic emitters instead of its newer MLIR ones cuts that
-  file's wall time by another third (59 s -> 39 s; test_trainer.py's fast tests 48 s -> 33 s).
-XLA's own HLO passes, which decide fusion, still run, and the pinned runs in test_trainer.py
-pass unchanged; only the last bits of a float may round differently than by default.
+they compile with LLVM's optimisation passes at level 0 (jax's
+`jax_disable_most_optimizations`, which also turns LLVM's costly passes off) and with XLA's
+classic fusion emitters instead of its newer MLIR ones, both much quicker to compile. XLA's
+own HLO passes, which decide fusion, still run; only the last bits of a float may round
+differently than by default.
 
-A few tests run one train step hundreds of times, and a step compiled at level 0 takes
-twice as long. They compile optimised inside `optimized_compiles()` (or conftest.py's
-`optimized` fixture): unlike XLA_FLAGS, which a process reads once, jax reads that setting at
-each compile. Optimised means LLVM at level 1 here (OPTIMIZED_FLAGS), which runs a step
-about as fast as XLA's default level 2 and compiles it in half the time. Each test, alone on one
-core with an empty cache, before (level 0 or level 2) and after (level 1):
-- the SQuAD fine-tuning run, then 1,536 steps: 134 s at level 0 -> 108 s;
-- the QA library run, 800 steps: 72 s at level 2 -> 43 s;
-- the seq2seq `Trainer`, 1,000 steps: 50 s -> 43 s;
-- `test_tiny_model_learns_and_loads_in_a_notebook`, then 300 steps on 8 devices: 133 s -> 120 s.
-Runs that also compile many evaluation or generation programs stay at level 0, where they
-are quicker: the seq2seq task run (109 s at level 0, 150 s at level 1) and the embedding
-fine-tuning run (70 s, 82 s).
+A test that runs one train step hundreds of times compiles it optimised inside
+`optimized_compiles()` (or conftest.py's `optimized` fixture): unlike XLA_FLAGS, which a
+process reads once, jax reads that setting at each compile. Optimised means LLVM at level 1
+here (OPTIMIZED_FLAGS), which runs a step about as fast as XLA's default level 2 and compiles
+it in half the time. A run that also compiles many evaluation or generation programs stays at
+level 0, where it is quicker as a whole.
 """
 
 from __future__ import annotations
@@ -60,10 +51,9 @@ COMPILATION_CACHE = {
     "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
 }
-# conftest.py keeps the directory under this size with bertjax.engine.compilation_cache.prune. jax's
-# own limit (jax_compilation_cache_max_size) takes a file lock and lists the whole directory at
-# every write: a first run of the fast tier with it took 4:41 and 65 s of system time, against
-# 3:19 and 26 s with none.
+# conftest.py keeps the directory under this size with bertjax.engine.compilation_cache.prune,
+# once before the workers start: jax's own limit (jax_compilation_cache_max_size) takes a file
+# lock and lists the whole directory at every write, which slows every compile.
 COMPILATION_CACHE_LIMIT_BYTES = 2 * 1024**3
 
 
@@ -136,18 +126,19 @@ def optimized_compiles():
 
 
 # XLA links each program it compiles (or loads from the cache) for the CPU into memory of its
-# own: about 10 memory mappings (read-only data, code, data), for a tiny program and a small
-# ModernBERT's train step alike, kept while jax caches the program, which for a jitted function
-# is as long as the process lives (and every eager operation on a new shape is a program). A
-# worker that runs a few hundred test files holds tens of thousands, and at Linux's limit per
-# process (vm.max_map_count, 65,530 by default) LLVM cannot map the next program: "LLVM
-# compilation error: Cannot allocate memory", then a segfault or an abort in whichever test
-# compiles next (reproduced with the limit lowered to 12,000: the 1,300th small program crashed
-# the process). conftest.py drops jax's caches after each test file, and between tests once a
-# worker holds more than half the limit; `jax.clear_caches()` releases the mappings even while
-# the jitted functions are referenced.
+# own, about 10 memory mappings, kept while jax caches the program: for a jitted function, as
+# long as the process lives. At Linux's limit per process (vm.max_map_count, 65,530 by
+# default) LLVM cannot map the next program ("LLVM compilation error: Cannot allocate memory",
+# then a crash in whichever test compiles next). A worker keeps its programs from file to file
+# (the next file's shared functions are then neither traced nor compiled again), and
+# conftest.py drops them once it holds half the mappings Linux allows, or once its memory has
+# grown by RESIDENT_GROWTH_BYTES since it last dropped them (measured from there: the allocator
+# need not hand freed memory back); `jax.clear_caches()` releases both even while the jitted
+# functions are referenced.
 MAX_MAP_COUNT_FILE = pathlib.Path("/proc/sys/vm/max_map_count")
 OWN_MAPS_FILE = pathlib.Path("/proc/self/maps")
+OWN_MEMORY_FILE = pathlib.Path("/proc/self/statm")
+RESIDENT_GROWTH_BYTES = 2 * 1024**3  # per worker; up to four run at once
 
 
 def memory_maps_near_limit(share: float = 0.5) -> bool:
@@ -160,6 +151,22 @@ def memory_maps_near_limit(share: float = 0.5) -> bool:
     except (OSError, ValueError):
         return False
     return held > share * limit
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (0 where /proc does not say)."""
+    try:
+        pages = int(OWN_MEMORY_FILE.read_text().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+    return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def compiled_programs_crowd_memory(resident_floor: int) -> bool:
+    """Whether this process should drop its compiled programs: near Linux's limit of memory
+    mappings, or RESIDENT_GROWTH_BYTES above `resident_floor` (its memory after it last
+    dropped them)."""
+    return memory_maps_near_limit() or resident_bytes() > resident_floor + RESIDENT_GROWTH_BYTES
 
 
 def free_port() -> int:

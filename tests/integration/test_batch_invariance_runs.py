@@ -7,8 +7,12 @@ encoder's packed_length, the default) as padded (`unpad=False`), full, nearly em
 one-token rows in one batch.
 
 Tiny random models (one or two layers, hidden 32) with large initial weights, so that outputs
-move with their inputs; `hypothesis` draws the mix of lengths: one word, past ModernBERT's
-local window, past the files' truncation length, past the models' positions.
+move with their inputs; `hypothesis` draws the mix of lengths (one word, past ModernBERT's
+local window, past the files' truncation length, past the models' positions) and texts as
+users type them, some holding a special token's literal ("[MASK]", "[SEP]", ...). A method
+whose result the tokenizer shapes beyond the ids it reads (tokens decoded, words, character
+spans) runs with every kind; the others with one, each kind's reading being checked alone
+beside the other texts in tests/unit/test_batch_invariance.py.
 """
 
 import functools
@@ -33,6 +37,7 @@ from bertjax.tasks.embed.task import head_for
 from bertjax.tasks.seq2seq.options import TaskOptions
 from bertjax.text.features import TruncationWarning
 from tests.helpers.tokenizer_kinds import FILE_TRUNCATION, KINDS, text_of, write_tokenizer
+from tests.helpers.user_texts import with_literals
 
 pytestmark = pytest.mark.slow
 
@@ -203,6 +208,9 @@ METHODS = {
     },
     "generate": (_seq2seq_head, _generate),
 }
+# The methods whose results the tokenizer shapes beyond the ids: tokens decoded (fill_mask,
+# generate), words (token labels), character spans and word starts (answer).
+EVERY_KIND = ("fill_mask", "answer", "predict_token_classification", "generate")
 # An encoder-decoder is BERT's (transformers' EncoderDecoderModel of two BERTs).
 CASES = [
     (family, method)
@@ -212,9 +220,8 @@ CASES = [
 ]
 
 
-def _check(family, method, tokenizer, lengths, seed, mesh):
+def _check(family, method, tokenizer, texts, mesh):
     head_of, run = METHODS[method]
-    texts = _texts(lengths, seed)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TruncationWarning)
         for batch_size in (1, 32):
@@ -228,18 +235,22 @@ def _check(family, method, tokenizer, lengths, seed, mesh):
 
 @pytest.mark.parametrize("family,method", CASES)
 @settings(max_examples=2, deadline=None, suppress_health_check=list(HealthCheck))
-@given(lengths=MIXES, seed=st.integers(0, 2**16))
+@given(lengths=MIXES, seed=st.integers(0, 2**16), data=st.data())
 def test_a_texts_result_alone_equals_its_result_in_a_mixed_list(
-    tokenizers_by_kind, family, method, lengths, seed
+    tokenizers_by_kind, family, method, lengths, seed, data
 ):
-    for tokenizer in tokenizers_by_kind.values():
-        _check(family, method, tokenizer, lengths, seed, mesh=None)
+    texts = [data.draw(st.just(t) | with_literals(t)) for t in _texts(lengths, seed)]
+    kinds = KINDS if method in EVERY_KIND else (KINDS[CASES.index((family, method)) % 3],)
+    for kind in kinds:
+        _check(family, method, tokenizers_by_kind[kind], texts, mesh=None)
 
 
 @pytest.mark.parametrize("family,method", CASES)
 def test_the_same_on_a_mesh_of_eight_devices(tokenizers_by_kind, family, method):
     mesh = sharding.make_mesh((2, 2, 2))
-    _check(family, method, tokenizers_by_kind["pipeline"], LENGTHS[::-1], 7, mesh=mesh)
+    texts = _texts(LENGTHS[::-1], 7)
+    texts[1] = texts[1].replace(" ", " [SEP] ", 1)
+    _check(family, method, tokenizers_by_kind["pipeline"], texts, mesh=mesh)
 
 
 # A text past the positions (a full row), nearly empty ones and one in between: the batch's

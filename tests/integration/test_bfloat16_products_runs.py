@@ -3,7 +3,8 @@ on a float32 model) runs its train step to the end: on a CPU with AVX512-BF16 ev
 of bfloat16 operands must reach XNNPACK in a layout it takes, or XLA's CPU runtime fails when
 the step runs (bertjax.nn.low_precision). The demo commands as a user runs them: one device, XLA's
 optimising compiles (whose rewrites decide the layouts), the built-in corpus, a 4,000-piece
-vocabulary, rows of 128. ModernBERT's embedding table's gradient is the product that once
+vocabulary, rows of 128 (prepared once for the suite as the command prepares it:
+conftest.py's demo_data). ModernBERT's embedding table's gradient is the product that once
 failed: XLA folded the transpose of its result into the product."""
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ STEPS = 4
     ],
     ids=["modernbert-bfloat16", "modernbert-matmul", "bert-matmul"],
 )
-def test_pretraining_with_bfloat16_products_runs_and_opens(tmp_path, recipe, numerics):
+def test_pretraining_with_bfloat16_products_runs_and_opens(tmp_path, demo_data, recipe, numerics):
     env = {k: v for k, v in subprocess_env(1).items() if k not in QUICK_COMPILES}
     workdir = tmp_path / "run"
     command = [
@@ -41,6 +42,7 @@ def test_pretraining_with_bfloat16_products_runs_and_opens(tmp_path, recipe, num
         str(REPO / "configs" / f"{recipe}.py"),
         "--workdir",
         str(workdir),
+        f"--config.data.dir={demo_data(recipe)}",
         f"--config.num_train_steps={STEPS}",
         "--config.batch_size=32",
         "--config.batch_warmup_steps=0",

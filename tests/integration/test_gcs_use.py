@@ -58,7 +58,7 @@ def tiny(tmp_path_factory):
         sentences, TokenizerSettings(vocab_size=600, num_threads=1), root / "tokenizer.model"
     )
     config = dataclasses.replace(SMALL_BERT, vocab_size=tokenizer.vocab_size)
-    boxed = pretraining_init(BertForPreTraining(config), 8, 2)(jax.random.key(0))
+    boxed = jax.jit(pretraining_init(BertForPreTraining(config), 8, 2))(jax.random.key(0))
     params = jax.tree.map(np.asarray, nn.meta.unbox(boxed))
     return config, params, tokenizer
 

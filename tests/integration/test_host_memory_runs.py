@@ -20,7 +20,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STEPS = textwrap.dedent(
     """
     import resource
-    from bertjax import host_memory
+    from bertjax.engine import host_memory
     kept = host_memory.keep_freed_memory()
     import jax
     import jax.numpy as jnp

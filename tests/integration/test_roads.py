@@ -1,8 +1,9 @@
 """Every capability on the user's road: the literal finetune.py command, then a fresh Python
 process that opens the run as a notebook does (one device, and a mesh of 8 simulated devices
-giving the same answers), exports it and opens the export with transformers or
+giving the same answers) and exports it, and the export opened with transformers or
 sentence-transformers (in the test's own process, which has them imported already); then a
-second run on 8 devices starts from the first and keeps its head.
+second run on 8 devices (in the test's process: the claim is not about a fresh one) starts
+from the first and keeps its head. One notebook process opens every capability's run.
 
 One road per registered capability: a capability registered without one fails
 `test_every_capability_has_a_road`.
@@ -13,12 +14,16 @@ import json
 import pathlib
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
 import transformers
 
 from bertjax import capability
+from bertjax.finetune import loop as finetune_loop
+from bertjax.finetune.settings import FinetuneSettings
+from configs import finetune as finetune_recipe
 from tests.helpers.corpora import LABELS, sentences, write_topic_csv
 from tests.helpers.xla_env import REPO, subprocess_env
 
@@ -30,7 +35,7 @@ class Road:
     """One capability's road: its data, command-line flags and notebook call."""
 
     task: str
-    write: object  # (directory, topics) -> flags naming the files written there
+    write: object  # (directory, topics) -> config fields naming the files written there
     call: str  # the notebook call, on `m`, as Python source
     export: object  # path -> what the export holds, opened the ecosystem's way
     kept: str  # what the init_from run says it took from the first run
@@ -42,13 +47,13 @@ def _sentence_transformer(path: str):
     return sentence_transformers.SentenceTransformer(path, device="cpu")
 
 
-def _classification(directory: pathlib.Path, topics) -> list[str]:
+def _classification(directory: pathlib.Path, topics) -> dict[str, Any]:
     train = write_topic_csv(directory / "train.csv", topics, 64, seed=1)
     dev = write_topic_csv(directory / "dev.csv", topics, 16, seed=2)
-    return [f"--config.data.train={train}", f"--config.data.validation={dev}"]
+    return {"data.train": str(train), "data.validation": str(dev)}
 
 
-def _question_answering(directory: pathlib.Path, topics) -> list[str]:
+def _question_answering(directory: pathlib.Path, topics) -> dict[str, Any]:
     """Questions "which sport" over a context naming one word of an odd topic among even
     topics' words: the answer is that word."""
     rng = np.random.default_rng(3)
@@ -68,16 +73,16 @@ def _question_answering(directory: pathlib.Path, topics) -> list[str]:
             }
             lines.append(json.dumps(record))
         (directory / f"{name}.jsonl").write_text("\n".join(lines) + "\n")
-    return [
-        f"--config.data.train={directory / 'train.jsonl'}",
-        f"--config.data.validation={directory / 'dev.jsonl'}",
-        "--config.data.max_seq_length=32",
-        "--config.qa.doc_stride=8",
-        "--config.qa.max_query_length=8",
-    ]
+    return {
+        "data.train": str(directory / "train.jsonl"),
+        "data.validation": str(directory / "dev.jsonl"),
+        "data.max_seq_length": 32,
+        "qa.doc_stride": 8,
+        "qa.max_query_length": 8,
+    }
 
 
-def _embedding(directory: pathlib.Path, topics) -> list[str]:
+def _embedding(directory: pathlib.Path, topics) -> dict[str, Any]:
     """Pairs of sentences of one topic; scored pairs (1 same topic, 0 not) to validate."""
     pairs = sentences(topics, 128, seed=4)
     train = ["anchor\tpositive"]
@@ -90,28 +95,28 @@ def _embedding(directory: pathlib.Path, topics) -> list[str]:
         for a, b in zip(scored[::2], scored[1::2])
     ]
     (directory / "dev.tsv").write_text("\n".join(dev) + "\n")
-    return [
-        f"--config.data.train={directory / 'train.tsv'}",
-        f"--config.data.validation={directory / 'dev.tsv'}",
-        "--config.data.text_fields=anchor,positive",
-        "--config.data.label_field=score",
-        "--config.data.max_seq_length=16",
-    ]
+    return {
+        "data.train": str(directory / "train.tsv"),
+        "data.validation": str(directory / "dev.tsv"),
+        "data.text_fields": "anchor,positive",
+        "data.label_field": "score",
+        "data.max_seq_length": 16,
+    }
 
 
-def _seq2seq(directory: pathlib.Path, topics) -> list[str]:
+def _seq2seq(directory: pathlib.Path, topics) -> dict[str, Any]:
     """Each sentence's words reversed."""
     for name, count, seed in (("train", 64, 6), ("dev", 8, 7)):
         rows = ["source\ttarget"]
         rows += [f"{' '.join(w)}\t{' '.join(w[::-1])}" for _, w in sentences(topics, count, seed)]
         (directory / f"{name}.tsv").write_text("\n".join(rows) + "\n")
-    return [
-        f"--config.data.train={directory / 'train.tsv'}",
-        f"--config.data.validation={directory / 'dev.tsv'}",
-        "--config.data.max_seq_length=12",
-        "--config.data.max_target_length=12",
-        "--config.seq2seq.max_new_tokens=6",
-    ]
+    return {
+        "data.train": str(directory / "train.tsv"),
+        "data.validation": str(directory / "dev.tsv"),
+        "data.max_seq_length": 12,
+        "data.max_target_length": 12,
+        "seq2seq.max_new_tokens": 6,
+    }
 
 
 ROADS = {
@@ -151,23 +156,27 @@ ROADS = {
     ),
 }
 
-# The road's second half, in a fresh process: open the run, call its method on one device
-# and on a mesh of 8, and export it.
+# The road's second half, in one fresh process for every capability: open each run, call
+# its method on one device and on a mesh of 8, and export it.
 NOTEBOOK = """
 import json, sys
 import jax, numpy as np
 import bertjax
 from bertjax.nn import sharding
 
-run, call, path = sys.argv[1:4]
-m = bertjax.Model.load(run)
-one = eval(call, {"m": m})
-mesh = sharding.make_mesh((2, 2, 2))
-m = bertjax.Model.load(run, mesh=mesh)
-eight = eval(call, {"m": m})
-m.save_hf(path)
-print("RESULT " + json.dumps({"one": one, "eight": eight, "head": m.head.task}))
+results = {}
+for task, run, call, path in json.loads(sys.argv[1]):
+    m = bertjax.Model.load(run)
+    one = eval(call, {"m": m})
+    mesh = sharding.make_mesh((2, 2, 2))
+    m = bertjax.Model.load(run, mesh=mesh)
+    eight = eval(call, {"m": m})
+    m.save_hf(path)
+    results[task] = {"one": one, "eight": eight, "head": m.head.task}
+print("RESULT " + json.dumps(results))
 """
+# The same fine-tuning for every road: a batch of 8, one epoch.
+FINETUNE = {"batch_size": 8, "eval_batch_size": 8, "num_epochs": 1}
 
 
 def _run(args: list[str], devices: int, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -178,21 +187,41 @@ def _run(args: list[str], devices: int, timeout: int = 600) -> subprocess.Comple
     return process
 
 
-def _finetune(workdir, init_from, road: Road, flags: list[str], devices: int):
-    return _run(
-        [
-            sys.executable,
-            str(REPO / "finetune.py"),
-            f"--workdir={workdir}",
-            f"--config.init_from={init_from}",
-            f"--config.task={road.task}",
-            "--config.batch_size=8",
-            "--config.eval_batch_size=8",
-            "--config.num_epochs=1",
-            *flags,
-        ],
-        devices,
-    )
+def _fields(init_from, road: Road, data: dict[str, Any]) -> dict[str, Any]:
+    return {"init_from": str(init_from), "task": road.task, **FINETUNE, **data}
+
+
+def _words(topics) -> dict[str, str]:
+    words = {f"w{k}": w for k, w in enumerate(topics[0][:5])}
+    words.update({f"s{k}": w for k, w in enumerate(topics[1][:2])})
+    return words
+
+
+@pytest.fixture(scope="module")
+def roads(pretrained_run, tmp_path_factory):
+    """task -> (directory, data fields, the command's output, the notebook's results): each
+    road's literal finetune.py command on one device, then one notebook process for all."""
+    source, topics = pretrained_run
+    made = {}
+    for task, road in ROADS.items():
+        directory = tmp_path_factory.mktemp(task)
+        data = road.write(directory, topics)
+        flags = [f"--config.{name}={value}" for name, value in _fields(source, road, data).items()]
+        command = [sys.executable, str(REPO / "finetune.py"), f"--workdir={directory / 'run'}"]
+        made[task] = (directory, data, _run(command + flags, devices=1).stdout)
+    calls = [
+        (
+            task,
+            str(directory / "run"),
+            ROADS[task].call.format(**_words(topics)),
+            str(directory / "export"),
+        )
+        for task, (directory, _, _) in made.items()
+    ]
+    notebook = _run([sys.executable, "-c", NOTEBOOK, json.dumps(calls)], devices=8)
+    lines = notebook.stdout.splitlines()
+    results = json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
+    return {task: (*made[task], results[task]) for task in made}
 
 
 def _close(a, b) -> bool:
@@ -213,31 +242,11 @@ def test_every_capability_has_a_road():
 
 
 @pytest.mark.parametrize("task", ROADS)
-def test_the_users_road(task, pretrained_run, tmp_path):
-    source, topics = pretrained_run
+def test_the_users_road(task, roads, tmp_path, capsys):
+    directory, data, output, result = roads[task]
     road = ROADS[task]
-    flags = road.write(tmp_path, topics)
-    usage = capability.get(task).usage
-    first = _finetune(tmp_path / "run", source, road, flags, devices=1)
     # The end-of-run summary names the method that fits this kind of run.
-    assert f".{usage}" in first.stdout, first.stdout[-2000:]
-
-    words = {f"w{k}": w for k, w in enumerate(topics[0][:5])}
-    words.update({f"s{k}": w for k, w in enumerate(topics[1][:2])})
-    call = road.call.format(**words)
-    notebook = _run(
-        [
-            sys.executable,
-            "-c",
-            NOTEBOOK,
-            str(tmp_path / "run"),
-            call,
-            str(tmp_path / "export"),
-        ],
-        devices=8,
-    )
-    lines = notebook.stdout.splitlines()
-    result = json.loads(next(line for line in lines if line.startswith("RESULT "))[7:])
+    assert f".{capability.get(task).usage}" in output, output[-2000:]
     assert result["head"] == task
     assert _close(result["one"], result["eight"]), result
     expected = {
@@ -247,9 +256,13 @@ def test_the_users_road(task, pretrained_run, tmp_path):
     }
     if task == "embedding":  # as wide as the run's own embeddings
         expected[task] = (1, len(result["one"][0][0]))
-    assert road.export(str(tmp_path / "export")) == expected[task]
+    assert road.export(str(directory / "export")) == expected[task]
 
     # A second run on 8 devices starts from the first and keeps what it learned.
-    second = _finetune(tmp_path / "again", tmp_path / "run", road, flags, devices=8)
-    assert road.kept in second.stdout, second.stdout[-2000:]
-    assert "starts fresh" not in second.stdout
+    config = finetune_recipe.get_config()
+    config.update_from_flattened_dict(_fields(directory / "run", road, data))
+    capsys.readouterr()
+    finetune_loop.finetune(FinetuneSettings.from_config(config), str(tmp_path / "again"))
+    second = capsys.readouterr().out
+    assert road.kept in second, second[-2000:]
+    assert "starts fresh" not in second

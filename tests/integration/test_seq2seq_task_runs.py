@@ -40,7 +40,7 @@ def test_objective_sums_are_the_models_loss_and_skip_padding_rows():
     )
     config = bert_config(hidden_dropout=0.0, attention_dropout=0.0)
     objective = s2s_task.Seq2SeqObjective(config, options.head())
-    params = nn.meta.unbox(objective.init_params(jax.random.key(1)))
+    params = nn.meta.unbox(jax.jit(objective.init_params)(jax.random.key(1)))
     batch = _batch(np.random.default_rng(0))
     sums = objective.sums(params, batch, rng=None, deterministic=True)
     reference = s2s.batch_loss_sums(objective.config, params, batch, label_smoothing=0.1)

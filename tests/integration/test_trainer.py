@@ -1,4 +1,5 @@
-"""End-to-end pretraining: learning, exact resume, preemption, multi-process, accumulation."""
+"""End-to-end pretraining: learning, exact resume, preemption, accumulation, token packing
+(two processes against one: tests/integration/test_mixture_runs.py and test_gcs_run.py)."""
 
 import json
 import pathlib
@@ -31,7 +32,7 @@ from tests.helpers.trainer import (
     read_losses,
     train,
 )
-from tests.helpers.xla_env import run_distributed, run_process, run_script, subprocess_env
+from tests.helpers.xla_env import run_process, run_script, subprocess_env
 
 # ----------------------------------------------------------------------------- learning
 
@@ -186,29 +187,6 @@ def test_sigterm_saves_and_exits_cleanly_then_resumes(synthetic_data, config_fil
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert f"step {saved[0]}" in completed.stdout
-
-
-# ----------------------------------------------------------------------------- multi-process
-
-
-@pytest.mark.slow
-def test_two_processes_log_the_same_losses_as_one(synthetic_data, config_file, tmp_path):
-    values = overrides(
-        synthetic_data,
-        num_train_steps=4,
-        checkpoint_every_steps=4,
-        **{"model.hidden_dropout": 0.0, "model.attention_dropout": 0.0},
-    )
-    single = tmp_path / "single"
-    run_process(cli(values, str(single), config_file), devices=4, check=True)
-
-    multi = tmp_path / "multi"
-    run_distributed(cli(values, str(multi), config_file))
-    expected, got = read_losses(single), read_losses(multi)
-    assert sorted(got) == [1, 2, 3, 4]
-    np.testing.assert_allclose(
-        [got[s] for s in range(1, 5)], [expected[s] for s in range(1, 5)], rtol=1e-5
-    )
 
 
 # ----------------------------------------------------------------------------- the step

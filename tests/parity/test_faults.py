@@ -258,7 +258,10 @@ def test_finetuning_run_without_best_is_a_finetuning_run(bert, tmp_path):
     head = HeadSpec("classification", ("neg", "pos"))
     model = label_heads.make_model(config, head.task, head.num_outputs)
     params = jax.tree.map(
-        np.asarray, nn.meta.unbox(heads.init_params(model, jax.random.key(0), seq_len=4))
+        np.asarray,
+        nn.meta.unbox(
+            jax.jit(lambda key: heads.init_params(model, key, seq_len=4))(jax.random.key(0))
+        ),
     )
     workdir = tmp_path / "run"
     _save_steps(workdir, [3], lambda step: params, _meta(config, tokenizer, head=head.to_dict()))

@@ -126,7 +126,7 @@ def test_transformers_loads_our_weights_strictly_and_agrees():
     config = dataclasses.replace(SMALL, **ALL_BIASES)
     ids, mask = _batch(config)
     model = ModernBertForMaskedLM(config)
-    params = model.init(jax.random.key(0), ids, mask)["params"]  # boxed
+    params = jax.jit(model.init)(jax.random.key(0), ids, mask)["params"]  # boxed
     # Norms and biases random too, so that a swapped one would show.
     rng = np.random.default_rng(5)
     params = jax.tree.map(

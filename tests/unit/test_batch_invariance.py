@@ -27,6 +27,7 @@ from tests.helpers.tokenizer_kinds import (
     with_call_settings,
     write_tokenizer,
 )
+from tests.helpers.user_texts import with_literals
 
 FILE_KINDS = ("wordpiece", "pipeline")  # the kinds read from a tokenizer.json
 
@@ -87,23 +88,26 @@ def hub_tokenizers(tmp_path_factory):
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=list(HealthCheck))
-@given(lengths=MIXES, seed=st.integers(0, 2**16))
-def test_a_texts_inputs_do_not_depend_on_the_other_texts(hub_tokenizers, lengths, seed):
+@given(lengths=MIXES, seed=st.integers(0, 2**16), data=st.data())
+def test_a_texts_inputs_do_not_depend_on_the_other_texts(hub_tokenizers, lengths, seed, data):
+    # Texts as users type them: some hold a special token's literal ("[MASK]", "[PAD]", ...).
     texts = [text_of(n, seed + i) for i, n in enumerate(lengths)]
-    texts[0] = texts[0].replace(" the ", " [MASK] ", 1)
+    texts = [data.draw(st.just(t) | with_literals(t)) for t in texts]
     pairs = [text_of(n, seed + 1000 + i) for i, n in enumerate(reversed(lengths))]
     limit = 64
     for tok in hub_tokenizers.values():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", features_lib.TruncationWarning)
             together = features_lib.inputs(tok, texts, pairs, limit, limit=limit)
-            mixed = tok.encode_batch(texts)
+            for read in (False, True):  # special tokens in the text as text, or read as such
+                mixed = tok.encode_batch(texts, special_tokens_in_text=read)
+                assert mixed == [tok.encode(t, special_tokens_in_text=read) for t in texts]
             for i, (text, pair) in enumerate(zip(texts, pairs)):
-                assert mixed[i] == tok.encode(text), tok.kind
                 (alone,) = features_lib.inputs(tok, [text], [pair], limit, limit=limit)
                 assert alone.ids == together[i].ids and alone.segments == together[i].segments
                 assert alone.ids[0] == tok.cls_id and alone.ids[-1] == tok.sep_id
-                assert tok.pad_id not in alone.ids, tok.kind
+                # No padding: a pad id only where the text wrote "[PAD]".
+                assert alone.ids.count(tok.pad_id) <= text.count("[PAD]"), tok.kind
 
 
 # ------------------------------------------------------------------------ fine-tuning's readers
@@ -162,11 +166,15 @@ def _rows_by_key(tmp_path, name, task, rows, tokenizer) -> dict[str, list]:
 
 
 @settings(max_examples=3, deadline=None, suppress_health_check=list(HealthCheck))
-@given(lengths=st.lists(LENGTHS, min_size=3, max_size=6), seed=st.integers(0, 2**16))
+@given(
+    lengths=st.lists(LENGTHS, min_size=3, max_size=6), seed=st.integers(0, 2**16), data=st.data()
+)
 def test_a_rows_input_ids_do_not_depend_on_its_neighbours(
-    hub_tokenizers, tmp_path_factory, lengths, seed
+    hub_tokenizers, tmp_path_factory, lengths, seed, data
 ):
-    rows = [(i, text_of(n, seed + i), text_of(12, seed + 1000 + i)) for i, n in enumerate(lengths)]
+    texts = [text_of(n, seed + i) for i, n in enumerate(lengths)]
+    texts = [data.draw(st.just(t) | with_literals(t)) for t in texts]
+    rows = [(i, text, text_of(12, seed + 1000 + i)) for i, text in enumerate(texts)]
     for kind, task in itertools.product(KINDS, READER_TASKS):
         tmp_path = tmp_path_factory.mktemp("reader")
         tok = hub_tokenizers[kind]
@@ -179,6 +187,7 @@ def test_a_rows_input_ids_do_not_depend_on_its_neighbours(
         assert forward == backward and len(forward) == len(rows), (kind, task)
         if task != "question_answering":  # one text per row: [CLS] text [SEP], zero-padded
             for key, text, _ in rows:
-                ids = [tok.cls_id, *tok.encode(text)[: MAX_SEQ_LENGTH - 2], tok.sep_id]
+                ids = tok.encode(text, special_tokens_in_text=True)[: MAX_SEQ_LENGTH - 2]
+                ids = [tok.cls_id, *ids, tok.sep_id]
                 (row,) = forward[str(key)]
                 assert row == ids + [0] * (MAX_SEQ_LENGTH - len(ids)), (kind, task)

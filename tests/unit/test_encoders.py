@@ -89,7 +89,7 @@ def test_modernbert_encoder_ignores_segment_ids_and_keeps_its_head_under_bert():
     np.testing.assert_array_equal(pooled, pooled2)
     # A head adds only its dense layer beside the encoder's tree.
     head = HeadSpec("classification", LABELS)
-    tree = heads.init_params(_head_model(CONFIG, head), jax.random.key(0))
+    tree = jax.eval_shape(lambda: heads.init_params(_head_model(CONFIG, head), jax.random.key(0)))
     assert set(tree) == {"bert", "classifier"}
 
 
@@ -114,7 +114,7 @@ def test_finetuned_checkpoint_opens_with_its_family(family, tmp_path):
     config = SMALL_CONFIGS[family.split("-")[0]]
     head = HeadSpec("classification", LABELS)
     init = bertjax.capability.of(head).init(config, head)
-    params = nn.meta.unbox(init(jax.random.key(6)))
+    params = nn.meta.unbox(jax.jit(init)(jax.random.key(6)))
     # As fine-tuning writes meta, or BERT's without a family, as every checkpoint before them.
     if family == "bert-meta-without-family":
         model_config = config.to_dict()
@@ -146,7 +146,9 @@ def test_seq2seq_refuses_a_modernbert_encoder():
 def test_an_embedding_model_on_modernbert_embeds_and_exports_as_trained(tmp_path):
     spec = EmbeddingSpec(pooling="mean", normalize=True, max_seq_length=32)
     head = head_for(spec)
-    params = with_noise(bertjax.capability.of(head).init(CONFIG, head)(jax.random.key(8)), 8)
+    params = with_noise(
+        jax.jit(bertjax.capability.of(head).init(CONFIG, head))(jax.random.key(8)), 8
+    )
     model = bertjax.Model(CONFIG, params, TOKENIZER, head=head)
     texts = ["the louvre is in paris", "a river"]
     vectors = model.embed(texts)
@@ -183,7 +185,9 @@ def test_resuming_checks_the_family_and_its_architecture_fields():
 def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
     config = SMALL_CONFIGS[family]
     head = HeadSpec("classification", LABELS)
-    params = with_noise(bertjax.capability.of(head).init(config, head)(jax.random.key(9)), 9)
+    params = with_noise(
+        jax.jit(bertjax.capability.of(head).init(config, head))(jax.random.key(9)), 9
+    )
     texts = ["the louvre is in paris", "a river", "the old king built a museum"]
     alone = bertjax.Model(config, params, TOKENIZER, head=head).predict(texts)
     mesh = sharding.make_mesh((2, 2, 2))

@@ -90,7 +90,8 @@ def test_bfloat16_products_are_summed_in_float32_both_ways(
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_dense_through_products_equals_flax_dense(dtype):
     """nn.Dense(dot_general=low_precision.dot_general): float32 as flax's own, bit for bit;
-    bfloat16 as flax's in float32 from the same rounded operands, rounded once."""
+    bfloat16 as flax's in float32 from the same rounded operands, the product rounded once to
+    bfloat16 and the bias then added in bfloat16 (flax's Dense adds it in its dtype)."""
     x = jnp.asarray(np.random.default_rng(3).normal(size=(2, 5, 8)), jnp.float32)
     plain = nn.Dense(6, dtype=dtype)
     params = plain.init(jax.random.key(0), x)
@@ -99,10 +100,13 @@ def test_dense_through_products_equals_flax_dense(dtype):
         np.testing.assert_array_equal(got, plain.apply(params, x))
         return
     rounded = jax.tree.map(lambda a: a.astype(jnp.bfloat16).astype(jnp.float32), params)
-    want = nn.Dense(6, precision="highest").apply(
-        rounded, x.astype(jnp.bfloat16).astype(jnp.float32)
+    product = nn.Dense(6, use_bias=False, precision="highest").apply(
+        {"params": {"kernel": rounded["params"]["kernel"]}},
+        x.astype(jnp.bfloat16).astype(jnp.float32),
     )
-    np.testing.assert_allclose(got.astype(np.float32), want, rtol=1e-2, atol=1e-2)
+    want = product.astype(jnp.bfloat16) + params["params"]["bias"].astype(jnp.bfloat16)
+    assert got.dtype == jnp.bfloat16
+    _within_one_step(got, want.astype(jnp.float32))
 
 
 @pytest.mark.parametrize("spec, x_shape, y_shape", SPECS[:2] + SPECS[-1:])

@@ -177,7 +177,7 @@ def model_and_params():
     )
     model = BertModel(config)
     ids = jnp.ones((1, 16), jnp.int32)
-    return model, model.init(jax.random.key(0), ids)
+    return model, jax.jit(model.init)(jax.random.key(0), ids)
 
 
 # Row: document 1 of 5 tokens, document 2 of 6, padding.

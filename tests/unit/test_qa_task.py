@@ -169,7 +169,7 @@ def test_objective_evaluates_windows(files):
     data = read_task(files)
     task = task_lib.get("question_answering")
     objective = task.objective(CONFIG, data.head)
-    params = jax.tree.map(np.asarray, objective.init_params(jax.random.key(0)))
+    params = jax.tree.map(np.asarray, jax.jit(objective.init_params)(jax.random.key(0)))
     params = nn.meta.unbox(params)
     assert set(params) == {"bert", qa_model.HEAD_NAME}
     batch = {k: v[:4] for k, v in data.train.features.items()}

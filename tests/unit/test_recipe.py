@@ -35,7 +35,7 @@ def test_mlm_only_loss_has_no_sentence_term():
     model = BertForPreTraining(config)
     batch = _random_batch(np.random.default_rng(0))
     params = nn.meta.unbox(
-        model.init(
+        jax.jit(model.init)(
             {"params": jax.random.key(0)},
             batch["input_ids"],
             batch["segment_ids"],

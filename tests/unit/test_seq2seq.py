@@ -54,8 +54,13 @@ def pretrained():
     return nn.meta.unbox(jax.jit(BertForPreTraining(BERT).init)(jax.random.key(7), ids)["params"])
 
 
+def _init(config, pretrained):
+    """s2s.init_params from `pretrained`, compiled as one program."""
+    return jax.jit(lambda key, p: s2s.init_params(config, key, p))(jax.random.key(0), pretrained)
+
+
 def test_every_parameter_has_logical_axes():
-    boxed = s2s.init_params(CONFIG, jax.random.key(0))
+    boxed = jax.eval_shape(lambda: s2s.init_params(CONFIG, jax.random.key(0)))
     leaves = jax.tree.leaves(boxed, is_leaf=sharding.is_box)
     assert leaves and all(sharding.is_box(leaf) for leaf in leaves)
     for leaf in leaves:
@@ -67,7 +72,7 @@ def test_every_parameter_has_logical_axes():
 
 def test_bert2bert_copies_the_checkpoint_and_starts_cross_attention_fresh():
     config = dataclasses.replace(CONFIG, init=s2s.BERT2BERT)
-    params = nn.meta.unbox(s2s.init_params(config, jax.random.key(0), pretrained()))
+    params = nn.meta.unbox(_init(config, pretrained()))
     bert = pretrained()["bert"]
     layer = bert["encoder"]["layer_1"]
     np.testing.assert_array_equal(
@@ -98,7 +103,7 @@ def test_bert2bert_copies_the_checkpoint_and_starts_cross_attention_fresh():
 
 def test_bert2rnd_keeps_the_encoder_and_draws_the_decoder():
     config = dataclasses.replace(CONFIG, init=s2s.BERT2RND)
-    params = nn.meta.unbox(s2s.init_params(config, jax.random.key(0), pretrained()))
+    params = nn.meta.unbox(_init(config, pretrained()))
     bert = pretrained()["bert"]
     np.testing.assert_array_equal(
         params["bert"]["embeddings"]["word_embeddings"]["embedding"],
@@ -112,7 +117,7 @@ def test_bert2rnd_keeps_the_encoder_and_draws_the_decoder():
 
 def test_bertshare_stores_one_set_of_weights_and_trains_it_from_both_sides():
     config = dataclasses.replace(CONFIG, init=s2s.BERTSHARE)
-    params = nn.meta.unbox(s2s.init_params(config, jax.random.key(0), pretrained()))
+    params = nn.meta.unbox(_init(config, pretrained()))
     assert "embeddings" not in params["decoder"]
     assert set(params["decoder"]["layer_0"]) == {"cross_attention"}
     full = s2s.full_params(config, params)
@@ -222,7 +227,7 @@ def test_sharded_logits_equal_unsharded():
     decoder_ids = np.array(sources(6, n=8)[0][:, :6])
     expected = logits_of(params, ids, mask, decoder_ids)
     mesh = sharding.make_mesh((2, 2, 2))
-    boxed = s2s.init_params(CONFIG, jax.random.key(0))
+    boxed = jax.eval_shape(lambda: s2s.init_params(CONFIG, jax.random.key(0)))
     shardings = sharding.logical_shardings(boxed, mesh)
     placed = jax.device_put(params, shardings)
     with jax.set_mesh(mesh):

@@ -147,7 +147,7 @@ def test_warm_start_takes_what_each_init_says(source, init):
         START, EOS, init=init, max_target_length=8, generation=decoding.GenerationSettings(8)
     )
     objective = s2s_task.Seq2SeqObjective(run.config, options.head())
-    fresh = nn.meta.unbox(objective.init_params(jax.random.key(3)))
+    fresh = nn.meta.unbox(jax.jit(objective.init_params)(jax.random.key(3)))
     params, note = s2s_task.warm_start(options, run.config, run, run.params, fresh)
     assert init in note
     assert jax.tree.structure(params) == jax.tree.structure(fresh)

@@ -319,9 +319,15 @@ def test_unset_dropout_is_the_familys_and_a_set_one_applies_to_every_family(sour
 # ------------------------------------------------------------------------------ notebook methods
 
 
+def _zeros(init) -> dict:
+    """Parameters of `init`'s shapes, all zero: these tests check arguments, not values."""
+    return jax.tree.map(
+        lambda s: np.zeros(s.shape, s.dtype), jax.eval_shape(init, jax.random.key(0))
+    )
+
+
 def _model(head: HeadSpec, config: BertConfig = CONFIG) -> Model:
-    params = capability_lib.of(head).init(config, head)(jax.random.key(0))
-    return Model(config, params, TOKENIZER, head=head)
+    return Model(config, _zeros(capability_lib.of(head).init(config, head)), TOKENIZER, head=head)
 
 
 @pytest.fixture(scope="module")
@@ -339,8 +345,7 @@ def models() -> dict[str, Model]:
 def _model_encoder() -> Model:
     from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
 
-    params = pretraining_init(BertForPreTraining(CONFIG), 1, 1)(jax.random.key(0))
-    return Model(CONFIG, params, TOKENIZER)
+    return Model(CONFIG, _zeros(pretraining_init(BertForPreTraining(CONFIG), 1, 1)), TOKENIZER)
 
 
 @pytest.fixture

@@ -3,8 +3,6 @@
 import json
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
@@ -14,11 +12,9 @@ from bertjax.pretrain import loop as trainer
 from bertjax.pretrain.settings import PretrainSettings
 from configs import tiny
 
-
-def _dead_pid() -> int:
-    process = subprocess.Popen([sys.executable, "-c", "pass"])
-    process.wait()
-    return process.pid
+# No process has this id: Linux's ids stop at 2**22 (PID_MAX_LIMIT), other systems' below.
+# A killed run's lock names such a process.
+DEAD_PID = 2**22 + 1
 
 
 def test_a_second_run_is_refused_naming_the_holder_and_touches_nothing(tmp_path):
@@ -40,14 +36,14 @@ def test_a_second_run_is_refused_naming_the_holder_and_touches_nothing(tmp_path)
 
 def test_the_lock_of_a_killed_run_is_taken_over(tmp_path):
     lock_file = tmp_path / workdir.LOCK_FILE
-    lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": _dead_pid(), "since": 0}))
+    lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": DEAD_PID, "since": 0}))
     with workdir.WorkdirLock(tmp_path):
         assert json.loads(lock_file.read_text())["pid"] == os.getpid()
 
 
 def test_another_hosts_lock_is_respected(tmp_path):
     (tmp_path / workdir.LOCK_FILE).write_text(
-        json.dumps({"host": "some-other-host", "pid": _dead_pid(), "since": 0})
+        json.dumps({"host": "some-other-host", "pid": DEAD_PID, "since": 0})
     )
     with pytest.raises(workdir.WorkdirLockedError, match="some-other-host"):
         workdir.WorkdirLock(tmp_path).acquire()

@@ -10,8 +10,11 @@ from tests.helpers.xla_env import (
     COMPILATION_CACHE_DIR,
     OPTIMIZED_FLAGS,
     OWN_MAPS_FILE,
+    RESIDENT_GROWTH_BYTES,
+    compiled_programs_crowd_memory,
     memory_maps_near_limit,
     optimized_compiles,
+    resident_bytes,
     subprocess_env,
 )
 
@@ -41,8 +44,9 @@ def _memory_maps() -> int:
 
 
 def test_dropping_jax_caches_releases_the_mappings_of_compiled_programs():
-    """What conftest.py's release_compiled_programs relies on: compiled programs hold memory
-    mappings until jax's caches are dropped, though their functions are still referenced."""
+    """What conftest.py's release_compiled_programs_when_memory_asks relies on: compiled
+    programs hold memory mappings until jax's caches are dropped, though their functions are
+    still referenced."""
     jax.clear_caches()
     before = _memory_maps()
     functions = [jax.jit(lambda x, n=n: jax.numpy.tanh(x * n).sum()) for n in range(200)]
@@ -55,3 +59,7 @@ def test_dropping_jax_caches_releases_the_mappings_of_compiled_programs():
     assert released > 0.75 * (held - before), (before, held, released)
     assert memory_maps_near_limit(share=0.0)
     assert not memory_maps_near_limit(share=1.0)
+    assert resident_bytes() > 0
+    # Memory counts from where the programs were last dropped.
+    assert not compiled_programs_crowd_memory(resident_floor=resident_bytes())
+    assert compiled_programs_crowd_memory(resident_bytes() - RESIDENT_GROWTH_BYTES - 2**20)

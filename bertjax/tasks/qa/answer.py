@@ -85,7 +85,8 @@ def answer(
     ]
     rows: list[squad.Window] = []
     for k, example in enumerate(examples):
-        question_ids = tokenizer.encode(example.question)[: settings.max_query_length]
+        question_ids = tokenizer.encode(example.question, special_tokens_in_text=True)
+        question_ids = question_ids[: settings.max_query_length]
         if not question_ids:
             raise InferenceError(_no_tokens("question", k, len(examples), example.question))
         room = settings.max_seq_length - len(question_ids) - 3

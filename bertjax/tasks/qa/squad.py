@@ -373,7 +373,8 @@ class TokenSpans(NamedTuple):
 
 
 def token_offsets(tokenizer: Tokenizer, texts: Sequence[str]) -> list[TokenSpans]:
-    """Ids (the same as `tokenizer.encode_batch`) with character spans into each text.
+    """Ids (the same as `tokenizer.encode_batch`, special tokens in the text read as such)
+    with character spans into each text.
 
     The spans are the tokenizer's own (`Tokenizer.encode_with_offsets`, what
     bertjax.text.features.offsets returns; read once here with the ids), cleaned for answer
@@ -387,7 +388,9 @@ def token_offsets(tokenizer: Tokenizer, texts: Sequence[str]) -> list[TokenSpans
             list(ids),
             _clean_spans(text, np.asarray(spans, np.int64).reshape(len(ids), 2)),  # [tokens, 2]
         )
-        for text, (ids, spans) in zip(texts, tokenizer.encode_with_offsets(texts))
+        for text, (ids, spans) in zip(
+            texts, tokenizer.encode_with_offsets(texts, special_tokens_in_text=True)
+        )
     ]
 
 
@@ -561,7 +564,9 @@ class Window:
 def windows(
     examples: Sequence[QAExample], tokenizer: Tokenizer, settings: QASettings, stride: int
 ) -> list[list[Window]]:
-    questions = tokenizer.encode_batch([e.question for e in examples])
+    # A special token written in a question or context ("[MASK]") is that token, as
+    # transformers' tokenizers read it.
+    questions = tokenizer.encode_batch([e.question for e in examples], special_tokens_in_text=True)
     # SQuAD asks several questions about each paragraph: tokenize each context once.
     unique = list(dict.fromkeys(e.context for e in examples))
     spans_of = dict(zip(unique, token_offsets(tokenizer, unique)))
