@@ -14,7 +14,7 @@ import pytest
 
 import bertjax
 from bertjax import data as data_lib
-from bertjax.encoders.bert import transformers as bert_hf
+from bertjax.encoders.bert import hf as bert_hf
 from bertjax.engine import steps
 from bertjax.pretrain.objective import build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
