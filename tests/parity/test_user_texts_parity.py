@@ -20,7 +20,8 @@ from bertjax import Model
 from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import squad
 from bertjax.text import features as features_lib
-from bertjax.text.tokenizer import WordPieceTokenizer, load_tokenizer
+from bertjax.text.directory import load_tokenizer
+from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.tokenizer_kinds import wordpiece_vocab, write_tokenizer
 from tests.helpers.torch_params import randomize_torch
 from tests.helpers.user_texts import SPECIAL_LITERALS, user_texts
