@@ -1,0 +1,383 @@
+"""Task distillation: a fine-tuning run whose model (the student) also learns from a frozen,
+already fine-tuned model of the same task (the teacher).
+
+    python finetune.py --workdir W --config.task=classification --config.init_from=SMALL \
+        --config.distill.teacher=LARGE_RUN --config.data.train=... --config.data.validation=...
+
+Each training batch goes through the teacher first, on the devices and the mesh the student
+trains on (steps.Steps.batch_features); its outputs join the batch and the student minimises
+
+    (1 - alpha) * its task's loss on the labels + alpha * the task's soft loss
+
+where the soft loss is the task's own (TaskObjective.soft_sums): KL at temperature T (times
+T^2) for classification, token labels and question answering's span ends, each label's
+softened Bernoulli KL for multi-label, squared error to the teacher's score for regression
+and to its embeddings for sentence embeddings. Evaluation and the best checkpoint are the
+task's, on the labels, as in any run.
+
+The teacher's outputs are computed on the fly, batch by batch, not once and kept beside the
+run: the same batch always gets the same outputs (the teacher runs without dropout), so a
+resumed run takes the same steps; nothing is written or read per example; and the outputs
+always match the batch's width and the run's data, whatever its order. The cost is one
+forward pass of the teacher per training step.
+
+Rows of config.data.unlabeled (the task's files without labels) train on the soft loss alone:
+their label weight is 0. config.distill.student_layers starts the student as the teacher with
+only those encoder layers (DistilBERT's initialisation), its head included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+from safetensors import numpy as safetensors_numpy
+
+from bertjax import encoders
+from bertjax.capability import HeadSpec
+from bertjax.engine import rundir, steps
+from bertjax.engine.settings import ConfigError, config_value, fail
+from bertjax.finetune.task import Examples, TaskObjective
+from bertjax.nn import distillation
+from bertjax.storage import hf
+from bertjax.text.tokenizer import Tokenizer
+
+# The batch features that hold the teacher's outputs: this prefix and the output's name.
+TEACHER_PREFIX = "teacher_"
+# The per-row weight of a training example's labels: 0 for config.data.unlabeled's rows.
+LABEL_WEIGHTS = "weights"
+# The tensor names of an encoder layer in transformers' files, whatever the family:
+# "bert.encoder.layer.3.", "electra.encoder.layer.3.", "model.layers.3.".
+_LAYER_NAME = re.compile(r"(^|\.)(layers?)\.(\d+)\.")
+# config.json's depth, in every family's transformers config.
+_DEPTH_FIELD = "num_hidden_layers"
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSettings:
+    """config.distill: the teacher and how the student learns from it."""
+
+    teacher: str  # a fine-tuned bertjax run (its best checkpoint) or a transformers directory
+    alpha: float = 0.5  # the teacher's share of the loss; the labels' is 1 - alpha
+    temperature: float = 2.0  # both networks' logits are divided by it (Hinton et al.)
+    # The teacher's encoder layers the student starts from, in order; empty: init_from.
+    student_layers: tuple[int, ...] = ()
+
+
+def read_settings(config: ml_collections.ConfigDict) -> DistillSettings | None:
+    """config.distill, checked (None without a teacher)."""
+    section = config.get("distill")
+    if section is None:
+        return None
+    if not section.get("teacher"):
+        unset = DistillSettings(teacher="")
+        for field in ("alpha", "temperature", "student_layers"):
+            value = section.get(field)
+            if value not in (None, "") and value != getattr(unset, field):
+                raise fail(
+                    f"distill.{field}", value, "applies to distillation: set distill.teacher"
+                )
+        return None
+
+    def require(ok: bool, field: str, message: str) -> None:
+        if not ok:
+            raise fail(field, config_value(config, field), message)
+
+    alpha, temperature = section.get("alpha", 0.5), section.get("temperature", 2.0)
+    number = (int, float)
+    require(
+        isinstance(alpha, number) and not isinstance(alpha, bool) and 0.0 <= alpha <= 1.0,
+        "distill.alpha",
+        "must be in [0, 1]: the teacher's share of the loss (1: the teacher alone)",
+    )
+    require(
+        isinstance(temperature, number)
+        and not isinstance(temperature, bool)
+        and 0.0 < temperature <= 100.0,
+        "distill.temperature",
+        "must be in (0, 100]: the softening of both networks' logits (DistilBERT: 2)",
+    )
+    layers = section.get("student_layers", "")
+    try:
+        layers = parse_layers(layers)
+    except ValueError as err:
+        raise fail("distill.student_layers", layers, str(err)) from None
+    return DistillSettings(
+        teacher=str(section.teacher),
+        alpha=float(alpha),
+        temperature=float(temperature),
+        student_layers=layers,
+    )
+
+
+def parse_layers(value: Any) -> tuple[int, ...]:
+    """ "0,2,4" (or a tuple of ints) as increasing layer indices; "" as none."""
+    if value in (None, "", ()):
+        return ()
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        layers = tuple(int(str(p).strip()) for p in parts)
+    except ValueError:
+        raise ValueError("must be layer indices, e.g. 0,2,4") from None
+    if any(layer < 0 for layer in layers) or list(layers) != sorted(set(layers)):
+        raise ValueError("must be distinct layer indices >= 0 in increasing order, e.g. 0,2,4")
+    return layers
+
+
+# ----------------------------------------------------------------------------- the teacher
+
+
+def open_teacher(settings: DistillSettings) -> rundir.Run:
+    """The teacher run (a fine-tuning run's best checkpoint, or a transformers directory)."""
+    field = f"config.distill.teacher={settings.teacher!r}"
+    try:
+        teacher = rundir.open_run(settings.teacher, pretraining_heads=False)
+    except (ValueError, FileNotFoundError) as err:
+        raise ConfigError(f"{field}: {err}") from None
+    if teacher.head is None:
+        raise ConfigError(
+            f"{field} has no fine-tuned head (it is a pretrained encoder): a teacher is a model "
+            "fine-tuned on the task the student learns"
+        )
+    return teacher
+
+
+def check_teacher(teacher: rundir.Run, task: str, tokenizer: Tokenizer, source: str) -> None:
+    """Fails unless the teacher was fine-tuned on `task` and reads text with `tokenizer` (the
+    student's, from `source`)."""
+    field = f"config.distill.teacher={str(teacher.path)!r}"
+    if teacher.head.task != task:
+        raise ConfigError(
+            f"{field} is a {teacher.head.describe()} model; this run trains {task}: a teacher "
+            "of the task the student learns is needed"
+        )
+    if teacher.tokenizer.fingerprint != tokenizer.fingerprint:
+        raise ConfigError(
+            f"{field}: its tokenizer ({teacher.tokenizer.vocab_size} pieces) is not the "
+            f"student's ({source}, {tokenizer.vocab_size} pieces); distillation compares the "
+            "two networks position by position, so both must read text with one tokenizer"
+        )
+
+
+def check_labels(teacher: HeadSpec, student: HeadSpec) -> None:
+    """Fails unless the student's head has the teacher's labels, in the teacher's order."""
+    if teacher.labels != student.labels:
+        raise ConfigError(
+            f"config.distill.teacher: its labels {list(teacher.labels)} are not the student's "
+            f"{list(student.labels)}; a teacher of the same label set is needed"
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherOutputs:
+    """`(global batch) -> the teacher's outputs as batch features` (steps.Steps.batch_features):
+    `program` (jitted for the student's mesh) of the teacher's frozen `params`, placed there,
+    which it takes as an argument, never as constants in the program."""
+
+    program: Callable  # (params, batch) -> {feature: array}
+    params: Any
+
+    def __call__(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        return self.program(self.params, batch)
+
+    def shapes(self, batch: dict[str, jax.ShapeDtypeStruct]) -> dict[str, jax.ShapeDtypeStruct]:
+        """The features' shapes for a batch of `batch`'s shapes, with their sharding."""
+        out = jax.eval_shape(self.program, self.params, batch)
+        sharding = next(iter(batch.values())).sharding
+        return {
+            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in out.items()
+        }
+
+
+def teacher_outputs_of(objective: TaskObjective, params: Any, built: steps.Steps) -> TeacherOutputs:
+    """The teacher's outputs as batch features: `objective`'s distill_outputs without
+    dropout, for the student's mesh (`built`), of `params` placed there."""
+
+    def outputs(params, batch):
+        raw = objective.distill_outputs(params, batch, rng=None, deterministic=True)
+        return {TEACHER_PREFIX + name: value for name, value in raw.items()}
+
+    param_shardings = jax.tree.map(lambda x: x.sharding, params)
+    program = jax.jit(
+        outputs,
+        in_shardings=(param_shardings, built.batch_sharding),
+        out_shardings=built.batch_sharding,
+    )
+    return TeacherOutputs(program, params)
+
+
+def place_teacher(teacher: rundir.Run, objective: TaskObjective, mesh) -> Any:
+    """The teacher's parameters sharded on the student's mesh as its own model lays them out
+    (no optimizer state: it never trains)."""
+    _, params = rundir.read_params(teacher, mesh)
+    layout = steps.make_state(objective.init_params, None, mesh)
+    return jax.device_put(params, layout.shardings.params)
+
+
+# ----------------------------------------------------------------------------- the student
+
+
+def student_from_teacher(teacher: rundir.Run, layers: tuple[int, ...]) -> rundir.Run:
+    """The teacher with only `layers` of its encoder, renumbered 0, 1, ...: its embeddings, the
+    chosen layers and its head, as a run to fine-tune from (DistilBERT's initialisation).
+
+    Family-neutral: the teacher is written in transformers' format by its family, the chosen
+    layers' tensors renamed and the depth set, and the result read back by the family."""
+    depth = teacher.config.num_layers
+    missing = [layer for layer in layers if layer >= depth]
+    if missing:
+        raise ConfigError(
+            f"config.distill.student_layers={','.join(map(str, layers))}: the teacher has "
+            f"{depth} layers (0 to {depth - 1}), not {missing}"
+        )
+    family = encoders.family_of(teacher.config)
+    _, params = rundir.read_params(teacher)
+    with tempfile.TemporaryDirectory() as scratch:
+        whole, part = pathlib.Path(scratch, "teacher"), pathlib.Path(scratch, "student")
+        family.write_transformers(
+            teacher.config,
+            jax.device_get(params),
+            whole,
+            tokenizer=teacher.tokenizer,
+            head=teacher.head,
+        )
+        tensors, _ = hf.read_weights(whole)
+        renumbered = {layer: index for index, layer in enumerate(layers)}
+        kept = {}
+        for name, value in tensors.items():
+            found = _LAYER_NAME.search(name)
+            if found is None:
+                kept[name] = value
+            elif int(found.group(3)) in renumbered:
+                new = f"{found.group(1)}{found.group(2)}.{renumbered[int(found.group(3))]}."
+                kept[name[: found.start()] + new + name[found.end() :]] = value
+        config = hf.read_config(whole / hf.CONFIG_NAME)
+        config[_DEPTH_FIELD] = len(layers)
+        _write_directory(whole, part, config, kept)
+        student = rundir.open_run(part, pretraining_heads=False)
+    return dataclasses.replace(student, path=teacher.path)
+
+
+def _write_directory(
+    source: pathlib.Path, target: pathlib.Path, config: dict, tensors: dict[str, np.ndarray]
+) -> None:
+    """`source`'s local transformers directory (its tokenizer files) with another
+    config.json and weights, at `target`."""
+    ignored = shutil.ignore_patterns(hf.CONFIG_NAME, "model.safetensors*")
+    shutil.copytree(source, target, ignore=ignored)  # the tokenizer's files
+    (target / hf.CONFIG_NAME).write_text(json.dumps(config, indent=2))
+    safetensors_numpy.save_file(tensors, str(target / hf.SAFE_WEIGHTS_NAME))
+
+
+# ----------------------------------------------------------------------------- the data
+
+
+def with_unlabeled(train: Examples, unlabeled: Examples) -> Examples:
+    """The training split and config.data.unlabeled's rows as one split, the unlabeled rows'
+    label weight 0 (their labels are placeholders the loss never reads)."""
+    if not len(unlabeled):
+        raise ConfigError(f"config.data.unlabeled={unlabeled.path!r} holds no examples")
+    features = {}
+    for name, array in train.features.items():
+        other = unlabeled.features.get(name)
+        if other is None or other.shape[1:] != array.shape[1:]:
+            raise ConfigError(
+                f"config.data.unlabeled={unlabeled.path!r}: its examples do not have the "
+                f"training file's {name} {array.shape[1:]}; it must be in the task's own format"
+            )
+        features[name] = np.concatenate([array, other.astype(array.dtype)])
+    features[LABEL_WEIGHTS] = np.concatenate(
+        [np.ones(len(train), np.float32), np.zeros(len(unlabeled), np.float32)]
+    )
+    positions = None
+    if train.word_positions is not None:
+        positions = [*train.word_positions, *unlabeled.word_positions]
+    return dataclasses.replace(
+        train,
+        features=features,
+        indices=[*train.indices, *unlabeled.indices],
+        word_positions=positions,
+        word_labels=None,
+        full_rows=train.full_rows + unlabeled.full_rows,
+        words_cut=train.words_cut + unlabeled.words_cut,
+    )
+
+
+# ----------------------------------------------------------------------------- the objective
+
+
+class DistillSums(NamedTuple):
+    """A (micro-)batch's sums: the task's on the labels, and the soft loss's."""
+
+    hard: Any  # the task objective's sums
+    soft_loss: jax.Array  # summed soft loss
+    soft_count: jax.Array  # what it is averaged over (rows, or positions of token tasks)
+
+
+class DistillationObjective(TaskObjective):
+    """A task's objective whose training loss mixes in the teacher's outputs (the module
+    docstring); initialisation and evaluation are the task's own."""
+
+    def __init__(self, student: TaskObjective, alpha: float, temperature: float):
+        self.student = student
+        self.alpha = alpha
+        self.temperature = temperature
+        self.eval_outputs = student.eval_outputs
+        self.position_outputs = student.position_outputs
+
+    def init_params(self, rng: jax.Array) -> Any:
+        return self.student.init_params(rng)
+
+    def evaluate(self, params, batch):
+        return self.student.evaluate(params, batch)
+
+    def distill_outputs(self, params, batch, *, rng, deterministic, packed_length=None):
+        return self.student.distill_outputs(
+            params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
+        )
+
+    def sums(self, params, batch, *, rng, deterministic, packed_length=None) -> DistillSums:
+        outputs = self.distill_outputs(
+            params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
+        )
+        teacher = teacher_outputs(batch)
+        soft_loss, soft_count = self.student.soft_sums(outputs, teacher, batch, self.temperature)
+        return DistillSums(self.student.sums_of_outputs(outputs, batch), soft_loss, soft_count)
+
+    def zero_sums(self) -> DistillSums:
+        zero = jnp.zeros((), jnp.float32)
+        return DistillSums(self.student.zero_sums(), zero, zero)
+
+    def denominators(self, batch):
+        return self.student.denominators(batch), self.student.soft_denominator(batch)
+
+    def loss(self, sums: DistillSums, denominators) -> jax.Array:
+        hard, soft = denominators
+        soft_loss = sums.soft_loss / jnp.maximum(soft, 1.0)
+        return distillation.mix(self.student.loss(sums.hard, hard), soft_loss, self.alpha)
+
+    def metrics(self, sums, prefix: str) -> dict[str, jax.Array]:
+        if not isinstance(sums, DistillSums):  # evaluation's: the task's own, on the labels
+            return self.student.metrics(sums, prefix)
+        out = self.student.metrics(sums.hard, prefix)
+        out[f"{prefix}/distill_loss"] = sums.soft_loss / jnp.maximum(sums.soft_count, 1.0)
+        return out
+
+
+def teacher_outputs(batch) -> dict[str, jax.Array]:
+    """The teacher's outputs a batch carries, by name."""
+    return {
+        name[len(TEACHER_PREFIX) :]: value
+        for name, value in batch.items()
+        if name.startswith(TEACHER_PREFIX)
+    }
