@@ -37,6 +37,7 @@ import tempfile
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -214,6 +215,37 @@ def teacher_outputs_of(objective: TaskObjective, params: Any, built: steps.Steps
         out_shardings=built.batch_sharding,
     )
     return TeacherOutputs(program, params)
+
+
+def check_outputs(
+    teacher: TaskObjective, student: TaskObjective, train: Examples, mesh: jax.sharding.Mesh
+) -> None:
+    """Fails unless the teacher's outputs have the student's shapes (e.g. embeddings of one
+    width) on a batch of the training split's first example."""
+    batch = {
+        name: jax.ShapeDtypeStruct((1, *array.shape[1:]), array.dtype)
+        for name, array in train.features.items()
+    }
+    batch.setdefault(LABEL_WEIGHTS, jax.ShapeDtypeStruct((1,), np.float32))
+
+    def shapes(objective: TaskObjective) -> dict[str, tuple[int, ...]]:
+        params = nn.meta.unbox(jax.eval_shape(objective.init_params, jax.random.key(0)))
+
+        def outputs(params, batch):
+            return objective.distill_outputs(params, batch, rng=None, deterministic=True)
+
+        with jax.set_mesh(mesh):
+            found = jax.eval_shape(outputs, params, batch)
+        return {name: tuple(value.shape[1:]) for name, value in found.items()}
+
+    theirs, ours = shapes(teacher), shapes(student)
+    if theirs != ours:
+        raise ConfigError(
+            f"config.distill.teacher: its outputs per example {theirs} are not the student's "
+            f"{ours}; the student learns them coordinate by coordinate, so both must have "
+            "one shape (embeddings of one width: e.g. a student from config.distill.student_"
+            "layers)"
+        )
 
 
 def place_teacher(teacher: rundir.Run, objective: TaskObjective, mesh) -> Any:

@@ -12,7 +12,7 @@ from bertjax.finetune import distill as distill_lib
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.objective import Finetuning, build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.finetune.task import TaskData
+from bertjax.finetune.task import Examples, TaskData
 from bertjax.finetune.warm_start import open_source
 from bertjax.finetune.widths import (
     EVAL_PROGRAM_POSITIONS,
@@ -115,7 +115,7 @@ def prepare(settings: FinetuneSettings, devices=None) -> PreparedRun:
     )
     check_mesh_fits(model_config, ft.mesh)
     if teacher is not None:
-        ft = _with_teacher(ft, teacher, settings, kind)
+        ft = _with_teacher(ft, teacher, settings, kind, task.train)
     run = settings.run
     train_widths = training_widths(
         task.train,
@@ -155,13 +155,18 @@ def prepare(settings: FinetuneSettings, devices=None) -> PreparedRun:
 
 
 def _with_teacher(
-    ft: Finetuning, teacher: rundir.Run, settings: FinetuneSettings, kind: task_lib.Task
+    ft: Finetuning,
+    teacher: rundir.Run,
+    settings: FinetuneSettings,
+    kind: task_lib.Task,
+    train: Examples,
 ) -> Finetuning:
     """`ft` whose training batches carry the teacher's outputs, computed on ft's mesh from its
     parameters placed there (frozen: they never enter the train state)."""
     config = settings.model_config(teacher.config)
     objective = kind.objective(config, teacher.head)
     check_mesh_fits(config, ft.mesh)
+    distill_lib.check_outputs(objective, ft.objective, train, ft.mesh)
     params = distill_lib.place_teacher(teacher, objective, ft.mesh)
     features = distill_lib.teacher_outputs_of(objective, params, ft.steps)
     print(f"distilling from {teacher.path} ({encoders.family_of(config).describe(config)})")
