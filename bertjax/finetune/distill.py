@@ -29,12 +29,6 @@ only those encoder layers (DistilBERT's initialisation), its head included.
 from __future__ import annotations
 
 import dataclasses
-import json
-import pathlib
-import re
-import shutil
-import tempfile
-from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -42,26 +36,17 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
-from safetensors import numpy as safetensors_numpy
 
-from bertjax import encoders
 from bertjax.capability import HeadSpec
 from bertjax.engine import rundir, steps
+from bertjax.engine import teacher as teacher_lib
 from bertjax.engine.settings import ConfigError, config_value, fail
 from bertjax.finetune.task import Examples, TaskObjective
 from bertjax.nn import distillation
-from bertjax.storage import hf
 from bertjax.text.tokenizer import Tokenizer
 
-# The batch features that hold the teacher's outputs: this prefix and the output's name.
-TEACHER_PREFIX = "teacher_"
 # The per-row weight of a training example's labels: 0 for config.data.unlabeled's rows.
 LABEL_WEIGHTS = "weights"
-# The tensor names of an encoder layer in transformers' files, whatever the family:
-# "bert.encoder.layer.3.", "electra.encoder.layer.3.", "model.layers.3.".
-_LAYER_NAME = re.compile(r"(^|\.)(layers?)\.(\d+)\.")
-# config.json's depth, in every family's transformers config.
-_DEPTH_FIELD = "num_hidden_layers"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,42 +164,21 @@ def check_labels(teacher: HeadSpec, student: HeadSpec) -> None:
         )
 
 
-@dataclasses.dataclass(frozen=True)
-class TeacherOutputs:
-    """`(global batch) -> the teacher's outputs as batch features` (steps.Steps.batch_features):
-    `program` (jitted for the student's mesh) of the teacher's frozen `params`, placed there,
-    which it takes as an argument, never as constants in the program."""
-
-    program: Callable  # (params, batch) -> {feature: array}
-    params: Any
-
-    def __call__(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
-        return self.program(self.params, batch)
-
-    def shapes(self, batch: dict[str, jax.ShapeDtypeStruct]) -> dict[str, jax.ShapeDtypeStruct]:
-        """The features' shapes for a batch of `batch`'s shapes, with their sharding."""
-        out = jax.eval_shape(self.program, self.params, batch)
-        sharding = next(iter(batch.values())).sharding
-        return {
-            k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=sharding) for k, v in out.items()
-        }
-
-
-def teacher_outputs_of(objective: TaskObjective, params: Any, built: steps.Steps) -> TeacherOutputs:
+def teacher_outputs_of(
+    objective: TaskObjective, params: Any, built: steps.Steps
+) -> teacher_lib.TeacherOutputs:
     """The teacher's outputs as batch features: `objective`'s distill_outputs without
     dropout, for the student's mesh (`built`), of `params` placed there."""
 
     def outputs(params, batch):
-        raw = objective.distill_outputs(params, batch, rng=None, deterministic=True)
-        return {TEACHER_PREFIX + name: value for name, value in raw.items()}
+        return objective.distill_outputs(params, batch, rng=None, deterministic=True)
 
-    param_shardings = jax.tree.map(lambda x: x.sharding, params)
-    program = jax.jit(
-        outputs,
-        in_shardings=(param_shardings, built.batch_sharding),
-        out_shardings=built.batch_sharding,
-    )
-    return TeacherOutputs(program, params)
+    return teacher_lib.frozen_outputs(outputs, params, built)
+
+
+def student_from_teacher(teacher: rundir.Run, layers: tuple[int, ...]) -> rundir.Run:
+    """The teacher with only `layers` (config.distill.student_layers), its head included."""
+    return teacher_lib.keep_layers(teacher, layers, "distill.student_layers")
 
 
 def check_outputs(
@@ -257,61 +221,6 @@ def place_teacher(teacher: rundir.Run, objective: TaskObjective, mesh) -> Any:
 
 
 # ----------------------------------------------------------------------------- the student
-
-
-def student_from_teacher(teacher: rundir.Run, layers: tuple[int, ...]) -> rundir.Run:
-    """The teacher with only `layers` of its encoder, renumbered 0, 1, ...: its embeddings, the
-    chosen layers and its head, as a run to fine-tune from (DistilBERT's initialisation).
-
-    Family-neutral: the teacher is written in transformers' format by its family, the chosen
-    layers' tensors renamed and the depth set, and the result read back by the family."""
-    depth = teacher.config.num_layers
-    missing = [layer for layer in layers if layer >= depth]
-    if missing:
-        raise ConfigError(
-            f"config.distill.student_layers={','.join(map(str, layers))}: the teacher has "
-            f"{depth} layers (0 to {depth - 1}), not {missing}"
-        )
-    family = encoders.family_of(teacher.config)
-    _, params = rundir.read_params(teacher)
-    with tempfile.TemporaryDirectory() as scratch:
-        whole, part = pathlib.Path(scratch, "teacher"), pathlib.Path(scratch, "student")
-        family.write_transformers(
-            teacher.config,
-            jax.device_get(params),
-            whole,
-            tokenizer=teacher.tokenizer,
-            head=teacher.head,
-        )
-        tensors, _ = hf.read_weights(whole)
-        renumbered = {layer: index for index, layer in enumerate(layers)}
-        kept = {}
-        for name, value in tensors.items():
-            found = _LAYER_NAME.search(name)
-            if found is None:
-                kept[name] = value
-            elif int(found.group(3)) in renumbered:
-                new = f"{found.group(1)}{found.group(2)}.{renumbered[int(found.group(3))]}."
-                kept[name[: found.start()] + new + name[found.end() :]] = value
-        config = hf.read_config(whole / hf.CONFIG_NAME)
-        config[_DEPTH_FIELD] = len(layers)
-        _write_directory(whole, part, config, kept)
-        student = rundir.open_run(part, pretraining_heads=False)
-    return dataclasses.replace(student, path=teacher.path)
-
-
-def _write_directory(
-    source: pathlib.Path, target: pathlib.Path, config: dict, tensors: dict[str, np.ndarray]
-) -> None:
-    """`source`'s local transformers directory (its tokenizer files) with another
-    config.json and weights, at `target`."""
-    ignored = shutil.ignore_patterns(hf.CONFIG_NAME, "model.safetensors*")
-    shutil.copytree(source, target, ignore=ignored)  # the tokenizer's files
-    (target / hf.CONFIG_NAME).write_text(json.dumps(config, indent=2))
-    safetensors_numpy.save_file(tensors, str(target / hf.SAFE_WEIGHTS_NAME))
-
-
-# ----------------------------------------------------------------------------- the data
 
 
 def with_unlabeled(train: Examples, unlabeled: Examples) -> Examples:
@@ -382,7 +291,7 @@ class DistillationObjective(TaskObjective):
         outputs = self.distill_outputs(
             params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
         )
-        teacher = teacher_outputs(batch)
+        teacher = teacher_lib.teacher_outputs(batch)
         soft_loss, soft_count = self.student.soft_sums(outputs, teacher, batch, self.temperature)
         return DistillSums(self.student.sums_of_outputs(outputs, batch), soft_loss, soft_count)
 
@@ -404,12 +313,3 @@ class DistillationObjective(TaskObjective):
         out = self.student.metrics(sums.hard, prefix)
         out[f"{prefix}/distill_loss"] = sums.soft_loss / jnp.maximum(sums.soft_count, 1.0)
         return out
-
-
-def teacher_outputs(batch) -> dict[str, jax.Array]:
-    """The teacher's outputs a batch carries, by name."""
-    return {
-        name[len(TEACHER_PREFIX) :]: value
-        for name, value in batch.items()
-        if name.startswith(TEACHER_PREFIX)
-    }
