@@ -86,10 +86,13 @@ def teacher_outputs(batch) -> dict[str, jax.Array]:
     }
 
 
-def keep_layers(teacher: rundir.Run, layers: tuple[int, ...], field: str) -> rundir.Run:
+def keep_layers(
+    teacher: rundir.Run, layers: tuple[int, ...], field: str, mesh: jax.sharding.Mesh | None = None
+) -> rundir.Run:
     """The teacher with only `layers` of its encoder, renumbered 0, 1, ...: its embeddings, the
     chosen layers and its head, as a run to start from (DistilBERT's initialisation);
-    `field` is the config field that chose them (for messages).
+    `field` is the config field that chose them (for messages); the teacher's parameters are
+    read onto `mesh` (the run's, where one is in use) on their way to the host.
 
     Family-neutral: the teacher is written in transformers' format by its family, the chosen
     layers' tensors renamed and the depth set, and the result read back by the family."""
@@ -101,7 +104,7 @@ def keep_layers(teacher: rundir.Run, layers: tuple[int, ...], field: str) -> run
             f"{depth} layers (0 to {depth - 1}), not {missing}"
         )
     family = encoders.family_of(teacher.config)
-    _, params = rundir.read_params(teacher)
+    _, params = rundir.read_params(teacher, mesh)
     with tempfile.TemporaryDirectory() as scratch:
         whole, part = pathlib.Path(scratch, "teacher"), pathlib.Path(scratch, "student")
         family.write_transformers(
