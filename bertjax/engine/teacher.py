@@ -14,16 +14,14 @@ import dataclasses
 import json
 import pathlib
 import re
-import shutil
 import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import jax
-import numpy as np
 from safetensors import numpy as safetensors_numpy
 
-from bertjax import encoders
+from bertjax import capability, encoders
 from bertjax.engine import rundir, steps
 from bertjax.engine.settings import ConfigError
 from bertjax.storage import hf
@@ -94,8 +92,10 @@ def keep_layers(
     `field` is the config field that chose them (for messages); the teacher's parameters are
     read onto `mesh` (the run's, where one is in use) on their way to the host.
 
-    Family-neutral: the teacher is written in transformers' format by its family, the chosen
-    layers' tensors renamed and the depth set, and the result read back by the family."""
+    Family-neutral: the teacher's family writes it in transformers' format (the whole model
+    where its head travels there, else the encoder alone and the head's own parameters kept
+    as they are), the chosen layers' tensors are renamed, the depth set, and the family reads
+    the result back."""
     depth = teacher.config.num_layers
     missing = [layer for layer in layers if layer >= depth]
     if missing:
@@ -104,17 +104,17 @@ def keep_layers(
             f"{depth} layers (0 to {depth - 1}), not {missing}"
         )
     family = encoders.family_of(teacher.config)
-    _, params = rundir.read_params(teacher, mesh)
+    params = jax.device_get(rundir.read_params(teacher, mesh)[1])
+    head = teacher.head
+    whole_model = head is None or capability.of(head).transformers_head(head) is not None
     with tempfile.TemporaryDirectory() as scratch:
-        whole, part = pathlib.Path(scratch, "teacher"), pathlib.Path(scratch, "student")
-        family.write_transformers(
-            teacher.config,
-            jax.device_get(params),
-            whole,
-            tokenizer=teacher.tokenizer,
-            head=teacher.head,
-        )
-        tensors, _ = hf.read_weights(whole)
+        directory = pathlib.Path(scratch)
+        if whole_model:
+            family.write_transformers(teacher.config, params, directory / "teacher", head=head)
+            tensors, _ = hf.read_weights(directory / "teacher")
+            hf_config = hf.read_config(directory / "teacher" / hf.CONFIG_NAME)
+        else:
+            hf_config, tensors = family.encoder_files(teacher.config, params)
         renumbered = {layer: index for index, layer in enumerate(layers)}
         kept = {}
         for name, value in tensors.items():
@@ -124,22 +124,24 @@ def keep_layers(
             elif int(found.group(3)) in renumbered:
                 new = f"{found.group(1)}{found.group(2)}.{renumbered[int(found.group(3))]}."
                 kept[name[: found.start()] + new + name[found.end() :]] = value
-        config = hf.read_config(whole / hf.CONFIG_NAME)
-        config[_DEPTH_FIELD] = len(layers)
-        _write_directory(whole, part, config, kept)
-        student = rundir.open_run(part, pretraining_heads=False)
-    return dataclasses.replace(student, path=teacher.path)
-
-
-def _write_directory(
-    source: pathlib.Path, target: pathlib.Path, config: dict, tensors: dict[str, np.ndarray]
-) -> None:
-    """`source`'s local transformers directory (its tokenizer files) with another
-    config.json and weights, at `target`."""
-    ignored = shutil.ignore_patterns(hf.CONFIG_NAME, "model.safetensors*")
-    shutil.copytree(source, target, ignore=ignored)  # the tokenizer's files
-    (target / hf.CONFIG_NAME).write_text(json.dumps(config, indent=2))
-    safetensors_numpy.save_file(tensors, str(target / hf.SAFE_WEIGHTS_NAME))
-
-
-# ----------------------------------------------------------------------------- the data
+        hf_config = {**hf_config, _DEPTH_FIELD: len(layers)}
+        student = directory / "student"
+        student.mkdir()
+        (student / hf.CONFIG_NAME).write_text(json.dumps(hf_config, indent=2))
+        safetensors_numpy.save_file(kept, str(student / hf.SAFE_WEIGHTS_NAME))
+        config, student_params, _, fresh = family.read_transformers(
+            student, hf_config, pretraining_heads=False
+        )
+    if not whole_model:
+        student_params = {**params, capability.ENCODER: student_params[capability.ENCODER]}
+    return rundir.Run(
+        teacher.path,
+        rundir.HUGGING_FACE,
+        config,
+        teacher.tokenizer,
+        head,
+        None,
+        None,
+        params=student_params,
+        fresh=tuple(fresh),
+    )

@@ -37,12 +37,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from bertjax import capability
 from bertjax.capability import HeadSpec
 from bertjax.engine import rundir, steps
 from bertjax.engine import teacher as teacher_lib
 from bertjax.engine.settings import ConfigError, config_value, fail
 from bertjax.finetune.task import Examples, TaskObjective
 from bertjax.nn import distillation
+from bertjax.storage import fs
 from bertjax.text.tokenizer import Tokenizer
 
 # The per-row weight of a training example's labels: 0 for config.data.unlabeled's rows.
@@ -127,7 +129,23 @@ def open_teacher(settings: DistillSettings) -> rundir.Run:
     """The teacher run (a fine-tuning run's best checkpoint, or a transformers directory)."""
     field = f"config.distill.teacher={settings.teacher!r}"
     try:
-        teacher = rundir.open_run(settings.teacher, pretraining_heads=False)
+        # A capability's own directory format (a sentence-transformers model) opens as that
+        # capability's model, as Model.load opens it.
+        own = capability.recognising(settings.teacher)
+        if own is not None:
+            opened = own.open(settings.teacher)
+            teacher = rundir.Run(
+                fs.path(settings.teacher),
+                rundir.HUGGING_FACE,
+                opened.config,
+                opened.tokenizer,
+                opened.head,
+                None,
+                None,
+                params=opened.params,
+            )
+        else:
+            teacher = rundir.open_run(settings.teacher, pretraining_heads=False)
     except (ValueError, FileNotFoundError) as err:
         raise ConfigError(f"{field}: {err}") from None
     if teacher.head is None:

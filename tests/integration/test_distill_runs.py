@@ -27,6 +27,10 @@ from bertjax.storage import hf
 from bertjax.tasks.labels import model as label_heads
 from bertjax.text.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_recipe
+from tests.helpers import embedding as embedding_helpers
+from tests.helpers import qa_task
+from tests.helpers import question_answering as qa_helpers
+from tests.helpers.embedding_task import files as embedding_files  # noqa: F401 (fixture)
 from tests.helpers.encoders import SMALL_BERT
 from tests.helpers.params import random_init
 
@@ -333,3 +337,101 @@ def test_an_empty_binary_or_other_unlabeled_file_is_refused_in_one_line(
         )
     message = str(failure.value)
     assert "more.csv" in message and "\n" not in message.strip()
+
+
+def _soft_losses(workdir: pathlib.Path) -> list[float]:
+    lines = (workdir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["train/distill_loss"] for line in lines if "distill_loss" in line]
+
+
+def test_question_answering_distils_each_span_end_with_unlabeled_questions(tmp_path):
+    """A BertForQuestionAnswering teacher, its first layer the student, SQuAD-style files and
+    questions without answers: the soft loss over the span ends falls, and the student
+    answers as a QA run."""
+    rng = np.random.default_rng(0)
+    teacher = qa_task.random_export(tmp_path / "teacher")
+    train = qa_task.write_jsonl(tmp_path / "train.jsonl", qa_helpers.synthetic_examples(rng, 48))
+    dev = qa_task.write_jsonl(tmp_path / "dev.jsonl", qa_helpers.synthetic_examples(rng, 8))
+    questions = qa_helpers.synthetic_examples(rng, 16, impossible=0.0)
+    more = qa_task.write_jsonl(
+        tmp_path / "more.jsonl", [dataclasses.replace(q, answers=()) for q in questions]
+    )
+    config = qa_task.qa_config(
+        "",
+        train,
+        dev,
+        **{
+            "distill.teacher": teacher,
+            "distill.student_layers": "0",
+            "distill.alpha": 1.0,
+            "data.unlabeled": more,
+            "data.max_seq_length": 32,
+            "qa.doc_stride": 16,
+            "qa.max_query_length": 8,
+            "batch_size": 8,
+            "eval_batch_size": 8,
+            "num_epochs": 3,
+            "log_every_steps": 1,
+            "optimizer.learning_rate": 1e-3,
+        },
+    )
+    _run(config, tmp_path / "student")
+    soft = _soft_losses(tmp_path / "student")
+    assert len(soft) >= 6 and soft[-1] < soft[0]
+    model = bertjax.Model.load(tmp_path / "student")
+    assert model.config.num_layers == 1
+    assert "answer" in model.answer("the w1", "w3 w1 w2")
+
+
+def test_embeddings_distil_towards_the_teachers_vectors(embedding_files, tmp_path):
+    """A sentence-transformers teacher and its first layer as the student: the squared error
+    to the teacher's embeddings falls, and the student embeds as an embedding run."""
+    root = embedding_files
+    rng = np.random.default_rng(1)
+    (tmp_path / "train.tsv").write_text(
+        "anchor\tpositive\n"
+        + "".join(f"{a}\t{p}\n" for a, p in zip(*embedding_helpers.synthetic_pairs(rng, 64)))
+    )
+    (tmp_path / "more.tsv").write_text(
+        "anchor\tpositive\n"
+        + "".join(f"{a}\t{p}\n" for a, p in zip(*embedding_helpers.synthetic_pairs(rng, 16)))
+    )
+    config = finetune_recipe.get_config()
+    config.update_from_flattened_dict(
+        {
+            "init_from": "",
+            "task": "embedding",
+            "data.train": str(tmp_path / "train.tsv"),
+            "data.validation": str(root / "dev.tsv"),
+            "data.text_fields": "anchor,positive",
+            "data.label_field": "score",
+            "data.max_seq_length": 16,
+            "data.unlabeled": str(tmp_path / "more.tsv"),
+            "distill.teacher": str(root / "source"),
+            "distill.student_layers": "0",
+            "distill.alpha": 1.0,
+            "batch_size": 16,
+            "eval_batch_size": 32,
+            "num_epochs": 3,
+            "log_every_steps": 1,
+            "optimizer.learning_rate": 1e-3,
+        }
+    )
+    _run(config, tmp_path / "student")
+    soft = _soft_losses(tmp_path / "student")
+    assert len(soft) >= 6 and soft[-1] < soft[0]
+    model = bertjax.Model.load(tmp_path / "student")
+    assert model.config.num_layers == 1 and model.embed(["w1 w2"]).shape == (1, 32)
+
+
+def test_a_student_fine_tunes_further_as_any_run(teachers, tmp_path):
+    """The distilled student is an ordinary run: init_from of another task's run."""
+    root, made = teachers
+    teacher, fields = made["classification"]
+    config = _config(
+        "", "classification", fields, **{"distill.teacher": teacher, "distill.student_layers": "0"}
+    )
+    _run(config, tmp_path / "student")
+    _, regression = made["regression"]
+    summary = _run(_config(tmp_path / "student", "regression", regression), tmp_path / "further")
+    assert summary["seeds"][0]["best"] is not None
