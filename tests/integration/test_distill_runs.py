@@ -435,3 +435,26 @@ def test_a_student_fine_tunes_further_as_any_run(teachers, tmp_path):
     _, regression = made["regression"]
     summary = _run(_config(tmp_path / "student", "regression", regression), tmp_path / "further")
     assert summary["seeds"][0]["best"] is not None
+
+
+def test_a_teacher_files_and_run_on_gcs(teachers, gcs, tmp_path):
+    """Teacher, training files and the work directory all on gs://: the student trains and
+    its run opens from the bucket."""
+    root, made = teachers
+    teacher, fields = made["classification"]
+    bucket = gcs.bucket()
+    gcs.fs.put(teacher, bucket + "/teacher", recursive=True)
+    for field in ("data.train", "data.validation"):
+        name = pathlib.Path(fields[field]).name
+        gcs.fs.put(fields[field], f"{bucket}/data/{name}")
+    remote = {field: f"{bucket}/data/{pathlib.Path(path).name}" for field, path in fields.items()}
+    gcs.fs.invalidate_cache()
+    config = _config(
+        "",
+        "classification",
+        remote,
+        **{"distill.teacher": bucket + "/teacher", "distill.student_layers": "0"},
+    )
+    _run(config, bucket + "/student")
+    model = bertjax.Model.load(bucket + "/student")
+    assert model.config.num_layers == 1 and len(model.predict(["w1 w2"])) == 1
