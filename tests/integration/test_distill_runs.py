@@ -23,12 +23,15 @@ from bertjax.engine import rundir
 from bertjax.engine.settings import ConfigError
 from bertjax.finetune import distill, loop
 from bertjax.finetune.settings import FinetuneSettings
+from bertjax.glue import suite
+from bertjax.glue.settings import SuiteSettings
 from bertjax.storage import hf
 from bertjax.tasks.labels import model as label_heads
 from bertjax.text.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_recipe
+from configs import glue as glue_recipe
+from tests.helpers import corpora, glue_data, qa_task
 from tests.helpers import embedding as embedding_helpers
-from tests.helpers import qa_task
 from tests.helpers import question_answering as qa_helpers
 from tests.helpers.embedding_task import files as embedding_files  # noqa: F401 (fixture)
 from tests.helpers.encoders import SMALL_BERT
@@ -458,3 +461,41 @@ def test_a_teacher_files_and_run_on_gcs(teachers, gcs, tmp_path):
     _run(config, bucket + "/student")
     model = bertjax.Model.load(bucket + "/student")
     assert model.config.num_layers == 1 and len(model.predict(["w1 w2"])) == 1
+
+
+def test_the_glue_suite_takes_a_distilled_student_as_init_from(
+    finetuned_run, pretrained_run, tmp_path
+):
+    """A student distilled from the session's topic classifier starts a GLUE suite's runs as
+    any pretrained run does (its encoder taken, each task's head fresh)."""
+    root, *_ = finetuned_run
+    config = corpora.finetune_config(
+        "",
+        **{
+            "task": "classification",
+            "data.train": str(root / "train.csv"),
+            "data.validation": str(root / "dev.csv"),
+            "distill.teacher": str(root / "alone"),
+            "distill.student_layers": "0",
+            "num_epochs": 1,
+        },
+    )
+    _run(config, tmp_path / "student")
+    _, topics = pretrained_run
+    data = glue_data.write_hub(tmp_path / "glue", topics, ("sst2",), train=32, dev=16, ax=False)
+    suite_config = glue_recipe.get_config()
+    suite_config.update_from_flattened_dict(
+        {
+            "init_from": str(tmp_path / "student"),
+            "data_dir": str(data),
+            "tasks": "sst2",
+            "seeds": (1,),
+            "sweep.learning_rate": (1e-3,),
+            "finetune.batch_size": 16,
+            "finetune.eval_batch_size": 32,
+            "finetune.num_epochs": 1,
+            "finetune.data.max_seq_length": 32,
+        }
+    )
+    summary = suite.run_suite(SuiteSettings.from_config(suite_config), tmp_path / "suite")
+    assert set(summary["report"]["tasks"]) == {"sst2"}
