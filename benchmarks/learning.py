@@ -109,7 +109,6 @@ STSB_FINETUNE = {
     "batch_size": 32,
     "data.max_seq_length": 128,
 }
-STS_FILES = (("train", True), ("dev", True), ("test", False))
 
 
 def prepare(corpus: str, work_dir: pathlib.Path) -> dict[str, pathlib.Path]:
@@ -233,28 +232,6 @@ def mlm_accuracy(workdir: pathlib.Path, packed_dir: pathlib.Path) -> float:
     return right / total
 
 
-def sts_benchmark(work_dir: pathlib.Path, train_rows: int = 0) -> pathlib.Path:
-    """GLUE's STS-B layout written from the STS Benchmark files (every pair kept, or the
-    first `train_rows` training pairs; docs/glue.md, "A real CPU run")."""
-    out = work_dir / "glue" / ("STS-B" if not train_rows else f"STS-B-{train_rows}")
-    if (out / "dev.tsv").is_file():
-        return out
-    out.mkdir(parents=True, exist_ok=True)
-    head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
-    for split, scored in STS_FILES:
-        lines = [head + ("\tscore" if scored else "")]
-        rows = fixtures.sts_benchmark_file(split).splitlines()
-        if split == "train" and train_rows:
-            rows = rows[:train_rows]
-        for i, row in enumerate(rows):
-            genre, filename, year, old_index, score, first, second, *sources = row.split("\t")
-            sources = (sources + ["none", "none"])[:2]
-            fields = [str(i), genre, filename, year, old_index, *sources, first, second]
-            lines.append("\t".join(fields + ([score] if scored else [])))
-        (out / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return out
-
-
 def stsb_spearman(init_from: pathlib.Path, sts_dir: pathlib.Path, workdir: pathlib.Path, seed):
     """Fine-tunes a pretrained run on STS-B; returns (dev Spearman x100, wall seconds)."""
     settings = {**STSB_FINETUNE, "data.dir": str(sts_dir), "seeds": f"{seed},"}
@@ -323,7 +300,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results_file.parent.mkdir(parents=True, exist_ok=True)
         results_file.write_text(json.dumps(results, indent=1))
 
-    sts_dir = sts_benchmark(work_dir, args.stsb_train) if args.judge == "stsb" else None
+    sts_dir = (
+        fixtures.sts_glue_directory(work_dir, args.stsb_train) if args.judge == "stsb" else None
+    )
     budget = f"{int(args.seconds)}s"
     rows: list[tuple[str, str]] = [(name, name) for name in args.setups]
     if args.untrained:

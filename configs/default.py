@@ -71,12 +71,21 @@ def get_config() -> ml_collections.ConfigDict:
     # What a step minimises, a registered objective (bertjax.pretrain.objectives):
     # "mlm_sentence" (masked LM + the sentence-pair task of data.task) or "mlm" (masked LM
     # only; the pooler and the pair head are not trained) or "rtd" (replaced-token detection,
-    # ELECTRA: model.family "electra"; its masking is ELECTRA's, docs/electra.md).
+    # ELECTRA: model.family "electra"; its masking is ELECTRA's, docs/electra.md) or "distill"
+    # (the masked LM learned from a teacher too, DistilBERT: docs/distillation.md).
     config.objective = "mlm_sentence"
     # rtd only: the generator's hidden size as a fraction of the discriminator's (ELECTRA's
     # 1/4 for base and large), and the weight (lambda) of the discriminator's loss.
     config.generator_hidden_fraction = 0.25
     config.rtd_weight = 50.0
+    # distill only (DistilBERT): the teacher, a pretraining run or transformers directory whose
+    # tokenizer the run takes; both networks' masked-LM distributions softened at
+    # distill_temperature; the weights of the soft cross-entropy, the masked LM and the
+    # hidden states' cosine; the teacher's layers the student starts from ("0,2,4,6,8,10").
+    config.teacher = ""
+    config.distill_temperature = 2.0
+    config.distill_weights = "5,2,1"
+    config.distill_student_layers = ""
 
     # Optimizer and schedule: the fields of bertjax.engine.optim.OptimizerSettings.
     config.optimizer = ml_collections.ConfigDict(

@@ -50,7 +50,18 @@ def get_config() -> ml_collections.ConfigDict:
             target_field="target",
             max_source_length=0,
             max_target_length=64,
+            # Distillation only: examples without labels, in the training file's format,
+            # which the student learns from the teacher alone (config.distill).
+            unlabeled="",
         )
+    )
+    # Distillation (bertjax/finetune/distill.py): the model learns from a teacher fine-tuned
+    # on the same task and labels, with the same tokenizer (a bertjax run or a transformers
+    # directory), besides the labels: (1 - alpha) * the task's loss + alpha * its soft loss
+    # against the teacher's outputs softened by temperature. student_layers ("0,2,4")
+    # starts the model as the teacher with only those layers, in place of init_from.
+    config.distill = ml_collections.ConfigDict(
+        dict(teacher="", alpha=0.5, temperature=2.0, student_layers="")
     )
     # seq2seq (an encoder-decoder warm-started from init_from, Rothe et al. 2020): init is
     # bert2bert | bertshare | bert2rnd | rnd2rnd; evaluation generates greedily (num_beams

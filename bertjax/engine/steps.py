@@ -408,6 +408,10 @@ class Steps:
     # (state, [micro-batch, ...], rng) -> (state, metrics): one step over micro-batches of
     # their own widths (fine-tuning's micro-batches grouped by length).
     micro_batch_step: MicroBatchSteps | None = None
+    # (global batch) -> {feature: array}: what a frozen network computes from each training
+    # batch on the devices, added to the batch before its step (distillation's teacher
+    # outputs); None: the batches go as they are.
+    batch_features: Callable | None = None
 
     def take_step(
         self, state: TrainState, local: dict[str, np.ndarray] | list[dict[str, np.ndarray]], rng
@@ -416,9 +420,18 @@ class Steps:
         whose gradients add up to their batch's."""
         count = jax.process_count()
         if isinstance(local, dict):
-            return self.train_step(state, global_batch(local, self.batch_sharding, count), rng)
-        micro_batches = [global_batch(micro, self.batch_sharding, count) for micro in local]
+            batch = self.with_features(global_batch(local, self.batch_sharding, count))
+            return self.train_step(state, batch, rng)
+        micro_batches = [
+            self.with_features(global_batch(micro, self.batch_sharding, count)) for micro in local
+        ]
         return self.micro_batch_step(state, micro_batches, rng)
+
+    def with_features(self, batch: dict[str, jax.Array]) -> dict[str, jax.Array]:
+        """`batch` with `batch_features`' outputs added (itself when there are none)."""
+        if self.batch_features is None:
+            return batch
+        return {**batch, **self.batch_features(batch)}
 
 
 def build(

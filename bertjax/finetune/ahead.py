@@ -43,6 +43,17 @@ def compiled_ahead(run: PreparedRun, compiler: compile_ahead.Compiler) -> Prepar
             out[name] = jax.ShapeDtypeStruct(shape, array.dtype, sharding=built.batch_sharding)
         return out
 
+    teacher = built.batch_features  # distillation's teacher outputs, or None
+    teacher_program = compiler.ahead(teacher.program) if teacher is not None else None
+
+    def training(batch: dict) -> dict:
+        """A training batch's shapes with the features the teacher adds, whose program is
+        compiled ahead too."""
+        if teacher is None:
+            return batch
+        teacher_program.prepare(teacher.params, batch)
+        return {**batch, **teacher.shapes(batch)}
+
     widths = _training_widths_in_use_order(run)
     train_step, micro_step = built.train_step, built.micro_batch_step
     if settings.micro_batches_by_length:
@@ -65,7 +76,7 @@ def compiled_ahead(run: PreparedRun, compiler: compile_ahead.Compiler) -> Prepar
         micro_step.zeros.prepare(abstract.params)
         grads, sums = jax.eval_shape(micro_step.zeros.function, abstract.params)
         for k, width in enumerate(widths):
-            micro = shapes(first, width)
+            micro = training(shapes(first, width))
             micro_step.denominators.prepare(micro)
             denominators = jax.eval_shape(micro_step.denominators.function, micro)
             # The micro-batch's index is a traced Python int: one program for every index.
@@ -80,7 +91,7 @@ def compiled_ahead(run: PreparedRun, compiler: compile_ahead.Compiler) -> Prepar
         )
         train_step = compiler.ahead(train_step)
         for width in widths:
-            train_step.prepare(abstract, shapes(first, width), rng)
+            train_step.prepare(abstract, training(shapes(first, width)), rng)
     eval_step = compiler.ahead(built.eval_step)
     for examples in [*run.task.validation, *run.task.test]:
         batches = run_eval_batches(
@@ -89,7 +100,13 @@ def compiled_ahead(run: PreparedRun, compiler: compile_ahead.Compiler) -> Prepar
         for _, local in batches:
             eval_step.prepare(abstract.params, shapes(local))
     ahead = dataclasses.replace(
-        built, train_step=train_step, eval_step=eval_step, micro_batch_step=micro_step
+        built,
+        train_step=train_step,
+        eval_step=eval_step,
+        micro_batch_step=micro_step,
+        batch_features=(
+            dataclasses.replace(teacher, program=teacher_program) if teacher is not None else None
+        ),
     )
     return dataclasses.replace(run, ft=dataclasses.replace(ft, steps=ahead))
 

@@ -124,7 +124,8 @@ def _local_batch(
     batch = _rows(examples.features, rows)
     for name in per_position_features(examples):
         batch[name] = batch[name][:, :width]
-    batch["weights"] = np.ones(len(rows), np.float32)
+    if "weights" not in batch:  # a split may weigh its rows' labels (distillation's unlabeled)
+        batch["weights"] = np.ones(len(rows), np.float32)
     return batch
 
 

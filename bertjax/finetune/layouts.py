@@ -23,6 +23,8 @@ EXTENSIONS = {".csv": CSV, ".tsv": TSV, ".jsonl": JSONL, ".json": JSONL, ".conll
 TRAIN = "train"
 VALIDATION = "validation"
 TEST = "test"
+# Distillation's examples without labels (config.data.unlabeled).
+UNLABELED = "unlabeled"
 
 
 def metric_prefix(split_name: str) -> str:

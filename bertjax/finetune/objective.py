@@ -14,6 +14,7 @@ import jax
 from bertjax.capability import HeadSpec
 from bertjax.encoders.family import EncoderConfig
 from bertjax.engine import optim, steps
+from bertjax.finetune import distill as distill_lib
 from bertjax.finetune import task as task_lib
 from bertjax.nn import sharding
 
@@ -61,13 +62,17 @@ def build_finetuning(
     token_capacity: float = 1.0,
     every_batch_fits: bool = False,
     devices=None,
+    distill: distill_lib.DistillSettings | None = None,
 ) -> Finetuning:
     """The mesh, the sharded state layout and the jitted train and eval steps of a run.
 
     `every_batch_fits`: `token_capacity` was chosen so that every training batch of the run
-    fits it (widths.fitting_capacity), so the train step packs without a conditional."""
+    fits it (widths.fitting_capacity), so the train step packs without a conditional.
+    `distill`: the loss mixes in a teacher's outputs, which the batches carry."""
     mesh = sharding.make_mesh(mesh_shape, devices=devices)
     objective = task_lib.get(head.task).objective(model_config, head)
+    if distill is not None:
+        objective = distill_lib.DistillationObjective(objective, distill.alpha, distill.temperature)
     built = steps.build(
         objective,
         objective.init_params,

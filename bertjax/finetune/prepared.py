@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from bertjax import encoders
 from bertjax.engine import rundir
 from bertjax.engine.settings import ConfigError, check_mesh_fits
+from bertjax.finetune import distill as distill_lib
 from bertjax.finetune import task as task_lib
 from bertjax.finetune.objective import Finetuning, build_finetuning
 from bertjax.finetune.settings import FinetuneSettings
-from bertjax.finetune.task import TaskData
+from bertjax.finetune.task import Examples, TaskData
 from bertjax.finetune.warm_start import open_source
 from bertjax.finetune.widths import (
     EVAL_PROGRAM_POSITIONS,
@@ -42,14 +44,36 @@ class PreparedRun:
 
 
 def prepare(settings: FinetuneSettings, devices=None) -> PreparedRun:
-    """Reads init_from and the task's data, and builds the run's steps (shared by seeds)."""
-    source = open_source(settings.init_from, settings.init_step)
+    """Reads init_from and the task's data, and builds the run's steps (shared by seeds); with
+    a teacher (config.distill), opens it and has its outputs join every training batch."""
+    distill = settings.distill
+    teacher = distill_lib.open_teacher(distill) if distill is not None else None
+    if teacher is not None and distill.student_layers:
+        source = distill_lib.student_from_teacher(teacher, distill.student_layers)
+    else:
+        source = open_source(settings.init_from, settings.init_step)
     model_config = settings.model_config(source.config)
     kind = task_lib.get(settings.task)
-    task = kind.read(settings.data, source.tokenizer)
+    data = settings.data
+    if teacher is not None:
+        distill_lib.check_teacher(teacher, settings.task, source.tokenizer, settings.init_from)
+        if teacher.head.labels and data.labels is None:
+            # The student's labels are the teacher's, in its order (the data's are checked
+            # against them as they are read).
+            data = dataclasses.replace(data, labels=teacher.head.labels)
+    task = kind.read(data, source.tokenizer)
     for note in task.notes:
         print(note)
     kind.check(task, settings.run.metric)
+    if teacher is not None:
+        distill_lib.check_labels(teacher.head, task.head)
+        if task.unlabeled is not None:
+            train = distill_lib.with_unlabeled(task.train, task.unlabeled)
+            print(
+                f"training on {len(task.train)} labelled and {len(task.unlabeled)} unlabeled "
+                "examples (the latter from the teacher alone)"
+            )
+            task = dataclasses.replace(task, train=train)
     batch_size = settings.run.batch_size
     steps_per_epoch = len(task.train) // batch_size
     if steps_per_epoch == 0:
@@ -87,8 +111,11 @@ def prepare(settings: FinetuneSettings, devices=None) -> PreparedRun:
         # A capacity chosen from the data (0) fits every batch of the run by construction.
         every_batch_fits=settings.run.token_capacity == 0.0,
         devices=devices,
+        distill=distill,
     )
     check_mesh_fits(model_config, ft.mesh)
+    if teacher is not None:
+        ft = _with_teacher(ft, teacher, settings, kind, task.train)
     run = settings.run
     train_widths = training_widths(
         task.train,
@@ -125,3 +152,22 @@ def prepare(settings: FinetuneSettings, devices=None) -> PreparedRun:
         train_widths,
         eval_widths,
     )
+
+
+def _with_teacher(
+    ft: Finetuning,
+    teacher: rundir.Run,
+    settings: FinetuneSettings,
+    kind: task_lib.Task,
+    train: Examples,
+) -> Finetuning:
+    """`ft` whose training batches carry the teacher's outputs, computed on ft's mesh from its
+    parameters placed there (frozen: they never enter the train state)."""
+    config = settings.model_config(teacher.config)
+    objective = kind.objective(config, teacher.head)
+    check_mesh_fits(config, ft.mesh)
+    distill_lib.check_outputs(objective, ft.objective, train, ft.mesh)
+    params = distill_lib.place_teacher(teacher, objective, ft.mesh)
+    features = distill_lib.teacher_outputs_of(objective, params, ft.steps)
+    print(f"distilling from {teacher.path} ({encoders.family_of(config).describe(config)})")
+    return dataclasses.replace(ft, steps=dataclasses.replace(ft.steps, batch_features=features))

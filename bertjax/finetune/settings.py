@@ -26,6 +26,7 @@ from bertjax.engine.settings import (
     require,
     token_capacity,
 )
+from bertjax.finetune import distill as distill_lib
 from bertjax.finetune import glue_tasks, layouts
 from bertjax.finetune import task as task_lib
 from bertjax.nn import sharding
@@ -62,6 +63,9 @@ class FinetuneDataSettings:
     task_settings: Any = None
     # The config field max_seq_length was read from (a task may read its own), for messages.
     max_seq_length_field: str = "data.max_seq_length"
+    # Examples without labels in the training file's format, for distillation to learn from
+    # the teacher alone (bertjax.finetune.distill); empty: none.
+    unlabeled: str = ""
 
 
 REGRESSION_BIAS_INITS = ("mean", "zero")
@@ -128,6 +132,9 @@ class FinetuneSettings:
     # A checkpoint step of an init_from work directory (None: its newest, or a fine-tuning
     # run's best); set by programs that compare checkpoints (bertjax.glue), not by a field.
     init_step: int | None = None
+    # config.distill: the teacher the model learns from besides the labels (None: the labels
+    # alone).
+    distill: distill_lib.DistillSettings | None = None
 
     @classmethod
     def from_config(
@@ -183,13 +190,30 @@ def _read_finetune(
         "data.max_seq_length",
     ):
         positive_int(config, field)
-    require_(
-        config.init_from is not None and config.init_from != "",
-        "init_from",
-        "set it to the model to fine-tune: a bertjax work directory, a directory written by "
-        "Model.save_hf, or a Hugging Face BERT directory (config.json, weights, tokenizer)",
-    )
-    require_(_is(config.init_from, "directory", "init_from"), "init_from", "no such directory")
+    distill = distill_lib.read_settings(config)
+    if distill is not None:
+        require_(
+            _is(distill.teacher, "directory", "distill.teacher"),
+            "distill.teacher",
+            "no such directory",
+        )
+    from_teacher = distill is not None and bool(distill.student_layers)
+    if from_teacher:
+        require_(
+            not config.init_from,
+            "init_from",
+            "distill.student_layers starts the student from the teacher's layers; leave "
+            "init_from empty (or drop student_layers to start from init_from)",
+        )
+    else:
+        require_(
+            config.init_from is not None and config.init_from != "",
+            "init_from",
+            "set it to the model to fine-tune: a bertjax work directory, a directory written "
+            "by Model.save_hf, or a Hugging Face BERT directory (config.json, weights, "
+            "tokenizer)",
+        )
+        require_(_is(config.init_from, "directory", "init_from"), "init_from", "no such directory")
     glue = glue_tasks.glue_task(config.data.glue_task) if config.data.glue_task else None
     require_(
         not config.data.glue_task or glue is not None,
@@ -212,6 +236,21 @@ def _read_finetune(
         )
     require_(3 <= config.data.max_seq_length, "data.max_seq_length", "must be at least 3")
     spec = task_lib.get(task)
+    if distill is not None:
+        able = [name for name in task_lib.names() if task_lib.get(name).distills]
+        require_(
+            spec.distills,
+            "distill.teacher",
+            f"a {task} run does not distil; tasks that do: {able}",
+        )
+    unlabeled = config.data.get("unlabeled", "")
+    if unlabeled:
+        require_(
+            distill is not None,
+            "data.unlabeled",
+            "examples without labels teach only through a teacher: set config.distill.teacher",
+        )
+        require_(_is(unlabeled, "file", "data.unlabeled"), "data.unlabeled", "no such file")
     # A task with settings of its own reads (and checks) them itself.
     inputs = spec.read_options(config)
     if glue:
@@ -322,8 +361,10 @@ def _read_finetune(
         warmup_steps=0,
         total_steps=1,
     )
+    if unlabeled:
+        data = _with_unlabeled(config, data, unlabeled)
     return FinetuneSettings(
-        init_from=config.init_from,
+        init_from=config.init_from or (distill.teacher if from_teacher else ""),
         task=task,
         model_overrides=model_overrides,
         optimizer=optimizer,
@@ -331,7 +372,32 @@ def _read_finetune(
         data=data,
         run=run,
         config=config.to_dict(),
+        distill=distill,
     )
+
+
+def _with_unlabeled(config, data: FinetuneDataSettings, unlabeled: str) -> FinetuneDataSettings:
+    """`data` with config.data.unlabeled: laid out as the training file is, without labels
+    (a GLUE task's: as its test files are)."""
+    layout = dict(data.layouts).get(data.train)
+    layouts_ = data.layouts
+    if data.glue_task:
+        glue = glue_tasks.glue_task(data.glue_task)
+        layout = glue.test[0][1].layout if glue.test else layout
+        layouts_ = (*layouts_, (unlabeled, dataclasses.replace(layout, label_field=None)))
+    elif layout is not None:
+        kind = layout.format
+        if not config.data.format and layout.format != layouts.CONLL:
+            kind = layouts.EXTENSIONS.get(fs.path(unlabeled).suffix.lower(), layout.format)
+        require(
+            config,
+            kind == layout.format,
+            "data.unlabeled",
+            f"is read as {kind}, the training file as {layout.format}: examples without "
+            "labels come in the training file's format",
+        )
+        layouts_ = (*layouts_, (unlabeled, dataclasses.replace(layout, label_field=None)))
+    return dataclasses.replace(data, unlabeled=unlabeled, layouts=layouts_)
 
 
 # Fields configs/finetune.py leaves unset, so that a task's own default (Task.config_defaults)

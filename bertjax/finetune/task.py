@@ -105,6 +105,8 @@ class TaskData:
     validation: list[Examples]  # one, or MNLI's matched and mismatched
     test: list[Examples]  # possibly none
     notes: list[str]  # what the user should know: skipped rows, cut inputs
+    # config.data.unlabeled's examples, read as a test split (no labels), for distillation.
+    unlabeled: Examples | None = None
 
 
 class TaskObjective(steps.Loss):
@@ -116,6 +118,35 @@ class TaskObjective(steps.Loss):
 
     def evaluate(self, params, batch) -> tuple[Any, dict[str, jax.Array]]:
         """(sums, per-example outputs) of a batch, without dropout, in one pass."""
+        raise NotImplementedError
+
+    # Distillation (bertjax.finetune.distill), for a task whose `Task.distills`: a teacher's
+    # objective gives its outputs, a student's matches them.
+
+    def distill_outputs(
+        self, params, batch, *, rng, deterministic: bool, packed_length=None
+    ) -> dict[str, jax.Array]:
+        """The head's raw outputs by name (logits, span logits, embeddings), batch-major:
+        what a student learns to match."""
+        raise NotImplementedError
+
+    def sums_of_outputs(self, outputs: dict[str, jax.Array], batch) -> Any:
+        """`sums` of a batch, from its `distill_outputs` (the same values)."""
+        raise NotImplementedError
+
+    def soft_sums(
+        self,
+        student: dict[str, jax.Array],
+        teacher: dict[str, jax.Array],
+        batch,
+        temperature: float,
+    ) -> tuple[jax.Array, jax.Array]:
+        """(the student's soft loss against the teacher's outputs summed over the batch, what
+        it is averaged over): every real row (or position) counts, labelled or not."""
+        raise NotImplementedError
+
+    def soft_denominator(self, batch) -> jax.Array:
+        """`soft_sums`' count of a whole batch, from its features alone."""
         raise NotImplementedError
 
 
@@ -149,6 +180,9 @@ class Task:
     # A config section of the task's own (config.qa), read by read_settings; the task then
     # reads its files itself, config.data naming only train, validation and test.
     settings_section: str = ""
+    # Whether its objective distils (TaskObjective.distill_outputs and the rest): a run may
+    # then learn from a teacher (config.distill) and from unlabeled files.
+    distills: bool = False
 
     def read(self, data: Any, tokenizer: Any) -> TaskData:
         raise NotImplementedError

@@ -48,7 +48,7 @@ def held_out_metrics(
         if max_batches and index >= max_batches:
             break
         batch = steps.global_batch(local_batch, run.batch_sharding, jax.process_count())
-        sums = run.eval_step(params, batch)
+        sums = run.eval_step(params, run.with_features(batch))
         totals = sums if totals is None else jax.tree.map(jnp.add, totals, sums)
     if totals is None:
         return {}
@@ -79,7 +79,14 @@ class _Hooks:
         params_rng, self.dropout_rng = jax.random.split(jax.random.key(self.settings.run.seed))
         state = self.run.state.init(params_rng)
         init_from = self.settings.run.init_from
-        if init_from:
+        objective = objectives.get(self.settings.objective)
+        given = objective.initial_params(
+            self.model_config, self.settings.objective_settings, self.run.state.abstract.params
+        )
+        if given is not None:
+            state = state.replace(params=given)
+            print(f"Initialised parameters as the objective gives them ({objective.name})")
+        elif init_from:
             params, start = rundir.restore_run_params(
                 init_from, self.tokenizer, self.model_config, self.run.state.abstract.params
             )
@@ -190,9 +197,12 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     data_kwargs = dict(
         eval_batch_size=run_settings.micro_batch_size,
         seed=run_settings.seed,
-        # A new phase's data is tokenized as its parameters were trained.
+        # A new phase's data is tokenized as its parameters were trained; a teacher's as it
+        # reads text.
         default_tokenizer=(
-            rundir.trained_tokenizer(run_settings.init_from) if run_settings.init_from else None
+            rundir.trained_tokenizer(run_settings.init_from)
+            if run_settings.init_from
+            else objectives.get(settings.objective).tokenizer_from(settings.objective_settings)
         ),
     )
     sources: tuple[PreparedSource, ...] = ()
@@ -205,7 +215,7 @@ def _train(settings, workdir_path, start_time, is_main_process) -> dict[str, Any
     model_config = settings.model_config(tokenizer)
     family = encoders.family_of(model_config)
     objective = objectives.get(settings.objective)
-    run = build_pretraining(settings, model_config)
+    run = build_pretraining(settings, model_config, tokenizer)
     check_mesh_fits(model_config, run.mesh)
 
     def make_loader(split: str, global_batch_size: int, masking, **kwargs) -> data.Loader:

@@ -3,6 +3,7 @@ the run's objective (bertjax.pretrain.objectives, config.objective) trains and m
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from bertjax import encoders
@@ -15,13 +16,16 @@ from bertjax.pretrain.settings import PretrainSettings
 __all__ = ["MaskedLmLoss", "build_pretraining"]
 
 
-def build_pretraining(settings: PretrainSettings, model_config: Any, devices=None) -> steps.Steps:
-    """Creates the mesh, shardings and jitted functions of a run (nothing is allocated)."""
+def build_pretraining(
+    settings: PretrainSettings, model_config: Any, tokenizer: Any = None, devices=None
+) -> steps.Steps:
+    """Creates the mesh, shardings and jitted functions of a run (nothing is allocated but a
+    frozen network's parameters, for an objective that has one: a teacher's)."""
     run, data = settings.run, settings.data
     mesh = sharding.make_mesh(run.mesh_shape, devices=devices)
     family = encoders.family_of(model_config)
     objective = objectives.get(settings.objective)
-    return steps.build(
+    built = steps.build(
         objective.step(family, model_config, settings),
         objective.model_init(family, model_config, settings.objective_settings),
         settings.optimizer,
@@ -31,3 +35,5 @@ def build_pretraining(settings: PretrainSettings, model_config: Any, devices=Non
             run.micro_batch_size, data.max_seq_length, run.token_capacity, mesh
         ),
     )
+    features = objective.batch_features(model_config, settings.objective_settings, tokenizer, built)
+    return dataclasses.replace(built, batch_features=features)

@@ -87,6 +87,14 @@ def test_a_second_run_or_seed_compiles_nothing_unless_the_cache_is_off(pretraine
     assert second == (0, compiled)
     assert entries(default) == written
 
+    # Distilling from that run: the teacher's program is kept and loaded as the steps' are.
+    teacher = f"--config.distill.teacher={tmp_path / 'first'}"
+    distilled = finetune(pretrained_run, tmp_path, tmp_path / "distilled", env, teacher)
+    assert distilled[0] > 0
+    again = finetune(pretrained_run, tmp_path, tmp_path / "again_distilled", env, teacher)
+    assert again == (0, sum(distilled))
+    written = entries(default)
+
     # Turned off by the flag, which wins over the variable: nothing loaded or written.
     moved = tmp_path / "moved"
     env_moved = {**env, "BERTJAX_COMPILATION_CACHE": str(moved)}

@@ -14,6 +14,8 @@ CONFIGS = pathlib.Path(__file__).resolve().parents[2] / "configs"
 NOT_PRETRAINING = {"finetune", "glue", "glue_modernbert", "modern_recipe", "default"}
 # Recipes that continue another run: they refuse to start without it.
 CONTINUING = {"base_phase2", "modernbert_base_context", "modernbert_tiny_context"}
+# Recipes that learn from a teacher run: they refuse to start until it exists.
+DISTILLING = {"distil_base", "distil_tiny"}
 RECIPES = sorted(p.stem for p in CONFIGS.glob("*.py") if p.stem != "__init__")
 
 
@@ -34,6 +36,11 @@ def test_a_pretraining_recipe_passes_the_settings_checks(name):
     config = importlib.import_module(f"configs.{name}").get_config()
     if name in CONTINUING:
         with pytest.raises(ConfigError, match="init_from"):
+            PretrainSettings.from_config(config, devices=jax.devices())
+        return
+    if name in DISTILLING:
+        config.teacher = config.teacher or "runs/no_such_teacher"
+        with pytest.raises(ConfigError, match="config.teacher=.*no such directory"):
             PretrainSettings.from_config(config, devices=jax.devices())
         return
     settings = PretrainSettings.from_config(config, devices=jax.devices())

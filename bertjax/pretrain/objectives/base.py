@@ -14,6 +14,12 @@ An objective owns everything of a pretraining run that depends on what a step mi
   flops        matmul FLOPs of training on one sequence (perf's MFU)
   samples      the lines shown at the end of a run
   run_meta     what its checkpoints record beyond the run's settings (for opening them)
+  tokenizer_from  the tokenizer its data is read with when data.tokenizer is unset (a
+               teacher's)
+  batch_features  what a frozen network computes from each batch on the devices, added to
+               the batch (a teacher's outputs: bertjax.engine.teacher)
+  initial_params  values the trained parameters start from instead of a random init (a
+               student made of its teacher's layers)
   networks     how a run it trained opens: the networks in its parameters, each a model of
                its family ("" the one fine-tuning and exports take), and the notebook
                methods they serve (bertjax.engine.networks.PretrainedRuns, which the run
@@ -123,6 +129,23 @@ class PretrainObjective(networks.PretrainedRuns):
         """Printable lines on held-out text shown at the end of a run (options: its
         `read`)."""
         return []
+
+    def tokenizer_from(self, options: Any) -> Any:
+        """The tokenizer a run reads its data with where data.tokenizer (and init_from) give
+        none, or None: one trained on the data."""
+        return None
+
+    def batch_features(
+        self, model_config: Any, options: Any, tokenizer: Any, built: steps.Steps
+    ) -> Callable | None:
+        """`(global batch) -> {feature: array}` a frozen network adds to every training and
+        evaluation batch on the devices (steps.Steps.batch_features), or None."""
+        return None
+
+    def initial_params(self, model_config: Any, options: Any, abstract_params: Any) -> Any:
+        """Values the trained parameters start from, placed as `abstract_params` (their
+        shapes and shardings) says, or None: `model_init`'s random ones."""
+        return None
 
     def run_meta(self, model_config: Any, options: Any = None) -> dict[str, Any]:
         """JSON its checkpoints record beyond the run's settings, for `networks` to open them

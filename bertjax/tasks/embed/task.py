@@ -45,9 +45,10 @@ from bertjax.encoders.family import EncoderConfig
 from bertjax.engine import rundir
 from bertjax.engine.settings import ConfigError
 from bertjax.finetune import data as task_data
-from bertjax.finetune.layouts import Layout
+from bertjax.finetune.layouts import UNLABELED, Layout
 from bertjax.finetune.task import Examples, Task, TaskData, TaskInputs, TaskObjective
 from bertjax.inference import vectors
+from bertjax.nn import distillation
 from bertjax.storage import fs, textfile
 from bertjax.tasks.embed import metrics as embedding_eval
 from bertjax.tasks.embed import model as embedding
@@ -354,6 +355,25 @@ class EmbeddingTaskObjective(TaskObjective):
         )
         return self.inner.sums_of(vectors, batch)
 
+    def distill_outputs(self, params, batch, *, rng, deterministic, packed_length=None):
+        vectors = self.embeddings(
+            params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
+        )
+        return {"embeddings": vectors}  # [b, t, h]
+
+    def sums_of_outputs(self, outputs, batch) -> EmbeddingSums:
+        return self.inner.sums_of(outputs["embeddings"], batch)
+
+    def soft_sums(self, student, teacher, batch, temperature):
+        """Each row's mean squared error to the teacher's embeddings of its texts (over texts
+        and coordinates, as sentence-transformers' MSELoss distils a model)."""
+        errors = distillation.squared_error(student["embeddings"], teacher["embeddings"])
+        per_row = jnp.mean(errors, axis=-1) / student["embeddings"].shape[-1]  # [b]
+        return jnp.sum(per_row), self.soft_denominator(batch)
+
+    def soft_denominator(self, batch) -> jax.Array:
+        return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+
     def evaluate(self, params, batch):
         if POSITIVE + "input_ids" not in batch:  # retrieval: one text per row, no loss
             vectors = self._embed(params, batch, "", rng=None, deterministic=True)
@@ -389,6 +409,7 @@ class EmbeddingTask(Task):
     default_metric: str = "spearman"
     conll_files: bool = False
     label_separator: bool = False
+    distills: bool = True
 
     def read_options(self, config) -> TaskInputs:
         """config.embedding, validated, as FinetuneDataSettings.task_options."""
@@ -440,7 +461,16 @@ class EmbeddingTask(Task):
                 f"{data.train}: {examples.full_rows} text(s) fill max_seq_length="
                 f"{data.max_seq_length} (longer ones were cut)"
             )
-        return TaskData(head_for(spec, settings.loss), examples, validation, test, notes)
+        unlabeled = None
+        if data.unlabeled:  # distillation's: the training file's texts, no scores
+            layout = dataclasses.replace(layouts[data.unlabeled], label_field=None)
+            split = task_data.read_split(
+                data.unlabeled, layout, UNLABELED, False, task_data.NUMBER_LABEL
+            )
+            unlabeled = _pair_examples(split, tokenizer, data.max_seq_length, texts)
+        return TaskData(
+            head_for(spec, settings.loss), examples, validation, test, notes, unlabeled=unlabeled
+        )
 
     def check(self, data: TaskData, metric: str) -> None:
         if metric in RETRIEVAL_METRICS and not isinstance(data.validation[0], RetrievalExamples):

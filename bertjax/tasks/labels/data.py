@@ -34,7 +34,7 @@ from bertjax.finetune.data import (
     read_split,
     record_fault,
 )
-from bertjax.finetune.layouts import TRAIN
+from bertjax.finetune.layouts import TRAIN, UNLABELED
 from bertjax.finetune.settings import FinetuneDataSettings
 from bertjax.finetune.task import Examples, TaskData
 from bertjax.tasks.labels import model
@@ -229,13 +229,14 @@ def load_task(data: FinetuneDataSettings, task: str, tokenizer: Tokenizer) -> Ta
     head = head_for(task, train, data.labels)
     validation = [read(path, name, True) for name, path in data.validation]
     test = [read(path, name, False) for name, path in data.test]
+    # Distillation's unlabeled examples: read as a test split is, labels or not.
+    unlabeled = [read(data.unlabeled, UNLABELED, False)] if data.unlabeled else []
     for split in (train, *validation, *test):
         check_labels(split, head, train.path)
-    encoded = [
-        encode(split, head, tokenizer, data.max_seq_length) for split in (train, *validation, *test)
-    ]
+    splits = (train, *validation, *test, *unlabeled)
+    encoded = [encode(split, head, tokenizer, data.max_seq_length) for split in splits]
     notes = []
-    for split, examples in zip((train, *validation, *test), encoded):
+    for split, examples in zip(splits, encoded):
         if split.skipped:
             notes.append(f"{split.path}: skipped {split.skipped} malformed row(s)")
         if examples.full_rows:
@@ -249,5 +250,10 @@ def load_task(data: FinetuneDataSettings, task: str, tokenizer: Tokenizer) -> Ta
                 "sub-words (or without tokens) get no prediction of their own"
             )
     return TaskData(
-        head, encoded[0], encoded[1 : 1 + len(validation)], encoded[1 + len(validation) :], notes
+        head,
+        encoded[0],
+        encoded[1 : 1 + len(validation)],
+        encoded[1 + len(validation) : 1 + len(validation) + len(test)],
+        notes,
+        unlabeled=encoded[-1] if unlabeled else None,
     )

@@ -33,7 +33,7 @@ from bertjax import capability, encoders
 from bertjax.capability import ENCODER
 from bertjax.encoders.bert.model import Dropout
 from bertjax.encoders.family import EncoderConfig
-from bertjax.nn import sharding
+from bertjax.nn import distillation, sharding
 from bertjax.nn.heads import CLASSIFIER, HeadSums
 from bertjax.nn.sharding import ACTIVATION_EMBED, BATCH, LABELS, LENGTH
 from bertjax.text.tokenizer import Tokenizer
@@ -199,6 +199,36 @@ def denominator(task: str, batch, num_outputs: int) -> jax.Array:
         labelled = (batch["labels"] != IGNORE_LABEL) & (batch["weights"][:, None] > 0)
         return jnp.sum(labelled.astype(jnp.float32))
     rows = jnp.sum(batch["weights"].astype(jnp.float32))
+    return rows * num_outputs if task == MULTI_LABEL else rows
+
+
+def soft_sums(
+    task: str, student: jax.Array, teacher: jax.Array, batch, temperature: float
+) -> tuple[jax.Array, jax.Array]:
+    """(summed soft loss of the student's logits against the teacher's, its count): every row
+    of a training batch counts, labelled or not (bertjax.finetune.distill).
+
+    classification: softened KL per row; regression: squared error to the teacher's score;
+    multi-label: each label's softened Bernoulli KL, averaged over (row, label) as the hard
+    loss is; token labels: softened KL at every real position."""
+    if task == TOKEN_CLASSIFICATION:
+        mask = batch["input_mask"].astype(jnp.float32)  # [b, s]
+        per_token = distillation.soft_cross_entropy(student, teacher, temperature)  # [b, s]
+        return jnp.sum(mask * per_token), jnp.sum(mask)
+    if task == REGRESSION:
+        per_row = distillation.squared_error(student, teacher)  # [b]
+    elif task == MULTI_LABEL:
+        per_row = distillation.soft_binary_cross_entropy(student, teacher, temperature)  # [b]
+    else:
+        per_row = distillation.soft_cross_entropy(student, teacher, temperature)  # [b]
+    return jnp.sum(per_row), soft_denominator(task, batch, student.shape[-1])
+
+
+def soft_denominator(task: str, batch, num_outputs: int) -> jax.Array:
+    """`soft_sums`' count of a whole batch, from its features alone."""
+    if task == TOKEN_CLASSIFICATION:
+        return jnp.sum(batch["input_mask"].astype(jnp.float32))
+    rows = jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
     return rows * num_outputs if task == MULTI_LABEL else rows
 
 

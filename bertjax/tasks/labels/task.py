@@ -76,6 +76,23 @@ class HeadObjective(TaskObjective):
     def denominators(self, batch) -> jax.Array:
         return label_heads.denominator(self.head.task, batch, self.head.num_outputs)
 
+    def distill_outputs(self, params, batch, *, rng, deterministic, packed_length=None):
+        logits = self.logits(
+            params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
+        )
+        return {"logits": logits}
+
+    def sums_of_outputs(self, outputs, batch) -> heads.HeadSums:
+        return label_heads.head_sums(self.head.task, outputs["logits"], batch)
+
+    def soft_sums(self, student, teacher, batch, temperature):
+        return label_heads.soft_sums(
+            self.head.task, student["logits"], teacher["logits"], batch, temperature
+        )
+
+    def soft_denominator(self, batch) -> jax.Array:
+        return label_heads.soft_denominator(self.head.task, batch, self.head.num_outputs)
+
     def loss(self, sums: heads.HeadSums, denominators: jax.Array) -> jax.Array:
         # At least 1: a token batch could hold no labelled word at all.
         return sums.loss / jnp.maximum(denominators, 1.0)
@@ -116,6 +133,8 @@ class HeadTask(Task):
     @property
     def label_separator(self) -> bool:
         return self.name == label_heads.MULTI_LABEL
+
+    distills = True
 
     def read(self, data: FinetuneDataSettings, tokenizer: Tokenizer) -> TaskData:
         return task_data.load_task(data, self.name, tokenizer)

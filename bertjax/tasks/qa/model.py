@@ -14,7 +14,7 @@ from bertjax import capability, encoders
 from bertjax.capability import ENCODER
 from bertjax.encoders.family import EncoderConfig
 from bertjax.engine import steps
-from bertjax.nn import heads, sharding
+from bertjax.nn import distillation, heads, sharding
 from bertjax.nn.heads import HeadSums
 from bertjax.nn.sharding import BATCH, LABELS, LENGTH
 
@@ -110,6 +110,30 @@ def qa_sums(
     return HeadSums(
         jnp.sum(weights * loss), jnp.sum(weights * correct.astype(jnp.float32)), jnp.sum(weights)
     )
+
+
+# The logit a padding position gets in the soft loss: nothing of the softmax, and finite
+# whatever the temperature divides it by, so no inf arithmetic.
+_MASKED_LOGIT = -1e9
+
+
+def soft_span_loss(
+    student: tuple[jax.Array, jax.Array],
+    teacher: tuple[jax.Array, jax.Array],
+    input_mask: jax.Array,
+    temperature: float,
+) -> jax.Array:
+    """Per window [b], the mean of the start and end distributions' softened KL of the
+    student's (start, end) logits [b, s] against the teacher's, over real positions only
+    (as `qa_sums` scores the labels)."""
+
+    def masked(logits):
+        return jnp.where(input_mask > 0, logits.astype(jnp.float32), _MASKED_LOGIT)
+
+    return 0.5 * sum(
+        distillation.soft_cross_entropy(masked(s), masked(t), temperature)
+        for s, t in zip(student, teacher)
+    )  # [b]
 
 
 class QAObjective(steps.Loss):

@@ -29,6 +29,8 @@ import dataclasses
 import functools
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bertjax.capability import HeadSpec
@@ -166,6 +168,28 @@ class QAHeadObjective(qa_model.QAObjective, TaskObjective):
         sums = self.batch_sums(start, end, batch)
         return sums, {"start_logits": start, "end_logits": end}  # [b, s] each
 
+    def distill_outputs(self, params, batch, *, rng, deterministic, packed_length=None):
+        start, end = self.logits(
+            params, batch, rng=rng, deterministic=deterministic, packed_length=packed_length
+        )
+        return {"start_logits": start, "end_logits": end}  # [b, s] each
+
+    def sums_of_outputs(self, outputs, batch) -> HeadSums:
+        return self.batch_sums(outputs["start_logits"], outputs["end_logits"], batch)
+
+    def soft_sums(self, student, teacher, batch, temperature):
+        spans = ("start_logits", "end_logits")
+        per_window = qa_model.soft_span_loss(
+            tuple(student[k] for k in spans),
+            tuple(teacher[k] for k in spans),
+            batch["input_mask"],
+            temperature,
+        )  # [b]
+        return jnp.sum(per_window), self.soft_denominator(batch)
+
+    def soft_denominator(self, batch) -> jax.Array:
+        return jnp.asarray(batch["input_ids"].shape[0], jnp.float32)
+
 
 def decode_split(examples: QAExamples, outputs: dict[str, np.ndarray]) -> qa_decode.QAPredictions:
     """Each example's n-best answers from its windows' logits (outputs rows = windows)."""
@@ -190,6 +214,7 @@ class QuestionAnsweringTask(Task):
     label_separator: bool = False
     config_defaults: tuple = tuple(CONFIG_DEFAULTS.items())
     predicts_validation: bool = True  # the official files for the validation split too
+    distills: bool = True
     settings_section: str = "qa"  # config.qa: windowing and decoding
 
     def read_settings(self, values: dict[str, Any], max_seq_length: int) -> qa.QASettings:
@@ -210,13 +235,24 @@ class QuestionAnsweringTask(Task):
             split, read = encode(name, path, training=False, version_2=train_data.version_2)
             test.append(split)
             notes.append(read.report())
-        for split in (train, *validation, *test):
+        unlabeled = None
+        if data.unlabeled:  # distillation's questions without answers: read as a test file
+            unlabeled, read = encode(
+                layouts.UNLABELED, data.unlabeled, training=False, version_2=train_data.version_2
+            )
+            notes.append(read.report())
+        for split in (train, *validation, *test, *([unlabeled] if unlabeled else [])):
             notes.append(
                 f"{split.path}: {len(split)} windows of {settings.max_seq_length} tokens "
                 f"(doc_stride {settings.doc_stride}) for {len(split.examples)} questions"
             )
         return TaskData(
-            HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS), train, validation, test, notes
+            HeadSpec(qa_model.TASK, qa_model.HEAD_LABELS),
+            train,
+            validation,
+            test,
+            notes,
+            unlabeled=unlabeled,
         )
 
     def check(self, data: TaskData, metric: str) -> None:
