@@ -29,6 +29,7 @@ import argparse
 import json
 import pathlib
 import statistics
+from typing import Any
 
 import jax
 
@@ -74,7 +75,7 @@ def dev_pairs(sts: pathlib.Path) -> tuple[list[str], list[str]]:
     return [r[7] for r in rows], [r[8] for r in rows]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work_dir", required=True)
     parser.add_argument("--seeds", default="1,2,3")
@@ -86,8 +87,8 @@ def main() -> None:
     parser.add_argument("--max_seq_length", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3, help="predict timing rounds")
     report.add_json_flag(parser)
-    args = parser.parse_args()
-    machine = report.start("distill")
+    args = parser.parse_args(argv)
+    machine = report.start("distill", argv)
     work = pathlib.Path(args.work_dir).resolve()
     seeds = [int(s) for s in args.seeds.split(",")]
     layers = tuple(int(x) for x in args.layers.split(","))
@@ -157,7 +158,7 @@ def main() -> None:
         f"  predict on the {len(first)} dev pairs: teacher {speeds['teacher'].median:.2f} s, "
         f"student {speeds['student'].median:.2f} s ({ratio:.2f}x)"
     )
-    report.finish(
+    return report.finish(
         "distill",
         args,
         {

@@ -34,14 +34,13 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 
 from bertjax import capability
 from bertjax.capability import HeadSpec
 from bertjax.engine import rundir, steps
 from bertjax.engine import teacher as teacher_lib
-from bertjax.engine.settings import ConfigError, config_value, fail
+from bertjax.engine.settings import ConfigError
 from bertjax.finetune.task import Examples, TaskObjective
 from bertjax.nn import distillation
 from bertjax.storage import fs
@@ -60,52 +59,6 @@ class DistillSettings:
     temperature: float = 2.0  # both networks' logits are divided by it (Hinton et al.)
     # The teacher's encoder layers the student starts from, in order; empty: init_from.
     student_layers: tuple[int, ...] = ()
-
-
-def read_settings(config: ml_collections.ConfigDict) -> DistillSettings | None:
-    """config.distill, checked (None without a teacher)."""
-    section = config.get("distill")
-    if section is None:
-        return None
-    if not section.get("teacher"):
-        unset = DistillSettings(teacher="")
-        for field in ("alpha", "temperature", "student_layers"):
-            value = section.get(field)
-            if value not in (None, "") and value != getattr(unset, field):
-                raise fail(
-                    f"distill.{field}", value, "applies to distillation: set distill.teacher"
-                )
-        return None
-
-    def require(ok: bool, field: str, message: str) -> None:
-        if not ok:
-            raise fail(field, config_value(config, field), message)
-
-    alpha, temperature = section.get("alpha", 0.5), section.get("temperature", 2.0)
-    number = (int, float)
-    require(
-        isinstance(alpha, number) and not isinstance(alpha, bool) and 0.0 <= alpha <= 1.0,
-        "distill.alpha",
-        "must be in [0, 1]: the teacher's share of the loss (1: the teacher alone)",
-    )
-    require(
-        isinstance(temperature, number)
-        and not isinstance(temperature, bool)
-        and 0.0 < temperature <= 100.0,
-        "distill.temperature",
-        "must be in (0, 100]: the softening of both networks' logits (DistilBERT: 2)",
-    )
-    layers = section.get("student_layers", "")
-    try:
-        layers = parse_layers(layers)
-    except ValueError as err:
-        raise fail("distill.student_layers", layers, str(err)) from None
-    return DistillSettings(
-        teacher=str(section.teacher),
-        alpha=float(alpha),
-        temperature=float(temperature),
-        student_layers=layers,
-    )
 
 
 def parse_layers(value: Any) -> tuple[int, ...]:

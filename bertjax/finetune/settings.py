@@ -21,6 +21,8 @@ from bertjax.engine import optim
 from bertjax.engine.settings import (
     ConfigError,
     check_mesh,
+    config_value,
+    fail,
     positive_int,
     read_optimizer,
     require,
@@ -190,7 +192,7 @@ def _read_finetune(
         "data.max_seq_length",
     ):
         positive_int(config, field)
-    distill = distill_lib.read_settings(config)
+    distill = read_distill(config)
     if distill is not None:
         require_(
             _is(distill.teacher, "directory", "distill.teacher"),
@@ -589,4 +591,50 @@ def _read_finetune_files(config, task: str, inputs=None) -> FinetuneDataSettings
         glue_task="",
         labels=None,
         max_seq_length=d.max_seq_length,
+    )
+
+
+def read_distill(config: ml_collections.ConfigDict) -> distill_lib.DistillSettings | None:
+    """config.distill, checked (None without a teacher)."""
+    section = config.get("distill")
+    if section is None:
+        return None
+    if not section.get("teacher"):
+        unset = distill_lib.DistillSettings(teacher="")
+        for field in ("alpha", "temperature", "student_layers"):
+            value = section.get(field)
+            if value not in (None, "") and value != getattr(unset, field):
+                raise fail(
+                    f"distill.{field}", value, "applies to distillation: set distill.teacher"
+                )
+        return None
+
+    def require(ok: bool, field: str, message: str) -> None:
+        if not ok:
+            raise fail(field, config_value(config, field), message)
+
+    alpha, temperature = section.get("alpha", 0.5), section.get("temperature", 2.0)
+    number = (int, float)
+    require(
+        isinstance(alpha, number) and not isinstance(alpha, bool) and 0.0 <= alpha <= 1.0,
+        "distill.alpha",
+        "must be in [0, 1]: the teacher's share of the loss (1: the teacher alone)",
+    )
+    require(
+        isinstance(temperature, number)
+        and not isinstance(temperature, bool)
+        and 0.0 < temperature <= 100.0,
+        "distill.temperature",
+        "must be in (0, 100]: the softening of both networks' logits (DistilBERT: 2)",
+    )
+    layers = section.get("student_layers", "")
+    try:
+        layers = distill_lib.parse_layers(layers)
+    except ValueError as err:
+        raise fail("distill.student_layers", layers, str(err)) from None
+    return distill_lib.DistillSettings(
+        teacher=str(section.teacher),
+        alpha=float(alpha),
+        temperature=float(temperature),
+        student_layers=layers,
     )

@@ -89,7 +89,7 @@ def test_objective_and_eval_rate_settings(data_dir):
     for overrides, field in [
         (
             {"objective": "nsp"},
-            r"config\.objective='nsp': must be one of \('mlm_sentence', 'mlm', 'rtd'\)",
+            r"config\.objective='nsp': must be one of \('mlm_sentence', 'mlm', 'rtd', 'distill'\)",
         ),
         ({"data.eval_masked_lm_prob": 0.0}, r"config\.data\.eval_masked_lm_prob=0\.0"),
         ({"optimizer.decay_steps": 10**7}, r"config\.optimizer: OptimizerSettings\.decay_steps"),
