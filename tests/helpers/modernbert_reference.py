@@ -25,6 +25,7 @@ from bertjax.encoders.modernbert.hf import (
     TIED_DECODER,
     tensor_specs,
 )
+from bertjax.encoders.modernbert.layouts import stack_layers, unstack_layers
 from bertjax.encoders.modernbert.model import (
     ModernBertModel,
     PredictionHead,
@@ -32,8 +33,6 @@ from bertjax.encoders.modernbert.model import (
     _param,
     _stds,
     masked_lm_logits,
-    stack_layers,
-    unstack_layers,
 )
 from bertjax.nn.sharding import EMBED, LABELS, VOCAB
 

@@ -10,6 +10,7 @@ import pytest
 from flax import linen as nn
 
 from bertjax.encoders.modernbert import hf as mb_hf
+from bertjax.encoders.modernbert import layouts
 from bertjax.encoders.modernbert import model as mb_model
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import ModernBertModel
@@ -187,7 +188,7 @@ def test_scanned_layer_groups_equal_transformers_and_round_trip():
     assert max_diff(ours, theirs, mask.astype(bool)) <= LOGITS_ATOL
     back = mb_ref.params_to_hf(params, config)
     assert set(back) == set(sd) and all(np.array_equal(back[k], sd[k]) for k in sd)
-    restacked = mb_model.stack_layers(mb_model.unstack_layers(params["model"], config), config)
+    restacked = layouts.stack_layers(layouts.unstack_layers(params["model"], config), config)
     assert jax.tree.all(jax.tree.map(np.array_equal, restacked, params["model"]))
     plain = dataclasses.replace(config, scan_layers=False)
     plain_out = _apply(ModernBertForMaskedLM(plain), mb_ref.params_from_hf(sd, plain), ids, mask)

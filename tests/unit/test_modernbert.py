@@ -15,6 +15,7 @@ from flax import linen as nn
 
 from bertjax.encoders.modernbert import attention as mb_attention
 from bertjax.encoders.modernbert import family as mb_family
+from bertjax.encoders.modernbert import layouts
 from bertjax.encoders.modernbert import model as mb_model
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.encoders.modernbert.model import ModernBertModel
@@ -331,7 +332,7 @@ def test_remat_and_dropout():
 
     grad = jax.jit(jax.value_and_grad(loss), static_argnums=1)
     scanned = dataclasses.replace(config, scan_layers=True)
-    scanned_params = {**params, "model": mb_model.stack_layers(params["model"], scanned)}
+    scanned_params = {**params, "model": layouts.stack_layers(params["model"], scanned)}
     for cfg, p, policies in [
         (config, params, ("full",)),
         (scanned, scanned_params, ("dots",)),

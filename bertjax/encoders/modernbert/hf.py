@@ -28,12 +28,8 @@ import numpy as np
 from bertjax import capability
 from bertjax.encoders import family as family_lib
 from bertjax.encoders.modernbert.config import ModernBertConfig, _is_int
-from bertjax.encoders.modernbert.model import (
-    DECODER_BIAS,
-    init_masked_lm,
-    stack_layers,
-    unstack_layers,
-)
+from bertjax.encoders.modernbert.layouts import stack_layers, unstack_layers
+from bertjax.encoders.modernbert.model import DECODER_BIAS, init_masked_lm
 from bertjax.storage import fs, hf
 from bertjax.text.tokenizer import check_vocab
 

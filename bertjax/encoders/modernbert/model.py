@@ -35,8 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
-from typing import Any
 
 import flax.linen as nn
 import jax
@@ -45,6 +43,7 @@ import numpy as np
 
 from bertjax.capability import ENCODER
 from bertjax.encoders.family import Generator, PretrainingOutput
+from bertjax.encoders.modernbert import rotary
 from bertjax.encoders.modernbert.attention import (
     _MASK_VALUE,
     KernelMasks,
@@ -148,25 +147,6 @@ def gelu(x: jax.Array) -> jax.Array:
     return 0.5 * x * (1.0 + jax.lax.erf(x * np.float32(1 / math.sqrt(2))).astype(x.dtype))
 
 
-def rotary_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """(cos, sin), each [batch, seq, head_dim] float32, for NeoX-style rotary embeddings:
-    dimension k and k + head_dim / 2 rotate together at frequency theta ** (-2k / head_dim)."""
-    exponents = jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim  # [d / 2]
-    inv_freq = 1.0 / (jnp.float32(theta) ** exponents)  # [d / 2]
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [b, s, d / 2]
-    angles = jnp.concatenate([angles, angles], axis=-1)  # [b, s, d]
-    return jnp.cos(angles), jnp.sin(angles)
-
-
-def apply_rotary(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
-    """Rotates x [batch, seq, heads, head_dim] by the tables [batch, seq, head_dim] in float32;
-    returns x's dtype."""
-    x32 = x.astype(jnp.float32)
-    first, second = jnp.split(x32, 2, axis=-1)  # [b, s, n, d / 2] each
-    rotated = jnp.concatenate([-second, first], axis=-1)  # [b, s, n, d]
-    return (x32 * cos[:, :, None] + rotated * sin[:, :, None]).astype(x.dtype)
-
-
 class Attention(nn.Module):
     """Fused-QKV self-attention with rotary positions; softmax in float32.
 
@@ -200,7 +180,7 @@ class Attention(nn.Module):
         # instead of padding each to qkv's size and adding them (about 4 % of a CPU step).
         parts = jnp.unstack(qkv, axis=2)  # [b, s, n, d] each
         q, k, v = (sharding.constrain(part, qkv_names) for part in parts)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        q, k = rotary.apply(q, cos, sin), rotary.apply(k, cos, sin)
         # Attention's products take matmul_dtype operands; its output returns to qkv's dtype.
         q, k, v = low_precision.rounded(cfg.matmul_dtype, q, k, v)
         weights_dropout = nn.Dropout(cfg.attention_dropout)
@@ -322,14 +302,14 @@ class EncoderLayer(nn.Module):
     first: bool = False
 
     @nn.compact
-    def __call__(self, x, masks, rotary, index, deterministic: bool):
+    def __call__(self, x, masks, angles, index, deterministic: bool):
         cfg = self.config
         kind = 0 if self.is_global else 1
         x = materialized_gradient(x)
         y = x if self.first else _layer_norm(cfg, "attn_norm")(x)
         window = None if self.is_global else cfg.window
         attention = Attention(cfg, local_window=window, name="attn")
-        x = x + attention(y, masks[kind], *rotary[kind], deterministic, index)
+        x = x + attention(y, masks[kind], *angles[kind], deterministic, index)
         x = x + GegluMlp(cfg, name="mlp")(_layer_norm(cfg, "mlp_norm")(x), deterministic)
         return sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
 
@@ -365,12 +345,12 @@ class LayerGroup(nn.Module):
     config: ModernBertConfig
 
     @nn.compact
-    def __call__(self, x, masks, rotary, index, deterministic: bool):
+    def __call__(self, x, masks, angles, index, deterministic: bool):
         n = self.config.global_attn_every_n_layers
         layer_cls = _layer_class(self.config)
         for j in range(n):
             x = layer_cls(self.config, is_global=j == n - 1, name=f"layer_{j}")(
-                x, masks, rotary, index, deterministic
+                x, masks, angles, index, deterministic
             )
         return x, None
 
@@ -507,9 +487,9 @@ class ModernBertModel(nn.Module):
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(seq, dtype=jnp.int32), (batch, seq))
         masks = layer_masks(cfg, attention_mask, segment_ids, deterministic)  # global, local
-        rotary = (
-            rotary_tables(positions, cfg.head_dim, cfg.global_rope_theta),
-            rotary_tables(positions, cfg.head_dim, cfg.local_rope_theta),
+        angles = (
+            rotary.tables(positions, cfg.head_dim, cfg.global_rope_theta),
+            rotary.tables(positions, cfg.head_dim, cfg.local_rope_theta),
         )  # 2 x (cos, sin) [b, s, d]
         index = None
         groups = sharding.shards(BATCH)
@@ -525,11 +505,11 @@ class ModernBertModel(nn.Module):
         if cfg.embedding_width != cfg.hidden_size:
             x = self.embeddings_project(x)  # [b, s, e] -> [b, s, h]
         x = sharding.constrain(x, (BATCH, LENGTH, ACTIVATION_EMBED))
-        x = self.layers[0](x, masks, rotary, index, deterministic)
+        x = self.layers[0](x, masks, angles, index, deterministic)
         if self.groups is not None:
-            x, _ = self.groups(x, masks, rotary, index, deterministic)
+            x, _ = self.groups(x, masks, angles, index, deterministic)
         for layer in self.layers[1:]:
-            x = layer(x, masks, rotary, index, deterministic)
+            x = layer(x, masks, angles, index, deterministic)
         x = self.final_norm(x)
         if index is not None:
             x = unpadding.unpack_tokens(x, index, batch, seq)  # [b, s, h], zero at padding
@@ -588,52 +568,6 @@ def masked_lm_logits(cfg, x, masked_lm_positions, head, table, bias) -> jax.Arra
     if bias is not None:
         logits = logits + bias.astype(jnp.float32)
     return sharding.constrain(logits, (BATCH, LENGTH, VOCAB))
-
-
-# ---------------------------------------------------------------------------------------------
-# The two layouts of the encoder's params: plain (layer_0 .. layer_{L-1}) and scanned
-# (layer_0, the groups stacked under "groups" with a leading [groups] axis, the tail layers).
-
-
-def stack_layers(encoder: Mapping[str, Any], config: ModernBertConfig) -> dict:
-    """ModernBertModel params, plain layout -> scanned layout (unboxed arrays)."""
-    groups, _ = group_layout(config)
-    n = config.global_attn_every_n_layers
-    grouped = {f"layer_{1 + g * n + j}" for g in range(groups) for j in range(n)}
-    missing = sorted(grouped - set(encoder))
-    if missing:
-        raise ValueError(f"encoder params have no {missing[0]!r}: expected the plain layout")
-    out = {key: value for key, value in encoder.items() if key not in grouped}
-    if groups:
-        out[GROUPS] = {
-            f"layer_{j}": jax.tree.map(
-                lambda *xs: jnp.stack(xs),  # [groups, ...]
-                *[encoder[f"layer_{1 + g * n + j}"] for g in range(groups)],
-            )
-            for j in range(n)
-        }
-    return out
-
-
-def unstack_layers(encoder: Mapping[str, Any], config: ModernBertConfig) -> dict:
-    """ModernBertModel params, scanned layout -> plain layout (unboxed arrays)."""
-    groups, _ = group_layout(config)
-    n = config.global_attn_every_n_layers
-    out = {key: value for key, value in encoder.items() if key != GROUPS}
-    if not groups:
-        return out
-    if GROUPS not in encoder:
-        raise ValueError(f"encoder params have no {GROUPS!r}: expected the scanned layout")
-    for j in range(n):
-        stacked = encoder[GROUPS][f"layer_{j}"]
-        for leaf in jax.tree.leaves(stacked):
-            if np.shape(leaf)[0] != groups:
-                raise ValueError(
-                    f"stacked layers have {np.shape(leaf)[0]} groups, the config {groups}"
-                )
-        for g in range(groups):
-            out[f"layer_{1 + g * n + j}"] = jax.tree.map(lambda x, g=g: x[g], stacked)
-    return out
 
 
 # The prediction head's key in the encoder's tree, and the tied decoder's bias beside it.
