@@ -21,6 +21,10 @@ each for every seed, then the median and range of the best dev Spearman (x 100) 
 and the teacher's and the student's `Model.predict` speed on the dev pairs (one timer,
 interleaved rounds). Each run is resumable: a rerun with the same --work_dir skips what is
 done. Prints a table and one JSON row (--json FILE appends it).
+
+`--train_pairs N` gives the students N of the labelled training pairs (taken evenly through
+the file), as a group with a large fine-tuned model and few labels of its own would have; the
+teacher still trains on all of them.
 """
 
 from __future__ import annotations
@@ -70,6 +74,22 @@ def student_start(teacher: pathlib.Path, layers: tuple[int, ...], out: pathlib.P
     )
 
 
+def labelled_pairs(sts: pathlib.Path, pairs: int, out: pathlib.Path) -> pathlib.Path:
+    """STS-B with `pairs` of its training pairs, taken evenly through the file (it is ordered
+    by genre: captions, forums, news), its dev and test files as they are."""
+    if (out / "test.tsv").is_file():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    head, *rows = (sts / "train.tsv").read_text(encoding="utf-8").splitlines()
+    if not 0 < pairs <= len(rows):
+        raise SystemExit(f"--train_pairs={pairs}: STS-B has {len(rows)} training pairs")
+    kept = [rows[i * len(rows) // pairs] for i in range(pairs)]
+    (out / "train.tsv").write_text("\n".join([head, *kept]) + "\n", encoding="utf-8")
+    for split in ("dev", "test"):
+        (out / f"{split}.tsv").write_bytes((sts / f"{split}.tsv").read_bytes())
+    return out
+
+
 def dev_pairs(sts: pathlib.Path) -> tuple[list[str], list[str]]:
     rows = [line.split("\t") for line in (sts / "dev.tsv").read_text().splitlines()[1:]]
     return [r[7] for r in rows], [r[8] for r in rows]
@@ -85,6 +105,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--alpha", type=float, default=0.5)
     parser.add_argument("--learning_rate", type=float, default=1e-4)
     parser.add_argument("--max_seq_length", type=int, default=64)
+    parser.add_argument(
+        "--train_pairs",
+        type=int,
+        default=0,
+        help="the students' labelled training pairs, taken evenly through STS-B's (0: all); the "
+        "teacher always trains on all of them",
+    )
     parser.add_argument("--rounds", type=int, default=3, help="predict timing rounds")
     report.add_json_flag(parser)
     args = parser.parse_args(argv)
@@ -103,6 +130,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     finetune(teacher, fixtures.minilm_directory(), sts, 1, num_epochs=args.teacher_epochs, **common)
     start = work / "student_start"
     student_start(teacher, layers, start)
+    if args.train_pairs:
+        sts = labelled_pairs(sts, args.train_pairs, work / "glue" / f"STS-B-{args.train_pairs}")
     kinds = {
         "labels": {},
         "distill": {"distill.teacher": str(teacher), "distill.alpha": args.alpha},
@@ -141,7 +170,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def size(model) -> int:
         return sum(x.size for x in jax.tree.leaves(model.params))
 
-    print(f"\nSTS-B dev Spearman x100 over seeds {seeds} (median [min, max]):")
+    pairs = args.train_pairs or "all 5749"
+    print(
+        f"\nSTS-B dev Spearman x100 over seeds {seeds} (median [min, max]; the students on "
+        f"{pairs} labelled pairs):"
+    )
     print(
         f"  teacher (MiniLM L6, {size(big) / 1e6:.1f} M parameters): "
         f"{100 * teacher_best['eval/spearman']:.2f}"
