@@ -10,9 +10,11 @@ The public API, re-exported here: `Model` (a trained model in a notebook, from a
 export or a transformers directory: fill-mask, embeddings, search, and a fine-tuned model's
 predict, answer or generate), `load` (a run's checkpoint as (config, params, tokenizer)),
 `Tokenizer`, BERT's `BertConfig` (its `PRESETS`), `BertModel`, `BertForPreTraining` and
-`BertOutput`, `HeadSpec` (what a fine-tuned head is), and the packages `encoders` (the
-families) and `tasks` (the capabilities), imported here with the pretraining objectives
-(`bertjax.pretrain.objectives`) so that every kind of run opens in a fresh process.
+`BertOutput`, `HeadSpec` (what a fine-tuned head is), `make_mesh` (a device mesh of
+bertjax's axes, data, fsdp and tensor, for `Model.load(..., mesh=)`), and the packages
+`encoders` (the families) and `tasks` (the capabilities), imported here with the pretraining
+objectives (`bertjax.pretrain.objectives`) so that every kind of run opens in a fresh
+process.
 
 The package is built in floors, each importing only its own and those below it
 (tests/unit/test_import_graph.py checks it), bottom to top:
@@ -37,6 +39,7 @@ from bertjax.encoders.bert.config import PRESETS, BertConfig
 from bertjax.encoders.bert.model import BertForPreTraining, BertModel, BertOutput
 from bertjax.engine.rundir import load
 from bertjax.inference import Model
+from bertjax.nn.sharding import make_mesh
 from bertjax.pretrain import objectives
 from bertjax.text.tokenizer import Tokenizer
 
@@ -51,6 +54,7 @@ __all__ = [
     "Tokenizer",
     "encoders",
     "load",
+    "make_mesh",
     "objectives",
     "tasks",
 ]

@@ -50,6 +50,8 @@ def prepare(settings: FinetuneSettings, devices=None) -> PreparedRun:
     teacher = distill_lib.open_teacher(distill) if distill is not None else None
     if teacher is not None and distill.student_layers:
         source = distill_lib.student_from_teacher(teacher, distill.student_layers)
+        kept = ",".join(map(str, distill.student_layers))
+        print(f"the student: the teacher's layers {kept} of {teacher.config.num_layers}")
     else:
         source = open_source(settings.init_from, settings.init_step)
     model_config = settings.model_config(source.config)

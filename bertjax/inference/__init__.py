@@ -46,6 +46,7 @@ from bertjax.engine import networks as networks_lib
 from bertjax.inference import batching
 from bertjax.inference import vectors as vectors_lib
 from bertjax.nn import pooling as pooling_lib
+from bertjax.nn import sharding
 from bertjax.storage import fs, hf
 from bertjax.text import features as features_lib
 from bertjax.text.features import TruncationWarning  # noqa: F401  (callers catch it from here)
@@ -101,6 +102,7 @@ class Model:
         except ValueError as err:
             raise InferenceError(str(err)) from None
         batch_size = as_int(batch_size, "batch_size", 1)
+        check_mesh(mesh)
         self.config = config
         # The encoder's architecture (bertjax.encoders): its modules and transformers format.
         self.family = encoders.family_of(config)
@@ -157,6 +159,7 @@ class Model:
         Compiled programs are kept for the next session (bertjax.engine.compilation_cache).
         `unpad=False` runs every batch padded (see `packed_length`).
         """
+        check_mesh(mesh)  # before the weights are read
         compilation_cache.enable()
         overrides = {"dtype": dtype} if dtype else {}
         try:
@@ -651,6 +654,16 @@ def _checked_vectors(texts_or_vectors: Any, name: str) -> np.ndarray | list[str]
         row = int(np.flatnonzero(~np.isfinite(vectors).all(axis=1))[0])
         raise InferenceError(f"{name}[{row}] holds a NaN or infinite value")
     return vectors
+
+
+def check_mesh(mesh: jax.sharding.Mesh | None) -> None:
+    """A mesh has bertjax's axes (the logical rules map onto them), or is refused naming its."""
+    if mesh is not None and set(mesh.axis_names) != set(sharding.MESH_AXES):
+        raise InferenceError(
+            f"mesh: its axes are {tuple(mesh.axis_names)}, bertjax's are "
+            f"{sharding.MESH_AXES}; build one with bertjax.make_mesh((data, fsdp, tensor)), "
+            "e.g. bertjax.make_mesh((-1, 1, 1)) for data parallelism over every device"
+        )
 
 
 def as_int(value: Any, name: str, low: int, high: int | None = None, why: str = "") -> int:

@@ -180,7 +180,7 @@ def test_a_student_of_the_teachers_first_layer_learns_each_label_task(teachers, 
 
 
 def test_the_student_starts_as_the_teachers_layers_and_the_teacher_is_left_unchanged(
-    teachers, tmp_path
+    teachers, tmp_path, capsys
 ):
     """student_layers=1: the student is the teacher's layer 1 as its layer 0, with the
     teacher's embeddings and head; a run leaves the teacher's files as they were."""
@@ -203,6 +203,7 @@ def test_the_student_starts_as_the_teachers_layers_and_the_teacher_is_left_uncha
         "", "classification", fields, **{"distill.teacher": teacher, "distill.student_layers": "1"}
     )
     _run(config, tmp_path / "student")
+    assert "the student: the teacher's layers 1 of 2" in capsys.readouterr().out
     assert _digest(pathlib.Path(teacher)) == before
 
 

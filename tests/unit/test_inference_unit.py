@@ -128,6 +128,11 @@ def test_mesh_gives_the_same_results(workdir, trained, held_out):
     texts = held_out * 3
     np.testing.assert_allclose(spread.embed(texts), single.embed(texts), atol=1e-5, rtol=0)
     _assert_same_predictions(spread.fill_mask(MASKED), single.fill_mask(MASKED))
+    # bertjax.make_mesh is the public name of that mesh; a mesh of other axes is refused,
+    # naming them, before anything is placed.
+    assert bertjax.make_mesh((-1, 1, 1)).axis_names == mesh.axis_names
+    with pytest.raises(InferenceError, match=r"mesh: its axes are \('batch',\), bertjax's are"):
+        Model.load(workdir, mesh=jax.make_mesh((8,), ("batch",)))
 
 
 def test_progress_bar_only_on_long_calls(trained, held_out, capsys, monkeypatch):
