@@ -21,7 +21,6 @@ from bertjax.engine import optim
 from bertjax.engine.settings import (
     ConfigError,
     check_mesh,
-    config_value,
     fail,
     positive_int,
     read_optimizer,
@@ -609,18 +608,15 @@ def read_distill(config: ml_collections.ConfigDict) -> distill_lib.DistillSettin
                 )
         return None
 
-    def require(ok: bool, field: str, message: str) -> None:
-        if not ok:
-            raise fail(field, config_value(config, field), message)
-
+    require_ = functools.partial(require, config)
     alpha, temperature = section.get("alpha", 0.5), section.get("temperature", 2.0)
     number = (int, float)
-    require(
+    require_(
         isinstance(alpha, number) and not isinstance(alpha, bool) and 0.0 <= alpha <= 1.0,
         "distill.alpha",
         "must be in [0, 1]: the teacher's share of the loss (1: the teacher alone)",
     )
-    require(
+    require_(
         isinstance(temperature, number)
         and not isinstance(temperature, bool)
         and 0.0 < temperature <= 100.0,
