@@ -96,6 +96,7 @@ from bertjax.encoders.bert.model import BertForPreTraining, pretraining_init
 from bertjax.encoders.modernbert.config import ModernBertConfig
 from bertjax.engine import perf, steps
 from bertjax.nn import attention, losses, sharding
+from bertjax.pretrain import objectives
 from bertjax.pretrain.objective import MaskedLmLoss, build_pretraining
 from bertjax.pretrain.settings import PretrainSettings
 
@@ -414,6 +415,18 @@ def default_batch_size(args: argparse.Namespace, seq_len: int) -> int:
 def round_up_to_devices(n: int) -> int:
     count = jax.device_count()
     return -(-n // count) * count
+
+
+def training_flops(settings: PretrainSettings, seq_len: int, predictions: int) -> float:
+    """Matmul FLOPs to train on one sequence, as the pretraining run counts them for its MFU
+    (its objective's count: the family's pair head included, computed even when unused)."""
+    return objectives.get(settings.objective).flops(
+        encoders.family_of(settings.model),
+        settings.model,
+        seq_len,
+        predictions,
+        settings.objective_settings,
+    )
 
 
 def make_settings(
@@ -869,14 +882,7 @@ def run_cells(
     for impl in backends:
         settings = make_settings(model_name, impl, batch_size, seq_len, DTYPE, args.seed)
         model = settings.model
-        family = encoders.family_of(model)
-        flops = perf.training_flops_per_sequence(
-            model,
-            seq_len,
-            predictions,
-            feed_forward_matrices=family.feed_forward_matrices,
-            sentence_pair_head=family.sentence_pair_head,  # computed even when unused
-        )
+        flops = training_flops(settings, seq_len, predictions)
         base = Cell(
             model_name,
             seq_len,

@@ -68,7 +68,6 @@ import numpy as np
 
 from benchmarks import accelerator
 from benchmarks.harness import hlo, profile, report, timing
-from bertjax import encoders
 from bertjax.engine import loop, perf, steps
 from bertjax.pretrain.objective import build_pretraining
 
@@ -275,14 +274,7 @@ def profile_workload(
     }
     if not args.lower_only:
         result.update(trace_workload(setup, lowered, compiled, batches, key, directory, args))
-        family = encoders.family_of(model)
-        flops = perf.training_flops_per_sequence(
-            model,
-            seq_len,
-            predictions,
-            feed_forward_matrices=family.feed_forward_matrices,
-            sentence_pair_head=family.sentence_pair_head,
-        )
+        flops = accelerator.training_flops(settings, seq_len, predictions)
         step_s = result["step_s"]
         result["mfu"] = batch_size * flops / step_s / peak if peak else None
         mfu = f"{result['mfu']:.1%}" if result["mfu"] else "n/a"
