@@ -1,12 +1,15 @@
 """The transformers classes of each label head, and torch's labels for a batch: the torch side
 of the fine-tuning parity checks (imports torch)."""
 
+import pathlib
+
 import numpy as np
 import torch
 import transformers
 
 from bertjax.capability import HeadSpec
 from bertjax.tasks.labels import model as label_heads
+from tests.helpers.finetune_hf import ATOL
 
 # The warmup of the torch side's schedule, and of bertjax's optimizer settings beside it.
 TORCH_WARMUP_STEPS = 2
@@ -40,3 +43,25 @@ def torch_adamw(reference: torch.nn.Module, steps: int, learning_rate: float, no
     )
     schedule = transformers.get_linear_schedule_with_warmup(optimizer, TORCH_WARMUP_STEPS, steps)
     return optimizer, schedule
+
+
+def assert_predicts_as_transformers(
+    export: pathlib.Path, predictions: list[dict], texts: list[str], pairs=None
+) -> transformers.BertForSequenceClassification:
+    """`predictions` (Model.predict on `texts`, and `pairs`) have the labels and scores that
+    transformers' BertForSequenceClassification opened from the directory `export` gives them
+    (to ATOL); returns that model."""
+    reference = transformers.BertForSequenceClassification.from_pretrained(
+        export, attn_implementation="eager"
+    ).eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export)
+    inputs = tokenizer(texts, pairs, padding=True, return_tensors="pt")  # pairs may be None
+    with torch.no_grad():
+        probabilities = torch.softmax(reference(**inputs).logits, dim=-1).numpy()
+    assert [p["label"] for p in predictions] == [
+        reference.config.id2label[k] for k in probabilities.argmax(axis=-1)
+    ]
+    np.testing.assert_allclose(
+        [p["score"] for p in predictions], probabilities.max(axis=-1), atol=ATOL
+    )
+    return reference

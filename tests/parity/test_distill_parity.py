@@ -1,8 +1,6 @@
 """A distilled student, exported with save_hf, gives transformers its outputs (to 1e-4)."""
 
 import numpy as np
-import torch
-import transformers
 
 import bertjax
 from bertjax.encoders.bert import hf as bert_hf
@@ -10,8 +8,9 @@ from bertjax.finetune import loop
 from bertjax.finetune.settings import FinetuneSettings
 from bertjax.text.tokenizer import WordPieceTokenizer
 from configs import finetune as finetune_recipe
-from tests.helpers.finetune_hf import ATOL, HEADS, random_params
 from tests.helpers.finetune_hf import CONFIG as TEACHER_CONFIG
+from tests.helpers.finetune_hf import HEADS, random_params
+from tests.helpers.finetune_hf_torch import assert_predicts_as_transformers
 
 
 def test_a_distilled_classifier_exports_to_transformers_with_its_scores(tmp_path):
@@ -47,18 +46,5 @@ def test_a_distilled_classifier_exports_to_transformers_with_its_scores(tmp_path
     model.save_hf(tmp_path / "export")
     texts = ["w1 w2 w3", "w40 w7 w8 w9", "w3"]
     predictions = model.predict(texts)
-    reference = transformers.BertForSequenceClassification.from_pretrained(
-        tmp_path / "export", attn_implementation="eager"
-    ).eval()
+    reference = assert_predicts_as_transformers(tmp_path / "export", predictions, texts)
     assert reference.config.num_hidden_layers == 1
-    inputs = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")(
-        texts, padding=True, return_tensors="pt"
-    )
-    with torch.no_grad():
-        probabilities = torch.softmax(reference(**inputs).logits, dim=-1).numpy()
-    assert [p["label"] for p in predictions] == [
-        reference.config.id2label[k] for k in probabilities.argmax(axis=-1)
-    ]
-    np.testing.assert_allclose(
-        [p["score"] for p in predictions], probabilities.max(axis=-1), atol=ATOL
-    )

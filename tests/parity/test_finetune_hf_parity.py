@@ -23,7 +23,7 @@ from tests.helpers.finetune_hf import (
     our_logits,
     random_params,
 )
-from tests.helpers.finetune_hf_torch import HF_CLASSES
+from tests.helpers.finetune_hf_torch import HF_CLASSES, assert_predicts_as_transformers
 from tests.helpers.transformers_config import transformers_bert
 
 
@@ -100,17 +100,4 @@ def test_an_exported_classifier_predicts_as_transformers_does(tmp_path):
     model = bertjax.Model.load(tmp_path / "export")
     texts, pairs = ["w1 w2 w3", "w40 w7"], ["w5 w6", "w8 w9 w10 w11"]
     predictions = model.predict(texts, pairs)
-    reference = transformers.BertForSequenceClassification.from_pretrained(
-        tmp_path / "export", attn_implementation="eager"
-    ).eval()
-    inputs = transformers.AutoTokenizer.from_pretrained(tmp_path / "export")(
-        texts, pairs, padding=True, return_tensors="pt"
-    )
-    with torch.no_grad():
-        probabilities = torch.softmax(reference(**inputs).logits, dim=-1).numpy()
-    assert [p["label"] for p in predictions] == [
-        reference.config.id2label[k] for k in probabilities.argmax(axis=-1)
-    ]
-    np.testing.assert_allclose(
-        [p["score"] for p in predictions], probabilities.max(axis=-1), atol=ATOL
-    )
+    assert_predicts_as_transformers(tmp_path / "export", predictions, texts, pairs)
