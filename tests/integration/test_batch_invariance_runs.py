@@ -221,10 +221,10 @@ CASES = [
 
 
 def _check(family, method, tokenizer, texts, mesh):
-    """Each text alone, then all together with the default batch_size and with batch_size 1.
-    (A text alone runs in a batch of one row whatever batch_size is, the program that
-    batch_size 1 runs it in among the others: so each alone with batch_size 1 would repeat
-    its call with the default.)"""
+    """Each text alone against the whole list, both with the default batch_size; then the
+    whole list with batch_size 1 against that. (With batch_size 1 every text of the list
+    runs alone in a one-row batch: the same program and input as the text alone, so those
+    two would be one call compared with itself.)"""
     head_of, run = METHODS[method]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TruncationWarning)
