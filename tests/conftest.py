@@ -52,6 +52,7 @@ import jax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 import pytest  # noqa: E402
 
+from bertjax import cli  # noqa: E402
 from bertjax import data as data_lib  # noqa: E402
 from bertjax.engine import compilation_cache  # noqa: E402
 from bertjax.engine import loop as engine_loop  # noqa: E402
@@ -82,6 +83,10 @@ hypothesis.settings.register_profile(
 )
 hypothesis.settings.register_profile("explore", print_blob=True, deadline=None)
 hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+# The tests compile thousands of programs: fewer garbage collections while they are traced,
+# as in the commands (bertjax/cli.py says why).
+cli.collect_garbage_less_often()
 
 
 @pytest.hookimpl(tryfirst=True)
