@@ -36,19 +36,6 @@ def random_init(init, seed: int, std: float = 0.2):
     return random_like(nn.meta.unbox(jax.eval_shape(init)), seed, std)
 
 
-def with_noise(params, seed: int = 0, scale: float = 0.1):
-    """`params` (unboxed) with normal(0, scale) noise added to every leaf, drawn with jax (one
-    compiled program, not one per leaf's shape)."""
-
-    def noisy(params):
-        leaves, tree = jax.tree.flatten(params)
-        keys = jax.random.split(jax.random.key(seed), len(leaves))
-        drawn = [x + scale * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-        return jax.tree.unflatten(tree, drawn)
-
-    return jax.jit(noisy)(nn.meta.unbox(params))
-
-
 def max_diff(a, b, rows=None) -> float:
     """The largest absolute difference of two arrays, in float64 (over `rows` only if given)."""
     diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))

@@ -25,7 +25,7 @@ from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
 from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch, second_segment
-from tests.helpers.params import with_noise
+from tests.helpers.params import random_init
 from tests.helpers.torch_params import randomize_torch
 
 ATOL = 1e-5
@@ -94,10 +94,9 @@ def _hf_model(cls_name, seed=0, config=CONFIG, **extra):
 
 
 def _randomize(init, seed=0):
-    """Parameters of `init` (rng -> boxed params) with noise on every leaf, so that no scale is
-    one and no bias zero; one compiled program, not an init op by op."""
-    noisy = jax.jit(lambda rng: with_noise(init(rng), seed))
-    return jax.device_get(noisy(jax.random.key(seed + 100)))
+    """Random parameters in the tree of `init` (rng -> boxed params), unboxed: no scale is one
+    and no bias zero. The init is traced for its shapes, not compiled."""
+    return random_init(lambda: init(jax.random.key(seed)), seed, std=0.1)
 
 
 def _theirs(model, cls_name, ids, mask, segments) -> np.ndarray:

@@ -35,7 +35,7 @@ from tests.helpers.encoders import (
     _batch,
     _head_model,
 )
-from tests.helpers.params import max_diff, with_noise
+from tests.helpers.params import max_diff, random_init
 
 # ---------------------------------------------------------------------------------------------
 # The registry and checkpoint meta.
@@ -146,9 +146,8 @@ def test_seq2seq_refuses_a_modernbert_encoder():
 def test_an_embedding_model_on_modernbert_embeds_and_exports_as_trained(tmp_path):
     spec = EmbeddingSpec(pooling="mean", normalize=True, max_seq_length=32)
     head = head_for(spec)
-    params = with_noise(
-        jax.jit(bertjax.capability.of(head).init(CONFIG, head))(jax.random.key(8)), 8
-    )
+    init = bertjax.capability.of(head).init(CONFIG, head)
+    params = random_init(lambda: init(jax.random.key(8)), 8, std=0.1)
     model = bertjax.Model(CONFIG, params, TOKENIZER, head=head)
     texts = ["the louvre is in paris", "a river"]
     vectors = model.embed(texts)
@@ -185,9 +184,8 @@ def test_resuming_checks_the_family_and_its_architecture_fields():
 def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
     config = SMALL_CONFIGS[family]
     head = HeadSpec("classification", LABELS)
-    params = with_noise(
-        jax.jit(bertjax.capability.of(head).init(config, head))(jax.random.key(9)), 9
-    )
+    init = bertjax.capability.of(head).init(config, head)
+    params = random_init(lambda: init(jax.random.key(9)), 9, std=0.1)
     texts = ["the louvre is in paris", "a river", "the old king built a museum"]
     alone = bertjax.Model(config, params, TOKENIZER, head=head).predict(texts)
     mesh = sharding.make_mesh((2, 2, 2))
