@@ -25,7 +25,7 @@ from tests.helpers.modernbert_reference import (
     ModernBertForMaskedLM,
     ModernBertForSequenceClassification,
 )
-from tests.helpers.params import max_diff
+from tests.helpers.params import max_diff, random_init
 
 # ---------------------------------------------------------------------------------------------
 # transformers' side, built from a random config in float32 (no network).
@@ -88,12 +88,8 @@ def test_packed_documents_equal_each_document_alone():
     """Two documents in one row (segment ids, positions restarting) compute what each does
     alone; changing the first leaves the second's outputs unchanged."""
     rng = np.random.default_rng(7)
-    params = nn.meta.unbox(
-        jax.jit(ModernBertModel(SMALL).init)(jax.random.key(1), np.zeros((1, SEQ), np.int32))[
-            "params"
-        ]
-    )
-    params = jax.tree.map(lambda x: x + 0.2 * rng.standard_normal(x.shape), params)
+    ids = np.zeros((1, SEQ), np.int32)
+    params = random_init(lambda: ModernBertModel(SMALL).init(jax.random.key(1), ids)["params"], 1)
     first, second = rng.integers(3, 99, 13), rng.integers(3, 99, 15)  # longer than the window
 
     def packed(a, b):
@@ -267,7 +263,7 @@ def test_config_validates_and_converts():
 def test_bfloat16_compute_stays_close_to_float32():
     ids, mask = _batch()
     model32 = ModernBertForMaskedLM(SMALL)
-    params = nn.meta.unbox(jax.jit(model32.init)(jax.random.key(2), ids, mask)["params"])
+    params = random_init(lambda: model32.init(jax.random.key(2), ids, mask)["params"], 2, 0.02)
     ref = np.asarray(_apply(model32, params, ids, mask))
     bf16 = ModernBertForMaskedLM(dataclasses.replace(SMALL, dtype="bfloat16"))
     out = _apply(bf16, params, ids, mask)
@@ -286,7 +282,7 @@ def test_bfloat16_matmuls_keep_float32_activations_padded_and_unpadded():
     and the packed path equals the padded one on real tokens."""
     ids, mask = _batch()
     model32 = ModernBertForMaskedLM(SMALL)
-    params = nn.meta.unbox(jax.jit(model32.init)(jax.random.key(2), ids, mask)["params"])
+    params = random_init(lambda: model32.init(jax.random.key(2), ids, mask)["params"], 2, 0.02)
     ref = np.asarray(_apply(model32, params, ids, mask))
     mixed = ModernBertForMaskedLM(dataclasses.replace(SMALL, matmul_dtype="bfloat16"))
     low = ModernBertForMaskedLM(dataclasses.replace(SMALL, dtype="bfloat16"))
@@ -320,9 +316,8 @@ def test_remat_and_dropout():
         attention_dropout=0.1,
         mlp_dropout=0.1,
     )
-    params = nn.meta.unbox(
-        jax.jit(ModernBertForMaskedLM(config).init)(jax.random.key(3), ids)["params"]
-    )
+    model = ModernBertForMaskedLM(config)
+    params = random_init(lambda: model.init(jax.random.key(3), ids)["params"], 3, std=0.02)
 
     def loss(p, cfg, rng):
         logits = ModernBertForMaskedLM(cfg).apply(
@@ -432,10 +427,7 @@ def test_chunked_local_attention_equals_the_whole_row_mask(monkeypatch):
     model = ModernBertModel(SMALL)
     ids, mask = _batch(lengths=(SEQ, 27, 13), seq=SEQ, seed=5)
     segments = np.where(np.arange(SEQ)[None] < 11, 1, 2) * mask  # two documents per row
-    params = jax.jit(model.init)(jax.random.key(3), ids, mask)["params"]
-    params = jax.tree.map(
-        lambda p: p + 0.05 * jax.random.normal(jax.random.key(4), p.shape), params
-    )
+    params = random_init(lambda: model.init(jax.random.key(3), ids, mask)["params"], 4, 0.05)
     chunked = np.asarray(_apply(model, params, ids, mask, segment_ids=segments))
     monkeypatch.setattr(mb_attention, "is_banded", lambda seq, window: False)
     whole = np.asarray(_apply(model, params, ids, mask, segment_ids=segments))
@@ -488,10 +480,7 @@ def test_splash_attention_equals_the_einsum_path(packed):
         config = dataclasses.replace(config, scan_layers=True, remat_policy="dots")
     ids, mask, documents = _kernel_batch(packed)
     model = ModernBertModel(config)
-    params = jax.jit(model.init)(jax.random.key(5), ids[:, :8])["params"]
-    params = jax.tree.map(
-        lambda p: p + 0.05 * jax.random.normal(jax.random.key(6), p.shape), nn.meta.unbox(params)
-    )
+    params = random_init(lambda: model.init(jax.random.key(5), ids[:, :8])["params"], 6, 0.05)
     # A loss over real tokens only: padded rows differ between the paths and nothing reads them.
     weights = np.random.default_rng(12).standard_normal(ids.shape + (config.hidden_size,))
     weights = jnp.asarray(weights * mask[..., None], jnp.float32)
