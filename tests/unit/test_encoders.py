@@ -78,8 +78,7 @@ def test_old_meta_is_bert_and_unknown_fields_are_refused():
 def test_modernbert_encoder_ignores_segment_ids_and_keeps_its_head_under_bert():
     module = encoders.family_of(CONFIG).module(CONFIG)
     ids, mask = _batch()
-    # Compiled, not op by op: four layers eagerly take seconds.
-    params = jax.jit(module.init)(jax.random.key(0), ids, None, mask)["params"]
+    params = random_init(lambda: module.init(jax.random.key(0), ids, None, mask)["params"], 0)
     assert "head" in params and "layer_0" in params
     apply = jax.jit(module.apply)
     seq, pooled = apply({"params": params}, ids, None, mask)
@@ -114,7 +113,7 @@ def test_finetuned_checkpoint_opens_with_its_family(family, tmp_path):
     config = SMALL_CONFIGS[family.split("-")[0]]
     head = HeadSpec("classification", LABELS)
     init = bertjax.capability.of(head).init(config, head)
-    params = nn.meta.unbox(jax.jit(init)(jax.random.key(6)))
+    params = random_init(lambda: init(jax.random.key(6)), 6, std=0.1)
     # As fine-tuning writes meta, or BERT's without a family, as every checkpoint before them.
     if family == "bert-meta-without-family":
         model_config = config.to_dict()
@@ -202,7 +201,8 @@ def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
 def test_every_encoder_offers_its_embedded_tokens_word_table_and_hidden_states(family):
     config = SMALL_CONFIGS[family]
     fam = encoders.family_of(config)
-    params = nn.meta.unbox(jax.jit(fam.pretraining_init(config))(jax.random.key(0)))
+    init = fam.pretraining_init(config)
+    params = random_init(lambda: init(jax.random.key(0)), 0, std=0.1)
     ids, mask = _batch()
     positions = jnp.asarray([[1, 2]] * ids.shape[0], jnp.int32)  # [b, p]
     encoder = fam.module(config)
