@@ -4,7 +4,6 @@ decoding table and a half-trained reversal model."""
 import dataclasses
 import functools
 
-import flax.linen as nn
 import jax
 import numpy as np
 import optax
@@ -12,6 +11,7 @@ import pytest
 
 from bertjax.tasks.seq2seq import model as s2s
 from tests.helpers.encoders import SMALL_BERT
+from tests.helpers.params import random_init
 from tests.helpers.xla_env import optimized_compiles
 
 VOCAB = 40
@@ -33,7 +33,7 @@ CONFIG = s2s.Seq2SeqConfig(BERT, decoder_start_id=START, eos_id=EOS, init=s2s.RN
 
 
 def random_params(config=CONFIG, seed=0):
-    return nn.meta.unbox(jax.jit(lambda key: s2s.init_params(config, key))(jax.random.key(seed)))
+    return random_init(lambda: s2s.init_params(config, jax.random.key(seed)), seed, std=0.02)
 
 
 def sources(seed, n=4, length=8):

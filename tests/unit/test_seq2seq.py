@@ -17,6 +17,7 @@ from bertjax.nn import sharding
 from bertjax.tasks.seq2seq import decoding
 from bertjax.tasks.seq2seq import metrics as text_metrics
 from bertjax.tasks.seq2seq import model as s2s
+from tests.helpers.params import random_init
 from tests.helpers.seq2seq import (  # noqa: F401
     _TABLE,
     BERT,
@@ -51,7 +52,7 @@ def test_config_errors_name_the_field():
 def pretrained():
     """A BertForPreTraining params tree with the encoder-decoder's architecture."""
     ids = jnp.zeros((1, 1), jnp.int32)
-    return nn.meta.unbox(jax.jit(BertForPreTraining(BERT).init)(jax.random.key(7), ids)["params"])
+    return random_init(lambda: BertForPreTraining(BERT).init(jax.random.key(7), ids)["params"], 7)
 
 
 def _init(config, pretrained):
