@@ -17,6 +17,7 @@ from bertjax.tasks.labels.task import HeadObjective
 from bertjax.tasks.qa import model as qa_model
 from tests.helpers.corpora import finetune_config
 from tests.helpers.encoders import SMALL_BERT
+from tests.helpers.params import random_init
 
 
 def _softmax(x):
@@ -197,11 +198,7 @@ def test_qa_soft_loss_is_the_two_ends_kl_over_real_positions_only():
 def _classification():
     head = HeadSpec("classification", ("a", "b", "c"))
     student = HeadObjective(SMALL_BERT, head)
-    params = jax.tree.map(
-        lambda x: x.value if hasattr(x, "value") else x,
-        student.init_params(jax.random.key(0)),
-        is_leaf=lambda x: hasattr(x, "value"),
-    )
+    params = random_init(lambda: student.init_params(jax.random.key(0)), 0, std=0.1)
     rng = np.random.default_rng(0)
     rows = 6
     batch = {
