@@ -36,6 +36,11 @@ def random_init(init, seed: int, std: float = 0.2):
     return random_like(nn.meta.unbox(jax.eval_shape(init)), seed, std)
 
 
+def random_init_from_key(init, seed: int, std: float = 0.2):
+    """random_init for an init that takes a random key (`init(key) -> params`)."""
+    return random_init(lambda: init(jax.random.key(seed)), seed, std)
+
+
 def max_diff(a, b, rows=None) -> float:
     """The largest absolute difference of two arrays, in float64 (over `rows` only if given)."""
     diff = np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))

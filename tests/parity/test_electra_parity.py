@@ -5,7 +5,6 @@ transformers class with nothing missing or unexpected and the same logits."""
 
 import json
 
-import jax
 import numpy as np
 import pytest
 import torch
@@ -25,7 +24,7 @@ from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.qa import model as qa_model
 from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch, second_segment
-from tests.helpers.params import random_init
+from tests.helpers.params import random_init_from_key
 from tests.helpers.torch_params import randomize_torch
 
 ATOL = 1e-5
@@ -96,7 +95,7 @@ def _hf_model(cls_name, seed=0, config=CONFIG, **extra):
 def _randomize(init, seed=0):
     """Random parameters in the tree of `init` (rng -> boxed params), unboxed: no scale is one
     and no bias zero. The init is traced for its shapes, not compiled."""
-    return random_init(lambda: init(jax.random.key(seed)), seed, std=0.1)
+    return random_init_from_key(init, seed, std=0.1)
 
 
 def _theirs(model, cls_name, ids, mask, segments) -> np.ndarray:

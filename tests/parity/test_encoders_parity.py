@@ -2,7 +2,6 @@
 
 import json
 
-import jax
 import numpy as np
 import pytest
 
@@ -26,7 +25,7 @@ from tests.helpers.encoders import (
     _torch_logits,
     hub_dir,  # noqa: F401 (fixtures)
 )
-from tests.helpers.params import max_diff, random_init
+from tests.helpers.params import max_diff, random_init_from_key
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -36,8 +35,7 @@ def test_our_head_saved_loads_in_transformers_with_equal_logits(case, tmp_path):
     config = encoders.config_from_dict(
         {**encoders.config_to_dict(CONFIG), "classifier_pooling": pooling}
     )
-    init = bertjax.capability.of(head).init(config, head)
-    params = random_init(lambda: init(jax.random.key(1)), seed=1, std=0.1)
+    params = random_init_from_key(bertjax.capability.of(head).init(config, head), 1, std=0.1)
     model = bertjax.Model(config, params, TOKENIZER, head=head)
     model.save_hf(tmp_path)
     written = json.loads((tmp_path / "config.json").read_text())
@@ -131,8 +129,7 @@ def test_masked_lm_both_ways_and_fill_mask(tmp_path):
     assert max_diff([f["score"] for f in filled], probs[top]) < ATOL
 
     # Ours -> save_hf -> transformers: the tied decoder is left out, as transformers writes it.
-    init = family.pretraining_init(CONFIG)
-    params = random_init(lambda: init(jax.random.key(4)), seed=4, std=0.1)
+    params = random_init_from_key(family.pretraining_init(CONFIG), 4, std=0.1)
     bertjax.Model(CONFIG, params, TOKENIZER).save_hf(tmp_path / "ours")
     names = set(hf.read_weights(tmp_path / "ours")[0])
     assert "decoder.weight" not in names and "decoder.bias" in names

@@ -35,7 +35,7 @@ from tests.helpers.encoders import (
     _batch,
     _head_model,
 )
-from tests.helpers.params import max_diff, random_init
+from tests.helpers.params import max_diff, random_init, random_init_from_key
 
 # ---------------------------------------------------------------------------------------------
 # The registry and checkpoint meta.
@@ -112,8 +112,7 @@ def _write_checkpoint(workdir, meta, params):
 def test_finetuned_checkpoint_opens_with_its_family(family, tmp_path):
     config = SMALL_CONFIGS[family.split("-")[0]]
     head = HeadSpec("classification", LABELS)
-    init = bertjax.capability.of(head).init(config, head)
-    params = random_init(lambda: init(jax.random.key(6)), 6, std=0.1)
+    params = random_init_from_key(bertjax.capability.of(head).init(config, head), 6, std=0.1)
     # As fine-tuning writes meta, or BERT's without a family, as every checkpoint before them.
     if family == "bert-meta-without-family":
         model_config = config.to_dict()
@@ -145,8 +144,7 @@ def test_seq2seq_refuses_a_modernbert_encoder():
 def test_an_embedding_model_on_modernbert_embeds_and_exports_as_trained(tmp_path):
     spec = EmbeddingSpec(pooling="mean", normalize=True, max_seq_length=32)
     head = head_for(spec)
-    init = bertjax.capability.of(head).init(CONFIG, head)
-    params = random_init(lambda: init(jax.random.key(8)), 8, std=0.1)
+    params = random_init_from_key(bertjax.capability.of(head).init(CONFIG, head), 8, std=0.1)
     model = bertjax.Model(CONFIG, params, TOKENIZER, head=head)
     texts = ["the louvre is in paris", "a river"]
     vectors = model.embed(texts)
@@ -183,8 +181,7 @@ def test_resuming_checks_the_family_and_its_architecture_fields():
 def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
     config = SMALL_CONFIGS[family]
     head = HeadSpec("classification", LABELS)
-    init = bertjax.capability.of(head).init(config, head)
-    params = random_init(lambda: init(jax.random.key(9)), 9, std=0.1)
+    params = random_init_from_key(bertjax.capability.of(head).init(config, head), 9, std=0.1)
     texts = ["the louvre is in paris", "a river", "the old king built a museum"]
     alone = bertjax.Model(config, params, TOKENIZER, head=head).predict(texts)
     mesh = sharding.make_mesh((2, 2, 2))
@@ -201,8 +198,7 @@ def test_a_model_on_a_mesh_predicts_as_on_one_device(family):
 def test_every_encoder_offers_its_embedded_tokens_word_table_and_hidden_states(family):
     config = SMALL_CONFIGS[family]
     fam = encoders.family_of(config)
-    init = fam.pretraining_init(config)
-    params = random_init(lambda: init(jax.random.key(0)), 0, std=0.1)
+    params = random_init_from_key(fam.pretraining_init(config), 0, std=0.1)
     ids, mask = _batch()
     positions = jnp.asarray([[1, 2]] * ids.shape[0], jnp.int32)  # [b, p]
     encoder = fam.module(config)

@@ -33,7 +33,7 @@ from bertjax.pretrain.objectives.rtd.objective import (
 from bertjax.pretrain.settings import PretrainSettings
 from configs import electra_tiny
 from tests.helpers.encoders import SMALL_CONFIGS
-from tests.helpers.params import random_init
+from tests.helpers.params import random_init_from_key
 from tests.helpers.replaced_tokens import loss_gradients
 
 RTD = objectives.get("rtd")
@@ -148,8 +148,7 @@ def test_generator_is_a_fraction_with_heads_of_64():
 @functools.cache
 def _setup(weight=50.0, dtype="float32"):
     config = dataclasses.replace(CONFIG, dtype=dtype)
-    init = rtd_model.init(config, 0.5)
-    params = random_init(lambda: init(jax.random.key(0)), 0, std=0.02)
+    params = random_init_from_key(rtd_model.init(config, 0.5), 0, std=0.02)
     step = RtdLoss(rtd_model.ReplacedTokenDetection(config, 0.5), weight)
     ids, mask, _, out = _masked([12, 20, 9], 20)
     batch = {

@@ -24,7 +24,7 @@ from bertjax.pretrain.objectives.rtd.objective import RtdLoss
 from bertjax.pretrain.settings import PretrainSettings
 from configs import modernbert_tiny
 from tests.helpers.encoders import SMALL_CONFIGS
-from tests.helpers.params import random_init
+from tests.helpers.params import random_init_from_key
 from tests.helpers.replaced_tokens import loss_gradients
 
 PAD, CLS, SEP, MASK = 0, 2, 3, 4
@@ -67,8 +67,7 @@ def _shapes(tree):
 def _setup(dtype="float32", config=CONFIG):
     """(config, the two networks' module, their parameters) with a generator half as wide."""
     config = dataclasses.replace(config, dtype=dtype)
-    init = rtd_model.init(config, 0.5)
-    params = random_init(lambda: init(jax.random.key(0)), 0, std=0.1)
+    params = random_init_from_key(rtd_model.init(config, 0.5), 0, std=0.1)
     return config, rtd_model.ReplacedTokenDetection(config, 0.5), params
 
 
