@@ -72,7 +72,10 @@ from tests.helpers.corpora import (  # noqa: E402
     write_corpus,
 )
 from tests.helpers.trainer import short_run_config  # noqa: E402
-from tests.helpers.xdist_schedule import CrashTolerantFileScheduling  # noqa: E402
+from tests.helpers.xdist_schedule import (  # noqa: E402
+    CrashTolerantFileScheduling,
+    WorkerLastWords,
+)
 
 # Property tests draw the same examples on every run by default ("ci"), so that a failure
 # reproduces on the next run and on another machine; the failing example is printed with the
@@ -104,6 +107,29 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") == "loadfile":
         return CrashTolerantFileScheduling(config, log)
     return None
+
+
+LAST_WORDS = WorkerLastWords()
+
+
+@pytest.hookimpl(trylast=True)  # in a worker, after pytest's faulthandler plugin (its file)
+def pytest_configure(config):
+    """A worker that dies says why in its test's report (tests/helpers/xdist_schedule.py)."""
+    LAST_WORDS.configure(config)
+
+
+def pytest_unconfigure(config):
+    LAST_WORDS.unconfigure()
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hooks, absent under `-p no:xdist`
+def pytest_configure_node(node):
+    LAST_WORDS.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_handlecrashitem(crashitem, report, sched):
+    LAST_WORDS.handle_crash(report)
 
 
 # Each test's seconds (setup, call and teardown) in the last run that ran it, kept in pytest's

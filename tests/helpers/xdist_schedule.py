@@ -16,9 +16,20 @@ reported it failed, naming it), only files with tests left go back on the queue,
 worker is given files until it holds two tests or more, and told to stop once the queue is
 empty. Everything else is xdist's own:
 whole files per worker, in the order conftest.py sorts them.
+
+xdist reports a crashed test as "worker 'gwN' crashed while running" and no more: what the
+worker printed as it died went to the run's output as it happened, far above the report.
+`WorkerLastWords` puts it in the report: each worker writes Python's fatal-error dump
+(faulthandler: the signal and every thread's stack) to a file of its own, and the controller
+adds that file to the crashed test's report.
 """
 
 from __future__ import annotations
+
+import faulthandler
+import pathlib
+import shutil
+import tempfile
 
 from xdist.scheduler import LoadFileScheduling
 from xdist.workermanage import WorkerController
@@ -61,3 +72,45 @@ class CrashTolerantFileScheduling(LoadFileScheduling):
                 break
         if not self.workqueue:
             node.shutdown()  # it stops after the tests it was given
+
+
+class WorkerLastWords:
+    """The crash report's faulthandler dump, for conftest.py's hooks of the same names: the
+    controller makes a directory as it starts its first worker and hands it to each
+    (`configure_node`), each worker keeps its dump there (`configure`), and the controller reads
+    it back into the report of the test the worker crashed in (`handle_crash`)."""
+
+    KEY = "crash_dump_dir"
+    TAIL_CHARS = 8000  # enough for the crashing thread's stack and a few others
+
+    def __init__(self) -> None:
+        self.directory: pathlib.Path | None = None  # the controller's
+        self._dump_file = None  # a worker's, open for as long as it runs
+
+    def configure_node(self, node: WorkerController) -> None:
+        if self.directory is None:
+            self.directory = pathlib.Path(tempfile.mkdtemp(prefix="worker-last-words-"))
+        node.workerinput[self.KEY] = str(self.directory)
+
+    def configure(self, config) -> None:
+        workerinput = getattr(config, "workerinput", {})
+        if self.KEY in workerinput:
+            path = pathlib.Path(workerinput[self.KEY]) / f"{workerinput['workerid']}.txt"
+            self._dump_file = path.open("w")
+            faulthandler.enable(file=self._dump_file, all_threads=True)
+
+    def handle_crash(self, report) -> None:
+        if self.directory is None:
+            return
+        dump = self.directory / f"{report.node.gateway.id}.txt"
+        words = dump.read_text(errors="replace").strip() if dump.exists() else ""
+        if len(words) > self.TAIL_CHARS:  # the first line says what killed it
+            words = f"{words.splitlines()[0]}\n[...]\n{words[-self.TAIL_CHARS :]}"
+        if words:
+            report.longrepr = (
+                f"{report.longrepr}\n\nWhat the worker's Python said as it died:\n{words}"
+            )
+
+    def unconfigure(self) -> None:
+        if self.directory is not None:
+            shutil.rmtree(self.directory, ignore_errors=True)

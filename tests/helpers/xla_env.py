@@ -32,6 +32,16 @@ FUSION_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 # LLVM's level inside `optimized_compiles()` (the docstring above says why); quick compiles
 # set level 0 over it.
 OPTIMIZED_FLAGS = ("--xla_backend_optimization_level=1",)
+# XLA's CPU runtime aborts the process ("Termination timeout ... exceeded. Exiting to ensure a
+# consistent program state") when a device's thread reaches a collective 40 s after the first
+# (its default): a guard against a deadlock that also fires on a host that is only slow. Here
+# two workers and the processes they start each run 8 simulated devices on two cores, beside
+# the compiles of a compile-ahead thread, so a device's thread can be that late: the suite
+# waits longer before the abort, and for a stuck thread's warning.
+COLLECTIVE_FLAGS = (
+    "--xla_cpu_collective_call_warn_stuck_timeout_seconds=60",
+    "--xla_cpu_collective_call_terminate_timeout_seconds=240",
+)
 # Read by jax when it is imported, in this process and in the ones it starts.
 QUICK_COMPILES = {"JAX_DISABLE_MOST_OPTIMIZATIONS": "1"}
 
@@ -60,7 +70,12 @@ COMPILATION_CACHE_LIMIT_BYTES = 2 * 1024**3
 def xla_flags(device_count: int) -> str:
     """XLA_FLAGS for `device_count` simulated CPU devices, compiled as the suite compiles."""
     return " ".join(
-        (f"--xla_force_host_platform_device_count={device_count}", *FUSION_FLAGS, *OPTIMIZED_FLAGS)
+        (
+            f"--xla_force_host_platform_device_count={device_count}",
+            *FUSION_FLAGS,
+            *OPTIMIZED_FLAGS,
+            *COLLECTIVE_FLAGS,
+        )
     )
 
 
