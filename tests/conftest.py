@@ -27,6 +27,7 @@ from tests.helpers.xla_env import (  # noqa: E402 (imports no jax)
     COMPILATION_CACHE_LIMIT_BYTES,
     QUICK_COMPILES,
     compiled_programs_crowd_memory,
+    memory_in_a_line,
     optimized_compiles,
     resident_bytes,
     xla_flags,
@@ -42,6 +43,7 @@ for variable, value in COMPILATION_CACHE.items():
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import contextlib  # noqa: E402
+import gc  # noqa: E402
 import importlib  # noqa: E402
 import json  # noqa: E402
 from collections.abc import Callable  # noqa: E402
@@ -217,15 +219,20 @@ _RESIDENT_FLOOR = [resident_bytes()]
 
 
 @pytest.fixture(autouse=True)
-def release_compiled_programs_when_memory_asks():
+def release_compiled_programs_when_memory_asks(request):
     """Drops jax's compiled programs after a test once this worker holds half the memory
     mappings Linux allows, or has grown by xla_env.RESIDENT_GROWTH_BYTES since it last dropped
     them. Until then a worker keeps them from file to file, so that the functions files share
-    are traced and compiled once (xla_env.py says why memory asks)."""
+    are traced and compiled once (xla_env.py says why memory asks). The worker's memory after
+    the test goes in its last words, for the report of a crash in the next one."""
     yield
     if compiled_programs_crowd_memory(_RESIDENT_FLOOR[0]):
         jax.clear_caches()
+        # A program held only by cyclic garbage keeps its mappings until the collector frees
+        # it, and the young threshold is high (cli.collect_garbage_less_often): free it now.
+        gc.collect()
         _RESIDENT_FLOOR[0] = resident_bytes()
+    LAST_WORDS.note(f"after {request.node.nodeid}: {memory_in_a_line()}")
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,9 @@ reach it through the endpoints the emulator fixture sets (STORAGE_EMULATOR_HOST 
 TENSORSTORE_GCS_HTTP_URL for tensorstore): `env` holds them.
 
 Bounded: every forwarded request times out, and the proxy stops itself after `lifetime`
-seconds if its owner never calls `stop`.
+seconds if its owner never calls `stop`. Stopping also closes the connections the clients keep
+open: each holds a thread of this process until the client hangs up, which a pooled client
+does not do while the process lives.
 """
 
 from __future__ import annotations
@@ -119,9 +121,38 @@ class FaultProxy:
         self._timer.cancel()
         self._server.shutdown()
         self._server.server_close()
+        self._server.close_connections()
 
 
 class _Server(http.server.ThreadingHTTPServer):
+    """Keeps the connections it serves, to close them when the proxy stops."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._connections: set[socket.socket] = set()
+        self._connections_lock = threading.Lock()
+
+    def process_request(self, request, client_address) -> None:
+        with self._connections_lock:
+            self._connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request) -> None:
+        with self._connections_lock:
+            self._connections.discard(request)
+        super().shutdown_request(request)
+
+    def close_connections(self) -> None:
+        """Ends every open connection: its thread, waiting for the next request, reads the
+        end of the stream and returns."""
+        with self._connections_lock:
+            connections = list(self._connections)
+        for connection in connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # closed meanwhile
+
     def handle_error(self, request, client_address) -> None:
         pass  # a client that hung up (it gave up, or a fault closed the connection): routine
 

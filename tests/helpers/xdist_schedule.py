@@ -20,8 +20,9 @@ whole files per worker, in the order conftest.py sorts them.
 xdist reports a crashed test as "worker 'gwN' crashed while running" and no more: what the
 worker printed as it died went to the run's output as it happened, far above the report.
 `WorkerLastWords` puts it in the report: each worker writes Python's fatal-error dump
-(faulthandler: the signal and every thread's stack) to a file of its own, and the controller
-adds that file to the crashed test's report.
+(faulthandler: the signal and every thread's stack) to a file of its own, and a note after
+each test (conftest.py's: its memory), and the controller adds both to the crashed test's
+report.
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ class WorkerLastWords:
     def __init__(self) -> None:
         self.directory: pathlib.Path | None = None  # the controller's
         self._dump_file = None  # a worker's, open for as long as it runs
+        self._note_path: pathlib.Path | None = None  # a worker's
 
     def configure_node(self, node: WorkerController) -> None:
         if self.directory is None:
@@ -98,6 +100,12 @@ class WorkerLastWords:
             path = pathlib.Path(workerinput[self.KEY]) / f"{workerinput['workerid']}.txt"
             self._dump_file = path.open("w")
             faulthandler.enable(file=self._dump_file, all_threads=True)
+            self._note_path = path.with_suffix(".note")
+
+    def note(self, text: str) -> None:
+        """In a worker: what its report says if it crashes later (the last note only)."""
+        if self._note_path is not None:
+            self._note_path.write_text(text)
 
     def handle_crash(self, report) -> None:
         if self.directory is None:
@@ -110,6 +118,9 @@ class WorkerLastWords:
             report.longrepr = (
                 f"{report.longrepr}\n\nWhat the worker's Python said as it died:\n{words}"
             )
+        note = dump.with_suffix(".note")
+        if note.exists():
+            report.longrepr = f"{report.longrepr}\n\nIts last note: {note.read_text()}"
 
     def unconfigure(self) -> None:
         if self.directory is not None:

@@ -156,16 +156,23 @@ OWN_MEMORY_FILE = pathlib.Path("/proc/self/statm")
 RESIDENT_GROWTH_BYTES = 2 * 1024**3  # per worker; up to four run at once
 
 
-def memory_maps_near_limit(share: float = 0.5) -> bool:
-    """Whether this process holds more than `share` of the memory mappings Linux allows one
-    process (False where /proc does not say: not Linux)."""
+def memory_maps() -> tuple[int, int] | None:
+    """(the memory mappings this process holds, the most Linux allows one process), or None
+    where /proc does not say (not Linux)."""
     try:
         limit = int(MAX_MAP_COUNT_FILE.read_text())
         with OWN_MAPS_FILE.open("rb") as maps:
             held = sum(1 for _ in maps)
     except (OSError, ValueError):
-        return False
-    return held > share * limit
+        return None
+    return held, limit
+
+
+def memory_maps_near_limit(share: float = 0.5) -> bool:
+    """Whether this process holds more than `share` of the memory mappings Linux allows one
+    process (False where /proc does not say)."""
+    maps = memory_maps()
+    return maps is not None and maps[0] > share * maps[1]
 
 
 def resident_bytes() -> int:
@@ -175,6 +182,13 @@ def resident_bytes() -> int:
     except (OSError, ValueError, IndexError):
         return 0
     return pages * os.sysconf("SC_PAGE_SIZE")
+
+
+def memory_in_a_line() -> str:
+    """This process's memory mappings and resident memory, for a crash report."""
+    maps = memory_maps()
+    held = f"{maps[0]:,} of the {maps[1]:,} memory mappings allowed" if maps else "mappings ?"
+    return f"{held}, {resident_bytes() / 2**30:.2f} GiB resident"
 
 
 def compiled_programs_crowd_memory(resident_floor: int) -> bool:

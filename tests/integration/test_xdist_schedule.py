@@ -40,6 +40,12 @@ def pytest_configure_node(node):
 
 def pytest_handlecrashitem(crashitem, report, sched):
     LAST_WORDS.handle_crash(report)
+
+
+@pytest.fixture(autouse=True)
+def last_note(request):
+    yield
+    LAST_WORDS.note(f"after {request.node.nodeid}")
 """
 
 
@@ -101,6 +107,9 @@ def test_a_crashed_tests_report_says_how_its_worker_died_and_where(tmp_path):
             def _in_native_code():
                 os.abort()
 
+            def test_before():
+                pass
+
             def test_dies():
                 _in_native_code()
             """
@@ -108,9 +117,10 @@ def test_a_crashed_tests_report_says_how_its_worker_died_and_where(tmp_path):
     )
     result = _run(tmp_path, workers=1)
     output = result.stdout + result.stderr
-    assert "1 failed, 4 passed" in output, output
+    assert "1 failed, 5 passed" in output, output
     report = output[output.index("crashed while running 'test_crash.py::test_dies'") :]
     report = report[: report.index("short test summary info")]
     assert "Fatal Python error: Aborted" in report, output
     assert 'test_crash.py", line 5 in _in_native_code' in report, output
-    assert 'test_crash.py", line 8 in test_dies' in report, output
+    assert 'test_crash.py", line 11 in test_dies' in report, output
+    assert "Its last note: after test_crash.py::test_before" in report, output

@@ -1,17 +1,21 @@
 """The suite's own compilation settings (tests/helpers/xla_env.py): one shared compilation cache
 (kept under its size limit by bertjax.engine.compilation_cache.prune, tested with it), and compiled
-programs released before a worker runs out of memory mappings."""
+programs released before a worker runs out of memory mappings, and XLA's collectives given the
+time a loaded host needs before they abort the process."""
 
 import os
+import re
 
 import jax
 
 from tests.helpers.xla_env import (
+    COLLECTIVE_FLAGS,
     COMPILATION_CACHE_DIR,
     OPTIMIZED_FLAGS,
-    OWN_MAPS_FILE,
     RESIDENT_GROWTH_BYTES,
     compiled_programs_crowd_memory,
+    memory_in_a_line,
+    memory_maps,
     memory_maps_near_limit,
     optimized_compiles,
     resident_bytes,
@@ -38,9 +42,14 @@ def test_quick_compiles_unless_a_block_asks_for_optimised_ones():
         assert all(flag in flags.split() for flag in OPTIMIZED_FLAGS)
 
 
+def test_collectives_wait_four_minutes_before_aborting_here_and_in_the_processes_started():
+    for flags in (os.environ["XLA_FLAGS"], subprocess_env(2)["XLA_FLAGS"]):
+        assert all(flag in flags.split() for flag in COLLECTIVE_FLAGS)
+    assert "--xla_cpu_collective_call_terminate_timeout_seconds=240" in COLLECTIVE_FLAGS
+
+
 def _memory_maps() -> int:
-    with OWN_MAPS_FILE.open("rb") as maps:
-        return sum(1 for _ in maps)
+    return memory_maps()[0]
 
 
 def test_dropping_jax_caches_releases_the_mappings_of_compiled_programs():
@@ -60,6 +69,10 @@ def test_dropping_jax_caches_releases_the_mappings_of_compiled_programs():
     assert memory_maps_near_limit(share=0.0)
     assert not memory_maps_near_limit(share=1.0)
     assert resident_bytes() > 0
+    line = memory_in_a_line()  # what a crashed worker's last note says
+    assert re.fullmatch(
+        r"[\d,]+ of the [\d,]+ memory mappings allowed, \d+\.\d\d GiB resident", line
+    )
     # Memory counts from where the programs were last dropped.
     assert not compiled_programs_crowd_memory(resident_floor=resident_bytes())
     assert compiled_programs_crowd_memory(resident_bytes() - RESIDENT_GROWTH_BYTES - 2**20)
