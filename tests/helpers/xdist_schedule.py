@@ -76,13 +76,15 @@ class CrashTolerantFileScheduling(LoadFileScheduling):
 
 
 class WorkerLastWords:
-    """The crash report's faulthandler dump, for conftest.py's hooks of the same names: the
-    controller makes a directory as it starts its first worker and hands it to each
-    (`configure_node`), each worker keeps its dump there (`configure`), and the controller reads
-    it back into the report of the test the worker crashed in (`handle_crash`)."""
+    """A crashed worker's faulthandler dump and last note in its test's report, for
+    conftest.py's hooks of the same names: the controller makes a directory as it starts its
+    first worker and hands it to each (`configure_node`), each worker keeps its dump there
+    (`configure`) and a note after each test (`note`), and the controller reads both back into
+    the report of the test the worker crashed in (`handle_crash`)."""
 
     KEY = "crash_dump_dir"
-    TAIL_CHARS = 8000  # enough for the crashing thread's stack and a few others
+    # The dump lists the newest thread first and the main one, the oldest, last.
+    TAIL_CHARS = 8000
 
     def __init__(self) -> None:
         self.directory: pathlib.Path | None = None  # the controller's
