@@ -29,10 +29,6 @@ import sys
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FUSION_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
-# XLA's CPU compiler cuts each program into 32 parts to generate their code on several threads
-# at once; the suite's workers already keep every core busy, so the cutting is only extra
-# work. One part: the unit tier's CPU time 10 % less (docs/development.md).
-CODEGEN_FLAGS = ("--xla_cpu_parallel_codegen_split_count=1",)
 # LLVM's level inside `optimized_compiles()` (the docstring above says why); quick compiles
 # set level 0 over it.
 OPTIMIZED_FLAGS = ("--xla_backend_optimization_level=1",)
@@ -77,7 +73,6 @@ def xla_flags(device_count: int) -> str:
         (
             f"--xla_force_host_platform_device_count={device_count}",
             *FUSION_FLAGS,
-            *CODEGEN_FLAGS,
             *OPTIMIZED_FLAGS,
             *COLLECTIVE_FLAGS,
         )
