@@ -34,10 +34,10 @@ FUSION_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 OPTIMIZED_FLAGS = ("--xla_backend_optimization_level=1",)
 # XLA's CPU runtime aborts the process ("Termination timeout ... exceeded. Exiting to ensure a
 # consistent program state") when a device's thread reaches a collective 40 s after the first
-# (its default): a guard against a deadlock that also fires on a host that is only slow. Here
-# two workers and the processes they start each run 8 simulated devices on two cores, beside
-# the compiles of a compile-ahead thread, so a device's thread can be that late: the suite
-# waits longer before the abort, and for a stuck thread's warning.
+# (its default): a guard against a deadlock that also fires when the devices' work is only
+# slow or uneven. Here two workers and the processes they start each run 8 simulated devices
+# on two cores: the suite gives a late device four minutes before the abort (a deadlock still
+# ends the process) and a minute before the warning that it may be stuck.
 COLLECTIVE_FLAGS = (
     "--xla_cpu_collective_call_warn_stuck_timeout_seconds=60",
     "--xla_cpu_collective_call_terminate_timeout_seconds=240",
