@@ -28,6 +28,7 @@ from tests.helpers.xla_env import (  # noqa: E402 (imports no jax)
     QUICK_COMPILES,
     compiled_programs_crowd_memory,
     memory_in_a_line,
+    memory_maps,
     optimized_compiles,
     resident_bytes,
     xla_flags,
@@ -226,13 +227,15 @@ def release_compiled_programs_when_memory_asks(request):
     are traced and compiled once (xla_env.py says why memory asks). The worker's memory after
     the test goes in its last words, for the report of a crash in the next one."""
     yield
-    if compiled_programs_crowd_memory(_RESIDENT_FLOOR[0]):
+    maps, resident = memory_maps(), resident_bytes()  # read once: this runs after every test
+    if compiled_programs_crowd_memory(_RESIDENT_FLOOR[0], maps, resident):
         jax.clear_caches()
         # A program held only by cyclic garbage keeps its mappings until the collector frees
         # it, and the young threshold is high (cli.collect_garbage_less_often): free it now.
         gc.collect()
-        _RESIDENT_FLOOR[0] = resident_bytes()
-    LAST_WORDS.note(f"after {request.node.nodeid}: {memory_in_a_line()}")
+        maps, resident = memory_maps(), resident_bytes()
+        _RESIDENT_FLOOR[0] = resident
+    LAST_WORDS.note(f"after {request.node.nodeid}: {memory_in_a_line(maps, resident)}")
 
 
 @pytest.fixture(scope="module")

@@ -168,10 +168,10 @@ def memory_maps() -> tuple[int, int] | None:
     return held, limit
 
 
-def memory_maps_near_limit(share: float = 0.5) -> bool:
+def memory_maps_near_limit(share: float = 0.5, maps: tuple[int, int] | None = None) -> bool:
     """Whether this process holds more than `share` of the memory mappings Linux allows one
-    process (False where /proc does not say)."""
-    maps = memory_maps()
+    process (False where /proc does not say); `maps`: memory_maps() if already read."""
+    maps = maps or memory_maps()
     return maps is not None and maps[0] > share * maps[1]
 
 
@@ -184,18 +184,23 @@ def resident_bytes() -> int:
     return pages * os.sysconf("SC_PAGE_SIZE")
 
 
-def memory_in_a_line() -> str:
-    """This process's memory mappings and resident memory, for a crash report."""
-    maps = memory_maps()
+def memory_in_a_line(maps: tuple[int, int] | None = None, resident: int | None = None) -> str:
+    """This process's memory mappings and resident memory, for a crash report (from `maps`
+    and `resident` where already read)."""
+    maps = maps or memory_maps()
+    resident = resident_bytes() if resident is None else resident
     held = f"{maps[0]:,} of the {maps[1]:,} memory mappings allowed" if maps else "mappings ?"
-    return f"{held}, {resident_bytes() / 2**30:.2f} GiB resident"
+    return f"{held}, {resident / 2**30:.2f} GiB resident"
 
 
-def compiled_programs_crowd_memory(resident_floor: int) -> bool:
+def compiled_programs_crowd_memory(
+    resident_floor: int, maps: tuple[int, int] | None = None, resident: int | None = None
+) -> bool:
     """Whether this process should drop its compiled programs: near Linux's limit of memory
     mappings, or RESIDENT_GROWTH_BYTES above `resident_floor` (its memory after it last
-    dropped them)."""
-    return memory_maps_near_limit() or resident_bytes() > resident_floor + RESIDENT_GROWTH_BYTES
+    dropped them). `maps` and `resident`: memory_maps() and resident_bytes() if already read."""
+    resident = resident_bytes() if resident is None else resident
+    return memory_maps_near_limit(maps=maps) or resident > resident_floor + RESIDENT_GROWTH_BYTES
 
 
 def free_port() -> int:
