@@ -121,6 +121,7 @@ def pytest_configure(config):
     LAST_WORDS.configure(config)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's faulthandler plugin restores its own file
 def pytest_unconfigure(config):
     LAST_WORDS.unconfigure()
 

@@ -125,5 +125,9 @@ class WorkerLastWords:
             report.longrepr = f"{report.longrepr}\n\nIts last note: {note.read_text()}"
 
     def unconfigure(self) -> None:
+        if self._dump_file is not None:  # a worker's, done with its tests
+            faulthandler.disable()
+            self._dump_file.close()
+            self._dump_file = None
         if self.directory is not None:
             shutil.rmtree(self.directory, ignore_errors=True)

@@ -57,12 +57,13 @@ def test_dropping_jax_caches_releases_the_mappings_of_compiled_programs():
     programs hold memory mappings until jax's caches are dropped, though their functions are
     still referenced."""
     jax.clear_caches()
+    jax.jit(jax.numpy.cos)(jax.numpy.ones(3))  # what the first compile maps and keeps
     before = _memory_maps()
-    functions = [jax.jit(lambda x, n=n: jax.numpy.tanh(x * n).sum()) for n in range(200)]
+    functions = [jax.jit(lambda x, n=n: jax.numpy.tanh(x * n).sum()) for n in range(40)]
     for function in functions:
         function(jax.numpy.ones(3))
     held = _memory_maps()
-    assert held - before >= 200  # several mappings a program
+    assert held - before >= 80  # several mappings a program
     jax.clear_caches()
     released = held - _memory_maps()
     assert released > 0.75 * (held - before), (before, held, released)
