@@ -8,7 +8,6 @@ import dataclasses
 import jax
 import numpy as np
 import pytest
-from flax import linen as nn
 
 import bertjax
 from bertjax import capability, encoders
@@ -28,6 +27,7 @@ from tests.helpers.batches import padded_batch
 from tests.helpers.corpora import finetune_config
 from tests.helpers.finetune_hf_torch import TORCH_WARMUP_STEPS, torch_adamw
 from tests.helpers.finetuning import data_parallel_finetuning
+from tests.helpers.params import random_init_from_key
 
 ATOL = 1e-5
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -66,20 +66,6 @@ def _batch(lengths=(10, 7, 4, 10), seed=0):
     )
 
 
-def _random(init, seed=0):
-    """Parameters of `init` (rng -> boxed params) with noise on every leaf, so that no scale is
-    one and no bias zero; one compiled program, not an init op by op."""
-
-    def noisy(rng):
-        leaves, tree = jax.tree.flatten(nn.meta.unbox(init(rng)))
-        keys = jax.random.split(jax.random.key(seed), len(leaves))
-        return jax.tree.unflatten(
-            tree, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-        )
-
-    return jax.device_get(jax.jit(noisy)(jax.random.key(seed + 100)))
-
-
 def _hf_model(cls_name, seed, **extra):
     """A transformers model of CONFIG with every parameter random."""
     torch = pytest.importorskip("torch")
@@ -112,7 +98,9 @@ def test_packed_tokens_cls_only_and_scanned_layers_match_the_plain_encoder():
     module = electra_model.ElectraEncoder(CONFIG)
     ids, mask = _batch()
     segments = (np.arange(SEQ)[None] >= 5).astype(np.int32) * mask
-    params = _random(lambda rng: module.init(rng, ids, segments, mask)["params"])
+    params = random_init_from_key(
+        lambda rng: module.init(rng, ids, segments, mask)["params"], seed=0, std=0.1
+    )
     assert set(params) == {"embeddings", "embeddings_project", "encoder", "pooler"}
     assert params["embeddings"]["word_embeddings"]["embedding"].shape == (len(VOCAB), 8)
     seq, pooled = module.apply({"params": params}, ids, segments, mask)
@@ -137,7 +125,7 @@ def test_packed_tokens_cls_only_and_scanned_layers_match_the_plain_encoder():
 @pytest.mark.slow
 def test_an_electra_directory_on_a_mesh_predicts_as_on_one_device(tmp_path):
     head = HeadSpec(label_heads.CLASSIFICATION, LABELS)
-    params = _random(capability.of(head).init(CONFIG, head), seed=4)
+    params = random_init_from_key(capability.of(head).init(CONFIG, head), seed=4, std=0.1)
     encoders.family_of(CONFIG).write_transformers(
         CONFIG, params, tmp_path, tokenizer=TOKENIZER, head=head
     )

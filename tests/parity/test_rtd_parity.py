@@ -4,18 +4,19 @@ ElectraForPreTraining and the generator as ElectraForMaskedLM, nothing missing o
 with the logits of bertjax's networks (random weights, within 1e-5)."""
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
 import transformers
-from flax import linen as nn
 
 from bertjax import encoders
 from bertjax.pretrain import objectives
 from bertjax.pretrain.objectives.rtd import model as rtd_model
 from tests.helpers.encoders import SMALL_CONFIGS
+from tests.helpers.params import random_init_from_key
 
 ATOL = 1e-5
 CONFIG = dataclasses.replace(
@@ -28,18 +29,9 @@ CONFIG = dataclasses.replace(
 )
 
 
-def _random(params, seed):
-    """Every leaf random (LayerNorms and biases too), so a misplaced tensor shows."""
-    leaves, tree = jax.tree.flatten(params)
-    keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(
-        tree, [0.2 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves)]
-    )
-
-
 def test_both_networks_open_in_transformers_with_the_same_logits(tmp_path):
-    params = nn.meta.unbox(rtd_model.init(CONFIG, 0.5)(jax.random.key(0)))
-    params = _random(params, 1)
+    # Every leaf random (LayerNorms and biases too), so a misplaced tensor shows.
+    params = random_init_from_key(rtd_model.init(CONFIG, 0.5), seed=1)
     family = encoders.family_of(CONFIG)
     meta = {"config": {"objective": "rtd", "generator_hidden_fraction": 0.5}}
     networks = objectives.get("rtd").networks(CONFIG, params, meta)
@@ -54,9 +46,11 @@ def test_both_networks_open_in_transformers_with_the_same_logits(tmp_path):
     mask = np.ones_like(ids)
     mask[1, 7:] = 0
     model = rtd_model.ReplacedTokenDetection(CONFIG, 0.5)
-    ours = model.apply(
-        {"params": params}, ids, None, mask, method=rtd_model.ReplacedTokenDetection.replaced_logits
+    # Each network's logits as one compiled program: op by op, every operation compiles alone.
+    replaced_logits = jax.jit(
+        functools.partial(model.apply, method=rtd_model.ReplacedTokenDetection.replaced_logits)
     )
+    ours = replaced_logits({"params": params}, ids, None, mask)
     loaded, info = transformers.ElectraForPreTraining.from_pretrained(
         tmp_path, output_loading_info=True
     )
@@ -66,15 +60,14 @@ def test_both_networks_open_in_transformers_with_the_same_logits(tmp_path):
     np.testing.assert_allclose(np.asarray(ours)[mask > 0], theirs[mask > 0], atol=ATOL)
 
     positions = jnp.broadcast_to(jnp.arange(10), ids.shape)  # every position
-    ours = model.apply(
-        {"params": params},
-        ids,
-        None,
-        mask,
-        positions,
-        deterministic=True,
-        method=rtd_model.ReplacedTokenDetection.generator_logits,
+    generator_logits = jax.jit(
+        functools.partial(
+            model.apply,
+            deterministic=True,
+            method=rtd_model.ReplacedTokenDetection.generator_logits,
+        )
     )
+    ours = generator_logits({"params": params}, ids, None, mask, positions)
     loaded, info = transformers.ElectraForMaskedLM.from_pretrained(
         tmp_path / rtd_model.GENERATOR, output_loading_info=True
     )

@@ -6,10 +6,8 @@ tests/parity/test_electra_parity.py."""
 import dataclasses
 import json
 
-import jax
 import numpy as np
 import pytest
-from flax import linen as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
@@ -23,6 +21,7 @@ from bertjax.tasks.labels import model as label_heads
 from bertjax.tasks.seq2seq.options import TaskOptions
 from bertjax.text.tokenizer import WordPieceTokenizer
 from tests.helpers.batches import padded_batch, second_segment
+from tests.helpers.params import random_init_from_key
 
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(27)]
 TOKENIZER = WordPieceTokenizer(VOCAB, lowercase=True)
@@ -44,20 +43,6 @@ def _batch(seed=0):
         [10, 7, 4, 10], 10, vocab_size=len(VOCAB), first_word=5, cls_id=TOKENIZER.cls_id, seed=seed
     )
     return ids, mask, second_segment(mask, 5)
-
-
-def _random(init, seed=0):
-    """Parameters of `init` (rng -> boxed params) with noise on every leaf, so that no scale is
-    one and no bias zero; one compiled program, not an init op by op."""
-
-    def noisy(rng):
-        leaves, tree = jax.tree.flatten(nn.meta.unbox(init(rng)))
-        keys = jax.random.split(jax.random.key(seed), len(leaves))
-        return jax.tree.unflatten(
-            tree, [x + 0.1 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys)]
-        )
-
-    return jax.device_get(jax.jit(noisy)(jax.random.key(seed + 100)))
 
 
 def test_the_family_is_registered_and_its_config_travels_in_meta():
@@ -89,7 +74,7 @@ def test_presets_read_and_seq2seq_refuses_electra_in_one_line():
 
 def test_the_tensor_map_writes_and_reads_back_every_class(tmp_path):
     family = encoders.family_of(CONFIG)
-    params = _random(family.pretraining_init(CONFIG), seed=1)
+    params = random_init_from_key(family.pretraining_init(CONFIG), seed=1, std=0.1)
     # A generator: ElectraForMaskedLM, read back with the discriminator and pooler fresh.
     family.write_transformers(
         CONFIG, params, tmp_path / "gen", untrained=("discriminator_head", "pooler")
@@ -106,7 +91,7 @@ def test_the_tensor_map_writes_and_reads_back_every_class(tmp_path):
         np.testing.assert_array_equal(np.asarray(ours[path]), back[path], err_msg=str(path))
     # A sequence classifier: classifier.dense is the encoder's pooler, out_proj the head.
     head = HeadSpec(label_heads.CLASSIFICATION, LABELS)
-    tree = _random(capability.of(head).init(CONFIG, head), seed=2)
+    tree = random_init_from_key(capability.of(head).init(CONFIG, head), seed=2, std=0.1)
     family.write_transformers(CONFIG, tree, tmp_path / "cls", head=head)
     written = hf.read_weights(tmp_path / "cls")[0]
     assert {"classifier.dense.weight", "classifier.out_proj.weight"} <= set(written)
@@ -123,7 +108,7 @@ def test_the_tensor_map_writes_and_reads_back_every_class(tmp_path):
 
 def test_bad_directories_are_refused_naming_the_tensor(tmp_path):
     family = encoders.family_of(CONFIG)
-    params = _random(family.pretraining_init(CONFIG), seed=3)
+    params = random_init_from_key(family.pretraining_init(CONFIG), seed=3, std=0.1)
     family.write_transformers(CONFIG, params, tmp_path, untrained=("mlm_head", "pooler"))
     weights = tmp_path / hf.SAFE_WEIGHTS_NAME
     tensors = load_file(weights)
