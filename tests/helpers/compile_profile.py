@@ -59,7 +59,8 @@ def call_site() -> str:
 
 
 class CompileProfile:
-    """Records jax's compile events while `listening`, each with the test set by `start`."""
+    """Records jax's compile events between `listen` and `stop` (or inside `with`), each with
+    the test named by the last `start`."""
 
     def __init__(self) -> None:
         self.records: list[Record] = []
@@ -68,22 +69,28 @@ class CompileProfile:
     def start(self, test: str) -> None:
         self._test = test
 
-    def _listen(self, event: str, seconds: float, **kwargs) -> None:
+    def _record(self, event: str, seconds: float, **kwargs) -> None:
         kind = KINDS.get(event)
         if kind is not None:
             program = str(kwargs.get("fun_name", ""))
             self.records.append(Record(self._test, kind, program, seconds, call_site()))
 
-    def __enter__(self) -> CompileProfile:
-        import jax  # after conftest.py has set the environment jax reads on import
+    def listen(self) -> None:
+        import jax  # here, not above: after conftest.py has set the environment jax reads
 
-        jax.monitoring.register_event_duration_secs_listener(self._listen)
+        jax.monitoring.register_event_duration_secs_listener(self._record)
+
+    def stop(self) -> None:
+        import jax
+
+        jax.monitoring.unregister_event_duration_listener(self._record)
+
+    def __enter__(self) -> CompileProfile:
+        self.listen()
         return self
 
     def __exit__(self, *exc) -> None:
-        import jax
-
-        jax.monitoring.unregister_event_duration_listener(self._listen)
+        self.stop()
 
     def write(self, path: pathlib.Path) -> None:
         with path.open("w") as f:
@@ -121,19 +128,19 @@ def summary(records: list[Record], ours: set[str], top: int = 15) -> list[str]:
     for r in records:
         by_kind[r.kind] += r.seconds
     op_by_op = [r for r in records if r.function not in ours]
-    compiled = [r for r in records if r.kind == "compiling"]
+    op_seconds = sum(r.seconds for r in op_by_op)
     lines = [
         f"{total:.1f} s in jax's compile events: "
         + ", ".join(f"{kind} {by_kind[kind]:.1f} s" for kind in KINDS.values()),
-        f"{len(compiled)} programs compiled; {sum(r.kind == 'compiling' for r in op_by_op)} of "
-        f"them op by op (jax's own functions), {sum(r.seconds for r in op_by_op):.1f} s "
-        f"({100 * sum(r.seconds for r in op_by_op) / total:.0f} %) with their tracing and "
-        "lowering",
+        f"{sum(r.kind == 'compiling' for r in records)} programs compiled; "
+        f"{sum(r.kind == 'compiling' for r in op_by_op)} of them op by op (jax's own "
+        f"functions), {op_seconds:.1f} s ({100 * op_seconds / total:.0f} %) with their tracing "
+        "and lowering",
         "longest programs (name at call site: seconds, programs compiled):",
     ]
     by_program, count = collections.Counter(), collections.Counter()
     for r in records:
-        key = f"{r.program if r.kind == 'compiling' else f'jit({r.function})'} at {r.site}"
+        key = f"jit({r.function}) at {r.site}"
         by_program[key] += r.seconds
         count[key] += r.kind == "compiling"
     lines += [f"  {s:7.1f} s {count[k]:5d}  {k}" for k, s in by_program.most_common(top)]
@@ -174,7 +181,7 @@ def pytest_configure(config):
     directory = _directory(config)
     if directory is not None and _is_test_process(config):
         directory.mkdir(parents=True, exist_ok=True)
-        PROFILE.__enter__()
+        PROFILE.listen()
 
 
 def pytest_runtest_setup(item):
@@ -192,7 +199,7 @@ def pytest_sessionfinish(session):
 
 def pytest_unconfigure(config):
     if _directory(config) is not None and _is_test_process(config):
-        PROFILE.__exit__()
+        PROFILE.stop()
 
 
 def pytest_terminal_summary(terminalreporter, config):
