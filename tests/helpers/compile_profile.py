@@ -179,8 +179,13 @@ def _is_test_process(config) -> bool:
 
 def pytest_configure(config):
     directory = _directory(config)
-    if directory is not None and _is_test_process(config):
+    if directory is None:
+        return
+    if not hasattr(config, "workerinput"):  # the run's first process: an earlier run's records go
         directory.mkdir(parents=True, exist_ok=True)
+        for stale in directory.glob("*.jsonl"):
+            stale.unlink()
+    if _is_test_process(config):
         PROFILE.listen()
 
 
