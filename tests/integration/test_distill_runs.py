@@ -256,7 +256,10 @@ def test_a_mesh_with_accumulation_trains_the_one_device_run(teachers, tmp_path):
         tmp_path / "mesh",
     )
     one, mesh = _params(tmp_path / "one"), _params(tmp_path / "mesh")
-    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-6), one, mesh)
+    # After five Adam steps at 1e-3 the two summation orders leave parameters up to 2.8e-6
+    # apart; leaving out the 8 unlabeled rows (a fifth of each epoch) moved them by up to
+    # 4.3e-3 (measured, one device both times): a lost or doubled part shows far above 1e-5.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-5), one, mesh)
 
 
 def test_a_teacher_of_another_task_or_tokenizer_or_depth_is_refused(teachers, tmp_path):
