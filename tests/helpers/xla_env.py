@@ -6,7 +6,7 @@ Most tests run tiny models for a step or two, so XLA's time goes into compiling,
 they compile with LLVM's optimisation passes at level 0 (jax's
 `jax_disable_most_optimizations`, which also turns LLVM's costly passes off) and with XLA's
 classic fusion emitters instead of its newer MLIR ones, and each program's code generated as
-one LLVM module instead of parts on threads of their own, all much quicker to compile. XLA's
+one LLVM module instead of parts on threads of their own, all quicker to compile. XLA's
 own HLO passes, which decide fusion, still run; only the last bits of a float may round
 differently than by default.
 
@@ -31,13 +31,14 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FUSION_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
 # XLA splits a program's LLVM module into parts it compiles on threads of their own, then
-# links: for a command's models a quicker compile on an idle host, for the suite's tiny
-# programs more work than the parts save, on cores its two workers already fill. One part,
-# measured with empty caches: a tiny BERT's and ModernBERT's train and eval steps compiled
-# with a fifth less CPU time; four unit files on one core each (`taskset -c N pytest -n0`,
-# side by side with the default on the other core) took 120 s instead of 141-145 s; the unit
-# tier on both cores, two rounds alternating, 784 CPU seconds against 830 (the host's noise
-# is as large). It moves the last bits of some floats, as the other flags here do.
+# links them. For the suite's tiny programs that is more work than the parts save, on cores
+# its two workers already fill, so each program is one module here (a command's programs
+# compile no quicker as one, and with the classic emitters above much slower). Measured with
+# empty caches: a tiny BERT's and ModernBERT's train and eval steps compiled with a fifth
+# less CPU time; four unit files on one core each (`taskset -c N pytest -n0`, side by side
+# with the default on the other core) took 120 s instead of 141-145 s; the unit tier on both
+# cores, two rounds alternating, 784 CPU seconds against 830 (the host's noise is as large).
+# It moves the last bits of some floats, as the other flags here do.
 CODEGEN_FLAGS = ("--xla_cpu_parallel_codegen_split_count=1",)
 # LLVM's level inside `optimized_compiles()` (the docstring above says why); quick compiles
 # set level 0 over it.
