@@ -22,7 +22,8 @@ import os
 import pathlib
 import traceback
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
+from tests.helpers.xla_env import REPO
+
 SOURCES = ("bertjax", "benchmarks", "tests")
 # jax.monitoring's events, by the kind the summary names them.
 KINDS = {
