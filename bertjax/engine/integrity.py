@@ -3,9 +3,10 @@ at restore.
 
 Integrity: storage can return different bytes than were written without any error (a
 garbled block decodes to other, often finite, numbers). So every save records an exact
-fingerprint of each array leaf, computed on the devices from the values being saved, and every
-restore recomputes it from the values read and checks them for NaN/inf too. A step that fails
-is treated like an unreadable one: named, skipped and, when resuming, moved to corrupt/.
+fingerprint of each array leaf, computed from the values being saved (on the devices; small
+leaves by numpy on the host, bit for bit the same), and every restore recomputes it from the
+values read and checks them for NaN/inf too. A step that fails is treated like an unreadable
+one: named, skipped and, when resuming, moved to corrupt/.
 The fingerprint is a sum modulo 2**32 of a hash of each element's bits and its position in
 the global array; integer addition is exact and order-free, so it does not depend on how the
 array is sharded: each process only reads its own shards, the reduction makes one replicated
@@ -34,12 +35,13 @@ class CheckpointIntegrityError(ValueError):
     """A step read back without error whose values differ from those saved, or are not finite."""
 
 
-def _mix32(x: jax.Array) -> jax.Array:
-    """MurmurHash3's 32-bit finaliser: a cheap bijection that spreads every input bit."""
+def _mix32(x):
+    """MurmurHash3's 32-bit finaliser: a cheap bijection that spreads every input bit. Of a
+    uint32 jax or numpy array alike (numpy's products wrap modulo 2**32 as XLA's do)."""
     x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x85EBCA6B)
+    x = x * np.uint32(0x85EBCA6B)
     x = x ^ (x >> 13)
-    x = x * jnp.uint32(0xC2B2AE35)
+    x = x * np.uint32(0xC2B2AE35)
     return x ^ (x >> 16)
 
 
@@ -99,6 +101,33 @@ def _leaf_summary(x: jax.Array) -> jax.Array:
 # of layers): one program over every leaf compiled slower (benchmarks/checkpoint.py).
 _leaf_summary_jit = jax.jit(_leaf_summary)
 
+# Leaves of at most this many elements (of 8, 16 or 32 bits, on this process's devices) are
+# summarised by numpy on the host instead, bit for bit the same: a leaf of a new shape costs a
+# compiled program on the devices (about 0.1 s on a CPU, more on an accelerator), and a
+# model's small leaves (biases, norms' scales, small projections) come in many shapes, while
+# numpy summarises this many elements in about half a millisecond. Larger leaves are
+# read in place on their devices, faster than the host would (benchmarks/checkpoint.py).
+HOST_ELEMENTS = 65_536
+
+
+def _on_host(leaf: Any) -> bool:
+    if _bit_width(leaf.dtype) == 64 or leaf.size > HOST_ELEMENTS:
+        return False
+    return isinstance(leaf, np.ndarray) or leaf.is_fully_addressable or leaf.is_fully_replicated
+
+
+def _host_summary(x: np.ndarray) -> tuple[int, bool]:
+    """_leaf_summary of a leaf of 8, 16 or 32 bits, by numpy: (fingerprint, finite)."""
+    flat = np.ascontiguousarray(x).reshape(-1)  # row-major: the flat position _fingerprint uses
+    if flat.dtype == np.bool_:
+        words = flat.astype(np.uint32)
+    else:
+        words = flat.view(np.dtype(_UNSIGNED_OF_BITS[_bit_width(flat.dtype)])).astype(np.uint32)
+    salt = _mix32(np.arange(flat.size, dtype=np.uint32) + np.uint32(0x9E3779B9))
+    fingerprint = int(_mix32(words ^ salt).sum(dtype=np.uint64) % 2**32)
+    finite = bool(np.isfinite(flat).all()) if jnp.issubdtype(flat.dtype, jnp.inexact) else True
+    return fingerprint, finite
+
 
 def _to_host(x: jax.Array) -> np.ndarray:
     if not (x.is_fully_replicated or x.is_fully_addressable):  # multi-process
@@ -124,7 +153,8 @@ class LeafSummary(NamedTuple):
 def summarise(trees: dict[str, Any]) -> list[LeafSummary]:
     """Fingerprint and finiteness of every array leaf of {item name: pytree}.
 
-    Reads each leaf once on its devices and brings two numbers per leaf to the host; works on
+    Reads each leaf once on its devices and brings two numbers per leaf to the host (a leaf
+    of at most HOST_ELEMENTS elements is brought whole and summarised there); works on
     sharded arrays across processes. It costs a fraction of the save itself, plus compiling
     on a run's first save (benchmarks/checkpoint.py measures both). Integer reductions are
     slow on XLA's CPU backend; on an accelerator it is one read of the state.
@@ -143,7 +173,10 @@ def summarise(trees: dict[str, Any]) -> list[LeafSummary]:
     jax.block_until_ready([leaf for _, _, leaf in entries])
     fingerprints, finite = [], []
     for _, _, leaf in entries:
-        fingerprint, ok = _to_host(_leaf_summary_jit(leaf))
+        if _on_host(leaf):
+            fingerprint, ok = _host_summary(np.asarray(leaf))
+        else:
+            fingerprint, ok = _to_host(_leaf_summary_jit(leaf))
         fingerprints.append(int(fingerprint))
         finite.append(bool(ok))
     return [

@@ -520,6 +520,41 @@ def test_fingerprints_cover_values_positions_and_dtypes(mesh):
         assert fingerprint(high_bit_changed) != fingerprint(wide)
 
 
+@pytest.mark.parametrize(
+    "dtype", ["float32", "bfloat16", "float16", "int32", "uint8", "int8", "bool"]
+)
+def test_small_leaves_summarised_on_the_host_match_the_devices_bit_for_bit(dtype):
+    """Leaves up to HOST_ELEMENTS are summarised by numpy instead of a compiled program: the
+    same fingerprints and finiteness as the devices' function, so checkpoints of either
+    version verify under the other. Sizes around the threshold, a leaf sharded over 8
+    devices, empty leaves and leaves holding inf or NaN."""
+    rng = np.random.default_rng(0)
+    mesh = Mesh(np.array(jax.devices()), ("data",))
+    largest = integrity.HOST_ELEMENTS
+    for shape in [(), (0,), (1,), (7, 5), (3, 4, 8), (largest // 8, 8), (largest + 8,)]:
+        if dtype == "bool":
+            x = rng.random(shape) < 0.5
+        elif np.issubdtype(np.dtype(jnp.dtype(dtype)), np.integer):
+            x = rng.integers(-128 if dtype != "uint8" else 0, 128, shape).astype(dtype)
+        else:
+            x = (rng.standard_normal(shape) * 100).astype(jnp.dtype(dtype))
+        x = np.asarray(x)  # a 0-d draw comes back as a numpy scalar
+        leaves = [x]
+        if x.ndim and x.shape[0] % 8 == 0 and x.size:
+            leaves.append(jax.device_put(x, NamedSharding(mesh, P("data"))))
+        if x.size and dtype.startswith(("float", "bfloat")):
+            for bad in (np.inf, np.nan):
+                damaged = x.copy()
+                damaged.reshape(-1)[x.size // 2] = bad
+                leaves.append(damaged)
+        for leaf in leaves:
+            on_devices = np.asarray(integrity._leaf_summary_jit(jnp.asarray(leaf)))
+            (summary,) = integrity.summarise({"x": leaf})
+            assert integrity._on_host(leaf) == (leaf.size <= largest)
+            where = f"{dtype} {shape} {type(leaf).__name__}"
+            assert (summary.fingerprint, summary.finite) == tuple(map(int, on_devices)), where
+
+
 # ----------------------------------------------------------------------------- failed saves
 
 
