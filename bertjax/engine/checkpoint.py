@@ -642,6 +642,19 @@ def restore_params(
         manager.close()
 
 
+def newest_step(directory: str | os.PathLike) -> int | None:
+    """The newest finished step in `directory` (None: no such directory or step), from the
+    directory's listing alone: nothing is read, so a damaged step counts too."""
+    path = _as_path(directory)
+    if not path.exists():
+        return None
+    manager = _read_only_manager(path)
+    try:
+        return max(manager.all_steps(), default=None)
+    finally:
+        manager.close()
+
+
 def read_meta(directory: str | os.PathLike, step: int | None = None) -> dict:
     """The JSON meta dict of a step (default: the newest readable one)."""
     path, manager = _open_for_reading(directory)

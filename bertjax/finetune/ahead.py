@@ -20,11 +20,14 @@ from bertjax.finetune.evaluation import run_eval_batches
 from bertjax.finetune.prepared import PreparedRun
 
 
-def compiled_ahead(run: PreparedRun, compiler: compile_ahead.Compiler) -> PreparedRun:
+def compiled_ahead(
+    run: PreparedRun, compiler: compile_ahead.Compiler, training: bool = True
+) -> PreparedRun:
     """`run` with its steps' programs compiled ahead by `compiler` (bertjax.engine.compile_ahead):
-    every training shape, in the order the run first meets it, then every evaluation and
-    prediction shape (the batches run_eval will take). A step then runs the program compiled
-    for its shape: the same jitted function's, so the run's results do not change."""
+    every training shape, in the order the run first meets it (unless `training` is False: a
+    run whose seeds have all finished training), then every evaluation and prediction shape
+    (the batches run_eval will take). A step then runs the program compiled for its shape:
+    the same jitted function's, so the run's results do not change."""
     ft, settings = run.ft, run.settings.run
     built = ft.steps
     abstract = built.state.abstract
@@ -46,7 +49,7 @@ def compiled_ahead(run: PreparedRun, compiler: compile_ahead.Compiler) -> Prepar
     teacher = built.batch_features  # distillation's teacher outputs, or None
     teacher_program = compiler.ahead(teacher.program) if teacher is not None else None
 
-    def training(batch: dict) -> dict:
+    def with_teacher(batch: dict) -> dict:
         """A training batch's shapes with the features the teacher adds, whose program is
         compiled ahead too."""
         if teacher is None:
@@ -56,7 +59,8 @@ def compiled_ahead(run: PreparedRun, compiler: compile_ahead.Compiler) -> Prepar
 
     widths = _training_widths_in_use_order(run)
     train_step, micro_step = built.train_step, built.micro_batch_step
-    if settings.micro_batches_by_length:
+    # Without `training`, a step that runs after all compiles when it is first called.
+    if training and settings.micro_batches_by_length:
         first = train_micro_batches(
             train,
             order,
@@ -76,7 +80,7 @@ def compiled_ahead(run: PreparedRun, compiler: compile_ahead.Compiler) -> Prepar
         micro_step.zeros.prepare(abstract.params)
         grads, sums = jax.eval_shape(micro_step.zeros.function, abstract.params)
         for k, width in enumerate(widths):
-            micro = training(shapes(first, width))
+            micro = with_teacher(shapes(first, width))
             micro_step.denominators.prepare(micro)
             denominators = jax.eval_shape(micro_step.denominators.function, micro)
             # The micro-batch's index is a traced Python int: one program for every index.
@@ -85,13 +89,13 @@ def compiled_ahead(run: PreparedRun, compiler: compile_ahead.Compiler) -> Prepar
             )
             if k == 0:
                 micro_step.apply.prepare(abstract, grads, sums, denominators)
-    else:
+    elif training:
         first = train_batch(
             train, order, 0, settings.batch_size, settings.length_bucket, run.train_widths
         )
         train_step = compiler.ahead(train_step)
         for width in widths:
-            train_step.prepare(abstract, training(shapes(first, width)), rng)
+            train_step.prepare(abstract, with_teacher(shapes(first, width)), rng)
     eval_step = compiler.ahead(built.eval_step)
     for examples in [*run.task.validation, *run.task.test]:
         batches = run_eval_batches(

@@ -166,6 +166,13 @@ class _SeedHooks:
         return checkpoint_meta(self.run, self.seed, self.best)
 
 
+def _steps_left(run: PreparedRun, workdir: fs.AnyPath) -> bool:
+    """Whether the seed run in `workdir` has steps left to train, by its newest saved step
+    (a damaged one, which a restore skips, makes the run train again, compiling as it goes)."""
+    newest = checkpoint_lib.newest_step(workdir / rundir.CHECKPOINT_DIR)
+    return newest is None or newest < run.total_steps
+
+
 def _run_seed(run: PreparedRun, seed: int, workdir: fs.AnyPath) -> dict[str, Any]:
     settings = run.settings
     is_main = jax.process_index() == 0
@@ -249,15 +256,19 @@ def finetune(
             if settings.run.compile_ahead:
                 compiler = compile_ahead.Compiler(settings.run.compile_ahead, run.ft.mesh)
             seeds = settings.run.seeds
+            seed_dirs = [
+                workdir if len(seeds) == 1 else workdir / rundir.SEED_DIR.format(seed)
+                for seed in seeds
+            ]
             results = []
             failing = True
             try:
                 if compiler is not None:
-                    run = compiled_ahead(run, compiler)
-                for seed in seeds:
-                    seed_dir = (
-                        workdir if len(seeds) == 1 else workdir / rundir.SEED_DIR.format(seed)
-                    )
+                    # Rerunning a finished run trains nothing: its training programs are not
+                    # compiled (its evaluation and prediction programs are).
+                    trains = any(_steps_left(run, seed_dir) for seed_dir in seed_dirs)
+                    run = compiled_ahead(run, compiler, training=trains)
+                for seed, seed_dir in zip(seeds, seed_dirs):
                     results.append(_run_seed(run, seed, seed_dir))
                     if results[-1]["preempted"]:
                         break

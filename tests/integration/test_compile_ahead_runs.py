@@ -1,7 +1,8 @@
 """Fine-tuning with its programs compiled ahead in a background thread (compile_ahead=1) trains
 the same parameters, bit for bit, as compiling each program when a step first meets its
-shape: one batch per step, and micro-batches grouped by length; and a program that failed to
-compile in the background ends the run with its error."""
+shape: one batch per step, and micro-batches grouped by length; a finished run run again
+compiles no training program; and a program that failed to compile in the background ends the
+run with its error."""
 
 import jax
 import numpy as np
@@ -55,6 +56,15 @@ def test_compiling_ahead_trains_bit_identical_parameters(
         jax.tree.map(np.testing.assert_array_equal, params, same_params)
     predictions = "predictions_test.tsv"
     assert (plain_dir / predictions).read_text() == (early_dir / predictions).read_text()
+
+    # Rerunning the finished run trains nothing, so it compiles no training program ahead;
+    # its evaluation and predictions still run on programs compiled ahead.
+    made.clear()
+    config = make_config(init_from, compile_ahead=1, **fields)
+    again = loop.finetune(FinetuneSettings.from_config(config), early_dir)
+    assert again["seeds"][0]["best"] == early["seeds"][0]["best"]
+    served = {a.function.__name__: a.served for a in made}
+    assert served["evaluate"] >= 1 and not {"train_step", "accumulate"} & set(served), served
 
 
 @pytest.mark.slow  # about 5 s

@@ -87,6 +87,7 @@ def test_round_trip_sharded_with_optax_state_and_meta(tmp_path, mesh):
 
 def test_interval_force_keep_and_no_overwrite(tmp_path, mesh):
     params, opt_state = make_state(mesh)
+    assert ckpt.newest_step(tmp_path) is None and ckpt.newest_step(tmp_path / "none") is None
     with ckpt.Checkpointer(tmp_path, max_to_keep=2, save_interval_steps=3) as checkpointer:
         started = [
             checkpointer.save(s, params=params, opt_state=opt_state, meta={}) for s in range(1, 11)
@@ -100,6 +101,7 @@ def test_interval_force_keep_and_no_overwrite(tmp_path, mesh):
         assert checkpointer.latest_step() == 10
         assert checkpointer.reached_preemption(10) is False
     assert sorted(os.listdir(tmp_path)) == ["10", "9"]
+    assert ckpt.newest_step(tmp_path) == 10
 
 
 def test_preemption_forces_a_save_between_intervals(tmp_path, mesh):
