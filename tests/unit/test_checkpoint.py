@@ -550,7 +550,7 @@ def test_small_leaves_summarised_on_the_host_match_the_devices_bit_for_bit(dtype
                 damaged.reshape(-1)[x.size // 2] = bad
                 leaves.append(damaged)
         for leaf in leaves:
-            on_devices = np.asarray(integrity._leaf_summary_jit(jnp.asarray(leaf)))
+            on_devices = np.asarray(integrity._leaf_summary_jit(leaf))
             (summary,) = integrity.summarise({"x": leaf})
             assert integrity._on_host(leaf) == (leaf.size <= largest)
             where = f"{dtype} {shape} {type(leaf).__name__}"
